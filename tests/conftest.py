@@ -1,0 +1,24 @@
+"""Test tiers: `gpu` and `multigpu` tests skip cleanly, with a reason, where the
+hardware is missing; everything else runs on a laptop CPU."""
+from __future__ import annotations
+
+import pytest
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    gpus = _cuda_device_count()
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
+    few_gpus = pytest.mark.skip(reason=f"needs at least 2 CUDA GPUs; {gpus} visible")
+    for item in items:
+        if "gpu" in item.keywords and gpus < 1:
+            item.add_marker(no_gpu)
+        if "multigpu" in item.keywords and gpus < 2:
+            item.add_marker(few_gpus)

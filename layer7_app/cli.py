@@ -1,0 +1,112 @@
+"""The `stack` command: one front door to every layer of the course.
+
+Layers are found through the `llm_stack.layers` entry points (see pyproject.toml), never
+imported by name, so the CLI respects the layer rule and a layer that is not built yet
+simply does not appear. Each entry point is a module with `TITLE`, `run(argv)`,
+`bench(argv)` (and, for layer 0, `info(argv)`), each returning an exit code.
+"""
+from __future__ import annotations
+
+import sys
+from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
+from types import ModuleType
+
+import typer
+
+from . import grading
+
+LAYER_GROUP = "llm_stack.layers"
+PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+
+app = typer.Typer(
+    help="llm-stack: an LLM serving system built layer by layer (L0 hardware to L7 app).",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def built_layers() -> dict[int, EntryPoint]:
+    """The layers registered under the entry-point group, by number."""
+    return {int(ep.name): ep for ep in entry_points(group=LAYER_GROUP)}
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code=2)
+
+
+def _load_layer(layer: int) -> ModuleType:
+    layers = built_layers()
+    if layer not in layers:
+        listing = ", ".join(str(n) for n in sorted(layers)) or "none"
+        raise _fail(f"layer {layer} is not available; built layers: {listing}")
+    return layers[layer].load()
+
+
+@app.command()
+def layers() -> None:
+    """List the layers that are built and registered."""
+    for number, ep in sorted(built_layers().items()):
+        title = getattr(ep.load(), "TITLE", "")
+        typer.echo(f"{number}  {ep.value.split('.')[0]}  {title}")
+
+
+@app.command(context_settings=PASS_THROUGH)
+def info(ctx: typer.Context) -> None:
+    """Print the device summary: CPU, GPUs, versions, topology, matched datasheet."""
+    raise typer.Exit(code=_load_layer(0).info(list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH)
+def run(
+    ctx: typer.Context,
+    layer: int = typer.Option(..., "--layer", "-l", help="Layer number, 0-7."),
+) -> None:
+    """Run layer N's demo (the same as `python -m layerN_...`). Extra options go to the layer."""
+    raise typer.Exit(code=_load_layer(layer).run(list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH)
+def bench(
+    ctx: typer.Context,
+    layer: int = typer.Option(..., "--layer", "-l", help="Layer number, 0-7."),
+) -> None:
+    """Run layer N's benchmark. Extra options go to the layer."""
+    raise typer.Exit(code=_load_layer(layer).bench(list(ctx.args)))
+
+
+@app.command()
+def grade(
+    lab: int = typer.Option(..., "--lab", help="Lab number."),
+    submission: Path | None = typer.Option(
+        None, help="Grade this exercises.py instead of the lab's working file."
+    ),
+    reference: bool = typer.Option(False, "--reference", help="Grade the layer package itself."),
+    json_path: Path | None = typer.Option(
+        None, "--json", help="Write a Gradescope-format results.json here."
+    ),
+    timeout: float = typer.Option(30.0, help="Seconds each test may run before it fails."),
+) -> None:
+    """Grade a lab: the student's working exercises.py, a --submission, or the --reference."""
+    if reference and submission is not None:
+        raise _fail("--reference and --submission are exclusive")
+    try:
+        report = grading.grade_lab(
+            lab, submission=submission, reference=reference, test_timeout=timeout
+        )
+    except (FileNotFoundError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    grading.print_report(report)
+    if json_path is not None:
+        report.write_json(json_path)
+        typer.echo(f"wrote {json_path}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app(prog_name="stack")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

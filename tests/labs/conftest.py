@@ -1,0 +1,96 @@
+"""The grading plugin for lab tests.
+
+- The `impl` fixture is what a lab test grades: the student's exercises.py when
+  LLM_STACK_SUBMISSION names one (`stack grade`), else the layer package the test file
+  names in REFERENCE (plain `pytest`, so the repo's own run grades the reference).
+- `@pytest.mark.points(n)` gives a test its weight.
+- With LLM_STACK_GRADE_RESULTS set, every collected test is written to that JSON file as
+  pending, then rewritten as each finishes: a run cut off part-way still says what it did.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import json
+import os
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from layer7_app.grading import ENV_RESULTS, ENV_SUBMISSION
+
+MAX_OUTPUT_CHARS = 2000
+
+_results: dict[str, dict] = {}
+
+
+def _imports_of(path: Path) -> set[str]:
+    """Top-level package names a source file imports."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def load_submission(path: Path, reference: str) -> ModuleType:
+    """Import a student's file as a fresh module. Importing the reference package itself
+    would grade the answer key, so it is refused."""
+    if reference.split(".")[0] in _imports_of(path):
+        raise ImportError(f"{path.name} imports the reference package {reference}: write your own")
+    spec = importlib.util.spec_from_file_location(f"submission_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def impl(request: pytest.FixtureRequest) -> ModuleType:
+    reference = getattr(request.module, "REFERENCE", None)
+    if reference is None:
+        raise RuntimeError(f"{request.module.__name__} must set REFERENCE = '<layer package>'")
+    submission = os.environ.get(ENV_SUBMISSION)
+    if not submission:
+        return importlib.import_module(reference)
+    try:
+        return load_submission(Path(submission), reference)
+    except Exception as exc:  # a broken submission fails its tests, not the grader
+        pytest.fail(f"could not import the submission {submission}: {type(exc).__name__}: {exc}")
+
+
+def _points(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("points")
+    return float(marker.args[0]) if marker else 1.0
+
+
+def _write_results() -> None:
+    path = os.environ.get(ENV_RESULTS)
+    if path:
+        Path(path).write_text(json.dumps(list(_results.values()), indent=1))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    for item in session.items:
+        _results[item.nodeid] = {
+            "name": item.name, "score": 0.0, "max_score": _points(item),
+            "status": "pending", "output": "",
+        }
+    _write_results()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    entry = _results.get(report.nodeid)
+    if entry is None:
+        return
+    if report.skipped:  # e.g. a gpu test on a CPU: not graded here
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
+        entry.update(status="passed", max_score=0.0, output=f"skipped, not graded here: {reason}")
+    elif report.failed:
+        entry.update(status="failed", score=0.0, output=report.longreprtext[-MAX_OUTPUT_CHARS:])
+    elif report.when == "call":
+        entry.update(status="passed", score=entry["max_score"], output="")
+    _write_results()

@@ -18,6 +18,30 @@ if INTERPRETED:
     INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
 
 
+def _let_loops_run_to_runtime_bounds() -> None:
+    """Triton 3.6's interpreter turns a loop bound into an int with int(array), which
+    numpy >= 2.4 refuses for 1-element arrays (triton-lang/triton#9171, fixed after 3.6):
+    `for k in range(0, K, BLOCK)` then fails. Read the single element explicitly instead."""
+    try:
+        from triton.runtime import interpreter as triton_interpreter
+    except ImportError:
+        return
+    original = getattr(triton_interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "_llm_stack_patched", False):
+        return
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._llm_stack_patched = True
+    triton_interpreter._patch_lang_tensor = patched
+
+
+if INTERPRETED:
+    _let_loops_run_to_runtime_bounds()
+
+
 def kernel_device() -> torch.device:
     """The device Triton kernels run on here: CUDA if present, else the CPU (interpreted)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -23,7 +23,7 @@ def test_help_lists_every_command():
 def test_layers_come_from_entry_points():
     layers = cli.built_layers()
     assert 0 in layers and layers[0].value == "layer0_hardware.commands"
-    for number, ep in layers.items():
+    for ep in layers.values():
         module = ep.load()
         assert callable(module.run) and callable(module.bench) and module.TITLE
 

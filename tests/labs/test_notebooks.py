@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from layer7_app.grading import available_labs
+
 nbformat = pytest.importorskip("nbformat")  # absent on the GPU machine; CI has it
 NotebookClient = pytest.importorskip("nbclient").NotebookClient
-
-from layer7_app.grading import available_labs
 
 NOTEBOOKS = sorted(
     nb for lab in available_labs().values() for nb in lab.directory.glob("lab*.ipynb")

@@ -1,7 +1,72 @@
-"""Layer 1 — kernels (not built yet).
+"""Layer 1 — kernels: the GPU programs a serving system spends its time in.
 
-Will hold Triton and CuPy/CUDA C kernels, each beside a torch reference: vector add,
-fused softmax, RMSNorm/LayerNorm, RoPE, SiLU-and-multiply, tiled matmul,
-FlashAttention-2 forward, weight-only int8 matmul, a shared-memory reduction and an
-SGEMM progression, with benchmarks placed on layer 0's measured roofline.
+Each kernel sits beside a torch reference (`<name>_reference`) and dispatches by device:
+`impl="auto"` runs our kernel on CUDA tensors and the reference on CPU tensors;
+`impl="triton"` forces our Triton kernel (through Triton's interpreter on a CPU — how
+the tests check it without a GPU); `impl="torch"` forces the reference.
+
+Triton kernels: vector add, fused row softmax (online max/sum), RMSNorm/LayerNorm with a
+fused residual add, RoPE on q and k in one pass, SiLU-and-multiply, a grouped, autotuned
+matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA) and a
+weight-only int8 matmul (W8A16).
+CuPy / CUDA C kernels (need a CUDA GPU): a shared-memory + warp-shuffle reduction, an
+ElementwiseKernel and a ReductionKernel, and an SGEMM progression from naive to
+vectorized, double-buffered tiles. Plus CUDA graphs and streams demonstrations.
+
+Re-exported from layer 0 for the layers above: timing, ceilings, results directory.
 """
+from layer0_hardware import (  # re-exported for layer 2 and up
+    Ceilings,
+    Timing,
+    detect_device,
+    load_ceilings,
+    results_dir,
+    system_info,
+    time_fn,
+)
+
+from . import interpreter  # first: sets TRITON_INTERPRET on a machine without CUDA
+from .cupy_support import cupy_available
+from .flash_attention import flash_attention, flash_attention_reference
+from .graphs_streams import cuda_graph_demo, stream_overlap_demo
+from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
+from .interpreter import INTERPRETED, kernel_device
+from .matmul import matmul, matmul_fp8, matmul_fp8_reference, matmul_reference
+from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
+from .nvcc import compile_check, nvcc_available
+from .reduction import (
+    cupy_row_rms,
+    cupy_row_rms_reference,
+    cupy_silu_mul,
+    cupy_silu_mul_reference,
+    reduce_sum,
+    reduce_sum_reference,
+)
+from .rope import apply_rope, rope_cache, rope_reference
+from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference
+from .softmax import softmax, softmax_reference
+from .swiglu import silu_and_mul, silu_and_mul_reference
+from .vector_add import vector_add, vector_add_reference
+
+__all__ = [
+    # where kernels run
+    "INTERPRETED", "kernel_device", "cupy_available", "nvcc_available", "compile_check",
+    # Triton kernels and their references
+    "vector_add", "vector_add_reference",
+    "softmax", "softmax_reference",
+    "rms_norm", "rms_norm_reference", "layer_norm", "layer_norm_reference",
+    "rope_cache", "apply_rope", "rope_reference",
+    "silu_and_mul", "silu_and_mul_reference",
+    "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
+    "flash_attention", "flash_attention_reference",
+    "int8_matmul", "int8_matmul_reference", "quantize_int8",
+    # CuPy / CUDA C kernels
+    "reduce_sum", "reduce_sum_reference",
+    "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",
+    "sgemm", "sgemm_reference", "SGEMM_VERSIONS",
+    # CUDA graphs and streams
+    "cuda_graph_demo", "stream_overlap_demo",
+    # from layer 0, for the layers above
+    "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
+    "interpreter",
+]

@@ -8,10 +8,11 @@ Importable anywhere; running either needs a CUDA GPU and CuPy (RuntimeError othe
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
+
+from layer0_hardware import time_fn
 
 from . import cupy_support as cs
 from .benchcase import BenchCase
@@ -69,29 +70,10 @@ def bench_cases(device: str | torch.device) -> list[BenchCase]:
     return cases
 
 
-def _median_ms(fn: Callable[[], object], min_reps: int = 5, budget_ms: float = 1000.0) -> float:
-    """Median CUDA-event time of fn(), after warm-up; repeats fit roughly in budget_ms.
-
-    Calls are queued back to back (one synchronize at the end, as triton's do_bench does),
-    so the host's launch overhead overlaps the previous call's GPU work instead of being
-    counted as GPU time.
-    """
-    fn()  # compile / load / pick algorithms outside the timing
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    reps = max(min_reps, min(100, int(budget_ms / max(start.elapsed_time(end), 1e-3))))
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
-    for s, e in zip(starts, ends, strict=True):
-        s.record()
-        fn()
-        e.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends, strict=True))
+def _median_ms(fn: Callable[[], object]) -> float:
+    """Median CUDA-event milliseconds of fn(), after warm-up (layer 0's timer). Ten calls:
+    the naive kernel takes a quarter of a second each at 4096^3."""
+    return time_fn(fn, warmup=1, repeats=10, device="cuda").median_s * 1e3
 
 
 def sgemm_progression_table(n: int = SGEMM_N) -> list[dict]:

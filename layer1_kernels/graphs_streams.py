@@ -19,10 +19,11 @@ Without CUDA they raise RuntimeError.
 """
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 
 import torch
+
+from layer0_hardware import time_fn
 
 
 def _require_cuda(what: str) -> torch.device:
@@ -32,18 +33,8 @@ def _require_cuda(what: str) -> torch.device:
 
 
 def _time_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float:
-    """Median milliseconds of fn() on the current stream, timed with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    """Median milliseconds of fn() on the current CUDA device (layer 0's event timer)."""
+    return time_fn(fn, warmup=warmup, repeats=repeats, device="cuda").median_s * 1e3
 
 
 def cuda_graph_demo(n_launches: int = 1000, size: int = 1024, repeats: int = 5) -> dict:

@@ -26,8 +26,10 @@ from .softmax import softmax, softmax_reference
 from .swiglu import silu_and_mul, silu_and_mul_reference
 from .vector_add import vector_add, vector_add_reference
 
-#: Relative error allowed per input dtype: fp32 kernels may use TF32 dots on a GPU.
-TOLERANCE = {torch.float32: 1e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
+#: Relative error allowed per input dtype. The checks feed fp32, which the interpreter
+#: computes exactly (~1e-7) but a GPU multiplies in TF32 (10-bit mantissa: ~1e-3 seen on
+#: an H100 for attention); a wrong index or mask gives errors of order 1.
+TOLERANCE = {torch.float32: 5e-3, torch.float16: 1e-2, torch.bfloat16: 2e-2}
 
 
 @dataclass

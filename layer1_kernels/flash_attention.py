@@ -232,17 +232,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     fp16/bf16/fp32 (fp32 runs tf32 dots on the GPU). scale defaults to 1/sqrt(D).
     Returns (B, Hq, Nq, D) in q's dtype. impl: "auto" | "triton" | "torch".
     """
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"unknown impl {impl!r}: expected 'auto', 'triton' or 'torch'")
-    if impl == "torch" or (impl == "auto" and q.device.type != "cuda"):
+    _check(q, k, v, _DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
+    if not interpreter.use_triton(impl, q, "flash_attention"):
         return flash_attention_reference(q, k, v, causal=causal, scale=scale)
-    _check(q, k, v, _DTYPES)
+    _check(q, k, v, _DTYPES)  # the kernel takes no fp64
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if D not in _HEAD_DIMS:
         raise ValueError(f"head dim {D} unsupported by the Triton kernel: expected one of {_HEAD_DIMS}")
-    if q.device.type != "cuda" and not interpreter.INTERPRETED:
-        raise ValueError(f"the Triton flash attention needs CUDA tensors here; got device {q.device}")
     _refuse_interpreted_bf16(q.dtype)
     if B * Hq > 65535:  # grid axis 1 holds (batch, head) pairs; CUDA caps it at 65535
         raise ValueError(f"batch * query heads = {B * Hq} exceeds 65535; split the batch")

@@ -170,13 +170,10 @@ def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *,
 
     impl: "auto" (Triton on CUDA tensors, torch on CPU) | "triton" | "torch".
     """
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"unknown impl {impl!r}: expected 'auto', 'triton' or 'torch'")
-    if impl == "torch" or (impl == "auto" and x.device.type != "cuda"):
+    _check(x, w_int8, scale, _X_DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
+    if not interpreter.use_triton(impl, x, "int8_matmul"):
         return int8_matmul_reference(x, w_int8, scale)
-    _check(x, w_int8, scale, _X_DTYPES)
-    if x.device.type != "cuda" and not interpreter.INTERPRETED:
-        raise ValueError(f"the Triton int8 matmul needs CUDA tensors here; got device {x.device}")
+    _check(x, w_int8, scale, _X_DTYPES)  # the kernel takes no fp64
     _refuse_interpreted_bf16(x.dtype)
     M, K = x.shape
     N = w_int8.shape[0]

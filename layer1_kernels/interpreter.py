@@ -45,3 +45,29 @@ if INTERPRETED:
 def kernel_device() -> torch.device:
     """The device Triton kernels run on here: CUDA if present, else the CPU (interpreted)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+#: The `impl` values every kernel op takes.
+IMPLS = ("auto", "triton", "torch")
+
+
+def use_triton(impl: str, tensor: torch.Tensor, op: str) -> bool:
+    """True to run our Triton kernel for `op` on `tensor`; False for the torch reference.
+
+    "auto": the kernel on CUDA tensors, the reference elsewhere (the interpreter is too slow
+    for real CPU work); "triton": the kernel, which needs the tensor where kernels run here
+    (kernel_device()); "torch": the reference. ValueError naming `op` for an unknown impl or
+    a misplaced tensor.
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: unknown impl {impl!r}; expected one of {IMPLS}")
+    if impl == "torch":
+        return False
+    if impl == "auto":
+        return tensor.is_cuda
+    if tensor.device.type != kernel_device().type:
+        raise ValueError(
+            f"{op}: impl='triton' needs tensors on {kernel_device().type} here "
+            f"(where Triton kernels run), got {tensor.device}"
+        )
+    return True

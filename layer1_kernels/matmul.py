@@ -126,11 +126,6 @@ _matmul_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(_matmul
 _matmul_fp8_tuned = triton.autotune(configs=_configs(fp8=True), key=["M", "N", "K"])(_matmul_kernel)
 
 
-def _check_impl(impl: str) -> None:
-    if impl not in ("auto", "triton", "torch"):
-        raise ValueError(f"unknown impl {impl!r}: expected 'auto', 'triton' or 'torch'")
-
-
 def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
     if a.dim() != 2 or b.dim() != 2:
         raise ValueError(f"matmul needs 2-D a (M, K) and b (K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
@@ -186,12 +181,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, impl: str = "auto") -> torch.Ten
     impl: "auto" (Triton on CUDA tensors, torch on CPU), "triton" (our kernel; interpreted on
     CPU), "torch" (`matmul_reference`).
     """
-    _check_impl(impl)
     _check_operands(a, b, _DTYPES if impl != "torch" else _DTYPES + (torch.float64,))
-    if impl == "torch" or (impl == "auto" and a.device.type != "cuda"):
+    if not interpreter.use_triton(impl, a, "matmul"):
         return matmul_reference(a, b)
-    if a.device.type != "cuda" and not interpreter.INTERPRETED:
-        raise ValueError(f"the Triton matmul needs CUDA tensors here; got device {a.device}")
     _refuse_interpreted_bf16(a.dtype)
     c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
     return _launch(_matmul_tuned, a, b, c)
@@ -224,7 +216,6 @@ def matmul_fp8(a_fp8: torch.Tensor, b_fp8: torch.Tensor, scale_a: torch.Tensor,
     b is first copied into that layout.
     Bytes: (M*K + K*N) * 1 + M*N * out_itemsize; FLOPs 2*M*N*K at the fp8 rate (2x bf16).
     """
-    _check_impl(impl)
     if _FP8 is None:
         raise ValueError("this torch has no torch.float8_e4m3fn")
     _check_operands(a_fp8, b_fp8, (_FP8,))
@@ -232,13 +223,10 @@ def matmul_fp8(a_fp8: torch.Tensor, b_fp8: torch.Tensor, scale_a: torch.Tensor,
         raise ValueError(f"unsupported out_dtype {out_dtype}: expected one of {_DTYPES}")
     sa = _check_scale(scale_a, "scale_a", a_fp8.device)
     sb = _check_scale(scale_b, "scale_b", a_fp8.device)
-    if impl == "torch" or (impl == "auto" and a_fp8.device.type != "cuda"):
+    if not interpreter.use_triton(impl, a_fp8, "matmul_fp8"):
         return matmul_fp8_reference(a_fp8, b_fp8, sa, sb, out_dtype)
-    if a_fp8.device.type == "cuda":
-        if torch.cuda.get_device_capability(a_fp8.device) < (8, 9):
-            raise ValueError("fp8 matmul needs compute capability >= 8.9 (Ada or Hopper)")
-    elif not interpreter.INTERPRETED:
-        raise ValueError(f"the Triton fp8 matmul needs CUDA tensors here; got device {a_fp8.device}")
+    if a_fp8.is_cuda and torch.cuda.get_device_capability(a_fp8.device) < (8, 9):
+        raise ValueError("fp8 matmul needs compute capability >= 8.9 (Ada or Hopper)")
     if b_fp8.shape[1] > 1 and b_fp8.stride(0) != 1:
         # Hopper's fp8 tensor-core instructions read B K-major only; a row-major B forces a
         # slow shuffle (measured 290 vs 1242 TFLOP/s at 8192^3 on an H100). One copy of B

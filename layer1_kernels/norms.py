@@ -34,7 +34,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-_IMPLS = ("auto", "triton", "torch")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Widest row kept whole in registers (16384 fp32 over 16 warps = 32 values per thread).
 MAX_FUSED_COLS = 16384
@@ -148,9 +147,7 @@ def layer_norm_reference(
 
 
 def _check(name: str, x: torch.Tensor, params: dict[str, torch.Tensor | None],
-           residual: torch.Tensor | None, impl: str) -> None:
-    if impl not in _IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {_IMPLS}")
+           residual: torch.Tensor | None) -> None:
     if x.dim() < 1 or x.shape[-1] == 0:
         raise ValueError(f"{name}: x must be (..., hidden) with hidden >= 1, got {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
@@ -170,11 +167,6 @@ def _check(name: str, x: torch.Tensor, params: dict[str, torch.Tensor | None],
                 f"{name}: residual must match x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
                 f"({tuple(residual.shape)}, {residual.dtype}, {residual.device})"
             )
-    if impl == "triton" and x.device.type != interpreter.kernel_device().type:
-        raise ValueError(
-            f"{name}: impl='triton' needs tensors on {interpreter.kernel_device().type} here "
-            f"(where Triton kernels run), got {x.device}"
-        )
 
 
 def _norm_triton(
@@ -211,8 +203,8 @@ def rms_norm(
     impl: "auto" (our Triton kernel on CUDA, torch on CPU), "triton" (our kernel; on a CPU
     it runs in Triton's interpreter), or "torch" (the reference).
     """
-    _check("rms_norm", x, {"weight": weight}, residual, impl)
-    if impl == "torch" or (impl == "auto" and not x.is_cuda):
+    _check("rms_norm", x, {"weight": weight}, residual)
+    if not interpreter.use_triton(impl, x, "rms_norm"):
         return rms_norm_reference(x, weight, eps=eps, residual=residual)
     return _norm_triton(x, weight, None, eps, residual, is_rms=True)
 
@@ -223,7 +215,7 @@ def layer_norm(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """LayerNorm of x (..., hidden) with weight and optional bias (hidden,); returns y, or
     (y, h = x + residual). impl: "auto", "triton" or "torch" as for rms_norm."""
-    _check("layer_norm", x, {"weight": weight, "bias": bias}, residual, impl)
-    if impl == "torch" or (impl == "auto" and not x.is_cuda):
+    _check("layer_norm", x, {"weight": weight, "bias": bias}, residual)
+    if not interpreter.use_triton(impl, x, "layer_norm"):
         return layer_norm_reference(x, weight, bias, eps=eps, residual=residual)
     return _norm_triton(x, weight, bias, eps, residual, is_rms=False)

@@ -35,7 +35,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-_IMPLS = ("auto", "triton", "torch")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -110,9 +109,7 @@ def rope_reference(
     return q_out.to(q.dtype), k_out.to(k.dtype)
 
 
-def _check(q, k, cos, sin, positions, impl) -> torch.Tensor:
-    if impl not in _IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {_IMPLS}")
+def _check(q, k, cos, sin, positions) -> torch.Tensor:
     if q.dim() != 3 or k.dim() != 3:
         raise ValueError(f"q and k must be (tokens, heads, head_dim), got {tuple(q.shape)} and {tuple(k.shape)}")
     tokens, _, head_dim = q.shape
@@ -140,11 +137,6 @@ def _check(q, k, cos, sin, positions, impl) -> torch.Tensor:
     # Range check only where it is free: on a GPU it would cost a device-to-host sync.
     if not q.is_cuda and tokens and (positions.min() < 0 or positions.max() >= cos.shape[0]):
         raise ValueError(f"positions must lie in [0, {cos.shape[0]}) (the cos/sin table length)")
-    if impl == "triton" and q.device.type != interpreter.kernel_device().type:
-        raise ValueError(
-            f"impl='triton' needs tensors on {interpreter.kernel_device().type} here "
-            f"(where Triton kernels run), got {q.device}"
-        )
     return positions
 
 
@@ -158,8 +150,8 @@ def apply_rope(
     impl: "auto" (our Triton kernel on CUDA, torch on CPU), "triton" (our kernel; on a CPU
     it runs in Triton's interpreter), or "torch" (the reference, copied back into q and k).
     """
-    positions = _check(q, k, cos, sin, positions, impl)
-    if impl == "torch" or (impl == "auto" and not q.is_cuda):
+    positions = _check(q, k, cos, sin, positions)
+    if not interpreter.use_triton(impl, q, "apply_rope"):
         q_out, k_out = rope_reference(q, k, cos, sin, positions)
         q.copy_(q_out)
         k.copy_(k_out)

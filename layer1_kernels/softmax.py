@@ -36,7 +36,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-_IMPLS = ("auto", "triton", "torch")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Longest row kept whole in registers: 16384 fp32 values over 16 warps = 32 per thread.
 MAX_FUSED_COLS = 16384
@@ -121,17 +120,10 @@ def softmax(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     impl: "auto" (our Triton kernel on CUDA, torch on CPU), "triton" (our kernel; on a CPU
     it runs in Triton's interpreter), or "torch" (the reference).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {_IMPLS}")
     if x.dim() < 1:
         raise ValueError("softmax needs at least 1 dimension (..., cols), got a 0-d tensor")
     if x.dtype not in _DTYPES:
         raise ValueError(f"unsupported dtype {x.dtype}; expected one of {_DTYPES}")
-    if impl == "torch" or (impl == "auto" and not x.is_cuda):
+    if not interpreter.use_triton(impl, x, "softmax"):
         return softmax_reference(x)
-    if impl == "triton" and x.device.type != interpreter.kernel_device().type:
-        raise ValueError(
-            f"impl='triton' needs a tensor on {interpreter.kernel_device().type} here "
-            f"(where Triton kernels run), got {x.device}"
-        )
     return softmax_triton(x)

@@ -26,7 +26,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-_IMPLS = ("auto", "triton", "torch")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Output columns per program: 1024 (8 per thread at 4 warps) streams well and leaves
 #: enough programs (tokens * d / 1024) to fill the GPU even for a single token.
@@ -59,19 +58,12 @@ def silu_and_mul(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     impl: "auto" (our Triton kernel on CUDA, torch on CPU), "triton" (our kernel; on a CPU
     it runs in Triton's interpreter), or "torch" (the reference).
     """
-    if impl not in _IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {_IMPLS}")
     if x.dim() < 1 or x.shape[-1] % 2:
         raise ValueError(f"x must be (..., 2*d) with an even last dim, got {tuple(x.shape)}")
     if x.dtype not in _DTYPES:
         raise ValueError(f"unsupported dtype {x.dtype}; expected one of {_DTYPES}")
-    if impl == "torch" or (impl == "auto" and not x.is_cuda):
+    if not interpreter.use_triton(impl, x, "silu_and_mul"):
         return silu_and_mul_reference(x)
-    if impl == "triton" and x.device.type != interpreter.kernel_device().type:
-        raise ValueError(
-            f"impl='triton' needs a tensor on {interpreter.kernel_device().type} here "
-            f"(where Triton kernels run), got {x.device}"
-        )
     d = x.shape[-1] // 2
     xc = x.contiguous()
     y = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)

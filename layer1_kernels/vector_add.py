@@ -25,7 +25,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-_IMPLS = ("auto", "triton", "torch")
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Elements per program: 1024 fp32 = 4 KiB per operand, 8 per thread at 4 warps (two
 #: 128-bit loads each), enough work per program to amortise its index arithmetic.
@@ -48,22 +47,6 @@ def _vector_add_kernel(x_ptr, y_ptr, out_ptr, n, BLOCK: tl.constexpr):
 def vector_add_reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """torch's elementwise add, the reference: x + y (same shapes, same dtype)."""
     return x + y
-
-
-def _use_triton(impl: str, x: torch.Tensor) -> bool:
-    """True to run our kernel; "auto" picks it on CUDA, the torch reference on the CPU."""
-    if impl not in _IMPLS:
-        raise ValueError(f"unknown impl {impl!r}; expected one of {_IMPLS}")
-    if impl == "torch":
-        return False
-    if impl == "auto":
-        return x.is_cuda
-    if x.device.type != interpreter.kernel_device().type:
-        raise ValueError(
-            f"impl='triton' needs tensors on {interpreter.kernel_device().type} here "
-            f"(where Triton kernels run), got {x.device}"
-        )
-    return True
 
 
 def _check(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> None:
@@ -94,7 +77,7 @@ def vector_add(
     it runs in Triton's interpreter), or "torch" (the reference).
     """
     _check(x, y, out)
-    if not _use_triton(impl, x):
+    if not interpreter.use_triton(impl, x, "vector_add"):
         if out is None:
             return vector_add_reference(x, y)
         return torch.add(x, y, out=out)

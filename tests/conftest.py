@@ -1,5 +1,6 @@
 """Test tiers: `gpu` and `multigpu` tests skip cleanly, with a reason, where the
-hardware is missing; everything else runs on a laptop CPU."""
+hardware is missing; `interpreter` tests (Triton kernels on CPU tensors) skip where CUDA
+runs the compiled kernels instead; everything else runs on a laptop CPU."""
 from __future__ import annotations
 
 import pytest
@@ -17,8 +18,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     gpus = _cuda_device_count()
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU; none is visible (torch.cuda.is_available() is False)")
     few_gpus = pytest.mark.skip(reason=f"needs at least 2 CUDA GPUs; {gpus} visible")
+    compiled = pytest.mark.skip(reason="checks Triton's CPU interpreter; with CUDA the gpu tests check the compiled kernel")
     for item in items:
         if "gpu" in item.keywords and gpus < 1:
             item.add_marker(no_gpu)
         if "multigpu" in item.keywords and gpus < 2:
             item.add_marker(few_gpus)
+        if "interpreter" in item.keywords and gpus >= 1:
+            item.add_marker(compiled)

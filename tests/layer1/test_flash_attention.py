@@ -52,6 +52,7 @@ def test_reference_causal_is_bottom_right() -> None:
     (1, 4, 1, 20, 48, 32),   # MQA, Nk a multiple of the block
 ])
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.interpreter
 def test_matches_float64(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, causal: bool) -> None:
     q, k, v = qkv(b, hq, hkv, nq, nk, d, seed=nq * 100 + nk)
     out = flash_attention(q, k, v, causal=causal, impl="triton")
@@ -59,6 +60,7 @@ def test_matches_float64(b: int, hq: int, hkv: int, nq: int, nk: int, d: int, ca
     assert rel_err(out, exact(q, k, v, causal)) < 1e-5
 
 
+@pytest.mark.interpreter
 def test_causal_queries_without_keys_output_zero() -> None:
     q, k, v = qkv(1, 2, 1, 40, 7, 32, seed=3)  # Nq > Nk: the first 33 queries see no key
     out = flash_attention(q, k, v, causal=True, impl="triton")
@@ -68,6 +70,7 @@ def test_causal_queries_without_keys_output_zero() -> None:
     assert rel_err(out, ref) < 1e-5
 
 
+@pytest.mark.interpreter
 def test_custom_scale_and_strided_layout() -> None:
     # (B, N, H, D) storage viewed as (B, H, N, D): read in place through the strides
     gen = torch.Generator().manual_seed(4)
@@ -85,6 +88,7 @@ def test_auto_on_cpu_is_the_reference() -> None:
     assert rel_err(flash_attention(q, k, v, impl="torch"), exact(q, k, v, False)) < 1e-6
 
 
+@pytest.mark.interpreter
 def test_bad_inputs_raise() -> None:
     q, k, v = qkv(1, 4, 2, 8, 8, 16, seed=6)
     with pytest.raises(ValueError, match="unknown impl"):

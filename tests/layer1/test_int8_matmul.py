@@ -45,6 +45,7 @@ def test_quantize_rejects_non_float_or_non_2d() -> None:
 # --- our kernel on CPU, through Triton's interpreter ------------------------------------
 
 @pytest.mark.parametrize("m,k,n", [(3, 100, 77), (1, 17, 1), (20, 64, 33), (16, 40, 50)])
+@pytest.mark.interpreter
 def test_matches_float64(m: int, k: int, n: int) -> None:
     x = randn(m, k, seed=m)
     w_int8, scale = quantize_int8(randn(n, k, seed=n + 1))
@@ -54,12 +55,14 @@ def test_matches_float64(m: int, k: int, n: int) -> None:
 
 
 @pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.interpreter
 def test_half_precision_scales(scale_dtype: torch.dtype) -> None:
     x = randn(5, 48, seed=2)
     w_int8, scale = quantize_int8(randn(24, 48, seed=3, dtype=scale_dtype))
     assert rel_err(int8_matmul(x, w_int8, scale, impl="triton"), exact(x, w_int8, scale)) < 1e-5
 
 
+@pytest.mark.interpreter
 def test_float16_activations_and_strided_x() -> None:
     x = randn(40, 6, seed=4, dtype=torch.float16).T  # (6, 40), not contiguous
     w_int8, scale = quantize_int8(randn(30, 40, seed=5))
@@ -68,6 +71,7 @@ def test_float16_activations_and_strided_x() -> None:
     assert rel_err(out, exact(x, w_int8, scale)) < 2e-3
 
 
+@pytest.mark.interpreter
 def test_close_to_the_unquantized_matmul() -> None:
     x, w = randn(4, 256, seed=6), randn(64, 256, seed=7)
     out = int8_matmul(x, *quantize_int8(w), impl="triton")
@@ -81,6 +85,7 @@ def test_auto_on_cpu_is_the_reference() -> None:
     assert rel_err(int8_matmul_reference(x, w_int8, scale), exact(x, w_int8, scale)) < 1e-6
 
 
+@pytest.mark.interpreter
 def test_bad_inputs_raise() -> None:
     x = torch.ones(3, 20)
     w_int8, scale = quantize_int8(torch.ones(10, 20))

@@ -27,6 +27,7 @@ def poison(shape: tuple[int, ...], dtype: torch.dtype, device: str) -> None:
 # --- CPU, through Triton's interpreter ------------------------------------------------
 
 @pytest.mark.parametrize("m,k,n", [(67, 93, 45), (1, 17, 1), (33, 16, 100), (5, 1, 7), (16, 32, 16)])
+@pytest.mark.interpreter
 def test_matches_float64(m: int, k: int, n: int) -> None:
     a, b = randn(m, k, seed=m), randn(k, n, seed=n + 1)
     c = matmul(a, b, impl="triton")
@@ -34,6 +35,7 @@ def test_matches_float64(m: int, k: int, n: int) -> None:
     assert rel_err(c, a.double() @ b.double()) < 1e-5
 
 
+@pytest.mark.interpreter
 def test_strided_operands_are_read_in_place() -> None:
     a = randn(45, 67, seed=1).T  # (67, 45), column-major
     b = randn(30, 45, seed=2).T  # (45, 30)
@@ -41,6 +43,7 @@ def test_strided_operands_are_read_in_place() -> None:
     assert rel_err(matmul(a, b, impl="triton"), a.double() @ b.double()) < 1e-5
 
 
+@pytest.mark.interpreter
 def test_float16_in_interpreter() -> None:
     a, b = randn(40, 50, seed=3, dtype=torch.float16), randn(50, 30, seed=4, dtype=torch.float16)
     c = matmul(a, b, impl="triton")
@@ -48,6 +51,7 @@ def test_float16_in_interpreter() -> None:
     assert rel_err(c, a.double() @ b.double()) < 2e-3
 
 
+@pytest.mark.interpreter
 def test_empty_and_zero_k() -> None:
     assert matmul(torch.ones(0, 5), torch.ones(5, 3), impl="triton").shape == (0, 3)
     c = matmul(torch.ones(4, 0), torch.ones(0, 3), impl="triton")
@@ -63,6 +67,7 @@ def test_auto_and_torch_paths_on_cpu() -> None:
 
 
 @pytest.mark.skipif(FP8 is None, reason="torch without float8_e4m3fn")
+@pytest.mark.interpreter
 def test_fp8_in_interpreter() -> None:
     a8 = randn(33, 40, seed=7).to(FP8)
     b8 = randn(19, 40, seed=8).to(FP8).T  # column-major, the fast layout on GPUs
@@ -75,6 +80,7 @@ def test_fp8_in_interpreter() -> None:
     assert rel_err(matmul_fp8_reference(a8, b8, sa, sb, torch.float32), ref) < 1e-6
 
 
+@pytest.mark.interpreter
 def test_bad_inputs_raise() -> None:
     a, b = torch.ones(4, 5), torch.ones(5, 3)
     with pytest.raises(ValueError, match="unknown impl"):

@@ -43,7 +43,7 @@ from .reduction import (
     reduce_sum_reference,
 )
 from .rope import apply_rope, rope_cache, rope_reference
-from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference
+from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference, sgemm_source
 from .softmax import softmax, softmax_reference
 from .swiglu import silu_and_mul, silu_and_mul_reference
 from .vector_add import vector_add, vector_add_reference
@@ -63,7 +63,7 @@ __all__ = [
     # CuPy / CUDA C kernels
     "reduce_sum", "reduce_sum_reference",
     "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",
-    "sgemm", "sgemm_reference", "SGEMM_VERSIONS",
+    "sgemm", "sgemm_reference", "sgemm_source", "SGEMM_VERSIONS",
     # CUDA graphs and streams
     "cuda_graph_demo", "stream_overlap_demo",
     # from layer 0, for the layers above

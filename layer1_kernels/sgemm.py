@@ -78,6 +78,12 @@ def resolve_version(version: int | str) -> str:
                      f"'best' or one of {', '.join(SGEMM_VERSIONS)}")
 
 
+def sgemm_source(version: int | str) -> str:
+    """The CUDA C text of one SGEMM version: a number 1..7, a name from SGEMM_VERSIONS or
+    "best". Each file's header says its kernel's name, launch shape and what changed."""
+    return cs.read_source(_VERSIONS[resolve_version(version)].file)
+
+
 def sgemm_reference(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b by torch.matmul in true float32 (TF32 off for this call; cuBLAS on a GPU)."""
     saved = torch.backends.cuda.matmul.allow_tf32

@@ -16,6 +16,8 @@ from .interpreter import INTERPRETED
 
 TITLE = "kernels"
 console = Console()
+if not console.is_terminal:  # piped output (logs, tests) would wrap every cell at 80 columns
+    console = Console(width=160)
 
 
 def run(argv: list[str]) -> int:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .cupy_support import cupy_available, require_cupy
+from .cupy_support import CUDA_DIR, cupy_available, require_cupy
 from .flash_attention import flash_attention, flash_attention_reference
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
 from .interpreter import kernel_device
+from .nvcc import compile_check, nvcc_available
 from .matmul import matmul, matmul_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .reduction import reduce_sum, reduce_sum_reference
@@ -123,7 +124,23 @@ def run_checks() -> list[CheckResult]:
             require_cupy()
         except RuntimeError as exc:
             results.append(CheckResult("CuPy kernels (reduction, SGEMMs)", "-", None, 0.0, str(exc)))
+        results.append(_compile_sources())
     return results
+
+
+def _compile_sources() -> CheckResult:
+    """Without a GPU the CUDA C still gets compiled, so a syntax error shows here too."""
+    sources = sorted(CUDA_DIR.glob("*.cu"))
+    name = f"nvcc: {len(sources)} CUDA C sources for sm_90"
+    if not nvcc_available():
+        return CheckResult(name, "-", None, 0.0, "skipped: nvcc is not on the PATH")
+    start = time.perf_counter()
+    try:
+        for source in sources:
+            compile_check(source)
+    except RuntimeError as exc:
+        return CheckResult(name, "-", float("inf"), time.perf_counter() - start, str(exc))
+    return CheckResult(name, "compiled, not run", 0.0, time.perf_counter() - start)
 
 
 def _run(name: str, shape: str, fn) -> CheckResult:

@@ -29,8 +29,25 @@ bandwidth roof: at 8192^3 bf16 with 128x256 tiles on an H100, even row-major ord
 only ~1.3 TB/s of its 3.35, and GROUP_M in 1..32 measured within run-to-run noise (+-5%);
 on chips with less bandwidth per FLOP, or with smaller tiles, grouping shows.
 
-Measured (H100, bf16): 630-690 TFLOP/s at 8192^3 and ~630 at 4096^3, 0.85-0.93 of cuBLAS;
-fp8 e4m3 at 8192^3: ~1150-1240 TFLOP/s, 0.94-0.98 of torch._scaled_mm.
+Hopper path (`_matmul_tma_kernel`, fp16/bf16 on compute capability 9.x): the same tiles and
+the same grouped order, with two changes that take work off the tensor cores' critical path.
+1. TMA loads. Each operand is described once to the Tensor Memory Accelerator (a tensor
+   descriptor: base, shape, strides, tile shape); `desc.load([row, col])` then has the copy
+   engine fetch a whole tile into shared memory. No per-element address arithmetic or masks
+   in registers: out-of-bounds rows/columns of a ragged edge tile come back as zeros (so K
+   needs no mask either), and out-of-bounds parts of a stored C tile are simply dropped.
+2. A persistent grid: one program per SM, each walking tiles pid, pid+P, pid+2P, ... The
+   loop over tiles and the K loop are flattened into one software pipeline, so the loads of
+   the next tile start while the current tile's epilogue (convert + store) runs, instead of
+   the SM idling between one program's exit and the next one's start.
+TMA needs one unit stride per operand and 16-byte-aligned base and row pitch. Each operand
+may be row-major or column-major (a `w.T` view of an nn.Linear weight is read in place;
+A_T/B_T say which); anything else, fp32 (tf32), other GPUs and the CPU interpreter use the
+pointer kernel above.
+
+Measured (H100, bf16), pointer kernel: 630-690 TFLOP/s at 8192^3 and ~630 at 4096^3,
+0.85-0.93 of cuBLAS; fp8 e4m3 at 8192^3: ~1150-1240 TFLOP/s, 0.94-0.98 of torch._scaled_mm.
+TMA persistent kernel: see BENCHMARKS.md.
 
 FLOPs: 2*M*N*K.  Bytes (the floor: each input read once, the output written once):
 (M*K + K*N) * in_itemsize + M*N * out_itemsize.
@@ -80,6 +97,16 @@ def _k_step(acc, a_ptrs, b_ptrs, k_left, offs_k, INPUT_PRECISION: tl.constexpr):
 
 
 @triton.jit
+def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Grouped ordering: tile index -> (pid_m, pid_n), GROUP_M tile-rows per super-row."""
+    per_group = GROUP_M * tiles_n                  # tiles in one super-row
+    first_m = (tile // per_group) * GROUP_M
+    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)  # the last super-row may be short
+    local = tile % per_group
+    return first_m + local % rows_here, local // rows_here  # down the super-row, then right
+
+
+@triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr,
     M, N, K,
@@ -87,17 +114,7 @@ def _matmul_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
-    # --- grouped ordering: pid -> (pid_m, pid_n), GROUP_M tile-rows per super-row ---------
-    pid = tl.program_id(0)
-    tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * tiles_n                  # programs in one super-row
-    group = pid // per_group
-    first_m = group * GROUP_M
-    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)  # the last super-row may be short
-    local = pid % per_group
-    pid_m = first_m + local % rows_here            # walk down the super-row first...
-    pid_n = local // rows_here                     # ...then move one tile-column right
+    pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     # Rows/cols past the edge wrap (modulo) instead of being masked: the loads stay in
     # bounds and unmasked along M/N; the wrapped results are simply never stored.
@@ -124,6 +141,122 @@ def _matmul_kernel(
 # One kernel, two tuners: the fp8 one searches deeper K steps.
 _matmul_tuned = triton.autotune(configs=_configs(), key=["M", "N", "K"])(_matmul_kernel)
 _matmul_fp8_tuned = triton.autotune(configs=_configs(fp8=True), key=["M", "N", "K"])(_matmul_kernel)
+
+
+@triton.jit
+def _matmul_tma_kernel(
+    a_desc, b_desc, c_desc, M, N, K,
+    A_T: tl.constexpr, B_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EPILOGUE_SPLIT: tl.constexpr,
+):
+    """Persistent TMA matmul (Hopper). a_desc/b_desc/c_desc are TMA tensor descriptors.
+
+    A_T: a_desc describes A^T (K, M) row-major, i.e. A is column-major; it hands out
+    (BLOCK_K, BLOCK_M) tiles, transposed here for free (wgmma reads either orientation from
+    shared memory). Likewise B_T: b_desc describes B^T (N, K), tiles (BLOCK_N, BLOCK_K).
+    c_desc hands out (BLOCK_M, BLOCK_N // EPILOGUE_SPLIT) tiles of C.
+    """
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    # One program per SM; program p does tiles p, p + P, p + 2P, ... (P = programs launched).
+    # flatten=True merges this loop and the K loop into one pipelined loop: the first K
+    # tiles of the next C tile are already in flight while this one is stored.
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k in range(0, K, BLOCK_K):  # ragged last K step: TMA fills past-the-end with 0
+            if A_T:
+                a = a_desc.load([k, off_m]).T
+            else:
+                a = a_desc.load([off_m, k])
+            if B_T:
+                b = b_desc.load([off_n, k]).T
+            else:
+                b = b_desc.load([k, off_n])
+            acc = tl.dot(a, b, acc)
+
+        # Epilogue: convert and store through TMA (rows/cols past M/N are not written).
+        # EPILOGUE_SPLIT=2 stores two (BLOCK_M, BLOCK_N/2) halves: half the shared-memory
+        # staging buffer for C, leaving room for one more pipeline stage.
+        if EPILOGUE_SPLIT == 2:
+            halves = tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1))
+            left, right = tl.split(halves)
+            c_desc.store([off_m, off_n], left.to(c_desc.dtype))
+            c_desc.store([off_m, off_n + BLOCK_N // 2], right.to(c_desc.dtype))
+        else:
+            c_desc.store([off_m, off_n], acc.to(c_desc.dtype))
+
+
+def _tma_config(bm: int, bn: int, bk: int, stages: int, warps: int, split: int) -> triton.Config:
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8, "EPILOGUE_SPLIT": split},
+        num_stages=stages, num_warps=warps, pre_hook=_set_tma_blocks,
+    )
+
+
+def _set_tma_blocks(nargs: dict) -> None:
+    """Before each launch (autotuner pre_hook): give the descriptors this config's tile shapes."""
+    bm, bn, bk = nargs["BLOCK_M"], nargs["BLOCK_N"], nargs["BLOCK_K"]
+    nargs["a_desc"].block_shape = [bk, bm] if nargs["A_T"] else [bm, bk]
+    nargs["b_desc"].block_shape = [bn, bk] if nargs["B_T"] else [bk, bn]
+    nargs["c_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
+
+
+_TMA_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, EPILOGUE_SPLIT)
+    _tma_config(128, 256, 64, 3, 8, 1),
+    _tma_config(128, 256, 64, 3, 8, 2),
+    _tma_config(128, 256, 64, 4, 8, 2),
+    _tma_config(256, 128, 64, 3, 8, 1),
+    _tma_config(128, 128, 64, 4, 8, 1),
+    _tma_config(128, 128, 64, 4, 4, 1),
+    _tma_config(128, 128, 128, 3, 8, 1),
+    _tma_config(64, 128, 64, 4, 4, 1),
+]
+_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T"])(_matmul_tma_kernel)
+
+
+def _tma_layout(t: torch.Tensor) -> bool | None:
+    """How TMA can read 2-D t: False row-major, True column-major (read as t.T), None not at all.
+
+    TMA wants one dimension with unit stride and the other's stride (the row pitch) and the
+    base address 16-byte aligned.
+    """
+    for transposed, (unit, pitch) in ((False, (1, 0)), (True, (0, 1))):
+        if (t.stride(unit) == 1 and t.stride(pitch) > 0
+                and (t.stride(pitch) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0):
+            return transposed
+    return None
+
+
+def _use_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> bool:
+    return (not interpreter.INTERPRETED and a.is_cuda
+            and torch.cuda.get_device_capability(a.device)[0] == 9  # Hopper, where it is tuned
+            and a.dtype in (torch.float16, torch.bfloat16) and a.shape[1] > 0
+            and _tma_layout(a) is not None and _tma_layout(b) is not None
+            and _tma_layout(c) is False)
+
+
+def _launch_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def describe(t: torch.Tensor, transposed: bool) -> TensorDescriptor:
+        t = t.T if transposed else t  # now row-major; block_shape is set per config
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1])
+
+    M, K = a.shape
+    N = b.shape[1]
+    a_t, b_t = _tma_layout(a), _tma_layout(b)
+    sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+
+    def grid(meta: dict) -> tuple[int]:  # persistent: at most one program per SM
+        return (min(sms, triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"])),)
+
+    _matmul_tma_tuned[grid](describe(a, a_t), describe(b, b_t), describe(c, False), M, N, K,
+                            A_T=a_t, B_T=b_t)
+    return c
 
 
 def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
@@ -186,6 +319,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, impl: str = "auto") -> torch.Ten
         return matmul_reference(a, b)
     _refuse_interpreted_bf16(a.dtype)
     c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
+    if c.numel() > 0 and _use_tma(a, b, c):
+        return _launch_tma(a, b, c)
     return _launch(_matmul_tuned, a, b, c)
 
 

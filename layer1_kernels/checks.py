@@ -17,9 +17,9 @@ from .cupy_support import CUDA_DIR, cupy_available, require_cupy
 from .flash_attention import flash_attention, flash_attention_reference
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
 from .interpreter import kernel_device
-from .nvcc import compile_check, nvcc_available
 from .matmul import matmul, matmul_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
+from .nvcc import compile_check, nvcc_available
 from .reduction import reduce_sum, reduce_sum_reference
 from .rope import apply_rope, rope_cache, rope_reference
 from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference

@@ -36,18 +36,23 @@ the same grouped order, with two changes that take work off the tensor cores' cr
    engine fetch a whole tile into shared memory. No per-element address arithmetic or masks
    in registers: out-of-bounds rows/columns of a ragged edge tile come back as zeros (so K
    needs no mask either), and out-of-bounds parts of a stored C tile are simply dropped.
-2. A persistent grid: one program per SM, each walking tiles pid, pid+P, pid+2P, ... The
-   loop over tiles and the K loop are flattened into one software pipeline, so the loads of
-   the next tile start while the current tile's epilogue (convert + store) runs, instead of
-   the SM idling between one program's exit and the next one's start.
+2. A persistent grid: one program per SM, each walking tiles pid, pid+P, pid+2P, ... so an
+   SM does not idle between one program's exit and the next one's start. The loop over
+   tiles and the K loop are flattened into one software pipeline, so the loads of the next
+   tile are issued while the current tile's epilogue (convert + store) runs.
 TMA needs one unit stride per operand and 16-byte-aligned base and row pitch. Each operand
 may be row-major or column-major (a `w.T` view of an nn.Linear weight is read in place;
 A_T/B_T say which); anything else, fp32 (tf32), other GPUs and the CPU interpreter use the
 pointer kernel above.
 
-Measured (H100, bf16), pointer kernel: 630-690 TFLOP/s at 8192^3 and ~630 at 4096^3,
-0.85-0.93 of cuBLAS; fp8 e4m3 at 8192^3: ~1150-1240 TFLOP/s, 0.94-0.98 of torch._scaled_mm.
-TMA persistent kernel: see BENCHMARKS.md.
+Measured (H100, bf16, do_bench median, two runs, 2026-11-22), TFLOP/s and ratio to cuBLAS:
+  4096^3: cuBLAS 723; pointer kernel 625-645 (0.86-0.89x); TMA persistent 703-713 (0.97-0.99x)
+  8192^3: cuBLAS 679; pointer kernel 617-623 (0.91-0.92x); TMA persistent 681-689 (1.00-1.01x)
+The TMA tuner picked 128x256x64, 3 stages, 8 warps at both sizes. Of its two changes, TMA loads
+carry most of the gain: the same kernel on a full grid (one tile per program) gave 682 and
+680. The persistent grid added ~4% at 4096^3 (4 waves of tiles) and nothing measurable at
+8192^3; flatten=True measured within noise (+-2%) of a plain nested loop. fp8 e4m3 (pointer
+kernel) at 8192^3: ~1150-1240 TFLOP/s, 0.94-0.98 of torch._scaled_mm.
 
 FLOPs: 2*M*N*K.  Bytes (the floor: each input read once, the output written once):
 (M*K + K*N) * in_itemsize + M*N * out_itemsize.
@@ -205,15 +210,15 @@ def _set_tma_blocks(nargs: dict) -> None:
     nargs["c_desc"].block_shape = [bm, bn // nargs["EPILOGUE_SPLIT"]]
 
 
+# Shared memory per config: stages * (A tile + B tile) + the C staging tile; 128x256x64 with
+# 3 stages is 3*48 + 64 = 208 KB of the H100's 227 KB (4 stages fit only with a split epilogue).
 _TMA_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, EPILOGUE_SPLIT)
-    _tma_config(128, 256, 64, 3, 8, 1),
-    _tma_config(128, 256, 64, 3, 8, 2),
+    _tma_config(128, 256, 64, 3, 8, 1),  # the H100's picks at 4096^3 and 8192^3: these two,
+    _tma_config(128, 256, 64, 3, 8, 2),  # within noise of each other
     _tma_config(128, 256, 64, 4, 8, 2),
     _tma_config(256, 128, 64, 3, 8, 1),
-    _tma_config(128, 128, 64, 4, 8, 1),
-    _tma_config(128, 128, 64, 4, 4, 1),
-    _tma_config(128, 128, 128, 3, 8, 1),
-    _tma_config(64, 128, 64, 4, 4, 1),
+    _tma_config(128, 128, 64, 4, 4, 1),  # smaller tiles: more programs for mid-size problems
+    _tma_config(64, 128, 64, 4, 4, 1),   # for few rows (small M)
 ]
 _matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T"])(_matmul_tma_kernel)
 

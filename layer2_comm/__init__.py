@@ -1,6 +1,45 @@
-"""Layer 2 — communication (not built yet).
+"""Layer 2 — communication: process groups and collectives built from point-to-point messages.
 
-Will hold process groups (NCCL on GPUs, gloo on CPUs), collectives built from
-send/recv (ring and tree all-reduce, all-gather, reduce-scatter, broadcast, all-to-all,
-hierarchical all-reduce), an alpha-beta cost model and an nccl-tests-style benchmark.
+Process groups: `init()` joins the group described by the environment (env://, so it
+works under `torchrun`, on one machine or many); NCCL on GPUs, gloo on CPUs. `launch(fn,
+world_size)` runs a function on N local ranks for tests, demos and labs, with a timeout.
+
+Collectives, each built from isend/irecv (never from torch.distributed's own
+collectives), for any tensor size, float and integer dtypes, ops "sum", "max" and "avg":
+- ring_all_reduce (reduce-scatter + all-gather, optionally pipelined in chunks),
+- tree_all_reduce (recursive doubling; any world size),
+- ring_all_gather, ring_reduce_scatter,
+- broadcast_tree (binomial) and broadcast_chain (pipelined),
+- all_to_all (uneven splits),
+- hierarchical_all_reduce (within nodes, across node leaders, back down).
+Before moving data each collective swaps a small header with its peers, so ranks that
+disagree on size, dtype or arguments get a ValueError naming both, never a hang or garbage.
+
+Measuring: an alpha-beta cost model per algorithm (`predict`, `crossover`, `fit_alpha_beta`),
+nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), compute /
+communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
 """
+from .all_to_all import all_to_all
+from .bandwidth import ping_pong, sweep
+from .chain import broadcast_chain
+from .cost_model import AlphaBeta, busbw, crossover, fit_alpha_beta, predict
+from .group import destroy, device, init, local_rank, rank, world_size
+from .hierarchical import hierarchical_all_reduce
+from .launch import launch
+from .nccl_raw import nccl_example
+from .overlap import overlap_demo
+from .p2p import OPS, segment_bounds
+from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from .tree import broadcast_tree, tree_all_reduce
+
+__all__ = [
+    # process groups
+    "init", "destroy", "rank", "world_size", "local_rank", "device", "launch",
+    # collectives from point-to-point messages
+    "ring_all_reduce", "tree_all_reduce", "ring_all_gather", "ring_reduce_scatter",
+    "broadcast_tree", "broadcast_chain", "all_to_all", "hierarchical_all_reduce",
+    "OPS", "segment_bounds",
+    # cost model, bandwidth sweeps, overlap, raw NCCL
+    "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
+    "sweep", "ping_pong", "overlap_demo", "nccl_example",
+]

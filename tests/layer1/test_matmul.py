@@ -120,6 +120,24 @@ def test_gpu_matches_reference(dtype: torch.dtype, tol: float, m: int, k: int, n
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("a_t,b_t", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m,k,n", [(1000, 1032, 776), (8, 8, 8), (136, 4096, 8)])
+def test_gpu_tma_path_ragged_tiles(m: int, k: int, n: int, a_t: bool, b_t: bool) -> None:
+    """Row pitches TMA accepts (multiples of 16 bytes) but edge tiles ragged in M, N and K, in
+    every row-/column-major combination: the Hopper path on a Hopper GPU, else the pointer one."""
+    from layer1_kernels.matmul import _use_tma
+    a = randn(k, m, seed=m).T if a_t else randn(m, k, seed=m)
+    b = randn(n, k, seed=n + 1).T if b_t else randn(k, n, seed=n + 1)
+    a, b = a.to("cuda", torch.bfloat16), b.to("cuda", torch.bfloat16)
+    poison((m, n), torch.bfloat16, "cuda")
+    c = matmul(a, b)
+    if torch.cuda.get_device_capability()[0] == 9:
+        assert _use_tma(a, b, c)
+    assert c.shape == (m, n) and torch.isfinite(c).all()
+    assert rel_err(c, a.double() @ b.double()) < 1e-2
+
+
+@pytest.mark.gpu
 def test_gpu_transposed_operand() -> None:
     a = randn(1024, 2048, seed=1, device="cuda", dtype=torch.bfloat16)
     w = randn(1536, 2048, seed=2, device="cuda", dtype=torch.bfloat16)  # nn.Linear layout

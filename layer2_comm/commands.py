@@ -1,0 +1,280 @@
+"""Layer 2's commands for the `stack` CLI (entry point `llm_stack.layers` "2").
+
+`run`: every collective of this layer on N ranks, checked exactly against
+torch.distributed's built-in on integer-valued data and timed beside it.
+`bench`: the nccl-tests-style sweep (ours vs built-in), a ping-pong fitted to the
+alpha-beta model, predicted vs measured, and the ring/tree crossover.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from rich.console import Console
+from rich.table import Table
+
+from layer1_kernels import results_dir, system_info
+
+from .all_to_all import all_to_all
+from .bandwidth import bench_rank, default_sizes, measured_crossover, time_collective
+from .chain import broadcast_chain
+from .cost_model import crossover, fit_alpha_beta, predict
+from .group import device, init
+from .hierarchical import hierarchical_all_reduce
+from .launch import launch
+from .plots import (
+    SIDE_BY_SIDE,
+    human,
+    markdown,
+    pairs,
+    plot_busbw,
+    plot_predicted_vs_measured,
+    side_by_side,
+    us,
+)
+from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from .tree import broadcast_tree, tree_all_reduce
+
+TITLE = "communication"
+console = Console()
+_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def _splits(src: int, world: int) -> list[int]:
+    """Uneven all-to-all split sizes rank ``src`` sends to each rank (some are 0)."""
+    return [(3 * src + 5 * dst) % 4 for dst in range(world)]
+
+
+def _cases(x: torch.Tensor, world: int, me: int) -> list[tuple]:
+    """(name, detail, ours(), built-in()) on fresh copies of this rank's input ``x``."""
+    n, rpn = x.numel(), 2 if world % 2 == 0 else 1
+    mine = _splits(me, world)
+    a2a_in = x[: sum(mine)].clone()
+
+    def ref_reduce(op=dist.ReduceOp.SUM):
+        y = x.clone()
+        dist.all_reduce(y, op=op)
+        return y
+
+    def ref_gather():
+        out = x.new_empty(n * world)
+        _gather(out, x.clone())
+        return out
+
+    def ref_broadcast(src):
+        y = x.clone()
+        dist.broadcast(y, src)
+        return y
+
+    def ref_a2a():
+        out = x.new_empty(sum(_splits(s, world)[me] for s in range(world)))
+        dist.all_to_all_single(out, a2a_in.clone(), [_splits(s, world)[me] for s in range(world)], mine)
+        return out
+
+    return [
+        ("ring_all_reduce", "sum", lambda: ring_all_reduce(x.clone()), ref_reduce),
+        ("ring_all_reduce", "max int64", lambda: ring_all_reduce(x.long(), "max"),
+         lambda: ref_reduce(dist.ReduceOp.MAX).long()),
+        ("ring_all_reduce", "avg", lambda: ring_all_reduce(x.clone(), "avg"), lambda: ref_reduce() / world),
+        ("ring_all_reduce", "sum chunks=4", lambda: ring_all_reduce(x.clone(), chunks=4), ref_reduce),
+        ("tree_all_reduce", "sum", lambda: tree_all_reduce(x.clone()), ref_reduce),
+        ("hierarchical_all_reduce", f"sum {rpn}/node",
+         lambda: hierarchical_all_reduce(x.clone(), rpn), ref_reduce),
+        ("ring_all_gather", "", lambda: ring_all_gather(x.clone()), ref_gather),
+        ("ring_reduce_scatter", "sum uneven", lambda: ring_reduce_scatter(x.clone()),
+         lambda: torch.tensor_split(ref_reduce(), world)[me]),
+        ("broadcast_tree", f"src={world - 1}", lambda: broadcast_tree(x.clone(), world - 1),
+         lambda: ref_broadcast(world - 1)),
+        ("broadcast_chain", "src=0 chunks=4", lambda: broadcast_chain(x.clone(), 0), lambda: ref_broadcast(0)),
+        ("all_to_all", f"splits {mine}", lambda: all_to_all(a2a_in.clone(), mine), ref_a2a),
+    ]
+
+
+def _run_rank(numel: int, iters: int) -> list[dict]:
+    """Each case once for the check, then ``iters`` timed runs of ours and of the built-in."""
+    world, me, dev = dist.get_world_size(), dist.get_rank(), device()
+    gen = torch.Generator().manual_seed(1234 + me)
+    x = torch.randint(-50, 50, (numel,), generator=gen).float().to(dev)  # exact sums
+    rows = []
+    for name, detail, ours, ref in _cases(x, world, me):
+        got, want = ours(), ref()
+        exact = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
+        close = got.shape == want.shape and torch.allclose(got.double(), want.double())
+        ok = exact or (detail == "avg" and close)  # avg may divide before or after summing
+        flag = torch.tensor([int(ok)], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+        rows.append({"collective": name, "detail": detail, "ok": bool(flag.item()),
+                     "ours_s": statistics.median(time_collective(ours, iters, 2, dev)),
+                     "torch_s": statistics.median(time_collective(ref, iters, 2, dev))})
+    return rows
+
+
+def _under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def _on_ranks(fn, world: int, *args, backend: str, timeout_s: float) -> list:
+    """launch() the ranks here; under torchrun (multi-node) be one of them instead.
+
+    Under torchrun only rank 0's value comes back (others get [None] and print nothing).
+    """
+    if _under_torchrun():
+        init(backend, timeout_s=timeout_s)
+        value = fn(*args)
+        return [value if dist.get_rank() == 0 else None]
+    return launch(fn, world, *args, backend=backend, timeout_s=timeout_s)
+
+
+def _world_and_backend(world: int | None, backend: str) -> tuple[int, str]:
+    """Ranks and backend: torchrun's when under it; else every GPU with NCCL, or 4 gloo ranks."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if _under_torchrun():
+        console.quiet = os.environ["RANK"] != "0"  # one rank reports
+        return int(os.environ["WORLD_SIZE"]), ("nccl" if gpus else "gloo") if backend == "auto" else backend
+    if backend == "auto":
+        backend = "nccl" if gpus >= 2 and (world or gpus) <= gpus else "gloo"
+    return world or (gpus if backend == "nccl" else 4), backend
+
+
+def _gpu_links(topology) -> dict[str, str] | None:
+    """nvidia-smi's link type between each pair of GPUs ("NV18", "PIX", "SYS", ...)."""
+    if topology is None:
+        return None
+    return {f"{a}-{b}": t for (a, b), t in topology.links.items()
+            if a < b and a.startswith("GPU") and b.startswith("GPU")}
+
+
+def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=doc)
+    parser.add_argument("--world", type=int, help="ranks (default: every GPU with NCCL, else 4 gloo ranks)")
+    parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
+    parser.add_argument("--iters", type=int, help="timed iterations per measurement")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before stuck ranks are stopped")
+    return parser
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Run every collective on N ranks, check it against the built-in, and time both."""
+    parser = _parser("stack run --layer 2", run.__doc__)
+    parser.add_argument("--numel", type=int, default=1001, help="elements per rank (odd on purpose)")
+    args = parser.parse_args(argv or [])
+    world, backend = _world_and_backend(args.world, args.backend)
+    console.print(f"[bold]Layer 2 — communication[/bold]: {world} ranks, {backend}, "
+                  f"{args.numel} elements per rank")
+    with console.status("ranks running..."):
+        per_rank = _on_ranks(_run_rank, world, args.numel, args.iters or 20, backend=backend,
+                             timeout_s=args.timeout)
+    if per_rank[0] is None:  # a non-zero torchrun rank: rank 0 reports
+        return 0
+    table = Table(title="each collective (from send/recv) vs torch.distributed, exact check; "
+                        "median time of the slowest rank")
+    table.add_column("collective", no_wrap=True)
+    table.add_column("variant", overflow="fold")
+    for column in ("ok", "ours ms", "torch ms", "ratio"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for r in per_rank[0]:
+        table.add_row(r["collective"], r["detail"], "[green]yes" if r["ok"] else "[red]NO",
+                      f"{r['ours_s'] * 1e3:.3f}", f"{r['torch_s'] * 1e3:.3f}",
+                      f"{r['ours_s'] / r['torch_s']:.2f}x" if r["torch_s"] > 0 else "-")
+    console.print(table)
+    failed = [f"{r['collective']} ({r['detail']})" for r in per_rank[0] if not r["ok"]]
+    if failed:
+        console.print(f"[red]failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+def bench(argv: list[str] | None = None) -> int:
+    """nccl-tests-style sweep of ours vs built-in; alpha-beta fit, predictions, plots."""
+    parser = _parser("stack bench --layer 2", bench.__doc__)
+    parser.add_argument("--max-bytes", type=int, help="largest message (default 1 GiB with NCCL, 4 MiB on gloo)")
+    parser.add_argument("--min-bytes", type=int, default=8)
+    parser.add_argument("--factor", type=int, help="size step (default 2 with NCCL, 4 on gloo)")
+    parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
+    args = parser.parse_args(argv or [])
+    world, backend = _world_and_backend(args.world, args.backend)
+    gpu = backend == "nccl"
+    sizes = default_sizes(args.max_bytes or (1 << 30 if gpu else 4 << 20), args.min_bytes,
+                          args.factor or (2 if gpu else 4))
+    iters = args.iters or (20 if gpu else 5)
+    console.print(f"[bold]Layer 2 bench[/bold]: {world} ranks, {backend}, {len(sizes)} sizes "
+                  f"{sizes[0]} B .. {sizes[-1]:,} B, {iters} iterations each")
+    with console.status("sweeping (every rank busy)..."):
+        result = _on_ranks(bench_rank, world, sizes, iters, max(1, iters // 4), backend=backend,
+                           timeout_s=args.timeout)[0]
+    if result is None:
+        return 0
+    rows, ping = result["rows"], result["ping_pong"]
+    ab = fit_alpha_beta([p["bytes"] for p in ping], [p["time_s"] for p in ping])
+    predicted = [{"algorithm": alg, "bytes": r["bytes"], "time_s": predict(alg, r["bytes"], world, ab)}
+                 for alg in ("ring_all_reduce", "tree_all_reduce")
+                 for r in rows if r["algorithm"] == alg]
+    model_x = crossover("ring_all_reduce", "tree_all_reduce", world, ab)
+    measured_x = measured_crossover(rows)
+    _print_tables(rows, predicted)
+    bw = (f"1/beta = {ab.bandwidth / 1e9:.2f} GB/s" if ab.beta_s_per_byte
+          else "beta = 0 (time did not grow with size in this range)")
+    console.print(f"alpha-beta from ping-pong (ranks 0<->1): alpha = {ab.alpha_s * 1e6:.1f} us, {bw}")
+    console.print("ring/tree all-reduce crossover: predicted "
+                  + (f"{model_x:,.0f} B" if model_x else "none (tree wins at every size in the model)")
+                  + ", measured " + (f"{measured_x:,} B" if measured_x else "none in this range"))
+    out = args.out or results_dir(2)
+    out.mkdir(parents=True, exist_ok=True)
+    info = system_info()
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": world,
+              "backend": backend, "device": info.gpus[0].name if gpu and info.gpus else info.cpu.model,
+              "torch": info.torch_version, "nccl": info.nccl_version, "gpu_links": _gpu_links(info.topology) if gpu else None,
+              "alpha_s": ab.alpha_s, "beta_s_per_byte": ab.beta_s_per_byte,
+              "crossover_predicted_bytes": model_x, "crossover_measured_bytes": measured_x,
+              "rows": rows, "predicted": predicted, "ping_pong": ping}
+    if record["gpu_links"]:
+        console.print("GPU links (nvidia-smi topo -m): " + ", ".join(f"{k} {v}" for k, v in record["gpu_links"].items()))
+    (out / "bench.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / "bench.md").write_text(markdown(rows, record))
+    title = f"{world} ranks, {backend}"
+    plot_predicted_vs_measured([r for r in rows if r["impl"] == "ours" and "all_reduce" in r["algorithm"]],
+                               predicted, out / "time_vs_size.png", f"all-reduce time, {title}")
+    plot_busbw(rows, out / "busbw.png", f"bus bandwidth, {title}")
+    for name in ("bench.json", "bench.md", "time_vs_size.png", "busbw.png"):
+        console.print(f"wrote {out / name}")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
+    table = Table(title="ours vs torch.distributed: median time of the slowest rank")
+    for column in SIDE_BY_SIDE:
+        table.add_column(column.replace("busbw ", ""), justify="right", no_wrap=True)
+    for cells in side_by_side(rows):
+        table.add_row(*cells)
+    console.print(table)
+    for r in rows:
+        if not r["ok"]:
+            console.print(f"[red]{r['algorithm']} at {human(r['bytes'])} gave a wrong result")
+    model = {(p["algorithm"], p["bytes"]): p["time_s"] for p in predicted}
+    table = Table(title="all-reduce (ours): measured vs alpha-beta prediction")
+    for column in ("algorithm", "size", "measured us", "predicted us", "ratio"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for r in rows:
+        if (r["algorithm"], r["bytes"]) in model:
+            p = model[r["algorithm"], r["bytes"]]
+            table.add_row(r["algorithm"], human(r["bytes"]), us(r["time_s"]), us(p),
+                          f"{r['time_s'] / p:.2f}" if p > 0 else "-")
+    console.print(table)
+    at: dict[str, tuple] = {}  # per collective, the largest size up to 256 MiB (the target's)
+    for kind, b, o, t in pairs(rows):
+        if b <= 256 << 20 and t["busbw"] and b >= at.get(kind, (0,))[0]:
+            at[kind] = (b, o["busbw"] / t["busbw"])
+    if at:
+        console.print("ours / built-in busbw: " + ", ".join(
+            f"{kind} {ratio:.2f} at {human(b)}" for kind, (b, ratio) in at.items()))
+
+
+if __name__ == "__main__":  # python -m layer2_comm.commands [run|bench] [options]; torchrun too
+    command = bench if sys.argv[1:2] == ["bench"] else run
+    sys.exit(command(sys.argv[2:] if sys.argv[1:2] in (["run"], ["bench"]) else sys.argv[1:]))

@@ -1,0 +1,146 @@
+"""Failures are errors within the timeout, never hangs.
+
+- ranks that disagree (size, dtype, op, chunks, or which collective) get a ValueError on
+  both sides, naming both ranks and what each passed, and can go on afterwards;
+- a peer that never answers makes the wait raise after the process group's timeout;
+- launch() names a rank that raised (with its traceback), one that died, and one that did
+  not finish in time — and stops the rest.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from layer2_comm import (
+    all_to_all,
+    broadcast_chain,
+    broadcast_tree,
+    hierarchical_all_reduce,
+    launch,
+    rank,
+    ring_all_gather,
+    ring_all_reduce,
+    ring_reduce_scatter,
+    tree_all_reduce,
+)
+from layer2_comm.group import _state as group_state
+
+# name -> what rank r calls; rank 0 and rank 1 disagree in exactly one respect
+MISMATCHES = {
+    "ring_all_reduce size": lambda r: ring_all_reduce(torch.ones(10 + r)),
+    "tree_all_reduce size": lambda r: tree_all_reduce(torch.ones(10 + r)),
+    "ring_all_gather size": lambda r: ring_all_gather(torch.ones(10 + r)),
+    "ring_reduce_scatter size": lambda r: ring_reduce_scatter(torch.ones(10 + r)),
+    "broadcast_tree size": lambda r: broadcast_tree(torch.ones(10 + r)),
+    "broadcast_chain size": lambda r: broadcast_chain(torch.ones(10 + r)),
+    "hierarchical size, one node": lambda r: hierarchical_all_reduce(torch.ones(10 + r), 2),
+    "hierarchical size, two nodes": lambda r: hierarchical_all_reduce(torch.ones(10 + r), 1),
+    "dtype": lambda r: ring_all_reduce(torch.ones(10, dtype=(torch.float32, torch.int64)[r])),
+    "op": lambda r: ring_all_reduce(torch.ones(10), ("sum", "max")[r]),
+    "chunks": lambda r: ring_all_reduce(torch.ones(10), chunks=1 + r),
+    "broadcast_chain src": lambda r: broadcast_chain(torch.ones(10), src=r),
+    "broadcast_tree src": lambda r: broadcast_tree(torch.ones(10), src=r),
+    "broadcast_chain chunks": lambda r: broadcast_chain(torch.ones(10), chunks=2 + r),
+    "different collectives": lambda r: (ring_all_reduce, tree_all_reduce)[r](torch.ones(10)),
+    "all_to_all dtype": lambda r: all_to_all(torch.ones(4, dtype=(torch.float32, torch.int64)[r]), [2, 2]),
+}
+
+
+def disagree() -> dict[str, str]:
+    """Run every mismatch on 2 ranks; report how each failed, then show the group still works."""
+    me, report = rank(), {}
+    for name, call in MISMATCHES.items():
+        start = time.monotonic()
+        try:
+            call(me)
+            report[name] = "no error"
+        except Exception as exc:
+            report[name] = f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
+    x = torch.full((5,), float(me + 1))
+    report["afterwards"] = str(ring_all_reduce(x).tolist())
+    # A peer that never joins: rank 0's wait gives up after the group's timeout.
+    group_state["timeout_s"] = 0.5
+    if me == 1:
+        time.sleep(1.5)
+        return report
+    start = time.monotonic()
+    try:
+        tree_all_reduce(torch.ones(3))
+        report["silent peer"] = "no error"
+    except Exception as exc:
+        report["silent peer"] = f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
+    return report
+
+
+def test_disagreeing_ranks_get_a_value_error_on_both_sides():
+    reports = launch(disagree, 2, backend="gloo", timeout_s=30)
+    for name in MISMATCHES:
+        for r in (0, 1):
+            text = reports[r][name]
+            assert text.startswith("ValueError after 0."), f"rank {r}, {name}: {text}"
+            assert "rank 0" in text and "rank 1" in text, f"{name}: {text}"
+    size = reports[0]["ring_all_reduce size"]
+    assert "10 elements of torch.float32" in size and "11 elements of torch.float32" in size, size
+    assert "int64" in reports[1]["dtype"] and "op='max'" in reports[0]["op"]
+    assert "tree_all_reduce" in reports[0]["different collectives"]
+    assert reports[0]["afterwards"] == reports[1]["afterwards"] == str([3.0] * 5)
+    silent = reports[0]["silent peer"]
+    assert silent.startswith("RuntimeError after 0.") and "rank(s) [1]" in silent, silent
+
+
+def shape_mismatch() -> None:
+    ring_all_reduce(torch.ones(10 + rank()))
+
+
+def test_a_shape_mismatch_fails_launch_with_a_clear_error_within_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        launch(shape_mismatch, 2, backend="gloo", timeout_s=10)
+    assert time.monotonic() - start < 10
+    text = str(info.value)
+    assert "rank 0 raised ValueError" in text and "rank 1 raised ValueError" in text, text
+    assert "10 elements" in text and "11 elements" in text
+
+
+def one_raises_one_dies() -> None:
+    if rank() == 1:
+        raise ZeroDivisionError("rank one divided by zero on purpose")
+    if rank() == 2:
+        os._exit(3)
+    ring_all_reduce(torch.ones(4))  # waits on the others, who are gone
+
+
+def test_launch_names_a_rank_that_raised_and_one_that_died():
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        launch(one_raises_one_dies, 3, backend="gloo", timeout_s=20)
+    assert time.monotonic() - start < 20
+    text = str(info.value)
+    assert "rank 1 raised ZeroDivisionError: rank one divided by zero on purpose" in text, text
+    assert "one_raises_one_dies" in text  # the traceback came back
+    assert "rank 2 died without reporting (exit code 3" in text, text
+    assert "rank 0" in text  # it raised (peer gone) or was stopped: either way it is named
+
+
+def one_hangs(pid_file: str) -> str:
+    if rank() == 1:
+        Path(pid_file).write_text(str(os.getpid()))
+        time.sleep(600)
+    return "done"
+
+
+def test_a_rank_that_hangs_is_stopped_at_the_timeout(tmp_path: Path):
+    pid_file = tmp_path / "pid"
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        launch(one_hangs, 2, str(pid_file), backend="gloo", timeout_s=5)
+    elapsed = time.monotonic() - start
+    assert 4.5 < elapsed < 10, elapsed
+    text = str(info.value)
+    assert "rank(s) [1] did not finish within timeout_s=5 s" in text and "[0] finished" in text, text
+    with pytest.raises(ProcessLookupError):  # the hanging rank was killed (and reaped)
+        os.kill(int(pid_file.read_text()), 0)

@@ -27,7 +27,7 @@ mm = importlib.import_module("layer1_kernels.matmul")
 _tile_coords = mm._tile_coords
 QUICK = "--quick" in sys.argv
 OUT = os.environ.get("OUT", "/tmp")
-LOG = open(os.path.join(OUT, "mm_try.log"), "a")
+LOG = open(os.path.join(OUT, "matmul_variants.log"), "a")
 SUMMARY: list[str] = []
 
 

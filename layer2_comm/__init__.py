@@ -19,6 +19,27 @@ Measuring: an alpha-beta cost model per algorithm (`predict`, `crossover`, `fit_
 nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), compute /
 communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
 """
+from layer1_kernels import (  # re-exported for layer 3 and up: kernels, timing, ceilings
+    INTERPRETED,
+    Ceilings,
+    Timing,
+    apply_rope,
+    detect_device,
+    flash_attention,
+    int8_matmul,
+    kernel_device,
+    load_ceilings,
+    matmul,
+    quantize_int8,
+    results_dir,
+    rms_norm,
+    rope_cache,
+    silu_and_mul,
+    softmax,
+    system_info,
+    time_fn,
+)
+
 from .all_to_all import all_to_all
 from .bandwidth import ping_pong, sweep
 from .chain import broadcast_chain
@@ -42,4 +63,8 @@ __all__ = [
     # cost model, bandwidth sweeps, overlap, raw NCCL
     "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
     "sweep", "ping_pong", "overlap_demo", "nccl_example",
+    # from layer 1, for the layers above
+    "rms_norm", "apply_rope", "rope_cache", "silu_and_mul", "softmax", "matmul",
+    "flash_attention", "int8_matmul", "quantize_int8", "INTERPRETED", "kernel_device",
+    "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
 ]

@@ -194,14 +194,6 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple) -> 
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
 
 
-def _refuse_interpreted_bf16(dtype: torch.dtype) -> None:
-    # Triton 3.6's interpreter runs tl.dot on bf16 through numpy, which has no bf16: the
-    # products come out as garbage. Refuse rather than return wrong numbers.
-    if interpreter.INTERPRETED and dtype == torch.bfloat16:
-        raise ValueError("bf16 is not supported by Triton's CPU interpreter (its bf16 tl.dot is "
-                         "wrong); use float32 or float16 on the CPU, or a CUDA GPU")
-
-
 def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                               causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Math attention in fp32 (fp64 stays fp64): GQA by repeat_interleave, bottom-right causal."""
@@ -240,7 +232,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     Hkv, Nk = k.shape[1], k.shape[2]
     if D not in _HEAD_DIMS:
         raise ValueError(f"head dim {D} unsupported by the Triton kernel: expected one of {_HEAD_DIMS}")
-    _refuse_interpreted_bf16(q.dtype)
+    interpreter.refuse_interpreted_bf16_dot(q.dtype)
     if B * Hq > 65535:  # grid axis 1 holds (batch, head) pairs; CUDA caps it at 65535
         raise ValueError(f"batch * query heads = {B * Hq} exceeds 65535; split the batch")
     out = torch.empty((B, Hq, Nq, D), device=q.device, dtype=q.dtype)

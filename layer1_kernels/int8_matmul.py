@@ -148,14 +148,6 @@ def _check(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, x_dtypes:
         raise ValueError(f"x, w_int8, scale are on different devices: {x.device}, {w_int8.device}, {scale.device}")
 
 
-def _refuse_interpreted_bf16(dtype: torch.dtype) -> None:
-    # Triton 3.6's interpreter runs tl.dot on bf16 through numpy, which has no bf16: the
-    # products come out as garbage. Refuse rather than return wrong numbers.
-    if interpreter.INTERPRETED and dtype == torch.bfloat16:
-        raise ValueError("bf16 is not supported by Triton's CPU interpreter (its bf16 tl.dot is "
-                         "wrong); use float32 or float16 on the CPU, or a CUDA GPU")
-
-
 def int8_matmul_reference(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """torch reference: x @ (w_int8 * scale[:, None])^T in fp32 (fp64 stays fp64), in x's dtype."""
     _check(x, w_int8, scale, _X_DTYPES + (torch.float64,))
@@ -174,7 +166,7 @@ def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *,
     if not interpreter.use_triton(impl, x, "int8_matmul"):
         return int8_matmul_reference(x, w_int8, scale)
     _check(x, w_int8, scale, _X_DTYPES)  # the kernel takes no fp64
-    _refuse_interpreted_bf16(x.dtype)
+    interpreter.refuse_interpreted_bf16_dot(x.dtype)
     M, K = x.shape
     N = w_int8.shape[0]
     out = torch.empty((M, N), device=x.device, dtype=x.dtype)

@@ -42,6 +42,14 @@ if INTERPRETED:
     _let_loops_run_to_runtime_bounds()
 
 
+def refuse_interpreted_bf16_dot(dtype: torch.dtype) -> None:
+    """Triton 3.6's interpreter runs tl.dot on bf16 through numpy, which has no bf16: the
+    products come out as garbage. Kernels that dot refuse rather than return wrong numbers."""
+    if INTERPRETED and dtype == torch.bfloat16:
+        raise ValueError("bf16 is not supported by Triton's CPU interpreter (its bf16 tl.dot is "
+                         "wrong); use float32 or float16 on the CPU, or a CUDA GPU")
+
+
 def kernel_device() -> torch.device:
     """The device Triton kernels run on here: CUDA if present, else the CPU (interpreted)."""
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")

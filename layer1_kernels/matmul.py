@@ -277,14 +277,6 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
         raise ValueError(f"a and b are on different devices: {a.device} vs {b.device}")
 
 
-def _refuse_interpreted_bf16(dtype: torch.dtype) -> None:
-    # Triton 3.6's interpreter runs tl.dot on bf16 through numpy, which has no bf16: the
-    # products come out as garbage. Refuse rather than return wrong numbers.
-    if interpreter.INTERPRETED and dtype == torch.bfloat16:
-        raise ValueError("bf16 is not supported by Triton's CPU interpreter (its bf16 tl.dot is "
-                         "wrong); use float32 or float16 on the CPU, or a CUDA GPU")
-
-
 def _launch(tuner, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
             scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
     M, K = a.shape
@@ -322,7 +314,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, impl: str = "auto") -> torch.Ten
     _check_operands(a, b, _DTYPES if impl != "torch" else _DTYPES + (torch.float64,))
     if not interpreter.use_triton(impl, a, "matmul"):
         return matmul_reference(a, b)
-    _refuse_interpreted_bf16(a.dtype)
+    interpreter.refuse_interpreted_bf16_dot(a.dtype)
     c = torch.empty((a.shape[0], b.shape[1]), device=a.device, dtype=a.dtype)
     if c.numel() > 0 and _use_tma(a, b, c):
         return _launch_tma(a, b, c)

@@ -1,6 +1,62 @@
-"""Layer 3 — model execution (not built yet).
+"""Layer 3 — model execution: a Llama-family executor in plain PyTorch that matches Hugging Face.
 
-Will hold a Llama-family executor in plain PyTorch that loads Hugging Face
-`config.json` + `model.safetensors` + `tokenizer.json`, sampling, and the course model
-trained on Shakespeare.
+Loading: `load(path, backend=, dtype=, device=)` reads a local HF checkpoint (config.json,
+model.safetensors or its sharded index, tokenizer.json, tokenizer_config.json's chat
+template) for Llama (incl. Llama-3 RoPE scaling), Qwen2 and Mistral, and returns a `Model`
+with `generate(prompts, SamplingParams)`, `stream(prompt, params)` (text deltas) and
+`stats` (tokens/s). `ModelConfig`, `load_model`, `read_safetensors`, `save_weights`,
+`random_model` and `Tokenizer` are the pieces it is built from.
+
+The network: `LlamaModel` — RMSNorm, merged QKV projection, RoPE, GQA attention, merged
+gate/up SwiGLU MLP — with kernels by backend ("torch", "triton" = layer 1's fused kernels,
+"compile" = torch.compile), over a flat batch of tokens described by an `AttentionContext`.
+
+The seam for layer 4: attention reads and writes keys and values only through a `KVCache`
+(`write(layer, k, v, ctx)`, `read(layer, ctx)`); `ContiguousKVCache` is this layer's. A
+paged cache with block tables plugs in without changing the model.
+
+Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`), W8A16
+quantization (`quantize_model`, `perplexity`) and `CudaGraphDecoder` (decode step
+replayed from a CUDA graph).
 """
+from .attention_context import AttentionContext, ContiguousKVCache, KVCache
+from .backends import BACKENDS, Ops, make_ops
+from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
+from .cuda_graph import CudaGraphDecoder
+from .data import VALIDATION_PLAYS, clean_corpus, format_play, parse_play
+from .data import prepare as prepare_corpus
+from .generate import GenerationStats, Model, RequestOutput, benchmark_decode, load
+from .model import LlamaModel
+from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
+from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
+from .tokenizer import IncrementalDecoder, Tokenizer
+from .tokenizer_train import (
+    CHAT_TEMPLATE,
+    SPECIAL_TOKENS,
+    STOP_STRINGS,
+    render_chat,
+    train_tokenizer,
+)
+from .train_model import SIZES as COURSE_SIZES
+from .train_model import CourseLlama, CourseModelConfig, load_hf, save_hf
+from .weights import load_model, random_model, read_safetensors, save_weights
+
+__all__ = [
+    # load and generate
+    "load", "Model", "RequestOutput", "GenerationStats", "benchmark_decode",
+    # configuration, weights, tokenizer
+    "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES",
+    "load_model", "read_safetensors", "save_weights", "random_model",
+    "Tokenizer", "IncrementalDecoder",
+    # the network, its kernels and the KV-cache seam
+    "LlamaModel", "BACKENDS", "Ops", "make_ops",
+    "AttentionContext", "KVCache", "ContiguousKVCache",
+    # sampling
+    "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
+    # quantization and CUDA graphs
+    "quantize_model", "Int8Linear", "perplexity", "weight_bytes", "CudaGraphDecoder",
+    # the course model: corpus, tokenizer, training (python -m layer3_model.train)
+    "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
+    "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
+    "CourseLlama", "CourseModelConfig", "COURSE_SIZES", "save_hf", "load_hf",
+]

@@ -1,0 +1,167 @@
+"""The model's kernels, chosen by backend. The model code is the same for all three.
+
+- "torch":   plain PyTorch, written out below: the reference everything is checked against.
+- "triton":  layer 1's fused kernels through layer 2's API: RMSNorm with the residual add
+             fused in, RoPE on q and k in one pass, SiLU-and-multiply, FlashAttention-2 for
+             prefill. With impl="auto" they run Triton on CUDA tensors and the torch
+             reference on CPU tensors; impl="triton" forces the kernels (Triton's
+             interpreter on a CPU: slow, but it checks the real kernel code path).
+- "compile": torch.compile of the torch norm, RoPE and SiLU-and-multiply: inductor fuses
+             each op's elementwise chain into one kernel (the automatic version of what
+             layer 1 wrote by hand). Attention stays eager torch: its matmuls go to the
+             BLAS library either way, and its masks change shape with every prefill,
+             which would cost a recompilation each (tens of seconds on a CPU).
+
+An op set is a small record of functions:
+    rms_norm(x (T, H), w (H,), eps, residual=None) -> y, or (y, x + residual)
+    rope(q (T, Hq, D), k (T, Hkv, D), cos, sin (P, D/2), positions (T,)) -> (q, k) rotated
+    silu_and_mul(x (T, 2F)) -> (T, F)
+    attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+import layer2_comm as comm
+
+from .attention_context import AttentionContext, KVCache
+
+BACKENDS = ("torch", "triton", "compile")
+_FLASH_HEAD_DIMS = (16, 32, 64, 128)
+
+
+@dataclass(frozen=True)
+class Ops:
+    name: str
+    rms_norm: Callable
+    rope: Callable
+    silu_and_mul: Callable
+    attention: Callable
+
+
+# ---- the torch reference ops -----------------------------------------------------------
+def torch_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   residual: torch.Tensor | None = None):
+    """y = weight * (h / rms(h)), h = x (+ residual); statistics in fp32 (HF's arithmetic)."""
+    h = x if residual is None else x + residual
+    hf = h.float()
+    y = weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return y if residual is None else (y, h)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def torch_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate each pair (x_i, x_{i+D/2}) by position * inv_freq_i (HF's rotate_half layout)."""
+    c = cos[positions].repeat(1, 2)[:, None, :].float()  # (T, 1, D)
+    s = sin[positions].repeat(1, 2)[:, None, :].float()
+    qf, kf = q.float(), k.float()
+    return (qf * c + _rotate_half(qf) * s).to(q.dtype), (kf * c + _rotate_half(kf) * s).to(k.dtype)
+
+
+def torch_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """SwiGLU's gate: silu(gate) * up, x = [gate | up] on the last dim."""
+    gate, up = x.chunk(2, dim=-1)
+    return torch.nn.functional.silu(gate) * up
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_start: torch.Tensor,
+                     scale: float, window: int | None) -> torch.Tensor:
+    """Padded GQA attention. q (B, Mq, Hq, D), k/v (B, Hkv, S, D), q_start (B,): the position
+    of each sequence's first query. Query i of sequence b sits at q_start[b] + i and sees keys
+    j <= that position (and, with a sliding window, j > position - window). Keys past a
+    sequence's length are invisible to its real queries by causality.
+    Returns (B, Mq, Hq, D). Scores and softmax in fp32; the matmuls in the input dtype."""
+    B, Mq, Hq, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    G = Hq // Hkv  # query heads per kv head: GQA reads each k/v head once for G queries
+    qg = q.view(B, Mq, Hkv, G, D).permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * Mq, D)
+    scores = (qg @ k.transpose(-1, -2)).float().view(B, Hkv, G, Mq, S) * scale
+    q_pos = q_start[:, None] + torch.arange(Mq, device=q.device)  # (B, Mq)
+    k_pos = torch.arange(S, device=q.device)
+    visible = k_pos[None, None, :] <= q_pos[:, :, None]  # (B, Mq, S)
+    if window is not None:
+        visible = visible & (k_pos[None, None, :] > q_pos[:, :, None] - window)
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    p = torch.softmax(scores, dim=-1).to(v.dtype).view(B, Hkv, G * Mq, S)
+    out = (p @ v).view(B, Hkv, G, Mq, D)
+    return out.permute(0, 3, 1, 2, 4).reshape(B, Mq, Hq, D)
+
+
+def _pad(x: torch.Tensor, ctx: AttentionContext) -> torch.Tensor:
+    """Flat (T, H, D) -> right-padded (B, max_query_len, H, D), zeros in the padding."""
+    out = x.new_zeros(ctx.num_seqs, ctx.max_query_len, *x.shape[1:])
+    out[ctx.seq_ids, ctx.query_offsets] = x
+    return out
+
+
+def _keys_values(k, v, ctx: AttentionContext, cache: KVCache | None, layer: int):
+    """(B, Hkv, S, D) keys and values: this step's own when nothing is cached before it
+    (prefill: no need to read back what was just written), else the cache's."""
+    if cache is None or ctx.is_prefill:
+        return _pad(k, ctx).transpose(1, 2), _pad(v, ctx).transpose(1, 2)
+    return cache.read(layer, ctx)
+
+
+def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer: int,
+                    scale: float, window: int | None) -> torch.Tensor:
+    """Attention for the flat batch: pad the queries per sequence, attend, unpad (T, Hq, D)."""
+    keys, values = _keys_values(k, v, ctx, cache, layer)
+    out = masked_attention(_pad(q, ctx), keys, values, ctx.seq_lens - ctx.query_lens, scale, window)
+    return out[ctx.seq_ids, ctx.query_offsets]
+
+
+# ---- layer 1's kernels -------------------------------------------------------------------
+def _triton_ops(impl: str) -> Ops:
+    def rms_norm(x, weight, eps, residual=None):
+        return comm.rms_norm(x, weight, eps=eps, residual=residual, impl=impl)
+
+    def rope(q, k, cos, sin, positions):
+        return comm.apply_rope(q, k, cos, sin, positions=positions, impl=impl)  # in place
+
+    def silu_and_mul(x):
+        return comm.silu_and_mul(x, impl=impl)
+
+    def attention(q, k, v, ctx: AttentionContext, cache, layer, scale, window):
+        head_dim = q.shape[-1]
+        windowed = window is not None and ctx.max_seq_len > window
+        # The flash kernel has no padding mask and no sliding window: it runs prefill one
+        # sequence at a time (its bottom-right causal alignment is exactly right for a chunk
+        # of new queries after a cached prefix). Decode steps take the padded torch path,
+        # which has fixed shapes and so can be captured in a CUDA graph.
+        if ctx.max_query_len == 1 or windowed or head_dim not in _FLASH_HEAD_DIMS:
+            return torch_attention(q, k, v, ctx, cache, layer, scale, window)
+        keys, values = _keys_values(k, v, ctx, cache, layer)
+        outs, start = [], 0
+        for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host, strict=True)):
+            qb = q[start:start + n_q].transpose(0, 1)[None]  # (1, Hq, n_q, D), strided view
+            ob = comm.flash_attention(qb, keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv],
+                                      causal=True, scale=scale, impl=impl)
+            outs.append(ob[0].transpose(0, 1))
+            start += n_q
+        return torch.cat(outs)
+
+    return Ops("triton", rms_norm, rope, silu_and_mul, attention)
+
+
+def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:
+    """The op set for a backend ("torch", "triton", "compile"). impl ("auto", "triton",
+    "torch") is passed to layer 1's kernels by the "triton" backend."""
+    if backend == "torch":
+        return Ops("torch", torch_rms_norm, torch_rope, torch_silu_and_mul, torch_attention)
+    if backend == "triton":
+        return _triton_ops(impl)
+    if backend == "compile":
+        # dynamic=True: the token count changes every step; one graph serves them all.
+        def compiled(fn: Callable) -> Callable:
+            return torch.compile(fn, dynamic=True)
+        return Ops("compile", compiled(torch_rms_norm), compiled(torch_rope),
+                   compiled(torch_silu_and_mul), torch_attention)
+    raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")

@@ -1,0 +1,67 @@
+"""CUDA-graph capture of the decode step.
+
+A decode step of a small model is hundreds of tiny kernels; from Python each launch costs
+microseconds of CPU time, often more than the kernel itself, so the GPU sits idle between
+them. A CUDA graph records the whole step once and replays it with one launch. The price:
+everything must be static. The graph holds the *addresses* of its inputs and outputs, so
+new tokens are copied into the same buffers every step, the batch size is fixed, and
+attention always spans the cache's full max_len (masked), never a shape that changes
+with the sequence. No step may copy to the host (that would not be recorded).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .attention_context import ContiguousKVCache
+from .model import LlamaModel
+
+
+class CudaGraphDecoder:
+    """Decode steps of `batch_size` sequences, one token each, in cache rows 0..B-1, replayed
+    from a CUDA graph. step(input_ids (B,), positions (B,)) -> fp32 logits (B, V)."""
+
+    def __init__(self, model: LlamaModel, cache: ContiguousKVCache, batch_size: int | None = None,
+                 *, warmup: int = 2) -> None:
+        if not torch.cuda.is_available():
+            raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False here; "
+                               "decode eagerly instead (Model(..., cuda_graph=False))")
+        if model.device.type != "cuda" or cache.k.device.type != "cuda":
+            raise RuntimeError(f"CUDA graphs need the model and the cache on a CUDA device; "
+                               f"model on {model.device}, cache on {cache.k.device}")
+        B = batch_size or cache.batch
+        if not 1 <= B <= cache.batch:
+            raise ValueError(f"batch_size {B} must be in [1, {cache.batch}] (the cache's rows)")
+        self.model, self.cache, self.batch_size = model, cache, B
+        last = cache.max_len - 1  # capture writes into the last slot: never read before it is rewritten
+        ctx = cache.context([1] * B, [last] * B)
+        # Static shapes: attention spans every slot of a row, masked by the device-side seq_lens.
+        self.ctx = dataclasses.replace(ctx, max_seq_len=cache.max_len, seq_lens_host=(cache.max_len,) * B)
+        self.input_ids = torch.zeros(B, dtype=torch.int64, device=model.device)
+        self._row_base = torch.arange(B, device=model.device) * cache.max_len
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.no_grad():  # compile Triton kernels, warm allocators
+            for _ in range(warmup):
+                model(self.input_ids, self.ctx, cache, last_only=True)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.no_grad():
+            self.logits = model(self.input_ids, self.ctx, cache, last_only=True)
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token b at position positions[b] of sequence b (cache row b): writes its k, v at
+        that slot, attends to positions <= it, returns a copy of the logits (B, V)."""
+        if input_ids.shape != (self.batch_size,) or positions.shape != (self.batch_size,):
+            raise ValueError(f"input_ids and positions must be ({self.batch_size},), got "
+                             f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
+        positions = positions.to(self.ctx.positions.device, torch.int64)
+        self.input_ids.copy_(input_ids)
+        self.ctx.positions.copy_(positions)
+        self.ctx.slot_mapping.copy_(self._row_base + positions)
+        self.ctx.seq_lens.copy_(positions + 1)
+        self.graph.replay()
+        return self.logits.clone()

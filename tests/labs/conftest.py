@@ -14,6 +14,7 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -44,7 +45,12 @@ def load_submission(path: Path, reference: str) -> ModuleType:
         raise ImportError(f"{path.name} imports the reference package {reference}: write your own")
     spec = importlib.util.spec_from_file_location(f"submission_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.modules[spec.name] = module  # as an import does: dataclasses look their module up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(spec.name, None)
+        raise
     return module
 
 

@@ -1,4 +1,4 @@
-"""Train the course model (target ~11M or draft ~1.3M parameters) on the prepared plays.
+"""Train the course model (target ~11M or draft ~1.2M parameters) on the prepared plays.
 
     python -m layer3_model.data --out DATA                  # fetch + clean + split
     python -m layer3_model.tokenizer_train --data DATA      # DATA/tokenizer/

@@ -22,6 +22,7 @@ replayed from a CUDA graph).
 from .attention_context import AttentionContext, ContiguousKVCache, KVCache
 from .backends import BACKENDS, Ops, make_ops
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
+from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder
 from .data import VALIDATION_PLAYS, clean_corpus, format_play, parse_play
 from .data import prepare as prepare_corpus
@@ -59,4 +60,5 @@ __all__ = [
     "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
     "CourseLlama", "CourseModelConfig", "COURSE_SIZES", "save_hf", "load_hf",
+    "course_model_dir", "COURSE_MODEL_SIZES",
 ]

@@ -1,0 +1,172 @@
+"""Proposers: cheap guesses of the next k tokens, for the target to verify in one pass.
+
+* `NgramProposer` (prompt lookup): find the latest earlier occurrence of the sequence's last
+  n tokens (n from max_n down to min_n) and propose the k tokens that followed it. No model,
+  no state; it shines when the output copies its input (quoting, editing, repeating).
+* `DraftModelProposer`: a small model of the same tokenizer runs k autoregressive steps
+  with its own KV cache (a ContiguousKVCache, one row per sequence slot).
+
+Both return a `Proposal`. Deterministic proposals carry no probabilities (q is one-hot);
+a draft that samples carries q (B, K, V) for the rejection test.
+
+The draft's cache rolls back by itself: it remembers which tokens each row holds, and at
+the next call keeps only the longest prefix still equal to the sequence (rejected guesses
+drop out), then feeds the tokens it has not seen (1 after a rejection, 2 after a full
+accept: the last guess and the bonus token; the whole prompt on the first call).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from layer3_model import ContiguousKVCache, LlamaModel, SamplingParams
+
+from .spec_sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
+
+
+@dataclass
+class Proposal:
+    """tokens (B, K) int64 (rows padded with 0 past num_tokens[b]); num_tokens (B,) int64;
+    probs (B, K, V) fp32 processed draft distributions, or None when q is one-hot."""
+
+    tokens: torch.Tensor
+    num_tokens: torch.Tensor
+    probs: torch.Tensor | None = None
+
+    @property
+    def k(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def _padded(rows: list[list[int]], K: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Ragged token lists -> (B, K) int64, zero-padded on the right."""
+    return torch.tensor([r + [0] * (K - len(r)) for r in rows], dtype=torch.int64, device=device).view(len(rows), K)
+
+
+class Proposer(Protocol):
+    """What the speculative loop (or an engine) calls. rows: a stable slot id per sequence
+    (the draft's cache row); token_ids: each sequence's prompt + output so far; k: how many
+    tokens to propose for each (0 allowed)."""
+
+    def propose(self, token_ids: Sequence[Sequence[int]], rows: Sequence[int], k: Sequence[int],
+                params: Sequence[SamplingParams], generators: Generators) -> Proposal: ...
+
+    def release(self, row: int) -> None:
+        """The sequence in this row finished: forget its state."""
+        ...
+
+
+class NgramProposer:
+    """Prompt-lookup speculation: match the last n tokens (max_n down to min_n) against the
+    earlier sequence; propose what followed the latest match (up to k tokens)."""
+
+    def __init__(self, min_n: int = 1, max_n: int = 4) -> None:
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n} max_n={max_n}")
+        self.min_n, self.max_n = min_n, max_n
+
+    def lookup(self, tokens: Sequence[int], k: int) -> list[int]:
+        """The continuation of the latest earlier match of the longest matching suffix."""
+        L = len(tokens)
+        if k <= 0 or L < self.min_n + 1:
+            return []
+        t = torch.as_tensor(tokens, dtype=torch.int64)
+        for n in range(min(self.max_n, L - 1), self.min_n - 1, -1):
+            # windows starting at 0..L-n-1: every earlier n-gram that has a successor
+            windows = t[: L - 1].unfold(0, n, 1)
+            hits = (windows == t[L - n:]).all(dim=1).nonzero()
+            if len(hits):
+                start = int(hits[-1]) + n
+                return t[start: start + k].tolist()
+        return []
+
+    def propose(self, token_ids, rows, k, params, generators) -> Proposal:
+        guesses = [self.lookup(ids, kb) for ids, kb in zip(token_ids, k, strict=True)]
+        K = max((len(g) for g in guesses), default=0)
+        return Proposal(_padded(guesses, K), torch.tensor([len(g) for g in guesses], dtype=torch.int64), None)
+
+    def release(self, row: int) -> None:
+        pass
+
+
+class DraftModelProposer:
+    """k autoregressive steps of a small draft model over the batch, its KV cache in a
+    ContiguousKVCache of max_seqs rows x max_len slots. Greedy rows propose the draft's
+    argmax (one-hot q); sampled rows draw from the processed draft distribution q.
+
+    stop_below (dynamic draft length): a row stops proposing once the draft gave its latest
+    guess less than this probability (softmax of the raw logits), so unsure guesses, likely
+    rejected, cost no further draft steps. The rule looks only at the draft, never at the
+    target, so the rejection sampling stays exact. None: always propose k."""
+
+    def __init__(self, net: LlamaModel, max_seqs: int, max_len: int, *, stop_below: float | None = None) -> None:
+        if stop_below is not None and not 0.0 <= stop_below < 1.0:
+            raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below!r}")
+        self.net, self.stop_below = net, stop_below
+        self.cache = ContiguousKVCache.for_model(net.config, max_seqs, max_len, dtype=net.dtype, device=net.device)
+        self.cached: list[list[int]] = [[] for _ in range(max_seqs)]  # tokens whose k, v each row holds
+        self.max_len = max_len
+        self.steps = 0  # draft forward passes run (for cost accounting)
+
+    def rollback(self, row: int, length: int) -> None:
+        """Keep only the first `length` cached tokens of a row (later slots get overwritten)."""
+        del self.cached[row][length:]
+
+    def release(self, row: int) -> None:
+        self.cached[row] = []
+
+    def _catch_up(self, tokens: Sequence[int], row: int) -> list[int]:
+        """Roll the row back to its longest prefix still equal to tokens; return what to feed."""
+        held = self.cached[row]
+        n = min(len(held), len(tokens) - 1)  # always feed >= 1 token: its logits propose
+        if held[:n] != list(tokens[:n]):
+            n = next(i for i, (a, b) in enumerate(zip(held, tokens, strict=False)) if a != b)
+        self.rollback(row, n)
+        return list(tokens[n:])
+
+    @torch.inference_mode()
+    def propose(self, token_ids, rows, k, params, generators) -> Proposal:
+        B, K, dev = len(token_ids), max(k, default=0), self.net.device
+        k = list(k)  # rows may stop early (stop_below): k[b] shrinks to what was proposed
+        guesses: list[list[int]] = [[] for _ in range(B)]
+        greedy = all(sp.greedy for sp in params)
+        probs = None if greedy else torch.zeros(B, K, self.net.config.vocab_size, device=dev)
+        live = [b for b in range(B) if k[b] > 0]
+        feed = {b: self._catch_up(token_ids[b], rows[b]) for b in live}
+        for j in range(K):
+            live = [b for b in live if k[b] > j]
+            if not live:
+                break
+            chunks = [feed[b] if j == 0 else guesses[b][-1:] for b in live]
+            context = [len(self.cached[rows[b]]) for b in live]
+            if max(c + len(x) for c, x in zip(context, chunks, strict=True)) > self.max_len:
+                raise ValueError(f"draft cache rows hold {self.max_len} tokens: sequence too long")
+            ctx = self.cache.context([len(x) for x in chunks], context, rows=[rows[b] for b in live])
+            ids = torch.tensor([t for x in chunks for t in x], device=dev)
+            logits = self.net(ids, ctx, self.cache, last_only=True)  # (len(live), V)
+            self.steps += 1
+            for b, x in zip(live, chunks, strict=True):
+                self.cached[rows[b]].extend(x)
+            if greedy:
+                picked = logits.argmax(-1)
+            else:
+                q = processed_probs(logits, [params[b] for b in live])
+                gens = generators if generators is None or isinstance(generators, torch.Generator) \
+                    else [generators[b] for b in live]
+                picked = sample_from_probs(q, draw_uniforms(gens, len(live), 1, dev)[:, 0])
+                probs[live, j] = q
+            for b, t in zip(live, picked.tolist(), strict=True):
+                guesses[b].append(t)
+            if self.stop_below is not None:
+                sure = torch.softmax(logits.float(), -1).gather(-1, picked[:, None])[:, 0].tolist()
+                for b, conf in zip(live, sure, strict=True):
+                    if conf < self.stop_below:
+                        k[b] = j + 1
+        # the last guess of each row is not fed: the target verifies it, and the next call
+        # feeds it (if accepted) together with the token that follows.
+        K = max(k, default=0)
+        probs = None if probs is None else probs[:, :K]
+        return Proposal(_padded(guesses, K, dev), torch.tensor(k, dtype=torch.int64, device=dev), probs)

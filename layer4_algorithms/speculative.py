@@ -1,0 +1,251 @@
+"""Speculative decoding: a cheap proposer guesses k tokens, the target checks them in one pass.
+
+Decode at small batch is memory-bound: a step reads every weight to produce one token per
+sequence, so feeding the target k+1 tokens costs little more than feeding it one. One round
+for each sequence (prompt + output so far, the newest token `last` not yet in the target's
+cache, which holds `cached` tokens):
+
+    propose   x_1..x_k = proposer(sequence)               draft model (k small steps) or n-gram lookup
+    verify    logits = target([last, x_1..x_k])           query_len k+1 after `cached` cached tokens
+    accept    n accepted, then one correction/bonus token  exact rejection sampling (spec_sampling.py)
+    rollback  cached += 1 + n                              k, v of rejected guesses are dropped
+
+so every round emits between 1 and k+1 tokens, distributed exactly as the target alone would
+produce them (identical tokens under greedy). Rollback on a contiguous cache is the length
+alone: the rejected slots are overwritten by later writes. A paged cache must also free the
+trailing blocks that hold only rejected slots (the block manager's `truncate`).
+
+The round is built from functions an engine can call with its own (paged) cache:
+`Proposer.propose` -> `verify_input_ids` -> model(ids, ctx, cache) -> `verify_logits` ->
+`accept_proposals` -> roll back to `cached + 1 + num_accepted`. `SpeculativeDecoder` runs the
+rounds for a batch over layer 3's ContiguousKVCache and counts acceptance.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from layer3_model import (
+    ContiguousKVCache,
+    Model,
+    RequestOutput,
+    SamplingParams,
+    make_generator,
+    sample,
+)
+
+from .proposers import DraftModelProposer, NgramProposer, Proposal, Proposer
+from .spec_sampling import accept_proposals, verify_input_ids, verify_logits
+
+
+@dataclass
+class SpecStats:
+    """Counts and seconds of the last generate() call. A "round" is one verify pass for one
+    sequence; `steps` counts batch-wide verify passes."""
+
+    sequences: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens appended by verify rounds (after a sequence's end: not counted)
+    draft_steps: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    propose_s: float = 0.0
+    verify_s: float = 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_per_round(self) -> float:
+        """Draft tokens accepted per sequence per verify pass (0..k)."""
+        return self.accepted / self.rounds if self.rounds else 0.0
+
+    @property
+    def mean_tokens_per_round(self) -> float:
+        """Tokens emitted per sequence per verify pass (1..k+1): the speed-up if proposing were free."""
+        return self.emitted / self.rounds if self.rounds else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first (which prefill makes) per decode second, as layer 3 counts them."""
+        return max(self.generated_tokens - self.sequences, 0) / self.decode_s if self.decode_s else 0.0
+
+    def as_dict(self) -> dict:
+        props = ("acceptance_rate", "mean_accepted_per_round", "mean_tokens_per_round", "decode_tokens_per_s")
+        return asdict(self) | {p: getattr(self, p) for p in props}
+
+
+class _Seq:
+    """One request: its output, finish rules (EOS, stop strings, max_tokens) as in layer 3,
+    and `cached`: how many of its tokens the target's cache holds."""
+
+    def __init__(self, row: int, prompt_ids: list[int], params: SamplingParams, gen, decoder) -> None:
+        self.row, self.params, self.gen, self.decoder = row, params, gen, decoder
+        self.out = RequestOutput(prompt_ids=prompt_ids)
+        self.cached = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.out.finish_reason is not None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.out.prompt_ids + self.out.token_ids
+
+    def append(self, token: int, eos_ids: tuple[int, ...]) -> None:
+        out, sp = self.out, self.params
+        if token in eos_ids and not sp.ignore_eos:
+            out.finish_reason = "eos"
+        else:
+            out.token_ids.append(token)
+            if self.decoder is not None:
+                before = len(out.text)
+                out.text += self.decoder.step(token)
+                self._check_stop(before)
+            if not self.finished and len(out.token_ids) >= sp.max_tokens:
+                out.finish_reason = "length"
+        if self.finished and self.decoder is not None and out.finish_reason != "stop":
+            before = len(out.text)
+            out.text += self.decoder.flush()
+            self._check_stop(before)
+
+    def _check_stop(self, before: int) -> None:
+        hold = max((len(s) for s in self.params.stop), default=1) - 1  # a match may start in seen text
+        hits = [i for s in self.params.stop if (i := self.out.text.find(s, max(0, before - hold))) >= 0]
+        if hits:
+            self.out.text, self.out.finish_reason = self.out.text[: min(hits)], "stop"
+
+
+class SpeculativeDecoder:
+    """Batch speculative generation on top of a layer-3 Model.
+
+    proposer: a layer-3 Model (the draft: same vocabulary), "ngram" (prompt lookup,
+    NgramProposer(min_n, max_n)), or any Proposer. k: tokens proposed per round (at most).
+    stop_below: a draft stops a sequence's proposal early once its guess had probability
+    below this (DraftModelProposer's dynamic draft length); None: always k.
+    `generate(prompts, params) -> list[RequestOutput]`; `stats` (SpecStats) after each call.
+    """
+
+    def __init__(self, target: Model, proposer: Model | Proposer | str = "ngram", k: int = 4, *,
+                 ngram: tuple[int, int] = (1, 4), stop_below: float | None = None) -> None:
+        if not isinstance(k, int) or k < 1:
+            raise ValueError(f"k (tokens proposed per round) must be an int >= 1, got {k!r}")
+        self.target, self.k, self.stop_below = target, k, stop_below
+        self.draft: Model | None = None
+        if isinstance(proposer, str):
+            if proposer != "ngram":
+                raise ValueError(f"unknown proposer {proposer!r}: pass 'ngram', a draft Model or a Proposer")
+            proposer = NgramProposer(*ngram)
+        elif isinstance(proposer, Model):
+            if proposer.config.vocab_size != target.config.vocab_size:
+                raise ValueError(f"the draft's vocabulary ({proposer.config.vocab_size}) differs from the "
+                                 f"target's ({target.config.vocab_size}): they must share a tokenizer")
+            self.draft, proposer = proposer, None
+        self.proposer: Proposer | None = proposer
+        self.stats = SpecStats()
+
+    def _prepare(self, prompts, params) -> list[_Seq]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        if not prompts:
+            raise ValueError("no prompts given")
+        params = params if params is not None else SamplingParams()
+        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
+        t, limit = self.target, self.target.config.max_position_embeddings
+        seqs = []
+        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
+            ids = t.encode(p)
+            if len(ids) + sp.max_tokens > limit:
+                raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} exceeds the "
+                                 f"model's max_position_embeddings {limit}")
+            dec = t.tokenizer.decoder() if t.tokenizer else None
+            seqs.append(_Seq(i, ids, sp, make_generator(sp, t.device), dec))
+        return seqs
+
+    def _sync(self) -> float:
+        if self.target.device.type == "cuda":
+            torch.cuda.synchronize(self.target.device)
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Generate for each prompt (text or token ids); params one for all or one per prompt."""
+        seqs = self._prepare(prompts, params)
+        t, B = self.target, len(seqs)
+        max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
+        cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype, device=t.device)
+        proposer = self.proposer or DraftModelProposer(self.draft.net, B, max_len, stop_below=self.stop_below)
+        self.stats = stats = SpecStats(sequences=B, prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
+
+        t0 = self._sync()
+        ctx = cache.context([len(s.out.prompt_ids) for s in seqs], [0] * B)
+        flat = torch.tensor([x for s in seqs for x in s.out.prompt_ids], device=t.device)
+        first = sample(t.net(flat, ctx, cache, last_only=True), [s.params for s in seqs], [s.gen for s in seqs])
+        for s, x in zip(seqs, first.tolist(), strict=True):
+            s.cached = len(s.out.prompt_ids)
+            s.append(x, t.eos_token_ids)
+        t1 = self._sync()
+        stats.prefill_s, stats.generated_tokens = t1 - t0, sum(len(s.out.token_ids) for s in seqs)
+
+        while active := [s for s in seqs if not s.finished]:
+            self._round(active, cache, proposer)
+            for s in active:
+                if s.finished:
+                    proposer.release(s.row)
+        stats.decode_s = self._sync() - t1
+        stats.generated_tokens = sum(len(s.out.token_ids) for s in seqs)
+        stats.draft_steps = getattr(proposer, "steps", 0)
+        return [s.out for s in seqs]
+
+    def _round(self, active: list[_Seq], cache: ContiguousKVCache, proposer: Proposer) -> None:
+        """propose -> verify -> accept -> roll back, for every active sequence at once."""
+        t, stats = self.target, self.stats
+        params, gens, rows = [s.params for s in active], [s.gen for s in active], [s.row for s in active]
+        # never propose past max_tokens: n accepted + 1 emitted <= tokens still allowed
+        ks = [min(self.k, s.params.max_tokens - len(s.out.token_ids) - 1) for s in active]
+        t0 = time.perf_counter()
+        proposal = proposer.propose([s.tokens for s in active], rows, ks, params, gens)
+        proposal = Proposal(proposal.tokens.to(t.device, torch.int64), proposal.num_tokens.to(t.device, torch.int64),
+                            None if proposal.probs is None else proposal.probs.to(t.device))
+        t1 = time.perf_counter()
+        ids, query_lens = verify_input_ids([s.out.token_ids[-1] for s in active], proposal)
+        ctx = cache.context(query_lens, [s.cached for s in active], rows=rows)
+        logits = verify_logits(t.net(ids, ctx, cache), query_lens, proposal.k)
+        acc = accept_proposals(logits, proposal.tokens, proposal.num_tokens, proposal.probs, params, gens)
+        stats.verify_s += time.perf_counter() - t1
+        stats.propose_s += t1 - t0
+        n_acc = acc.num_accepted.tolist()
+        for s, emitted, n in zip(active, acc.emitted(), n_acc, strict=True):
+            s.cached += 1 + n  # rollback: the rejected guesses' slots are simply overwritten later
+            before = len(s.out.token_ids)
+            for x in emitted:
+                s.append(x, t.eos_token_ids)
+                if s.finished:
+                    break
+            stats.emitted += len(s.out.token_ids) - before
+        stats.steps += 1
+        stats.rounds += len(active)
+        stats.proposed += int(proposal.num_tokens.sum())
+        stats.accepted += sum(n_acc)
+
+
+def engine_speculator(llm, **config):
+    """The engine's factory: `LLM(..., speculative=dict(method="draft" | "ngram", k=4,
+    draft=None, ngram=(1, 4), stop_below=None))` -> a spec_engine.EngineSpeculator (engine.Speculator protocol)."""
+    from .spec_engine import (
+        EngineSpeculator,  # here, not at the top: spec_engine is the engine's side
+    )
+
+    return EngineSpeculator.for_engine(llm, **config)

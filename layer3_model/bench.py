@@ -95,7 +95,7 @@ def decode_seconds_per_token(net: LlamaModel, *, prompt_len: int = 128, new_toke
 
 
 @torch.no_grad()
-def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 5) -> float:
+def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float:
     """Median seconds of one causal prefill of `tokens` random tokens (batch 1)."""
     dev = net.device
     ids = torch.randint(0, net.config.vocab_size, (tokens,), device=dev)

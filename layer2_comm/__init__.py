@@ -44,6 +44,10 @@ flash_attention, int8_matmul = _kernels.flash_attention, _kernels.int8_matmul
 quantize_int8, kernel_device = _kernels.quantize_int8, _kernels.kernel_device
 detect_device, load_ceilings, time_fn = _kernels.detect_device, _kernels.load_ceilings, _kernels.time_fn
 results_dir, system_info = _kernels.results_dir, _kernels.system_info
+# How a kernel op picks Triton or torch (impl="auto"|"triton"|"torch"), and the interpreter's
+# bf16 tl.dot guard: one copy in layer 1, used by kernels written in layers above (layer 4).
+use_triton = _kernels.interpreter.use_triton
+refuse_interpreted_bf16_dot = _kernels.interpreter.refuse_interpreted_bf16_dot
 
 __all__ = [
     # process groups
@@ -59,4 +63,5 @@ __all__ = [
     "rms_norm", "apply_rope", "rope_cache", "silu_and_mul", "softmax", "matmul",
     "flash_attention", "int8_matmul", "quantize_int8", "INTERPRETED", "kernel_device",
     "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
+    "use_triton", "refuse_interpreted_bf16_dot",
 ]

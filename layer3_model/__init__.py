@@ -18,7 +18,24 @@ paged cache with block tables plugs in without changing the model.
 Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`), W8A16
 quantization (`quantize_model`, `perplexity`) and `CudaGraphDecoder` (decode step
 replayed from a CUDA graph).
+
+Re-exported from the layers below, for layer 4 (its paged-attention kernel and benchmarks):
+`INTERPRETED` (Triton runs through its CPU interpreter here; importing this package has
+already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pick it up),
+`kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
+`refuse_interpreted_bf16_dot`, `time_fn`, `Timing`, `load_ceilings`, `Ceilings`.
 """
+from layer2_comm import (  # re-exported for layer 4 (see above)
+    INTERPRETED,
+    Ceilings,
+    Timing,
+    kernel_device,
+    load_ceilings,
+    refuse_interpreted_bf16_dot,
+    time_fn,
+    use_triton,
+)
+
 from .attention_context import AttentionContext, ContiguousKVCache, KVCache
 from .backends import BACKENDS, Ops, make_ops
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
@@ -61,4 +78,7 @@ __all__ = [
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
     "CourseLlama", "CourseModelConfig", "COURSE_SIZES", "save_hf", "load_hf",
     "course_model_dir", "COURSE_MODEL_SIZES",
+    # from the layers below, for layer 4
+    "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
+    "time_fn", "Timing", "load_ceilings", "Ceilings",
 ]

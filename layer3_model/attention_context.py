@@ -19,6 +19,13 @@ head_dim) right-padded tensors: sequence b's keys are at [b, :, :seq_lens[b]] an
 is masked out. A mixed batch (one sequence prefilling, others decoding) is the same
 object with different query_lens, so layer 4 can bring paged caches, continuous batching
 and chunked prefill without touching the model code.
+
+A cache may also bring its own decode kernel: when every sequence brings one new token
+(`ctx.max_query_len == 1`) and the cache has a `decode_attention(layer, q, ctx, scale,
+window)` method, attention calls it instead of `read` + padded attention (after `write`,
+so the new token's k, v are already in the cache). ContiguousKVCache does (one SDPA call,
+decode_attention.py), and so does layer 4's paged cache: its kernel reads keys through the
+block tables in place instead of gathering them into a padded copy.
 """
 from __future__ import annotations
 
@@ -27,6 +34,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
+
+from .decode_attention import padded_decode_attention
 
 
 @dataclass
@@ -101,7 +110,18 @@ class AttentionContext:
 
 
 class KVCache(Protocol):
-    """What attention needs from a KV cache. Layer 4's paged cache implements the same two calls."""
+    """What attention needs from a KV cache. Layer 4's paged cache implements the same two calls.
+
+    Optional third method (not part of the protocol, looked up with getattr; ContiguousKVCache
+    and layer 4's paged cache have it; a cache without it gets the general padded path):
+
+        decode_attention(layer, q (B, Hq, D), ctx, scale, window) -> (B, Hq, D)
+
+    called instead of `read` + attention on steps with ctx.max_query_len == 1 (q's row b is
+    sequence b's one new token, whose k, v `write` has already stored). It must give what
+    `read` + masked attention would (keys at positions < seq_lens[b], and > position - window
+    with a sliding window) and must not copy to the host (the decode step is graph-captured).
+    """
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> None:
         """Store this step's k, v (T, kv_heads, head_dim) at ctx.slot_mapping."""
@@ -177,3 +197,11 @@ class ContiguousKVCache:
             rows = ctx.block_tables[:, 0]
             k, v = self.k[layer, rows, :n], self.v[layer, rows, :n]
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, kv_heads, n, head_dim), strided
+
+    def decode_attention(self, layer: int, q: torch.Tensor, ctx: AttentionContext, scale: float,
+                         window: int | None) -> torch.Tensor:
+        """Decode steps: q (B, Hq, D) against each row's cached keys in a few kernels (see
+        decode_attention.py), instead of the general padded path."""
+        keys, values = self.read(layer, ctx)
+        memo = ctx.__dict__.setdefault("_step_memo", {})  # one mask per step, shared by the layers
+        return padded_decode_attention(q, keys, values, ctx.seq_lens, scale, window, memo)

@@ -17,6 +17,10 @@ An op set is a small record of functions:
     rope(q (T, Hq, D), k (T, Hkv, D), cos, sin (P, D/2), positions (T,)) -> (q, k) rotated
     silu_and_mul(x (T, 2F)) -> (T, F)
     attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
+
+Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
+one (layer 4's paged cache: a kernel that reads k/v through block tables in place), in the
+torch and triton op sets alike; see attention_context.KVCache.
 """
 from __future__ import annotations
 
@@ -110,9 +114,18 @@ def _keys_values(k, v, ctx: AttentionContext, cache: KVCache | None, layer: int)
     return cache.read(layer, ctx)
 
 
+def _cache_decodes(ctx: AttentionContext, cache: KVCache | None) -> bool:
+    """True when this is a decode step (one new token per sequence) and the cache brings its
+    own decode attention (KVCache's optional `decode_attention`; layer 4's paged cache)."""
+    return ctx.max_query_len == 1 and callable(getattr(cache, "decode_attention", None))
+
+
 def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer: int,
                     scale: float, window: int | None) -> torch.Tensor:
-    """Attention for the flat batch: pad the queries per sequence, attend, unpad (T, Hq, D)."""
+    """Attention for the flat batch: pad the queries per sequence, attend, unpad (T, Hq, D).
+    Decode steps over a cache with its own decode_attention are handed to it (T == B)."""
+    if _cache_decodes(ctx, cache):
+        return cache.decode_attention(layer, q, ctx, scale, window)
     keys, values = _keys_values(k, v, ctx, cache, layer)
     out = masked_attention(_pad(q, ctx), keys, values, ctx.seq_lens - ctx.query_lens, scale, window)
     return out[ctx.seq_ids, ctx.query_offsets]
@@ -130,6 +143,8 @@ def _triton_ops(impl: str) -> Ops:
         return comm.silu_and_mul(x, impl=impl)
 
     def attention(q, k, v, ctx: AttentionContext, cache, layer, scale, window):
+        if _cache_decodes(ctx, cache):  # layer 4's paged decode kernel
+            return cache.decode_attention(layer, q, ctx, scale, window)
         head_dim = q.shape[-1]
         windowed = window is not None and ctx.max_seq_len > window
         # The flash kernel has no padding mask and no sliding window: it runs prefill one

@@ -1,0 +1,229 @@
+"""Which KV block holds which tokens: block ids and reference counts only, no tensors.
+
+The cache is a pool of num_blocks blocks of block_size token slots each (paged_cache.py
+owns the tensors). A sequence's block_table lists its blocks in order: position p lives in
+block block_table[p // block_size], slot p % block_size. Blocks need not be contiguous, so
+a sequence grows one block at a time and nothing is reserved for tokens it may never make.
+
+Reference counts let sequences share blocks:
+* parallel sampling (n > 1): the children of a prompt share its blocks (`fork`). The last,
+  partly filled block is still written to, so the first child to write into a shared block
+  gets its own copy first (copy-on-write: `allocate_slots` returns the (src, dst) pairs the
+  cache must copy before the step runs).
+* prefix caching: a *full*, computed block is registered under a hash of its tokens chained
+  to its parent block's hash, hash(parent_hash, tokens) (vLLM's scheme): equal hashes mean
+  the whole prefix up to and including the block is equal (the block's key is also stored
+  and compared, so a hash collision costs a miss, never a wrong answer). A new sequence
+  whose first blocks match shares them and skips their prefill. Full blocks never change,
+  so sharing them needs no copy-on-write.
+
+A block whose count drops to 0 goes back to the pool: to the free list if it holds nothing
+reusable, else to an LRU list of evictable cached blocks, which keep their contents until
+the pool runs dry and the least recently used one is taken (its hash forgotten).
+"""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from .sequence import Sequence
+
+
+@dataclass
+class PrefixCacheStats:
+    """Lookups at admission (first admission only, not recomputation after preemption):
+    prompt tokens queried and tokens found in the cache (whole blocks)."""
+
+    queried_tokens: int = 0
+    hit_tokens: int = 0
+    queried_requests: int = 0
+    hit_requests: int = 0  # requests with at least one cached block
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.queried_tokens if self.queried_tokens else 0.0
+
+
+class BlockManager:
+    """Free list, reference counts, block tables, copy-on-write and the prefix cache for a
+    pool of `num_blocks` blocks of `block_size` tokens."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
+        self.num_blocks, self.block_size, self.enable_prefix_caching = num_blocks, block_size, enable_prefix_caching
+        self.ref_counts = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._key_of: dict[int, tuple] = {}  # block -> (parent hash, tokens): the exact check behind a hash
+        self._cached: dict[int, int] = {}  # hash -> block
+        self._free: deque[int] = deque(range(num_blocks))
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # refcount-0 cached blocks, oldest first
+        self.stats = PrefixCacheStats()
+
+    # ---- sizes -----------------------------------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks an allocation may take: free ones plus evictable cached ones."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._cached)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    @staticmethod
+    def hash_block(parent: int | None, tokens: tuple[int, ...]) -> int:
+        return hash((parent, tokens))
+
+    # ---- prefix cache ------------------------------------------------------------------------
+    def match_prefix(self, seq: Sequence) -> list[int]:
+        """Cached blocks equal to seq's first full blocks. At most (num_tokens - 1) tokens are
+        matched: the last token must run through the model for its logits, and its k, v must
+        not be written into a block other sequences share."""
+        if not self.enable_prefix_caching:
+            return []
+        hits: list[int] = []
+        parent, bs = None, self.block_size
+        for i in range((seq.num_tokens - 1) // bs):
+            key = (parent, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+            block = self._cached.get(self.hash_block(*key))
+            if block is None or self._key_of[block] != key:
+                break
+            hits.append(block)
+            parent = self._hash_of[block]
+        return hits
+
+    def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
+        """Would admit(seq, hits) + allocate_slots(seq, num_new_tokens) fit? Cached hits that
+        nobody references are counted too: sharing them takes them off the evictable list."""
+        idle_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
+        new = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
+        return idle_hits + new <= self.num_free_blocks
+
+    def admit(self, seq: Sequence, hits: list[int]) -> None:
+        """Give a waiting sequence (no blocks) the cached prefix blocks `hits`: they count as
+        computed and are skipped by prefill."""
+        if seq.block_table:
+            raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
+        for b in hits:
+            self._ref(b)
+        seq.block_table = list(hits)
+        seq.block_hashes = [self._hash_of[b] for b in hits]
+        seq.num_computed_tokens = len(hits) * self.block_size
+        if seq.num_preemptions == 0:
+            seq.num_cached_tokens = seq.num_computed_tokens
+            self.stats.queried_tokens += seq.num_tokens
+            self.stats.hit_tokens += seq.num_computed_tokens
+            self.stats.queried_requests += 1
+            self.stats.hit_requests += bool(hits)
+
+    def commit(self, seq: Sequence) -> None:
+        """Register seq's newly full, computed blocks in the prefix cache (after a step).
+        A block whose prefix is already cached elsewhere stays unregistered (freed, not cached)."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        full = min(seq.num_computed_tokens // bs, len(seq.block_table))
+        while len(seq.block_hashes) < full:
+            i = len(seq.block_hashes)
+            key = (seq.block_hashes[-1] if i else None, tuple(seq.token_ids[i * bs:(i + 1) * bs]))
+            h, block = self.hash_block(*key), seq.block_table[i]
+            if self._hash_of[block] is None and h not in self._cached:
+                self._cached[h], self._hash_of[block], self._key_of[block] = block, h, key
+            seq.block_hashes.append(h)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block nobody is using (benchmarks: a cold cache)."""
+        while self._evictable:
+            block, _ = self._evictable.popitem(last=False)
+            self._uncache(block)
+            self._free.append(block)
+
+    # ---- allocation ---------------------------------------------------------------------------
+    def _shared_in_write_range(self, seq: Sequence, num_new_tokens: int) -> list[int]:
+        """Indices of table entries that the next num_new_tokens writes touch and others share."""
+        table, bs = seq.block_table, self.block_size
+        first, end = seq.num_computed_tokens // bs, self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        return [i for i in range(first, min(end, len(table))) if self.ref_counts[table[i]] > 1]
+
+    def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
+        """Blocks allocate_slots(seq, num_new_tokens) takes from the pool (new + copies)."""
+        grow = max(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0)
+        return grow + len(self._shared_in_write_range(seq, num_new_tokens))
+
+    def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
+        return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
+
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]] | None:
+        """Make room for seq's next num_new_tokens tokens (positions num_computed..+n-1).
+        Returns the copy-on-write pairs (src, dst) to copy before writing, or None (nothing
+        changed) when the pool is too small."""
+        if not self.can_allocate(seq, num_new_tokens):
+            return None
+        copies = []
+        for i in self._shared_in_write_range(seq, num_new_tokens):
+            old, new = seq.block_table[i], self._take()
+            copies.append((old, new))
+            self._unref(old)
+            seq.block_table[i] = new
+        while len(seq.block_table) < self.blocks_for(seq.num_computed_tokens + num_new_tokens):
+            seq.block_table.append(self._take())
+        return copies
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """child shares all of parent's blocks (one more reference each)."""
+        for b in parent.block_table:
+            self._ref(b)
+        child.block_table = list(parent.block_table)
+
+    def free(self, seq: Sequence) -> None:
+        """Drop all of seq's blocks (finish, abort, preemption). Freed in reverse order, so the
+        LRU list evicts a sequence's tail before its prefix, the part others may share."""
+        for b in reversed(seq.block_table):
+            self._unref(b)
+        seq.block_table, seq.block_hashes = [], []
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> None:
+        """seq's KV is valid for its first num_tokens tokens only (speculative rollback): keep
+        ceil(num_tokens / block_size) blocks, free the rest (they hold rejected slots only)."""
+        keep = self.blocks_for(num_tokens)
+        for b in reversed(seq.block_table[keep:]):
+            self._unref(b)
+        del seq.block_table[keep:]
+        del seq.block_hashes[num_tokens // self.block_size:]
+
+    # ---- reference counting -----------------------------------------------------------------
+    def _take(self) -> int:
+        if self._free:
+            block = self._free.popleft()
+        else:  # evict the least recently used cached block
+            block, _ = self._evictable.popitem(last=False)
+            self._uncache(block)
+        self.ref_counts[block] = 1
+        return block
+
+    def _ref(self, block: int) -> None:
+        if self.ref_counts[block] == 0:
+            self._evictable.pop(block)  # only cached blocks are reachable with no references
+        self.ref_counts[block] += 1
+
+    def _unref(self, block: int) -> None:
+        if self.ref_counts[block] < 1:
+            raise RuntimeError(f"block {block} freed more often than it was referenced")
+        self.ref_counts[block] -= 1
+        if self.ref_counts[block] == 0:
+            if self._hash_of[block] is not None:
+                self._evictable[block] = None  # most recently used: evicted last
+            else:
+                self._free.append(block)
+
+    def _uncache(self, block: int) -> None:
+        h = self._hash_of[block]
+        if h is not None and self._cached.get(h) == block:
+            del self._cached[h]
+        self._hash_of[block] = None
+        self._key_of.pop(block, None)

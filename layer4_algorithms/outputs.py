@@ -1,0 +1,128 @@
+"""What the engine hands back: per-request outputs with timings, and engine-wide statistics.
+
+Per request (vLLM's names): TTFT (time to first token: arrival -> first token sampled),
+queue time (arrival -> first scheduled), TPOT (time per output token after the first:
+(last token - first token) / (tokens - 1)), end-to-end latency. Times are perf_counter seconds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .sequence import Sequence
+
+
+@dataclass
+class CompletionOutput:
+    """One sampled completion: index among the request's n, token ids, text, finish reason
+    ("eos", "stop", "length", "abort"; None while running)."""
+
+    index: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None
+    first_token_time: float | None
+    finished_time: float | None
+    num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens served by the prefix cache
+    num_preemptions: int
+    tpot: float | None  # mean over completions with >= 2 tokens
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token_time is None else self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+
+    @property
+    def latency(self) -> float | None:
+        return None if self.finished_time is None else self.finished_time - self.arrival_time
+
+
+@dataclass
+class RequestOutput:
+    """A request's state: prompt, completions (n of them once forked), finished, metrics."""
+
+    request_id: str
+    prompt: str | list[int] | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+
+    @classmethod
+    def of(cls, request_id: str, prompt, seqs: list[Sequence], now: float) -> RequestOutput:
+        seqs = sorted(seqs, key=lambda s: s.index)
+        first = seqs[0]
+        finished = all(s.finish_reason is not None for s in seqs) and first.pending_forks == 0
+        tpots = [(s.last_token_time - s.first_token_time) / (len(s.output_ids) - 1)
+                 for s in seqs if len(s.output_ids) > 1]
+        token_times = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        metrics = RequestMetrics(
+            arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
+            first_token_time=min(token_times, default=None), finished_time=now if finished else None,
+            num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
+            num_preemptions=sum(s.num_preemptions for s in seqs),
+            tpot=sum(tpots) / len(tpots) if tpots else None)
+        outs = [CompletionOutput(s.index, list(s.output_ids), s.text, s.finish_reason) for s in seqs]
+        return cls(request_id, prompt, list(first.prompt_ids), outs, finished, metrics)
+
+
+@dataclass
+class EngineStats:
+    """Since the engine was built or stats were last reset (generate() resets them)."""
+
+    steps: int = 0
+    requests: int = 0  # finished requests
+    prompt_tokens: int = 0  # of finished requests
+    generated_tokens: int = 0  # output tokens of finished requests
+    batched_tokens: int = 0  # tokens run through the model (prefill chunks, decodes, recomputation, drafts)
+    elapsed_s: float = 0.0  # wall time inside step()
+    preemptions: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    spec_proposed: int = 0  # draft tokens verified (speculative decoding)
+    spec_accepted: int = 0
+    ttfts: list[float] = field(default_factory=list, repr=False)
+    tpots: list[float] = field(default_factory=list, repr=False)
+
+    @property
+    def generated_tokens_per_s(self) -> float:
+        return self.generated_tokens / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def total_tokens_per_s(self) -> float:
+        """(prompt + generated tokens of finished requests) per second."""
+        return (self.prompt_tokens + self.generated_tokens) / self.elapsed_s if self.elapsed_s else 0.0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+    @property
+    def mean_ttft(self) -> float | None:
+        return sum(self.ttfts) / len(self.ttfts) if self.ttfts else None
+
+    @property
+    def mean_tpot(self) -> float | None:
+        return sum(self.tpots) / len(self.tpots) if self.tpots else None
+
+    def as_dict(self) -> dict:
+        return {"steps": self.steps, "requests": self.requests, "prompt_tokens": self.prompt_tokens,
+                "generated_tokens": self.generated_tokens, "batched_tokens": self.batched_tokens,
+                "elapsed_s": self.elapsed_s, "generated_tokens_per_s": self.generated_tokens_per_s,
+                "total_tokens_per_s": self.total_tokens_per_s, "preemptions": self.preemptions,
+                "prefix_hit_rate": self.prefix_hit_rate, "prefix_hit_tokens": self.prefix_hit_tokens,
+                "prefix_queried_tokens": self.prefix_queried_tokens, "acceptance_rate": self.acceptance_rate,
+                "mean_ttft_s": self.mean_ttft, "mean_tpot_s": self.mean_tpot}

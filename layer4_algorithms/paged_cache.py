@@ -1,0 +1,167 @@
+"""The paged KV cache: one pool of fixed-size blocks shared by every sequence.
+
+k and v are (layers, num_blocks + 1, block_size, kv_heads, head_dim). The block manager
+hands out ids 0..num_blocks-1; the extra last block (`scratch_block`) belongs to nobody:
+CUDA-graph padding rows write into it and attend over it, so they never touch a real block.
+Token position p of a sequence lives at flat slot
+
+    slot = block_table[p // block_size] * block_size + p % block_size
+
+so `write` is one scatter (index_copy_) over the flat (slots, kv_heads, head_dim) view, the
+same as layer 3's contiguous cache, and the model code does not change. `read` gathers each
+sequence's blocks into layer 3's right-padded (B, kv_heads, max_seq_len, head_dim) layout for
+the general (prefill / mixed) attention path; decode steps skip that copy through
+`decode_attention`, which reads the blocks in place (paged_attention.py's kernel).
+
+Zero-initialised: attention multiplies masked slots by a probability of exactly 0, and
+0 * NaN (uninitialised memory) would poison the output.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+import layer3_model as l3
+
+try:  # the kernel owner's module (Triton kernel + its own reference); until it lands, ours below
+    from .paged_attention import paged_decode_attention
+except ModuleNotFoundError as err:  # only the module's absence, never an error inside it
+    if err.name != f"{__package__}.paged_attention":
+        raise
+    paged_decode_attention = None
+
+CPU_DEFAULT_KV_BYTES = 512 * 2**20  # on a CPU, with no budget given: 512 MiB of KV
+
+
+def bytes_per_block(config: l3.ModelConfig, block_size: int, dtype: torch.dtype) -> int:
+    """2 (k and v) * layers * block_size * kv_heads * head_dim * itemsize."""
+    item = torch.empty((), dtype=dtype).element_size()
+    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * item
+
+
+def blocks_for_budget(config: l3.ModelConfig, block_size: int, dtype: torch.dtype, *,
+                      num_bytes: int | None = None, device: torch.device | str = "cpu",
+                      gpu_memory_utilization: float = 0.85) -> int:
+    """How many blocks fit: in `num_bytes`, else in gpu_memory_utilization of the GPU's
+    free memory now (torch.cuda.mem_get_info: call it after the weights are loaded; the
+    rest is left for activations), else CPU_DEFAULT_KV_BYTES on a CPU."""
+    per_block = bytes_per_block(config, block_size, dtype)
+    if num_bytes is None:
+        device = torch.device(device)
+        if device.type == "cuda":
+            if not 0 < gpu_memory_utilization <= 1:
+                raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+            free, _ = torch.cuda.mem_get_info(device)
+            num_bytes = int(free * gpu_memory_utilization)
+        else:
+            num_bytes = CPU_DEFAULT_KV_BYTES
+    blocks = int(num_bytes) // per_block - 1  # minus the scratch block
+    if blocks < 1:
+        raise ValueError(f"KV cache budget of {num_bytes} bytes is too small: one block of {block_size} "
+                         f"tokens takes {per_block} bytes (plus one scratch block)")
+    return blocks
+
+
+class PagedKVCache:
+    """Layer 3's KVCache protocol (write / read) over blocks, plus copy_blocks for
+    copy-on-write and decode_attention for decode steps."""
+
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+        if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
+            raise ValueError(f"every paged-cache dimension must be >= 1, got layers={num_layers} "
+                             f"blocks={num_blocks} block_size={block_size} kv_heads={num_kv_heads} head_dim={head_dim}")
+        shape = (num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.num_blocks, self.block_size, self.scratch_block = num_blocks, block_size, num_blocks
+
+    @classmethod
+    def for_model(cls, config: l3.ModelConfig, num_blocks: int, block_size: int, *, dtype: torch.dtype,
+                  device: torch.device | str | None = None) -> PagedKVCache:
+        return cls(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
+                   config.head_dim, dtype=dtype, device=device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.k.device
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
+
+    def context(self, query_lens: Sequence[int], context_lens: Sequence[int],
+                block_tables: Sequence[Sequence[int]]) -> l3.AttentionContext:
+        """AttentionContext for B sequences: sequence b's query_lens[b] new tokens sit at
+        positions context_lens[b].. and its blocks are block_tables[b] (enough of them to hold
+        context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0."""
+        if not len(query_lens) == len(context_lens) == len(block_tables):
+            raise ValueError(f"{len(query_lens)} query lengths, {len(context_lens)} context lengths and "
+                             f"{len(block_tables)} block tables: need one of each per sequence")
+        bs, slots = self.block_size, []
+        for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
+            if len(table) * bs < q + c:
+                raise ValueError(f"block table of {len(table)} blocks cannot hold {q + c} tokens")
+            slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q))
+        width = max(len(t) for t in block_tables)
+        tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables],
+                              dtype=torch.int64).to(self.device, non_blocking=True)
+        return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=tables, device=self.device)
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: l3.AttentionContext) -> None:
+        """k, v (T, kv_heads, head_dim) -> their slots (ctx.slot_mapping), one scatter each."""
+        self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, ctx.slot_mapping, k)
+        self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, ctx.slot_mapping, v)
+
+    def read(self, layer: int, ctx: l3.AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather every sequence's blocks: two (B, kv_heads, max_seq_len, head_dim) tensors,
+        sequence b's keys at [:seq_lens[b]] (the rest: padding blocks' contents, masked)."""
+        B, n = ctx.num_seqs, ctx.max_seq_len
+        tables = ctx.block_tables
+
+        def gather(pool: torch.Tensor) -> torch.Tensor:
+            blocks = pool[layer][tables]  # (B, max_blocks, block_size, kv_heads, head_dim): a copy
+            return blocks.view(B, -1, *blocks.shape[3:])[:, :n].transpose(1, 2)
+
+        return gather(self.k), gather(self.v)
+
+    def copy_blocks(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """Copy-on-write: block src's contents (every layer, k and v) into block dst."""
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        self.k[:, dst] = self.k[:, src]
+        self.v[:, dst] = self.v[:, src]
+
+    def decode_attention(self, layer: int, q: torch.Tensor, ctx: l3.AttentionContext, scale: float,
+                         window: int | None) -> torch.Tensor:
+        """Decode step (one new token per sequence, already written): q (B, Hq, D) ->
+        (B, Hq, D), reading keys through the block tables without gathering a padded copy."""
+        if paged_decode_attention is None:  # TODO(kernel): remove once paged_attention.py lands
+            return torch_paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables,
+                                                ctx.seq_lens, scale, window)
+        return paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables, ctx.seq_lens,
+                                      scale, window)
+
+
+def torch_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                                 window: int | None = None) -> torch.Tensor:
+    """Reference (gathers): q (B, Hq, D); k/v_cache (num_blocks, block_size, Hkv, D);
+    block_tables (B, max_blocks); seq_lens (B,). Query b sits at position seq_lens[b] - 1 and
+    sees keys [max(0, seq_lens[b] - window), seq_lens[b]). Scores and softmax in fp32."""
+    B, Hq, D = q.shape
+    Hkv = k_cache.shape[2]
+    k = k_cache[block_tables].view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
+    v = v_cache[block_tables].view(B, -1, Hkv, D).transpose(1, 2)
+    S = k.shape[2]
+    scores = (q.view(B, Hkv, Hq // Hkv, D) @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, G, S)
+    pos = torch.arange(S, device=q.device)[None, :]
+    visible = pos < seq_lens[:, None]
+    if window is not None:
+        visible = visible & (pos >= seq_lens[:, None] - window)
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    out = torch.softmax(scores, dim=-1).to(v.dtype) @ v  # (B, Hkv, G, D)
+    return out.reshape(B, Hq, D)

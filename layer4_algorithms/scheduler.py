@@ -1,0 +1,251 @@
+"""Iteration-level scheduling: which sequences run in the next step, and how many tokens each.
+
+Every step (one forward pass) gets a token budget, max_num_batched_tokens, and at most
+max_num_seqs sequences. `schedule()` fills it in FCFS order:
+
+1. running sequences first, oldest first: a decoding sequence takes 1 token (+ k lookahead
+   slots when speculative decoding reserves them), a sequence still prefilling takes the next
+   chunk of its prompt (chunked prefill: a long prompt is spread over several steps, the
+   decodes of others keep going beside it). If the block pool cannot hold a sequence's new
+   tokens, the *newest* running sequence is preempted: its blocks are freed and it goes back
+   to the front of the waiting queue, to be recomputed later (preemption by recomputation:
+   re-running its prompt + output costs one prefill, no swap space; with prefix caching most
+   of its blocks are often still cached). Never an out-of-memory crash.
+2. then waiting sequences, in arrival order, while the budget, max_num_seqs and the free
+   blocks allow (after cached prefix blocks are matched); the first that does not fit stops
+   admission (FCFS: nobody overtakes it), and nothing is admitted in a step that preempted.
+
+The engine runs the step and then calls `postprocess` with the sampled tokens, which
+advances each sequence's KV state, appends tokens, registers full blocks in the prefix cache,
+and frees finished sequences. Policy "static" is the baseline for benchmarks: a new batch of
+up to max_num_seqs sequences is admitted only once the previous batch has entirely finished.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .block_manager import BlockManager
+from .sequence import Sequence, SequenceStatus
+
+POLICIES = ("continuous", "static")
+
+
+@dataclass
+class ScheduledSeq:
+    """One sequence's share of a step: it computes tokens token_ids[context_len : context_len +
+    num_new_tokens], followed by spec_token_ids (draft tokens a speculator filled in, at most
+    num_lookahead, whose slots are reserved)."""
+
+    seq: Sequence
+    num_new_tokens: int
+    context_len: int
+    num_lookahead: int = 0
+    spec_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def query_len(self) -> int:
+        return self.num_new_tokens + len(self.spec_token_ids)
+
+    @property
+    def input_ids(self) -> list[int]:
+        return self.seq.token_ids[self.context_len:self.context_len + self.num_new_tokens] + self.spec_token_ids
+
+    @property
+    def samples(self) -> bool:
+        """True when the step reaches the sequence's end, so its next token is sampled (a
+        partial prefill chunk produces no token)."""
+        return self.context_len + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) before the step
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens + s.num_lookahead for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 max_model_len: int = 2048, enable_chunked_prefill: bool = True, policy: str = "continuous",
+                 num_lookahead_slots: int = 0) -> None:
+        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
+                        ("max_model_len", max_model_len)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown scheduling policy {policy!r}: expected one of {', '.join(POLICIES)}")
+        self.bm, self.max_num_seqs, self.max_num_batched_tokens = block_manager, max_num_seqs, max_num_batched_tokens
+        self.max_model_len, self.chunked, self.policy = max_model_len, enable_chunked_prefill, policy
+        self.num_lookahead_slots = num_lookahead_slots
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._free_rows = list(range(max_num_seqs))  # a heap: the lowest free row first
+        self._static_slots = max_num_seqs
+        self.num_preemptions = 0
+        self.on_release: list[Callable[[Sequence], None]] = []  # called when a sequence gives up its row
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence; ValueError if it could never run (too long for the model, the
+        block pool, or, without chunked prefill, the token budget)."""
+        total = seq.num_tokens + seq.params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"request {seq.request_id}: {seq.num_tokens} prompt tokens + max_tokens "
+                             f"{seq.params.max_tokens} = {total} exceeds max_model_len {self.max_model_len}")
+        need = self.bm.blocks_for(total + self.num_lookahead_slots)
+        if need > self.bm.num_blocks:
+            raise ValueError(f"request {seq.request_id}: {total} tokens need {need} KV blocks of "
+                             f"{self.bm.block_size}, the whole pool has {self.bm.num_blocks}: give the cache "
+                             f"a bigger budget or lower max_tokens")
+        if seq.params.n > self.max_num_seqs:
+            raise ValueError(f"request {seq.request_id}: n={seq.params.n} parallel samples exceed "
+                             f"max_num_seqs {self.max_num_seqs}")
+        if not self.chunked and seq.num_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"request {seq.request_id}: a {seq.num_tokens}-token prompt does not fit the "
+                             f"{self.max_num_batched_tokens}-token step budget and chunked prefill is off")
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> list[Sequence]:
+        """Finish every sequence of the request with reason "abort"; returns them."""
+        seqs = [s for s in (*self.waiting, *self.running) if s.request_id == request_id]
+        for s in seqs:
+            if s.status is SequenceStatus.WAITING:
+                self.waiting.remove(s)
+            s.finish_reason = "abort"
+            self._finish(s)
+        return seqs
+
+    # ---- the step ------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out, budget = SchedulerOutput(), self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            n = min(seq.num_uncomputed_tokens, budget)
+            k = self._lookahead(seq, budget - n) if seq.num_uncomputed_tokens == 1 else 0
+            copies = self.bm.allocate_slots(seq, n + k)
+            if copies is None and k:  # no room to speculate: a plain step
+                k, copies = 0, self.bm.allocate_slots(seq, n)
+            while copies is None:  # out of blocks: preempt the newest, possibly seq itself
+                victim = self.running[-1]
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+                copies = self.bm.allocate_slots(seq, n)
+            if copies is None:
+                break
+            out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens, num_lookahead=k))
+            out.copies += copies
+            budget -= n + k
+            i += 1
+        if not out.preempted:
+            self._admit(out, budget)
+        return out
+
+    def _lookahead(self, seq: Sequence, budget: int) -> int:
+        """Speculative slots for a decoding sequence: no more than the budget, its remaining
+        max_tokens (the last sampled token counts) and max_model_len allow."""
+        left = min(seq.params.max_tokens - len(seq.output_ids), self.max_model_len - seq.num_tokens)
+        return max(0, min(self.num_lookahead_slots, budget, left - 1))
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> None:
+        if self.policy == "static" and not self.running:
+            self._static_slots = self.max_num_seqs  # the previous batch is done: open the next
+        seats = len(self.running) + sum(s.pending_forks for s in self.running)
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            want = 1 + seq.pending_forks
+            if seats + want > self.max_num_seqs:
+                break
+            if self.policy == "static" and seq.num_preemptions == 0 and self._static_slots < want:
+                break
+            hits = self.bm.match_prefix(seq)
+            remaining = seq.num_tokens - len(hits) * self.bm.block_size
+            if not self.chunked and remaining > budget:
+                break
+            n = min(remaining, budget)
+            if not self.bm.can_admit(seq, hits, n):
+                break
+            self.waiting.popleft()
+            self.bm.admit(seq, hits)
+            copies = self.bm.allocate_slots(seq, n)
+            assert copies == [], "a newly admitted sequence shares only full blocks: nothing to copy"
+            seq.status, seq.row = SequenceStatus.RUNNING, heapq.heappop(self._free_rows)
+            seq.first_scheduled_time = seq.first_scheduled_time or time.perf_counter()
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+            budget -= n
+            seats += want
+            if self.policy == "static" and seq.num_preemptions == 0:
+                self._static_slots -= want
+
+    def fork(self, parent: ScheduledSeq, children: list[Sequence], out: SchedulerOutput) -> None:
+        """Parallel sampling: children (made by parent.seq.fork) share parent's blocks, run
+        right behind it, and take part in this step's postprocess as if they had run it."""
+        at = self.running.index(parent.seq) + 1
+        for child in children:
+            self.bm.fork(parent.seq, child)
+            child.row = heapq.heappop(self._free_rows)
+            out.scheduled.append(ScheduledSeq(child, parent.num_new_tokens, parent.context_len))
+        self.running[at:at] = children
+        parent.seq.pending_forks = 0
+
+    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]]) -> list[Sequence]:
+        """After the step: KV of the scheduled tokens is now computed; append each sampled
+        sequence's tokens (seq_id -> tokens: one, or accepted drafts + one with speculation;
+        EOS, stop strings and max_tokens may cut them); free finished sequences, roll back
+        rejected speculative slots, register newly full blocks. Returns the finished ones."""
+        finished, now = [], time.perf_counter()
+        for s in out.scheduled:
+            seq = s.seq
+            if seq.is_finished:  # aborted since it was scheduled
+                continue
+            seq.num_computed_tokens += s.num_new_tokens
+            tokens = sampled.get(seq.seq_id, [])
+            for j, t in enumerate(tokens):
+                if seq.append_token(t, now):
+                    break
+                if j < len(tokens) - 1:  # an accepted draft: its k, v (written this step) are valid
+                    seq.num_computed_tokens += 1
+            if seq.finish_reason is not None:
+                self._finish(seq)
+                finished.append(seq)
+                continue
+            self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
+            self.bm.commit(seq)
+        return finished
+
+    # ---- bookkeeping ---------------------------------------------------------------------------
+    def _release(self, seq: Sequence) -> None:
+        self.bm.free(seq)
+        if seq.row is not None:
+            for hook in self.on_release:
+                hook(seq)
+            heapq.heappush(self._free_rows, seq.row)
+            seq.row = None
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self._release(seq)
+        seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _finish(self, seq: Sequence) -> None:
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        self._release(seq)
+        seq.status = SequenceStatus.FINISHED

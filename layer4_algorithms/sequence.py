@@ -1,0 +1,151 @@
+"""One sequence's state as the engine runs it: tokens, KV bookkeeping, text, timings.
+
+A request with SamplingParams.n == 1 is one Sequence; with n > 1 it starts as one (the
+prompt is prefilled once) and forks into n sequences when the first tokens are sampled,
+the children sharing the prompt's KV blocks (copy-on-write; see block_manager.py).
+
+The KV invariant every module relies on:
+
+    token_ids = prompt_ids + output_ids              (the sequence so far)
+    num_computed_tokens                              tokens whose k, v are in the cache
+
+A step computes the next tokens token_ids[num_computed : num_computed + q]. While a prompt
+is being prefilled (in chunks) num_computed < num_prompt_tokens; once it is running a
+decode, num_computed == len(token_ids) - 1: the newest sampled token is the next input.
+Preemption by recomputation sets num_computed back to 0 and keeps the tokens.
+"""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass
+
+import torch
+
+import layer3_model as l3
+
+
+@dataclass(frozen=True)
+class SamplingParams(l3.SamplingParams):
+    """Layer 3's SamplingParams (temperature, top_k, top_p, seed, max_tokens, stop,
+    ignore_eos) plus n: how many completions to sample from one prompt (parallel sampling;
+    completion i is seeded with seed + i when a seed is given)."""
+
+    n: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            raise ValueError(f"bad SamplingParams: n must be an int >= 1, got {self.n!r}")
+
+    @classmethod
+    def of(cls, params: l3.SamplingParams | None) -> SamplingParams:
+        """Layer 3's params (or None: the defaults) as layer 4's, n = 1."""
+        if params is None or isinstance(params, cls):
+            return params or cls()
+        return cls(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
+                   max_tokens=params.max_tokens, stop=params.stop, ignore_eos=params.ignore_eos)
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # in the waiting queue: no KV blocks
+    RUNNING = "running"  # holds KV blocks, scheduled every step it fits the budget
+    FINISHED = "finished"
+
+
+class Sequence:
+    """prompt_ids / output_ids / token_ids (lists of ints); block_table: KV block ids, block i
+    holds positions [i * block_size, (i + 1) * block_size); block_hashes: prefix-cache hashes
+    of its full, computed blocks; row: a small slot id (0..max_num_seqs-1) while running, for
+    per-slot state outside the cache (a draft model's KV row)."""
+
+    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
+                 index: int = 0, generator: torch.Generator | None = None,
+                 decoder: l3.IncrementalDecoder | None = None, eos_token_ids: tuple[int, ...] = (),
+                 arrival_time: float | None = None) -> None:
+        self.seq_id, self.request_id, self.index = seq_id, request_id, index
+        self.prompt_ids = list(prompt_ids)
+        self.output_ids: list[int] = []
+        self.token_ids = list(prompt_ids)
+        self.params, self.generator, self.decoder, self.eos_token_ids = params, generator, decoder, eos_token_ids
+        self.status = SequenceStatus.WAITING
+        self.block_table: list[int] = []
+        self.block_hashes: list[int] = []
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
+        self.num_preemptions = 0
+        self.row: int | None = None
+        self.pending_forks = params.n - 1 if index == 0 else 0
+        self.text = ""
+        self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
+        self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self._hold = max((len(s) for s in params.stop), default=1) - 1  # a stop string may span tokens
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        """Tokens still to feed through the model before the next one can be sampled."""
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def append_token(self, token: int, now: float | None = None) -> bool:
+        """Add one sampled token; True when the sequence is finished by it (EOS unless
+        ignore_eos, a stop string, max_tokens). Same rules as layer 3's generate: EOS is not
+        added to the output, a stop string is cut from the text."""
+        now = time.perf_counter() if now is None else now
+        self.first_token_time = self.first_token_time or now
+        self.last_token_time = now
+        if token in self.eos_token_ids and not self.params.ignore_eos:
+            self.finish_reason = "eos"
+        else:
+            self.output_ids.append(token)
+            self.token_ids.append(token)
+            if self.decoder is not None:
+                before = len(self.text)
+                self.text += self.decoder.step(token)
+                self._check_stop(before)
+            if self.finish_reason is None and len(self.output_ids) >= self.params.max_tokens:
+                self.finish_reason = "length"
+        if self.finish_reason is not None and self.decoder is not None and self.finish_reason != "stop":
+            before = len(self.text)
+            self.text += self.decoder.flush()  # the last, possibly unfinished, character
+            self._check_stop(before)
+        return self.finish_reason is not None
+
+    def _check_stop(self, before: int) -> None:
+        start = max(0, before - self._hold)  # a match may begin in text already seen
+        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+        if hits:
+            self.text = self.text[: min(hits)]
+            self.finish_reason = "stop"
+
+    def fork(self, seq_id: int, index: int, generator: torch.Generator | None,
+             decoder: l3.IncrementalDecoder | None) -> Sequence:
+        """A sibling that shares everything computed so far (the caller shares the KV blocks
+        through the block manager). Only before the first output token (parallel sampling)."""
+        if self.output_ids:
+            raise RuntimeError("fork happens before the first output token (parallel sampling)")
+        child = Sequence(seq_id, self.request_id, self.prompt_ids, self.params, index=index, generator=generator,
+                         decoder=decoder, eos_token_ids=self.eos_token_ids, arrival_time=self.arrival_time)
+        child.status = self.status
+        child.num_computed_tokens, child.num_cached_tokens = self.num_computed_tokens, self.num_cached_tokens
+        child.block_hashes = list(self.block_hashes)
+        child.first_scheduled_time = self.first_scheduled_time
+        return child

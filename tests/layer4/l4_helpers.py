@@ -1,0 +1,23 @@
+"""Helpers shared by the layer-4 tests (fixtures live in conftest.py)."""
+from __future__ import annotations
+
+import torch
+
+import layer3_model as l3
+
+
+def random_prompts(lengths, seed: int = 0, vocab: int = 97) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def greedy(max_tokens: int, **kw) -> l3.SamplingParams:
+    return l3.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, **kw)
+
+
+def assert_no_leak(llm) -> None:
+    """Every block is free or cached with no references."""
+    bm = llm.block_manager
+    assert not llm.has_unfinished()
+    assert all(r == 0 for r in bm.ref_counts), bm.ref_counts
+    assert bm.num_free_blocks == bm.num_blocks

@@ -1,0 +1,135 @@
+"""CudaGraphRunner: decode steps replayed from bucketed CUDA graphs give the eager model's
+logits, and padding rows write only into the cache's scratch block.
+
+The same checks run on the CPU with capture=False (the runner's buffers, bucket padding and
+slot computation, eagerly) and on a GPU with real graphs (gpu-marked)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layer3_model as l3
+from layer4_algorithms import PagedKVCache
+from layer4_algorithms.cuda_graph_runner import CudaGraphRunner, bucket_sizes
+
+CONFIG = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        max_position_embeddings=64, layer_windows=(None, 5))
+BLOCK_SIZE, NUM_BLOCKS, MAX_BLOCKS, MAX_SEQS = 4, 48, 6, 12
+PROMPT_LENS = [3, 9, 1, 6, 4, 8, 2, 7, 5, 4, 9, 1]
+STEPS = [list(range(12)), [0, 1, 2, 3, 4], [7, 2, 9], [4], [11, 10, 0, 5, 6, 8, 1]]  # buckets 12, 8, 4, 1, 8
+
+
+def test_buckets():
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(3) == [1, 2, 3]
+    assert bucket_sizes(8) == [1, 2, 4, 8]
+    assert bucket_sizes(12) == [1, 2, 4, 8, 12]
+    assert bucket_sizes(32) == [1, 2, 4, 8, 16, 24, 32]
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        bucket_sizes(0)
+
+
+def prefilled(device: str, dtype: torch.dtype) -> tuple[l3.LlamaModel, PagedKVCache, list[list[int]], list[int], list[int]]:
+    """A random model, a paged cache holding 12 prompts in shuffled blocks (room for every
+    step), their block tables, lengths and first decode tokens."""
+    model = l3.random_model(CONFIG, dtype=dtype, device=device, seed=1, std=0.3)
+    cache = PagedKVCache.for_model(CONFIG, NUM_BLOCKS, BLOCK_SIZE, dtype=dtype, device=device)
+    steps_per_seq = [sum(b in step for step in STEPS) for b in range(len(PROMPT_LENS))]
+    need = [-(-(n + s) // BLOCK_SIZE) for n, s in zip(PROMPT_LENS, steps_per_seq, strict=True)]
+    ids = torch.randperm(NUM_BLOCKS, generator=torch.Generator().manual_seed(0)).tolist()
+    tables, used = [], 0
+    for n in need:
+        tables.append(ids[used:used + n])
+        used += n
+    assert used <= NUM_BLOCKS and max(need) <= MAX_BLOCKS
+    g = torch.Generator().manual_seed(2)
+    prompts = torch.randint(2, CONFIG.vocab_size, (sum(PROMPT_LENS),), generator=g).to(device)
+    with torch.no_grad():
+        ctx = cache.context(PROMPT_LENS, [0] * len(PROMPT_LENS), tables)
+        first = model(prompts, ctx, cache, last_only=True).argmax(-1).tolist()
+    return model, cache, tables, list(PROMPT_LENS), first
+
+
+def copy_cache(cache: PagedKVCache) -> PagedKVCache:
+    twin = PagedKVCache.for_model(CONFIG, NUM_BLOCKS, BLOCK_SIZE, dtype=cache.k.dtype, device=cache.device)
+    twin.k.copy_(cache.k)
+    twin.v.copy_(cache.v)
+    return twin
+
+
+def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, tol: float) -> None:
+    model, cache, tables, lens, tokens = prefilled(device, dtype)
+    eager_cache = copy_cache(cache)
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture)
+    assert sorted(runner.graphs) == (runner.buckets if capture else [])
+    for step in STEPS:
+        ctx = eager_cache.context([1] * len(step), [lens[b] for b in step], [tables[b] for b in step])
+        ids = torch.tensor([tokens[b] for b in step], device=device)
+        with torch.no_grad():
+            eager = model(ids, ctx, eager_cache, last_only=True)
+        bucket = next(b for b in runner.buckets if b >= len(step))
+        if bucket > len(step):
+            cache.k[:, cache.scratch_block] = 0.0  # so we see the padding rows' writes land there
+        replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
+        assert replay.shape == (len(step), CONFIG.vocab_size) and replay.dtype == torch.float32
+        torch.testing.assert_close(replay, eager, rtol=tol, atol=tol)
+        if bucket > len(step):  # padding rows wrote their one token (position 0) into the scratch block
+            written = cache.k[:, cache.scratch_block].abs().sum(dim=(0, 2, 3)) > 0  # per slot
+            assert written.tolist() == [True] + [False] * (BLOCK_SIZE - 1)
+        for b, t in zip(step, replay.argmax(-1).tolist(), strict=True):
+            lens[b] += 1
+            tokens[b] = t
+    # the real blocks: what eager decoding wrote, and nothing anywhere else
+    real = torch.zeros(NUM_BLOCKS + 1, BLOCK_SIZE, dtype=torch.bool)
+    for table, n in zip(tables, lens, strict=True):
+        for p in range(n):
+            real[table[p // BLOCK_SIZE], p % BLOCK_SIZE] = True
+    real = real.to(device)
+    for ours, theirs in ((cache.k, eager_cache.k), (cache.v, eager_cache.v)):
+        torch.testing.assert_close(ours[:, real], theirs[:, real], rtol=tol, atol=tol)
+        untouched = ~real
+        untouched[NUM_BLOCKS] = False  # the scratch block
+        assert (ours[:, untouched] == 0).all()
+
+
+def test_eager_buffers_match_the_model_on_cpu():
+    check_replay_matches_eager("cpu", torch.float32, capture=False, tol=1e-5)
+
+
+def test_errors():
+    model, cache, tables, lens, tokens = prefilled("cpu", torch.float32)
+    with pytest.raises(RuntimeError, match="CUDA"):
+        CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS) if not torch.cuda.is_available() else \
+            CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=True)  # CPU model on a GPU machine
+    with pytest.raises(TypeError, match="paged cache"):
+        CudaGraphRunner(model, l3.ContiguousKVCache.for_model(CONFIG, 2, 8, dtype=torch.float32),
+                        MAX_SEQS, MAX_BLOCKS, capture=False)
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=False)
+    assert runner.can_run(12, 6) and not runner.can_run(13, 1) and not runner.can_run(1, 7)
+    one = torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.run(one, one, torch.zeros(1, MAX_BLOCKS + 1, dtype=torch.int64), one + 1)
+    with pytest.raises(ValueError, match="expected input_ids"):
+        runner.run(one, torch.zeros(2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64), one + 1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+def test_gpu_replay_matches_eager_and_padding_stays_in_scratch(dtype, tol):
+    check_replay_matches_eager("cuda", dtype, capture=True, tol=tol)
+
+
+@pytest.mark.gpu
+def test_gpu_graphs_share_one_pool_and_reuse_buffers():
+    model, cache, tables, lens, tokens = prefilled("cuda", torch.bfloat16)
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS)
+    pools = {g.pool() for g in runner.graphs.values()}
+    assert len(pools) == 1
+    ctx = cache.context([1, 1], [lens[0], lens[1]], [tables[0], tables[1]])
+    ids = torch.tensor(tokens[:2], device="cuda")
+    before = runner.input_ids.data_ptr(), runner.logits.data_ptr()
+    a = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
+    assert (runner.input_ids.data_ptr(), runner.logits.data_ptr()) == before
+    b = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)  # same slots rewritten: same logits
+    torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -1,0 +1,86 @@
+"""ModelRunner: pass planning, batched sampling, logits rows for speculation; and the engine's
+speculator hook end to end with an oracle-and-noise proposer (greedy output must not change)."""
+from __future__ import annotations
+
+import random
+
+import torch
+from l4_helpers import assert_no_leak, greedy, random_prompts
+
+import layer3_model as l3
+from layer4_algorithms import LLM, SamplingParams, ScheduledSeq, Sequence
+
+
+def sched(query_len: int, context: int, spec: int = 0) -> ScheduledSeq:
+    s = Sequence(0, "0", [1] * (context + query_len), SamplingParams())
+    return ScheduledSeq(s, query_len, context, num_lookahead=spec, spec_token_ids=[2] * spec)
+
+
+def test_plan_passes_keeps_padded_attention_bounded(tiny_model):
+    llm = LLM(tiny_model, num_blocks=16)
+    runner = llm.runner
+    step = [sched(1, 40), sched(30, 0), sched(1, 7), sched(20, 5), sched(1, 3, spec=2)]
+    assert runner.plan_passes(step) == [[0, 1, 2, 3, 4]]  # small: one mixed pass
+    heads = tiny_model.config.num_attention_heads
+    runner.attn_bytes_limit = heads * 32 * 32 * 4  # the 30-token prefill alone; the 20-token chunk + the verify
+    assert runner.plan_passes(step) == [[0, 2], [1], [3, 4]]
+    assert runner.padded_attention_bytes([step[0], step[2]]) == 0  # decodes use decode_attention
+    runner.attn_bytes_limit = 1
+    assert runner.plan_passes(step) == [[0, 2], [1], [3], [4]]
+
+
+def test_sample_matches_layer3_row_by_row(tiny_model):
+    llm = LLM(tiny_model, num_blocks=16)
+    logits = torch.randn(4, 97, generator=torch.Generator().manual_seed(0))
+    params = [l3.SamplingParams(temperature=0), l3.SamplingParams(temperature=0.7, seed=1),
+              l3.SamplingParams(temperature=0), l3.SamplingParams(temperature=1.3, top_k=5, seed=2)]
+    got = llm.runner.sample(list(logits), params, [l3.make_generator(p) for p in params])
+    want = l3.sample(logits, params, [l3.make_generator(p) for p in params]).tolist()
+    assert got == want and llm.runner.sample([], [], []) == []
+
+
+class OracleSpeculator:
+    """Proposes the reference continuation with some tokens corrupted; accepts greedily
+    (draft j accepted while it equals the target's argmax at j)."""
+
+    def __init__(self, reference: dict[tuple[int, ...], list[int]], k: int, seed: int = 0) -> None:
+        self.reference, self.num_lookahead_slots, self.rng = reference, k, random.Random(seed)
+        self.released: list[int] = []
+
+    def propose(self, out) -> None:
+        for s in out.scheduled:
+            if s.num_lookahead:
+                full = self.reference[tuple(s.seq.prompt_ids)]
+                done = len(s.seq.output_ids)
+                guess = full[done:done + self.rng.randint(0, s.num_lookahead)]
+                s.spec_token_ids = [t if self.rng.random() < 0.8 else (t + 1) % 97 for t in guess]
+
+    def verify(self, items):
+        result = {}
+        for s, rows in items:
+            best = rows.argmax(-1).tolist()
+            j = 0
+            while j < len(s.spec_token_ids) and s.spec_token_ids[j] == best[j]:
+                j += 1
+            result[s.seq.seq_id] = s.spec_token_ids[:j] + [best[j]]
+        return result
+
+    def release(self, seq) -> None:
+        self.released.append(seq.seq_id)
+
+
+def test_speculator_hook_keeps_greedy_outputs_and_frees_rejected_slots(tiny_model):
+    prompts = random_prompts([4, 13, 7, 21], seed=4)
+    params = [greedy(m) for m in (12, 9, 15, 6)]
+    want = [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
+    spec = OracleSpeculator({tuple(p): w for p, w in zip(prompts, want, strict=True)}, k=3)
+    llm = LLM(tiny_model, block_size=3, num_blocks=40, max_num_batched_tokens=10, speculator=spec)
+    outs = llm.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in outs] == want
+    st = llm.stats
+    assert st.spec_proposed > 0 and 0 < st.spec_accepted < st.spec_proposed and 0 < st.acceptance_rate < 1
+    plain = LLM(tiny_model, block_size=3, num_blocks=40, max_num_batched_tokens=10)
+    plain.generate(prompts, params)
+    assert st.steps < plain.stats.steps  # accepted drafts saved steps
+    assert len(spec.released) == len(prompts)  # every row given back
+    assert_no_leak(llm)

@@ -19,44 +19,43 @@ from layer3_model import Model, SamplingParams, course_model_dir, load
 
 from .speculative import SpeculativeDecoder
 
-DRAFT_PROMPT = "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n"
+PROMPTS = {
+    "hamlet": "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
+    "romeo": "ROMEO.\nBut soft, what light through yonder window breaks?\n\n",
+    "lear": "KING LEAR.\n",
+}
 PASSAGE = ("KING.\nNow is the winter of our discontent\nMade glorious summer by this sun of York;\n"
            "And all the clouds that lour'd upon our house\nIn the deep bosom of the ocean buried.\n\n")
-# copy-heavy: the passage twice, then its first line again; the model goes on copying
+# copy-heavy: the passage twice, then its first line again (the course model does not
+# actually copy it: 11M parameters learned little in-context copying; see PLAN.md notes)
 COPY_PROMPT = PASSAGE + PASSAGE + "KING.\nNow is the winter of our discontent\n"
 
 
-def _median_run(fn, repeats: int) -> tuple[float, object]:
+def _rates(fn, repeats: int) -> list[float]:
     fn()  # warm-up
-    runs = [fn() for _ in range(repeats)]
-    rates = [r.decode_tokens_per_s for r in runs]
-    mid = statistics.median(rates)
-    return mid, runs[rates.index(mid)] if mid in rates else runs[-1]
+    return [fn() for _ in range(repeats)]
 
 
-def _baseline(target: Model, prompt: str, params: SamplingParams, repeats: int) -> tuple[float, list[float], list[int]]:
-    rates, ids = [], []
-    target.generate_outputs([prompt], params)
-    for _ in range(repeats):
-        ids = target.generate_outputs([prompt], params)[0].token_ids
-        rates.append(target.stats.decode_tokens_per_s)
-    return statistics.median(rates), rates, ids
+def _greedy_rate(model: Model, prompt: str, params: SamplingParams) -> float:
+    model.generate_outputs([prompt], params)
+    return model.stats.decode_tokens_per_s
 
 
-def _spec(target: Model, proposer, k: int, prompt: str, params: SamplingParams, repeats: int,
-          reference: list[int]) -> dict:
-    dec = SpeculativeDecoder(target, proposer, k)
-    dec.generate([prompt], params)  # warm-up
-    rates, stats, same = [], None, True
-    for _ in range(repeats):
-        out = dec.generate([prompt], params)[0].token_ids
-        same &= out == reference
-        rates.append(dec.stats.decode_tokens_per_s)
-        if stats is None or rates[-1] == statistics.median(rates):
-            stats = dec.stats
-    s = dec.stats
-    return {"k": k, "tokens_per_s": statistics.median(rates), "runs_tokens_per_s": rates,
+def _spec_row(target: Model, proposer, k: int, stop_below: float | None, prompt: str,
+              params: SamplingParams, repeats: int, reference: list[int]) -> dict:
+    dec = SpeculativeDecoder(target, proposer, k, stop_below=stop_below)
+    same = True
+
+    def once() -> float:
+        nonlocal same
+        same &= dec.generate([prompt], params)[0].token_ids == reference
+        return dec.stats.decode_tokens_per_s
+
+    rates = _rates(once, repeats)
+    s = dec.stats  # counts are the same every run (greedy); times are the last run's
+    return {"k": k, "stop_below": stop_below, "tokens_per_s": statistics.median(rates), "runs_tokens_per_s": rates,
             "matches_greedy": same, "acceptance_rate": s.acceptance_rate,
+            "proposed_per_round": s.proposed / max(s.rounds, 1),
             "mean_accepted_per_round": s.mean_accepted_per_round, "mean_tokens_per_round": s.mean_tokens_per_round,
             "rounds": s.rounds, "draft_steps": s.draft_steps,
             "propose_ms_per_round": 1e3 * s.propose_s / max(s.rounds, 1),
@@ -64,31 +63,46 @@ def _spec(target: Model, proposer, k: int, prompt: str, params: SamplingParams, 
 
 
 def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Path | None = None, *,
-                      ks: Sequence[int] = (2, 3, 4, 5, 6), new_tokens: int = 128, repeats: int = 3,
-                      threads: int | None = 1, device: str = "cpu", dtype: str = "float32",
-                      ngram_ks: Sequence[int] = (2, 4, 6, 8), draft_prompt: str = DRAFT_PROMPT,
-                      copy_prompt: str = COPY_PROMPT) -> dict:
-    """Batch-1 greedy decode tokens/s: the target alone (layer 3's generate), target + draft
-    for each k in ks, and n-gram lookup for each k in ngram_ks on a copy-heavy prompt.
-    Defaults: the course target and draft. Each entry: tokens/s (median of `repeats`),
-    speed-up over the baseline of the same prompt, acceptance rate, tokens per round, ms
-    spent proposing and verifying per round, and whether the tokens equal plain greedy's."""
+                      ks: Sequence[int] = (2, 3, 4, 5, 6),
+                      dynamic: Sequence[tuple[int, float]] = ((3, 0.4), (4, 0.3)),
+                      ngram_ks: Sequence[int] = (2, 4, 6), prompts: dict[str, str] | None = None,
+                      copy_prompt: str = COPY_PROMPT, new_tokens: int = 128, repeats: int = 3,
+                      threads: int | None = 1, device: str = "cpu", dtype: str = "float32") -> dict:
+    """Batch-1 greedy decode tokens/s, per prompt: the target alone (layer 3's generate), the
+    draft alone, target + draft for each fixed k in ks and each (k, stop_below) in dynamic,
+    and n-gram lookup for each k in ngram_ks (on every prompt and on a copy-heavy one).
+    Defaults: the course target and draft. Each row: tokens/s (median of `repeats`), its
+    speed-up over the same prompt's baseline, acceptance rate, tokens per verify round, ms
+    proposing and verifying per round, and whether the tokens equal plain greedy's.
+    `summary` holds the geometric-mean speed-up of each configuration over the prompts."""
     if threads is not None:
         torch.set_num_threads(threads)
     target = load(target_dir or course_model_dir("target"), device=device, dtype=dtype)
     draft = load(draft_dir or course_model_dir("draft"), device=device, dtype=dtype)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    prompts = dict(prompts or PROMPTS)
     result: dict = {"device": str(target.device), "threads": torch.get_num_threads(), "dtype": dtype,
-                    "new_tokens": new_tokens, "repeats": repeats, "draft": [], "ngram": []}
-    for name, prompt, proposer, kk in (("draft", draft_prompt, draft, ks), ("ngram", copy_prompt, "ngram", ngram_ks)):
-        base, runs, ref = _baseline(target, prompt, params, repeats)
-        result[f"baseline_{name}_prompt"] = {"tokens_per_s": base, "runs_tokens_per_s": runs}
-        if name == "draft":
-            result["draft_alone_tokens_per_s"] = _baseline(draft, prompt, params, repeats)[0]
-        for k in kk:
-            entry = _spec(target, proposer, k, prompt, params, repeats, ref)
-            entry["speedup"] = entry["tokens_per_s"] / base
-            result[name].append(entry)
+                    "new_tokens": new_tokens, "repeats": repeats, "prompts": {}, "summary": {}}
+    configs = ([("draft", k, None) for k in ks] + [("draft", k, sb) for k, sb in dynamic]
+               + [("ngram", k, None) for k in ngram_ks])
+    for name, prompt in [*prompts.items(), ("copy", copy_prompt)]:
+        draft_rates = _rates(lambda m=draft, p=prompt: _greedy_rate(m, p, params), repeats)
+        rates = _rates(lambda m=target, p=prompt: _greedy_rate(m, p, params), repeats)
+        ref = target.generate_outputs([prompt], params)[0].token_ids
+        b = statistics.median(rates)
+        rows = []
+        for method, k, sb in configs:
+            if name == "copy" and method != "ngram":
+                continue
+            row = _spec_row(target, draft if method == "draft" else "ngram", k, sb, prompt, params, repeats, ref)
+            rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
+        result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,
+                                   "draft_tokens_per_s": statistics.median(draft_rates), "rows": rows}
+    for method, k, sb in configs:
+        ups = [r["speedup"] for p in result["prompts"].values() for r in p["rows"]
+               if (r["method"], r["k"], r["stop_below"]) == (method, k, sb)]
+        result["summary"][f"{method} k={k}" + (f" stop_below={sb}" if sb is not None else "")] = \
+            statistics.geometric_mean(ups)
     return result
 
 
@@ -96,13 +110,15 @@ def format_bench(result: dict) -> str:
     """A small text table of bench_speculative's result."""
     lines = [f"speculative decoding, batch 1 greedy, {result['new_tokens']} new tokens, device "
              f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, median of {result['repeats']}"]
-    for name in ("draft", "ngram"):
-        base = result[f"baseline_{name}_prompt"]["tokens_per_s"]
-        lines.append(f"  {name:5s} prompt: target alone {base:7.1f} tok/s"
-                     + (f"; draft alone {result['draft_alone_tokens_per_s']:.1f} tok/s" if name == "draft" else ""))
-        for e in result[name]:
-            lines.append(f"    k={e['k']}: {e['tokens_per_s']:7.1f} tok/s  x{e['speedup']:.2f}  accept "
-                         f"{e['acceptance_rate']:.2f}  tokens/round {e['mean_tokens_per_round']:.2f}  propose "
-                         f"{e['propose_ms_per_round']:.2f} ms + verify {e['verify_ms_per_round']:.2f} ms per round"
-                         + ("" if e["matches_greedy"] else "  (tokens differ from greedy!)"))
+    for name, p in result["prompts"].items():
+        lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "
+                     f"draft alone {p['draft_tokens_per_s']:.1f} tok/s")
+        for e in p["rows"]:
+            cfg = f"{e['method']} k={e['k']}" + (f" stop<{e['stop_below']}" if e["stop_below"] is not None else "")
+            lines.append(f"    {cfg:20s} {e['tokens_per_s']:6.1f} tok/s  x{e['speedup']:.2f}  accept "
+                         f"{e['acceptance_rate']:.2f}  tokens/round {e['mean_tokens_per_round']:.2f}  "
+                         f"{e['propose_ms_per_round']:.2f} ms propose + {e['verify_ms_per_round']:.2f} ms verify"
+                         + ("" if e["matches_greedy"] else "  (TOKENS DIFFER FROM GREEDY)"))
+    lines.append("  geometric-mean speed-up over the prompts: " + ", ".join(
+        f"{k}: x{v:.2f}" for k, v in result["summary"].items()))
     return "\n".join(lines)

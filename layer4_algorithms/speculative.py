@@ -18,7 +18,8 @@ trailing blocks that hold only rejected slots (the block manager's `truncate`).
 The round is built from functions an engine can call with its own (paged) cache:
 `Proposer.propose` -> `verify_input_ids` -> model(ids, ctx, cache) -> `verify_logits` ->
 `accept_proposals` -> roll back to `cached + 1 + num_accepted`. `SpeculativeDecoder` runs the
-rounds for a batch over layer 3's ContiguousKVCache and counts acceptance.
+rounds for a batch over layer 3's ContiguousKVCache and counts acceptance;
+`spec_engine.EngineSpeculator` runs the same functions inside `LLM`'s step over the paged cache.
 """
 from __future__ import annotations
 
@@ -239,13 +240,3 @@ class SpeculativeDecoder:
         stats.rounds += len(active)
         stats.proposed += int(proposal.num_tokens.sum())
         stats.accepted += sum(n_acc)
-
-
-def engine_speculator(llm, **config):
-    """The engine's factory: `LLM(..., speculative=dict(method="draft" | "ngram", k=4,
-    draft=None, ngram=(1, 4), stop_below=None))` -> a spec_engine.EngineSpeculator (engine.Speculator protocol)."""
-    from .spec_engine import (
-        EngineSpeculator,  # here, not at the top: spec_engine is the engine's side
-    )
-
-    return EngineSpeculator.for_engine(llm, **config)

@@ -181,3 +181,16 @@ def test_bad_arguments_are_named(target):
         SpeculativeDecoder(target, l3.Model(l3.random_model(cfg)))
     with pytest.raises(ValueError, match="max_position_embeddings"):
         SpeculativeDecoder(target, "ngram").generate(["ROMEO.\n"], l3.SamplingParams(max_tokens=600))
+
+
+def test_bench_speculative_reports_rates_and_acceptance():
+    from layer4_algorithms.spec_bench import bench_speculative, format_bench
+
+    r = bench_speculative(ks=(2,), dynamic=((3, 0.4),), ngram_ks=(2,), prompts={"romeo": "ROMEO.\n"},
+                          copy_prompt="ROMEO.\nROMEO.\n", new_tokens=8, repeats=1, threads=None)
+    rows = r["prompts"]["romeo"]["rows"]
+    assert [(x["method"], x["k"], x["stop_below"]) for x in rows] == [("draft", 2, None), ("draft", 3, 0.4),
+                                                                       ("ngram", 2, None)]
+    assert all(x["matches_greedy"] and x["tokens_per_s"] > 0 and x["speedup"] > 0 for x in rows)
+    assert r["prompts"]["romeo"]["target_tokens_per_s"] > 0 and set(r["prompts"]) == {"romeo", "copy"}
+    assert "draft k=2" in r["summary"] and "geometric-mean" in format_bench(r)

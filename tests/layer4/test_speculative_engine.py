@@ -116,7 +116,7 @@ def test_spec_config_is_checked():
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_llm_with_speculative_config_equals_plain_greedy(target, method):
     """The engine's own step loop: LLM(speculative=...) builds the EngineSpeculator through
-    speculative.engine_speculator."""
+    spec_engine.EngineSpeculator.for_engine."""
     from layer4_algorithms import LLM
 
     params = [l3.SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),

@@ -22,6 +22,7 @@ import torch
 
 from . import group
 from .p2p import DTYPES, KINDS, check_device, dtype_code, exchange, exchange_headers
+from .tuning import current as current_tuning
 
 
 def all_to_all(tensor: torch.Tensor, send_splits: Sequence[int]) -> torch.Tensor:
@@ -43,10 +44,11 @@ def all_to_all(tensor: torch.Tensor, send_splits: Sequence[int]) -> torch.Tensor
     row = 1
     for d in rest:
         row *= d
-    # Header: (collective, rows for you, dtype, row length, ndim, 0). The receiver learns its
-    # sizes from field 1 and checks the rest.
-    kind = KINDS.index("all_to_all")
-    mine = [kind, 0, dtype_code(tensor.dtype), row, tensor.dim(), 0]  # padded to the header size
+    # Header: (collective, rows for you, dtype, row length, ndim, lanes). The receiver learns
+    # its sizes from field 1 and checks the rest. Unlike the other collectives' header this
+    # one is needed even with checks off: it carries the sizes.
+    kind, lanes = KINDS.index("all_to_all"), current_tuning().lanes
+    mine = [kind, 0, dtype_code(tensor.dtype), row, tensor.dim(), lanes, 0]  # the header's size
     theirs = exchange_headers({j: mine[:1] + [splits[j]] + mine[2:] for j in range(p) if j != me},
                               what="all_to_all")
     for j, h in theirs.items():
@@ -55,7 +57,9 @@ def all_to_all(tensor: torch.Tensor, send_splits: Sequence[int]) -> torch.Tensor
             raise ValueError(f"all_to_all: rank {me} sends rows of {row} elements of "
                              f"{tensor.dtype} ({tensor.dim()}-d), but rank {j} sends rows of "
                              f"{h[3]} elements of {dt} ({h[4]}-d)"
-                             + ("" if h[0] == kind else f" from a different collective (#{h[0]})"))
+                             + ("" if h[0] == kind else f" from a different collective (#{h[0]})")
+                             + ("" if h[5] == lanes else f" (lanes {lanes} vs {h[5]}: tuning differs)"))
+    group.lane_groups(lanes)  # every rank passes here: make the lane groups on first use
     recv_splits = [splits[me] if j == me else theirs[j][1] for j in range(p)]
 
     src = tensor.contiguous()

@@ -13,6 +13,8 @@ rank is, so each iteration's time is the maximum over ranks; we report the media
 input, each rank's whole all-to-all send buffer. ``ours=True`` times this package's
 send/recv collectives, ``ours=False`` torch.distributed's built-in on the same buffers.
 Every size is first checked once, on integer-valued data, against the exact answer.
+Above 256 MiB each call takes milliseconds and the median settles quickly, so the number
+of timed runs shrinks with the size (``iters_at``), which keeps a sweep to 1 GiB short.
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ from layer1_kernels import time_fn
 from .all_to_all import all_to_all
 from .chain import broadcast_chain
 from .cost_model import busbw, collective_of
-from .group import device
+from .group import barrier, device
 from .hierarchical import hierarchical_all_reduce
+from .overlap import overlap_on_rank
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .tree import broadcast_tree, tree_all_reduce
 
@@ -93,12 +96,15 @@ def _buffers(kind: str, count: int, world: int, me: int, dev, dtype) -> tuple[di
     return {"x": x, "out": torch.empty(count, device=dev, dtype=dtype)}, expected
 
 
-def barrier(dev: torch.device) -> None:
-    """dist.barrier, told which GPU this rank drives under NCCL (else it has to guess)."""
-    if dev.type == "cuda":
-        dist.barrier(device_ids=[dev.index or 0])
-    else:
-        dist.barrier()
+LARGE_BYTES = 256 << 20  # from here up, fewer timed runs
+
+
+def iters_at(nbytes: int, iters: int, warmup: int) -> tuple[int, int]:
+    """(timed runs, warm-up runs) for one size: as asked up to LARGE_BYTES, then fewer in
+    proportion to the size (at least 5 timed, or ``iters`` if that is smaller)."""
+    if nbytes <= LARGE_BYTES:
+        return iters, warmup
+    return max(min(iters, 5), iters * LARGE_BYTES // nbytes), min(warmup, 2)
 
 
 def time_collective(fn: Callable[[], object], iters: int, warmup: int, dev) -> list[float]:
@@ -158,8 +164,8 @@ def sweep(collective: str, sizes: Sequence[int], *, ours: bool, iters: int = 20,
                 return b.get("out", b["x"])
         ok = bool(torch.equal(call(), expected))
         ok = _all_ranks_agree(ok, dev)
-        median = statistics.median(time_collective(call, iters, warmup, dev))
         real_bytes = count * elsize
+        median = statistics.median(time_collective(call, *iters_at(real_bytes, iters, warmup), dev))
         algbw = real_bytes / median if median > 0 else float("inf")
         rows.append({
             "collective": kind, "algorithm": algorithm if ours else f"torch.{kind}",
@@ -198,7 +204,7 @@ def ping_pong(sizes: Sequence[int], *, iters: int = 20, warmup: int = 5) -> list
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
-        t = statistics.median(time_collective(round_trip, iters, warmup, dev))
+        t = statistics.median(time_collective(round_trip, *iters_at(buf.numel(), iters, warmup), dev))
         rows.append({"bytes": buf.numel(), "time_s": t / 2})
     return rows
 
@@ -206,16 +212,19 @@ def ping_pong(sizes: Sequence[int], *, iters: int = 20, warmup: int = 5) -> list
 BENCH_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def bench_rank(sizes: list[int], iters: int, warmup: int) -> dict | None:
+def bench_rank(sizes: list[int], iters: int, warmup: int, overlap: dict | None = None) -> dict | None:
     """`stack bench`'s work on each rank: ours and built-in for BENCH_COLLECTIVES, our
-    tree all-reduce, and a ping-pong. Rank 0 returns {"rows", "ping_pong"}, others None."""
+    tree all-reduce, a ping-pong and, given ``overlap`` (overlap_on_rank's keyword
+    arguments), the overlap measurement. Rank 0 returns {"rows", "ping_pong", "overlap"},
+    others None."""
     rows = []
     for collective in BENCH_COLLECTIVES:
         rows += sweep(collective, sizes, ours=True, iters=iters, warmup=warmup)
         rows += sweep(collective, sizes, ours=False, iters=iters, warmup=warmup)
     rows += sweep("tree_all_reduce", sizes, ours=True, iters=iters, warmup=warmup)
     ping = ping_pong(sizes, iters=iters, warmup=warmup)
-    return {"rows": rows, "ping_pong": ping} if dist.get_rank() == 0 else None
+    hidden = overlap_on_rank(**overlap) if overlap is not None else None
+    return {"rows": rows, "ping_pong": ping, "overlap": hidden} if dist.get_rank() == 0 else None
 
 
 def measured_crossover(rows: list[dict]) -> int | None:

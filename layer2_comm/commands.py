@@ -3,7 +3,10 @@
 `run`: every collective of this layer on N ranks, checked exactly against
 torch.distributed's built-in on integer-valued data and timed beside it.
 `bench`: the nccl-tests-style sweep (ours vs built-in), a ping-pong fitted to the
-alpha-beta model, predicted vs measured, and the ring/tree crossover.
+alpha-beta model, predicted vs measured, the ring/tree crossover, and the overlap of an
+all-reduce with matmuls.
+`tune` (``python -m layer2_comm.commands tune``): the knobs of tuning.py measured — the
+ring step's bandwidth per lane count, ours per (lanes, piece size), the header check's cost.
 """
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ from .hierarchical import hierarchical_all_reduce
 from .launch import launch
 from .plots import (
     SIDE_BY_SIDE,
+    gbs,
     human,
     markdown,
     pairs,
@@ -41,9 +45,12 @@ from .plots import (
 )
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .tree import broadcast_tree, tree_all_reduce
+from .tune import ONE_PIECE, best_configs, tune_rank
 
 TITLE = "communication"
 console = Console()
+if not console.is_terminal:  # piped output (logs, tests) would wrap every cell at 80 columns
+    console = Console(width=160)
 _gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -197,20 +204,24 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-bytes", type=int, default=8)
     parser.add_argument("--factor", type=int, help="size step (default 2 with NCCL, 4 on gloo)")
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
+    parser.add_argument("--no-overlap", action="store_true", help="skip the overlap measurement")
     args = parser.parse_args(argv or [])
     world, backend = _world_and_backend(args.world, args.backend)
     gpu = backend == "nccl"
     sizes = default_sizes(args.max_bytes or (1 << 30 if gpu else 4 << 20), args.min_bytes,
                           args.factor or (2 if gpu else 4))
     iters = args.iters or (20 if gpu else 5)
+    # The overlap measurement: its GPU defaults (256 MiB against 4096^2 matmuls), or a small one on CPU.
+    overlap = None if args.no_overlap else (
+        {} if gpu else {"comm_bytes": 1 << 20, "matmul_n": 128, "iters": 3, "warmup": 1})
     console.print(f"[bold]Layer 2 bench[/bold]: {world} ranks, {backend}, {len(sizes)} sizes "
-                  f"{sizes[0]} B .. {sizes[-1]:,} B, {iters} iterations each")
+                  f"{sizes[0]} B .. {sizes[-1]:,} B, {iters} iterations each (fewer above 256 MiB)")
     with console.status("sweeping (every rank busy)..."):
-        result = _on_ranks(bench_rank, world, sizes, iters, max(1, iters // 4), backend=backend,
-                           timeout_s=args.timeout)[0]
+        result = _on_ranks(bench_rank, world, sizes, iters, max(1, iters // 4), overlap,
+                           backend=backend, timeout_s=args.timeout)[0]
     if result is None:
         return 0
-    rows, ping = result["rows"], result["ping_pong"]
+    rows, ping, hidden = result["rows"], result["ping_pong"], result["overlap"]
     ab = fit_alpha_beta([p["bytes"] for p in ping], [p["time_s"] for p in ping])
     predicted = [{"algorithm": alg, "bytes": r["bytes"], "time_s": predict(alg, r["bytes"], world, ab)}
                  for alg in ("ring_all_reduce", "tree_all_reduce")
@@ -232,7 +243,9 @@ def bench(argv: list[str] | None = None) -> int:
               "torch": info.torch_version, "nccl": info.nccl_version, "gpu_links": _gpu_links(info.topology) if gpu else None,
               "alpha_s": ab.alpha_s, "beta_s_per_byte": ab.beta_s_per_byte,
               "crossover_predicted_bytes": model_x, "crossover_measured_bytes": measured_x,
-              "rows": rows, "predicted": predicted, "ping_pong": ping}
+              "rows": rows, "predicted": predicted, "ping_pong": ping, "overlap": hidden}
+    if hidden is not None:
+        _print_overlap(hidden)
     if record["gpu_links"]:
         console.print("GPU links (nvidia-smi topo -m): " + ", ".join(f"{k} {v}" for k, v in record["gpu_links"].items()))
     (out / "bench.json").write_text(json.dumps(record, indent=2, default=str))
@@ -243,7 +256,87 @@ def bench(argv: list[str] | None = None) -> int:
     plot_busbw(rows, out / "busbw.png", f"bus bandwidth, {title}")
     for name in ("bench.json", "bench.md", "time_vs_size.png", "busbw.png"):
         console.print(f"wrote {out / name}")
-    return 0 if all(r["ok"] for r in rows) else 1
+    return 0 if all(r["ok"] for r in rows) and (hidden is None or hidden["correct"]) else 1
+
+
+def tune(argv: list[str] | None = None) -> int:
+    """Measure pieces, lanes and the header check at the sizes that matter (see tune.py)."""
+    parser = _parser("python -m layer2_comm.commands tune", tune.__doc__)
+    parser.add_argument("--sizes", default=None,
+                        help="comma-separated bytes (default 67108864,268435456 with NCCL, 4194304 on gloo)")
+    parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
+    args = parser.parse_args(argv or [])
+    world, backend = _world_and_backend(args.world, args.backend)
+    gpu = backend == "nccl"
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([64 << 20, 256 << 20] if gpu else [4 << 20])
+    iters = args.iters or (10 if gpu else 3)
+    lanes_grid, chunk_grid = ((1, 2, 4), (16 << 20, 32 << 20, 64 << 20, ONE_PIECE)) if gpu \
+        else ((1, 2), (1 << 20, ONE_PIECE))  # a quick look on CPU
+    console.print(f"[bold]Layer 2 tune[/bold]: {world} ranks, {backend}, sizes {[human(s) for s in sizes]}")
+    with console.status("measuring (every rank busy)..."):
+        result = _on_ranks(tune_rank, world, sizes, iters, max(1, iters // 3), lanes_grid, chunk_grid,
+                           backend=backend, timeout_s=args.timeout)[0]
+    if result is None:
+        return 0
+    _print_tune(result)
+    out = args.out or results_dir(2)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tune.json").write_text(json.dumps({"world": world, "backend": backend, **result}, indent=2, default=str))
+    console.print(f"wrote {out / 'tune.json'}")
+    return 0 if all(r["ok"] for r in result["configs"] + result["check"]) else 1
+
+
+def _chunk(row: dict) -> str:
+    return "whole" if row["chunk_bytes"] is None else human(row["chunk_bytes"])
+
+
+def _print_tune(result: dict) -> None:
+    table = Table(title="one ring step (send a segment right, receive one from the left)")
+    for column in ("segment", "lanes", "us", "GB/s each way"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for r in result["steps"]:
+        table.add_row(human(r["bytes"]), str(r["lanes"]), us(r["time_s"]), f"{r['bytes_per_s'] / 1e9:.1f}")
+    console.print(table)
+    ref = {(r["collective"], r["bytes"]): r for r in result["reference"]}
+    table = Table(title="ours per (lanes, piece size) vs torch.distributed; host = time for a call to return")
+    for column in ("collective", "size", "lanes", "pieces of", "n", "ours us", "host us", "busbw GB/s", "ratio"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for r in result["configs"]:
+        t = ref.get((r["collective"], r["bytes"]))
+        ratio = f"{r['busbw'] / t['busbw']:.2f}" if t and t["busbw"] else "-"
+        table.add_row(r["collective"], human(r["bytes"]), str(r["lanes"]), _chunk(r), str(r["pieces"]),
+                      us(r["time_s"]), us(r["host_s"]), gbs(r["busbw"]), ratio + ("" if r["ok"] else " WRONG"))
+    console.print(table)
+    for b in best_configs(result):
+        t, best, default = b["torch"], b["best"], b["default"]
+        line = f"{b['collective']} {human(b['bytes'])}: best lanes={best['lanes']}, pieces of {_chunk(best)}"
+        if t and t["busbw"]:
+            line += f" {best['busbw'] / t['busbw']:.2f}x built-in"
+            if default:
+                line += f"; default {default['busbw'] / t['busbw']:.2f}x"
+        console.print(line)
+    by = {}
+    for r in result["check"]:
+        by.setdefault(r["bytes"], {})["torch" if r["impl"] == "torch" else ("on" if r["check"] else "off")] = r["time_s"]
+    console.print("header check (all-reduce, us): " + "; ".join(
+        f"{human(b)}: on {us(v.get('on', 0))}, off {us(v.get('off', 0))}, built-in {us(v.get('torch', 0))}"
+        for b, v in sorted(by.items())))
+
+
+def _print_overlap(o: dict) -> None:
+    """One line per variant: comm alone, compute alone, both, and the share of comm hidden."""
+    console.print(f"overlap: {human(o['comm_bytes'])} all-reduce vs {o['matmul_n']}^2 "
+                  f"{o['matmul_dtype']} matmuls ({o['backend']}); "
+                  f"efficiency = (t_comp + t_comm - t_both) / min(t_comp, t_comm)"
+                  + ("" if o["correct"] else " [red]WRONG RESULT"))
+    variants = [("async handle", "", o.get("efficiency"), o.get("t_both_s"))]
+    if "side_stream_efficiency" in o:
+        variants.append(("side stream", "", o["side_stream_efficiency"], o["t_both_side_stream_s"]))
+    if "lean_efficiency" in o:
+        variants.append((f"<= {o['lean_ctas']} CTAs", "lean_", o["lean_efficiency"], o["lean_t_both_s"]))
+    for name, key, eff, both in variants:
+        console.print(f"  {name:>13}: comm {us(o[key + 't_comm_s'])} us, compute {us(o[key + 't_comp_s'])} us "
+                      f"({o[key + 'matmuls']} matmuls), both {us(both)} us -> {eff:.0%} of comm hidden")
 
 
 def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
@@ -275,6 +368,7 @@ def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
             f"{kind} {ratio:.2f} at {human(b)}" for kind, (b, ratio) in at.items()))
 
 
-if __name__ == "__main__":  # python -m layer2_comm.commands [run|bench] [options]; torchrun too
-    command = bench if sys.argv[1:2] == ["bench"] else run
-    sys.exit(command(sys.argv[2:] if sys.argv[1:2] in (["run"], ["bench"]) else sys.argv[1:]))
+if __name__ == "__main__":  # python -m layer2_comm.commands [run|bench|tune] [options]; torchrun too
+    commands = {"run": run, "bench": bench, "tune": tune}
+    name = sys.argv[1] if sys.argv[1:2] and sys.argv[1] in commands else "run"
+    sys.exit(commands[name](sys.argv[2:] if sys.argv[1:2] == [name] else sys.argv[1:]))

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import torch
 
-from . import group
+from . import group, tuning
 from .p2p import agree, check_op, flat, ring_neighbours, segment_bounds, write_back
-from .ring import all_gather_phase, reduce_scatter_phase
+from .ring import all_gather_stage, reduce_scatter_stage, run_pipeline
 from .tree import binomial_broadcast, binomial_peers, binomial_reduce
 
 
@@ -52,16 +52,17 @@ def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int, op: str =
     peers = [members[c] for c in children] + ([] if parent is None else [members[parent]])
     if me in leaders:
         peers += list(ring_neighbours(leaders, me))
+    pieces = tuning.current().pieces(-(-work.numel() // len(leaders)) * work.element_size())
     agree("hierarchical_all_reduce", work, peers, op=op,
-          params=[("ranks_per_node", ranks_per_node)])
+          params=[("ranks_per_node", ranks_per_node), ("pieces", pieces)])
 
     summed = "sum" if op == "avg" else op
     binomial_reduce(work, summed, members, 0)
-    if me in leaders:
+    if me in leaders and len(leaders) > 1:  # the same pipelined ring as ring_all_reduce
         bounds = segment_bounds(work.numel(), len(leaders))
-        reduce_scatter_phase(work, summed, leaders, bounds)
-        all_gather_phase(work, leaders, bounds, tag=len(leaders))
-        if op == "avg":
-            work.div_(p)
+        run_pipeline([reduce_scatter_stage(work, summed, leaders, bounds, pieces),
+                      all_gather_stage(work, leaders, bounds, pieces)], depth=pieces)
+    if me in leaders and op == "avg":
+        work.div_(p)
     binomial_broadcast(work, members, 0)
     return write_back(tensor, work)

@@ -6,20 +6,32 @@ micro-batch in tensor-parallel decoding). Start the all-reduce without waiting f
 (``async_op=True`` returns a work handle; on GPUs NCCL runs it on its own internal
 stream), run the matmuls on the default stream, then ``work.wait()``. Three times:
 
-    t_comp  the matmuls alone          t_comm  the all-reduce alone
+    t_comm  the all-reduce alone          t_comp  the matmuls alone
     t_both  both, overlapped
     overlap efficiency = (t_comp + t_comm - t_both) / min(t_comp, t_comm)
 
-1.0 means the shorter of the two was hidden entirely; 0 means they ran one after the
-other; below 0, running them together slowed both down (they fought over the same cores). The number of matmuls is calibrated so ``t_comp ~ t_comm``, which makes the
-efficiency the fraction of communication hidden. On a GPU they compete for SMs and HBM
-(NCCL's kernels use a few SMs), so the best case is a little under 1. On a CPU with
-gloo both need the same few cores, so on a 2-core laptop expect little overlap.
-On CUDA a second variant issues the blocking all-reduce inside ``torch.cuda.stream(side)``
-— the "separate CUDA stream" way — and is reported as ``side_stream_efficiency``.
+The number of matmuls is calibrated so that t_comp >= t_comm (rounded up, the same on
+every rank), so min() is t_comm and the efficiency is **the share of the communication
+hidden**: 1.0 = all of it, 0 = they ran one after the other, below 0 = running them
+together slowed both down (on a CPU they fight over the same cores).
+
+Why a GPU stays a little under 1: NCCL's kernels hold SMs for the whole all-reduce (one
+thread block per channel: 16-32 of an H200's 132), so the matmul runs on the rest, ~20%
+slower while they overlap, and that slowdown is time the overlap did not save. Three
+variants show it:
+- ``efficiency``: the async handle, as above;
+- ``side_stream_efficiency`` (CUDA): the blocking all-reduce issued inside
+  ``torch.cuda.stream(side)`` — the "separate CUDA stream" way; the same thing underneath;
+- ``lean_efficiency`` (CUDA): the all-reduce on a process group whose NCCL communicator may
+  use at most ``lean_ctas`` thread blocks (``ProcessGroupNCCL.Options().config.max_ctas``):
+  alone it is slower (fewer SMs move the data), but it takes fewer SMs from the matmul, so
+  more of it hides. Frameworks turn this knob (``NCCL_MAX_CTAS``, per-group options) when
+  communication is meant to run under compute, and leave NCCL all the SMs when it is not.
+On a CPU with gloo both need the same few cores, so on a 2-core laptop expect little overlap.
 """
 from __future__ import annotations
 
+import math
 import os
 import statistics
 import time
@@ -28,8 +40,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .bandwidth import barrier
-from .group import device
+from .group import barrier, device
 from .launch import launch
 
 
@@ -54,12 +65,57 @@ def _timed(fn: Callable[[], object], iters: int, warmup: int, dev: torch.device)
     return statistics.median(t.tolist())
 
 
+def _lean_group(ctas: int):
+    """A process group whose NCCL communicator uses at most ``ctas`` thread blocks, or None
+    where this torch cannot say so. Every rank calls it (new_group is collective)."""
+    options = getattr(getattr(dist, "ProcessGroupNCCL", None), "Options", None)
+    if options is None:
+        return None
+    try:
+        opts = options()
+        opts.config.max_ctas = ctas
+        opts.config.min_ctas = 1
+    except (AttributeError, TypeError, RuntimeError):  # an older torch without NCCL's config
+        return None
+    return dist.new_group(backend="nccl", pg_options=opts)
+
+
+def _agreed(count: int, dev: torch.device) -> int:
+    """The largest of every rank's ``count`` (at least 1), so all ranks run the same work."""
+    t = torch.tensor([max(1, count)], device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _overlapped(x: torch.Tensor, matmuls: Callable[[int], None], dev: torch.device, iters: int,
+                warmup: int, t_one: float, group=None) -> dict:
+    """t_comm, t_comp (>= t_comm), t_both and the efficiency for one way of all-reducing x."""
+    t_comm = _timed(lambda: dist.all_reduce(x, group=group), iters, warmup, dev)
+    # Enough matmuls to cover the all-reduce, so that min(t_comp, t_comm) is the communication.
+    # Timings are the slowest rank's, the same everywhere, so every rank takes the same branch.
+    reps = _agreed(math.ceil(t_comm / t_one), dev)
+    t_comp = _timed(lambda: matmuls(reps), iters, warmup, dev)
+    if t_comp < t_comm:  # a run of matmuls went faster than one alone suggested: once more
+        reps = _agreed(max(reps + 1, math.ceil(reps * t_comm / t_comp)), dev)
+        t_comp = _timed(lambda: matmuls(reps), iters, warmup, dev)
+
+    def both() -> None:
+        work = dist.all_reduce(x, group=group, async_op=True)  # returns at once; the reduce proceeds
+        matmuls(reps)
+        work.wait()
+
+    t_both = _timed(both, iters, warmup, dev)
+    return {"t_comm_s": t_comm, "t_comp_s": t_comp, "t_both_s": t_both, "matmuls": reps,
+            "efficiency": efficiency(t_comp, t_comm, t_both), "both": both}
+
+
 def overlap_on_rank(comm_bytes: int | None = None, matmul_n: int | None = None,
-                    iters: int = 5, warmup: int = 2) -> dict:
+                    iters: int = 5, warmup: int = 2, lean_ctas: int = 8) -> dict:
     """Measure overlap on this rank of an initialized process group (call on every rank).
 
     Defaults: a 256 MiB fp32 all-reduce against 4096^2 bf16 matmuls on CUDA; a 4 MiB
-    all-reduce against 192^2 fp32 matmuls on CPU.
+    all-reduce against 192^2 fp32 matmuls on CPU. ``lean_ctas``: the thread-block limit of
+    the lean variant (CUDA only; 0 skips it).
     """
     dev = device()
     cuda = dev.type == "cuda"
@@ -79,29 +135,18 @@ def overlap_on_rank(comm_bytes: int | None = None, matmul_n: int | None = None,
         for _ in range(reps):
             torch.matmul(a, b, out=c)
 
-    t_comm = _timed(lambda: dist.all_reduce(x), iters, warmup, dev)
     t_one = _timed(lambda: matmuls(1), iters, warmup, dev)
-    # Same count on every rank (max), so no rank waits on another's extra matmuls.
-    reps = torch.tensor([max(1, round(t_comm / t_one))], device=dev)
-    dist.all_reduce(reps, op=dist.ReduceOp.MAX)
-    reps = int(reps.item())
-    t_comp = _timed(lambda: matmuls(reps), iters, warmup, dev)
-
-    def both() -> None:
-        work = dist.all_reduce(x, async_op=True)  # returns at once; the reduce proceeds
-        matmuls(reps)
-        work.wait()
-
-    t_both = _timed(both, iters, warmup, dev)
+    plain = _overlapped(x, matmuls, dev, iters, warmup, t_one)
+    both = plain.pop("both")
     out = {
         "backend": dist.get_backend(), "device": str(dev), "world": world, "rank": me,
         "comm_bytes": x.numel() * 4, "matmul_n": n, "matmul_dtype": str(dtype).removeprefix("torch."),
-        "matmuls": reps, "t_comm_s": t_comm, "t_comp_s": t_comp, "t_both_s": t_both,
-        "efficiency": efficiency(t_comp, t_comm, t_both),
-        "cpu_threads": torch.get_num_threads(),
+        **plain, "cpu_threads": torch.get_num_threads(),
     }
     if cuda:
+        out["sms"] = torch.cuda.get_device_properties(dev).multi_processor_count
         side = torch.cuda.Stream(device=dev)
+        reps = plain["matmuls"]
 
         def both_side_stream() -> None:
             side.wait_stream(torch.cuda.current_stream(dev))  # x is ready before the reduce reads it
@@ -111,7 +156,12 @@ def overlap_on_rank(comm_bytes: int | None = None, matmul_n: int | None = None,
             torch.cuda.current_stream(dev).wait_stream(side)
 
         out["t_both_side_stream_s"] = t = _timed(both_side_stream, iters, warmup, dev)
-        out["side_stream_efficiency"] = efficiency(t_comp, t_comm, t)
+        out["side_stream_efficiency"] = efficiency(plain["t_comp_s"], plain["t_comm_s"], t)
+        lean = _lean_group(lean_ctas) if lean_ctas > 0 else None
+        if lean is not None:
+            measured = _overlapped(x, matmuls, dev, iters, warmup, t_one, group=lean)
+            measured.pop("both")
+            out.update({f"lean_{k}": v for k, v in measured.items()}, lean_ctas=lean_ctas)
     out["correct"] = _check(x, both, a, b, c, world, me)
     return out
 
@@ -134,7 +184,7 @@ def efficiency(t_comp: float, t_comm: float, t_both: float) -> float:
 
 
 def overlap_demo(world_size: int | None = None, *, comm_bytes: int | None = None,
-                 matmul_n: int | None = None, iters: int = 5, warmup: int = 2,
+                 matmul_n: int | None = None, iters: int = 5, warmup: int = 2, lean_ctas: int = 8,
                  backend: str = "auto", timeout_s: float = 180.0) -> dict:
     """Run the overlap measurement; returns rank 0's dict plus every rank's efficiency.
 
@@ -142,7 +192,7 @@ def overlap_demo(world_size: int | None = None, *, comm_bytes: int | None = None
     launches ``world_size`` ranks: default every GPU (NCCL) when there are two or more,
     else 2 gloo ranks on the CPU.
     """
-    args = (comm_bytes, matmul_n, iters, warmup)
+    args = (comm_bytes, matmul_n, iters, warmup, lean_ctas)
     if dist.is_available() and dist.is_initialized():
         return overlap_on_rank(*args)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0

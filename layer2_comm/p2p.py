@@ -6,13 +6,23 @@
 - `reduce_into(out, a, b, op)`: out = a (+ or max) b, for float and integer dtypes.
 - `exchange(sends, recvs)`: post sends and receives together with `batch_isend_irecv`
   (a ring step sends to one neighbour while receiving from the other; two blocking
-  `send`s facing each other could wait forever) and return a handle whose `wait()`
-  has a timeout and says which peers did not answer.
-- `agree(...)`: before any data moves, each rank swaps a six-number header (collective,
-  numel, dtype, op, two parameters such as chunks or src) with the ranks it will talk
-  to. Gloo happily receives 10 elements into an 11-element buffer and corrupts the result, so a
-  mismatch is caught here and raises ValueError on both sides of every disagreeing pair.
-  It costs one latency (alpha) per collective, not one per message.
+  `send`s facing each other could wait forever; NCCL runs one batch as one group, in one
+  kernel) and return a handle whose `wait()` has a timeout and says which peers did not
+  answer. A message of at least `stripe_min_bytes` is split over `lanes` process groups
+  (tuning.py): each part is its own message on its own communicator, and both sides cut it
+  the same way because both know its size.
+- `agree(...)`: before any data moves, each rank swaps a seven-number header (collective,
+  numel, dtype, op, lanes, two parameters such as pieces or src) with the ranks it will talk
+  to. Gloo happily receives 10 elements into an 11-element buffer and corrupts the result,
+  and NCCL waits forever for the missing element, so a mismatch is caught here and raises
+  ValueError on both sides of every disagreeing pair. The headers are CPU tensors on a gloo
+  group (`group.control_group()`): comparing them never waits for the GPU, which keeps
+  working through whatever was queued before. It costs one host round trip per collective,
+  not one per message; `tuning.override(check=False)` skips it.
+
+On NCCL nothing here waits for the GPU on the host: `Pending.wait()` only makes the
+current CUDA stream wait for the communicators' streams, so the host runs ahead and queues
+the whole collective while the GPU works.
 """
 from __future__ import annotations
 
@@ -22,14 +32,15 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import group
+from . import group, tuning
 
 OPS = ("sum", "max", "avg")
 KINDS = ("ring_all_reduce", "tree_all_reduce", "ring_all_gather", "ring_reduce_scatter",
          "broadcast_tree", "broadcast_chain", "all_to_all", "hierarchical_all_reduce")
 DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
           torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
-HEADER_PARAMS = 2  # named integer parameters a header carries (chunks, src, ...)
+HEADER_PARAMS = 2  # named integer parameters a header carries (pieces, src, ...)
+HEADER_SIZE = 5 + HEADER_PARAMS  # kind, numel, dtype, op, lanes, then the parameters
 HEADER_TAG = 1 << 20  # keeps headers apart from data messages (tags 0, 1, 2, ...) on gloo
 
 
@@ -78,15 +89,14 @@ def write_back(tensor: torch.Tensor, work: torch.Tensor) -> torch.Tensor:
 class Pending:
     """Posted sends/receives; `wait()` finishes them all or raises within the timeout."""
 
-    def __init__(self, works: list, peers: set[int], what: str) -> None:
-        self.works, self.peers, self.what = works, peers, what
+    def __init__(self, works: list, peers: set[int], what: str, nccl: bool) -> None:
+        self.works, self.peers, self.what, self.nccl = works, peers, what, nccl
 
     def wait(self) -> None:
-        nccl = group.backend() == "nccl"
         limit = group.timeout_s()
         for work in self.works:
             try:
-                if nccl:  # the NCCL watchdog enforces the timeout; wait() only orders streams
+                if self.nccl:  # the NCCL watchdog enforces the timeout; wait() only orders streams
                     work.wait()
                 else:
                     work.wait(timeout=timedelta(seconds=limit))
@@ -99,33 +109,63 @@ class Pending:
         self.works = []
 
 
+def stripe(tensor: torch.Tensor, lanes: int, min_bytes: int) -> list[torch.Tensor]:
+    """One message's parts, one per lane: slices of the flat tensor cut like segment_bounds.
+
+    Below ``min_bytes``, or with one lane, the whole message goes on lane 0. Parts may be
+    empty (fewer elements than lanes); `exchange` skips those on both sides.
+    """
+    if lanes == 1 or tensor.numel() * tensor.element_size() < min_bytes:
+        return [tensor]
+    whole = tensor.view(-1)  # messages are contiguous slices: a view, never a copy
+    return [whole[a:b] for a, b in segment_bounds(whole.numel(), lanes)]
+
+
 def exchange(sends: Iterable[tuple], recvs: Iterable[tuple], *, tag: int = 0,
              what: str = "transfer") -> Pending:
-    """Post every send (tensor, dst[, tag]) and receive (buffer, src[, tag]) in one batch.
+    """Post every send (tensor, dst[, tag]) and receive (buffer, src[, tag]) at once.
 
     Empty tensors are skipped: both sides know every size (after `agree`), so both skip the
     same messages. Tags default to `tag`; on gloo a receive matches only a send with its tag.
+    Each lane's messages go in one `batch_isend_irecv` (one NCCL group call, one kernel).
     """
-    ops = [dist.P2POp(dist.isend, t[0], t[1], tag=t[2] if len(t) > 2 else tag)
-           for t in sends if t[0].numel()]
-    ops += [dist.P2POp(dist.irecv, t[0], t[1], tag=t[2] if len(t) > 2 else tag)
-            for t in recvs if t[0].numel()]
-    works = dist.batch_isend_irecv(ops) if ops else []
-    return Pending(list(works), {op.peer for op in ops}, what)
+    t = tuning.current()
+    lanes = group.lane_groups(t.lanes)
+    batches: list[list] = [[] for _ in lanes]
+    peers = set()
+    for op, messages in ((dist.isend, sends), (dist.irecv, recvs)):
+        for message in messages:
+            tensor, peer = message[0], message[1]
+            if not tensor.numel():
+                continue
+            peers.add(peer)
+            label = message[2] if len(message) > 2 else tag
+            for lane, part in enumerate(stripe(tensor, len(lanes), t.stripe_min_bytes)):
+                if part.numel():
+                    batches[lane].append(dist.P2POp(op, part, peer, group=lanes[lane], tag=label))
+    works = []
+    for batch in batches:
+        if batch:
+            works += dist.batch_isend_irecv(batch)
+    return Pending(works, peers, what, nccl=group.backend() == "nccl")
 
 
 def exchange_headers(headers: dict[int, Sequence[int]], what: str) -> dict[int, list[int]]:
-    """Send headers[peer] to each peer and return what each peer sent back to us."""
-    dev = group.device()
+    """Send headers[peer] to each peer and return what each peer sent back to us.
+
+    CPU tensors on the control group (gloo): no GPU work, no GPU wait.
+    """
+    control = group.control_group()
     # One length for every header, so that even two different collectives meeting by
     # mistake exchange well-formed headers (and the kind field tells them apart).
-    size = 4 + HEADER_PARAMS
-    mine = {p: torch.tensor((list(h) + [0] * size)[:size], dtype=torch.int64, device=dev)
+    mine = {p: torch.tensor((list(h) + [0] * HEADER_SIZE)[:HEADER_SIZE], dtype=torch.int64)
             for p, h in headers.items()}
     theirs = {p: torch.empty_like(t) for p, t in mine.items()}
-    exchange(((t, p) for p, t in mine.items()), ((t, p) for p, t in theirs.items()),
-             tag=HEADER_TAG, what=f"{what} (header)").wait()
-    return {p: [int(x) for x in t.tolist()] for p, t in theirs.items()}
+    ops = [dist.P2POp(dist.isend, t, p, group=control, tag=HEADER_TAG) for p, t in mine.items()]
+    ops += [dist.P2POp(dist.irecv, t, p, group=control, tag=HEADER_TAG) for p, t in theirs.items()]
+    works = dist.batch_isend_irecv(ops) if ops else []
+    Pending(list(works), set(headers), f"{what} (header)", nccl=False).wait()
+    return {p: t.tolist() for p, t in theirs.items()}
 
 
 def dtype_code(dtype: torch.dtype) -> int:
@@ -142,7 +182,7 @@ def check_device(kind: str, tensor: torch.Tensor) -> None:
 
 def describe(header: Sequence[int], names: Sequence[str] = ()) -> str:
     """Turn a header back into words for an error message."""
-    kind, numel, dtype, op, *values = header
+    kind, numel, dtype, op, lanes, *values = header
     name = KINDS[kind] if 0 <= kind < len(KINDS) else f"collective #{kind}"
     dt = str(DTYPES[dtype]) if 0 <= dtype < len(DTYPES) else "an unsupported dtype"
     text = f"{name}({numel} elements of {dt}"
@@ -150,7 +190,7 @@ def describe(header: Sequence[int], names: Sequence[str] = ()) -> str:
         text += f", op={OPS[op]!r}"
     for key, value in zip(names, values, strict=False):
         text += f", {key}={value}"
-    return text + ")"
+    return text + (f", lanes={lanes}" if lanes != 1 else "") + ")"
 
 
 def agree(kind: str, tensor: torch.Tensor, peers: Iterable[int], *, op: str | None = None,
@@ -159,7 +199,8 @@ def agree(kind: str, tensor: torch.Tensor, peers: Iterable[int], *, op: str | No
 
     `peers` must be symmetric (if I list you, you list me). Raises ValueError naming both
     ranks and what each passed; the peer raises the mirror-image error at the same time.
-    Also checks that the tensor lives where the backend can move it.
+    Also checks that the tensor lives where the backend can move it, and makes the lane
+    groups (on first use), here where every rank passes at the same point.
     """
     check_device(kind, tensor)
     if len(params) > HEADER_PARAMS:
@@ -168,17 +209,20 @@ def agree(kind: str, tensor: torch.Tensor, peers: Iterable[int], *, op: str | No
     peers = sorted({p for p in peers if p != me})
     if not peers:
         return
-    values = [int(v) for _, v in params] + [0] * (HEADER_PARAMS - len(params))
-    header = [KINDS.index(kind), tensor.numel(), dtype_code(tensor.dtype),
-              OPS.index(op) if op is not None else -1, *values]
-    theirs = exchange_headers({p: header for p in peers}, what=kind)
-    names = [k for k, _ in params]
-    for peer in peers:
-        if theirs[peer] != header:
-            raise ValueError(
-                f"rank {me} called {describe(header, names)} but rank {peer} called "
-                f"{describe(theirs[peer], names)}: every rank must pass the same number of "
-                "elements, dtype and arguments")
+    t = tuning.current()
+    if t.check:
+        values = [int(v) for _, v in params] + [0] * (HEADER_PARAMS - len(params))
+        header = [KINDS.index(kind), tensor.numel(), dtype_code(tensor.dtype),
+                  OPS.index(op) if op is not None else -1, t.lanes, *values]
+        theirs = exchange_headers({p: header for p in peers}, what=kind)
+        names = [k for k, _ in params]
+        for peer in peers:
+            if theirs[peer] != header:
+                raise ValueError(
+                    f"rank {me} called {describe(header, names)} but rank {peer} called "
+                    f"{describe(theirs[peer], names)}: every rank must pass the same number of "
+                    "elements, dtype and arguments (and use the same layer-2 tuning)")
+    group.lane_groups(t.lanes)
 
 
 def ring_neighbours(ranks: Sequence[int], me: int) -> tuple[int, int]:

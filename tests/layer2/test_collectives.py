@@ -29,6 +29,7 @@ from layer2_comm import (
     ring_reduce_scatter,
     segment_bounds,
     tree_all_reduce,
+    tuning,
     world_size,
 )
 
@@ -166,6 +167,26 @@ def run_checks() -> dict[str, str | None]:
             out = fn(x.clone())
         check(f"{name} bit-identical on every rank", lambda out=out: identical_everywhere(out))
 
+    # Striped over 2 lanes (every message, however small) and pipelined in pieces chosen by
+    # size (1 KiB pieces: several per segment): the transport the GPU defaults use, checked here.
+    with tuning.override(lanes=2, stripe_min_bytes=0, chunk_bytes=1024):
+        for dtype in DTYPES:
+            x = make_input(2501, dtype, me, 9)
+            ref = ref_all_reduce(x, "sum")
+            expect(f"lanes=2 ring_all_reduce {dtype}", ref, ring_all_reduce, x.clone())
+            expect(f"lanes=2 ring_reduce_scatter {dtype}", ref.tensor_split(p)[me], ring_reduce_scatter, x)
+            expect(f"lanes=2 ring_all_gather {dtype}", ref_all_gather(x), ring_all_gather, x)
+            expect(f"lanes=2 tree_all_reduce {dtype}", ref, tree_all_reduce, x.clone())
+            expect(f"lanes=2 hierarchical_all_reduce {dtype}", ref, hierarchical_all_reduce, x.clone(), 2)
+            ref_b = x.clone()
+            dist.broadcast(ref_b, p - 1)
+            expect(f"lanes=2 broadcast_chain {dtype}", ref_b, broadcast_chain, x.clone(), p - 1)
+            rows = [(3 * me + 5 * j) % 4 for j in range(p)]
+            a2a = make_input(sum(rows) * 3, dtype, me, 10).view(-1, 3)
+            want = a2a.new_empty((sum((3 * j + 5 * me) % 4 for j in range(p)), 3))
+            dist.all_to_all_single(want, a2a, [(3 * j + 5 * me) % 4 for j in range(p)], rows)
+            expect(f"lanes=2 all_to_all {dtype}", want, all_to_all, a2a, rows)
+
     # Shapes: non-contiguous and 0-d tensors are reduced in place; all-gather stacks dim 0.
     base = make_input(30, torch.float32, me, 6).view(6, 5)
     y, ref = base.t(), ref_all_reduce(base, "sum").t()
@@ -195,7 +216,7 @@ def test_collectives_match_torch_distributed(world: int):
 @pytest.mark.multigpu
 def test_collectives_match_torch_distributed_nccl():
     world = min(torch.cuda.device_count(), 4)
-    reports = launch(run_checks, world, backend="nccl", timeout_s=300)
+    reports = launch(run_checks, world, backend="nccl", timeout_s=180)
     bad = failures(reports)
     assert not bad, f"{len(bad)} checks failed:\n" + "\n".join(bad[:40])
 

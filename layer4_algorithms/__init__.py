@@ -8,25 +8,37 @@ recomputation, FCFS) and `ModelRunner` (a scheduled step -> flat tensors + Atten
 -> layer 3's unchanged model -> sampled tokens). Outputs carry token ids, text, finish
 reasons and per-request metrics (TTFT, TPOT, queue time); `LLM.stats` has throughput,
 prefix-cache hit rate and preemptions.
+
+Also: `paged_decode_attention` (Triton kernel reading K/V through block tables, and its torch
+reference), `CudaGraphRunner` (decode steps replayed from CUDA graphs per batch bucket), and
+speculative decoding (`LLM(speculative=dict(method="draft" | "ngram", k=4))`, or
+`SpeculativeDecoder` over layer 3's contiguous cache; exact rejection sampling).
 """
 from .block_manager import BlockManager, PrefixCacheStats
+from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM, Speculator
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
-from .paged_cache import (
-    PagedKVCache,
-    blocks_for_budget,
-    bytes_per_block,
-    torch_paged_decode_attention,
-)
+from .paged_attention import paged_decode_attention, paged_decode_attention_reference
+from .paged_cache import PagedKVCache, blocks_for_budget, bytes_per_block
+from .proposers import DraftModelProposer, NgramProposer, Proposal
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import SamplingParams, Sequence, SequenceStatus
+from .spec_bench import bench_speculative
+from .spec_engine import EngineSpeculator, SpecConfig
+from .spec_sampling import accept_proposals, rejection_sample
+from .speculative import SpecStats, SpeculativeDecoder
 
 __all__ = [
     # the engine
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
     # its parts
-    "PagedKVCache", "blocks_for_budget", "bytes_per_block", "torch_paged_decode_attention",
+    "PagedKVCache", "blocks_for_budget", "bytes_per_block",
     "BlockManager", "PrefixCacheStats", "Sequence", "SequenceStatus",
     "Scheduler", "ScheduledSeq", "SchedulerOutput", "ModelRunner", "Speculator",
+    # kernels: paged decode attention, CUDA-graph decode
+    "paged_decode_attention", "paged_decode_attention_reference", "CudaGraphRunner", "bucket_sizes",
+    # speculative decoding
+    "SpeculativeDecoder", "SpecStats", "SpecConfig", "EngineSpeculator", "NgramProposer",
+    "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals", "bench_speculative",
 ]

@@ -32,10 +32,11 @@ import layer3_model as l3
 
 from .block_manager import BlockManager, PrefixCacheStats
 from .model_runner import DEFAULT_ATTN_BYTES_LIMIT, ModelRunner
-from .outputs import EngineStats, RequestOutput
+from .outputs import EngineStats, ProgressBar, RequestOutput
 from .paged_cache import PagedKVCache, blocks_for_budget
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import SamplingParams, Sequence
+from .spec_engine import EngineSpeculator
 
 
 class Speculator(Protocol):
@@ -77,11 +78,6 @@ class LLM:
         self.runner = ModelRunner(net, self.cache, attn_bytes_limit=attn_bytes_limit, cuda_graph=cuda_graph,
                                   max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
         if speculative is not None:
-            try:  # imported here: only an engine that speculates pays for the draft machinery
-                from .spec_engine import EngineSpeculator
-            except ModuleNotFoundError as err:
-                raise NotImplementedError("LLM(speculative=...) needs layer4_algorithms/spec_engine.py "
-                                          "(not there); pass speculator= an object instead") from err
             speculator = EngineSpeculator.for_engine(self, **speculative)
         self.speculator = speculator
         if speculator is not None:
@@ -187,6 +183,9 @@ class LLM:
             if rid not in self._requests:
                 continue
             prompt, seqs = self._requests[rid]
+            finished = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
+            if not (finished or unfinished):
+                continue  # building an output copies every token list: skip it when nobody asked
             o = RequestOutput.of(rid, prompt, seqs, now)
             if o.finished:
                 del self._requests[rid]
@@ -197,8 +196,7 @@ class LLM:
                 st.ttfts.append(o.metrics.ttft)
                 if o.metrics.tpot is not None:
                     st.tpots.append(o.metrics.tpot)
-            if o.finished or unfinished:
-                outs.append(o)
+            outs.append(o)
         return outs
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -224,7 +222,7 @@ class LLM:
                 self.abort(rid)
             raise
         done: dict[str, RequestOutput] = {}
-        bar = _Progress(len(ids)) if progress else None
+        bar = ProgressBar(len(ids)) if progress else None
         try:
             while len(done) < len(ids):
                 for o in self.step(unfinished=False):
@@ -249,25 +247,3 @@ class LLM:
         s.prefix_queried_tokens, s.prefix_hit_tokens = p.queried_tokens, p.hit_tokens
         return s
 
-
-class _Progress:
-    def __init__(self, total: int) -> None:
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-        )
-
-        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          TextColumn("{task.description}"), transient=True)
-        self.task = self.p.add_task("", total=total)
-        self.p.start()
-
-    def update(self, done: int, stats: EngineStats) -> None:
-        self.p.update(self.task, completed=done, description=f"{stats.generated_tokens_per_s:,.0f} tok/s out, "
-                                                            f"{stats.preemptions} preemptions")
-
-    def close(self) -> None:
-        self.p.stop()

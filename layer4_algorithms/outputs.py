@@ -126,3 +126,28 @@ class EngineStats:
                 "prefix_hit_rate": self.prefix_hit_rate, "prefix_hit_tokens": self.prefix_hit_tokens,
                 "prefix_queried_tokens": self.prefix_queried_tokens, "acceptance_rate": self.acceptance_rate,
                 "mean_ttft_s": self.mean_ttft, "mean_tpot_s": self.mean_tpot}
+
+
+class ProgressBar:
+    """A rich progress bar over finished requests with live throughput (LLM.generate(progress=True))."""
+
+    def __init__(self, total: int) -> None:
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+        )
+
+        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          TextColumn("{task.description}"), transient=True)
+        self.task = self.p.add_task("", total=total)
+        self.p.start()
+
+    def update(self, done: int, stats: EngineStats) -> None:
+        self.p.update(self.task, completed=done, description=f"{stats.generated_tokens_per_s:,.0f} tok/s out, "
+                                                            f"{stats.preemptions} preemptions")
+
+    def close(self) -> None:
+        self.p.stop()

@@ -24,12 +24,7 @@ import torch
 
 import layer3_model as l3
 
-try:  # the kernel owner's module (Triton kernel + its own reference); until it lands, ours below
-    from .paged_attention import paged_decode_attention
-except ModuleNotFoundError as err:  # only the module's absence, never an error inside it
-    if err.name != f"{__package__}.paged_attention":
-        raise
-    paged_decode_attention = None
+from .paged_attention import paged_decode_attention
 
 CPU_DEFAULT_KV_BYTES = 512 * 2**20  # on a CPU, with no budget given: 512 MiB of KV
 
@@ -138,30 +133,7 @@ class PagedKVCache:
     def decode_attention(self, layer: int, q: torch.Tensor, ctx: l3.AttentionContext, scale: float,
                          window: int | None) -> torch.Tensor:
         """Decode step (one new token per sequence, already written): q (B, Hq, D) ->
-        (B, Hq, D), reading keys through the block tables without gathering a padded copy."""
-        if paged_decode_attention is None:  # TODO(kernel): remove once paged_attention.py lands
-            return torch_paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables,
-                                                ctx.seq_lens, scale, window)
+        (B, Hq, D), reading keys through the block tables without gathering a padded copy
+        (paged_attention.py: a Triton kernel on CUDA tensors, its torch reference on a CPU)."""
         return paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables, ctx.seq_lens,
                                       scale, window)
-
-
-def torch_paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                 block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                 window: int | None = None) -> torch.Tensor:
-    """Reference (gathers): q (B, Hq, D); k/v_cache (num_blocks, block_size, Hkv, D);
-    block_tables (B, max_blocks); seq_lens (B,). Query b sits at position seq_lens[b] - 1 and
-    sees keys [max(0, seq_lens[b] - window), seq_lens[b]). Scores and softmax in fp32."""
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    k = k_cache[block_tables].view(B, -1, Hkv, D).transpose(1, 2)  # (B, Hkv, S, D)
-    v = v_cache[block_tables].view(B, -1, Hkv, D).transpose(1, 2)
-    S = k.shape[2]
-    scores = (q.view(B, Hkv, Hq // Hkv, D) @ k.transpose(-1, -2)).float() * scale  # (B, Hkv, G, S)
-    pos = torch.arange(S, device=q.device)[None, :]
-    visible = pos < seq_lens[:, None]
-    if window is not None:
-        visible = visible & (pos >= seq_lens[:, None] - window)
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    out = torch.softmax(scores, dim=-1).to(v.dtype) @ v  # (B, Hkv, G, D)
-    return out.reshape(B, Hq, D)

@@ -12,7 +12,7 @@ from layer4_algorithms import (
     PagedKVCache,
     blocks_for_budget,
     bytes_per_block,
-    torch_paged_decode_attention,
+    paged_decode_attention_reference,
 )
 
 L, HKV, D = 2, 2, 8
@@ -87,7 +87,7 @@ def test_decode_attention_matches_a_per_sequence_softmax(window):
     k, v = cont.read(0, cont.context([1] * 4, [n - 1 for n in seq_lens]))
     want = reference_decode(q, k, v, seq_lens, scale, window)
     torch.testing.assert_close(paged.decode_attention(0, q, ctx, scale, window), want, atol=1e-5, rtol=1e-5)
-    got = torch_paged_decode_attention(q, paged.k[0], paged.v[0], ctx.block_tables, ctx.seq_lens, scale, window)
+    got = paged_decode_attention_reference(q, paged.k[0], paged.v[0], ctx.block_tables, ctx.seq_lens, scale, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

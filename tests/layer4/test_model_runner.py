@@ -8,7 +8,7 @@ import torch
 from l4_helpers import assert_no_leak, greedy, random_prompts
 
 import layer3_model as l3
-from layer4_algorithms import LLM, SamplingParams, ScheduledSeq, Sequence
+from layer4_algorithms import LLM, CudaGraphRunner, SamplingParams, ScheduledSeq, Sequence
 
 
 def sched(query_len: int, context: int, spec: int = 0) -> ScheduledSeq:
@@ -83,4 +83,20 @@ def test_speculator_hook_keeps_greedy_outputs_and_frees_rejected_slots(tiny_mode
     plain.generate(prompts, params)
     assert st.steps < plain.stats.steps  # accepted drafts saved steps
     assert len(spec.released) == len(prompts)  # every row given back
+    assert_no_leak(llm)
+
+
+def test_graph_runner_path_gives_the_same_outputs(tiny_model):
+    """The CUDA-graph decode path of the runner, run eagerly on the CPU (capture=False): same
+    buffers, padding rows and slot mapping as on a GPU; decode steps must go through it."""
+    prompts = random_prompts([4, 13, 7, 21, 2], seed=8)
+    params = [greedy(m) for m in (12, 9, 15, 6, 3)]
+    want = [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
+    llm = LLM(tiny_model, block_size=4, num_blocks=18, max_num_batched_tokens=9, max_num_seqs=4)
+    llm.runner.graph = CudaGraphRunner(tiny_model.net, llm.cache, 4, -(-llm.max_model_len // 4), capture=False)
+    calls = []
+    run = llm.runner.graph.run
+    llm.runner.graph.run = lambda *a: (calls.append(a[0].shape[0]), run(*a))[1]
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert calls and max(calls) > 1 and llm.stats.preemptions > 0
     assert_no_leak(llm)

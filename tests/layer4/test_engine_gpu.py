@@ -1,0 +1,51 @@
+"""The engine on a CUDA GPU (skipped without one): greedy outputs equal layer 3's on the same
+device, eager and with CUDA-graph decode (Triton paged attention), with chunked prefill, tiny
+blocks, preemption and prefix hits; the KV budget comes from free GPU memory."""
+from __future__ import annotations
+
+import pytest
+import torch
+from l4_helpers import TINY, assert_no_leak, greedy, random_prompts
+
+import layer3_model as l3
+from layer4_algorithms import LLM, SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def cuda_model() -> l3.Model:
+    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda"), None)
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+@pytest.mark.parametrize("block_size,budget,blocks", [(16, 2048, 64), (4, 7, 64), (4, 64, 11)])
+def test_greedy_outputs_equal_layer3_on_cuda(cuda_model, cuda_graph, block_size, budget, blocks):
+    prompts = random_prompts((5, 17, 3, 30, 9, 1))
+    params = [greedy(m) for m in (8, 3, 12, 5, 10, 6)]
+    want = [o.token_ids for o in cuda_model.generate_outputs(prompts, params)]
+    llm = LLM(cuda_model, block_size=block_size, num_blocks=blocks, max_num_batched_tokens=budget,
+              cuda_graph=cuda_graph, max_num_seqs=8)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
+    assert_no_leak(llm)
+
+
+def test_prefix_hits_and_parallel_sampling_on_cuda(cuda_model):
+    shared = random_prompts([12], seed=5)[0]
+    prompts = [shared + t for t in random_prompts([3, 6, 1], seed=6)]
+    want = [o.token_ids for o in cuda_model.generate_outputs(prompts, greedy(7))]
+    llm = LLM(cuda_model, block_size=4, num_blocks=64, cuda_graph=True, max_num_seqs=8)
+    llm.generate([shared + [3]], greedy(7))
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(7))] == want
+    assert llm.stats.prefix_hit_tokens == 36
+    out = llm.generate([prompts[0]], l3.SamplingParams(temperature=1.0, seed=4, max_tokens=5, ignore_eos=True))[0]
+    many = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=4, max_tokens=5, ignore_eos=True, n=3))[0]
+    assert many.outputs[0].token_ids == out.outputs[0].token_ids and len(many.outputs) == 3
+    assert_no_leak(llm)
+
+
+def test_budget_from_free_gpu_memory(cuda_model):
+    free_before, _ = torch.cuda.mem_get_info()
+    llm = LLM(cuda_model, block_size=16, gpu_memory_utilization=0.05)
+    assert 0 < llm.cache.nbytes <= 0.05 * free_before + llm.cache.nbytes / (llm.block_manager.num_blocks + 1)
+    assert llm.cache.k.device.type == "cuda"

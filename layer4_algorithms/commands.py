@@ -26,6 +26,7 @@ import layer3_model as l3
 from . import bench as B
 from .engine import LLM
 from .sequence import SamplingParams
+from .spec_bench import bench_speculative, format_bench
 
 TITLE = "paged KV cache, prefix caching, continuous batching"
 console = Console()
@@ -149,8 +150,33 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
     ap.add_argument("--no-gpu", dest="gpu", action="store_false")
     ap.add_argument("--cpu-num-seqs", type=int, default=16)
+    ap.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the course-model CPU rows")
+    ap.add_argument("--no-spec", dest="spec", action="store_false", help="skip speculative decoding")
+    ap.add_argument("--spec-repeats", type=int, default=3)
+    ap.add_argument("--spec-devices", default="auto", help="comma list (cpu,cuda); auto: the CPU and any GPU")
+    ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
+                    help="run one part of the benchmark")
     args = ap.parse_args(argv)
+    if args.only in ("kernel", "spec"):
+        info = {"paged_decode_kernel": _kernel()} if args.only == "kernel" else {"speculative": _spec(args)}
+        _print([], info, name=f"bench_{args.only}.json")
+        return 0
     rows: list[dict] = []
+    info: dict = {}
+    if args.cpu:
+        _cpu(rows, args, info)
+    if args.gpu and torch.cuda.is_available():
+        _gpu(rows, args, info)
+        info["paged_decode_kernel"] = _kernel()
+    else:
+        info["gpu"] = "none visible (or --no-gpu): GPU rows skipped"
+    if args.spec and args.only == "all":
+        info["speculative"] = _spec(args)
+    _print(rows, info)
+    return 0
+
+
+def _cpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
     course = l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")
     wl = B.random_workload(args.cpu_num_seqs, 20, 100, course.config.vocab_size)
     console.print(f"[bold]CPU[/]: course model, {args.cpu_num_seqs} sequences, lengths 20-100")
@@ -158,13 +184,31 @@ def bench(argv: list[str] | None = None) -> int:
     _throughput(rows, course, wl, small_batch=4, device="cpu", hf_source=str(l3.course_model_dir("target")),
                 floor=None, llm_kwargs=cpu_kw, hf=args.hf, layer3=True)
     _prefix(rows, course, "cpu", cpu_kw, prefix_len=256, suffix_len=16, num_seqs=8, max_tokens=4)
-    info: dict = {"cpu_workload": {"num_seqs": args.cpu_num_seqs, "lengths": [20, 100]}}
-    if args.gpu and torch.cuda.is_available():
-        _gpu(rows, args, info)
-    else:
-        info["gpu"] = "none visible (or --no-gpu): GPU rows skipped"
-    _print(rows, info)
-    return 0
+    info["cpu_workload"] = {"num_seqs": args.cpu_num_seqs, "lengths": [20, 100]}
+
+
+def _kernel() -> list[dict]:
+    """Paged decode attention vs SDPA on contiguous K/V at equal context (Llama-3.2-1B heads)."""
+    if not torch.cuda.is_available():
+        console.print("paged decode kernel: no CUDA GPU here, skipped (the CPU runs the torch reference)")
+        return []
+    from .paged_attention_bench import bench_paged_decode
+    console.print("[bold]paged decode attention[/] vs SDPA over contiguous K/V, bf16, 32/8 heads, D 64")
+    return bench_paged_decode()
+
+
+def _spec(args: argparse.Namespace) -> dict:
+    """Speculative decoding with the course target + draft pair, batch 1 greedy: on the CPU
+    (1 thread: small matmuls gain nothing from more) and, where there is one, on the GPU."""
+    results = {}
+    devices = args.spec_devices.split(",") if args.spec_devices != "auto" else \
+        ["cpu"] + (["cuda"] if args.gpu and torch.cuda.is_available() else [])
+    for device in devices:
+        result = bench_speculative(repeats=args.spec_repeats, device=device,
+                                   threads=1 if device == "cpu" else None)
+        console.print(format_bench(result))
+        results[device] = result
+    return results
 
 
 def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
@@ -189,7 +233,7 @@ def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
     _prefix(rows, model, "cuda", kw, prefix_len=args.prefix_len, suffix_len=64, num_seqs=32, max_tokens=16)
 
 
-def _print(rows: list[dict], info: dict) -> None:
+def _print(rows: list[dict], info: dict, name: str = "bench.json") -> None:
     hf = {r["device"]: r for r in rows if r["what"].startswith("transformers generate,") and "tokens_per_s" in r}
     table = Table(title="Layer 4 benchmarks (output tokens/s; TTFT in ms)")
     for col in ("what", "tokens/s", "s", "vs transformers", "of roofline floor", "mean TTFT", "preempt", "notes"):
@@ -203,10 +247,12 @@ def _print(rows: list[dict], info: dict) -> None:
                       f"{r['seconds']:.2f}" if "seconds" in r else "", vs,
                       f"{r['roofline_fraction']:.0%}" if "roofline_fraction" in r else "",
                       _ms(r.get("mean_ttft_s")), str(r.get("preemptions", "")), notes)
-    console.print(table)
+    if rows:
+        console.print(table)
     for k, v in info.items():
-        console.print(f"{k}: {v}")
-    out = results_dir() / "bench.json"
+        if k not in ("speculative", "paged_decode_kernel"):  # printed as tables above
+            console.print(f"{k}: {v}")
+    out = results_dir() / name
     out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "torch": torch.__version__,
                                "python": sys.version.split()[0], "rows": rows, "info": info}, indent=1, default=str))
     console.print(f"wrote {out}")

@@ -94,16 +94,23 @@ class AttentionContext:
         starts = [0]
         for q in query_lens:
             starts.append(starts[-1] + q)
-        slots = torch.as_tensor(slot_mapping, dtype=torch.int64, device=device)
-        if slots.shape != (len(positions),):
-            raise ValueError(f"slot_mapping must hold one slot per new token ({len(positions)}), got {tuple(slots.shape)}")
-
-        def t(xs: list[int]) -> torch.Tensor:
-            return torch.tensor(xs, dtype=torch.int64, device=device)
+        T = len(positions)
+        is_tensor = isinstance(slot_mapping, torch.Tensor)
+        shape = tuple(slot_mapping.shape) if is_tensor else (len(slot_mapping),)
+        if shape != (T,):
+            raise ValueError(f"slot_mapping must hold one slot per new token ({T}), got {shape}")
+        # Every index list in one host tensor and one copy to the device (a decode step pays
+        # this every step; seven small copies cost seven transfers), then views of it.
+        host_slots = [] if is_tensor else list(slot_mapping)
+        parts = (positions, seq_ids, offsets, starts, list(query_lens), seq_lens, host_slots)
+        flat = torch.tensor([x for p in parts for x in p], dtype=torch.int64).to(device)
+        (positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t, slots) = flat.split([len(p) for p in parts])
+        if is_tensor:
+            slots = slot_mapping.to(device=device, dtype=torch.int64)
 
         return cls(
-            positions=t(positions), slot_mapping=slots, seq_ids=t(seq_ids), query_offsets=t(offsets),
-            query_start_loc=t(starts), query_lens=t(list(query_lens)), seq_lens=t(seq_lens),
+            positions=positions_t, slot_mapping=slots, seq_ids=seq_ids_t, query_offsets=offsets_t,
+            query_start_loc=starts_t, query_lens=qlens_t, seq_lens=seq_lens_t,
             max_query_len=max(query_lens), max_seq_len=max(seq_lens),
             query_lens_host=tuple(query_lens), seq_lens_host=tuple(seq_lens), block_tables=block_tables,
         )

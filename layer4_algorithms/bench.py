@@ -135,14 +135,20 @@ def time_hf(model, wl: Workload, batch: int) -> dict:
 
 def prefix_ttft(model: l3.Model, *, prefix_len: int, suffix_len: int, num_seqs: int, max_tokens: int,
                 enable_prefix_caching: bool, seed: int = 0, **llm_kwargs) -> dict:
-    """num_seqs requests = one shared prefix + their own suffix, submitted together after one
-    request with the prefix has run (so the cache holds it, if enabled). Mean TTFT."""
+    """num_seqs requests = one shared prefix + their own suffix, submitted together after the
+    same number of requests with the prefix and other suffixes have run: the warm-up compiles
+    every kernel for these shapes (Triton specialises on sizes), and puts the prefix in the
+    cache, if enabled. Mean TTFT of the second batch."""
     rng, vocab = random.Random(seed), model.config.vocab_size
     prefix = [rng.randrange(vocab) for _ in range(prefix_len)]
-    prompts = [prefix + [rng.randrange(vocab) for _ in range(suffix_len)] for _ in range(num_seqs)]
+
+    def batch() -> list[list[int]]:
+        return [prefix + [rng.randrange(vocab) for _ in range(suffix_len)] for _ in range(num_seqs)]
+
+    warmup, prompts = batch(), batch()
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm = LLM(model, enable_prefix_caching=enable_prefix_caching, **llm_kwargs)
-    llm.generate([prefix + [1]], params)  # warm-up, and the prefix into the cache
+    llm.generate(warmup, params)
     outs = llm.generate(prompts, params)
     ttfts = [o.metrics.ttft for o in outs]
     result = {"mean_ttft_s": sum(ttfts) / len(ttfts), "max_ttft_s": max(ttfts),

@@ -162,6 +162,10 @@ class BlockManager:
         """Make room for seq's next num_new_tokens tokens (positions num_computed..+n-1).
         Returns the copy-on-write pairs (src, dst) to copy before writing, or None (nothing
         changed) when the pool is too small."""
+        table, first, end = seq.block_table, seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
+        if num_new_tokens > 0 and first // self.block_size == (end - 1) // self.block_size < len(table) \
+                and self.ref_counts[table[first // self.block_size]] == 1:
+            return []  # the usual decode step: its slots lie in one block it holds alone
         if not self.can_allocate(seq, num_new_tokens):
             return None
         copies = []

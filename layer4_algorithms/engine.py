@@ -144,17 +144,17 @@ class LLM:
         if self.speculator is not None:
             self.speculator.propose(out)
         logits = self.runner.execute(out)
-        rows, who, spec = [], [], []
-        for s, lg in zip(list(out.scheduled), logits, strict=True):  # a copy: forks append to it
-            if lg is None:
+        row_ids, who, spec = [], [], []
+        for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
+            if logits.row[i] is None:
                 continue
             if s.spec_token_ids:
-                spec.append((s, lg))
+                spec.append((s, logits.spec[i]))
                 continue
             seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
-            rows += [lg[-1]] * len(seqs)
+            row_ids += [logits.row[i]] * len(seqs)  # parallel-sampling children share the row
             who += seqs
-        tokens = self.runner.sample(rows, [q.params for q in who], [q.generator for q in who])
+        tokens = self.runner.sample(logits.rows_of(row_ids), [q.params for q in who], [q.generator for q in who])
         sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         if spec:
             verified = self.speculator.verify(spec)
@@ -178,14 +178,15 @@ class LLM:
         return children
 
     def _outputs(self, request_ids: set[str], unfinished: bool, now: float) -> list[RequestOutput]:
-        outs = []
-        for rid in sorted(request_ids, key=lambda r: self._requests[r][1][0].seq_id if r in self._requests else -1):
+        def wanted(rid: str) -> bool:  # building an output copies every token list: only when asked
             if rid not in self._requests:
-                continue
+                return False
+            seqs = self._requests[rid][1]
+            return unfinished or (seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs))
+
+        outs = []
+        for rid in sorted(filter(wanted, request_ids), key=lambda r: self._requests[r][1][0].seq_id):
             prompt, seqs = self._requests[rid]
-            finished = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
-            if not (finished or unfinished):
-                continue  # building an output copies every token list: skip it when nobody asked
             o = RequestOutput.of(rid, prompt, seqs, now)
             if o.finished:
                 del self._requests[rid]

@@ -16,6 +16,7 @@ the paged decode kernel takes over, then the chunks in groups).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -68,51 +69,93 @@ class ModelRunner:
 
     # ---- running ----------------------------------------------------------------------------
     @torch.no_grad()
-    def execute(self, out: SchedulerOutput) -> list[torch.Tensor | None]:
-        """Run the step. Returns, per scheduled sequence, fp32 logits (1 + len(spec_token_ids), V)
-        for the positions whose next token is wanted (the last input token, and every draft
-        token under speculation), or None when a prefill chunk does not reach the end."""
+    def execute(self, out: SchedulerOutput) -> StepLogits:
+        """Run the step. Returns its logits: one fp32 row per sampling sequence (the last input
+        token's) in one tensor, and for speculating sequences their (1 + len(spec_token_ids), V)
+        rows; indexing the result by scheduled position gives a sequence's rows (None for a
+        prefill chunk that does not reach the end)."""
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
-        results: list[torch.Tensor | None] = [None] * len(out.scheduled)
+        rows: list[int | None] = [None] * len(out.scheduled)
+        spec: dict[int, torch.Tensor] = {}
+        parts, offset = [], 0
         for group in self.plan_passes(out.scheduled):
-            for i, logits in zip(group, self._forward([out.scheduled[i] for i in group]), strict=True):
-                results[i] = logits
-        return results
+            last, spec_rows = self._forward([out.scheduled[i] for i in group])
+            for j, i in enumerate(group):
+                if out.scheduled[i].samples:
+                    rows[i] = offset + j
+                if j in spec_rows:
+                    spec[i] = spec_rows[j]
+            parts.append(last)
+            offset += last.shape[0]
+        if not parts:
+            return StepLogits(torch.empty(0, 0), rows, spec)
+        return StepLogits(parts[0] if len(parts) == 1 else torch.cat(parts), rows, spec)
 
-    def _forward(self, group: list[ScheduledSeq]) -> list[torch.Tensor | None]:
+    def _forward(self, group: list[ScheduledSeq]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
+        speculating ones (index in group -> (1 + k, V)) the rows of the last real token and drafts."""
         ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.int64).to(self.device)
         ctx = self.cache.context([s.query_len for s in group], [s.context_len for s in group],
                                  [s.seq.block_table for s in group])
         speculating = any(s.spec_token_ids for s in group)
         if self.graph is not None and ctx.max_query_len == 1 and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
-            logits = self.graph.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)  # (B, V)
-        else:
-            logits = self.net(ids, ctx, self.cache, last_only=not speculating)  # (B, V) or (T, V)
-        rows, start = [], 0
+            return self.graph.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens), {}  # (B, V)
+        logits = self.net(ids, ctx, self.cache, last_only=not speculating)  # (B, V) or (T, V)
+        if not speculating:
+            return logits, {}
+        ends = ctx.query_start_loc[1:] - 1  # each sequence's last input token
+        spec, start = {}, 0
         for b, s in enumerate(group):
             start += s.query_len
-            if not s.samples:
-                rows.append(None)
-            elif speculating:  # rows of the last real token and of every draft token
-                rows.append(logits[start - 1 - len(s.spec_token_ids):start])
-            else:
-                rows.append(logits[b:b + 1])
-        return rows
+            if s.spec_token_ids:
+                spec[b] = logits[start - 1 - len(s.spec_token_ids):start]
+        return logits[ends], spec
 
-    def sample(self, logits: Sequence[torch.Tensor], params: Sequence[l3.SamplingParams],
+    def sample(self, logits: torch.Tensor | Sequence[torch.Tensor], params: Sequence[l3.SamplingParams],
                generators: Sequence[torch.Generator | None]) -> list[int]:
-        """One token per row of logits (each (V,)): greedy rows by one batched argmax, the rest
-        by layer 3's sampler with each sequence's own generator. One host sync."""
-        if not logits:
+        """One token per row of logits ((N, V), or N rows of (V,)): greedy rows by one batched
+        argmax, the rest by layer 3's sampler with each sequence's own generator. One host sync."""
+        if not len(params):
             return []
-        x = torch.stack(list(logits))
-        out = torch.empty(len(logits), dtype=torch.int64, device=x.device)
+        x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
         greedy = [i for i, p in enumerate(params) if p.greedy]
+        if len(greedy) == len(params):  # the common case: no gather, no scatter
+            return x.argmax(dim=-1).tolist()
+        out = torch.empty(len(params), dtype=torch.int64, device=x.device)
         other = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
             idx = torch.tensor(greedy, device=x.device)
             out[idx] = x[idx].argmax(dim=-1)
-        if other:
-            idx = torch.tensor(other, device=x.device)
-            out[idx] = l3.sample(x[idx], [params[i] for i in other], [generators[i] for i in other])
+        idx = torch.tensor(other, device=x.device)
+        out[idx] = l3.sample(x[idx], [params[i] for i in other], [generators[i] for i in other])
         return out.tolist()
+
+
+@dataclass
+class StepLogits:
+    """A step's logits. last: (R, V) fp32, the last input token's row of every sampling
+    sequence; row[i]: scheduled sequence i's row in `last` (None: a prefill chunk that does
+    not sample); spec[i]: a speculating sequence's (1 + len(spec_token_ids), V) rows.
+    step_logits[i] is sequence i's rows: spec[i], last[row[i]:row[i] + 1] or None."""
+
+    last: torch.Tensor
+    row: list[int | None]
+    spec: dict[int, torch.Tensor]
+
+    def __len__(self) -> int:
+        return len(self.row)
+
+    def __getitem__(self, i: int) -> torch.Tensor | None:
+        if i in self.spec:
+            return self.spec[i]
+        r = self.row[i]
+        return None if r is None else self.last[r:r + 1]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def rows_of(self, row_ids: list[int]) -> torch.Tensor:
+        """(len(row_ids), V): `last` itself when row_ids is every row in order (no copy)."""
+        if row_ids == list(range(self.last.shape[0])):
+            return self.last
+        return self.last[torch.tensor(row_ids, dtype=torch.long, device=self.last.device)]

@@ -18,8 +18,10 @@ Zero-initialised: attention multiplies masked slots by a probability of exactly 
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 import layer3_model as l3
@@ -99,9 +101,7 @@ class PagedKVCache:
             if len(table) * bs < q + c:
                 raise ValueError(f"block table of {len(table)} blocks cannot hold {q + c} tokens")
             slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q))
-        width = max(len(t) for t in block_tables)
-        tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables],
-                              dtype=torch.int64).to(self.device, non_blocking=True)
+        tables = torch.from_numpy(padded_table(block_tables)).to(self.device, non_blocking=True)
         return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=tables, device=self.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: l3.AttentionContext) -> None:
@@ -137,3 +137,14 @@ class PagedKVCache:
         (paged_attention.py: a Triton kernel on CUDA tensors, its torch reference on a CPU)."""
         return paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables, ctx.seq_lens,
                                       scale, window)
+
+
+def padded_table(rows: Sequence[Sequence[int]]) -> np.ndarray:
+    """Block tables of different lengths -> one (B, longest) int64 array padded with 0.
+    Built through numpy in one pass (a step of 256 sequences pays this every step: a list of
+    padded Python lists costs ~5x more)."""
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    table = np.zeros((len(rows), int(lens.max(initial=0))), dtype=np.int64)
+    table[np.arange(table.shape[1])[None, :] < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))
+    return table

@@ -13,10 +13,23 @@ Also: `paged_decode_attention` (Triton kernel reading K/V through block tables, 
 reference), `CudaGraphRunner` (decode steps replayed from CUDA graphs per batch bucket), and
 speculative decoding (`LLM(speculative=dict(method="draft" | "ngram", k=4))`, or
 `SpeculativeDecoder` over layer 3's contiguous cache; exact rejection sampling).
+
+Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `BlockAllocator`
+(free list, block tables, ref counts, fork, copy-on-write), `schedule_step` (one step of
+continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
+speculative accept/reject rule).
 """
 from .block_manager import BlockManager, PrefixCacheStats
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM, Speculator
+from .essentials import (
+    BlockAllocator,
+    OutOfBlocksError,
+    SeqState,
+    StepPlan,
+    accept_reject,
+    schedule_step,
+)
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .paged_attention import paged_decode_attention, paged_decode_attention_reference
@@ -41,4 +54,6 @@ __all__ = [
     # speculative decoding
     "SpeculativeDecoder", "SpecStats", "SpecConfig", "EngineSpeculator", "NgramProposer",
     "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals", "bench_speculative",
+    # the core algorithms at teaching size (lab 4)
+    "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",
 ]

@@ -27,7 +27,7 @@ PROMPTS = {
 PASSAGE = ("KING.\nNow is the winter of our discontent\nMade glorious summer by this sun of York;\n"
            "And all the clouds that lour'd upon our house\nIn the deep bosom of the ocean buried.\n\n")
 # copy-heavy: the passage twice, then its first line again (the course model does not
-# actually copy it: 11M parameters learned little in-context copying; see PLAN.md notes)
+# actually copy it: 11M parameters learned little in-context copying; see README.md)
 COPY_PROMPT = PASSAGE + PASSAGE + "KING.\nNow is the winter of our discontent\n"
 
 

@@ -37,6 +37,9 @@ def test_sample_matches_layer3_row_by_row(tiny_model):
     got = llm.runner.sample(list(logits), params, [l3.make_generator(p) for p in params])
     want = l3.sample(logits, params, [l3.make_generator(p) for p in params]).tolist()
     assert got == want and llm.runner.sample([], [], []) == []
+    assert llm.runner.sample(logits, params, [l3.make_generator(p) for p in params]) == want  # (N, V) tensor
+    greedy_only = [l3.SamplingParams(temperature=0)] * 4
+    assert llm.runner.sample(logits, greedy_only, [None] * 4) == logits.argmax(-1).tolist()
 
 
 class OracleSpeculator:

@@ -51,6 +51,25 @@ def test_slot_mapping_follows_the_block_table():
         cache.context([4], [5], [[1, 2]])
 
 
+def test_context_of_ragged_random_tables_matches_a_per_token_lookup():
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(20):
+        bs = int(torch.randint(1, 6, (1,), generator=gen))
+        B = int(torch.randint(1, 9, (1,), generator=gen))
+        q = torch.randint(1, 7, (B,), generator=gen).tolist()
+        c = torch.randint(0, 20, (B,), generator=gen).tolist()
+        tables = [torch.randint(0, 50, (-(-(qi + ci) // bs) + int(torch.randint(0, 3, (1,), generator=gen)),),
+                                generator=gen).tolist() for qi, ci in zip(q, c, strict=True)]
+        ctx = PagedKVCache(1, 64, bs, 1, 2).context(q, c, tables)
+        width = max(len(t) for t in tables)
+        assert ctx.block_tables.tolist() == [t + [0] * (width - len(t)) for t in tables]
+        want = [t[p // bs] * bs + p % bs for t, qi, ci in zip(tables, q, c, strict=True) for p in range(ci, ci + qi)]
+        assert ctx.slot_mapping.tolist() == want
+        assert ctx.positions.tolist() == [p for qi, ci in zip(q, c, strict=True) for p in range(ci, ci + qi)]
+        assert ctx.seq_lens.tolist() == [qi + ci for qi, ci in zip(q, c, strict=True)]
+        assert ctx.query_start_loc.tolist() == [sum(q[:b]) for b in range(B + 1)]
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 4, 16])
 def test_read_gathers_what_the_contiguous_cache_reads(block_size):
     seq_lens = [5, 12, 1, 9]

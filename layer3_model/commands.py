@@ -5,7 +5,9 @@ token, and says how fast it went.
 `bench`: the course models' CPU decode speed; on a GPU, a random-weight model of
 Llama-3.2-1B's shape in bf16: batch-1 decode (CUDA graphs) as tokens/s and memory-bandwidth
 utilisation, against transformers' generate on the same shape in the same run; a 2048-token
-prefill as model-FLOP utilisation; W8A16 against bf16 decode.
+prefill as model-FLOP utilisation; W8A16 against bf16 decode. What W8A16 costs in quality:
+the course models' perplexity on held-out plays in fp32, bf16 and W8A16 (when the corpus has
+been prepared: `python -m layer3_model.data --out build/course-data`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import json
 import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
 import torch
 from rich.console import Console
@@ -24,8 +27,9 @@ import layer2_comm as comm
 from . import bench as B
 from .config import ModelConfig
 from .course_model import course_model_dir
+from .data import load_split
 from .generate import Model, benchmark_decode, load
-from .quantize import quantize_model
+from .quantize import perplexity, quantize_model
 from .sampling import SamplingParams
 from .shapes import LLAMA_3_2_1B
 from .weights import random_model
@@ -70,6 +74,28 @@ def _course_cpu(rows: list[dict], new_tokens: int) -> None:
         stats = benchmark_decode(model, batch_size=1, prompt_len=32, new_tokens=new_tokens)
         rows.append({"what": f"course {size}, batch-1 decode, CPU ({threads} threads), fp32",
                      "tokens_per_s": stats.decode_tokens_per_s})
+
+
+def _course_quality(data_dir: Path, max_tokens: int) -> dict:
+    """Perplexity of each course model on the first max_tokens of the held-out plays: fp32,
+    bf16 and W8A16 (int8 weights, lm_head too) — what weight-only quantization costs."""
+    try:
+        plays = load_split(data_dir, "val")
+    except FileNotFoundError as err:
+        console.print(f"[dim]perplexity rows skipped: {err}[/]")
+        return {}
+    result = {}
+    for size in ("target", "draft"):
+        models = {"fp32": load(course_model_dir(size), device="cpu", dtype="float32"),
+                  "bf16": load(course_model_dir(size), device="cpu", dtype="bfloat16")}
+        models["w8a16"] = load(course_model_dir(size), device="cpu", dtype="bfloat16")
+        quantize_model(models["w8a16"].net, include_lm_head=True)
+        ids = models["fp32"].encode("".join(plays))[:max_tokens]
+        ppl = {name: perplexity(m, ids) for name, m in models.items()}
+        result[f"course {size} perplexity on {len(ids)} held-out tokens"] = (
+            f"fp32 {ppl['fp32']:.3f}, bf16 {ppl['bf16']:.3f}, W8A16 {ppl['w8a16']:.3f} "
+            f"({ppl['w8a16'] / ppl['bf16'] - 1:+.2%} vs bf16)")
+    return result
 
 
 def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
@@ -133,10 +159,15 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
     ap.add_argument("--cpu-tokens", type=int, default=64, help="new tokens for the CPU course-model runs")
+    ap.add_argument("--val-data", type=Path, default=Path("build/course-data"),
+                    help="prepared corpus (python -m layer3_model.data) for the perplexity rows")
+    ap.add_argument("--ppl-tokens", type=int, default=30000, help="held-out tokens scored for perplexity")
     args = ap.parse_args(argv)
     rows: list[dict] = []
     _course_cpu(rows, args.cpu_tokens)
+    quality = _course_quality(args.val_data, args.ppl_tokens)
     info = _gpu(rows, args) if torch.cuda.is_available() else {"gpu": "none visible: GPU rows skipped"}
+    info.update(quality)
     table = Table(title="Layer 3 benchmarks")
     for col in ("what", "tokens/s", "ms", "MBU / MFU"):
         table.add_column(col)

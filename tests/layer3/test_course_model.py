@@ -81,3 +81,15 @@ def test_llama_3_2_1b_shape_has_its_parameter_count():
     with torch.device("meta"):
         net = l3.LlamaModel(cfg)
     assert sum(p.numel() for p in net.parameters()) == pytest.approx(1.236e9, rel=1e-3)
+
+
+def test_bench_perplexity_rows_compare_precisions(tmp_path):
+    text = ("BRUTUS.\nPeace! count the clock.\n\nCASSIUS.\nThe clock hath stricken three.\n\n"
+            "TREBONIUS.\n'Tis time to part.\n\n") * 8
+    (tmp_path / "val.txt").write_text(text + "\n\n\n" + text)
+    rows = commands._course_quality(tmp_path, 300)
+    assert len(rows) == 2
+    for line in rows.values():  # "fp32 a, bf16 b, W8A16 c (+x% vs bf16)"
+        fp32, bf16, w8 = (float(part.split()[1].rstrip(",")) for part in line.split(", ")[:3])
+        assert 1 < fp32 < 4096 and abs(bf16 / fp32 - 1) < 0.05 and abs(w8 / bf16 - 1) < 0.05
+    assert commands._course_quality(tmp_path / "missing", 300) == {}  # no corpus: skipped, said so

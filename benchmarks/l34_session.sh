@@ -40,7 +40,7 @@ profile)  # where the time goes: engine decode steps, the paged kernel's split c
     step profile_decode 100 python3 benchmarks/profile_decode.py --backend triton
     cat "$out/profile_decode.log" ;;
 final)  # after host-overhead and split changes: GPU tests again, then the layer-4 GPU bench (throughput, prefix, kernel)
-    step pytest_gpu 100 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 60 tests/layer4 tests/layer3/test_decode_hook.py tests/layer3/test_quantize_graph.py
+    step pytest_gpu 160 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 60 tests/layer4 tests/layer3/test_decode_hook.py tests/layer3/test_quantize_graph.py
     tail -4 "$out/pytest_gpu.log"
     step bench_layer4 320 stack bench --layer 4 --no-cpu --no-spec
     grep -v "Warning\|sdpa(q" "$out/bench_layer4.log" | tail -45

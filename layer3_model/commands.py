@@ -86,12 +86,12 @@ def _course_quality(data_dir: Path, max_tokens: int) -> dict:
         return {}
     result = {}
     for size in ("target", "draft"):
-        models = {"fp32": load(course_model_dir(size), device="cpu", dtype="float32"),
-                  "bf16": load(course_model_dir(size), device="cpu", dtype="bfloat16")}
-        models["w8a16"] = load(course_model_dir(size), device="cpu", dtype="bfloat16")
-        quantize_model(models["w8a16"].net, include_lm_head=True)
-        ids = models["fp32"].encode("".join(plays))[:max_tokens]
-        ppl = {name: perplexity(m, ids) for name, m in models.items()}
+        fp32 = load(course_model_dir(size), device="cpu", dtype="float32")
+        bf16 = load(course_model_dir(size), device="cpu", dtype="bfloat16")
+        ids = fp32.encode("".join(plays))[:max_tokens]
+        ppl = {"fp32": perplexity(fp32, ids), "bf16": perplexity(bf16, ids)}
+        quantize_model(bf16.net, include_lm_head=True)  # in place: the bf16 model becomes W8A16
+        ppl["w8a16"] = perplexity(bf16, ids)
         result[f"course {size} perplexity on {len(ids)} held-out tokens"] = (
             f"fp32 {ppl['fp32']:.3f}, bf16 {ppl['bf16']:.3f}, W8A16 {ppl['w8a16']:.3f} "
             f"({ppl['w8a16'] / ppl['bf16'] - 1:+.2%} vs bf16)")

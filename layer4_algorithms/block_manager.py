@@ -144,16 +144,17 @@ class BlockManager:
             self._free.append(block)
 
     # ---- allocation ---------------------------------------------------------------------------
-    def _shared_in_write_range(self, seq: Sequence, num_new_tokens: int) -> list[int]:
-        """Indices of table entries that the next num_new_tokens writes touch and others share."""
-        table, bs = seq.block_table, self.block_size
-        first, end = seq.num_computed_tokens // bs, self.blocks_for(seq.num_computed_tokens + num_new_tokens)
-        return [i for i in range(first, min(end, len(table))) if self.ref_counts[table[i]] > 1]
+    def _write_plan(self, seq: Sequence, num_new_tokens: int) -> tuple[int, list[int]]:
+        """For seq's next num_new_tokens writes: (blocks its table must then hold, indices of
+        the table entries those writes touch that other sequences share)."""
+        table, need = seq.block_table, self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+        first = seq.num_computed_tokens // self.block_size
+        return need, [i for i in range(first, min(need, len(table))) if self.ref_counts[table[i]] > 1]
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks allocate_slots(seq, num_new_tokens) takes from the pool (new + copies)."""
-        grow = max(self.blocks_for(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table), 0)
-        return grow + len(self._shared_in_write_range(seq, num_new_tokens))
+        need, shared = self._write_plan(seq, num_new_tokens)
+        return max(need - len(seq.block_table), 0) + len(shared)
 
     def can_allocate(self, seq: Sequence, num_new_tokens: int) -> bool:
         return self.num_new_blocks(seq, num_new_tokens) <= self.num_free_blocks
@@ -161,20 +162,18 @@ class BlockManager:
     def allocate_slots(self, seq: Sequence, num_new_tokens: int) -> list[tuple[int, int]] | None:
         """Make room for seq's next num_new_tokens tokens (positions num_computed..+n-1).
         Returns the copy-on-write pairs (src, dst) to copy before writing, or None (nothing
-        changed) when the pool is too small."""
-        table, first, end = seq.block_table, seq.num_computed_tokens, seq.num_computed_tokens + num_new_tokens
-        if num_new_tokens > 0 and first // self.block_size == (end - 1) // self.block_size < len(table) \
-                and self.ref_counts[table[first // self.block_size]] == 1:
-            return []  # the usual decode step: its slots lie in one block it holds alone
-        if not self.can_allocate(seq, num_new_tokens):
+        changed) when the pool is too small. Runs for every sequence every step: the write
+        range is worked out once."""
+        need, shared = self._write_plan(seq, num_new_tokens)
+        if max(need - len(seq.block_table), 0) + len(shared) > self.num_free_blocks:
             return None
         copies = []
-        for i in self._shared_in_write_range(seq, num_new_tokens):
+        for i in shared:
             old, new = seq.block_table[i], self._take()
             copies.append((old, new))
             self._unref(old)
             seq.block_table[i] = new
-        while len(seq.block_table) < self.blocks_for(seq.num_computed_tokens + num_new_tokens):
+        while len(seq.block_table) < need:
             seq.block_table.append(self._take())
         return copies
 

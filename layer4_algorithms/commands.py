@@ -157,22 +157,22 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
                     help="run one part of the benchmark")
     args = ap.parse_args(argv)
-    if args.only in ("kernel", "spec"):
-        info = {"paged_decode_kernel": _kernel()} if args.only == "kernel" else {"speculative": _spec(args)}
-        _print([], info, name=f"bench_{args.only}.json")
-        return 0
+    parts = {"throughput", "kernel", "spec"} if args.only == "all" else {args.only}
+    gpu = args.gpu and torch.cuda.is_available()
     rows: list[dict] = []
     info: dict = {}
-    if args.cpu:
-        _cpu(rows, args, info)
-    if args.gpu and torch.cuda.is_available():
-        _gpu(rows, args, info)
+    if "throughput" in parts:
+        if args.cpu:
+            _cpu(rows, args, info)
+        if gpu:
+            _gpu(rows, args, info)
+        else:
+            info["gpu"] = "none visible (or --no-gpu): GPU rows skipped"
+    if "kernel" in parts and (gpu or args.only == "kernel"):
         info["paged_decode_kernel"] = _kernel()
-    else:
-        info["gpu"] = "none visible (or --no-gpu): GPU rows skipped"
-    if args.spec and args.only == "all":
+    if "spec" in parts and args.spec:
         info["speculative"] = _spec(args)
-    _print(rows, info)
+    _print(rows, info, name="bench.json" if args.only == "all" else f"bench_{args.only}.json")
     return 0
 
 

@@ -15,6 +15,7 @@ vectorized, double-buffered tiles. Plus CUDA graphs and streams demonstrations.
 
 Re-exported from layer 0 for the layers above: timing, ceilings, results directory.
 """
+import layer0_hardware as hardware  # the layer beneath, as a namespace for the layers above
 from layer0_hardware import (  # re-exported for layer 2 and up
     Ceilings,
     Timing,
@@ -67,6 +68,7 @@ __all__ = [
     # CUDA graphs and streams
     "cuda_graph_demo", "stream_overlap_demo",
     # from layer 0, for the layers above
+    "hardware",
     "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
     "interpreter",
 ]

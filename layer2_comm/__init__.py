@@ -20,6 +20,7 @@ nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), co
 communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
 """
 import layer1_kernels as _kernels
+import layer1_kernels as kernels  # the layer beneath, as a namespace: kernels.rms_norm
 
 from .all_to_all import all_to_all
 from .bandwidth import ping_pong, sweep
@@ -60,6 +61,7 @@ __all__ = [
     "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
     "sweep", "ping_pong", "overlap_demo", "nccl_example",
     # from layer 1, for the layers above
+    "kernels",
     "rms_norm", "apply_rope", "rope_cache", "silu_and_mul", "softmax", "matmul",
     "flash_attention", "int8_matmul", "quantize_int8", "INTERPRETED", "kernel_device",
     "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",

@@ -25,6 +25,7 @@ already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pic
 `kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
 `refuse_interpreted_bf16_dot`, `time_fn`, `Timing`, `load_ceilings`, `Ceilings`.
 """
+import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 from layer2_comm import (  # re-exported for layer 4 (see above)
     INTERPRETED,
     Ceilings,
@@ -79,6 +80,7 @@ __all__ = [
     "CourseLlama", "CourseModelConfig", "COURSE_SIZES", "save_hf", "load_hf",
     "course_model_dir", "COURSE_MODEL_SIZES",
     # from the layers below, for layer 4
+    "comm",
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
     "time_fn", "Timing", "load_ceilings", "Ceilings",
 ]

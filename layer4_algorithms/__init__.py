@@ -19,6 +19,8 @@ Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `
 continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
 speculative accept/reject rule).
 """
+import layer3_model as executor  # the layer beneath, as a namespace: executor.LlamaModel, executor.comm
+
 from .block_manager import BlockManager, PrefixCacheStats
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM, Speculator
@@ -43,6 +45,8 @@ from .spec_sampling import accept_proposals, rejection_sample
 from .speculative import SpecStats, SpeculativeDecoder
 
 __all__ = [
+    # the layer beneath (layer 3, and through it executor.comm = layer 2)
+    "executor",
     # the engine
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
     # its parts

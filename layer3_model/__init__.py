@@ -10,6 +10,10 @@ with `generate(prompts, SamplingParams)`, `stream(prompt, params)` (text deltas)
 The network: `LlamaModel` — RMSNorm, merged QKV projection, RoPE, GQA attention, merged
 gate/up SwiGLU MLP — with kernels by backend ("torch", "triton" = layer 1's fused kernels,
 "compile" = torch.compile), over a flat batch of tokens described by an `AttentionContext`.
+The same model trains (layer 5's parallel schedules train it too): `model(ids (B, T))` ->
+logits (B, T, V) with autograd and no cache, `model.loss(ids, targets)`, `causal_lm_loss`;
+a pipeline stage runs a slice: `embed_tokens`, `causal_layers(x, slice)`, `head`. The
+course model's shapes: `COURSE_SIZES` (ModelConfigs), `new_model(size, vocab, seq)`.
 
 The seam for layer 4: attention reads and writes keys and values only through a `KVCache`
 (`write(layer, k, v, ctx)`, `read(layer, ctx)`); `ContiguousKVCache` is this layer's. A
@@ -45,7 +49,7 @@ from .cuda_graph import CudaGraphDecoder
 from .data import VALIDATION_PLAYS, clean_corpus, format_play, parse_play
 from .data import prepare as prepare_corpus
 from .generate import GenerationStats, Model, RequestOutput, benchmark_decode, load
-from .model import LlamaModel
+from .model import LlamaModel, causal_lm_loss
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -57,7 +61,7 @@ from .tokenizer_train import (
     train_tokenizer,
 )
 from .train_model import SIZES as COURSE_SIZES
-from .train_model import CourseLlama, CourseModelConfig, load_hf, save_hf
+from .train_model import course_config, hf_config, load_hf, new_model, save_hf
 from .weights import load_model, random_model, read_safetensors, save_weights
 
 __all__ = [
@@ -68,7 +72,7 @@ __all__ = [
     "load_model", "read_safetensors", "save_weights", "random_model",
     "Tokenizer", "IncrementalDecoder",
     # the network, its kernels and the KV-cache seam
-    "LlamaModel", "BACKENDS", "Ops", "make_ops",
+    "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
     "AttentionContext", "KVCache", "ContiguousKVCache",
     # sampling
     "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
@@ -77,7 +81,7 @@ __all__ = [
     # the course model: corpus, tokenizer, training (python -m layer3_model.train)
     "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
-    "CourseLlama", "CourseModelConfig", "COURSE_SIZES", "save_hf", "load_hf",
+    "COURSE_SIZES", "course_config", "new_model", "hf_config", "save_hf", "load_hf",
     "course_model_dir", "COURSE_MODEL_SIZES",
     # from the layers below, for layer 4
     "comm",

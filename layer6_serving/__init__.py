@@ -1,5 +1,28 @@
-"""Layer 6 — serving (not built yet).
+"""Layer 6 — serving: the engine behind an OpenAI-compatible HTTP API.
 
-Will hold the async engine, a token-level scheduler, the OpenAI-compatible HTTP API,
-Prometheus metrics and a load generator.
+`AsyncEngine` runs one model's engine (layer 5's `LLM`) in a background thread and gives
+each request an async stream of deltas (token ids, text that never splits a character nor
+leaks a stop string, logprobs, finish reason); leaving a stream aborts its request.
+`create_app(engines, api_key=)` is the FastAPI app (/v1/models, /v1/completions,
+/v1/chat/completions, /health, /metrics); `start_server(models)` runs it with uvicorn in a
+background thread and returns a `ServerHandle` (url, engines, stop()); `serve_main(argv)` is
+`stack serve`.
 """
+import layer5_parallel as parallel  # the layer beneath, as a namespace: parallel.engine.LLM
+
+from .api import create_app
+from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
+from .engine_loop import EngineSnapshot, EngineStepError, RequestTimeoutError
+from .server import ServerHandle, serve_main, start_server
+from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob, safe_length
+
+__all__ = [
+    "parallel",
+    # the contract layer 7 builds on
+    "AsyncEngine", "create_app", "start_server", "ServerHandle", "serve_main",
+    # what a stream carries, and the engine's state
+    "RequestStream", "StreamOutput", "Delta", "TokenLogprob", "RequestMetricsSummary",
+    "EngineSnapshot", "safe_length",
+    # errors
+    "EngineOverloaded", "RequestTimeoutError", "EngineStepError",
+]

@@ -1,0 +1,64 @@
+"""create_app: the FastAPI application over one or more AsyncEngines.
+
+    app = create_app({"course": AsyncEngine("course")}, api_key=None)
+
+Routes: /v1/models, /v1/completions, /v1/chat/completions (routes.py), GET /health (200
+while every engine's loop is alive, else 503), GET /metrics (Prometheus text). With an
+api_key, /v1/* needs `Authorization: Bearer <key>` (401 otherwise); /health and /metrics
+stay open, as in vLLM, for probes and scrapers.
+"""
+from __future__ import annotations
+
+import secrets
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from ..async_engine import AsyncEngine
+from ..metrics import ServingMetrics
+from . import errors
+from .errors import OpenAIError
+from .routes import build_router
+
+
+def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None) -> FastAPI:
+    """The OpenAI-compatible app serving `engines` (model name -> engine)."""
+    if not engines:
+        raise ValueError("create_app needs at least one engine")
+    app = FastAPI(title="llm-stack", version="0.1.0",
+                  description="OpenAI-compatible server over llm-stack's engine (layer 6).")
+    errors.install(app)
+    metrics = ServingMetrics()
+    for name, engine in engines.items():
+        engine.loop.listeners.append(metrics.listener(name))
+    app.state.engines, app.state.metrics = engines, metrics
+
+    async def check_key(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
+                                                                   api_key.encode()):
+            raise OpenAIError(401, "Incorrect API key provided: send 'Authorization: Bearer "
+                              "<key>' with the server's --api-key.", code="invalid_api_key")
+
+    app.include_router(build_router(engines), dependencies=[Depends(check_key)])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """200 with each engine's state while all engine loops run; 503 otherwise."""
+        state = {name: {"alive": e.loop.thread.is_alive(), "running": e.snapshot.running,
+                        "waiting": e.snapshot.waiting, "kv_cache_usage": e.snapshot.kv_usage}
+                 for name, e in engines.items()}
+        ok = all(s["alive"] for s in state.values())
+        return JSONResponse({"status": "ok" if ok else "unhealthy", "models": state},
+                            status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus exposition of the server's metrics (metrics.py)."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

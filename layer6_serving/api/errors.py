@@ -1,0 +1,84 @@
+"""Errors in OpenAI's shape: {"error": {"message", "type", "param", "code"}}, whatever failed.
+
+A client's mistake is a 4xx naming the problem, never a 500: FastAPI's own 422 for a body
+that does not validate becomes a 400 (OpenAI's status for bad parameters) whose `param` is
+the field's path; unknown routes and methods keep their 404 / 405 in the same shape; an
+overloaded engine answers 429 with Retry-After. Anything unexpected is a 500 in the same
+shape (and is a bug to fix).
+"""
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..async_engine import EngineOverloaded
+from ..engine_loop import EngineStepError, RequestTimeoutError
+
+log = logging.getLogger("layer6_serving")
+
+TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 408: "timeout_error", 429: "rate_limit_exceeded",
+         500: "server_error", 503: "server_error"}
+
+
+class OpenAIError(Exception):
+    """Raise from a route to answer `status` with OpenAI's error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": TYPES.get(self.status, "invalid_request_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def from_exception(e: BaseException) -> OpenAIError:
+    """The OpenAIError for an exception the engine or a route raised."""
+    if isinstance(e, OpenAIError):
+        return e
+    if isinstance(e, ValueError):
+        return OpenAIError(400, str(e), code="invalid_value")
+    if isinstance(e, EngineOverloaded):
+        return OpenAIError(429, str(e), code="rate_limit_exceeded",
+                           headers={"Retry-After": str(e.retry_after)})
+    if isinstance(e, RequestTimeoutError):
+        return OpenAIError(408, str(e), code="timeout")
+    if isinstance(e, EngineStepError):
+        return OpenAIError(500, str(e), code="engine_error")
+    log.exception("unexpected error", exc_info=e)
+    return OpenAIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
+
+
+def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
+                        f"{e.get('msg', 'invalid')}" for e in errors[:5])
+    return OpenAIError(400, message or "invalid request", param=".".join(loc) or None,
+                       code="invalid_request").response()
+
+
+def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    err = OpenAIError(exc.status_code, str(exc.detail), code=code,
+                      headers=getattr(exc, "headers", None))
+    return err.response()
+
+
+def install(app: FastAPI) -> None:
+    """Every error the app can produce answers in OpenAI's shape."""
+    app.add_exception_handler(OpenAIError, lambda _, e: e.response())
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, lambda _, e: from_exception(e).response())

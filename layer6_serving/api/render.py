@@ -1,0 +1,129 @@
+"""StreamOutputs -> OpenAI's JSON objects (completions and chat, whole or as chunks).
+
+Shapes, as OpenAI sends them:
+- text_completion: choices[{index, text, logprobs, finish_reason}] with logprobs
+  {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset};
+- chat.completion: choices[{index, message{role, content}, logprobs, finish_reason}] with
+  logprobs {content: [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]};
+- chat.completion.chunk: choices[{index, delta{role?, content?}, logprobs, finish_reason}];
+- usage {prompt_tokens, completion_tokens, total_tokens}; a streamed usage chunk has
+  choices [] and, with include_usage, every other chunk has "usage": null.
+Ours, ignored by OpenAI clients: "llm_stack" {ttft_s, tokens_per_s, cached_prompt_tokens,
+spec_acceptance} on a whole response and on the last chunk before [DONE].
+"""
+from __future__ import annotations
+
+import time
+import uuid
+
+from ..streams import Delta, StreamOutput, TokenLogprob
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+
+
+def usage(out: StreamOutput, n_prompt_copies: int = 1) -> dict:
+    prompt = out.prompt_tokens * n_prompt_copies
+    return {"prompt_tokens": prompt, "completion_tokens": out.completion_tokens,
+            "total_tokens": prompt + out.completion_tokens}
+
+
+def header(rid: str, obj: str, model: str, created: int | None = None) -> dict:
+    return {"id": rid, "object": obj, "created": created or int(time.time()), "model": model,
+            "system_fingerprint": None}
+
+
+# ---- logprobs --------------------------------------------------------------------------------
+def completion_logprobs(lps: list[TokenLogprob | None] | None, offset: int) -> dict | None:
+    """Legacy completions logprobs; offset: characters of text already sent before these."""
+    if lps is None:
+        return None
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for lp in lps:
+        out["tokens"].append(lp.token if lp else "")
+        out["token_logprobs"].append(lp.logprob if lp else None)
+        out["top_logprobs"].append({t: v for _, t, v in lp.top} if lp else None)
+        out["text_offset"].append(offset)
+        offset += len(lp.token) if lp else 0
+    return out
+
+
+def chat_logprobs(lps: list[TokenLogprob | None] | None) -> dict | None:
+    if lps is None:
+        return None
+
+    def one(token: str, logprob: float) -> dict:
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+    content = [dict(one(lp.token, lp.logprob), top_logprobs=[one(t, v) for _, t, v in lp.top])
+               for lp in lps if lp is not None]
+    return {"content": content, "refusal": None}
+
+
+# ---- whole responses -------------------------------------------------------------------------
+def completion_response(rid: str, model: str, out: StreamOutput) -> dict:
+    body = header(rid, "text_completion", model)
+    body["choices"] = [{"index": d.index, "text": d.text,
+                        "logprobs": completion_logprobs(d.logprobs, 0),
+                        "finish_reason": d.finish_reason} for d in out.deltas]
+    body["usage"] = usage(out)
+    body["llm_stack"] = out.metrics.as_dict() if out.metrics else None
+    return body
+
+
+def chat_response(rid: str, model: str, out: StreamOutput) -> dict:
+    body = header(rid, "chat.completion", model)
+    body["choices"] = [{"index": d.index, "message": {"role": "assistant", "content": d.text},
+                        "logprobs": chat_logprobs(d.logprobs), "finish_reason": d.finish_reason}
+                       for d in out.deltas]
+    body["usage"] = usage(out)
+    body["llm_stack"] = out.metrics.as_dict() if out.metrics else None
+    return body
+
+
+# ---- chunks ----------------------------------------------------------------------------------
+class ChunkMaker:
+    """Builds the chunks of one streamed response (same id and created in every chunk)."""
+
+    def __init__(self, rid: str, model: str, chat: bool, include_usage: bool) -> None:
+        self.base = header(rid, "chat.completion.chunk" if chat else "text_completion", model)
+        self.chat, self.include_usage = chat, include_usage
+        self.offsets: dict[int, int] = {}
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        c = dict(self.base, choices=choices)
+        if self.include_usage:
+            c["usage"] = None
+        return c
+
+    def role(self, n: int) -> list[dict]:
+        """Chat streams open with the assistant role, one chunk per choice."""
+        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""},
+                              "logprobs": None, "finish_reason": None}]) for i in range(n)]
+
+    def delta(self, d: Delta) -> dict:
+        if self.chat:
+            choice = {"index": d.index, "delta": {"content": d.text} if d.text else {},
+                      "logprobs": chat_logprobs(d.logprobs), "finish_reason": d.finish_reason}
+        else:
+            off = self.offsets.get(d.index, 0)
+            choice = {"index": d.index, "text": d.text,
+                      "logprobs": completion_logprobs(d.logprobs, off),
+                      "finish_reason": d.finish_reason}
+            self.offsets[d.index] = off + len(d.text)
+        return self._chunk([choice])
+
+    def usage(self, out: StreamOutput) -> dict:
+        return dict(self.base, choices=[], usage=usage(out))
+
+    def chunks(self, out: StreamOutput) -> list[dict]:
+        """The chunks for one StreamOutput; the request's last one carries "llm_stack"."""
+        chunks = [self.delta(d) for d in out.deltas]
+        if out.finished:
+            if self.include_usage:
+                chunks.append(self.usage(out))
+            elif not chunks:
+                chunks.append(self._chunk([]))
+            chunks[-1]["llm_stack"] = out.metrics.as_dict() if out.metrics else None
+        return chunks

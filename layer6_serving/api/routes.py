@@ -1,0 +1,72 @@
+"""The OpenAI endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+
+Each request goes to the engine of the model it names (404 if none); a streamed one gets
+SSE (sse.py), a plain one waits for the whole output (and is aborted if its client leaves).
+"""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from ..async_engine import AsyncEngine
+from . import render
+from .errors import OpenAIError, from_exception
+from .params import EngineArgs, chat_args, completion_args
+from .protocol import ChatCompletionRequest, CompletionRequest
+from .sse import HEADERS, events, until_disconnect
+
+
+def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
+    router = APIRouter(prefix="/v1")
+
+    def engine_for(model: str) -> AsyncEngine:
+        if model not in engines:
+            raise OpenAIError(404, f"The model `{model}` does not exist. Served: "
+                              f"{', '.join(engines)}.", param="model", code="model_not_found")
+        return engines[model]
+
+    @router.get("/models")
+    async def list_models() -> dict:
+        """The served models, OpenAI's list shape (plus each one's context length)."""
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": e.created, "owned_by": "llm-stack",
+             "max_model_len": e.max_model_len} for name, e in engines.items()]}
+
+    async def run(request: Request, engine: AsyncEngine, args: EngineArgs, *, chat: bool,
+                  stream: bool, include_usage: bool, model: str):
+        try:
+            s = await engine.generate(args.prompt_ids, args.params, priority=args.priority,
+                                      logprobs=args.logprobs,
+                                      presence_penalty=args.presence_penalty,
+                                      frequency_penalty=args.frequency_penalty)
+        except Exception as e:  # noqa: BLE001 - bad input or backpressure: a 4xx
+            return from_exception(e).response()
+        rid = render.new_id("chatcmpl" if chat else "cmpl")
+        if stream:
+            maker = render.ChunkMaker(rid, model, chat, include_usage)
+            return StreamingResponse(events(s, maker, args.params.n),
+                                     media_type="text/event-stream", headers=HEADERS)
+        try:
+            out = await until_disconnect(request, s.collect())
+        except Exception as e:  # noqa: BLE001 - timeout or engine failure, in OpenAI's shape
+            return from_exception(e).response()
+        body = (render.chat_response if chat else render.completion_response)(rid, model, out)
+        return JSONResponse(body)
+
+    @router.post("/completions")
+    async def completions(body: CompletionRequest, request: Request):
+        """OpenAI's (legacy) completions: a prompt in, n completions out."""
+        engine = engine_for(body.model)
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await run(request, engine, completion_args(body, engine), chat=False,
+                         stream=body.stream, include_usage=include, model=body.model)
+
+    @router.post("/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        """OpenAI's chat completions through the model's own chat template."""
+        engine = engine_for(body.model)
+        include = bool(body.stream_options and body.stream_options.include_usage)
+        return await run(request, engine, chat_args(body, engine), chat=True,
+                         stream=body.stream, include_usage=include, model=body.model)
+
+    return router

@@ -1,0 +1,64 @@
+"""Server-sent events framed as OpenAI frames them, and disconnect handling.
+
+A stream is `data: {json}\\n\\n` per chunk and `data: [DONE]\\n\\n` last. An error after the
+response has started (HTTP 200 already sent) is a `data: {"error": {...}}` event, then
+[DONE], so a client learns what happened instead of seeing a cut stream.
+
+A client that disconnects: Starlette cancels the streaming task (it listens for
+http.disconnect beside it), the cancellation reaches `await` inside the request's stream,
+and the `finally` below aborts the request: its KV blocks are freed before the engine's
+next step. A non-streamed request has no such listener: `until_disconnect` polls for one.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable
+
+from fastapi import Request
+
+from ..async_engine import RequestStream
+from .errors import from_exception
+from .render import ChunkMaker
+
+DONE = b"data: [DONE]\n\n"
+HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def frame(obj: dict) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def events(stream: RequestStream, maker: ChunkMaker, n: int) -> AsyncIterator[bytes]:
+    """The SSE body of one streamed request."""
+    try:
+        if maker.chat:
+            for c in maker.role(n):
+                yield frame(c)
+        async for out in stream:
+            payload = b"".join(frame(c) for c in maker.chunks(out))
+            if payload:
+                yield payload
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
+        yield frame(from_exception(e).body())
+    finally:
+        await stream.aclose()  # a no-op when finished; otherwise the client left: abort
+    yield DONE
+
+
+async def until_disconnect(request: Request, work: Awaitable, poll_s: float = 0.25):
+    """Await `work`; cancel it (aborting its request) if the client disconnects first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=poll_s)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()

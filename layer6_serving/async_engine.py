@@ -1,0 +1,201 @@
+"""AsyncEngine: one model's engine, served to asyncio code.
+
+    engine = AsyncEngine("course", max_tokens_default=64)
+    stream = await engine.generate("ROMEO.\\n", SamplingParams(temperature=0, max_tokens=32))
+    async for out in stream:                 # StreamOutput: deltas of one engine step
+        print(out.deltas[0].text, end="")
+    final = await (await engine.generate(prompt, params)).collect()   # or all at once
+
+Why a thread and not the event loop: a step is a blocking forward pass (tens of ms); on the
+event loop it would stall every HTTP connection for that long. The engine lives in one
+thread (engine_loop.py) that nothing else touches; the event loop only enqueues commands
+and awaits per-request queues. `generate` checks the request before queueing it (ValueError:
+empty prompt, prompt + max_tokens over the context, more KV than the whole pool) and applies
+backpressure (EngineOverloaded when more than `max_waiting` requests wait for admission).
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Sequence as Seq
+from pathlib import Path
+
+import layer5_parallel as l5
+
+from .engine_loop import EngineLoop, EngineSnapshot, Request
+from .sampler_hook import RequestOptions
+from .streams import Delta, DeltaTracker, StreamOutput
+
+COURSE = "course"
+
+
+class EngineOverloaded(Exception):
+    """Too many requests wait for admission; retry after `retry_after` seconds (HTTP 429)."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def resolve_model(model: str | Path) -> str | Path:
+    """"course" -> the course model's directory; anything else goes to the loader as is."""
+    if str(model) == COURSE:
+        return l5.engine.executor.course_model_dir("target")
+    return model
+
+
+class AsyncEngine:
+    """model: "course", a checkpoint path (or a name layer 3's loader knows), or a built
+    `LLM`. engine_kwargs go to `LLM` (num_blocks, max_num_seqs, ...; tensor_parallel_size
+    when above 1). max_waiting: admission-queue limit (backpressure). request_timeout:
+    default seconds per request (None: none). policy: "fcfs" or "priority". chat_stop: stop
+    strings added to chat requests (the course model ends a speech at a blank line)."""
+
+    def __init__(self, model: str | Path | l5.LLM = COURSE, *, name: str | None = None,
+                 max_waiting: int = 512, request_timeout: float | None = None,
+                 policy: str = "fcfs", chat_stop: Seq[str] | None = None, **engine_kwargs) -> None:
+        if policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
+        if isinstance(model, l5.LLM):
+            self.llm = model
+        else:
+            if engine_kwargs.get("tensor_parallel_size", 1) == 1:
+                engine_kwargs.pop("tensor_parallel_size", None)  # TP=1 is the plain engine
+            self.llm = l5.LLM(resolve_model(model), **engine_kwargs)
+        self.name = name or str(model if not isinstance(model, l5.LLM) else "model")
+        if chat_stop is None:
+            chat_stop = l5.engine.executor.STOP_STRINGS if str(model) == COURSE else ()
+        self.chat_stop = tuple(chat_stop)
+        self.max_waiting, self.request_timeout = max_waiting, request_timeout
+        self.tokenizer = self.llm.model.tokenizer
+        self.max_model_len = self.llm.max_model_len
+        self.created = int(time.time())
+        self._ids = itertools.count()
+        self.loop = EngineLoop(self.llm, token_text=self.token_text, priority=policy == "priority",
+                               name=self.name)
+
+    # ---- facts about the model -----------------------------------------------------------------
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else ""
+
+    def encode(self, prompt: str | Seq[int]) -> list[int]:
+        return self.llm.model.encode(prompt)
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        """The model's own chat template (tokenizer_config.json) -> prompt token ids."""
+        if self.tokenizer is None:
+            raise ValueError(f"model {self.name!r} has no tokenizer: chat needs one")
+        return self.tokenizer.encode_chat(messages)
+
+    @property
+    def snapshot(self) -> EngineSnapshot:
+        """The engine's state after its last turn (written by the engine thread)."""
+        return self.loop.snapshot
+
+    # ---- requests ------------------------------------------------------------------------------
+    async def generate(self, prompt: str | Seq[int], params: l5.SamplingParams | None = None, *,
+                       request_id: str | None = None, priority: int = 0,
+                       timeout: float | None = None, logprobs: int | None = None,
+                       presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
+                       ) -> RequestStream:
+        """Queue a request; returns its stream (an async iterator of StreamOutput) once it is
+        accepted. ValueError for a bad request, EngineOverloaded when the queue is full."""
+        params = l5.SamplingParams() if params is None else params
+        if not isinstance(params, l5.SamplingParams):
+            raise TypeError(f"params must be layer 4's SamplingParams, got {type(params).__name__}")
+        ids = self.encode(prompt)
+        self._check(ids, params)
+        if self.loop.num_queued >= self.max_waiting:
+            raise EngineOverloaded(f"model {self.name!r} has {self.loop.num_queued} requests waiting "
+                                   f"(limit {self.max_waiting}); retry later", retry_after=1)
+        timeout = self.request_timeout if timeout is None else timeout
+        rid = request_id or f"{self.name}-{next(self._ids)}"
+        opts = RequestOptions(logprobs, presence_penalty, frequency_penalty)
+        req = Request(rid, ids, params, opts, priority,
+                      None if timeout is None else time.perf_counter() + timeout,
+                      asyncio.get_running_loop(), asyncio.Queue(),
+                      DeltaTracker(tuple(params.stop), logprobs is not None))
+        self.loop.submit(req)
+        return RequestStream(self, rid, req.queue, len(ids))
+
+    def _check(self, ids: list[int], params) -> None:
+        if not ids:
+            raise ValueError("the prompt is empty")
+        total = len(ids) + params.max_tokens
+        if total > self.max_model_len:
+            raise ValueError(f"this model's context is {self.max_model_len} tokens; the prompt has "
+                             f"{len(ids)} and max_tokens is {params.max_tokens} ({total} in all): "
+                             f"shorten the prompt or lower max_tokens")
+        bm = self.llm.block_manager
+        if bm.blocks_for(total) > bm.num_blocks:
+            raise ValueError(f"{total} tokens need {bm.blocks_for(total)} KV blocks; the cache "
+                             f"holds {bm.num_blocks}: lower max_tokens")
+        if params.n > self.llm.scheduler.max_num_seqs:
+            raise ValueError(f"n={params.n} exceeds the server's max_num_seqs "
+                             f"{self.llm.scheduler.max_num_seqs}")
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request (its KV blocks are freed before the engine's next step)."""
+        self.loop.abort(request_id)
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+
+
+class RequestStream:
+    """A request's async stream of StreamOutputs. Leaving it early (break, aclose, the task
+    being cancelled) aborts the request."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue,
+                 prompt_tokens: int) -> None:
+        self.engine, self.request_id, self._q = engine, request_id, q
+        self.prompt_tokens = prompt_tokens
+        self.finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamOutput:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            item = await self._q.get()
+        except BaseException:  # cancelled while waiting: the client is gone
+            await self.aclose()
+            raise
+        if isinstance(item, BaseException):
+            self.finished = True
+            raise item
+        self.finished = item.finished
+        return item
+
+    async def aclose(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.engine.abort(self.request_id)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def collect(self) -> StreamOutput:
+        """Run the request to the end: one StreamOutput whose deltas hold each completion's
+        whole output (index order)."""
+        merged: dict[int, Delta] = {}
+        last = None
+        async with self:
+            async for out in self:
+                last = out
+                for d in out.deltas:
+                    m = merged.setdefault(d.index, Delta(d.index, [], "", [] if d.logprobs is not None
+                                                         else None))
+                    m.token_ids += d.token_ids
+                    m.text += d.text
+                    if d.logprobs is not None and m.logprobs is not None:
+                        m.logprobs += d.logprobs
+                    m.finish_reason = d.finish_reason or m.finish_reason
+        return StreamOutput(self.request_id, [merged[i] for i in sorted(merged)], True,
+                            last.prompt_tokens, last.completion_tokens, last.metrics)

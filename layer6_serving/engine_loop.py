@@ -1,0 +1,290 @@
+"""The background thread that owns an engine: the only code that touches it.
+
+Requests and aborts cross from the event loop(s) through a thread-safe command queue; the
+thread, each turn:
+
+    drain commands -> expire timed-out requests -> admit by priority -> one engine step
+    -> deliver each advanced request's deltas to its asyncio queue (call_soon_threadsafe)
+
+An abort is applied before the next step, so a client that goes away holds its KV blocks
+for at most the step in flight. Admission: the engine's own scheduler is FCFS; priority is
+applied here, in front of it: requests wait in a heap (priority, arrival) and enter the
+engine only while it has seats free (max_num_seqs), so a high-priority request overtakes
+every lower-priority one still waiting here.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+from .sampler_hook import RequestOptions, SamplerHook
+from .streams import DeltaTracker, RequestMetricsSummary, StreamOutput
+
+
+class RequestTimeoutError(Exception):
+    """The request ran past its timeout; it was aborted and its blocks freed."""
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed in a step; every request it was running was aborted."""
+
+
+@dataclass
+class Request:
+    """A request as the loop tracks it (the fields after `queue` are the loop's own)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: object  # layer 4's SamplingParams
+    options: RequestOptions
+    priority: int
+    deadline: float | None
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    tracker: DeltaTracker
+    arrival: float = field(default_factory=time.perf_counter)
+    order: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_token_time: float | None = None
+    itls: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineSnapshot:
+    """The engine's state after a turn (cumulative counters since the loop started)."""
+
+    steps: int = 0
+    running: int = 0  # sequences in the engine holding KV blocks
+    waiting: int = 0  # sequences queued in the engine + requests waiting for admission here
+    requests: int = 0  # requests this loop tracks (admitted or waiting)
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    preemptions: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+
+@dataclass
+class FinishedRequest:
+    """A finished (or aborted) request's timings, for the metrics listeners."""
+
+    ttft_s: float | None
+    e2e_s: float
+    queue_s: float | None
+    itls: list[float]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None
+
+
+class EngineLoop:
+    """Owns `llm` in a daemon thread. priority: order admission by (priority, arrival)
+    instead of arrival only. Listeners get on_step(EngineSnapshot) after every turn that did
+    something and on_finish(FinishedRequest) per request."""
+
+    def __init__(self, llm, *, token_text, priority: bool, name: str) -> None:
+        self.llm, self.priority = llm, priority
+        self.hook = SamplerHook(llm, token_text)
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.wake = threading.Event()
+        self.pending: list[tuple[int, int, Request]] = []  # heap: waiting for admission
+        self.live: dict[str, Request] = {}  # admitted to the engine
+        self.snapshot = EngineSnapshot(kv_blocks_total=llm.block_manager.num_blocks)
+        self.num_queued = 0  # requests submitted and not yet admitted (read by other threads)
+        self.listeners: list = []
+        self._order = itertools.count()
+        self._seen = {"q": 0, "h": 0, "p": 0, "a": 0, "pre": 0}
+        self._stop = False
+        self.thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
+        self.thread.start()
+
+    # ---- from any thread -----------------------------------------------------------------------
+    def submit(self, req: Request) -> None:
+        self.num_queued += 1
+        self.commands.put(("add", req))
+        self.wake.set()
+
+    def abort(self, request_id: str) -> None:
+        self.commands.put(("abort", request_id))
+        self.wake.set()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop = True
+        self.wake.set()
+        self.thread.join(timeout)
+
+    # ---- the thread ----------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self.wake.clear()
+            self._drain()
+            self._expire()
+            self._admit()
+            if not self.llm.has_unfinished():
+                self._publish()
+                self.wake.wait(0.05 if self.pending or self.live else 1.0)
+                continue
+            try:
+                outs = self.llm.step()
+            except Exception as e:  # noqa: BLE001 - reported to every request, the loop lives on
+                self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
+                continue
+            self.snapshot.steps += 1
+            for o in outs:
+                self._deliver(o)
+            self._publish()
+        for req in list(self.live.values()) + [r for _, _, r in self.pending]:
+            self._drop(req, EngineStepError("the server is shutting down"))
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                kind, arg = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                arg.order = next(self._order)
+                key = arg.priority if self.priority else 0
+                heapq.heappush(self.pending, (key, arg.order, arg))
+            elif arg in self.live:
+                self._abort(self.live[arg], None)
+            else:
+                self._remove_pending(arg)
+
+    def _remove_pending(self, request_id: str) -> None:
+        for i, (_, _, r) in enumerate(self.pending):
+            if r.request_id == request_id:
+                self.pending.pop(i)
+                heapq.heapify(self.pending)
+                self.num_queued -= 1
+                return
+
+    def _expire(self) -> None:
+        now = time.perf_counter()
+        for req in [r for r in self.live.values() if r.deadline is not None and now > r.deadline]:
+            self._abort(req, RequestTimeoutError(f"request {req.request_id} timed out"))
+        for _, _, req in [p for p in self.pending if p[2].deadline is not None and now > p[2].deadline]:
+            self._remove_pending(req.request_id)
+            self._post(req, RequestTimeoutError(f"request {req.request_id} timed out while queued"))
+
+    def _admit(self) -> None:
+        sched = self.llm.scheduler
+        while self.pending and len(sched.waiting) + len(sched.running) < sched.max_num_seqs:
+            _, _, req = heapq.heappop(self.pending)
+            self.num_queued -= 1
+            try:
+                self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id)
+            except ValueError as e:  # a check the server did not make up front
+                self._post(req, e)
+                continue
+            self.hook.add(req.request_id, req.options)
+            req.prompt_tokens = len(req.prompt_ids)
+            self.snapshot.prompt_tokens += req.prompt_tokens
+            self.live[req.request_id] = req
+
+    def _deliver(self, out) -> None:
+        req = self.live.get(out.request_id)
+        if req is None:
+            return
+        now = time.perf_counter()
+        deltas = req.tracker.update(out.outputs, self.hook.take(req.request_id))
+        new = sum(len(d.token_ids) for d in deltas)
+        if new:
+            if req.last_token_time is not None:
+                req.itls.append(now - req.last_token_time)
+            req.last_token_time = now
+            req.completion_tokens += new
+            self.snapshot.generation_tokens += new
+        summary = self._summary(req, out) if out.finished else None
+        if deltas or out.finished:
+            self._post(req, StreamOutput(req.request_id, deltas, out.finished, req.prompt_tokens,
+                                         req.completion_tokens, summary))
+        if out.finished:
+            self._close(req, out.metrics, out.outputs[0].finish_reason)
+
+    def _summary(self, req: Request, out) -> RequestMetricsSummary:
+        m = out.metrics
+        tps = None
+        if m.tpot:
+            tps = 1.0 / m.tpot
+        return RequestMetricsSummary(ttft_s=m.ttft, tokens_per_s=tps,
+                                     cached_prompt_tokens=m.num_cached_tokens,
+                                     spec_acceptance=self.snapshot.spec_acceptance,
+                                     e2e_s=m.latency, queue_s=m.queue_time)
+
+    def _abort(self, req: Request, error: Exception | None) -> None:
+        out = self.llm.abort(req.request_id)  # frees its KV blocks now
+        if error is not None:
+            self._post(req, error)
+        self._close(req, out.metrics if out else None, "abort")
+
+    def _close(self, req: Request, metrics, reason: str | None) -> None:
+        self.live.pop(req.request_id, None)
+        self.hook.forget(req.request_id)
+        done = FinishedRequest(ttft_s=metrics.ttft if metrics else None,
+                               e2e_s=time.perf_counter() - req.arrival,
+                               queue_s=metrics.queue_time if metrics else None, itls=req.itls,
+                               prompt_tokens=req.prompt_tokens,
+                               completion_tokens=req.completion_tokens, finish_reason=reason)
+        for listener in self.listeners:
+            listener.on_finish(done)
+
+    def _drop(self, req: Request, error: Exception) -> None:
+        if req.request_id in self.live:
+            self._abort(req, error)
+        else:
+            self._post(req, error)
+
+    def _fail_all(self, error: Exception) -> None:
+        for req in list(self.live.values()):
+            try:
+                self._abort(req, error)
+            except Exception:  # noqa: BLE001 - the engine is already broken: drop our side
+                self.live.pop(req.request_id, None)
+                self._post(req, error)
+        self._publish()
+
+    def _post(self, req: Request, item) -> None:
+        try:
+            req.loop.call_soon_threadsafe(req.queue.put_nowait, item)
+        except RuntimeError:  # its event loop is closed: the client is long gone
+            pass
+
+    def _publish(self) -> None:
+        """Refresh the snapshot from the engine and tell the listeners."""
+        llm, s = self.llm, self.snapshot
+        sched, bm = llm.scheduler, llm.block_manager
+        s.running, s.waiting = len(sched.running), len(sched.waiting) + len(self.pending)
+        s.requests = len(self.live) + len(self.pending)
+        s.kv_blocks_used = bm.num_blocks - bm.num_free_blocks
+        st = llm.stats
+        for key, cur, attr in (("q", st.prefix_queried_tokens, "prefix_queried_tokens"),
+                               ("h", st.prefix_hit_tokens, "prefix_hit_tokens"),
+                               ("p", st.spec_proposed, "spec_proposed"),
+                               ("a", st.spec_accepted, "spec_accepted"),
+                               ("pre", st.preemptions, "preemptions")):
+            setattr(s, attr, getattr(s, attr) + max(0, cur - self._seen[key]))
+            self._seen[key] = cur
+        if len(st.ttfts) > 10_000:  # the engine keeps per-request lists: bound a long-lived server
+            llm.reset_stats()
+            self._seen = dict.fromkeys(self._seen, 0)
+        for listener in self.listeners:
+            listener.on_step(s)

@@ -1,0 +1,144 @@
+"""Run the server: in-process in a background thread (`start_server`), or from the command
+line (`serve_main`, i.e. `stack serve`).
+
+    with start_server(["course"]) as srv:          # port 0: a free port
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="x").completions.create(...)
+
+Several models share one server, each with its own engine (its own KV budget and engine
+thread); a request goes to the engine of the model it names.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import uvicorn
+from fastapi import FastAPI
+
+from .api import create_app
+from .async_engine import AsyncEngine
+
+ModelSpec = str | Path | Mapping | AsyncEngine
+
+
+def build_engines(models: Sequence[str | Path] | Mapping[str, ModelSpec], *,
+                  tensor_parallel_size: int = 1, **engine_kwargs) -> dict[str, AsyncEngine]:
+    """models: names/paths (served under that name), or name -> path | dict of AsyncEngine
+    arguments ({"model": path, "num_blocks": 256, ...}) | a ready AsyncEngine."""
+    specs = dict(models) if isinstance(models, Mapping) else {str(m): str(m) for m in models}
+    if not specs:
+        raise ValueError("no models to serve")
+    engines: dict[str, AsyncEngine] = {}
+    try:
+        for name, spec in specs.items():
+            if isinstance(spec, AsyncEngine):
+                engines[name] = spec
+                continue
+            kwargs = dict(engine_kwargs, tensor_parallel_size=tensor_parallel_size)
+            if isinstance(spec, Mapping):
+                kwargs.update(spec)
+                spec = kwargs.pop("model", name)
+            engines[name] = AsyncEngine(spec, name=name, **kwargs)
+    except BaseException:
+        for e in engines.values():
+            e.shutdown()
+        raise
+    return engines
+
+
+class ServerHandle:
+    """A running server: `url` ("http://127.0.0.1:43123"), `engines`, `app`, `stop()`."""
+
+    def __init__(self, app: FastAPI, engines: dict[str, AsyncEngine], sock: socket.socket,
+                 owned: list[AsyncEngine]) -> None:
+        self.app, self.engines, self._owned = app, engines, owned
+        host, port = sock.getsockname()[:2]
+        self.host, self.port = host, port
+        self.url = f"http://{host}:{port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
+                                timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"uvicorn-{port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 30
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        """Stop accepting, end the uvicorn thread, stop the engines this server built."""
+        self._server.should_exit = True
+        self._thread.join(10)
+        for e in self._owned:
+            e.shutdown()
+        self._owned = []
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("course",), *,
+                 host: str = "127.0.0.1", port: int = 0, tensor_parallel_size: int = 1,
+                 api_key: str | None = None, **engine_kwargs) -> ServerHandle:
+    """Build an engine per model, serve them with uvicorn in a background thread, and return
+    once the server accepts requests. port=0 picks a free port."""
+    engines = build_engines(models, tensor_parallel_size=tensor_parallel_size, **engine_kwargs)
+    owned = [e for name, e in engines.items()
+             if not (isinstance(models, Mapping) and isinstance(models[name], AsyncEngine))]
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+        sock.setblocking(False)
+        return ServerHandle(create_app(engines, api_key=api_key), engines, sock, owned)
+    except BaseException:
+        for e in owned:
+            e.shutdown()
+        raise
+
+
+def serve_main(argv: list[str]) -> int:
+    """`stack serve --model M [--model M2 ...] [--host H] [--port P] [--tp N] [--api-key K]`."""
+    ap = argparse.ArgumentParser(prog="stack serve", description="OpenAI-compatible server")
+    ap.add_argument("--model", action="append", help='"course" (default), a checkpoint '
+                    "directory, or a name the model loader knows; repeat to serve several")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model")
+    ap.add_argument("--max-num-seqs", type=int, default=None)
+    ap.add_argument("--max-waiting", type=int, default=512, help="queue limit before 429")
+    ap.add_argument("--request-timeout", type=float, default=None, help="seconds per request")
+    ap.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
+    args = ap.parse_args(argv)
+    kwargs = {k: v for k, v in (("num_blocks", args.num_blocks),
+                                ("max_num_seqs", args.max_num_seqs)) if v is not None}
+    try:
+        handle = start_server(args.model or ["course"], host=args.host, port=args.port,
+                              tensor_parallel_size=args.tp, api_key=args.api_key,
+                              max_waiting=args.max_waiting, request_timeout=args.request_timeout,
+                              policy=args.policy, **kwargs)
+    except (ValueError, FileNotFoundError, OSError) as e:
+        print(f"error: {e}")
+        return 2
+    print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
+    try:
+        while handle._thread.is_alive():
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+    return 0

@@ -15,7 +15,26 @@ from layer4_algorithms import (  # re-exported for layer 6
     SamplingParams,
 )
 
+# expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
+from .expert_parallel import ExpertParallelMoE, expert_ranges
+from .moe import MoEBlock, MoEStats, Routing, route
+from .ring_attention import (
+    attention_block,
+    merge_partial,
+    ring_attention,
+    ring_attention_simulated,
+    shard_sequence,
+    unshard_sequence,
+)
+from .sequence_parallel import SequenceParallelMLP, gather_rows, mlp_block, reduce_scatter_rows
+
 __all__ = [
     "engine",
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    # expert parallelism
+    "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
+    # context parallelism
+    "ring_attention", "ring_attention_simulated", "attention_block", "merge_partial",
+    "shard_sequence", "unshard_sequence",
+    "SequenceParallelMLP", "mlp_block", "gather_rows", "reduce_scatter_rows",
 ]

@@ -2,7 +2,7 @@
 # One device call: train course-model variants side by side on one GPU (they are far too
 # small to fill it), pack them for the trip back, then run any GPU tests given as arguments.
 #   bash benchmarks/train_course_models.sh [PYTEST_ARGS...]
-# Needs build/course-data (carry it): see layer3_model/train.py for how it is prepared.
+# Needs build/course-data (carry it): see layer3_model/training/train.py for how it is prepared.
 # Each line of $VARIANTS is "NAME SIZE TRAIN-ARGS..."; the chosen ones get committed to models/.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -13,7 +13,7 @@ VARIANTS=${VARIANTS:-"target target --steps 1000 --lr 1e-3 --dropout 0.2
 draft draft --steps 1200 --lr 2e-3 --dropout 0.1"}
 while read -r name size args; do
     # shellcheck disable=SC2086
-    python3 -m layer3_model.train --size "$size" --data build/course-data --out "$models/$name" \
+    python3 -m layer3_model.training.train --size "$size" --data build/course-data --out "$models/$name" \
         --ckpt "/tmp/$name.ckpt.pt" --batch 32 --seq 512 --eval-every 100 --eval-batches 8 \
         --max-minutes 5 $args >"$models/$name.log" 2>&1 &
 done <<<"$VARIANTS"

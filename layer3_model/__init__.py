@@ -46,22 +46,29 @@ from .backends import BACKENDS, Ops, make_ops
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder
-from .data import VALIDATION_PLAYS, clean_corpus, format_play, parse_play
-from .data import prepare as prepare_corpus
 from .generate import GenerationStats, Model, RequestOutput, benchmark_decode, load
 from .model import LlamaModel, causal_lm_loss
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
 from .tokenizer import IncrementalDecoder, Tokenizer
-from .tokenizer_train import (
+from .training import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
     STOP_STRINGS,
+    VALIDATION_PLAYS,
+    clean_corpus,
+    course_config,
+    format_play,
+    hf_config,
+    load_hf,
+    new_model,
+    parse_play,
     render_chat,
+    save_hf,
     train_tokenizer,
 )
-from .train_model import SIZES as COURSE_SIZES
-from .train_model import course_config, hf_config, load_hf, new_model, save_hf
+from .training import SIZES as COURSE_SIZES
+from .training import prepare as prepare_corpus
 from .weights import load_model, random_model, read_safetensors, save_weights
 
 __all__ = [
@@ -78,7 +85,7 @@ __all__ = [
     "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
     # quantization and CUDA graphs
     "quantize_model", "Int8Linear", "perplexity", "weight_bytes", "CudaGraphDecoder",
-    # the course model: corpus, tokenizer, training (python -m layer3_model.train)
+    # the course model: corpus, tokenizer, training (python -m layer3_model.training.train)
     "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
     "COURSE_SIZES", "course_config", "new_model", "hf_config", "save_hf", "load_hf",

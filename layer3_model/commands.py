@@ -7,7 +7,7 @@ Llama-3.2-1B's shape in bf16: batch-1 decode (CUDA graphs) as tokens/s and memor
 utilisation, against transformers' generate on the same shape in the same run; a 2048-token
 prefill as model-FLOP utilisation; W8A16 against bf16 decode. What W8A16 costs in quality:
 the course models' perplexity on held-out plays in fp32, bf16 and W8A16 (when the corpus has
-been prepared: `python -m layer3_model.data --out build/course-data`).
+been prepared: `python -m layer3_model.training.data --out build/course-data`).
 """
 from __future__ import annotations
 
@@ -27,11 +27,11 @@ import layer2_comm as comm
 from . import bench as B
 from .config import ModelConfig
 from .course_model import course_model_dir
-from .data import load_split
 from .generate import Model, benchmark_decode, load
 from .quantize import perplexity, quantize_model
 from .sampling import SamplingParams
 from .shapes import LLAMA_3_2_1B
+from .training import load_split
 from .weights import random_model
 
 TITLE = "model execution"
@@ -160,7 +160,7 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
     ap.add_argument("--cpu-tokens", type=int, default=64, help="new tokens for the CPU course-model runs")
     ap.add_argument("--val-data", type=Path, default=Path("build/course-data"),
-                    help="prepared corpus (python -m layer3_model.data) for the perplexity rows")
+                    help="prepared corpus (python -m layer3_model.training.data) for the perplexity rows")
     ap.add_argument("--ppl-tokens", type=int, default=30000, help="held-out tokens scored for perplexity")
     args = ap.parse_args(argv)
     rows: list[dict] = []

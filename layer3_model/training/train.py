@@ -1,8 +1,8 @@
 """Train the course model (target ~11M or draft ~1.2M parameters) on the prepared plays.
 
-    python -m layer3_model.data --out DATA                  # fetch + clean + split
-    python -m layer3_model.tokenizer_train --data DATA      # DATA/tokenizer/
-    python -m layer3_model.train --size target --data DATA --out OUT [--steps N ...]
+    python -m layer3_model.training.data --out DATA                  # fetch + clean + split
+    python -m layer3_model.training.tokenizer --data DATA      # DATA/tokenizer/
+    python -m layer3_model.training.train --size target --data DATA --out OUT [--steps N ...]
 
 The plays are tokenized once into DATA/tokens/{train,val}.npy (uint16: carry that folder
 and DATA/tokenizer to the GPU machine; the text is not needed there). Each step samples
@@ -24,11 +24,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from ..model import LlamaModel, causal_lm_loss
+from .card import hardware_name, write_model_dir
+from .course import SIZES, new_model
 from .data import cache_dir
-from .model import LlamaModel, causal_lm_loss
-from .train_card import hardware_name, write_model_dir
-from .train_model import SIZES, new_model
-from .train_tokens import load_tokens
+from .tokens import load_tokens
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

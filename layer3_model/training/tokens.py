@@ -15,7 +15,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from .data import load_split
-from .tokenizer_train import special_token_ids
+from .tokenizer import special_token_ids
 
 
 def _sha256(path: Path) -> str:
@@ -37,7 +37,7 @@ def load_tokens(data_dir: Path, tokenizer_dir: Path) -> tuple[np.ndarray, np.nda
     """(train tokens, val tokens, meta), memory-mapped; tokenizes DATA/{train,val}.txt if needed."""
     data_dir, tok_file = Path(data_dir), Path(tokenizer_dir) / "tokenizer.json"
     if not tok_file.is_file():
-        raise FileNotFoundError(f"{tok_file} is missing: run `python -m layer3_model.tokenizer_train "
+        raise FileNotFoundError(f"{tok_file} is missing: run `python -m layer3_model.training.tokenizer "
                                 f"--data {data_dir}` first")
     tok_dir = data_dir / "tokens"
     meta_file = tok_dir / "meta.json"

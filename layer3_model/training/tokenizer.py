@@ -11,7 +11,7 @@ as `assistant_name` (default HAMLET), a system message as the CHORUS, and a mess
 own `name` overriding either. The generation prompt is the assistant's heading
 `HAMLET.\\n`; generation should stop at the blank line that ends a speech ("\\n\\n").
 
-    python -m layer3_model.tokenizer_train --data DIR          # writes DIR/tokenizer/
+    python -m layer3_model.training.tokenizer --data DIR          # writes DIR/tokenizer/
 """
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def special_token_ids(tok: Tokenizer) -> dict[str, int]:
     ids = {name: tok.token_to_id(t) for name, t in zip(("bos", "eos", "pad"), SPECIAL_TOKENS, strict=True)}
     missing = [SPECIAL_TOKENS[i] for i, v in enumerate(ids.values()) if v is None]
     if missing:
-        raise ValueError(f"tokenizer has no {', '.join(missing)}: not trained by tokenizer_train?")
+        raise ValueError(f"tokenizer has no {', '.join(missing)}: not trained by training.tokenizer?")
     return ids
 
 

@@ -22,7 +22,9 @@ import torch
 class SamplingParams:
     """temperature >= 0 (0: greedy); top_k >= 0 (0 or -1: off); 0 < top_p <= 1 (1: off);
     seed: None draws a fresh one; max_tokens >= 1 new tokens at most; stop: strings that end
-    the output (not included in it); ignore_eos: keep going past the EOS token."""
+    the output (not included in it); ignore_eos: keep going past the EOS token; n: how many
+    completions to sample from one prompt (parallel sampling, layer 4's engine: completion i
+    is seeded with seed + i; layer 3's generate makes one completion and refuses n > 1)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -31,6 +33,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop: tuple[str, ...] = field(default=())
     ignore_eos: bool = False
+    n: int = 1
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single string is a common slip: accept it as one stop
@@ -48,6 +51,8 @@ class SamplingParams:
             problems.append(f"seed must be a non-negative int or None, got {self.seed!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             problems.append(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+            problems.append(f"n must be an int >= 1, got {self.n!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             problems.append(f"stop must be non-empty strings, got {self.stop!r}")
         if problems:

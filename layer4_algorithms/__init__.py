@@ -20,8 +20,10 @@ continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one seq
 speculative accept/reject rule).
 """
 import layer3_model as executor  # the layer beneath, as a namespace: executor.LlamaModel, executor.comm
+from layer3_model import SamplingParams  # one SamplingParams for layers 3 and up (n: layer 4)
 
 from .block_manager import BlockManager, PrefixCacheStats
+from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM, Speculator
 from .essentials import (
@@ -38,9 +40,9 @@ from .paged_attention import paged_decode_attention, paged_decode_attention_refe
 from .paged_cache import PagedKVCache, blocks_for_budget, bytes_per_block
 from .proposers import DraftModelProposer, NgramProposer, Proposal
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from .sequence import SamplingParams, Sequence, SequenceStatus
+from .sequence import Sequence, SequenceStatus
 from .spec_bench import bench_speculative
-from .spec_engine import EngineSpeculator, SpecConfig
+from .spec_engine import EngineSpeculator, SpecCounts
 from .spec_sampling import accept_proposals, rejection_sample
 from .speculative import SpecStats, SpeculativeDecoder
 
@@ -48,7 +50,7 @@ __all__ = [
     # the layer beneath (layer 3, and through it executor.comm = layer 2)
     "executor",
     # the engine
-    "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    "LLM", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
     # its parts
     "PagedKVCache", "blocks_for_budget", "bytes_per_block",
     "BlockManager", "PrefixCacheStats", "Sequence", "SequenceStatus",
@@ -56,7 +58,7 @@ __all__ = [
     # kernels: paged decode attention, CUDA-graph decode
     "paged_decode_attention", "paged_decode_attention_reference", "CudaGraphRunner", "bucket_sizes",
     # speculative decoding
-    "SpeculativeDecoder", "SpecStats", "SpecConfig", "EngineSpeculator", "NgramProposer",
+    "SpeculativeDecoder", "SpecStats", "SpecConfig", "SpecCounts", "EngineSpeculator", "NgramProposer",
     "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals", "bench_speculative",
     # the core algorithms at teaching size (lab 4)
     "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",

@@ -21,7 +21,6 @@ import torch
 import layer3_model as l3
 
 from .engine import LLM
-from .sequence import SamplingParams
 
 # meta-llama/Llama-3.2-1B's config.json fields (layer 3's shapes.py; not in its public API).
 LLAMA_3_2_1B: dict = {
@@ -48,8 +47,8 @@ class Workload:
     def output_tokens(self) -> int:
         return sum(self.out_lens)
 
-    def params(self) -> list[SamplingParams]:
-        return [SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in self.out_lens]
+    def params(self) -> list[l3.SamplingParams]:
+        return [l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in self.out_lens]
 
 
 def random_workload(num_seqs: int, lo: int, hi: int, vocab: int, seed: int = 0) -> Workload:
@@ -75,7 +74,7 @@ def time_engine(llm: LLM, wl: Workload) -> dict:
     """Throughput of llm.generate over the workload, after a short warm-up (kernels compiled,
     CUDA graphs captured)."""
     dev = llm.model.device
-    llm.generate(wl.prompts[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    llm.generate(wl.prompts[:2], l3.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     llm.block_manager.reset_prefix_cache()
     start = _sync(dev)
     outs = llm.generate(wl.prompts, wl.params())
@@ -146,7 +145,7 @@ def prefix_ttft(model: l3.Model, *, prefix_len: int, suffix_len: int, num_seqs: 
         return [prefix + [rng.randrange(vocab) for _ in range(suffix_len)] for _ in range(num_seqs)]
 
     warmup, prompts = batch(), batch()
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    params = l3.SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     llm = LLM(model, enable_prefix_caching=enable_prefix_caching, **llm_kwargs)
     llm.generate(warmup, params)
     outs = llm.generate(prompts, params)

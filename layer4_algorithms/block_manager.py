@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
+from .config import EngineConfig
 from .sequence import Sequence
 
 
@@ -48,19 +49,33 @@ class BlockManager:
     """Free list, reference counts, block tables, copy-on-write and the prefix cache for a
     pool of `num_blocks` blocks of `block_size` tokens."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, *,
+                 enable_prefix_caching: bool = True) -> None:
         if not isinstance(num_blocks, int) or num_blocks < 1:
             raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
         if not isinstance(block_size, int) or block_size < 1:
             raise ValueError(f"block_size must be an int >= 1, got {block_size!r}")
-        self.num_blocks, self.block_size, self.enable_prefix_caching = num_blocks, block_size, enable_prefix_caching
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
         self.ref_counts = [0] * num_blocks
         self._hash_of: list[int | None] = [None] * num_blocks
-        self._key_of: dict[int, tuple] = {}  # block -> (parent hash, tokens): the exact check behind a hash
+        # block -> (parent hash, tokens): the exact check behind a hash
+        self._key_of: dict[int, tuple] = {}
         self._cached: dict[int, int] = {}  # hash -> block
         self._free: deque[int] = deque(range(num_blocks))
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # refcount-0 cached blocks, oldest first
+        # refcount-0 cached blocks, oldest first
+        self._evictable: OrderedDict[int, None] = OrderedDict()
         self.stats = PrefixCacheStats()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> BlockManager:
+        """The engine's pool: config.num_blocks (resolved) of config.block_size tokens."""
+        if config.num_blocks is None:
+            raise ValueError("EngineConfig.num_blocks is None: LLM resolves it from the byte "
+                             "budget; set it when you build a BlockManager yourself")
+        return cls(config.num_blocks, config.block_size,
+                   enable_prefix_caching=config.enable_prefix_caching)
 
     # ---- sizes -----------------------------------------------------------------------------
     @property

@@ -25,7 +25,6 @@ import layer3_model as l3
 
 from . import bench as B
 from .engine import LLM
-from .sequence import SamplingParams
 from .spec_bench import bench_speculative, format_bench
 
 TITLE = "paged KV cache, prefix caching, continuous batching"
@@ -76,7 +75,7 @@ def run(argv: list[str] | None = None) -> int:
         for _ in range(2):  # arrivals while others run: continuous batching admits them mid-flight
             if pending:
                 i, (prompt, max_tokens, n) = pending.pop(0)
-                llm.add_request(prompt, SamplingParams(temperature=args.temperature, top_k=40, seed=args.seed + 10 * i,
+                llm.add_request(prompt, l3.SamplingParams(temperature=args.temperature, top_k=40, seed=args.seed + 10 * i,
                                                        max_tokens=max_tokens, stop=("\n\n",), n=n), str(i))
         for o in llm.step(unfinished=False):
             outs[o.request_id] = o

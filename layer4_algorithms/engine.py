@@ -1,7 +1,8 @@
 """The offline engine, vLLM's `LLM`: requests in, completions out, one step at a time.
 
-    llm = LLM("models/course-target", num_blocks=512, block_size=16)
-    outs = llm.generate(["ROMEO.\\n", "JULIET.\\n"], SamplingParams(temperature=0.8, max_tokens=64, n=2))
+    llm = LLM("models/course-target", EngineConfig(num_blocks=512, block_size=16))
+    params = SamplingParams(temperature=0.8, max_tokens=64, n=2)
+    outs = llm.generate(["ROMEO.\\n", "JULIET.\\n"], params)
     outs[0].outputs[1].text, outs[0].metrics.ttft, llm.stats.prefix_hit_rate
 
 One `step()`: the scheduler picks the step's sequences and token counts, the model runner
@@ -14,85 +15,116 @@ Extension point for speculative decoding (a `Speculator`): the scheduler reserve
 `num_lookahead_slots` KV slots and budget per decoding sequence (ScheduledSeq.num_lookahead);
 `propose(out)` fills ScheduledSeq.spec_token_ids (at most num_lookahead each); the runner
 returns logits for the last real token and every draft; `verify(items)` returns the tokens
-to append per sequence (accepted drafts + one); the scheduler rolls the KV back past the
-accepted ones (BlockManager.truncate) and calls `release(seq)` when a sequence gives up its
-row (finish, abort, preemption).
+to append per sequence (accepted drafts + one) and records them in `counts` (SpecCounts:
+the only place speculation is counted; `LLM.stats` reads it); the scheduler rolls the KV
+back past the accepted ones (BlockManager.truncate) and calls `release(seq)` when a
+sequence gives up its row (finish, abort, preemption).
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections.abc import Sequence as Seq
+from dataclasses import fields, replace
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 import layer3_model as l3
 
 from .block_manager import BlockManager, PrefixCacheStats
-from .model_runner import DEFAULT_ATTN_BYTES_LIMIT, ModelRunner
+from .config import EngineConfig
+from .model_runner import ModelRunner
 from .outputs import EngineStats, ProgressBar, RequestOutput
 from .paged_cache import PagedKVCache, blocks_for_budget
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
-from .sequence import SamplingParams, Sequence
-from .spec_engine import EngineSpeculator
+from .sequence import Sequence
+from .spec_engine import EngineSpeculator, SpecCounts, Speculator
 
-
-class Speculator(Protocol):
-    num_lookahead_slots: int
-
-    def propose(self, out: SchedulerOutput) -> None: ...
-
-    def verify(self, items: list[tuple[ScheduledSeq, torch.Tensor]]) -> dict[int, list[int]]: ...
-
-    def release(self, seq: Sequence) -> None: ...
+SamplingParams = l3.SamplingParams
 
 
 class LLM:
-    """model: a checkpoint directory or a loaded layer-3 Model. KV budget: num_blocks, or
-    kv_cache_bytes, or (default) gpu_memory_utilization of free GPU memory / 512 MiB on CPU.
-    scheduling: "continuous" or "static" (the baseline: fixed batches run to completion)."""
+    """The engine. model: a checkpoint directory, or an already-loaded layer-3 `Model` (its
+    `.net` runs the steps; the KV cache is sized from its `.config`). config: an EngineConfig
+    (default EngineConfig()); keyword overrides are applied to it with dataclasses.replace,
+    so `LLM(path, num_blocks=512, max_num_seqs=8)` works as in vLLM. speculator: a custom
+    Speculator (else one is built from config.speculative, if set). `llm.config` is the
+    config the engine runs with (max_model_len and num_blocks resolved from the model).
 
-    def __init__(self, model: str | Path | l3.Model, *, backend: str = "torch", dtype: str | torch.dtype | None = None,
-                 device: str | torch.device | None = None, block_size: int = 16, num_blocks: int | None = None,
-                 kv_cache_bytes: int | None = None, gpu_memory_utilization: float = 0.85, max_num_seqs: int = 256,
-                 max_num_batched_tokens: int = 2048, max_model_len: int | None = None,
-                 enable_prefix_caching: bool = True, enable_chunked_prefill: bool = True,
-                 scheduling: str = "continuous", cuda_graph: bool = False,
-                 attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT, speculator: Speculator | None = None,
-                 speculative: dict | None = None) -> None:
-        self.model = model if isinstance(model, l3.Model) else l3.load(model, backend=backend, dtype=dtype, device=device)
-        net, config = self.model.net, self.model.config
-        self.max_model_len = min(max_model_len or config.max_position_embeddings, config.max_position_embeddings)
-        if num_blocks is not None and kv_cache_bytes is not None:
-            raise ValueError("give num_blocks or kv_cache_bytes, not both")
-        if num_blocks is None:
-            num_blocks = blocks_for_budget(config, block_size, net.dtype, num_bytes=kv_cache_bytes,
-                                           device=net.device, gpu_memory_utilization=gpu_memory_utilization)
-        self.cache = PagedKVCache.for_model(config, num_blocks, block_size, dtype=net.dtype, device=net.device)
-        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching=enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, max_num_seqs=max_num_seqs,
-                                   max_num_batched_tokens=max_num_batched_tokens, max_model_len=self.max_model_len,
-                                   enable_chunked_prefill=enable_chunked_prefill, policy=scheduling)
-        self.runner = ModelRunner(net, self.cache, attn_bytes_limit=attn_bytes_limit, cuda_graph=cuda_graph,
-                                  max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)
-        if speculative is not None:
-            speculator = EngineSpeculator.for_engine(self, **speculative)
+    Extending it (layer 5): pass a Model whose `.net` is a parallel wrapper with LlamaModel's
+    forward signature and whose `.config` has the per-rank head counts, and the cache and
+    runner follow it; or subclass LLM and override `make_runner` (the runner, and the
+    network it runs) or `make_cache` (the KV tensors); both are called once, in __init__,
+    after `self.model` and `self.config` are set. An EngineConfig subclass with more fields
+    passes through unchanged."""
+
+    def __init__(self, model: str | Path | l3.Model, config: EngineConfig | None = None, *,
+                 speculator: Speculator | None = None, **overrides) -> None:
+        config = config if config is not None else EngineConfig()
+        unknown = sorted(set(overrides) - {f.name for f in fields(config)})
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {', '.join(unknown)}: "
+                            f"{type(config).__name__} has no such field")
+        config = replace(config, **overrides) if overrides else config
+        if speculator is not None and config.speculative is not None:
+            raise ValueError("give a speculator or config.speculative, not both")
+        if isinstance(model, l3.Model):
+            self.model = model
+        else:
+            self.model = l3.load(model, backend=config.backend, dtype=config.dtype,
+                                 device=config.device)
+        self.config = self.resolve(config)
+        self.cache = self.make_cache()
+        self.block_manager = BlockManager.from_config(self.config)
+        if speculator is None and self.config.speculative is not None:
+            speculator = EngineSpeculator.from_config(self.config, self.model)
         self.speculator = speculator
-        if speculator is not None:
-            self.scheduler.num_lookahead_slots = speculator.num_lookahead_slots
-            self.scheduler.on_release.append(speculator.release)
-        self._seq_ids, self._request_ids = itertools.count(), itertools.count()
-        self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, its sequences)
+        lookahead = speculator.num_lookahead_slots if speculator is not None else 0
+        release = (speculator.release,) if speculator is not None else ()
+        self.scheduler = Scheduler(self.block_manager, self.config,
+                                   num_lookahead_slots=lookahead, on_release=release)
+        self.runner = self.make_runner()
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self.reset_stats()
 
-    # ---- requests ------------------------------------------------------------------------------
+    def resolve(self, config: EngineConfig) -> EngineConfig:
+        """The config with the model-dependent knobs filled in: max_model_len capped by the
+        model's max_position_embeddings, num_blocks from the byte budget when not given."""
+        mc, net = self.model.config, self.model.net
+        limit = mc.max_position_embeddings
+        max_model_len = min(config.max_model_len or limit, limit)
+        num_blocks = config.num_blocks
+        if num_blocks is None:
+            num_blocks = blocks_for_budget(
+                mc, config.block_size, net.dtype, num_bytes=config.kv_cache_bytes,
+                device=net.device, gpu_memory_utilization=config.gpu_memory_utilization)
+        return replace(config, max_model_len=max_model_len, num_blocks=num_blocks,
+                       kv_cache_bytes=None)
+
+    def make_cache(self) -> PagedKVCache:
+        """The paged KV pool, shaped by the model's config (per-rank heads under layer 5)."""
+        net = self.model.net
+        return PagedKVCache.for_model(self.model.config, self.config.num_blocks,
+                                      self.config.block_size, dtype=net.dtype, device=net.device)
+
+    def make_runner(self) -> ModelRunner:
+        """The runner of the steps: override to run a different network over self.cache."""
+        return ModelRunner(self.model.net, self.cache, self.config)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    # ---- requests ------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], params: l3.SamplingParams | None = None,
                     request_id: str | None = None) -> str:
         """Queue a prompt (text, or token ids); returns its request id. ValueError for an
         empty or unknown-token prompt, or one that cannot fit (max_model_len, the KV pool)."""
-        params = SamplingParams.of(params)
+        params = params if params is not None else SamplingParams()
         ids = self.model.encode(prompt)
         rid = str(next(self._request_ids)) if request_id is None else str(request_id)
         if rid in self._requests:
@@ -102,11 +134,13 @@ class LLM:
         self._requests[rid] = (prompt, [seq])
         return rid
 
-    def _sequence(self, rid: str, ids: list[int], params: SamplingParams, index: int, arrival: float) -> Sequence:
-        return Sequence(next(self._seq_ids), rid, ids, params, index=index, generator=self._generator(params, index),
-                        decoder=self._decoder(), eos_token_ids=self.model.eos_token_ids, arrival_time=arrival)
+    def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
+                  arrival: float) -> Sequence:
+        return Sequence(next(self._seq_ids), rid, ids, params, index=index,
+                        generator=self._generator(params, index), decoder=self._decoder(),
+                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival)
 
-    def _generator(self, params: SamplingParams, index: int) -> torch.Generator:
+    def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
         """Completion `index` of a seeded request draws from seed + index: reproducible, and
         the n completions differ."""
         seeded = params if params.seed is None else SamplingParams(seed=params.seed + index)
@@ -129,7 +163,7 @@ class LLM:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
-    # ---- the step ------------------------------------------------------------------------------
+    # ---- the step --------------------------------------------------------------------------
     def step(self, *, unfinished: bool = True) -> list[RequestOutput]:
         """Run one step. Returns outputs of the requests it advanced (finished ones included;
         unfinished=False: only the requests that finished in it)."""
@@ -137,9 +171,10 @@ class LLM:
         out = self.scheduler.schedule()
         if not out.scheduled:
             if self.scheduler.has_unfinished():
-                raise RuntimeError(f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting and "
-                                   f"{len(self.scheduler.running)} running sequences (a bug: requests are checked "
-                                   f"to fit when added)")
+                raise RuntimeError(
+                    f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting "
+                    f"and {len(self.scheduler.running)} running sequences (a bug: requests are "
+                    f"checked to fit when added)")
             return []
         if self.speculator is not None:
             self.speculator.propose(out)
@@ -154,19 +189,16 @@ class LLM:
             seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
             row_ids += [logits.row[i]] * len(seqs)  # parallel-sampling children share the row
             who += seqs
-        tokens = self.runner.sample(logits.rows_of(row_ids), [q.params for q in who], [q.generator for q in who])
+        tokens = self.runner.sample(logits.rows_of(row_ids), [q.params for q in who],
+                                    [q.generator for q in who])
         sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         if spec:
-            verified = self.speculator.verify(spec)
-            for s, _ in spec:
-                self.stats.spec_proposed += len(s.spec_token_ids)
-                self.stats.spec_accepted += len(verified[s.seq.seq_id]) - 1
-            sampled.update(verified)
+            sampled.update(self.speculator.verify(spec))
         self.scheduler.postprocess(out, sampled)
         now = time.perf_counter()
-        self.stats.steps += 1
-        self.stats.batched_tokens += sum(s.query_len for s in out.scheduled)
-        self.stats.elapsed_s += now - start
+        self._stats.steps += 1
+        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
+        self._stats.elapsed_s += now - start
         return self._outputs({s.seq.request_id for s in out.scheduled}, unfinished, now)
 
     def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
@@ -177,30 +209,38 @@ class LLM:
         self._requests[p.request_id][1].extend(children)
         return children
 
-    def _outputs(self, request_ids: set[str], unfinished: bool, now: float) -> list[RequestOutput]:
-        def wanted(rid: str) -> bool:  # building an output copies every token list: only when asked
+    def _outputs(self, request_ids: set[str], unfinished: bool,
+                 now: float) -> list[RequestOutput]:
+        def wanted(rid: str) -> bool:  # building an output copies every token list: only if asked
             if rid not in self._requests:
                 return False
             seqs = self._requests[rid][1]
-            return unfinished or (seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs))
+            done = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
+            return unfinished or done
+
+        def order(rid: str) -> int:
+            return self._requests[rid][1][0].seq_id
 
         outs = []
-        for rid in sorted(filter(wanted, request_ids), key=lambda r: self._requests[r][1][0].seq_id):
+        for rid in sorted(filter(wanted, request_ids), key=order):
             prompt, seqs = self._requests[rid]
             o = RequestOutput.of(rid, prompt, seqs, now)
             if o.finished:
                 del self._requests[rid]
-                st = self.stats
-                st.requests += 1
-                st.prompt_tokens += o.metrics.num_prompt_tokens
-                st.generated_tokens += sum(len(c.token_ids) for c in o.outputs)
-                st.ttfts.append(o.metrics.ttft)
-                if o.metrics.tpot is not None:
-                    st.tpots.append(o.metrics.tpot)
+                self._count_finished(o)
             outs.append(o)
         return outs
 
-    # ---- the loop ------------------------------------------------------------------------------
+    def _count_finished(self, o: RequestOutput) -> None:
+        st = self._stats
+        st.requests += 1
+        st.prompt_tokens += o.metrics.num_prompt_tokens
+        st.generated_tokens += sum(len(c.token_ids) for c in o.outputs)
+        st.ttfts.append(o.metrics.ttft)
+        if o.metrics.tpot is not None:
+            st.tpots.append(o.metrics.tpot)
+
+    # ---- the loop --------------------------------------------------------------------------
     def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
                  params: l3.SamplingParams | Seq[l3.SamplingParams] | None = None, *,
                  progress: bool = False) -> list[RequestOutput]:
@@ -235,16 +275,23 @@ class LLM:
                 bar.close()
         return [done[rid] for rid in ids]
 
-    # ---- statistics ----------------------------------------------------------------------------
+    # ---- statistics ------------------------------------------------------------------------
     def reset_stats(self) -> None:
         self._stats = EngineStats()
         self.block_manager.stats = PrefixCacheStats()
         self._preemptions_before = self.scheduler.num_preemptions
+        spec = self.speculator
+        self._spec_before = copy.copy(spec.counts) if spec is not None else SpecCounts()
 
     @property
     def stats(self) -> EngineStats:
+        """Counters since the last reset; preemptions, prefix-cache and speculation figures
+        are read from the scheduler, block manager and speculator, which count them."""
         s, p = self._stats, self.block_manager.stats
         s.preemptions = self.scheduler.num_preemptions - self._preemptions_before
         s.prefix_queried_tokens, s.prefix_hit_tokens = p.queried_tokens, p.hit_tokens
+        if self.speculator is not None:
+            counts, before = self.speculator.counts, self._spec_before
+            s.spec_proposed = counts.proposed - before.proposed
+            s.spec_accepted = counts.accepted - before.accepted
         return s
-

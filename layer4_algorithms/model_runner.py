@@ -22,24 +22,28 @@ import torch
 
 import layer3_model as l3
 
+from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
 from .paged_cache import PagedKVCache
 from .scheduler import ScheduledSeq, SchedulerOutput
 
-DEFAULT_ATTN_BYTES_LIMIT = 512 * 2**20
-
 
 class ModelRunner:
-    """Runs scheduled steps of `net` over `cache`. cuda_graph: replay decode-only passes from
-    captured CUDA graphs (cuda_graph_runner.py; CUDA only) for up to max_num_seqs sequences."""
+    """Runs scheduled steps of `net` (LlamaModel, or anything with its forward signature and
+    `.config`, `.device`) over `cache`, with config.attn_bytes_limit per pass. config.cuda_graph:
+    replay decode-only passes from captured CUDA graphs (cuda_graph_runner.py; CUDA only) for
+    up to config.max_num_seqs sequences of config.max_model_len tokens."""
 
-    def __init__(self, net: l3.LlamaModel, cache: PagedKVCache, *, attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT,
-                 cuda_graph: bool = False, max_num_seqs: int = 256, max_model_len: int = 2048) -> None:
-        self.net, self.cache, self.attn_bytes_limit = net, cache, attn_bytes_limit
+    def __init__(self, net: l3.LlamaModel, cache: PagedKVCache, config: EngineConfig) -> None:
+        self.net = net
+        self.cache = cache
+        self.config = config
+        self.attn_bytes_limit = config.attn_bytes_limit
         self.device = net.device
         self.graph = None
-        if cuda_graph and self.device.type == "cuda":  # on a CPU: eager decode (nothing to capture)
-            self.graph = CudaGraphRunner(net, cache, max_num_seqs, -(-max_model_len // cache.block_size))
+        if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
+            max_blocks = -(-config.resolved_max_model_len // cache.block_size)
+            self.graph = CudaGraphRunner(net, cache, config.max_num_seqs, max_blocks)
 
     # ---- planning ---------------------------------------------------------------------------
     def padded_attention_bytes(self, group: Sequence[ScheduledSeq]) -> int:

@@ -25,13 +25,12 @@ from __future__ import annotations
 import heapq
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from .block_manager import BlockManager
+from .config import EngineConfig
 from .sequence import Sequence, SequenceStatus
-
-POLICIES = ("continuous", "static")
 
 
 @dataclass
@@ -73,24 +72,30 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
-                 max_model_len: int = 2048, enable_chunked_prefill: bool = True, policy: str = "continuous",
-                 num_lookahead_slots: int = 0) -> None:
-        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens),
-                        ("max_model_len", max_model_len)):
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown scheduling policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        self.bm, self.max_num_seqs, self.max_num_batched_tokens = block_manager, max_num_seqs, max_num_batched_tokens
-        self.max_model_len, self.chunked, self.policy = max_model_len, enable_chunked_prefill, policy
+    """Queues and the step policy for `block_manager`'s pool, with the limits of `config`
+    (max_num_seqs, max_num_batched_tokens, max_model_len: resolved, enable_chunked_prefill,
+    scheduling). num_lookahead_slots: KV slots reserved per decoding sequence for a
+    speculator; on_release: called with a sequence when it gives up its row."""
+
+    def __init__(self, block_manager: BlockManager, config: EngineConfig, *,
+                 num_lookahead_slots: int = 0,
+                 on_release: Iterable[Callable[[Sequence], None]] = ()) -> None:
+        if not isinstance(num_lookahead_slots, int) or num_lookahead_slots < 0:
+            raise ValueError(f"num_lookahead_slots must be an int >= 0, got {num_lookahead_slots!r}")
+        self.bm = block_manager
+        self.config = config
+        self.max_num_seqs = config.max_num_seqs
+        self.max_num_batched_tokens = config.max_num_batched_tokens
+        self.max_model_len = config.resolved_max_model_len
+        self.chunked = config.enable_chunked_prefill
+        self.policy = config.scheduling
         self.num_lookahead_slots = num_lookahead_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
-        self._free_rows = list(range(max_num_seqs))  # a heap: the lowest free row first
-        self._static_slots = max_num_seqs
+        self._free_rows = list(range(self.max_num_seqs))  # a heap: the lowest free row first
+        self._static_slots = self.max_num_seqs
         self.num_preemptions = 0
-        self.on_release: list[Callable[[Sequence], None]] = []  # called when a sequence gives up its row
+        self._on_release = tuple(on_release)
 
     # ---- requests ------------------------------------------------------------------------------
     def add(self, seq: Sequence) -> None:
@@ -231,7 +236,7 @@ class Scheduler:
     def _release(self, seq: Sequence) -> None:
         self.bm.free(seq)
         if seq.row is not None:
-            for hook in self.on_release:
+            for hook in self._on_release:
                 hook(seq)
             heapq.heappush(self._free_rows, seq.row)
             seq.row = None

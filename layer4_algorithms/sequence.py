@@ -18,33 +18,10 @@ from __future__ import annotations
 
 import enum
 import time
-from dataclasses import dataclass
 
 import torch
 
 import layer3_model as l3
-
-
-@dataclass(frozen=True)
-class SamplingParams(l3.SamplingParams):
-    """Layer 3's SamplingParams (temperature, top_k, top_p, seed, max_tokens, stop,
-    ignore_eos) plus n: how many completions to sample from one prompt (parallel sampling;
-    completion i is seeded with seed + i when a seed is given)."""
-
-    n: int = 1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"bad SamplingParams: n must be an int >= 1, got {self.n!r}")
-
-    @classmethod
-    def of(cls, params: l3.SamplingParams | None) -> SamplingParams:
-        """Layer 3's params (or None: the defaults) as layer 4's, n = 1."""
-        if params is None or isinstance(params, cls):
-            return params or cls()
-        return cls(temperature=params.temperature, top_k=params.top_k, top_p=params.top_p, seed=params.seed,
-                   max_tokens=params.max_tokens, stop=params.stop, ignore_eos=params.ignore_eos)
 
 
 class SequenceStatus(enum.Enum):
@@ -59,7 +36,7 @@ class Sequence:
     of its full, computed blocks; row: a small slot id (0..max_num_seqs-1) while running, for
     per-slot state outside the cache (a draft model's KV row)."""
 
-    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: SamplingParams, *,
+    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: l3.SamplingParams, *,
                  index: int = 0, generator: torch.Generator | None = None,
                  decoder: l3.IncrementalDecoder | None = None, eos_token_ids: tuple[int, ...] = (),
                  arrival_time: float | None = None) -> None:

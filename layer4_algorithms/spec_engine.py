@@ -10,7 +10,7 @@ the step then goes
     ... the engine samples the sequences that did not speculate, as usual ...
     scheduler.postprocess(out, sampled)      num_computed += accepted; block_manager.truncate()
 
-and `scheduler.on_release.append(speculator.release)` frees a finished or preempted
+and the scheduler's `on_release` hook (given at construction) frees a finished or preempted
 sequence's draft state. Everything here only reads the duck-typed fields of core's
 `ScheduledSeq` (num_lookahead, spec_token_ids, seq.token_ids / row / params / generator /
 seq_id), so the engine's modules and these evolve independently.
@@ -19,71 +19,81 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Protocol
 
 import torch
 
-from layer3_model import course_model_dir, load
+import layer3_model as l3
 
+from .config import EngineConfig
 from .proposers import DraftModelProposer, NgramProposer, Proposal, Proposer
 from .spec_sampling import accept_proposals
 
-METHODS = ("draft", "ngram")
+
+@dataclass
+class SpecCounts:
+    """Speculation counted once, where tokens are verified: draft tokens proposed and
+    accepted, and rounds (one verify of one sequence). LLM.stats reads these."""
+
+    proposed: int = 0
+    accepted: int = 0
+    rounds: int = 0
+
+    def record(self, proposed: int, accepted: int, rounds: int = 1) -> None:
+        self.proposed += proposed
+        self.accepted += accepted
+        self.rounds += rounds
+
+    def as_dict(self) -> dict:
+        p, a, r = self.proposed, self.accepted, self.rounds
+        return {"spec_proposed": p, "spec_accepted": a, "spec_rounds": r,
+                "spec_acceptance_rate": a / p if p else 0.0,
+                "spec_tokens_per_round": (a + r) / r if r else 0.0}
 
 
-@dataclass(frozen=True)
-class SpecConfig:
-    """method "draft" (a small model; `draft` = its checkpoint dir, default the course draft)
-    or "ngram" (prompt lookup, n from ngram[1] down to ngram[0]); k guesses per step at most;
-    stop_below: the draft's dynamic length (see DraftModelProposer)."""
+class Speculator(Protocol):
+    """What the engine's step calls (EngineSpeculator is the built-in one). items of verify:
+    (ScheduledSeq, its logits rows); release(seq): the Sequence gave up its row."""
 
-    method: str = "draft"
-    k: int = 4
-    draft: str | Path | None = None
-    ngram: tuple[int, int] = (1, 4)
-    stop_below: float | None = None
+    num_lookahead_slots: int
+    counts: SpecCounts
 
-    def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"unknown speculative method {self.method!r}: expected one of {', '.join(METHODS)}")
-        if not isinstance(self.k, int) or self.k < 1:
-            raise ValueError(f"speculative k must be an int >= 1, got {self.k!r}")
+    def propose(self, out) -> None: ...
 
-    @classmethod
-    def of(cls, spec: SpecConfig | dict | None) -> SpecConfig | None:
-        return spec if spec is None or isinstance(spec, SpecConfig) else cls(**spec)
+    def verify(self, items: list[tuple]) -> dict[int, list[int]]: ...
+
+    def release(self, seq) -> None: ...
 
 
 class EngineSpeculator:
     """Proposes for the scheduled decodes and accepts against the target's logits.
-    Counts proposed / accepted tokens and verify rounds (`stats()`)."""
+    Counts proposed / accepted tokens and verify rounds in `counts` (`stats()`: as a dict)."""
 
     def __init__(self, proposer: Proposer, k: int) -> None:
         self.proposer, self.k = proposer, k
-        self.proposed = self.accepted = self.rounds = 0
-        self._pending: dict[int, tuple[Proposal, int]] = {}  # seq_id -> (its step's proposal, row in it)
+        self.counts = SpecCounts()
+        self._pending: dict[int, tuple[Proposal, int]] = {}  # seq_id -> (proposal, its row)
 
     @classmethod
-    def for_engine(cls, llm, **config) -> EngineSpeculator:
-        """`LLM(speculative=dict(method=..., k=..., draft=..., ngram=..., stop_below=...))`."""
-        m = llm.model
-        return cls.from_config(SpecConfig(**config), vocab_size=m.config.vocab_size,
-                               max_num_seqs=llm.scheduler.max_num_seqs, max_model_len=llm.max_model_len,
-                               device=m.device, dtype=m.net.dtype)
-
-    @classmethod
-    def from_config(cls, spec: SpecConfig | dict, *, vocab_size: int, max_num_seqs: int, max_model_len: int,
-                    device: torch.device | str, dtype: torch.dtype | str | None = None) -> EngineSpeculator:
-        """The draft loads onto the target's device and dtype; its own contiguous KV cache has
-        max_num_seqs rows of max_model_len slots (tiny for a small draft)."""
-        spec = SpecConfig.of(spec)
+    def from_config(cls, config: EngineConfig, target: l3.Model) -> EngineSpeculator:
+        """The speculator config.speculative describes, for `target` (the engine's model:
+        its vocabulary, device and dtype). A draft model loads onto the target's device and
+        dtype; its own contiguous KV cache has config.max_num_seqs rows of
+        config.max_model_len slots (tiny for a small draft)."""
+        spec = config.speculative
+        if spec is None:
+            raise ValueError("config.speculative is None: nothing to speculate with")
         if spec.method == "ngram":
             return cls(NgramProposer(*spec.ngram), spec.k)
-        draft = load(spec.draft or course_model_dir("draft"), device=device, dtype=dtype)
-        if draft.config.vocab_size != vocab_size:
-            raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size}) differs from the target's "
-                             f"({vocab_size}): they must share a tokenizer")
-        return cls(DraftModelProposer(draft.net, max_num_seqs, max_model_len, stop_below=spec.stop_below), spec.k)
+        draft = l3.load(spec.draft or l3.course_model_dir("draft"), device=target.device,
+                        dtype=target.net.dtype)
+        if draft.config.vocab_size != target.config.vocab_size:
+            raise ValueError(f"the draft's vocabulary ({draft.config.vocab_size}) differs from "
+                             f"the target's ({target.config.vocab_size}): they must share a "
+                             f"tokenizer")
+        proposer = DraftModelProposer(draft.net, config.max_num_seqs,
+                                      config.resolved_max_model_len, stop_below=spec.stop_below)
+        return cls(proposer, spec.k)
 
     @property
     def num_lookahead_slots(self) -> int:
@@ -100,8 +110,8 @@ class EngineSpeculator:
             return
         seqs = [s.seq for s in todo]
         proposal = self.proposer.propose([q.token_ids for q in seqs], [q.row for q in seqs],
-                                         [s.num_lookahead for s in todo], [q.params for q in seqs],
-                                         [q.generator for q in seqs])
+                                         [s.num_lookahead for s in todo],
+                                         [q.params for q in seqs], [q.generator for q in seqs])
         for b, (s, n) in enumerate(zip(todo, proposal.num_tokens.tolist(), strict=True)):
             s.spec_token_ids = proposal.tokens[b, :n].tolist()
             if n:
@@ -111,7 +121,8 @@ class EngineSpeculator:
         """items: (ScheduledSeq, its logits rows (1 + len(spec_token_ids), V)) for the sequences
         that speculated this step. Returns seq_id -> tokens to append (accepted guesses, then
         the correction or bonus token); EOS / stop / max_tokens may still cut them."""
-        items = [(s, rows) for s, rows in items if s.spec_token_ids and s.seq.seq_id in self._pending]
+        items = [(s, rows) for s, rows in items
+                 if s.spec_token_ids and s.seq.seq_id in self._pending]
         if not items:
             return {}
         K = max(len(s.spec_token_ids) for s, _ in items)
@@ -132,9 +143,7 @@ class EngineSpeculator:
         seqs = [s.seq for s, _ in items]
         acc = accept_proposals(target, draft_tokens, num, probs, [q.params for q in seqs],
                                [q.generator for q in seqs])
-        self.rounds += len(items)
-        self.proposed += int(num.sum())
-        self.accepted += int(acc.num_accepted.sum())
+        self.counts.record(int(num.sum()), int(acc.num_accepted.sum()), len(items))
         self._pending.clear()
         return {q.seq_id: toks for q, toks in zip(seqs, acc.emitted(), strict=True)}
 
@@ -144,6 +153,4 @@ class EngineSpeculator:
             self.proposer.release(seq.row)
 
     def stats(self) -> dict:
-        return {"spec_proposed": self.proposed, "spec_accepted": self.accepted, "spec_rounds": self.rounds,
-                "spec_acceptance_rate": self.accepted / self.proposed if self.proposed else 0.0,
-                "spec_tokens_per_round": (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0}
+        return self.counts.as_dict()

@@ -1,5 +1,5 @@
 """Shared fixtures for layer 4: a tiny random Llama (token-id prompts, no tokenizer) and the
-course model (text, stop strings). Greedy comparisons against layer 3 need clear argmax
+course target and draft models (text, stop strings; `target` is `course_model`). Greedy comparisons against layer 3 need clear argmax
 margins, so the tiny model's weights are drawn large (std 0.3): rounding differences between
 the paged and the contiguous path (different padding, chunking) cannot flip a token."""
 from __future__ import annotations
@@ -19,6 +19,18 @@ def tiny_model() -> l3.Model:
 @pytest.fixture(scope="session")
 def course_model() -> l3.Model:
     return l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def target(course_model: l3.Model) -> l3.Model:
+    """The course target model, as the speculative-decoding tests call it."""
+    return course_model
+
+
+@pytest.fixture(scope="session")
+def draft() -> l3.Model:
+    """The course draft model (speculative decoding's proposer)."""
+    return l3.load(l3.course_model_dir("draft"), device="cpu", dtype="float32")
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -8,7 +8,14 @@ import torch
 from l4_helpers import assert_no_leak, greedy, random_prompts
 
 import layer3_model as l3
-from layer4_algorithms import LLM, CudaGraphRunner, SamplingParams, ScheduledSeq, Sequence
+from layer4_algorithms import (
+    LLM,
+    CudaGraphRunner,
+    SamplingParams,
+    ScheduledSeq,
+    Sequence,
+    SpecCounts,
+)
 
 
 def sched(query_len: int, context: int, spec: int = 0) -> ScheduledSeq:
@@ -49,6 +56,7 @@ class OracleSpeculator:
     def __init__(self, reference: dict[tuple[int, ...], list[int]], k: int, seed: int = 0) -> None:
         self.reference, self.num_lookahead_slots, self.rng = reference, k, random.Random(seed)
         self.released: list[int] = []
+        self.counts = SpecCounts()  # the Speculator protocol: verify records what it accepted
 
     def propose(self, out) -> None:
         for s in out.scheduled:
@@ -66,6 +74,7 @@ class OracleSpeculator:
             while j < len(s.spec_token_ids) and s.spec_token_ids[j] == best[j]:
                 j += 1
             result[s.seq.seq_id] = s.spec_token_ids[:j] + [best[j]]
+            self.counts.record(len(s.spec_token_ids), j)
         return result
 
     def release(self, seq) -> None:

@@ -9,9 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from layer4_algorithms import BlockManager, SamplingParams, Scheduler, Sequence, SequenceStatus
+from layer4_algorithms import (
+    BlockManager,
+    EngineConfig,
+    SamplingParams,
+    Scheduler,
+    Sequence,
+    SequenceStatus,
+)
 
 EOS = 0
+
+
+def make_scheduler(bm: BlockManager, *, num_lookahead_slots: int = 0, **config) -> Scheduler:
+    return Scheduler(bm, EngineConfig(**config), num_lookahead_slots=num_lookahead_slots)
 
 
 def make_seq(i: int, n_prompt: int, max_tokens: int, *, n: int = 1, vocab: int = 50, rng=None, prompt=None) -> Sequence:
@@ -79,7 +90,7 @@ def check_invariants(sched: Scheduler) -> None:
 
 
 def test_decodes_and_a_prefill_chunk_share_a_step_within_the_token_budget():
-    sched = Scheduler(BlockManager(64, 4), max_num_batched_tokens=8, max_model_len=200)
+    sched = make_scheduler(BlockManager(64, 4), max_num_batched_tokens=8, max_model_len=200)
     eng = FakeEngine(sched)
     for i in range(2):
         sched.add(make_seq(i, 3, 20))
@@ -96,7 +107,7 @@ def test_decodes_and_a_prefill_chunk_share_a_step_within_the_token_budget():
 
 
 def test_admission_is_first_come_first_served_and_respects_max_num_seqs():
-    sched = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200)
+    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200)
     for i, n in enumerate([5, 40, 2]):
         sched.add(make_seq(i, n, 3))
     out = sched.schedule()
@@ -105,7 +116,7 @@ def test_admission_is_first_come_first_served_and_respects_max_num_seqs():
 
 
 def test_a_request_that_does_not_fit_blocks_later_ones():
-    sched = Scheduler(BlockManager(6, 4), max_num_batched_tokens=100, max_model_len=200)
+    sched = make_scheduler(BlockManager(6, 4), max_num_batched_tokens=100, max_model_len=200)
     sched.add(make_seq(0, 10, 4))  # 3 blocks
     sched.add(make_seq(1, 14, 2))  # 4 blocks: does not fit beside seq 0
     sched.add(make_seq(2, 2, 2))  # would fit, but must not overtake seq 1
@@ -115,7 +126,7 @@ def test_a_request_that_does_not_fit_blocks_later_ones():
 
 def test_preemption_frees_the_newest_and_requeues_it_first():
     bm = BlockManager(5, 4)
-    sched = Scheduler(bm, max_num_batched_tokens=100, max_model_len=200)
+    sched = make_scheduler(bm, max_num_batched_tokens=100, max_model_len=200)
     eng = FakeEngine(sched)
     sched.add(make_seq(0, 8, 8))  # 2 blocks, grows to 4
     sched.add(make_seq(1, 8, 8))
@@ -129,8 +140,8 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
 
 
 def test_static_policy_admits_a_new_batch_only_when_the_last_one_is_done():
-    sched = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200,
-                      policy="static")
+    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200,
+                      scheduling="static")
     eng = FakeEngine(sched)
     for i, m in enumerate([2, 6, 2]):
         sched.add(make_seq(i, 3, m))
@@ -144,7 +155,7 @@ def test_static_policy_admits_a_new_batch_only_when_the_last_one_is_done():
 
 def test_lookahead_slots_are_reserved_and_rolled_back():
     bm = BlockManager(64, 4)
-    sched = Scheduler(bm, max_num_batched_tokens=100, max_model_len=200, num_lookahead_slots=3)
+    sched = make_scheduler(bm, max_num_batched_tokens=100, max_model_len=200, num_lookahead_slots=3)
     eng = FakeEngine(sched, accept=1)
     sched.add(make_seq(0, 7, 10))
     eng.step()  # prefill: no lookahead
@@ -159,7 +170,7 @@ def test_lookahead_slots_are_reserved_and_rolled_back():
 
 
 def test_requests_that_can_never_run_are_refused_when_added():
-    sched = Scheduler(BlockManager(4, 4), max_num_batched_tokens=8, max_model_len=30, enable_chunked_prefill=False)
+    sched = make_scheduler(BlockManager(4, 4), max_num_batched_tokens=8, max_model_len=30, enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="max_model_len"):
         sched.add(make_seq(0, 25, 10))
     with pytest.raises(ValueError, match="KV blocks"):
@@ -167,7 +178,7 @@ def test_requests_that_can_never_run_are_refused_when_added():
     with pytest.raises(ValueError, match="chunked prefill is off"):
         sched.add(make_seq(2, 9, 2))
     with pytest.raises(ValueError, match="policy"):
-        Scheduler(BlockManager(4, 4), policy="fifo")
+        make_scheduler(BlockManager(4, 4), scheduling="fifo")
 
 
 @settings(max_examples=60, deadline=None)
@@ -177,7 +188,7 @@ def test_no_workload_leaks_a_block(data):
     lookahead: invariants hold every step, everything finishes, every block ends unreferenced."""
     block_size = data.draw(st.integers(1, 5), label="block_size")
     num_blocks = data.draw(st.integers(6, 40), label="num_blocks")
-    sched = Scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=data.draw(st.booleans())),
+    sched = make_scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=data.draw(st.booleans())),
                       max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(1, 24)),
                       max_model_len=block_size * num_blocks, num_lookahead_slots=data.draw(st.integers(0, 2)))
     eng = FakeEngine(sched, seed=data.draw(st.integers(0, 99)), eos_prob=data.draw(st.sampled_from([0.0, 0.1])))

@@ -18,24 +18,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return l3.load(l3.course_model_dir("draft"), device="cpu", dtype="float32")
-
-
 @pytest.fixture(scope="module")
 def reference(target):
     """Plain greedy (layer 3) for the batch: EOS honoured, one stop string, different lengths."""

@@ -9,11 +9,12 @@ import torch
 
 import layer3_model as l3
 from layer4_algorithms.block_manager import BlockManager
+from layer4_algorithms.config import EngineConfig, SpecConfig
 from layer4_algorithms.model_runner import ModelRunner
 from layer4_algorithms.paged_cache import PagedKVCache
 from layer4_algorithms.scheduler import Scheduler
-from layer4_algorithms.sequence import SamplingParams, Sequence
-from layer4_algorithms.spec_engine import EngineSpeculator, SpecConfig
+from layer4_algorithms.sequence import Sequence
+from layer4_algorithms.spec_engine import EngineSpeculator
 
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
@@ -22,27 +23,17 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def single_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def target():
-    return l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")
+def spec_config(spec) -> EngineConfig:
+    return EngineConfig(max_num_seqs=4, max_model_len=256, speculative=spec)
 
 
 def run_engine(target, spec: EngineSpeculator, params, *, num_blocks=64, block_size=8, budget=64, max_num_seqs=4):
     bm = BlockManager(num_blocks, block_size)
     cache = PagedKVCache.for_model(target.config, num_blocks, block_size, dtype=torch.float32)
-    sched = Scheduler(bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256,
-                      num_lookahead_slots=spec.num_lookahead_slots)
-    sched.on_release.append(spec.release)
-    runner = ModelRunner(target.net, cache)
-    seqs = [Sequence(i, str(i), target.encode(p), SamplingParams.of(sp), eos_token_ids=target.eos_token_ids,
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
+    sched = Scheduler(bm, config, num_lookahead_slots=spec.num_lookahead_slots, on_release=[spec.release])
+    runner = ModelRunner(target.net, cache, config)
+    seqs = [Sequence(i, str(i), target.encode(p), sp, eos_token_ids=target.eos_token_ids,
                      generator=l3.make_generator(sp), decoder=target.tokenizer.decoder())
             for i, (p, sp) in enumerate(zip(PROMPTS, params, strict=True))]
     for s in seqs:
@@ -69,8 +60,7 @@ def test_engine_step_with_speculation_equals_plain_greedy(target, method, k):
               l3.SamplingParams(temperature=0, max_tokens=17),
               l3.SamplingParams(temperature=0, max_tokens=40, stop=("\n\n",))]
     ref = target.generate_outputs(PROMPTS, params)
-    spec = EngineSpeculator.from_config(SpecConfig(method=method, k=k), vocab_size=target.config.vocab_size,
-                                  max_num_seqs=4, max_model_len=256, device="cpu", dtype="float32")
+    spec = EngineSpeculator.from_config(spec_config(SpecConfig(method=method, k=k)), target)
     seqs, bm, sched, steps = run_engine(target, spec, params, budget=24)  # 24: chunked prefill too
     for s, r in zip(seqs, ref, strict=True):
         assert (s.output_ids, s.text, s.finish_reason) == (r.token_ids, r.text, r.finish_reason)
@@ -86,8 +76,7 @@ def test_engine_speculation_survives_preemption(target):
     rows are released and re-prefilled by themselves; output still equals plain greedy."""
     params = [l3.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)] * 3
     ref = target.generate_outputs(PROMPTS, params)
-    spec = EngineSpeculator.from_config({"method": "draft", "k": 4}, vocab_size=target.config.vocab_size,
-                                  max_num_seqs=4, max_model_len=256, device="cpu", dtype="float32")
+    spec = EngineSpeculator.from_config(spec_config({"method": "draft", "k": 4}), target)
     seqs, bm, sched, _ = run_engine(target, spec, params, num_blocks=16, block_size=8)
     assert sched.num_preemptions > 0
     assert [s.output_ids for s in seqs] == [r.token_ids for r in ref]
@@ -97,8 +86,7 @@ def test_engine_sampled_speculation_is_seeded(target):
     params = [l3.SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=20, ignore_eos=True) for s in (1, 2, 3)]
 
     def once():
-        spec = EngineSpeculator.from_config({"method": "draft", "k": 3}, vocab_size=target.config.vocab_size,
-                                      max_num_seqs=4, max_model_len=256, device="cpu", dtype="float32")
+        spec = EngineSpeculator.from_config(spec_config({"method": "draft", "k": 3}), target)
         return [s.output_ids for s in run_engine(target, spec, params)[0]], spec.stats()
 
     (a, st), (b, _) = once(), once()
@@ -116,7 +104,7 @@ def test_spec_config_is_checked():
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_llm_with_speculative_config_equals_plain_greedy(target, method):
     """The engine's own step loop: LLM(speculative=...) builds the EngineSpeculator through
-    spec_engine.EngineSpeculator.for_engine."""
+    spec_engine.EngineSpeculator.from_config."""
     from layer4_algorithms import LLM
 
     params = [l3.SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),

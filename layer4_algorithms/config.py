@@ -1,0 +1,133 @@
+"""The engine's knobs in one place: `EngineConfig` (and `SpecConfig` for speculative decoding).
+
+    config = EngineConfig(num_blocks=512, block_size=16, max_num_seqs=64)
+    llm = LLM("models/course-target", config)              # or LLM(path, num_blocks=512, ...)
+    llm.config.max_model_len                               # resolved from the model
+
+Validated once, here, when the object is built: every part of the engine (`BlockManager`,
+`Scheduler`, `ModelRunner`, the speculator) receives the same checked object at construction
+and reads what it needs. `LLM` resolves the two knobs that depend on the model (max_model_len,
+and num_blocks from a byte budget) into a copy (`dataclasses.replace`), so `llm.config` says
+what the engine actually runs with. Layer 5 subclasses EngineConfig to add parallel sizes;
+layer 6 reads it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+POLICIES = ("continuous", "static")
+SPEC_METHODS = ("draft", "ngram")
+BACKENDS = ("torch", "triton", "compile")  # layer 3's kernel backends
+DEFAULT_ATTN_BYTES_LIMIT = 512 * 2**20  # padded attention scores per forward pass (model_runner.py)
+
+
+def _positive_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Speculative decoding in the engine. method "draft" (a small model; `draft` = its
+    checkpoint dir, default the course draft) or "ngram" (prompt lookup, n from ngram[1] down
+    to ngram[0]); k guesses per step at most; stop_below: the draft's dynamic length (see
+    DraftModelProposer)."""
+
+    method: str = "draft"
+    k: int = 4
+    draft: str | Path | None = None
+    ngram: tuple[int, int] = (1, 4)
+    stop_below: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in SPEC_METHODS:
+            raise ValueError(f"unknown speculative method {self.method!r}: "
+                             f"expected one of {', '.join(SPEC_METHODS)}")
+        if not _positive_int(self.k):
+            raise ValueError(f"speculative k must be an int >= 1, got {self.k!r}")
+
+    @classmethod
+    def of(cls, spec: SpecConfig | dict | None) -> SpecConfig | None:
+        """None, a SpecConfig, or its fields as a dict (`speculative=dict(method=..., k=...)`)."""
+        if spec is None or isinstance(spec, SpecConfig):
+            return spec
+        if not isinstance(spec, dict):
+            raise ValueError(f"speculative must be a SpecConfig, a dict of its fields or None, "
+                             f"got {type(spec).__name__}")
+        return cls(**spec)
+
+
+@dataclass
+class EngineConfig:
+    """Every knob of the engine. Model loading (when LLM is given a path): backend
+    ("torch" | "triton" | "compile"), dtype (None: the checkpoint's), device (None: CUDA if
+    present). KV cache: block_size tokens per block; the pool is num_blocks, or
+    kv_cache_bytes, or (neither) gpu_memory_utilization of free GPU memory / 512 MiB on CPU.
+    Scheduler: at most max_num_seqs sequences and max_num_batched_tokens tokens per step;
+    max_model_len (None: the model's max_position_embeddings) caps prompt + output;
+    enable_prefix_caching, enable_chunked_prefill; scheduling "continuous" or "static" (the
+    benchmark baseline: fixed batches run to completion). Runner: cuda_graph (decode steps
+    replayed from CUDA graphs, CUDA only), attn_bytes_limit (padded attention scores per
+    forward pass before a step is split). speculative: a SpecConfig or its dict, or None."""
+
+    backend: str = "torch"
+    dtype: str | torch.dtype | None = None
+    device: str | torch.device | None = None
+    block_size: int = 16
+    num_blocks: int | None = None
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.85
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    scheduling: str = "continuous"
+    cuda_graph: bool = False
+    attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
+    speculative: SpecConfig | dict | None = None
+
+    def __post_init__(self) -> None:
+        self.speculative = SpecConfig.of(self.speculative)
+        problems = [p for p in self._problems() if p]
+        if problems:
+            raise ValueError("bad EngineConfig: " + "; ".join(problems))
+
+    def _problems(self) -> list[str | None]:
+        def positive(name: str, optional: bool = False) -> str | None:
+            v = getattr(self, name)
+            if (optional and v is None) or _positive_int(v):
+                return None
+            none = " or None" if optional else ""
+            return f"{name} must be an int >= 1{none}, got {v!r}"
+
+        def flag(name: str) -> str | None:
+            v = getattr(self, name)
+            return None if isinstance(v, bool) else f"{name} must be True or False, got {v!r}"
+
+        util = self.gpu_memory_utilization
+        return [
+            None if self.backend in BACKENDS else
+            f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}",
+            positive("block_size"), positive("num_blocks", True), positive("kv_cache_bytes", True),
+            None if self.num_blocks is None or self.kv_cache_bytes is None else
+            "give num_blocks or kv_cache_bytes, not both",
+            None if isinstance(util, (int, float)) and 0 < util <= 1 else
+            f"gpu_memory_utilization must be in (0, 1], got {util!r}",
+            positive("max_num_seqs"), positive("max_num_batched_tokens"),
+            positive("max_model_len", True), positive("attn_bytes_limit"),
+            flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
+            None if self.scheduling in POLICIES else
+            f"unknown scheduling policy {self.scheduling!r}: expected one of {', '.join(POLICIES)}",
+        ]
+
+    @property
+    def resolved_max_model_len(self) -> int:
+        """max_model_len, which the parts that need it require to be set (LLM sets it from
+        the model: min(max_model_len, max_position_embeddings))."""
+        if self.max_model_len is None:
+            raise ValueError("EngineConfig.max_model_len is None: LLM resolves it from the model; "
+                             "set it when you build a Scheduler or ModelRunner yourself")
+        return self.max_model_len

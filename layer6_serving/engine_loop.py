@@ -148,9 +148,9 @@ class EngineLoop:
                 self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
                 continue
             self.snapshot.steps += 1
+            self._publish()  # before delivering: a client that sees its tokens sees this state
             for o in outs:
                 self._deliver(o)
-            self._publish()
         for req in list(self.live.values()) + [r for _, _, r in self.pending]:
             self._drop(req, EngineStepError("the server is shutting down"))
 

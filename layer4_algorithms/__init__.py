@@ -22,10 +22,9 @@ speculative accept/reject rule).
 import layer3_model as executor  # the layer beneath, as a namespace: executor.LlamaModel, executor.comm
 from layer3_model import SamplingParams  # one SamplingParams for layers 3 and up (n: layer 4)
 
-from .block_manager import BlockManager, PrefixCacheStats
 from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
-from .engine import LLM, Speculator
+from .engine import LLM
 from .essentials import (
     BlockAllocator,
     OutOfBlocksError,
@@ -34,17 +33,32 @@ from .essentials import (
     accept_reject,
     schedule_step,
 )
+from .kv import (
+    BlockManager,
+    PagedKVCache,
+    PrefixCacheStats,
+    blocks_for_budget,
+    bytes_per_block,
+    paged_decode_attention,
+    paged_decode_attention_reference,
+)
 from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
-from .paged_attention import paged_decode_attention, paged_decode_attention_reference
-from .paged_cache import PagedKVCache, blocks_for_budget, bytes_per_block
-from .proposers import DraftModelProposer, NgramProposer, Proposal
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .spec_bench import bench_speculative
-from .spec_engine import EngineSpeculator, SpecCounts
-from .spec_sampling import accept_proposals, rejection_sample
-from .speculative import SpecStats, SpeculativeDecoder
+from .spec import (
+    DraftModelProposer,
+    EngineSpeculator,
+    NgramProposer,
+    Proposal,
+    SpecCounts,
+    SpecStats,
+    SpeculativeDecoder,
+    Speculator,
+    accept_proposals,
+    bench_speculative,
+    rejection_sample,
+)
 
 __all__ = [
     # the layer beneath (layer 3, and through it executor.comm = layer 2)

@@ -23,9 +23,9 @@ from rich.table import Table
 
 import layer3_model as l3
 
-from . import bench as B
+from . import bench_engine as B
 from .engine import LLM
-from .spec_bench import bench_speculative, format_bench
+from .spec import bench_speculative, format_bench
 
 TITLE = "paged KV cache, prefix caching, continuous batching"
 console = Console()
@@ -191,7 +191,7 @@ def _kernel() -> list[dict]:
     if not torch.cuda.is_available():
         console.print("paged decode kernel: no CUDA GPU here, skipped (the CPU runs the torch reference)")
         return []
-    from .paged_attention_bench import bench_paged_decode
+    from .kv.bench_paged_attention import bench_paged_decode
     console.print("[bold]paged decode attention[/] vs SDPA over contiguous K/V, bf16, 32/8 heads, D 64")
     return bench_paged_decode()
 

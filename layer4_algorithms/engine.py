@@ -33,14 +33,13 @@ import torch
 
 import layer3_model as l3
 
-from .block_manager import BlockManager, PrefixCacheStats
 from .config import EngineConfig
+from .kv import BlockManager, PagedKVCache, PrefixCacheStats, blocks_for_budget
 from .model_runner import ModelRunner
 from .outputs import EngineStats, ProgressBar, RequestOutput
-from .paged_cache import PagedKVCache, blocks_for_budget
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence
-from .spec_engine import EngineSpeculator, SpecCounts, Speculator
+from .spec import EngineSpeculator, SpecCounts, Speculator
 
 SamplingParams = l3.SamplingParams
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .spec_sampling import rejection_sample
+from .spec import rejection_sample
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:

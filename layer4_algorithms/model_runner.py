@@ -24,7 +24,7 @@ import layer3_model as l3
 
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
-from .paged_cache import PagedKVCache
+from .kv import PagedKVCache
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 

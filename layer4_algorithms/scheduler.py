@@ -28,8 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from .block_manager import BlockManager
 from .config import EngineConfig
+from .kv import BlockManager
 from .sequence import Sequence, SequenceStatus
 
 

@@ -2,7 +2,7 @@
 
 A request with SamplingParams.n == 1 is one Sequence; with n > 1 it starts as one (the
 prompt is prefilled once) and forks into n sequences when the first tokens are sampled,
-the children sharing the prompt's KV blocks (copy-on-write; see block_manager.py).
+the children sharing the prompt's KV blocks (copy-on-write; see kv/block_manager.py).
 
 The KV invariant every module relies on:
 

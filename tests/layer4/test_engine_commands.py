@@ -9,7 +9,7 @@ import pytest
 from l4_helpers import assert_no_leak
 
 from layer4_algorithms import LLM, commands
-from layer4_algorithms import bench as B
+from layer4_algorithms import bench_engine as B
 
 
 def test_run_serves_the_course_model_and_reports(capsys):

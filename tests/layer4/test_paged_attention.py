@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from layer4_algorithms.paged_attention import (
+from layer4_algorithms.kv.paged_attention import (
     decode_bytes_and_flops,
     paged_decode_attention,
     paged_decode_attention_reference,
@@ -252,7 +252,7 @@ def test_bench_runs_its_code_on_cpu(monkeypatch, capsys):
     with a fake timer, so the lead's GPU run does not find a typo."""
     import triton.testing
 
-    from layer4_algorithms import paged_attention_bench as bench
+    from layer4_algorithms.kv import bench_paged_attention as bench
 
     monkeypatch.setattr(bench, "_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import layer3_model as l3
-from layer4_algorithms.proposers import DraftModelProposer, NgramProposer, Proposal
-from layer4_algorithms.spec_sampling import verify_input_ids, verify_logits
-from layer4_algorithms.speculative import SpeculativeDecoder
+from layer4_algorithms.spec.proposers import DraftModelProposer, NgramProposer, Proposal
+from layer4_algorithms.spec.sampling import verify_input_ids, verify_logits
+from layer4_algorithms.spec.decoder import SpeculativeDecoder
 
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
@@ -166,7 +166,7 @@ def test_bad_arguments_are_named(target):
 
 
 def test_bench_speculative_reports_rates_and_acceptance():
-    from layer4_algorithms.spec_bench import bench_speculative, format_bench
+    from layer4_algorithms.spec.bench_speculative import bench_speculative, format_bench
 
     r = bench_speculative(ks=(2,), dynamic=((3, 0.4),), ngram_ks=(2,), prompts={"romeo": "ROMEO.\n"},
                           copy_prompt="ROMEO.\nROMEO.\n", new_tokens=8, repeats=1, threads=None)

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import layer3_model as l3
-from layer4_algorithms.block_manager import BlockManager
+from layer4_algorithms.kv.block_manager import BlockManager
 from layer4_algorithms.config import EngineConfig, SpecConfig
 from layer4_algorithms.model_runner import ModelRunner
-from layer4_algorithms.paged_cache import PagedKVCache
+from layer4_algorithms.kv.paged_cache import PagedKVCache
 from layer4_algorithms.scheduler import Scheduler
 from layer4_algorithms.sequence import Sequence
-from layer4_algorithms.spec_engine import EngineSpeculator
+from layer4_algorithms.spec.engine_hook import EngineSpeculator
 
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
@@ -104,7 +104,7 @@ def test_spec_config_is_checked():
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_llm_with_speculative_config_equals_plain_greedy(target, method):
     """The engine's own step loop: LLM(speculative=...) builds the EngineSpeculator through
-    spec_engine.EngineSpeculator.from_config."""
+    spec.EngineSpeculator.from_config."""
     from layer4_algorithms import LLM
 
     params = [l3.SamplingParams(temperature=0, max_tokens=30, ignore_eos=True),

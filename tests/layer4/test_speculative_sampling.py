@@ -10,14 +10,14 @@ import pytest
 import torch
 
 import layer3_model as l3
-from layer4_algorithms.spec_sampling import (
+from layer4_algorithms.spec.sampling import (
     accept_proposals,
     greedy_accept,
     processed_probs,
     rejection_sample,
     sample_from_probs,
 )
-from layer4_algorithms.speculative import SpeculativeDecoder
+from layer4_algorithms.spec.decoder import SpeculativeDecoder
 
 V = 12
 

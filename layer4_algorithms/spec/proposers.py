@@ -17,28 +17,14 @@ accept: the last guess and the bonus token; the whole prompt on the first call).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from layer3_model import ContiguousKVCache, LlamaModel, SamplingParams
 
-from .spec_sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
-
-
-@dataclass
-class Proposal:
-    """tokens (B, K) int64 (rows padded with 0 past num_tokens[b]); num_tokens (B,) int64;
-    probs (B, K, V) fp32 processed draft distributions, or None when q is one-hot."""
-
-    tokens: torch.Tensor
-    num_tokens: torch.Tensor
-    probs: torch.Tensor | None = None
-
-    @property
-    def k(self) -> int:
-        return int(self.tokens.shape[1])
+from .proposal import Proposal
+from .sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
 
 
 def _padded(rows: list[list[int]], K: int, device: torch.device | str | None = None) -> torch.Tensor:

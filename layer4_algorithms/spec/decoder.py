@@ -7,7 +7,7 @@ cache, which holds `cached` tokens):
 
     propose   x_1..x_k = proposer(sequence)               draft model (k small steps) or n-gram lookup
     verify    logits = target([last, x_1..x_k])           query_len k+1 after `cached` cached tokens
-    accept    n accepted, then one correction/bonus token  exact rejection sampling (spec_sampling.py)
+    accept    n accepted, then one correction/bonus token  exact rejection sampling (sampling.py)
     rollback  cached += 1 + n                              k, v of rejected guesses are dropped
 
 so every round emits between 1 and k+1 tokens, distributed exactly as the target alone would
@@ -19,7 +19,7 @@ The round is built from functions an engine can call with its own (paged) cache:
 `Proposer.propose` -> `verify_input_ids` -> model(ids, ctx, cache) -> `verify_logits` ->
 `accept_proposals` -> roll back to `cached + 1 + num_accepted`. `SpeculativeDecoder` runs the
 rounds for a batch over layer 3's ContiguousKVCache and counts acceptance;
-`spec_engine.EngineSpeculator` runs the same functions inside `LLM`'s step over the paged cache.
+`engine_hook.EngineSpeculator` runs the same functions inside `LLM`'s step over the paged cache.
 """
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ from layer3_model import (
     sample,
 )
 
-from .proposers import DraftModelProposer, NgramProposer, Proposal, Proposer
-from .spec_sampling import accept_proposals, verify_input_ids, verify_logits
+from .proposal import Proposal
+from .proposers import DraftModelProposer, NgramProposer, Proposer
+from .sampling import accept_proposals, verify_input_ids, verify_logits
 
 
 @dataclass

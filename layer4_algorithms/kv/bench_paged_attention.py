@@ -2,7 +2,7 @@
 tables free? The target: paged decode at >= 0.9x the speed of contiguous SDPA decode at equal
 context, and as close to layer 0's copy bandwidth as SDPA gets.
 
-    python -c "from layer4_algorithms.paged_attention_bench import bench_paged_decode as b; b()"
+    python -c "from layer4_algorithms.kv.bench_paged_attention import bench_paged_decode as b; b()"
 """
 from __future__ import annotations
 

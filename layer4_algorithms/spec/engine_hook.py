@@ -25,9 +25,10 @@ import torch
 
 import layer3_model as l3
 
-from .config import EngineConfig
-from .proposers import DraftModelProposer, NgramProposer, Proposal, Proposer
-from .spec_sampling import accept_proposals
+from ..config import EngineConfig
+from .proposal import Proposal
+from .proposers import DraftModelProposer, NgramProposer, Proposer
+from .sampling import accept_proposals
 
 
 @dataclass

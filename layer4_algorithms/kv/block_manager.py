@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass
 
-from .config import EngineConfig
-from .sequence import Sequence
+from ..config import EngineConfig
+from ..sequence import Sequence
 
 
 @dataclass

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from layer3_model import SamplingParams, top_k_filter, top_p_filter
 
-if TYPE_CHECKING:
-    from .proposers import Proposal
+from .proposal import Proposal
 
 Generators = torch.Generator | Sequence[torch.Generator | None] | None
 

@@ -13,25 +13,17 @@ CuPy / CUDA C kernels (need a CUDA GPU): a shared-memory + warp-shuffle reductio
 ElementwiseKernel and a ReductionKernel, and an SGEMM progression from naive to
 vectorized, double-buffered tiles. Plus CUDA graphs and streams demonstrations.
 
-Re-exported from layer 0 for the layers above: timing, ceilings, results directory.
+The layer beneath is `hardware` (layer 0, as a namespace): the layers above reach timing,
+ceilings and the results directory as `kernels.hardware.time_fn` and so on.
 """
 import layer0_hardware as hardware  # the layer beneath, as a namespace for the layers above
-from layer0_hardware import (  # re-exported for layer 2 and up
-    Ceilings,
-    Timing,
-    detect_device,
-    load_ceilings,
-    results_dir,
-    system_info,
-    time_fn,
-)
 
-from . import interpreter  # first: sets TRITON_INTERPRET on a machine without CUDA
+from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .cupy_support import cupy_available
 from .flash_attention import flash_attention, flash_attention_reference
 from .graphs_streams import cuda_graph_demo, stream_overlap_demo
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
-from .interpreter import INTERPRETED, kernel_device
+from .interpreter import INTERPRETED, kernel_device, refuse_interpreted_bf16_dot, use_triton
 from .matmul import matmul, matmul_fp8, matmul_fp8_reference, matmul_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .nvcc import compile_check, nvcc_available
@@ -51,7 +43,8 @@ from .vector_add import vector_add, vector_add_reference
 
 __all__ = [
     # where kernels run
-    "INTERPRETED", "kernel_device", "cupy_available", "nvcc_available", "compile_check",
+    "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
+    "cupy_available", "nvcc_available", "compile_check",
     # Triton kernels and their references
     "vector_add", "vector_add_reference",
     "softmax", "softmax_reference",
@@ -67,8 +60,6 @@ __all__ = [
     "sgemm", "sgemm_reference", "sgemm_source", "SGEMM_VERSIONS",
     # CUDA graphs and streams
     "cuda_graph_demo", "stream_overlap_demo",
-    # from layer 0, for the layers above
+    # the layer beneath (layer 0), as a namespace
     "hardware",
-    "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
-    "interpreter",
 ]

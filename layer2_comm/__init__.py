@@ -18,8 +18,10 @@ disagree on size, dtype or arguments get a ValueError naming both, never a hang 
 Measuring: an alpha-beta cost model per algorithm (`predict`, `crossover`, `fit_alpha_beta`),
 nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), compute /
 communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
+
+The layer beneath is `kernels` (layer 1, as a namespace): layer 3 writes `kernels.rms_norm`,
+`kernels.flash_attention`, and `kernels.hardware.time_fn` for layer 0's timing.
 """
-import layer1_kernels as _kernels
 import layer1_kernels as kernels  # the layer beneath, as a namespace: kernels.rms_norm
 
 from .all_to_all import all_to_all
@@ -35,21 +37,6 @@ from .p2p import OPS, segment_bounds
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .tree import broadcast_tree, tree_all_reduce
 
-# Re-exported for layer 3 and up: kernels, timing, ceilings. Taken as attributes because
-# several share their name with the layer-1 submodule that defines them (softmax, matmul...),
-# which import-linter would read as importing that private submodule.
-INTERPRETED, Ceilings, Timing = _kernels.INTERPRETED, _kernels.Ceilings, _kernels.Timing
-apply_rope, rope_cache, rms_norm = _kernels.apply_rope, _kernels.rope_cache, _kernels.rms_norm
-silu_and_mul, softmax, matmul = _kernels.silu_and_mul, _kernels.softmax, _kernels.matmul
-flash_attention, int8_matmul = _kernels.flash_attention, _kernels.int8_matmul
-quantize_int8, kernel_device = _kernels.quantize_int8, _kernels.kernel_device
-detect_device, load_ceilings, time_fn = _kernels.detect_device, _kernels.load_ceilings, _kernels.time_fn
-results_dir, system_info = _kernels.results_dir, _kernels.system_info
-# How a kernel op picks Triton or torch (impl="auto"|"triton"|"torch"), and the interpreter's
-# bf16 tl.dot guard: one copy in layer 1, used by kernels written in layers above (layer 4).
-use_triton = _kernels.interpreter.use_triton
-refuse_interpreted_bf16_dot = _kernels.interpreter.refuse_interpreted_bf16_dot
-
 __all__ = [
     # process groups
     "init", "destroy", "rank", "world_size", "local_rank", "device", "launch",
@@ -60,10 +47,6 @@ __all__ = [
     # cost model, bandwidth sweeps, overlap, raw NCCL
     "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
     "sweep", "ping_pong", "overlap_demo", "nccl_example",
-    # from layer 1, for the layers above
+    # the layer beneath (layer 1, with layer 0 as kernels.hardware), as a namespace
     "kernels",
-    "rms_norm", "apply_rope", "rope_cache", "silu_and_mul", "softmax", "matmul",
-    "flash_attention", "int8_matmul", "quantize_int8", "INTERPRETED", "kernel_device",
-    "Ceilings", "Timing", "detect_device", "load_ceilings", "results_dir", "system_info", "time_fn",
-    "use_triton", "refuse_interpreted_bf16_dot",
 ]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.distributed as dist
 
-from layer1_kernels import time_fn
+from layer1_kernels import hardware
 
 from .all_to_all import all_to_all
 from .chain import broadcast_chain
@@ -112,7 +112,7 @@ def time_collective(fn: Callable[[], object], iters: int, warmup: int, dev) -> l
     maximum over ranks, identical on every rank."""
     if dev.type == "cuda":
         barrier(dev)
-        samples = time_fn(fn, warmup=warmup, repeats=iters, device=dev).samples
+        samples = hardware.time_fn(fn, warmup=warmup, repeats=iters, device=dev).samples
     else:
         for _ in range(warmup):
             fn()

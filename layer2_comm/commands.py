@@ -23,7 +23,7 @@ import torch.distributed as dist
 from rich.console import Console
 from rich.table import Table
 
-from layer1_kernels import results_dir, system_info
+from layer1_kernels import hardware
 
 from .all_to_all import all_to_all
 from .bandwidth import bench_rank, default_sizes, measured_crossover, time_collective
@@ -235,9 +235,9 @@ def bench(argv: list[str] | None = None) -> int:
     console.print("ring/tree all-reduce crossover: predicted "
                   + (f"{model_x:,.0f} B" if model_x else "none (tree wins at every size in the model)")
                   + ", measured " + (f"{measured_x:,} B" if measured_x else "none in this range"))
-    out = args.out or results_dir(2)
+    out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
-    info = system_info()
+    info = hardware.system_info()
     record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": world,
               "backend": backend, "device": info.gpus[0].name if gpu and info.gpus else info.cpu.model,
               "torch": info.torch_version, "nccl": info.nccl_version, "gpu_links": _gpu_links(info.topology) if gpu else None,
@@ -279,7 +279,7 @@ def tune(argv: list[str] | None = None) -> int:
     if result is None:
         return 0
     _print_tune(result)
-    out = args.out or results_dir(2)
+    out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(json.dumps({"world": world, "backend": backend, **result}, indent=2, default=str))
     console.print(f"wrote {out / 'tune.json'}")

@@ -23,23 +23,18 @@ Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`), W8A
 quantization (`quantize_model`, `perplexity`) and `CudaGraphDecoder` (decode step
 replayed from a CUDA graph).
 
-Re-exported from the layers below, for layer 4 (its paged-attention kernel and benchmarks):
+The layer beneath is `comm` (layer 2, as a namespace: `comm.ring_all_reduce`); layer 1's
+kernels are `comm.kernels` and layer 0 is `comm.kernels.hardware`. This package's own files
+write `from layer2_comm import kernels` and call `kernels.rms_norm`, `kernels.hardware.time_fn`.
+
+For layer 4 (its paged-attention kernel and benchmarks), re-exported from below:
 `INTERPRETED` (Triton runs through its CPU interpreter here; importing this package has
 already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pick it up),
 `kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
-`refuse_interpreted_bf16_dot`, `time_fn`, `Timing`, `load_ceilings`, `Ceilings`.
+`refuse_interpreted_bf16_dot` (layer 1's), `time_fn`, `Timing`, `load_ceilings`, `Ceilings`
+(layer 0's).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
-from layer2_comm import (  # re-exported for layer 4 (see above)
-    INTERPRETED,
-    Ceilings,
-    Timing,
-    kernel_device,
-    load_ceilings,
-    refuse_interpreted_bf16_dot,
-    time_fn,
-    use_triton,
-)
 
 from .attention_context import AttentionContext, ContiguousKVCache, KVCache
 from .backends import BACKENDS, Ops, make_ops
@@ -70,6 +65,13 @@ from .training import (
 from .training import SIZES as COURSE_SIZES
 from .training import prepare as prepare_corpus
 from .weights import load_model, random_model, read_safetensors, save_weights
+
+# For layer 4 (see above): layer 1's Triton plumbing and layer 0's timing and ceilings.
+_kernels, _hardware = comm.kernels, comm.kernels.hardware
+INTERPRETED, kernel_device = _kernels.INTERPRETED, _kernels.kernel_device
+use_triton, refuse_interpreted_bf16_dot = _kernels.use_triton, _kernels.refuse_interpreted_bf16_dot
+time_fn, Timing = _hardware.time_fn, _hardware.Timing
+load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
 
 __all__ = [
     # load and generate

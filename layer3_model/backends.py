@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-import layer2_comm as comm
+from layer2_comm import kernels
 
 from .attention_context import AttentionContext, KVCache
 
@@ -134,13 +134,13 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
 # ---- layer 1's kernels -------------------------------------------------------------------
 def _triton_ops(impl: str) -> Ops:
     def rms_norm(x, weight, eps, residual=None):
-        return comm.rms_norm(x, weight, eps=eps, residual=residual, impl=impl)
+        return kernels.rms_norm(x, weight, eps=eps, residual=residual, impl=impl)
 
     def rope(q, k, cos, sin, positions):
-        return comm.apply_rope(q, k, cos, sin, positions=positions, impl=impl)  # in place
+        return kernels.apply_rope(q, k, cos, sin, positions=positions, impl=impl)  # in place
 
     def silu_and_mul(x):
-        return comm.silu_and_mul(x, impl=impl)
+        return kernels.silu_and_mul(x, impl=impl)
 
     def attention(q, k, v, ctx: AttentionContext, cache, layer, scale, window):
         if _cache_decodes(ctx, cache):  # layer 4's paged decode kernel
@@ -157,7 +157,7 @@ def _triton_ops(impl: str) -> Ops:
         outs, start = [], 0
         for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host, strict=True)):
             qb = q[start:start + n_q].transpose(0, 1)[None]  # (1, Hq, n_q, D), strided view
-            ob = comm.flash_attention(qb, keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv],
+            ob = kernels.flash_attention(qb, keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv],
                                       causal=True, scale=scale, impl=impl)
             outs.append(ob[0].transpose(0, 1))
             start += n_q

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import torch
 
-import layer2_comm as comm
+from layer2_comm import kernels
 
 from .attention_context import ContiguousKVCache
 from .cuda_graph import CudaGraphDecoder
@@ -101,7 +101,7 @@ def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float
     ids = torch.randint(0, net.config.vocab_size, (tokens,), device=dev)
     cache = ContiguousKVCache.for_model(net.config, 1, tokens, dtype=net.dtype, device=dev)
     ctx = cache.context([tokens], [0])
-    return comm.time_fn(lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats,
+    return kernels.hardware.time_fn(lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats,
                         device=dev).median_s
 
 

@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-import layer2_comm as comm
+from layer2_comm import kernels
 
 from . import bench as B
 from .config import ModelConfig
@@ -99,7 +99,7 @@ def _course_quality(data_dir: Path, max_tokens: int) -> dict:
 
 
 def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
-    ceilings = comm.load_ceilings("cuda")
+    ceilings = kernels.hardware.load_ceilings("cuda")
     bw, peak = ceilings.memory_bandwidth, ceilings.flops["bf16"]
     cfg = ModelConfig.from_dict(LLAMA_3_2_1B)
     P, N = args.prompt_len, args.new_tokens
@@ -179,8 +179,8 @@ def bench(argv: list[str] | None = None) -> int:
     console.print(table)
     for k, v in info.items():
         console.print(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
-    out = comm.results_dir(3) / "bench.json"
-    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "system": comm.system_info(),
+    out = kernels.hardware.results_dir(3) / "bench.json"
+    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "system": kernels.hardware.system_info(),
                                "rows": rows, "info": info}, indent=1, default=str))
     console.print(f"wrote {out}")
     return 0

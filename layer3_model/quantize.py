@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-import layer2_comm as comm
+from layer2_comm import kernels
 
 from .model import LlamaModel
 
@@ -29,14 +29,14 @@ class Int8Linear(nn.Module):
 
     def __init__(self, linear: nn.Linear, *, impl: str = "auto") -> None:
         super().__init__()
-        w_int8, scale = comm.quantize_int8(linear.weight.detach())
+        w_int8, scale = kernels.quantize_int8(linear.weight.detach())
         self.register_buffer("w_int8", w_int8)
         self.register_buffer("scale", scale)
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
         self.in_features, self.out_features, self.impl = linear.in_features, linear.out_features, impl
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = comm.int8_matmul(x.reshape(-1, self.in_features), self.w_int8, self.scale, impl=self.impl)
+        y = kernels.int8_matmul(x.reshape(-1, self.in_features), self.w_int8, self.scale, impl=self.impl)
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 

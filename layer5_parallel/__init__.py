@@ -15,6 +15,16 @@ from layer4_algorithms import (  # re-exported for layer 6
     SamplingParams,
 )
 
+# training parallelism: pipeline (GPipe, 1F1B), DDP, ZeRO-1/2/3, activation checkpointing
+from . import train_adapter
+from .checkpointing import checkpointed_loss
+from .data_parallel import DistributedDataParallel, overlap_fraction, replica_share
+from .memory import ActivationMeter, MemoryRow, format_table, tensor_bytes, zero_formula
+from .pipeline import PipelineResult, bubble_stats, partition, pipeline_step, stage_params
+from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
+from .timeline import plot_rank_timelines, plot_timeline
+from .zero import ZeroTrainer
+
 # expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
 from .expert_parallel import ExpertParallelMoE, expert_ranges
 from .moe import MoEBlock, MoEStats, Routing, route
@@ -31,6 +41,12 @@ from .sequence_parallel import SequenceParallelMLP, gather_rows, mlp_block, redu
 __all__ = [
     "engine",
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements
+    "pipeline_step", "PipelineResult", "partition", "stage_params", "bubble_stats",
+    "gpipe", "one_f_one_b", "simulate", "bubble_fraction", "plot_timeline", "plot_rank_timelines",
+    "DistributedDataParallel", "overlap_fraction", "replica_share",
+    "ZeroTrainer", "checkpointed_loss", "ActivationMeter", "MemoryRow", "tensor_bytes",
+    "zero_formula", "format_table", "train_adapter",
     # expert parallelism
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
     # context parallelism

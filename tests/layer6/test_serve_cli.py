@@ -1,0 +1,27 @@
+"""Layer 6 command line: `stack serve` options and errors, and the layer's entry point."""
+from __future__ import annotations
+
+from importlib.metadata import entry_points
+
+import pytest
+
+import layer6_serving as l6
+
+
+def test_serve_help_lists_the_options(capsys):
+    with pytest.raises(SystemExit) as e:
+        l6.serve_main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for opt in ("--model", "--host", "--port", "--tp", "--api-key"):
+        assert opt in out
+
+
+def test_serve_with_a_missing_model_fails_cleanly(tmp_path, capsys):
+    assert l6.serve_main(["--model", str(tmp_path / "nope"), "--port", "0"]) == 2
+    assert "error" in capsys.readouterr().out
+
+
+def test_layer_6_is_registered_for_the_cli():
+    eps = {ep.name: ep.value for ep in entry_points(group="llm_stack.layers")}
+    assert eps.get("6") == "layer6_serving.commands"

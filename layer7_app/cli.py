@@ -103,6 +103,15 @@ def grade(
         typer.echo(f"wrote {json_path}")
 
 
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def serve(ctx: typer.Context) -> None:
+    """Serve models over an OpenAI-compatible HTTP API (layer 6): `stack serve --model course
+    [--model M2] [--port 8000] [--tp N] [--api-key K]`. `stack serve --help` lists its options."""
+    import layer6_serving  # the serving stack loads only for this command
+
+    raise typer.Exit(code=layer6_serving.serve_main(list(ctx.args)))
+
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="stack")

@@ -26,6 +26,7 @@ from .roofline import (
 from .roofline_plot import plot_roofline
 from .timing import Timing, median_time, time_fn
 from .topology import Topology, parse_nvidia_smi_topo, read_topology
+from .usage import UsageError, check_device, run_command
 
 __all__ = [
     # introspection
@@ -45,4 +46,6 @@ __all__ = [
     "plot_roofline",
     # outputs
     "results_dir",
+    # commands: a user's mistake is one line and exit code 2, in every layer
+    "UsageError", "check_device", "run_command",
 ]

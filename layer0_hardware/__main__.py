@@ -2,6 +2,7 @@
 import sys
 
 from .commands import run
+from .usage import run_command
 
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(run_command(run, sys.argv[1:]))

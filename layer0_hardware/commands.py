@@ -2,7 +2,9 @@
 `stack bench --layer 0` (and `python -m layer0_hardware` = run).
 
 The CLI finds this module through the ``llm_stack.layers`` entry point and calls
-``run(argv)``, ``bench(argv)`` or ``info(argv)``; each returns a process exit code.
+``run(argv)``, ``bench(argv)`` or ``info(argv)``; each returns a process exit code. The CLI
+runs every layer's commands through ``run_command`` (from usage.py, re-exported here), so a
+user's mistake is one line and exit code 2 in every layer.
 """
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from .outputs import results_dir
 from .points import measure_points, roof_dtype
 from .report import bench_table, ceilings_table, points_table, system_tables
 from .roofline_plot import plot_roofline
+from .usage import check_device, run_command
+
+__all__ = ["TITLE", "bench", "info", "run", "run_command"]
 
 TITLE = "hardware"
 
@@ -44,10 +49,7 @@ def _parser(prog: str, description: str, *, quick_flag: bool, out: bool = True
 def _device(name: str | None) -> torch.device:
     if name is None:
         return detect_device()
-    dev = torch.device(name)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {name}: CUDA is not available on this machine")
-    return dev
+    return check_device(name)
 
 
 def _spec_for(info: SystemInfo, dev: torch.device) -> AcceleratorSpec | None:

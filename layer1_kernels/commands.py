@@ -8,7 +8,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from layer0_hardware import results_dir
+from layer0_hardware import UsageError, results_dir
 
 from . import bench as benchmarks
 from . import checks
@@ -49,10 +49,9 @@ def bench(argv: list[str]) -> int:
     parser.add_argument("--groups", nargs="+", choices=sorted(benchmarks.GROUPS), default=sorted(benchmarks.GROUPS))
     parser.add_argument("--no-demos", action="store_true", help="skip the SGEMM table, graph and stream demos")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        console.print("[yellow]Layer 1 benchmarks time GPU kernels and need a CUDA GPU; none is "
-                      "visible. `stack run --layer 1` checks every kernel on this CPU.")
-        return 2
+    if not torch.cuda.is_available():  # the CLI prints it as one line, exit code 2
+        raise UsageError("layer 1's benchmarks time GPU kernels and need a CUDA GPU; none is "
+                         "visible. `stack run --layer 1` checks every kernel on this CPU")
     device = torch.device("cuda")
     results = benchmarks.run_cases(device, args.groups, progress=lambda m: console.print(f"  {m}"))
     extras = {} if args.no_demos else _demos()

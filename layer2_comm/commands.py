@@ -139,6 +139,23 @@ def _on_ranks(fn, world: int, *args, backend: str, timeout_s: float) -> list:
     return launch(fn, world, *args, backend=backend, timeout_s=timeout_s)
 
 
+def _check_args(args: argparse.Namespace) -> None:
+    """Values that cannot work, as one clear ValueError (the CLI prints it as one line)."""
+    for name in ("world", "iters", "numel", "min_bytes", "max_bytes"):
+        value = getattr(args, name, None)
+        if value is not None and value < (0 if name == "numel" else 1):
+            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'numel' else 1}, "
+                             f"got {value}")
+    if getattr(args, "factor", None) is not None and args.factor < 2:
+        raise ValueError(f"--factor must be >= 2 (each size a multiple of the last), got {args.factor}")
+    if not args.timeout > 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.backend == "nccl" and not _under_torchrun() and gpus < (args.world or 1):
+        raise ValueError(f"--backend nccl needs a CUDA GPU per rank; {gpus} visible "
+                         "(use --backend gloo on a CPU)")
+
+
 def _world_and_backend(world: int | None, backend: str) -> tuple[int, str]:
     """Ranks and backend: torchrun's when under it; else every GPU with NCCL, or 4 gloo ranks."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -172,6 +189,7 @@ def run(argv: list[str] | None = None) -> int:
     parser = _parser("stack run --layer 2", run.__doc__)
     parser.add_argument("--numel", type=int, default=1001, help="elements per rank (odd on purpose)")
     args = parser.parse_args(argv or [])
+    _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
     console.print(f"[bold]Layer 2 — communication[/bold]: {world} ranks, {backend}, "
                   f"{args.numel} elements per rank")
@@ -206,6 +224,7 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
     parser.add_argument("--no-overlap", action="store_true", help="skip the overlap measurement")
     args = parser.parse_args(argv or [])
+    _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
     gpu = backend == "nccl"
     sizes = default_sizes(args.max_bytes or (1 << 30 if gpu else 4 << 20), args.min_bytes,
@@ -260,12 +279,13 @@ def bench(argv: list[str] | None = None) -> int:
 
 
 def tune(argv: list[str] | None = None) -> int:
-    """Measure pieces, lanes and the header check at the sizes that matter (see tune.py)."""
+    """Measure pieces, lanes and the header check at the sizes that matter (see bench_tuning.py)."""
     parser = _parser("python -m layer2_comm.commands tune", tune.__doc__)
     parser.add_argument("--sizes", default=None,
                         help="comma-separated bytes (default 67108864,268435456 with NCCL, 4194304 on gloo)")
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
     args = parser.parse_args(argv or [])
+    _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
     gpu = backend == "nccl"
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([64 << 20, 256 << 20] if gpu else [4 << 20])

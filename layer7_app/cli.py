@@ -4,6 +4,12 @@ Layers are found through the `llm_stack.layers` entry points (see pyproject.toml
 imported by name, so the CLI respects the layer rule and a layer that is not built yet
 simply does not appear. Each entry point is a module with `TITLE`, `run(argv)`,
 `bench(argv)` (and, for layer 0, `info(argv)`), each returning an exit code.
+
+Errors: every layer command runs through layer 0's `run_command` (the one rule, shared with
+each layer's `python -m` entry): a mistake in what the user asked for (a ValueError,
+FileNotFoundError, UsageError, a --device this machine lacks) prints `error: <message>` and
+exits 2; `STACK_DEBUG=1` shows its traceback. Any other exception is a bug and shows its
+traceback. To add a command, write a function decorated with `@app.command()`.
 """
 from __future__ import annotations
 
@@ -18,6 +24,7 @@ from . import grading
 
 LAYER_GROUP = "llm_stack.layers"
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
+HELP_FLAGS = ("--help", "-h")
 
 app = typer.Typer(
     help="llm-stack: an LLM serving system built layer by layer (L0 hardware to L7 app).",
@@ -52,28 +59,46 @@ def layers() -> None:
         typer.echo(f"{number}  {ep.value.split('.')[0]}  {title}")
 
 
+def _layer_command(layer: int, command: str, argv: list[str]) -> int:
+    """Layer `layer`'s `command` on argv, through layer 0's user-error rule (see above)."""
+    function = getattr(_load_layer(layer), command)
+    return _load_layer(0).run_command(function, argv)
+
+
+def _run_or_help(ctx: typer.Context, layer: int | None, command: str) -> None:
+    """`--layer N` given: hand every other option (--help included) to the layer, so
+    `stack run --layer 3 --help` shows layer 3's own options. Without it, this command's help."""
+    if layer is None:
+        if any(arg in HELP_FLAGS for arg in ctx.args):
+            typer.echo(ctx.get_help())
+            raise typer.Exit(code=0)
+        raise _fail(f"stack {command} needs --layer N (built layers: "
+                    f"{', '.join(str(n) for n in sorted(built_layers()))}); "
+                    f"`stack {command} --layer N --help` lists that layer's options")
+    raise typer.Exit(code=_layer_command(layer, command, list(ctx.args)))
+
+
 @app.command(context_settings=PASS_THROUGH)
 def info(ctx: typer.Context) -> None:
     """Print the device summary: CPU, GPUs, versions, topology, matched datasheet."""
-    raise typer.Exit(code=_load_layer(0).info(list(ctx.args)))
+    raise typer.Exit(code=_layer_command(0, "info", list(ctx.args)))
 
 
-@app.command(context_settings=PASS_THROUGH)
-def run(
-    ctx: typer.Context,
-    layer: int = typer.Option(..., "--layer", "-l", help="Layer number, 0-7."),
-) -> None:
-    """Run layer N's demo (the same as `python -m layerN_...`). Extra options go to the layer."""
-    raise typer.Exit(code=_load_layer(layer).run(list(ctx.args)))
+LAYER_OPTION = typer.Option(None, "--layer", "-l", help="Layer number, 0-7.")
 
 
-@app.command(context_settings=PASS_THROUGH)
-def bench(
-    ctx: typer.Context,
-    layer: int = typer.Option(..., "--layer", "-l", help="Layer number, 0-7."),
-) -> None:
-    """Run layer N's benchmark. Extra options go to the layer."""
-    raise typer.Exit(code=_load_layer(layer).bench(list(ctx.args)))
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def run(ctx: typer.Context, layer: int | None = LAYER_OPTION) -> None:
+    """Run layer N's demo (the same as `python -m layerN_...`). Other options go to the layer:
+    `stack run --layer N --help` lists them."""
+    _run_or_help(ctx, layer, "run")
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def bench(ctx: typer.Context, layer: int | None = LAYER_OPTION) -> None:
+    """Run layer N's benchmark. Other options go to the layer: `stack bench --layer N --help`
+    lists them."""
+    _run_or_help(ctx, layer, "bench")
 
 
 @app.command()

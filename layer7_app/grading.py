@@ -174,20 +174,36 @@ def grade_lab(
     return GradeReport(number, graded, tests, elapsed)
 
 
+def reason(test: TestResult) -> str:
+    """One line on why a test lost points: the first line of its output (the grading plugin
+    puts the failure's message there, the traceback after it)."""
+    text = test.output.strip()
+    return text.splitlines()[0] if text else ""
+
+
 def print_report(report: GradeReport) -> None:
-    """A rich table of each test's score, then the total."""
+    """Each test's score and status, its full name, and under a failed one why it failed;
+    then the total. Nothing is cut at any terminal width (80 columns included): a long name
+    or reason wraps, and a reason shared with the test above is written once."""
+    from rich import box
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=f"Lab {report.lab} — {report.graded}")
-    table.add_column("test")
-    table.add_column("score", justify="right")
-    table.add_column("status")
-    table.add_column("why", overflow="fold", max_width=60)
+    table = Table(title=f"Lab {report.lab} — {report.graded}", box=box.SIMPLE_HEAD,
+                  title_justify="left")
+    table.add_column("score", justify="right", no_wrap=True)
+    table.add_column("status", no_wrap=True)
+    table.add_column("test (and why it failed)", overflow="fold")
+    previous = None
     for t in report.tests:
         colour = "green" if t.status == "passed" else "red"
-        first_line = t.output.strip().splitlines()[-1] if t.output.strip() else ""
-        table.add_row(t.name, f"{t.score:g}/{t.max_score:g}", f"[{colour}]{t.status}", first_line)
+        why = reason(t) if t.status != "passed" or t.max_score == 0 else ""
+        cell = escape(t.name)
+        if why:
+            cell += "\n[dim]" + ("(as above)" if why == previous else escape(why)) + "[/dim]"
+        previous = why
+        table.add_row(f"{t.score:g}/{t.max_score:g}", f"[{colour}]{t.status}", cell)
     console = Console()
     console.print(table)
     console.print(f"[bold]Score: {report.score:g} / {report.max_score:g}[/bold]")

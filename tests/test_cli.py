@@ -1,11 +1,14 @@
 """The `stack` CLI: discovery through entry points, errors, and the installed script."""
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from layer7_app import cli
@@ -58,7 +61,112 @@ def test_reference_and_submission_are_exclusive(tmp_path):
 
 
 def test_installed_script_runs_info():
-    script = shutil.which("stack") or str(__import__("pathlib").Path(sys.executable).with_name("stack"))
+    script = shutil.which("stack") or str(Path(sys.executable).with_name("stack"))
     result = subprocess.run([script, "info"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "CPU" in result.stdout
+
+
+
+# ---------------------------------------------------------------- a user's mistakes
+# In-process through the CLI app (the `stack` script calls the same app; starting a process
+# per case would cost seconds each); the installed script itself is run below.
+CPU_ONLY = not torch.cuda.is_available()
+MISTAKES = [
+    ("run", 3, ["--model", "/nonexistent"], "/nonexistent"),
+    ("run", 3, ["--model", "/tmp"], "config.json"),
+    ("run", 3, ["--prompt", ""], "empty prompt"),
+    ("run", 3, ["--max-tokens", "0"], "max_tokens"),
+    ("run", 3, ["--temperature", "-1"], "temperature"),
+    ("run", 4, ["--block-size", "0"], "block_size"),
+    ("run", 4, ["--model", "/nonexistent"], "/nonexistent"),
+    ("run", 2, ["--world", "0"], "--world"),
+    ("bench", 2, ["--factor", "1"], "--factor"),
+    ("run", 0, ["--device", "tpu"], "cpu, cuda or cuda:N"),
+    ("bench", 0, ["--out", "/etc/hostname"], "/etc/hostname"),
+]
+CPU_MISTAKES = [  # mistakes only where CUDA is missing
+    ("run", 3, ["--device", "cuda"], "CUDA is not available in this torch build"),
+    ("run", 4, ["--device=cuda:0"], "CUDA is not available in this torch build"),
+    ("run", 0, ["--device", "cuda"], "CUDA is not available in this torch build"),
+    ("run", 2, ["--backend", "nccl"], "needs a CUDA GPU"),
+    ("bench", 1, [], "need a CUDA GPU"),
+]
+
+
+def _one_error_line(stderr: str, says: str) -> None:
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    "command, layer, args, says",
+    MISTAKES + [pytest.param(*m, marks=pytest.mark.skipif(not CPU_ONLY, reason="CUDA is here"))
+                for m in CPU_MISTAKES],
+)
+def test_a_users_mistake_is_one_line_and_exit_code_2(command, layer, args, says, monkeypatch):
+    if layer not in cli.built_layers():
+        pytest.skip(f"layer {layer} is not built")
+    monkeypatch.delenv("STACK_DEBUG", raising=False)
+    result = runner.invoke(cli.app, [command, "--layer", str(layer), *args])
+    assert result.exit_code == 2, (result.stderr[-2000:], result.exception)
+    _one_error_line(result.stderr, says)
+
+
+def _stack(*args: str, **env: str) -> subprocess.CompletedProcess:
+    script = shutil.which("stack") or str(Path(sys.executable).with_name("stack"))
+    environ = {k: v for k, v in os.environ.items() if k != "STACK_DEBUG"}
+    environ.update(COLUMNS="80", **env)
+    return subprocess.run([script, *args], capture_output=True, text=True, timeout=180,
+                          env=environ)
+
+
+def test_the_installed_script_prints_one_line_and_exits_2():
+    result = _stack("run", "--layer", "3", "--max-tokens", "0")
+    assert result.returncode == 2
+    _one_error_line(result.stderr, "max_tokens")
+
+
+def test_stack_debug_shows_the_traceback():
+    result = _stack("run", "--layer", "0", "--device", "tpu", STACK_DEBUG="1")
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+
+
+def test_python_m_entry_shares_the_rule():
+    result = subprocess.run([sys.executable, "-m", "layer0_hardware", "--device", "tpu"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    _one_error_line(result.stderr, "--device 'tpu'")
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    monkeypatch.delenv("STACK_DEBUG", raising=False)
+    run_command = cli._load_layer(0).run_command
+
+    def buggy(argv: list[str]) -> int:
+        raise RuntimeError("a bug in the layer")
+
+    def mistaken(argv: list[str]) -> int:
+        raise ValueError("a bad value")
+
+    with pytest.raises(RuntimeError, match="a bug"):
+        run_command(buggy, [])
+    assert run_command(mistaken, []) == 2
+    monkeypatch.setenv("STACK_DEBUG", "1")
+    with pytest.raises(ValueError, match="a bad value"):
+        run_command(mistaken, [])
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+@pytest.mark.parametrize("layer", sorted(cli.built_layers()))
+def test_layer_help_shows_the_layers_own_options(command, layer):
+    result = runner.invoke(cli.app, [command, "--layer", str(layer), "--help"])
+    assert result.exit_code == 0, result.output
+    assert f"stack {command} --layer {layer}" in result.output and "--help" in result.output
+
+
+def test_help_without_a_layer_is_the_commands_help():
+    result = runner.invoke(cli.app, ["run", "--help"])
+    assert result.exit_code == 0 and "--layer N --help" in result.output
+    missing = runner.invoke(cli.app, ["run"])
+    assert missing.exit_code == 2 and "needs --layer N" in missing.stderr

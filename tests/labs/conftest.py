@@ -23,6 +23,7 @@ import pytest
 from layer7_app.grading import ENV_RESULTS, ENV_SUBMISSION
 
 MAX_OUTPUT_CHARS = 2000
+MAX_REASON_CHARS = 500
 
 _results: dict[str, dict] = {}
 
@@ -73,6 +74,18 @@ def _points(item: pytest.Item) -> float:
     return float(marker.args[0]) if marker else 1.0
 
 
+def failure_output(report: pytest.TestReport) -> str:
+    """Why a test failed, first line first (`stack grade` prints that line), then the tail
+    of pytest's report: the message of the exception that failed it, not the file:line
+    where it was raised (a fixture's pytest.fail would otherwise read "conftest.py:68")."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    lines = crash.message.strip().splitlines() if crash and crash.message.strip() else []
+    reason = lines[0].removeprefix("Failed: ") if lines else "failed"
+    reason = reason[:MAX_REASON_CHARS]
+    room = MAX_OUTPUT_CHARS - len(reason) - 2
+    return f"{reason}\n\n{report.longreprtext[-room:]}"
+
+
 def _write_results() -> None:
     path = os.environ.get(ENV_RESULTS)
     if path:
@@ -96,7 +109,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
         entry.update(status="passed", max_score=0.0, output=f"skipped, not graded here: {reason}")
     elif report.failed:
-        entry.update(status="failed", score=0.0, output=report.longreprtext[-MAX_OUTPUT_CHARS:])
+        entry.update(status="failed", score=0.0, output=failure_output(report))
     elif report.when == "call":
         entry.update(status="passed", score=entry["max_score"], output="")
     _write_results()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from layer7_app.grading import available_labs, grade_lab
+from layer7_app.grading import available_labs, grade_lab, print_report
 
 LABS = sorted(available_labs())
 
@@ -68,11 +68,20 @@ def test_a_submission_that_imports_the_answers_earns_nothing(tmp_path):
     assert "imports the reference package" in report.tests[0].output
 
 
-def test_a_submission_that_does_not_import_fails_cleanly(tmp_path):
+def test_a_submission_that_does_not_import_fails_cleanly(tmp_path, capsys, monkeypatch):
     submission = tmp_path / "exercises.py"
     submission.write_text("def arithmetic_intensity(:\n")
     report = grade_lab(0, submission=submission)
     assert report.score == 0 and "SyntaxError" in report.tests[0].output
+    # The terminal says why (not "conftest.py:68: Failed"), and cuts no name at 80 columns.
+    monkeypatch.setenv("COLUMNS", "80")
+    print_report(report)
+    printed = capsys.readouterr().out
+    assert "could not import the submission" in printed and "SyntaxError" in printed
+    assert "conftest.py" not in printed
+    assert all(len(line) <= 80 for line in printed.splitlines())
+    for test in report.tests:
+        assert test.name in printed
 
 
 def test_missing_submission_is_a_clear_error(tmp_path):

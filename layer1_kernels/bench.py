@@ -25,7 +25,7 @@ from layer0_hardware import (
 )
 
 from . import bench_cuda, bench_elementwise, bench_matmul
-from .benchcase import BenchCase
+from .bench_case import BenchCase
 from .cupy_support import cupy_available
 
 GROUPS = {"elementwise": bench_elementwise, "matmul": bench_matmul, "cuda": bench_cuda}

@@ -15,7 +15,7 @@ import torch
 from layer0_hardware import time_fn
 
 from . import cupy_support as cs
-from .benchcase import BenchCase
+from .bench_case import BenchCase
 from .reduction import reduce_sum, reduce_sum_reference
 from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .benchcase import BenchCase
+from .bench_case import BenchCase
 from .norms import layer_norm, rms_norm, rms_norm_reference
 from .rope import apply_rope, rope_cache
 from .softmax import softmax

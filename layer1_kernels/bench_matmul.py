@@ -20,7 +20,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from .benchcase import BenchCase
+from .bench_case import BenchCase
 from .flash_attention import flash_attention
 from .int8_matmul import int8_matmul, quantize_int8
 from .matmul import matmul, matmul_fp8

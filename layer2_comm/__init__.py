@@ -25,7 +25,7 @@ The layer beneath is `kernels` (layer 1, as a namespace): layer 3 writes `kernel
 import layer1_kernels as kernels  # the layer beneath, as a namespace: kernels.rms_norm
 
 from .all_to_all import all_to_all
-from .bandwidth import ping_pong, sweep
+from .bench_bandwidth import ping_pong, sweep
 from .chain import broadcast_chain
 from .cost_model import AlphaBeta, busbw, crossover, fit_alpha_beta, predict
 from .group import destroy, device, init, local_rank, rank, world_size

@@ -32,7 +32,7 @@ For layer 4 (its paged-attention kernel and benchmarks), re-exported from below:
 already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pick it up),
 `kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
 `refuse_interpreted_bf16_dot` (layer 1's), `time_fn`, `Timing`, `load_ceilings`, `Ceilings`
-(layer 0's).
+(layer 0's); `RequestOutput`, the old name of `Generation` (one completion of one prompt).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
@@ -41,10 +41,12 @@ from .backends import BACKENDS, Ops, make_ops
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder
-from .generate import GenerationStats, Model, RequestOutput, benchmark_decode, load
+from .generate import Generation, GenerationStats, Model, benchmark_decode, load
 from .model import LlamaModel, causal_lm_loss
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
+from .shapes import LLAMA_3_2_1B
+from .stopping import FinishRule
 from .tokenizer import IncrementalDecoder, Tokenizer
 from .training import (
     CHAT_TEMPLATE,
@@ -72,10 +74,13 @@ INTERPRETED, kernel_device = _kernels.INTERPRETED, _kernels.kernel_device
 use_triton, refuse_interpreted_bf16_dot = _kernels.use_triton, _kernels.refuse_interpreted_bf16_dot
 time_fn, Timing = _hardware.time_fn, _hardware.Timing
 load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
+# The old name of Generation, still imported by layer 4's spec/decoder.py: remove once it
+# says Generation (layer 4's own RequestOutput, a whole request, is a different thing).
+RequestOutput = Generation
 
 __all__ = [
     # load and generate
-    "load", "Model", "RequestOutput", "GenerationStats", "benchmark_decode",
+    "load", "Model", "Generation", "GenerationStats", "benchmark_decode",
     # configuration, weights, tokenizer
     "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES",
     "load_model", "read_safetensors", "save_weights", "random_model",
@@ -85,6 +90,10 @@ __all__ = [
     "AttentionContext", "KVCache", "ContiguousKVCache",
     # sampling
     "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
+    # when a completion ends (EOS, stop strings, max_tokens) and what text may stream yet
+    "FinishRule",
+    # a real model's shape for benchmarks with random weights (meta-llama/Llama-3.2-1B)
+    "LLAMA_3_2_1B",
     # quantization and CUDA graphs
     "quantize_model", "Int8Linear", "perplexity", "weight_bytes", "CudaGraphDecoder",
     # the course model: corpus, tokenizer, training (python -m layer3_model.training.train)
@@ -95,5 +104,5 @@ __all__ = [
     # from the layers below, for layer 4
     "comm",
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
-    "time_fn", "Timing", "load_ceilings", "Ceilings",
+    "time_fn", "Timing", "load_ceilings", "Ceilings", "RequestOutput",
 ]

@@ -54,8 +54,9 @@ class GenerationStats:
 
 
 @dataclass
-class RequestOutput:
-    """One finished sequence: its ids, text and why it stopped ("eos", "stop", "length")."""
+class Generation:
+    """One completion of one prompt: its ids, text and why it stopped ("eos", "stop",
+    "length"). (Layer 4's RequestOutput is a whole request: it holds completions.)"""
 
     prompt_ids: list[int]
     token_ids: list[int] = field(default_factory=list)
@@ -66,7 +67,7 @@ class RequestOutput:
 class _Sequence:
     def __init__(self, index: int, prompt_ids: list[int], params: SamplingParams, gen, decoder) -> None:
         self.index, self.params, self.gen = index, params, gen
-        self.out = RequestOutput(prompt_ids=prompt_ids)
+        self.out = Generation(prompt_ids=prompt_ids)
         self.decoder: IncrementalDecoder | None = decoder
         self.emitted = 0  # characters of text already streamed
         self.hold = max((len(s) for s in params.stop), default=1) - 1  # a stop string may still be growing
@@ -140,7 +141,7 @@ class Model:
         """Generated text for each prompt (a str, or a list of token ids)."""
         return [o.text for o in self.generate_outputs(prompts, params)]
 
-    def generate_outputs(self, prompts, params=None) -> list[RequestOutput]:
+    def generate_outputs(self, prompts, params=None) -> list[Generation]:
         """Like generate, with token ids and finish reasons."""
         final: list[_Sequence] = []
         for final, _ in self._run(prompts, params):  # noqa: B007  (the last state is the result)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from layer2_comm import commands
-from layer2_comm.bandwidth import default_sizes, ping_pong, sweep
+from layer2_comm.bench_bandwidth import default_sizes, ping_pong, sweep
 from layer2_comm.launch import launch
 from layer2_comm.nccl_raw import nccl_example
 from layer2_comm.overlap import efficiency, overlap_demo

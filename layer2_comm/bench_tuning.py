@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import tuning
-from .bandwidth import iters_at, sweep, time_collective
+from .bench_bandwidth import iters_at, sweep, time_collective
 from .group import device, lane_groups
 from .p2p import exchange, ring_neighbours
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter

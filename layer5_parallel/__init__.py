@@ -7,13 +7,18 @@ Re-exported from layer 4 for layer 6: the engine API (`LLM`, `SamplingParams`, o
 """
 import layer4_algorithms as engine  # the layer beneath, as a namespace: engine.BlockManager
 from layer4_algorithms import (  # re-exported for layer 6
-    LLM,
     CompletionOutput,
     EngineStats,
     RequestMetrics,
     RequestOutput,
     SamplingParams,
 )
+
+# tensor parallelism: the sharded model and the engine over ranks (LLM is layer 4's at tp=1)
+from .engine_config import EngineConfig
+from .llm import LLM, TPModel
+from .tp import shard_model, tp_config, valid_tp_sizes
+from .tp_comm import TPComm
 
 # training parallelism: pipeline (GPipe, 1F1B), DDP, ZeRO-1/2/3, activation checkpointing
 from . import train_adapter
@@ -41,6 +46,8 @@ from .sequence_parallel import SequenceParallelMLP, gather_rows, mlp_block, redu
 __all__ = [
     "engine",
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    # tensor parallelism
+    "EngineConfig", "shard_model", "tp_config", "valid_tp_sizes", "TPComm", "TPModel",
     # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements
     "pipeline_step", "PipelineResult", "partition", "stage_params", "bubble_stats",
     "gpipe", "one_f_one_b", "simulate", "bubble_fraction", "plot_timeline", "plot_rank_timelines",

@@ -1,0 +1,52 @@
+"""Layer 4's EngineConfig with the parallel sizes layer 5 adds.
+
+    EngineConfig(tensor_parallel_size=2, num_blocks=512)   # or LLM(path, tensor_parallel_size=2)
+
+tensor_parallel_size: ranks the model's heads, FFN and vocabulary are split over (1: layer 4's
+engine as it is). tp_backend: "torch" (torch.distributed: NCCL on GPUs, gloo on CPUs) or
+"ours" (layer 2's collectives from send/recv). tp_check: every torch collective first checks
+that all ranks pass the same shape. tp_timeout_s: the longest any wait between ranks lasts
+(startup, each collective, shutdown). tp_threads: CPU threads per rank (None: cores / ranks).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import layer4_algorithms as engine
+
+TP_BACKENDS = ("torch", "ours")
+
+
+@dataclass
+class EngineConfig(engine.EngineConfig):
+    tensor_parallel_size: int = 1
+    tp_backend: str = "torch"
+    tp_check: bool = False
+    tp_timeout_s: float = 60.0
+    tp_threads: int | None = None
+
+    def _problems(self) -> list[str | None]:
+        tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
+        mine = [
+            None if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else
+            f"tensor_parallel_size must be a positive int, got {tp!r}",
+            None if self.tp_backend in TP_BACKENDS else
+            f"tp_backend must be one of {', '.join(TP_BACKENDS)}, got {self.tp_backend!r}",
+            None if isinstance(t, (int, float)) and t > 0 else
+            f"tp_timeout_s must be > 0, got {t!r}",
+            None if threads is None or (isinstance(threads, int) and threads >= 1) else
+            f"tp_threads must be an int >= 1 or None, got {threads!r}",
+            None if tp == 1 or not self.cuda_graph else
+            "cuda_graph=True is not supported with tensor_parallel_size > 1 (a graph would capture "
+            "the collectives)",
+        ]
+        return super()._problems() + mine
+
+    @classmethod
+    def of(cls, config: engine.EngineConfig | None) -> EngineConfig:
+        """This class from None, a layer-4 EngineConfig (its fields kept) or itself."""
+        if config is None:
+            return cls()
+        if isinstance(config, cls):
+            return config
+        return cls(**{f.name: getattr(config, f.name) for f in fields(config)})

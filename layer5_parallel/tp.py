@@ -1,0 +1,192 @@
+"""Tensor parallelism (Megatron-style), applied from outside to a loaded layer-3 model.
+
+`shard_model(net, rank, world, comm)` returns rank `rank`'s shard of a `LlamaModel`: a
+`LlamaModel` of the same class and forward signature, built for a per-rank config (its
+head counts and FFN width are this rank's), with four of its modules swapped:
+
+    x (T, H), the same on every rank
+    attention   qkv      column-parallel: rank r computes its Hq/p query heads and their
+                         Hkv/p kv heads (q|k|v blocks of the merged weight, cut per block)
+                o_proj   row-parallel: its input columns are rank r's heads; partial sums
+                         (T, H) -> ALL-REDUCE (g) -> the full output on every rank
+    mlp         gate_up  column-parallel: rows [f0, f1) of gate and of up (gate|up kept)
+                down     row-parallel: columns [f0, f1) -> ALL-REDUCE (g)
+    embed       vocab-parallel: rank r holds rows [v0, v1); ids outside are zero rows;
+                         ALL-REDUCE fills them in
+    lm_head     vocab-parallel: logits (T, V/p) -> ALL-GATHER -> (T, V)
+
+Megatron's f and g: f is the identity in the forward pass (every rank already has x; in
+training its backward is an all-reduce of the input gradients); g is the all-reduce after a
+row-parallel layer (its backward is the identity). Inference needs only the forward: two
+all-reduces per decoder layer, one for the embedding, one all-gather for the logits.
+
+kv_heads < world: every rank still needs the kv head its query heads share, so the kv
+heads are replicated (rank r takes kv head r * Hkv // world) and each rank's cache holds
+one kv head. Valid sizes: world divides Hq, and Hkv % world == 0 or world % Hkv == 0.
+The FFN width and the vocabulary may split unevenly (the vocab is padded to world * ceil(V /
+world) rows, the padding's logits dropped after the gather).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import layer4_algorithms as engine
+
+from .tp_comm import TPComm
+
+
+def valid_tp_sizes(config) -> list[int]:
+    """Tensor-parallel sizes this model's heads allow (1 included)."""
+    hq, hkv = config.num_attention_heads, config.num_key_value_heads
+    return [p for p in range(1, hq + 1) if hq % p == 0 and (hkv % p == 0 or p % hkv == 0)]
+
+
+def check_tp_size(config, world: int) -> None:
+    """ValueError naming the valid sizes when `world` cannot split this model's heads."""
+    sizes = valid_tp_sizes(config)
+    if world not in sizes:
+        raise ValueError(
+            f"tensor_parallel_size={world} cannot split this model's {config.num_attention_heads} "
+            f"query heads and {config.num_key_value_heads} kv heads evenly; valid sizes: "
+            f"{', '.join(map(str, sizes))}")
+
+
+def split_bounds(n: int, world: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of rank's part of n items cut into world contiguous parts (sizes differ by
+    at most one, the first n % world parts larger: torch.tensor_split's cut)."""
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def kv_head_range(config, world: int, rank: int) -> tuple[int, int]:
+    """[first, stop) of the kv heads rank holds (one replicated head when Hkv < world)."""
+    hq, hkv = config.num_attention_heads, config.num_key_value_heads
+    if hkv >= world:
+        return rank * hkv // world, (rank + 1) * hkv // world
+    first = rank * (hq // world) // (hq // hkv)  # the group of this rank's first query head
+    return first, first + 1
+
+
+def tp_config(config, world: int, rank: int):
+    """The per-rank ModelConfig: this rank's query heads, kv heads and FFN width. Vocab and
+    hidden size stay whole (the vocab-parallel modules hold their own slice)."""
+    check_tp_size(config, world)
+    k0, k1 = kv_head_range(config, world, rank)
+    f0, f1 = split_bounds(config.intermediate_size, world, rank)
+    return dataclasses.replace(config, num_attention_heads=config.num_attention_heads // world,
+                               num_key_value_heads=k1 - k0, intermediate_size=f1 - f0)
+
+
+class RowParallelLinear(nn.Module):
+    """y = all_reduce(x_r @ W_r^T) + b: x_r (T, in/p) is this rank's slice of the input
+    features, W_r (out, in/p) the matching columns. The bias is added once, after the sum."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm: TPComm) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.comm = comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.comm.all_reduce(F.linear(x, self.weight))  # g: the one all-reduce
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [v0, v1) of the embedding (padded to `rows` rows): ids (T,) -> (T, H), the
+    ids other ranks own looked up as zeros, then an all-reduce puts every row together."""
+
+    def __init__(self, weight: torch.Tensor, v0: int, v1: int, comm: TPComm) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.v0, self.v1, self.comm = v0, v1, comm
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mine = (ids >= self.v0) & (ids < self.v1)
+        out = F.embedding(torch.where(mine, ids - self.v0, 0), self.weight)
+        return self.comm.all_reduce(out.masked_fill_(~mine.unsqueeze(-1), 0))
+
+
+class VocabParallelLMHead(nn.Module):
+    """x (..., H) -> this rank's (..., V_pad / p) logits -> all-gather -> (..., V)."""
+
+    def __init__(self, weight: torch.Tensor, vocab: int, comm: TPComm) -> None:
+        super().__init__()
+        if not isinstance(weight, nn.Parameter):  # a tied head shares the embedding's Parameter
+            weight = nn.Parameter(weight, requires_grad=False)
+        self.weight = weight
+        self.vocab, self.comm = vocab, comm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = self.comm.all_gather(F.linear(x, self.weight))  # (p, ..., V_pad / p)
+        return parts.movedim(0, -2).flatten(-2)[..., : self.vocab]
+
+
+def _cols(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
+    return t[:, a:b].contiguous()
+
+
+def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None):
+    """Rank `rank`'s shard of `net` (a layer-3 LlamaModel; left unchanged): a new LlamaModel
+    on `device` (default net's) whose config has this rank's head counts and FFN width."""
+    c, device = net.config, torch.device(device or net.device)
+    local = tp_config(c, world, rank)
+    D, hq = c.head_dim, local.num_attention_heads
+    k0, k1 = kv_head_range(c, world, rank)
+    f0, f1 = split_bounds(c.intermediate_size, world, rank)
+    q_rows = slice(rank * hq * D, (rank + 1) * hq * D)
+    k_rows = slice(c.q_size + k0 * D, c.q_size + k1 * D)
+    v_rows = slice(c.q_size + c.kv_size + k0 * D, c.q_size + c.kv_size + k1 * D)
+    full = net.state_dict()
+    state = {}
+    for name, t in full.items():
+        if name.startswith(("embed.", "lm_head.")):
+            continue
+        if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
+            t = torch.cat([t[q_rows], t[k_rows], t[v_rows]])  # q | k | v, this rank's heads
+        elif name.endswith("mlp.gate_up.weight") or name.endswith("mlp.gate_up.bias"):
+            F_ = c.intermediate_size
+            t = torch.cat([t[f0:f1], t[F_ + f0:F_ + f1]])  # gate | up, this rank's columns of F
+        elif name.endswith("attn.o_proj.weight"):
+            t = _cols(t, q_rows.start, q_rows.stop)
+        elif name.endswith("mlp.down.weight"):
+            t = _cols(t, f0, f1)
+        state[name] = t.to(device).clone()
+    with torch.device("meta"):
+        shard = engine.executor.LlamaModel(local, backend=net.backend)
+    shard.load_state_dict(state, strict=False, assign=True)
+    for layer in shard.layers:  # row-parallel: the all-reduce after o_proj and down
+        for parent, name in ((layer.attn, "o_proj"), (layer.mlp, "down")):
+            lin = getattr(parent, name)
+            setattr(parent, name, RowParallelLinear(lin.weight.data, None if lin.bias is None
+                                                    else lin.bias.data, comm))
+    V = c.vocab_size
+    per = -(-V // world)
+    v0, v1 = min(rank * per, V), min((rank + 1) * per, V)
+
+    def vocab_rows(w: torch.Tensor) -> torch.Tensor:  # (per, H), zero rows past the vocab
+        out = torch.zeros(per, w.shape[1], dtype=w.dtype, device=device)
+        out[: v1 - v0] = w[v0:v1]
+        return out
+
+    emb = vocab_rows(full["embed.weight"])
+    head = None if c.tie_word_embeddings else vocab_rows(full["lm_head.weight"])
+    shard.embed = VocabParallelEmbedding(emb, v0, v1, comm)
+    tied = c.tie_word_embeddings
+    shard.lm_head = VocabParallelLMHead(shard.embed.weight if tied else head, V, comm)
+    shard.init_rope(device)
+    return shard.eval()
+
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of a module's distinct parameters and persistent buffers (tied weights once)."""
+    seen: dict[int, int] = {}
+    for t in module.state_dict().values():
+        seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+    return sum(seen.values())

@@ -1,0 +1,182 @@
+"""Rank 0's side of a tensor-parallel group: start the workers, talk to them, stop them.
+
+`TPGroup.start(...)` spawns ranks 1..p-1 (torch.multiprocessing, "spawn"), joins the process
+group as rank 0 (it hosts the rendezvous store) and waits until every worker has sharded its
+model. Everything waits at most `timeout_s`. When anything fails — a worker raises, dies, or
+a collective times out — `failed()` turns it into one RuntimeError naming every rank's
+problem, stops the workers and leaves the process group, so nothing hangs and a new engine
+can start in this process afterwards.
+
+One group per process: torch.distributed has one default process group, so a second
+tensor-parallel engine in the same process has to wait until the first is closed.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import layer4_algorithms as engine
+
+from .tp_comm import TPComm
+from .tp_worker import worker_main
+
+GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
+
+
+class TPGroup:
+    """Workers' processes and control pipes, the collectives, and the group's health."""
+
+    def __init__(self, procs: list, conns: list, comm: TPComm | None, backend: str,
+                 timeout_s: float) -> None:
+        self.procs, self.conns, self.comm = procs, conns, comm
+        self.backend, self.timeout_s = backend, timeout_s
+        self.world = len(procs) + 1
+        self.error: str | None = None
+        # per worker: ("ready", full config, shard config, weight bytes)
+        self.worker_info: list[tuple] = []
+
+    @classmethod
+    def start(cls, world: int, source: tuple, *, device: torch.device, comm_backend: str = "torch",
+              check: bool = False, timeout_s: float = 60.0, threads: int | None = None,
+              faults: dict[int, str] | None = None) -> TPGroup:
+        if dist.is_available() and dist.is_initialized():
+            raise RuntimeError("this process is already in a torch.distributed process group "
+                               "(another tensor-parallel engine?); close() it before starting "
+                               "another")
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if backend == "nccl" and torch.cuda.device_count() < world:
+            raise ValueError(f"tensor_parallel_size={world} on CUDA needs {world} GPUs; "
+                             f"{torch.cuda.device_count()} are visible")
+        threads = threads or max(1, (os.cpu_count() or 1) // world)
+        port = _free_port()
+        ctx = mp.get_context("spawn")
+        procs, conns = [], []
+        for rank in range(1, world):
+            mine, theirs = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=worker_main, name=f"tp-rank{rank}", daemon=True,
+                            args=(rank, world, port, backend, comm_backend, check, timeout_s,
+                                  threads, source, theirs, (faults or {}).get(rank)))
+            p.start()
+            theirs.close()
+            procs.append(p)
+            conns.append(mine)
+        group = cls(procs, conns, None, backend, timeout_s)
+        with group.guard("starting the workers"):
+            _init_rank0(backend, world, port, timeout_s)
+            group.comm = TPComm(comm_backend, check=check)
+            group.worker_info = group.gather("ready")
+        return group
+
+    # ---- messages ------------------------------------------------------------------------------
+    def send(self, msg: tuple) -> None:
+        """A control message to every worker (checked alive first: a dead one fails now)."""
+        self.check_alive()
+        for c in self.conns:
+            c.send(msg)
+
+    def gather(self, kind: str) -> list[tuple]:
+        """Each worker's next reply, which must be of `kind`, within timeout_s."""
+        deadline, out = time.monotonic() + self.timeout_s, []
+        for rank, c in enumerate(self.conns, start=1):
+            while not c.poll(0.1):
+                self.check_alive()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"rank {rank} did not answer {kind!r} within "
+                                       f"{self.timeout_s:g} s")
+            msg = c.recv()
+            if msg[0] != kind:
+                raise RuntimeError(f"rank {rank} answered {msg[0]!r} instead of {kind!r}"
+                                   + (f": {msg[1]}" if msg[0] == "error" else ""))
+            out.append(msg)
+        return out
+
+    def check_alive(self) -> None:
+        dead = [(r, p.exitcode) for r, p in enumerate(self.procs, start=1) if not p.is_alive()]
+        if dead:
+            raise RuntimeError(", ".join(f"rank {r} exited (code {c})" for r, c in dead))
+
+    # ---- failure -------------------------------------------------------------------------------
+    @contextmanager
+    def guard(self, what: str):
+        """Run a block that talks to the workers; any exception in it -> failed()."""
+        if self.error is not None:
+            raise RuntimeError(f"the tensor-parallel group failed earlier and is closed: "
+                               f"{self.error}")
+        try:
+            yield
+        except BaseException as exc:
+            raise self.failed(what, exc) from exc
+
+    def failed(self, what: str, exc: BaseException) -> RuntimeError:
+        """Collect every worker's report (a short grace period), stop them all, leave the group."""
+        lines = [f"tensor-parallel {what} failed on rank 0: {type(exc).__name__}: {exc}"]
+        deadline = time.monotonic() + GRACE_S
+        for rank, (p, c) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
+            report = None
+            while report is None and time.monotonic() < deadline:
+                try:
+                    if c.poll(0.05):
+                        msg = c.recv()
+                        report = msg[1].splitlines()[0] if msg[0] == "error" else None
+                    elif not p.is_alive():
+                        report = f"died (exit code {p.exitcode})"
+                except (EOFError, OSError):
+                    p.join(0.5)
+                    report = f"died (exit code {p.exitcode})"
+            if report is not None:
+                lines.append(f"rank {rank}: {report}")
+        self.error = "; ".join(lines)
+        self.shutdown(graceful=False)
+        return RuntimeError("\n".join(lines))
+
+    def shutdown(self, *, graceful: bool = True, timeout_s: float = 5.0) -> None:
+        """Stop the workers ("stop" first when graceful, then terminate/kill); leave the group."""
+        if graceful and self.error is None:
+            for c in self.conns:
+                try:
+                    c.send(("stop",))
+                except OSError:
+                    pass
+        deadline = time.monotonic() + (timeout_s if graceful else 0.5)
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+        engine.executor.comm.destroy()
+
+
+def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:
+    """Join as rank 0 through layer 2's init (env://), leaving this process's env as it was."""
+    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        engine.executor.comm.init(backend, timeout_s=timeout_s)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _free_port() -> int:
+    """A TCP port that was free a moment ago, for the local rendezvous."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -1,0 +1,137 @@
+"""A tensor-parallel worker process (ranks 1..p-1) and the step message both sides share.
+
+Rank 0 runs layer 4's engine; the workers run only the model. Two channels join them:
+- control: a multiprocessing Pipe per worker carries small Python messages (what to do
+  next, and host-side integers). A worker idles on it between steps, for as long as the
+  engine idles, with no collective timing out; it checks every second that rank 0 lives.
+- data: one broadcast over the process group carries the step's device tensors, packed
+  into one int64 tensor (token ids | slot_mapping | block_tables), so under NCCL rank 0
+  never copies them to the host.
+
+Messages rank 0 sends: ("init", num_blocks, block_size) makes the worker's paged KV cache
+(its head shard); ("step", query_lens, seq_lens, max_blocks, has_cache, last_only) runs
+one forward pass (the broadcast follows); ("copy", pairs) copies KV blocks (copy-on-write);
+("stop",) ends the loop. The worker answers ("ready", full_config, shard_config,
+weight_bytes) after sharding, ("cache", kv_bytes) after init, and ("error", text) before
+it exits on any exception (so rank 0 can name what went wrong on which rank).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from multiprocessing import parent_process
+from multiprocessing.connection import Connection
+
+import torch
+
+import layer4_algorithms as engine
+
+from .tp import shard_model, weight_bytes
+from .tp_comm import TPComm
+
+POLL_S = 1.0  # how often an idle worker checks that rank 0 is still alive
+
+
+def step_message(ctx, has_cache: bool, last_only: bool) -> tuple:
+    """The host half of a step: everything a worker needs to rebuild rank 0's AttentionContext."""
+    max_blocks = -1 if ctx.block_tables is None else int(ctx.block_tables.shape[1])
+    return ("step", ctx.query_lens_host, ctx.seq_lens_host, max_blocks, has_cache, last_only)
+
+
+def pack_step(input_ids: torch.Tensor, ctx) -> torch.Tensor:
+    """The device half: ids (T,) | slot_mapping (T,) | block_tables (B * max_blocks,), int64."""
+    parts = [input_ids.reshape(-1), ctx.slot_mapping]
+    if ctx.block_tables is not None:
+        parts.append(ctx.block_tables.reshape(-1))
+    return torch.cat([p.to(torch.int64) for p in parts])
+
+
+def unpack_step(msg: tuple, comm: TPComm, device: torch.device):
+    """Receive the broadcast of a step announced by `msg` -> (input_ids, AttentionContext)."""
+    _, qlens, slens, max_blocks, _, _ = msg
+    T, B = sum(qlens), len(qlens)
+    payload = torch.empty(2 * T + max(max_blocks, 0) * B, dtype=torch.int64, device=device)
+    comm.broadcast(payload)
+    ids, slots = payload[:T], payload[T:2 * T]
+    tables = None if max_blocks < 0 else payload[2 * T:].view(B, max_blocks)
+    ctx = engine.executor.AttentionContext.build(
+        qlens, [s - q for q, s in zip(qlens, slens, strict=True)], slots, block_tables=tables,
+        device=device)
+    return ids, ctx
+
+
+def load_full(source: tuple, device: torch.device):
+    """The whole model on this worker: ("path", dir, backend, dtype) loads the checkpoint;
+    ("state", config, state_dict, backend) rebuilds it from rank 0's (shared-memory) tensors."""
+    l3 = engine.executor
+    if source[0] == "path":
+        _, path, backend, dtype = source
+        return l3.load(path, backend=backend, dtype=dtype, device=device).net
+    _, config, state, backend = source
+    with torch.device("meta"):
+        net = l3.LlamaModel(config, backend=backend)
+    net.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        net.lm_head.weight = net.embed.weight
+    net.init_rope(device)
+    return net.eval()
+
+
+def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
+                timeout_s: float, threads: int, source: tuple, conn: Connection,
+                fault: str | None = None) -> None:
+    """Entry point of worker `rank`: join the group, shard, serve steps until ("stop",).
+    fault (tests only): "die" exits at the first step, "shape" all-reduces a wrong size."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        torch.set_num_threads(threads)
+        engine.executor.comm.init(backend, timeout_s=timeout_s)
+        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+        comm = TPComm(comm_backend, check=check)
+        full = load_full(source, device)
+        shard = shard_model(full, rank, world, comm, device=device)
+        full_config = full.config
+        del full, source
+        conn.send(("ready", full_config, shard.config, weight_bytes(shard)))
+        _serve(shard, comm, conn, device, fault)
+    except BaseException as exc:  # report everything, then leave at once (see launch.py)
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except OSError:
+            pass
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)  # peers and rank 0 are done with us; skip the slow interpreter teardown
+
+
+@torch.no_grad()
+def _serve(shard, comm: TPComm, conn: Connection, device: torch.device, fault: str | None) -> None:
+    cache, parent = None, parent_process()
+    while True:
+        if not conn.poll(POLL_S):
+            if parent is not None and not parent.is_alive():
+                raise RuntimeError("rank 0 died; this worker stops")
+            continue
+        msg = conn.recv()
+        kind = msg[0]
+        if kind == "stop":
+            return
+        if kind == "init":
+            cache = engine.PagedKVCache.for_model(shard.config, msg[1], msg[2], dtype=shard.dtype,
+                                                  device=device)
+            conn.send(("cache", cache.nbytes))
+        elif kind == "copy":
+            cache.copy_blocks(msg[1])
+        elif kind == "step":
+            if fault == "die":
+                os._exit(3)
+            ids, ctx = unpack_step(msg, comm, device)
+            if fault == "shape":  # a worker whose row-parallel output has one row too many
+                comm.all_reduce(torch.zeros(ids.shape[0] + 1, shard.config.hidden_size,
+                                            dtype=shard.dtype, device=device))
+            shard(ids, ctx, cache if msg[4] else None, last_only=msg[5])
+        else:
+            raise ValueError(f"unknown message {kind!r} from rank 0")

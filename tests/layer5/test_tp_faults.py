@@ -1,0 +1,57 @@
+"""A tensor-parallel engine whose worker dies or sends a mismatched shape fails clearly, fast.
+
+Faults are injected into worker rank 1 (`_tp_faults`, a test hook): "die" exits at the first
+step, "shape" all-reduces a tensor one row too long. Rank 0 must raise one RuntimeError that
+names what happened on each rank, well within the group's timeout, stop the workers and leave
+the process group (so a new engine can start in this process).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch.distributed as dist
+
+import layer5_parallel as l5
+
+l3 = l5.engine.executor
+TIMEOUT_S = 30.0  # the group's timeout: every wait is bounded by it
+
+
+def tiny_model() -> l3.Model:
+    config = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=40,
+                            num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, max_position_embeddings=64)
+    return l3.Model(l3.random_model(config, seed=2))
+
+
+def fail_once(fault: str, **kw) -> tuple[str, float]:
+    llm = l5.LLM(tiny_model(), tensor_parallel_size=2, num_blocks=16, block_size=4,
+                 tp_timeout_s=TIMEOUT_S, _tp_faults={1: fault}, **kw)
+    params = l5.SamplingParams(temperature=0.0, max_tokens=3)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        llm.generate([[1, 2, 3], [4, 5]], params)
+    elapsed = time.monotonic() - start
+    with pytest.raises(RuntimeError, match="failed earlier"):  # broken stays broken, no hang
+        llm.generate([[1, 2, 3]], params)
+    llm.close()
+    assert not dist.is_initialized()  # the group was left: another engine may start
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    return str(info.value), elapsed
+
+
+def test_dead_worker_is_named_within_the_timeout():
+    msg, elapsed = fail_once("die")
+    assert "rank 1" in msg and "exit" in msg and "code 3" in msg, msg
+    assert elapsed < TIMEOUT_S  # found by the liveness check or the broken connection, not a hang
+
+
+@pytest.mark.parametrize("backend,check", [("ours", False), ("torch", True)])
+def test_mismatched_shape_raises_on_both_ranks(backend, check):
+    msg, elapsed = fail_once("shape", tp_backend=backend, tp_check=check)
+    lines = msg.splitlines()
+    assert "rank 0" in lines[0] and "ValueError" in lines[0], msg  # rank 0's own error
+    assert any(line.startswith("rank 1: ValueError") for line in lines[1:]), msg  # and rank 1's
+    assert elapsed < TIMEOUT_S

@@ -12,7 +12,7 @@ import layer5_parallel as parallel  # the layer beneath, as a namespace: paralle
 
 from .api import create_app
 from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
-from .engine_loop import EngineSnapshot, EngineStepError, RequestTimeoutError
+from .engine_state import EngineSnapshot, EngineStepError, RequestTimeoutError
 from .server import ServerHandle, serve_main, start_server
 from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob, safe_length
 

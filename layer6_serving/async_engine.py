@@ -23,7 +23,8 @@ from pathlib import Path
 
 import layer5_parallel as l5
 
-from .engine_loop import EngineLoop, EngineSnapshot, Request
+from .engine_loop import EngineLoop
+from .engine_state import EngineSnapshot, Request
 from .sampler_hook import RequestOptions
 from .streams import Delta, DeltaTracker, StreamOutput
 

@@ -14,85 +14,21 @@ every lower-priority one still waiting here.
 """
 from __future__ import annotations
 
-import asyncio
 import heapq
 import itertools
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
-from .sampler_hook import RequestOptions, SamplerHook
-from .streams import DeltaTracker, RequestMetricsSummary, StreamOutput
-
-
-class RequestTimeoutError(Exception):
-    """The request ran past its timeout; it was aborted and its blocks freed."""
-
-
-class EngineStepError(RuntimeError):
-    """The engine failed in a step; every request it was running was aborted."""
-
-
-@dataclass
-class Request:
-    """A request as the loop tracks it (the fields after `queue` are the loop's own)."""
-
-    request_id: str
-    prompt_ids: list[int]
-    params: object  # layer 4's SamplingParams
-    options: RequestOptions
-    priority: int
-    deadline: float | None
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
-    tracker: DeltaTracker
-    arrival: float = field(default_factory=time.perf_counter)
-    order: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    last_token_time: float | None = None
-    itls: list[float] = field(default_factory=list)
-
-
-@dataclass
-class EngineSnapshot:
-    """The engine's state after a turn (cumulative counters since the loop started)."""
-
-    steps: int = 0
-    running: int = 0  # sequences in the engine holding KV blocks
-    waiting: int = 0  # sequences queued in the engine + requests waiting for admission here
-    requests: int = 0  # requests this loop tracks (admitted or waiting)
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    preemptions: int = 0
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
-
-    @property
-    def spec_acceptance(self) -> float | None:
-        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
-
-
-@dataclass
-class FinishedRequest:
-    """A finished (or aborted) request's timings, for the metrics listeners."""
-
-    ttft_s: float | None
-    e2e_s: float
-    queue_s: float | None
-    itls: list[float]
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str | None
+from .engine_state import (
+    EngineSnapshot,
+    EngineStepError,
+    FinishedRequest,
+    Request,
+    RequestTimeoutError,
+)
+from .sampler_hook import SamplerHook
+from .streams import RequestMetricsSummary, StreamOutput
 
 
 class EngineLoop:
@@ -108,7 +44,9 @@ class EngineLoop:
         self.pending: list[tuple[int, int, Request]] = []  # heap: waiting for admission
         self.live: dict[str, Request] = {}  # admitted to the engine
         self.snapshot = EngineSnapshot(kv_blocks_total=llm.block_manager.num_blocks)
-        self.num_queued = 0  # requests submitted and not yet admitted (read by other threads)
+        # Requests submitted and not yet admitted or dropped: two counters, each written by
+        # one thread only (the submitter's, the engine's), so no lock is needed.
+        self._submitted = self._dequeued = 0
         self.listeners: list = []
         self._order = itertools.count()
         self._seen = {"q": 0, "h": 0, "p": 0, "a": 0, "pre": 0}
@@ -117,8 +55,12 @@ class EngineLoop:
         self.thread.start()
 
     # ---- from any thread -----------------------------------------------------------------------
+    @property
+    def num_queued(self) -> int:
+        return self._submitted - self._dequeued
+
     def submit(self, req: Request) -> None:
-        self.num_queued += 1
+        self._submitted += 1
         self.commands.put(("add", req))
         self.wake.set()
 
@@ -174,7 +116,7 @@ class EngineLoop:
             if r.request_id == request_id:
                 self.pending.pop(i)
                 heapq.heapify(self.pending)
-                self.num_queued -= 1
+                self._dequeued += 1
                 return
 
     def _expire(self) -> None:
@@ -189,7 +131,7 @@ class EngineLoop:
         sched = self.llm.scheduler
         while self.pending and len(sched.waiting) + len(sched.running) < sched.max_num_seqs:
             _, _, req = heapq.heappop(self.pending)
-            self.num_queued -= 1
+            self._dequeued += 1
             try:
                 self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id)
             except ValueError as e:  # a check the server did not make up front

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from .engine_loop import EngineSnapshot, FinishedRequest
+from .engine_state import EngineSnapshot, FinishedRequest
 
 P = "llm_stack:"
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,

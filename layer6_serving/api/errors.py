@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import EngineOverloaded
-from ..engine_loop import EngineStepError, RequestTimeoutError
+from ..engine_state import EngineStepError, RequestTimeoutError
 
 log = logging.getLogger("layer6_serving")
 

@@ -25,3 +25,18 @@ def test_serve_with_a_missing_model_fails_cleanly(tmp_path, capsys):
 def test_layer_6_is_registered_for_the_cli():
     eps = {ep.name: ep.value for ep in entry_points(group="llm_stack.layers")}
     assert eps.get("6") == "layer6_serving.commands"
+
+
+def test_grafana_dashboard_uses_only_exported_metrics():
+    import json
+    import re
+    from pathlib import Path
+
+    from layer6_serving.metrics import ServingMetrics
+
+    dash = json.loads((Path(l6.__file__).parent / "grafana.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"llm_stack:\w+", e)}
+    suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
+    exported = {f.name + x for f in ServingMetrics().registry.collect() for x in suffixes[f.type]}
+    assert used and used <= exported, used - exported

@@ -1,0 +1,79 @@
+"""What the engine loop tracks and reports: a request's state, the engine's snapshot after
+each turn, a finished request's timings, and the two ways a request can fail in the loop."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from .sampler_hook import RequestOptions
+from .streams import DeltaTracker
+
+
+class RequestTimeoutError(Exception):
+    """The request ran past its timeout; it was aborted and its blocks freed."""
+
+
+class EngineStepError(RuntimeError):
+    """The engine failed in a step; every request it was running was aborted."""
+
+
+@dataclass
+class Request:
+    """A request as the loop tracks it (the fields after `queue` are the loop's own)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: object  # layer 4's SamplingParams
+    options: RequestOptions
+    priority: int
+    deadline: float | None
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    tracker: DeltaTracker
+    arrival: float = field(default_factory=time.perf_counter)
+    order: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_token_time: float | None = None
+    itls: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineSnapshot:
+    """The engine's state after a turn (cumulative counters since the loop started)."""
+
+    steps: int = 0
+    running: int = 0  # sequences in the engine holding KV blocks
+    waiting: int = 0  # sequences queued in the engine + requests waiting for admission here
+    requests: int = 0  # requests this loop tracks (admitted or waiting)
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    prefix_queried_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    spec_proposed: int = 0
+    spec_accepted: int = 0
+    preemptions: int = 0
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
+
+
+@dataclass
+class FinishedRequest:
+    """A finished (or aborted) request's timings, for the metrics listeners."""
+
+    ttft_s: float | None
+    e2e_s: float
+    queue_s: float | None
+    itls: list[float]
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str | None

@@ -32,9 +32,17 @@ from .zero import ZeroTrainer
 
 # expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
 from .expert_parallel import ExpertParallelMoE, expert_ranges
+from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
+    column_parallel_linear,
+    copy_to_tp_region,
+    reduce_from_tp_region,
+    row_parallel_linear,
+)
 from .moe import MoEBlock, MoEStats, Routing, route
 from .ring_attention import (
     attention_block,
+    causal_work,
+    chunk_positions,
     merge_partial,
     ring_attention,
     ring_attention_simulated,
@@ -58,6 +66,8 @@ __all__ = [
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
     # context parallelism
     "ring_attention", "ring_attention_simulated", "attention_block", "merge_partial",
-    "shard_sequence", "unshard_sequence",
+    "shard_sequence", "unshard_sequence", "chunk_positions", "causal_work",
     "SequenceParallelMLP", "mlp_block", "gather_rows", "reduce_scatter_rows",
+    # Megatron's f and g (lab 5)
+    "copy_to_tp_region", "reduce_from_tp_region", "column_parallel_linear", "row_parallel_linear",
 ]

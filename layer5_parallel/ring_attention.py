@@ -71,11 +71,12 @@ def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: to
     scale = 1.0 / math.sqrt(D) if scale is None else scale
     qg = q.float().view(B, Hkv, H // Hkv, n, D)  # group the query heads sharing a kv head
     s = (qg @ k.float().unsqueeze(2).transpose(-1, -2)) * scale  # (B, Hkv, G, n, m)
-    if causal:
+    if causal and k_pos.numel() and q_pos.numel() and k_pos.max() > q_pos.min():
         s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # (B, Hkv, G, n); -inf where every key is masked
+    # a finite floor: a fully masked row gives exp(-inf - floor) = 0, never NaN
     p = torch.exp(s - lse.unsqueeze(-1).clamp_min(torch.finfo(torch.float32).min))
-    out = p.nan_to_num(0.0) @ v.float().unsqueeze(2)  # (B, Hkv, G, n, Dv)
+    out = p @ v.float().unsqueeze(2)  # (B, Hkv, G, n, Dv)
     return out.view(B, H, n, -1), lse.view(B, H, n)
 
 
@@ -122,8 +123,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: i
                                               dist.P2POp(dist.irecv, nxt, (me - 1) % p)])
         k_pos = positions[owner]
         if n and k_pos.numel() and (not causal or k_pos.min() <= positions[me].max()):
-            o, l = attention_block(q, kv[0], kv[1], positions[me], k_pos, scale, causal)
-            out, lse = merge_partial(out, lse, o, l)
+            o, lb = attention_block(q, kv[0], kv[1], positions[me], k_pos, scale, causal)
+            out, lse = merge_partial(out, lse, o, lb)
         for work in pending:
             if not work.wait(wait):
                 raise TimeoutError(f"ring_attention: rank {me} waited {timeout_s:g} s at step "
@@ -146,9 +147,9 @@ def ring_attention_simulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
         lse = torch.full(qr.shape[:-1], float("-inf"))
         for step in range(world):
             kp = positions[(r - step) % world]
-            o, l = attention_block(qr, k.index_select(-2, kp), v.index_select(-2, kp),
+            o, lb = attention_block(qr, k.index_select(-2, kp), v.index_select(-2, kp),
                                    positions[r], kp, causal=causal)
-            out, lse = merge_partial(out, lse, o, l)
+            out, lse = merge_partial(out, lse, o, lb)
         shards.append(out.to(q.dtype))
     return unshard_sequence(shards)
 

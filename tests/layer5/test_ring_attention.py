@@ -80,8 +80,8 @@ def test_merge_is_exact_in_any_order():
     pos = torch.arange(9)
     out, lse = torch.zeros(1, 4, 9, 8), torch.full((1, 4, 9), float("-inf"))
     for idx in torch.randperm(9, generator=g).split(2):  # key blocks in a random order
-        o, l = ra.attention_block(q, k[:, :, idx], v[:, :, idx], pos, idx)
-        out, lse = ra.merge_partial(out, lse, o, l)
+        o, lb = ra.attention_block(q, k[:, :, idx], v[:, :, idx], pos, idx)
+        out, lse = ra.merge_partial(out, lse, o, lb)
     torch.testing.assert_close(out, _full(q, k, v), rtol=1e-5, atol=1e-6)
     assert not out.isnan().any()
 

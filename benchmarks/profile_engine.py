@@ -19,12 +19,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import layer3_model as l3
-from layer3_model.shapes import LLAMA_3_2_1B
 from layer4_algorithms import LLM, SamplingParams
 from layer4_algorithms import engine as E
 from layer4_algorithms import model_runner as MR
-from layer4_algorithms import paged_cache as PC
 from layer4_algorithms import scheduler as S
+from layer4_algorithms.kv import paged_cache as PC
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--seqs", type=int, default=256)
@@ -51,7 +50,7 @@ for cls, name in [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"), (PC.P
                   (MR.ModelRunner, "sample"), (MR.ModelRunner, "execute"), (E.LLM, "_outputs")]:
     timed(cls, name)
 
-shape, dev, dtype = dict(LLAMA_3_2_1B), "cuda", torch.bfloat16
+shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
 if args.smoke:
     shape.update(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=16)

@@ -27,6 +27,7 @@ from .config import ModelConfig, resolve_dtype
 from .cuda_graph import CudaGraphDecoder
 from .model import LlamaModel
 from .sampling import SamplingParams, make_generator, sample
+from .stopping import FinishRule
 from .tokenizer import IncrementalDecoder, Tokenizer
 from .weights import load_model
 
@@ -65,46 +66,28 @@ class Generation:
 
 
 class _Sequence:
-    def __init__(self, index: int, prompt_ids: list[int], params: SamplingParams, gen, decoder) -> None:
+    """One prompt's completion as generate/stream run it; finishing and the streamed text
+    follow the one FinishRule (stopping.py)."""
+
+    def __init__(self, index: int, prompt_ids: list[int], params: SamplingParams, gen,
+                 decoder: IncrementalDecoder | None, eos_ids: tuple[int, ...]) -> None:
         self.index, self.params, self.gen = index, params, gen
-        self.out = Generation(prompt_ids=prompt_ids)
-        self.decoder: IncrementalDecoder | None = decoder
-        self.emitted = 0  # characters of text already streamed
-        self.hold = max((len(s) for s in params.stop), default=1) - 1  # a stop string may still be growing
+        self.rule = FinishRule(params, eos_ids, decoder)
+        self.out = Generation(prompt_ids=prompt_ids, token_ids=self.rule.token_ids)
+        self.pending = ""  # text final since the last delta()
 
     @property
     def finished(self) -> bool:
         return self.out.finish_reason is not None
 
-    def append(self, token: int, eos_ids: tuple[int, ...]) -> None:
-        out, sp = self.out, self.params
-        if token in eos_ids and not sp.ignore_eos:
-            out.finish_reason = "eos"
-        else:
-            out.token_ids.append(token)
-            if self.decoder is not None:
-                before = len(out.text)
-                out.text += self.decoder.step(token)
-                self._check_stop(before)
-            if not self.finished and len(out.token_ids) >= sp.max_tokens:
-                out.finish_reason = "length"
-        if self.finished and self.decoder is not None and out.finish_reason != "stop":
-            before = len(out.text)
-            out.text += self.decoder.flush()  # the last, possibly unfinished, character
-            self._check_stop(before)
-
-    def _check_stop(self, before: int) -> None:
-        text = self.out.text
-        start = max(0, before - self.hold)  # a match may begin in text already seen
-        hits = [i for s in self.params.stop if (i := text.find(s, start)) >= 0]
-        if hits:
-            self.out.text = text[: min(hits)]
-            self.out.finish_reason = "stop"
+    def append(self, token: int) -> None:
+        piece, self.out.finish_reason = self.rule.append(token)
+        self.out.text = self.rule.text
+        self.pending += piece
 
     def delta(self) -> str:
-        """Text that is final now: all of it once finished, else all but a stop-string's worth."""
-        end = len(self.out.text) if self.finished else max(len(self.out.text) - self.hold, self.emitted)
-        piece, self.emitted = self.out.text[self.emitted:end], end
+        """Text that is final now (FinishRule: never a piece a stop string could claim)."""
+        piece, self.pending = self.pending, ""
         return piece
 
 
@@ -173,11 +156,14 @@ class Model:
         seqs = []
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             ids = self.encode(p)
+            if sp.n != 1:
+                raise ValueError(f"prompt {i}: n={sp.n} completions per prompt is layer 4's "
+                                 f"engine (parallel sampling); layer 3 generates one")
             if len(ids) + sp.max_tokens > self.config.max_position_embeddings:
                 raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} exceeds the "
                                  f"model's max_position_embeddings {self.config.max_position_embeddings}")
             dec = self.tokenizer.decoder() if self.tokenizer else None
-            seqs.append(_Sequence(i, ids, sp, make_generator(sp, self.device), dec))
+            seqs.append(_Sequence(i, ids, sp, make_generator(sp, self.device), dec, self.eos_token_ids))
         return seqs
 
     def _sync(self) -> float:
@@ -200,7 +186,7 @@ class Model:
         logits = net(flat, ctx, cache, last_only=True)
         tokens = sample(logits, [s.params for s in seqs], [s.gen for s in seqs]).tolist()
         for s, t in zip(seqs, tokens, strict=True):
-            s.append(t, self.eos_token_ids)
+            s.append(t)
         t1 = self._sync()
         stats.prefill_s, stats.generated_tokens = t1 - t0, B
         yield seqs, 0
@@ -220,7 +206,7 @@ class Model:
             stepped = 0
             for s, t in zip(active, tokens, strict=True):
                 if not s.finished:
-                    s.append(t, self.eos_token_ids)
+                    s.append(t)
                     stepped += 1
             stats.generated_tokens += stepped
             stats.decode_steps += 1

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -41,10 +40,8 @@ REQUESTS = [  # (prompt, max_tokens, n): the first four share the scene's openin
 
 
 def results_dir() -> Path:
-    """$LLM_STACK_RESULTS/layer4, default ./results/layer4 (layer 0's convention)."""
-    path = Path(os.environ.get("LLM_STACK_RESULTS") or "results") / "layer4"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    """Layer 0's convention ($LLM_STACK_RESULTS/layer4), reached through the namespaces."""
+    return l3.comm.kernels.hardware.results_dir(4)
 
 
 def _ms(s: float | None) -> str:
@@ -211,7 +208,7 @@ def _spec(args: argparse.Namespace) -> dict:
 
 
 def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
-    cfg = l3.ModelConfig.from_dict(B.LLAMA_3_2_1B)
+    cfg = l3.ModelConfig.from_dict(l3.LLAMA_3_2_1B)
     net = l3.random_model(cfg, backend=args.backend, dtype=torch.bfloat16, device="cuda")
     model = l3.Model(net, None)
     ceilings = l3.load_ceilings("cuda")
@@ -226,7 +223,7 @@ def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
                 copy_bandwidth=bw, bf16_flops=peak)
     kw = dict(block_size=16, max_num_batched_tokens=args.max_num_batched_tokens, cuda_graph=args.cuda_graph,
               max_model_len=2 * args.max_len + 64)
-    _throughput(rows, model, wl, small_batch=args.batch, device="cuda", hf_source=B.LLAMA_3_2_1B,
+    _throughput(rows, model, wl, small_batch=args.batch, device="cuda", hf_source=l3.LLAMA_3_2_1B,
                 floor=lambda seqs: B.roofline_floor_s(net, wl, seqs, bw, peak), llm_kwargs=kw, hf=args.hf,
                 layer3=False)
     _prefix(rows, model, "cuda", kw, prefix_len=args.prefix_len, suffix_len=64, num_seqs=32, max_tokens=16)

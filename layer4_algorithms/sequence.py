@@ -34,17 +34,25 @@ class Sequence:
     """prompt_ids / output_ids / token_ids (lists of ints); block_table: KV block ids, block i
     holds positions [i * block_size, (i + 1) * block_size); block_hashes: prefix-cache hashes
     of its full, computed blocks; row: a small slot id (0..max_num_seqs-1) while running, for
-    per-slot state outside the cache (a draft model's KV row)."""
+    per-slot state outside the cache (a draft model's KV row). Finishing (EOS, stop strings,
+    max_tokens) and the text follow layer 3's FinishRule (`finish`)."""
 
-    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int], params: l3.SamplingParams, *,
-                 index: int = 0, generator: torch.Generator | None = None,
-                 decoder: l3.IncrementalDecoder | None = None, eos_token_ids: tuple[int, ...] = (),
-                 arrival_time: float | None = None) -> None:
-        self.seq_id, self.request_id, self.index = seq_id, request_id, index
+    def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int],
+                 params: l3.SamplingParams, *, index: int = 0,
+                 generator: torch.Generator | None = None,
+                 decoder: l3.IncrementalDecoder | None = None,
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index
         self.prompt_ids = list(prompt_ids)
-        self.output_ids: list[int] = []
         self.token_ids = list(prompt_ids)
-        self.params, self.generator, self.decoder, self.eos_token_ids = params, generator, decoder, eos_token_ids
+        self.params = params
+        self.generator = generator
+        self.decoder = decoder
+        self.eos_token_ids = eos_token_ids
+        self.finish = l3.FinishRule(params, eos_token_ids, decoder)
+        self.output_ids: list[int] = self.finish.token_ids  # the rule appends to it
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
@@ -53,17 +61,20 @@ class Sequence:
         self.num_preemptions = 0
         self.row: int | None = None
         self.pending_forks = params.n - 1 if index == 0 else 0
-        self.text = ""
         self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
-        self._hold = max((len(s) for s in params.stop), default=1) - 1  # a stop string may span tokens
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, {self.status.value}, tokens={len(self.token_ids)}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_table})")
+
+    @property
+    def text(self) -> str:
+        """The output's text so far (cut before a stop string)."""
+        return self.finish.text
 
     @property
     def num_tokens(self) -> int:
@@ -84,34 +95,16 @@ class Sequence:
 
     def append_token(self, token: int, now: float | None = None) -> bool:
         """Add one sampled token; True when the sequence is finished by it (EOS unless
-        ignore_eos, a stop string, max_tokens). Same rules as layer 3's generate: EOS is not
-        added to the output, a stop string is cut from the text."""
+        ignore_eos, a stop string, max_tokens: layer 3's FinishRule, as its generate does;
+        EOS is not added to the output, a stop string is cut from the text)."""
         now = time.perf_counter() if now is None else now
         self.first_token_time = self.first_token_time or now
         self.last_token_time = now
-        if token in self.eos_token_ids and not self.params.ignore_eos:
-            self.finish_reason = "eos"
-        else:
-            self.output_ids.append(token)
+        before = len(self.output_ids)
+        _, self.finish_reason = self.finish.append(token)
+        if len(self.output_ids) > before:
             self.token_ids.append(token)
-            if self.decoder is not None:
-                before = len(self.text)
-                self.text += self.decoder.step(token)
-                self._check_stop(before)
-            if self.finish_reason is None and len(self.output_ids) >= self.params.max_tokens:
-                self.finish_reason = "length"
-        if self.finish_reason is not None and self.decoder is not None and self.finish_reason != "stop":
-            before = len(self.text)
-            self.text += self.decoder.flush()  # the last, possibly unfinished, character
-            self._check_stop(before)
         return self.finish_reason is not None
-
-    def _check_stop(self, before: int) -> None:
-        start = max(0, before - self._hold)  # a match may begin in text already seen
-        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
-        if hits:
-            self.text = self.text[: min(hits)]
-            self.finish_reason = "stop"
 
     def fork(self, seq_id: int, index: int, generator: torch.Generator | None,
              decoder: l3.IncrementalDecoder | None) -> Sequence:
@@ -119,10 +112,12 @@ class Sequence:
         through the block manager). Only before the first output token (parallel sampling)."""
         if self.output_ids:
             raise RuntimeError("fork happens before the first output token (parallel sampling)")
-        child = Sequence(seq_id, self.request_id, self.prompt_ids, self.params, index=index, generator=generator,
-                         decoder=decoder, eos_token_ids=self.eos_token_ids, arrival_time=self.arrival_time)
+        child = Sequence(seq_id, self.request_id, self.prompt_ids, self.params, index=index,
+                         generator=generator, decoder=decoder, eos_token_ids=self.eos_token_ids,
+                         arrival_time=self.arrival_time)
         child.status = self.status
-        child.num_computed_tokens, child.num_cached_tokens = self.num_computed_tokens, self.num_cached_tokens
+        child.num_computed_tokens = self.num_computed_tokens
+        child.num_cached_tokens = self.num_cached_tokens
         child.block_hashes = list(self.block_hashes)
         child.first_scheduled_time = self.first_scheduled_time
         return child

@@ -31,8 +31,9 @@ import torch
 
 from layer3_model import (
     ContiguousKVCache,
+    FinishRule,
+    Generation,
     Model,
-    RequestOutput,
     SamplingParams,
     make_generator,
     sample,
@@ -88,12 +89,14 @@ class SpecStats:
 
 
 class _Seq:
-    """One request: its output, finish rules (EOS, stop strings, max_tokens) as in layer 3,
-    and `cached`: how many of its tokens the target's cache holds."""
+    """One request: its output, the finish rule (layer 3's FinishRule: EOS, stop strings,
+    max_tokens) and `cached`: how many of its tokens the target's cache holds."""
 
-    def __init__(self, row: int, prompt_ids: list[int], params: SamplingParams, gen, decoder) -> None:
-        self.row, self.params, self.gen, self.decoder = row, params, gen, decoder
-        self.out = RequestOutput(prompt_ids=prompt_ids)
+    def __init__(self, row: int, prompt_ids: list[int], params: SamplingParams, gen, decoder,
+                 eos_ids: tuple[int, ...]) -> None:
+        self.row, self.params, self.gen = row, params, gen
+        self.rule = FinishRule(params, eos_ids, decoder)
+        self.out = Generation(prompt_ids=prompt_ids, token_ids=self.rule.token_ids)
         self.cached = 0
 
     @property
@@ -104,28 +107,9 @@ class _Seq:
     def tokens(self) -> list[int]:
         return self.out.prompt_ids + self.out.token_ids
 
-    def append(self, token: int, eos_ids: tuple[int, ...]) -> None:
-        out, sp = self.out, self.params
-        if token in eos_ids and not sp.ignore_eos:
-            out.finish_reason = "eos"
-        else:
-            out.token_ids.append(token)
-            if self.decoder is not None:
-                before = len(out.text)
-                out.text += self.decoder.step(token)
-                self._check_stop(before)
-            if not self.finished and len(out.token_ids) >= sp.max_tokens:
-                out.finish_reason = "length"
-        if self.finished and self.decoder is not None and out.finish_reason != "stop":
-            before = len(out.text)
-            out.text += self.decoder.flush()
-            self._check_stop(before)
-
-    def _check_stop(self, before: int) -> None:
-        hold = max((len(s) for s in self.params.stop), default=1) - 1  # a match may start in seen text
-        hits = [i for s in self.params.stop if (i := self.out.text.find(s, max(0, before - hold))) >= 0]
-        if hits:
-            self.out.text, self.out.finish_reason = self.out.text[: min(hits)], "stop"
+    def append(self, token: int) -> None:
+        _, self.out.finish_reason = self.rule.append(token)
+        self.out.text = self.rule.text
 
 
 class SpeculativeDecoder:
@@ -135,7 +119,7 @@ class SpeculativeDecoder:
     NgramProposer(min_n, max_n)), or any Proposer. k: tokens proposed per round (at most).
     stop_below: a draft stops a sequence's proposal early once its guess had probability
     below this (DraftModelProposer's dynamic draft length); None: always k.
-    `generate(prompts, params) -> list[RequestOutput]`; `stats` (SpecStats) after each call.
+    `generate(prompts, params) -> list[Generation]`; `stats` (SpecStats) after each call.
     """
 
     def __init__(self, target: Model, proposer: Model | Proposer | str = "ngram", k: int = 4, *,
@@ -173,7 +157,7 @@ class SpeculativeDecoder:
                 raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} exceeds the "
                                  f"model's max_position_embeddings {limit}")
             dec = t.tokenizer.decoder() if t.tokenizer else None
-            seqs.append(_Seq(i, ids, sp, make_generator(sp, t.device), dec))
+            seqs.append(_Seq(i, ids, sp, make_generator(sp, t.device), dec, t.eos_token_ids))
         return seqs
 
     def _sync(self) -> float:
@@ -182,7 +166,7 @@ class SpeculativeDecoder:
         return time.perf_counter()
 
     @torch.inference_mode()
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Generation]:
         """Generate for each prompt (text or token ids); params one for all or one per prompt."""
         seqs = self._prepare(prompts, params)
         t, B = self.target, len(seqs)
@@ -197,7 +181,7 @@ class SpeculativeDecoder:
         first = sample(t.net(flat, ctx, cache, last_only=True), [s.params for s in seqs], [s.gen for s in seqs])
         for s, x in zip(seqs, first.tolist(), strict=True):
             s.cached = len(s.out.prompt_ids)
-            s.append(x, t.eos_token_ids)
+            s.append(x)
         t1 = self._sync()
         stats.prefill_s, stats.generated_tokens = t1 - t0, sum(len(s.out.token_ids) for s in seqs)
 
@@ -233,7 +217,7 @@ class SpeculativeDecoder:
             s.cached += 1 + n  # rollback: the rejected guesses' slots are simply overwritten later
             before = len(s.out.token_ids)
             for x in emitted:
-                s.append(x, t.eos_token_ids)
+                s.append(x)
                 if s.finished:
                     break
             stats.emitted += len(s.out.token_ids) - before

@@ -14,7 +14,7 @@ from .api import create_app
 from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
 from .engine_state import EngineSnapshot, EngineStepError, RequestTimeoutError
 from .server import ServerHandle, serve_main, start_server
-from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob, safe_length
+from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob
 
 __all__ = [
     "parallel",
@@ -22,7 +22,7 @@ __all__ = [
     "AsyncEngine", "create_app", "start_server", "ServerHandle", "serve_main",
     # what a stream carries, and the engine's state
     "RequestStream", "StreamOutput", "Delta", "TokenLogprob", "RequestMetricsSummary",
-    "EngineSnapshot", "safe_length",
+    "EngineSnapshot",
     # errors
     "EngineOverloaded", "RequestTimeoutError", "EngineStepError",
 ]

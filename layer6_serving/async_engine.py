@@ -116,9 +116,16 @@ class AsyncEngine:
         req = Request(rid, ids, params, opts, priority,
                       None if timeout is None else time.perf_counter() + timeout,
                       asyncio.get_running_loop(), asyncio.Queue(),
-                      DeltaTracker(tuple(params.stop), logprobs is not None))
+                      self._tracker(params, logprobs is not None))
         self.loop.submit(req)
         return RequestStream(self, rid, req.queue, len(ids))
+
+    def _tracker(self, params, want_logprobs: bool) -> DeltaTracker:
+        """Layer 3's FinishRule, as the engine runs it, decides what each delta may show."""
+        tok = self.tokenizer
+        return DeltaTracker(params, self.llm.model.eos_token_ids,
+                            (lambda: tok.decoder()) if tok else (lambda: None),
+                            l5.engine.executor.FinishRule, want_logprobs)
 
     def _check(self, ids: list[int], params) -> None:
         if not ids:

@@ -1,12 +1,14 @@
 """What a request's stream carries, and how engine outputs become deltas.
 
-The engine (layer 4) keeps, per completion, the token ids and the text so far: its
-incremental detokenizer (layer 3's IncrementalDecoder) never produces half a multi-byte
-character, and its finish rule cuts the text at a stop string once one is complete. What it
-cannot know is which text is safe to *send*: "ROMEO" might be the start of the stop string
-"ROMEO." and must not reach the client until the next token shows it is not. `safe_length`
-is that hold-back rule; `DeltaTracker` turns successive RequestOutputs into the new part of
-each completion (token ids, text, logprobs) and the finish reason, once.
+The engine (layer 4) keeps, per completion, the token ids and the text so far, finished by
+layer 3's `FinishRule` (EOS, stop strings, max_tokens, detokenizer flush). Which text is
+safe to *send* is the same rule's other half: while a completion runs, the end of its text
+that could still grow into a stop string ("ROMEO" when "ROMEO." is a stop) is held back,
+and the detokenizer never yields half a multi-byte character. The engine does not hand out
+what its rule emitted, so `DeltaTracker` runs one `FinishRule` per completion over the token
+ids the engine reports (the same rule on the same tokens: the same decisions) and sends
+exactly the pieces it returns; a completion that ended with EOS gets the EOS fed to it so
+its last (flushed) text comes out.
 """
 from __future__ import annotations
 
@@ -70,28 +72,22 @@ class StreamOutput:
     metrics: RequestMetricsSummary | None = None
 
 
-def safe_length(text: str, stops: tuple[str, ...]) -> int:
-    """How much of `text` may be sent now: all of it minus the longest suffix that is a
-    proper prefix of a stop string (a stop string that completes later would start there).
-    A complete stop string never remains: the engine cuts the text at it."""
-    hold = 0
-    for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), hold, -1):
-            if text.endswith(stop[:k]):
-                hold = k
-                break
-    return len(text) - hold
-
-
 class DeltaTracker:
-    """Per request: what was already sent of each completion. `update(output, logprobs)`
-    returns the deltas since the last call (engine thread only)."""
+    """Per request: one FinishRule per completion, fed the engine's new token ids.
+    `update(outputs, logprobs_of)` returns the deltas since the last call (engine thread)."""
 
-    def __init__(self, stops: tuple[str, ...], want_logprobs: bool) -> None:
-        self.stops, self.want_logprobs = stops, want_logprobs
+    def __init__(self, params, eos_token_ids: tuple[int, ...], new_decoder, finish_rule,
+                 want_logprobs: bool) -> None:
+        self.params, self.eos, self.new_decoder = params, tuple(eos_token_ids), new_decoder
+        self.finish_rule, self.want_logprobs = finish_rule, want_logprobs
+        self.rules: dict = {}  # completion index -> FinishRule
         self.sent_tokens: dict[int, int] = {}
-        self.sent_text: dict[int, int] = {}
         self.done: set[int] = set()
+
+    def _rule(self, index: int):
+        if index not in self.rules:
+            self.rules[index] = self.finish_rule(self.params, self.eos, self.new_decoder())
+        return self.rules[index]
 
     def update(self, outputs, logprobs_of: dict[int, list[TokenLogprob]] | None = None) -> list[Delta]:
         """outputs: layer 4's CompletionOutputs; logprobs_of: completion index -> logprobs of
@@ -100,10 +96,17 @@ class DeltaTracker:
         for c in outputs:
             if c.index in self.done:
                 continue
-            n_tok, n_txt = self.sent_tokens.get(c.index, 0), self.sent_text.get(c.index, 0)
+            rule, n_tok = self._rule(c.index), self.sent_tokens.get(c.index, 0)
+            ids, text = list(c.token_ids[n_tok:]), ""
+            for t in ids:
+                if not rule.finished:
+                    text += rule.append(t)[0]
             finished = c.finish_reason is not None
-            end = len(c.text) if finished else safe_length(c.text, self.stops)
-            ids, text = list(c.token_ids[n_tok:]), c.text[n_txt:max(end, n_txt)]
+            if finished and c.finish_reason != "abort" and not rule.finished:
+                if self.eos and not self.params.ignore_eos:
+                    text += rule.append(self.eos[0])[0]  # EOS: flushes the detokenizer
+                if not rule.finished:  # ended for a reason the rule cannot see: show the rest
+                    text += rule.text[rule.emitted:]
             if not ids and not text and not finished:
                 continue
             lps = None
@@ -112,7 +115,7 @@ class DeltaTracker:
                 lps = [got[i] if i < len(got) else None for i in range(n_tok, len(c.token_ids))]
             reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason) if finished else None
             deltas.append(Delta(c.index, ids, text, lps, reason))
-            self.sent_tokens[c.index], self.sent_text[c.index] = len(c.token_ids), max(end, n_txt)
+            self.sent_tokens[c.index] = len(c.token_ids)
             if finished:
                 self.done.add(c.index)
         return deltas

@@ -1,4 +1,6 @@
-"""Layer 6 stream deltas: the stop-string hold-back and multi-byte characters (no server)."""
+"""Layer 6 stream deltas (no server): what the tracker sends, token by token, through
+layer 3's FinishRule with the course tokenizer: stop strings split across tokens never leak,
+multi-byte characters are never split, EOS flushes, finish reasons are sent once."""
 from __future__ import annotations
 
 import random
@@ -10,6 +12,9 @@ import layer6_serving as l6
 from layer6_serving.streams import DeltaTracker
 
 l3 = l6.parallel.engine.executor
+SP = l6.parallel.SamplingParams
+TOK = l3.Tokenizer.from_pretrained(l3.course_model_dir("target"))
+EOS = 1
 
 
 @dataclass
@@ -20,67 +25,74 @@ class Out:  # the fields of layer 4's CompletionOutput the tracker reads
     finish_reason: str | None
 
 
-def test_safe_length_holds_back_only_stop_prefixes():
-    assert l6.safe_length("Hello wor", ("world",)) == len("Hello ")
-    assert l6.safe_length("Hello", ("world",)) == 5
-    assert l6.safe_length("abcab", ("abd", "b")) == 3  # "ab" may start "abd"
-    assert l6.safe_length("", ("x",)) == 0
-    assert l6.safe_length("text", ()) == 4
+def tracker(params) -> DeltaTracker:
+    return DeltaTracker(params, (EOS,), TOK.decoder, l3.FinishRule, False)
 
 
-def _engine_texts(pieces: list[str], stop: str) -> tuple[list[str], str]:
-    """The text the engine holds after each token, cutting at the stop string as layer 4
-    does; and the final text."""
-    texts, text = [], ""
-    for p in pieces:
-        text += p
-        i = text.find(stop)
-        if i >= 0:
-            texts.append(text[:i])
-            return texts, text[:i]
-        texts.append(text)
-    return texts, text
+def engine_view(ids: list[int], params) -> list[tuple[list[int], str | None]]:
+    """What the engine reports after each token: its ids so far and finish reason (layer
+    4's Sequence runs the same rule)."""
+    rule, views = l3.FinishRule(params, (EOS,), TOK.decoder()), []
+    for t in ids:
+        _, reason = rule.append(t)
+        views.append((list(rule.token_ids), reason))
+        if reason:
+            break
+    return views
 
 
-@pytest.mark.parametrize("seed", range(20))
+def stream(ids: list[int], params, step: int = 1) -> tuple[str, list[str], str | None]:
+    tr, pieces, reason = tracker(params), [], None
+    views = engine_view(ids, params)
+    for k in range(0, len(views), step):
+        tok_ids, r = views[min(k + step, len(views)) - 1]
+        for d in tr.update([Out(0, tok_ids, "", r)]):
+            pieces.append(d.text)
+            reason = d.finish_reason or reason
+    return "".join(pieces), pieces, reason
+
+
+@pytest.mark.parametrize("seed", range(12))
 def test_stop_string_never_leaks_even_split_across_tokens(seed):
     rng = random.Random(seed)
-    stop = rng.choice(["\n\n", "ROMEO.", "the end", "xyz"])
-    body = "".join(rng.choice(["a", "b", " ", "\n", "RO", "ME", "O", "the", " en", "x", "y"])
+    stop = rng.choice(["\n\n", "ROMEO.", "the end", "lord, my"])
+    body = "".join(rng.choice(["a ", "b", " ", "\n", "RO", "ME", "O", "the", " en", "lord", ", "])
                    for _ in range(30))
-    full = body + stop + "tail that must not appear"
-    cuts = sorted(rng.sample(range(1, len(full)), 12))
-    pieces = [full[i:j] for i, j in zip([0] + cuts, cuts + [len(full)], strict=True)]
-    texts, final = _engine_texts(pieces, stop)
-    tr, sent = DeltaTracker((stop,), False), ""
-    for k, t in enumerate(texts):
-        done = k == len(texts) - 1
-        for d in tr.update([Out(0, list(range(k + 1)), t, "stop" if done else None)]):
-            sent += d.text
-            assert final.startswith(sent), f"sent {sent!r} is not a prefix of {final!r}"
-    assert sent == final and stop not in sent
+    full = body + stop + " tail that must not appear"
+    want = full[:full.index(stop)]
+    ids = TOK.encode(full, add_special_tokens=False)
+    sent, pieces, reason = stream(ids, SP(max_tokens=500, stop=(stop,)), step=rng.choice([1, 3]))
+    assert sent == want and reason == "stop"
+    shown = ""
+    for p in pieces:  # at no point does the client hold text past the cut
+        shown += p
+        assert want.startswith(shown)
 
 
 def test_multibyte_characters_are_never_split():
-    tok = l3.Tokenizer.from_pretrained(l3.course_model_dir("target"))
     text = "naïve — ☃ 日本語 ✓ é"
-    ids = tok.encode(text, add_special_tokens=False)
+    ids = TOK.encode(text, add_special_tokens=False)
     assert len(ids) > len(text) // 2  # byte-level pieces: some characters span tokens
-    dec, tr, sent, seen = tok.decoder(), DeltaTracker((), False), "", ""
-    for k, t in enumerate(ids):
-        seen += dec.step(t)
-        last = k == len(ids) - 1
-        if last:
-            seen += dec.flush()
-        for d in tr.update([Out(0, ids[:k + 1], seen, "length" if last else None)]):
-            assert "\ufffd" not in d.text
-            sent += d.text
-    assert sent == text
+    sent, pieces, reason = stream(ids, SP(max_tokens=len(ids)))
+    assert sent == text and reason == "length"
+    assert not any("\ufffd" in p for p in pieces)
 
 
-def test_finish_reason_sent_once_and_mapped():
-    tr = DeltaTracker((), False)
-    assert tr.update([Out(0, [1], "a", None)])[0].finish_reason is None
-    d = tr.update([Out(0, [1, 2], "ab", "eos")])
-    assert [(x.text, x.finish_reason) for x in d] == [("b", "stop")]
-    assert tr.update([Out(0, [1, 2], "ab", "eos")]) == []
+def test_eos_flushes_and_finish_reason_is_sent_once():
+    ids = TOK.encode("Good night.", add_special_tokens=False)
+    tr = tracker(SP(max_tokens=50))
+    first = tr.update([Out(0, ids[:1], "", None)])
+    assert first[0].finish_reason is None
+    last = tr.update([Out(0, ids, "", "eos")])  # EOS is not among the ids: the engine drops it
+    assert "".join(d.text for d in first + last) == "Good night."
+    assert [d.finish_reason for d in last] == ["stop"]
+    assert tr.update([Out(0, ids, "", "eos")]) == []
+
+
+def test_parallel_completions_are_tracked_apart():
+    a, b = (TOK.encode(t, add_special_tokens=False) for t in ("To be", "or not"))
+    tr = tracker(SP(max_tokens=50, n=2))
+    ds = tr.update([Out(0, a, "", "length"), Out(1, b[:1], "", None)])
+    assert [(d.index, d.finish_reason) for d in ds] == [(0, "length"), (1, None)]
+    ds = tr.update([Out(0, a, "", "length"), Out(1, b, "", "length")])
+    assert [d.index for d in ds] == [1]

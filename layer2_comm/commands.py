@@ -26,7 +26,8 @@ from rich.table import Table
 from layer1_kernels import hardware
 
 from .all_to_all import all_to_all
-from .bandwidth import bench_rank, default_sizes, measured_crossover, time_collective
+from .bench_bandwidth import bench_rank, default_sizes, measured_crossover, time_collective
+from .bench_tuning import ONE_PIECE, best_configs, tune_rank
 from .chain import broadcast_chain
 from .cost_model import crossover, fit_alpha_beta, predict
 from .group import device, init
@@ -45,7 +46,6 @@ from .plots import (
 )
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .tree import broadcast_tree, tree_all_reduce
-from .tune import ONE_PIECE, best_configs, tune_rank
 
 TITLE = "communication"
 console = Console()

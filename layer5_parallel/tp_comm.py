@@ -17,6 +17,8 @@ Both wait at most the process group's timeout (layer 2's `init(timeout_s=...)`).
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -35,7 +37,9 @@ class TPComm:
             raise ValueError(f"comm backend must be one of {COMM_BACKENDS}, got {backend!r}")
         self.backend, self.check = backend, check
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.calls, self.bytes = 0, 0  # counted, for the comm-volume report
+        # counted for the reports: calls, bytes, and host seconds inside collectives (the
+        # time itself on gloo, which is synchronous; under NCCL only the time to queue them)
+        self.calls, self.bytes, self.seconds = 0, 0, 0.0
 
     def _count(self, x: torch.Tensor) -> None:
         self.calls += 1
@@ -55,7 +59,7 @@ class TPComm:
             raise ValueError(f"{what}: ranks passed different tensors ({detail}); every rank of a "
                              "tensor-parallel group must run the same step on the same shapes")
 
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+    def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place; returns x."""
         self._count(x)
         if self.backend == "ours":
@@ -65,7 +69,7 @@ class TPComm:
         dist.all_reduce(x)
         return x
 
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, ...) on every rank -> (world, n, ...), rank r's x at [r]."""
         self._count(x)
         x = x.contiguous()
@@ -77,7 +81,7 @@ class TPComm:
         dist.all_gather(list(out.unbind(0)), x)
         return out
 
-    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+    def _broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         self._count(x)
         if self.backend == "ours":
@@ -86,3 +90,22 @@ class TPComm:
             self._agree("broadcast", x)
         dist.broadcast(x, 0)
         return x
+
+    def _timed(self, fn, x: torch.Tensor) -> torch.Tensor:
+        start = time.perf_counter()
+        try:
+            return fn(x)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Sum x over the ranks, in place; returns x."""
+        return self._timed(self._all_reduce, x)
+
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """x (n, ...) on every rank -> (world, n, ...), rank r's x at [r]."""
+        return self._timed(self._all_gather, x)
+
+    def broadcast(self, x: torch.Tensor) -> torch.Tensor:
+        """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
+        return self._timed(self._broadcast, x)

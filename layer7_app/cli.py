@@ -137,6 +137,15 @@ def serve(ctx: typer.Context) -> None:
     raise typer.Exit(code=layer6_serving.serve_main(list(ctx.args)))
 
 
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def plan(ctx: typer.Context) -> None:
+    """Plan a TP/PP/DP layout (layer 5): `stack plan --model DIR_OR_SHAPE --gpus N
+    [--device h100]`. `stack plan --help` lists its options."""
+    # Not through run_command: --device here names a GPU model, not a device of this machine;
+    # layer 5's plan() applies the same one-line, exit-2 rule to the user's mistakes itself.
+    raise typer.Exit(code=_load_layer(5).plan(list(ctx.args)))
+
 def main() -> None:
     """Console-script entry point."""
     app(prog_name="stack")

@@ -78,7 +78,9 @@ class AsyncEngine:
 
     # ---- facts about the model -----------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id], skip_special_tokens=False) if self.tokenizer else ""
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         return self.llm.model.encode(prompt)
@@ -108,8 +110,9 @@ class AsyncEngine:
         ids = self.encode(prompt)
         self._check(ids, params)
         if self.loop.num_queued >= self.max_waiting:
-            raise EngineOverloaded(f"model {self.name!r} has {self.loop.num_queued} requests waiting "
-                                   f"(limit {self.max_waiting}); retry later", retry_after=1)
+            raise EngineOverloaded(f"model {self.name!r} has {self.loop.num_queued} requests "
+                                   f"waiting (limit {self.max_waiting}); retry later",
+                                   retry_after=1)
         timeout = self.request_timeout if timeout is None else timeout
         rid = request_id or f"{self.name}-{next(self._ids)}"
         opts = RequestOptions(logprobs, presence_penalty, frequency_penalty)
@@ -198,8 +201,8 @@ class RequestStream:
             async for out in self:
                 last = out
                 for d in out.deltas:
-                    m = merged.setdefault(d.index, Delta(d.index, [], "", [] if d.logprobs is not None
-                                                         else None))
+                    lps = [] if d.logprobs is not None else None
+                    m = merged.setdefault(d.index, Delta(d.index, [], "", lps))
                     m.token_ids += d.token_ids
                     m.text += d.text
                     if d.logprobs is not None and m.logprobs is not None:

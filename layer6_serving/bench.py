@@ -98,8 +98,8 @@ def bench(argv: list[str]) -> int:
         for rate in rates:
             results, duration = load(url, args.model, requests, rate, args.max_concurrency,
                                      args.seed)
-            rows.append(dict(rate=str(rate), **summarize(results, duration, slo_ttft_ms=args.slo_ttft_ms,
-                                                     slo_tpot_ms=args.slo_tpot_ms)))
+            rows.append(dict(rate=str(rate), **summarize(
+                results, duration, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)))
         offline = None
         if handle:
             engine = handle.engines[args.model]

@@ -53,7 +53,8 @@ def chat(client: openai.OpenAI, model: str) -> None:
     console.print(f"\n[bold]chat[/] (the model's own template): HORATIO asks "
                   f"{messages[0]['content']!r}\n  HAMLET: {r.choices[0].message.content!r}")
     console.print(f"  usage {r.usage.prompt_tokens} + {r.usage.completion_tokens} tokens, "
-                  f"finish {r.choices[0].finish_reason}, server metrics {r.model_extra['llm_stack']}")
+                  f"finish {r.choices[0].finish_reason}, "
+                  f"server metrics {r.model_extra['llm_stack']}")
 
 
 def stream(client: openai.OpenAI, model: str, max_tokens: int) -> None:
@@ -67,7 +68,8 @@ def stream(client: openai.OpenAI, model: str, max_tokens: int) -> None:
                 gaps.append(now - last)
             last, text = now, text + chunk.choices[0].text
     itl = sum(gaps) / len(gaps) if gaps else float("nan")
-    console.print(f"\n[bold]one stream[/], measured at the client: TTFT {(first - start) * 1e3:.1f} ms, "
+    console.print(f"\n[bold]one stream[/], measured at the client: "
+                  f"TTFT {(first - start) * 1e3:.1f} ms, "
                   f"mean ITL {itl * 1e3:.1f} ms ({1 / itl:.0f} tok/s)\n  {text[:120]!r}")
 
 
@@ -77,7 +79,8 @@ def burst(srv, model: str, concurrency: int, max_tokens: int) -> None:
     results, dt = asyncio.run(run_load(srv.url, model, reqs))
     s = summarize(results, dt)
     t = Table(title=f"\n{concurrency} concurrent streams (burst), ~32 in / ~{max_tokens} out")
-    for col in ("done", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 ms", "ITL p50 ms", "E2EL p50 ms"):
+    for col in ("done", "out tok/s", "TTFT p50 / p99 ms", "TPOT p50 ms", "ITL p50 ms",
+                "E2EL p50 ms"):
         t.add_column(col, justify="right")
     t.add_row(f"{s['completed']}/{concurrency}", f"{s['output_throughput']:.0f}",
               f"{s['median_ttft_ms']:.0f} / {s['p99_ttft_ms']:.0f}", f"{s['median_tpot_ms']:.1f}",

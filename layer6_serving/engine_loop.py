@@ -123,7 +123,8 @@ class EngineLoop:
         now = time.perf_counter()
         for req in [r for r in self.live.values() if r.deadline is not None and now > r.deadline]:
             self._abort(req, RequestTimeoutError(f"request {req.request_id} timed out"))
-        for _, _, req in [p for p in self.pending if p[2].deadline is not None and now > p[2].deadline]:
+        late = [r for _, _, r in self.pending if r.deadline is not None and now > r.deadline]
+        for req in late:
             self._remove_pending(req.request_id)
             self._post(req, RequestTimeoutError(f"request {req.request_id} timed out while queued"))
 

@@ -118,7 +118,8 @@ def summarize(results: list[RequestResult], duration: float, *, slo_ttft_ms: flo
               "request_throughput": len(ok) / duration,
               "output_throughput": out_tokens / duration,
               "total_token_throughput": (out_tokens + sum(r.prompt_tokens for r in ok)) / duration,
-              "goodput": len(good) / duration, "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms}}
+              "goodput": len(good) / duration,
+              "slo": {"ttft_ms": slo_ttft_ms, "tpot_ms": slo_tpot_ms}}
     report |= _stats([r.ttft for r in ok], "ttft")
     report |= _stats([r.tpot for r in ok if r.tpot is not None], "tpot")
     report |= _stats([g for r in ok for g in r.itls], "itl")

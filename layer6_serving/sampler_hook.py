@@ -90,6 +90,7 @@ class SamplerHook:
         top = []
         if k > 0:
             vals, idx = torch.topk(lp, min(k, lp.shape[-1]))
-            top = [(int(t), self.token_text(int(t)), float(v)) for v, t in zip(vals, idx, strict=True)]
+            top = [(int(t), self.token_text(int(t)), float(v))
+                   for v, t in zip(vals, idx, strict=True)]
         entry = TokenLogprob(int(token), self.token_text(int(token)), float(lp[token]), top)
         self.logprobs.setdefault((seq.request_id, seq.index), []).append(entry)

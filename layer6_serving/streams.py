@@ -89,7 +89,8 @@ class DeltaTracker:
             self.rules[index] = self.finish_rule(self.params, self.eos, self.new_decoder())
         return self.rules[index]
 
-    def update(self, outputs, logprobs_of: dict[int, list[TokenLogprob]] | None = None) -> list[Delta]:
+    def update(self, outputs, logprobs_of: dict[int, list[TokenLogprob]] | None = None
+               ) -> list[Delta]:
         """outputs: layer 4's CompletionOutputs; logprobs_of: completion index -> logprobs of
         its sampled tokens, in order (may run one past token_ids: a sampled EOS)."""
         deltas = []

@@ -96,7 +96,9 @@ def chat_args(req: ChatCompletionRequest, engine: AsyncEngine) -> EngineArgs:
         raise _bad(f"the chat template could not render these messages: {e}", "messages") from e
     if not ids:
         raise _bad("the messages render to an empty prompt", "messages")
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = req.max_completion_tokens
+    if max_tokens is None:
+        max_tokens = req.max_tokens
     params = _params(req, engine, len(ids), max_tokens, engine.chat_stop)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return EngineArgs(ids, params, logprobs, req.presence_penalty, req.frequency_penalty,

@@ -19,6 +19,7 @@ import layer4_algorithms as engine
 
 from . import planner
 from .llm import LLM
+from .tp import check_tp_size
 
 l3 = engine.executor
 
@@ -100,6 +101,7 @@ def bench_tp(
 ) -> dict:
     """TP=1 vs TP=tp on the course model (fp32): throughput, equality, comm share, planner check."""
     path = l3.course_model_dir("target")
+    check_tp_size(l3.ModelConfig.from_pretrained(path), tp)  # before anything starts
     prompts = workload(num_prompts, 4096, 8, 48, seed=1)
     kw = dict(
         dtype="float32",

@@ -28,6 +28,7 @@ from .memory import ActivationMeter, MemoryRow, format_table, tensor_bytes, zero
 from .pipeline import PipelineResult, bubble_stats, partition, pipeline_step, stage_params
 from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
 from .timeline import plot_rank_timelines, plot_timeline
+from .train_bench import bench_training, format_training, zero_table
 from .zero import ZeroTrainer
 
 # expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
@@ -62,6 +63,7 @@ __all__ = [
     "DistributedDataParallel", "overlap_fraction", "replica_share",
     "ZeroTrainer", "checkpointed_loss", "ActivationMeter", "MemoryRow", "tensor_bytes",
     "zero_formula", "format_table", "train_adapter",
+    "bench_training", "format_training", "zero_table",
     # expert parallelism
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
     # context parallelism

@@ -79,7 +79,8 @@ class DistributedDataParallel(nn.Module):
         self.buckets = _make_buckets(params[::-1], bucket_bytes)
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self._names = {id(p): n for n, p in module.named_parameters()}
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ddp-comm") if comm == "ours" else None
+        self._pool = (ThreadPoolExecutor(1, thread_name_prefix="ddp-comm") if comm == "ours"
+                      else None)
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
         self.last_intervals: list[tuple[float, float]] = []
 

@@ -31,6 +31,7 @@ from torch import nn
 from . import train_adapter as A
 from .pipeline_schedules import schedule
 
+SCHEDULE_IDS = {"gpipe": 0, "1f1b": 1}
 GRAD_TAG = 1 << 16  # gradient messages' tags: kept apart from activations' (tag = micro-batch)
 
 
@@ -116,14 +117,16 @@ def pipeline_step(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, *,
     saved: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
     sends, loss_sum = [], 0.0
     result = PipelineResult(stage, stages, None)
-    dist.barrier()
+    _agree(stage, stages, [micro_batches, SCHEDULE_IDS[schedule_name], *ids.shape],
+           model.device, timeout_s)
     result.start = time.perf_counter()
     for op in ops:
         i = op.micro
         if op.kind == "F":
             inp = None
             if not first:
-                inp = torch.empty(A.stream_shape(model, *ids_mb[i].shape), dtype=model.dtype)
+                inp = torch.empty(A.stream_shape(model, *ids_mb[i].shape), dtype=model.dtype,
+                                  device=model.device)
                 _wait(dist.irecv(inp, stage - 1, tag=i), f"stage {stage} receiving F{i}", timeout_s)
                 inp.requires_grad_()
             t0 = time.perf_counter()
@@ -155,6 +158,22 @@ def pipeline_step(model: nn.Module, ids: torch.Tensor, targets: torch.Tensor, *,
     result.end = time.perf_counter()
     result.loss = loss_sum if last else None
     return result
+
+
+def _agree(stage: int, stages: int, settings: list[int], device: torch.device,
+           timeout_s: float) -> None:
+    """All stages swap (micro-batches, schedule, B, T) before any activation moves: stages
+    that disagree would post receives of the wrong size (gloo aborts the process on that),
+    so they raise ValueError here instead, every one of them. Also aligns the start times."""
+    mine = torch.tensor(settings, dtype=torch.int64, device=device)  # NCCL: on the GPU
+    everyone = [torch.empty_like(mine) for _ in range(stages)]
+    _wait(dist.all_gather(everyone, mine, async_op=True), f"stage {stage} meeting the others",
+          timeout_s)
+    table = [t.tolist() for t in everyone]
+    if any(row != table[0] for row in table):
+        names = "micro_batches, schedule, B, T"
+        raise ValueError(f"pipeline stages disagree on ({names}): "
+                         + "; ".join(f"stage {s}: {row}" for s, row in enumerate(table)))
 
 
 def _sum_tied_grad(weight: nn.Parameter, peer: int, timeout_s: float) -> None:

@@ -43,8 +43,8 @@ def plot_timeline(lanes: Sequence[Sequence[tuple[str, int, float, float]]], path
     ax.set_title(title, fontsize=12)
     ax.grid(axis="x", alpha=0.3)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["forward", "backward"], loc="upper right", fontsize=9,
-              bbox_to_anchor=(1.0, 1.18), ncol=2, frameon=False)
+    ax.legend(handles, ["forward", "backward"], loc="upper left", fontsize=9,
+              bbox_to_anchor=(1.005, 1.0), frameon=False)  # outside, clear of the title
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -44,7 +44,7 @@ class FlatUnit:
         self.numel = sum(p.numel() for p in params)
         self.padded = -(-self.numel // world) * world
         self.shard_size = self.padded // world
-        self.full = torch.zeros(self.padded, dtype=params[0].dtype)
+        self.full = torch.zeros(self.padded, dtype=params[0].dtype, device=params[0].device)
         offset = 0
         with torch.no_grad():
             for p in params:
@@ -64,7 +64,7 @@ class FlatUnit:
 
     def flat_grad(self) -> torch.Tensor:
         """The unit's gradients as one padded flat tensor; .grad become views of it."""
-        g = torch.zeros(self.padded, dtype=self.params[0].dtype)
+        g = self.full.new_zeros(self.padded)
         offset = 0
         for p in self.params:
             if p.grad is not None:

@@ -41,7 +41,8 @@ def _rank_cases() -> list[dict]:
         out.append(dict(sched=sched, m=m, err=max(errs), n_params=len(errs),
                         foreign_grads=sum(g is not None for g in others),
                         loss_err=None if res.loss is None else abs(res.loss - ref_loss.item()),
-                        ops=len(res.events), ref_scale=ref_params["embed.weight"].grad.abs().max().item()))
+                        ops=len(res.events),
+                        ref_scale=ref_params["embed.weight"].grad.abs().max().item()))
     return out
 
 
@@ -74,7 +75,8 @@ def test_simulated_bubble_matches_formula():
             span = max(e for lane in lanes for _, _, e in lane)
             assert span == pytest.approx((m + p - 1) * 3.0)
             for lane in lanes:
-                assert 1 - sum(e - s for _, s, e in lane) / span == pytest.approx(S.bubble_fraction(p, m))
+                idle = 1 - sum(e - s for _, s, e in lane) / span
+                assert idle == pytest.approx(S.bubble_fraction(p, m))
 
 
 def test_bad_input():
@@ -96,6 +98,22 @@ def test_gradients_equal_single_process(world_results):
                 assert case["loss_err"] < 1e-5, case
     assert sum(len(L5.stage_params(A.build_model(A.tiny_config()), s, p)) for s in range(p)) \
         == len(list(A.build_model(A.tiny_config()).parameters()))
+
+
+def _mismatched_rank() -> None:
+    import torch.distributed as dist
+
+    config = A.tiny_config(layers=2, hidden=16, heads=2, kv_heads=1, vocab=20, ffn=24)
+    ids, targets = A.random_batch(config, batch=4, seq_len=3, seed=0)
+    m = 4 if dist.get_rank() == 0 else 2  # the stages disagree on the schedule
+    L5.pipeline_step(A.build_model(config), ids, targets, micro_batches=m, timeout_s=3)
+
+
+def test_mismatched_stages_fail_clearly_without_hanging():
+    with pytest.raises(RuntimeError) as err:
+        L5.engine.executor.comm.launch(_mismatched_rank, 2, backend="gloo", timeout_s=120)
+    for rank in (0, 1):  # every stage names the disagreement
+        assert f"rank {rank} raised ValueError: pipeline stages disagree" in str(err.value)
 
 
 def test_timeline_png(tmp_path):

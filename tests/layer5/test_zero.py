@@ -120,3 +120,15 @@ def test_checkpointing_same_gradients_less_memory():
     assert ckpt.bytes < plain.bytes / 2
     with pytest.raises(ValueError, match="every"):
         L5.checkpointed_loss(model, ids, targets, every=0)
+
+
+def test_bench_rows_format():
+    rows = [dict(part="zero", label="ZeRO-1", params=4096, grads=4096, optimizer=2048,
+                 activations=1024, formula=L5.zero_formula(1, 1024, 4)),
+            dict(part="checkpointing", checkpointed=False, activations=1024),
+            dict(part="checkpointing", checkpointed=True, activations=256),
+            dict(part="pipeline", schedule="1f1b", stages=2, micro_batches=4, idle_measured=0.25,
+                 idle_per_rank=[0.2, 0.3], idle_formula=0.2, step_ms=10.0)]
+    text = L5.format_training(rows)
+    assert "ZeRO-1" in text and "1F1B" in text and "formula 20%" in text
+    assert "DDP + checkpointing" not in L5.zero_table(rows)  # no DDP row to base it on

@@ -60,7 +60,8 @@ class ExpertParallelMoE:
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
         if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"ExpertParallelMoE expects (tokens, {self.hidden}), got {tuple(x.shape)}")
+            raise ValueError(f"ExpertParallelMoE expects (tokens, {self.hidden}), "
+                             f"got {tuple(x.shape)}")
         p, k, E = self.world, self.k, self.num_experts
         counts = comm.ring_all_gather(torch.tensor([x.shape[0]], dtype=torch.int64))
         offsets = torch.cumsum(counts, 0) - counts  # first global token index of each rank
@@ -91,7 +92,7 @@ class ExpertParallelMoE:
                 y[rows] = swiglu(got_x[rows], self.w_gate[i], self.w_up[i], self.w_down[i])
 
         # combine: results go back along the reverse routes, in the order they were sent
-        source = torch.bucketize(g_token, offsets, right=True) - 1
+        source = torch.bucketize(g_token.contiguous(), offsets, right=True) - 1
         back = comm.all_to_all(y, torch.bincount(source, minlength=p).tolist())
         out = torch.zeros_like(x)
         out.index_add_(0, token, back * gates.flatten()[by_dest].unsqueeze(1))

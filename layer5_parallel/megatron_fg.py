@@ -78,6 +78,7 @@ def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor,
     bias (D_out,) or None, the same on every rank -> (..., D_out) = x W^T + b on every rank."""
     if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"row_parallel_linear: x shard {tuple(x.shape)} and weight shard "
-                         f"{tuple(weight.shape)} do not fit (need x[..., D_in_r], weight[:, D_in_r])")
+                         f"{tuple(weight.shape)} do not fit "
+                         "(need x[..., D_in_r], weight[:, D_in_r])")
     y = reduce_from_tp_region(x @ weight.T)
     return y if bias is None else y + bias

@@ -83,7 +83,8 @@ def top_k_gates(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tenso
     return experts, (gates / gates.sum(-1, keepdim=True)).to(logits.dtype)
 
 
-def admit(experts: torch.Tensor, order: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+def admit(experts: torch.Tensor, order: torch.Tensor, num_experts: int,
+          capacity: int) -> torch.Tensor:
     """Which assignments fit: (n,) expert ids and (n,) priority keys (lower first) -> (n,) bool.
 
     Within each expert the `capacity` assignments with the lowest keys are kept.

@@ -44,14 +44,14 @@ def chunk_positions(seq_len: int, world: int) -> list[torch.Tensor]:
 
 def shard_sequence(x: torch.Tensor, rank: int, world: int, dim: int = -2) -> torch.Tensor:
     """Rank `rank`'s load-balanced share of x along `dim` (the sequence)."""
-    return x.index_select(dim, chunk_positions(x.shape[dim], world)[rank])
+    return x.index_select(dim, chunk_positions(x.shape[dim], world)[rank].to(x.device))
 
 
 def unshard_sequence(shards: list[torch.Tensor], dim: int = -2) -> torch.Tensor:
     """Inverse of shard_sequence: every rank's share -> the sequence in order."""
     seq_len = sum(s.shape[dim] for s in shards)
     order = torch.cat(chunk_positions(seq_len, len(shards)))
-    return torch.cat(shards, dim).index_select(dim, torch.argsort(order))
+    return torch.cat(shards, dim).index_select(dim, torch.argsort(order).to(shards[0].device))
 
 
 def attention_block(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor,
@@ -101,14 +101,14 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: i
     the rows of full attention at this rank's positions. Every rank must call it together.
     """
     me, p = comm.rank(), comm.world_size()
-    positions = chunk_positions(seq_len, p)
+    positions = [pos.to(q.device) for pos in chunk_positions(seq_len, p)]
     n = positions[me].numel()
     if q.shape[-2] != n or k.shape[-2] != n or v.shape[-2] != n:
         raise ValueError(f"ring_attention: rank {me} of {p} holds {n} of {seq_len} positions, "
                          f"but q, k, v have {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]} rows")
     B, H, _, _ = q.shape
     out = q.new_zeros((B, H, n, v.shape[-1]), dtype=torch.float32)
-    lse = torch.full((B, H, n), float("-inf"))
+    lse = torch.full((B, H, n), float("-inf"), device=q.device)
     # k and v travel together as one message: (2, B, Hkv, rows, D) (Dv == D assumed for packing)
     if v.shape[-1] != k.shape[-1]:
         raise ValueError("ring_attention packs k and v together: they need the same head dim")
@@ -139,12 +139,12 @@ def ring_attention_simulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     """The same schedule with every rank in this process (for notebooks, benches and checking):
     full q (B, H, S, D), k, v (B, Hkv, S, D) -> (B, H, S, Dv), rank by rank, step by step."""
     S = q.shape[-2]
-    positions = chunk_positions(S, world)
+    positions = [pos.to(q.device) for pos in chunk_positions(S, world)]
     shards = []
     for r in range(world):
         qr = q.index_select(-2, positions[r])
-        out = torch.zeros((*qr.shape[:-1], v.shape[-1]))
-        lse = torch.full(qr.shape[:-1], float("-inf"))
+        out = torch.zeros((*qr.shape[:-1], v.shape[-1]), device=q.device)
+        lse = torch.full(qr.shape[:-1], float("-inf"), device=q.device)
         for step in range(world):
             kp = positions[(r - step) % world]
             o, lb = attention_block(qr, k.index_select(-2, kp), v.index_select(-2, kp),

@@ -6,6 +6,7 @@ on 2 ranks (uneven expert split), tight capacity (drops) and unlimited capacity.
 """
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -13,6 +14,12 @@ import torch
 
 import layer5_parallel as l5
 from layer5_parallel.moe import MoEBlock, route, stats_of
+from layer5_parallel.moe_model import (
+    MIXTRAL_TINY,
+    QWEN_MOE_TINY,
+    ExpertParallelModel,
+    MoETransformer,
+)
 
 seeds = random.SystemRandom()
 LAUNCH = l5.engine.executor.comm.launch
@@ -47,6 +54,17 @@ def rank_checks(seed: int) -> list[dict]:
             want, routing = block(x)
         out.append(dict(case=case, got=y.detach(), want=want[a:b], stats=stats,
                         want_stats=stats_of(routing, block.num_experts)))
+    # whole models: 3 sequences of 7 tokens, split by sequence (one rank may hold none)
+    for config in (dataclasses.replace(MIXTRAL_TINY, capacity_factor=1.0), QWEN_MOE_TINY):
+        model = MoETransformer(config, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(0, config.vocab, (3, 7), generator=g)
+        a, b = comm.segment_bounds(3, p)[me]
+        logits, stats = ExpertParallelModel(model)(tokens[a:b])
+        with torch.no_grad():
+            want, want_stats = model(tokens)
+        out.append(dict(case=config, got=logits, want=want[a:b], stats=stats,
+                        want_stats=want_stats))
     return out
 
 
@@ -55,7 +73,7 @@ def test_expert_parallel_equals_single_process(world):
     seed = seeds.randrange(2**31)
     reports = LAUNCH(rank_checks, world, seed, backend="gloo", timeout_s=60)
     for rank, report in enumerate(reports):
-        assert len(report) == len(CASES)
+        assert len(report) == len(CASES) + 2
         for r in report:
             where = f"rank {rank}/{world}, case {r['case']}, seed {seed}"
             torch.testing.assert_close(r["got"], r["want"], rtol=1e-5, atol=1e-5, msg=where)
@@ -102,3 +120,17 @@ def test_bad_input_is_named():
     block = MoEBlock(8, 8, 4)
     with pytest.raises(ValueError, match=r"\(\.\.\., 8\)"):
         block(torch.randn(3, 7))
+
+
+def test_imbalance_table_and_its_format():
+    rows = l5.moe_imbalance(batch=2, seq=16)
+    assert len(rows) == 6
+    for r in rows:
+        assert r["max_over_mean"] >= 1.0 and r["worst_layer"] >= r["max_over_mean"]
+        assert (r["dropped"] == 0) == (r["capacity_factor"] is None) or r["dropped"] == 0
+        assert sum(r["tokens_per_expert_layer0"]) == 2 * 16 * (2 if "mixtral" in r["model"] else 4)
+    ring = [dict(seq_len=8, max_error=0.0, ring_s=0.1, full_s=0.01,
+                 work_max_over_min_contiguous=3.0, work_max_over_min_balanced=1.0)]
+    result = dict(world=2, ring=ring, moe=rows, ep_equal_single_process=True)
+    text = l5.format_expert_context(result)
+    assert "mixtral-tiny" in text and "max/mean" in text

@@ -99,3 +99,14 @@ def test_bad_shapes_are_named():
         ra.attention_block(q, k, k, torch.arange(4), torch.arange(4))
     with pytest.raises(ValueError, match="holds 4 of 4 positions"):  # world of one, wrong length
         l5.ring_attention(torch.randn(1, 2, 3, 8), k[:, :, :3], k[:, :, :3], 4)
+
+
+@pytest.mark.gpu
+def test_ring_schedule_on_cuda_equals_sdpa():
+    """The same blocks and merge on CUDA tensors (one GPU: the ring simulated in-process)."""
+    seed = seeds.randrange(2**31)
+    for case in CASES:
+        q, k, v = (t.cuda() for t in _inputs(case, seed))
+        got = ra.ring_attention_simulated(q, k, v, 3)
+        torch.testing.assert_close(got, _full(q, k, v), rtol=1e-4, atol=1e-4,
+                                   msg=f"case {case}, seed {seed}")

@@ -61,8 +61,8 @@ def test_sequence_parallel_block_equals_unsharded(world):
     for rank, report in enumerate(reports):
         for case, pairs in report:
             for name, (got, want) in pairs.items():
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5,
-                                           msg=f"{name}: rank {rank}/{world}, case {case}, seed {seed}")
+                where = f"{name}: rank {rank}/{world}, case {case}, seed {seed}"
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=where)
 
 
 def test_bad_shapes_are_named():

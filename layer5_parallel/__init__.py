@@ -26,13 +26,13 @@ from .checkpointing import checkpointed_loss
 from .data_parallel import DistributedDataParallel, overlap_fraction, replica_share
 from .memory import ActivationMeter, MemoryRow, format_table, tensor_bytes, zero_formula
 from .pipeline import PipelineResult, bubble_stats, partition, pipeline_step, stage_params
+from .pipeline_inference import pipeline_forward
 from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
 from .timeline import plot_rank_timelines, plot_timeline
 from .train_bench import bench_training, format_training, zero_table
 from .zero import ZeroTrainer
 
 # expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
-from .ep_cp_bench import bench_expert_context, format_expert_context, moe_imbalance
 from .expert_parallel import ExpertParallelMoE, expert_ranges
 from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
     column_parallel_linear,
@@ -41,13 +41,6 @@ from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are 
     row_parallel_linear,
 )
 from .moe import MoEBlock, MoEStats, Routing, route
-from .moe_model import (
-    MIXTRAL_TINY,
-    QWEN_MOE_TINY,
-    ExpertParallelModel,
-    MoEConfig,
-    MoETransformer,
-)
 from .ring_attention import (
     attention_block,
     causal_work,
@@ -67,6 +60,7 @@ __all__ = [
     "EngineConfig", "shard_model", "tp_config", "valid_tp_sizes", "TPComm", "TPModel",
     # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements
     "pipeline_step", "PipelineResult", "partition", "stage_params", "bubble_stats",
+    "pipeline_forward",
     "gpipe", "one_f_one_b", "simulate", "bubble_fraction", "plot_timeline", "plot_rank_timelines",
     "DistributedDataParallel", "overlap_fraction", "replica_share",
     "ZeroTrainer", "checkpointed_loss", "ActivationMeter", "MemoryRow", "tensor_bytes",
@@ -74,8 +68,6 @@ __all__ = [
     "bench_training", "format_training", "zero_table",
     # expert parallelism
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
-    "MoEConfig", "MoETransformer", "ExpertParallelModel", "MIXTRAL_TINY", "QWEN_MOE_TINY",
-    "bench_expert_context", "format_expert_context", "moe_imbalance",
     # context parallelism
     "ring_attention", "ring_attention_simulated", "attention_block", "merge_partial",
     "shard_sequence", "unshard_sequence", "chunk_positions", "causal_work",

@@ -107,14 +107,18 @@ def run_layer(model: nn.Module, layer: int, stream: torch.Tensor,
     return torch.stack([x, residual])
 
 
+def head_logits(model: nn.Module, stream: torch.Tensor) -> torch.Tensor:
+    """stream of a (B, T) piece -> fp32 logits (B*T, V) (training path: (B, T, V))."""
+    if _training_path(model):
+        return model.head(stream)
+    h, _ = model.norm(stream[0], model.ops, stream[1])
+    return model.lm_head(h).float()
+
+
 def head_loss(model: nn.Module, stream: torch.Tensor, targets: torch.Tensor,
               total_tokens: int) -> torch.Tensor:
     """stream, targets (B, T) -> sum of token cross-entropy / total_tokens."""
-    if _training_path(model):
-        logits = model.head(stream)
-    else:
-        h, _ = model.norm(stream[0], model.ops, stream[1])
-        logits = model.lm_head(h).float()
+    logits = head_logits(model, stream)
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
                            reduction="sum") / total_tokens
 

@@ -38,7 +38,11 @@ def _rank_cases() -> list[dict]:
                 for p in L5.stage_params(model, stage, stages)]
         others = [p.grad for p in model.parameters()
                   if id(p) not in {id(q) for q in L5.stage_params(model, stage, stages)}]
-        out.append(dict(sched=sched, m=m, err=max(errs), n_params=len(errs),
+        with torch.no_grad():  # inference: the forward-only pipeline's logits
+            want = ref(ids) if hasattr(ref, "causal_layers") else ref.causal_lm_logits(ids)
+        logits, _ = L5.pipeline_forward(model, ids, micro_batches=m)
+        logit_err = None if logits is None else (logits - want).abs().max().item()
+        out.append(dict(sched=sched, m=m, err=max(errs), n_params=len(errs), logit_err=logit_err,
                         foreign_grads=sum(g is not None for g in others),
                         loss_err=None if res.loss is None else abs(res.loss - ref_loss.item()),
                         ops=len(res.events),
@@ -95,7 +99,9 @@ def test_gradients_equal_single_process(world_results):
             assert case["err"] <= 1e-5 * max(1.0, case["ref_scale"]), (p, rank, case)
             assert case["ops"] == 2 * case["m"]
             if rank == p - 1:
-                assert case["loss_err"] < 1e-5, case
+                assert case["loss_err"] < 1e-5 and case["logit_err"] < 1e-4, case
+            else:
+                assert case["logit_err"] is None
     assert sum(len(L5.stage_params(A.build_model(A.tiny_config()), s, p)) for s in range(p)) \
         == len(list(A.build_model(A.tiny_config()).parameters()))
 

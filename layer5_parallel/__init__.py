@@ -33,6 +33,7 @@ from .train_bench import bench_training, format_training, zero_table
 from .zero import ZeroTrainer
 
 # expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
+from .ep_cp_bench import bench_expert_context, format_expert_context, moe_imbalance
 from .expert_parallel import ExpertParallelMoE, expert_ranges
 from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
     column_parallel_linear,
@@ -41,6 +42,13 @@ from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are 
     row_parallel_linear,
 )
 from .moe import MoEBlock, MoEStats, Routing, route
+from .moe_model import (
+    MIXTRAL_TINY,
+    QWEN_MOE_TINY,
+    ExpertParallelModel,
+    MoEConfig,
+    MoETransformer,
+)
 from .ring_attention import (
     attention_block,
     causal_work,
@@ -68,6 +76,8 @@ __all__ = [
     "bench_training", "format_training", "zero_table",
     # expert parallelism
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
+    "MoEConfig", "MoETransformer", "ExpertParallelModel", "MIXTRAL_TINY", "QWEN_MOE_TINY",
+    "bench_expert_context", "format_expert_context", "moe_imbalance",
     # context parallelism
     "ring_attention", "ring_attention_simulated", "attention_block", "merge_partial",
     "shard_sequence", "unshard_sequence", "chunk_positions", "causal_work",

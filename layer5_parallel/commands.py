@@ -114,7 +114,8 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--tp", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="smaller workloads (a smoke test)")
-    ap.add_argument("--no-training", action="store_true", help="skip the training-parallel benches")
+    ap.add_argument("--no-training", action="store_true",
+                    help="skip the other layer-5 benches (training, expert/context parallelism)")
     args = ap.parse_args(argv)
     device = (
         "cuda"
@@ -141,25 +142,33 @@ def bench(argv: list[str] | None = None) -> int:
         f"{r['predicted_step_ms']:.2f} ms (of it comm {r['predicted_comm_ms']:.2f} ms)"
     )
     if not args.no_training:
-        results["training"] = _other_benches(args.quick)
+        results.update(_other_benches(args.quick))
     out = results_dir() / "bench.json"
     out.write_text(json.dumps(results, indent=2, default=str))
     console.print(f"[dim]wrote {out}[/]")
     return 0
 
 
-def _other_benches(quick: bool) -> object:
-    """The other layer-5 benchmarks (training parallelism), when that module is present."""
-    try:
-        mod = importlib.import_module(f"{__package__}.train_bench")
-    except ModuleNotFoundError:
-        console.print("[dim]training-parallel benchmarks: not built yet[/]")
-        return None
-    console.rule("training parallelism (pipeline, DDP, ZeRO)")
-    rows = mod.bench_training(results_dir(), quick=quick)
-    for row in rows:
-        console.print(row)
-    return rows
+def _other_benches(quick: bool) -> dict:
+    """The other layer-5 benchmarks, where their modules are present: training parallelism
+    (pipeline, DDP, ZeRO: train_bench) and expert/context parallelism (ep_cp_bench)."""
+    found = {}
+    parts = (("training parallelism (pipeline, DDP, ZeRO)", "train_bench", "bench_training",
+              "format_training", lambda f: f(results_dir(), quick=quick)),
+             ("expert and context parallelism", "ep_cp_bench", "bench_expert_context",
+              "format_expert_context", lambda f: f()))
+    for title, module, fn, fmt, call in parts:
+        try:
+            mod = importlib.import_module(f"{__package__}.{module}")
+        except ModuleNotFoundError:
+            console.print(f"[dim]{title}: not built yet[/]")
+            continue
+        console.rule(title)
+        result = call(getattr(mod, fn))
+        show = getattr(mod, fmt, None)
+        console.print(show(result) if show else result)
+        found[module] = result
+    return found
 
 
 def plan(argv: list[str] | None = None) -> int:

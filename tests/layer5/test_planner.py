@@ -96,3 +96,11 @@ def test_bad_input_is_one_line_and_exit_2(capsys):
     assert "recommended: tp=" in capsys.readouterr().out
     assert math.isfinite(planner.cost(awkward(True), planner.hardware_for("a100"), 1, 1, 1,
                                       batch=1, context=1).step_s)
+
+
+def test_run_with_a_tp_the_heads_do_not_allow_is_one_line_and_exit_2(capsys):
+    run_command = l3.comm.kernels.hardware.run_command
+    assert run_command(commands.run, ["--tp", "4", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "valid sizes: 1, 2, 6" in err[0]
+    assert run_command(commands.run, ["--tp", "1", "--device", "cpu"]) == 2

@@ -106,6 +106,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: i
     if q.shape[-2] != n or k.shape[-2] != n or v.shape[-2] != n:
         raise ValueError(f"ring_attention: rank {me} of {p} holds {n} of {seq_len} positions, "
                          f"but q, k, v have {q.shape[-2]}, {k.shape[-2]}, {v.shape[-2]} rows")
+    _agree(seq_len, q, k, v)
     B, H, _, _ = q.shape
     out = q.new_zeros((B, H, n, v.shape[-1]), dtype=torch.float32)
     lse = torch.full((B, H, n), float("-inf"), device=q.device)
@@ -132,6 +133,22 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seq_len: i
         if pending:
             kv = nxt
     return out.to(q.dtype)
+
+
+def _agree(seq_len: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """Every rank checks that all ranks passed the same seq_len, head counts, head dims and
+    dtype (one small all-gather), so a disagreement is a ValueError on every rank, not a
+    receive of the wrong size or a hang."""
+    dtypes = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+    code = dtypes.index(q.dtype) if q.dtype in dtypes else len(dtypes)
+    mine = torch.tensor([seq_len, q.shape[0], q.shape[1], k.shape[1], q.shape[-1], v.shape[-1],
+                         code], dtype=torch.int64, device=q.device)
+    every = comm.ring_all_gather(mine).view(-1, mine.numel()).cpu()
+    odd = [r for r in range(every.shape[0]) if not torch.equal(every[r], every[0])]
+    if odd:
+        names = "seq_len, batch, heads, kv_heads, head_dim, v_dim, dtype#"
+        raise ValueError(f"ring_attention: ranks disagree on ({names}): rank 0 has "
+                         f"{every[0].tolist()}, rank {odd[0]} has {every[odd[0]].tolist()}")
 
 
 def ring_attention_simulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world: int, *,

@@ -93,6 +93,24 @@ def test_load_balanced_chunks_even_out_causal_work():
     assert sum(naive) == sum(balanced) == 4096 * 4097 // 2
 
 
+def disagreeing_ranks() -> None:
+    """Rank 1 thinks the sequence is one token longer: every rank must say so, not hang."""
+    comm = l5.engine.executor.comm
+    me, p = comm.rank(), comm.world_size()
+    S = 9 + me
+    q, k = torch.randn(1, 2, S, 4), torch.randn(1, 1, S, 4)
+    l5.ring_attention(*(ra.shard_sequence(t, me, p) for t in (q, k, k)), S, timeout_s=10)
+
+
+def test_ranks_that_disagree_fail_on_every_rank():
+    with pytest.raises(RuntimeError) as failed:
+        l5.engine.executor.comm.launch(disagreeing_ranks, 2, backend="gloo", timeout_s=60)
+    text = str(failed.value)
+    for rank in (0, 1):
+        said = f"rank {rank} raised ValueError: ring_attention: ranks disagree"
+        assert said in text, text[-2000:]
+
+
 def test_bad_shapes_are_named():
     q, k = torch.randn(1, 5, 4, 8), torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="multiple of Hkv"):

@@ -6,8 +6,10 @@ moments. ZeRO keeps one copy, cut into N shards, and moves what each step needs:
     stage 0  all-reduce the gradients; every rank updates every parameter (DDP)
     stage 1  all-reduce the gradients; rank r updates only shard r with *its* optimizer
              state (1/N of it), then the shards are all-gathered into the parameters
-    stage 2  reduce-scatter the gradients: rank r only ever keeps gradient shard r
-             (same bytes on the wire as an all-reduce, which is reduce-scatter + all-gather)
+    stage 2  reduce-scatter the gradients: rank r only keeps gradient shard r; each unit's
+             is reduce-scattered from a hook the moment backward finishes that unit, so
+             whole gradients exist for one unit at a time (same bytes on the wire as an
+             all-reduce, which is reduce-scatter + all-gather)
     stage 3  parameters sharded too: before a unit (the embedding, a decoder layer, the head)
              runs — forward, and again in backward — its parameters are all-gathered, and
              freed right after; its gradients are reduce-scattered as soon as its backward ends
@@ -120,6 +122,12 @@ class ZeroTrainer:
         if stage == 3:
             for unit in self.units:
                 unit.shard_out()
+        self.peak_grad_bytes = 0  # the most gradient bytes alive at once during backward
+        if stage == 2:  # reduce-scatter each unit as soon as backward has finished it
+            for unit in self.units:
+                unit.ready = 0
+                for p in unit.params:
+                    p.register_post_accumulate_grad_hook(lambda _p, u=unit: self._grad_ready(u))
         self.opt_params = [u.full if stage == 0 else u.shard for u in self.units]
         self.optimizer = torch.optim.Adam(self.opt_params, lr=lr, betas=betas, eps=eps)
         self.last = MemoryRow(f"ZeRO-{stage}" if stage else "DDP (no ZeRO)", 0, 0, 0, 0)
@@ -137,6 +145,7 @@ class ZeroTrainer:
         else:
             with meter:
                 loss = A.full_loss(self.model, ids, targets, total_tokens)
+            self.peak_grad_bytes = 0
             loss.backward()
             loss = loss.detach()
             grads = [self._reduce(u) for u in self.units]
@@ -155,15 +164,33 @@ class ZeroTrainer:
         comm.ring_all_reduce(loss, "sum")
         return loss.item()
 
+    def _grad_ready(self, unit: FlatUnit) -> None:
+        """Stage 2, inside backward: once all of a unit's gradients are in, reduce-scatter
+        them and keep only this rank's shard, so whole gradients never pile up (every rank
+        runs the same backward, so the units complete in the same order everywhere)."""
+        unit.ready += 1
+        if unit.ready < len(unit.params):
+            return
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self._live_grad_bytes())
+        unit.grad_shard = comm.ring_reduce_scatter(unit.flat_grad(), "sum")
+        unit.ready = 0
+        for p in unit.params:
+            p.grad = None
+
+    def _live_grad_bytes(self) -> int:
+        return tensor_bytes([p.grad for u in self.units for p in u.params]
+                            + [getattr(u, "grad_shard", None) for u in self.units])
+
     def _reduce(self, unit: FlatUnit) -> torch.Tensor:
         """Stages 0-2: this unit's summed gradient, whole (0), a view of shard r of the whole
         (1), or shard r alone, the whole freed (2)."""
-        g = unit.flat_grad()
-        if self.stage == 2:
-            shard = comm.ring_reduce_scatter(g, "sum")
-            for p in unit.params:
-                p.grad = None
+        if self.stage == 2:  # done by _grad_ready during backward
+            if unit.ready or getattr(unit, "grad_shard", None) is None:
+                raise RuntimeError("ZeRO-2: a unit's gradients did not all arrive in backward")
+            shard, unit.grad_shard = unit.grad_shard, None
             return shard
+        g = unit.flat_grad()
+        self.peak_grad_bytes = max(self.peak_grad_bytes, self._live_grad_bytes())
         comm.ring_all_reduce(g, "sum")
         return g if self.stage == 0 else g[unit.slice()]
 

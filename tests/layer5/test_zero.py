@@ -59,7 +59,7 @@ def _rank_zero() -> dict:
         row = trainer.memory_row()
         out[stage] = dict(losses=losses, weight_err=err, psi=trainer.psi, params=row.params,
                           grads=row.grads, optimizer=row.optimizer, activations=row.activations,
-                          formula=row.formula)
+                          formula=row.formula, peak_grads=trainer.peak_grad_bytes)
     return out
 
 
@@ -87,6 +87,8 @@ def test_memory_equals_formula(ranks):
             assert formula == r["formula"]
             assert (r["params"], r["grads"], r["optimizer"]) == \
                 (formula["params"], formula["grads"], formula["optimizer"]), (stage, r)
+        # ZeRO-2 reduce-scatters each unit inside backward: whole gradients never all coexist
+        assert result[2]["peak_grads"] < result[0]["peak_grads"] == 4 * result[0]["psi"]
         # ZeRO-3 frees the gathered weights: the activations it saved are the same as DDP's
         assert result[3]["activations"] == result[0]["activations"]
 

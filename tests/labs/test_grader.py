@@ -3,6 +3,8 @@ reference earns full marks; for lab 0, partial work earns partial credit and a h
 function costs its own points only."""
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import json
 import time
 
@@ -87,3 +89,34 @@ def test_a_submission_that_does_not_import_fails_cleanly(tmp_path, capsys, monke
 def test_missing_submission_is_a_clear_error(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         grade_lab(0, submission=tmp_path / "nope.py")
+
+
+def _load_grader(lab: int):
+    """A lab's grader module, imported under the name pytest gives it beside this file:
+    spawned ranks import `rank_checks` from it by that name."""
+    package = __name__.rpartition(".")[0]  # "tests.labs", or "" where tests/ is no package
+    return importlib.import_module(f"{package}.test_lab{lab}" if package else f"test_lab{lab}")
+
+
+def test_a_deadlock_in_lab2_is_caught_by_the_per_call_watchdog(tmp_path):
+    """Lab 2 times each graded call (not the ranks' start-up, which a loaded machine slows):
+    a submission whose ranks all wait in recv is stopped after CALL_LIMIT_S and told why."""
+    grader = _load_grader(2)
+    submission = tmp_path / "exercises.py"
+    submission.write_text(available_labs()[2].exercises.read_text() + '''
+
+def ring_all_reduce(tensor, op="sum"):
+    import torch.distributed as dist
+    p, r = dist.get_world_size(), dist.get_rank()
+    dist.recv(torch.empty_like(tensor), (r - 1) % p)  # every rank waits first
+    dist.send(tensor, (r + 1) % p)
+    return tensor
+''')
+    spec = importlib.util.spec_from_file_location("deadlocked_submission", submission)
+    impl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(impl)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        grader.run_ranks(impl, "ring_all_reduce", 2)
+    reason = str(failed.value).splitlines()[0]
+    assert f"did not return within {grader.CALL_LIMIT_S:g} s" in reason and "deadlock" in reason
+    assert "ring_all_reduce(a float32 tensor" in reason  # the case the ranks were in

@@ -5,9 +5,13 @@ Graded through the `impl` fixture (tests/labs/conftest.py): the layer2_comm pack
 plain pytest, a student's exercises.py under `stack grade --lab 2`.
 
 How the collectives are graded:
-* Each test starts p gloo ranks on this CPU (`layer2_comm.launch`, 127.0.0.1) with a limit of
-  LAUNCH_TIMEOUT_S: a submission that deadlocks or loops forever fails that test within
-  seconds, its ranks are stopped, and grading goes on with the next test.
+* Each test starts p gloo ranks on this CPU (`layer2_comm.launch`, 127.0.0.1). A submission
+  that deadlocks or loops forever fails that test, its ranks are stopped, and grading goes on
+  with the next test. What is timed is each graded call alone, never the start-up (p ranks
+  importing torch on a busy 2-core machine can take a minute): in each rank a watchdog
+  stops the rank when one call has not returned after CALL_LIMIT_S, and reports the case.
+  Such a call takes milliseconds, so no load on the machine comes near the limit;
+  LAUNCH_TIMEOUT_S only catches a rank that never starts at all.
 * Every rank runs `rank_checks`, defined below (a spawned process imports it from this file).
   It loads the graded code itself — layer2_comm by name, or the submission from its file
   path, since a fresh process cannot import a module the grader loaded from a path — and
@@ -31,10 +35,12 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import math
+import os
 import random
 import re
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -49,7 +55,13 @@ from layer2_comm import launch
 
 REFERENCE = "layer2_comm"
 
-LAUNCH_TIMEOUT_S = 20.0  # under stack grade's 30 s per test; a normal run takes 2-10 s
+CALL_LIMIT_S = 20.0  # one graded call (milliseconds when right): longer is a hang
+STUCK_EXIT = 75  # a rank's exit code when its watchdog stopped it
+STUCK = "STUCK "  # how a stopped rank marks its progress file
+LAUNCH_TIMEOUT_S = 240.0  # start-up under load plus every case; a normal run takes 2-20 s
+# pytest-timeout's limit for these tests (it overrides `stack grade --timeout`): above the
+# launch's, so that a slow start is never cut short and a hang is reported by the watchdog.
+pytestmark = pytest.mark.timeout(LAUNCH_TIMEOUT_S + 60)
 SLACK_BYTES = 512  # small messages a ring may also send (the reference swaps 48-byte headers)
 seeds = random.SystemRandom()  # fresh inputs every run: an answer must be right for any input
 
@@ -199,15 +211,36 @@ def _compare(what: str, got: object, want: torch.Tensor, exact: bool) -> None:
 _progress: dict[str, str] = {}  # in a rank: the file naming the case it is running
 
 
-def _graded_call(fn: Callable, what: str, *args, **kwargs) -> tuple[object, Window]:
+def _mark_progress(text: str) -> None:
     if _progress:  # so that if the ranks hang, the grader can say in which case
         with open(_progress["path"], "w") as f:
-            f.write(what.rpartition(" on ")[0])
+            f.write(text)
+
+
+def _watchdog(case: str) -> threading.Timer:
+    """Stops this rank if one graded call runs past CALL_LIMIT_S (a deadlock, an endless
+    loop). The timer thread runs while the main one waits in gloo (which lets go of the GIL)."""
+    def stop() -> None:
+        _mark_progress(STUCK + case)
+        os._exit(STUCK_EXIT)  # the main thread is stuck: nothing else would end the rank
+
+    timer = threading.Timer(CALL_LIMIT_S, stop)
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _graded_call(fn: Callable, what: str, *args, **kwargs) -> tuple[object, Window]:
+    case = what.rpartition(" on ")[0]
+    _mark_progress(case)
     with point_to_point_only() as window:
+        timer = _watchdog(case)
         try:
             out = fn(*args, **kwargs)
         except Exception as exc:
             raise CheckFailed(f"{what}: your function raised {type(exc).__name__}: {exc}") from exc
+        finally:
+            timer.cancel()
     if window.refused:
         raise CheckFailed(f"{what}: it called torch.distributed's collectives "
                           f"({', '.join(sorted(set(window.refused)))}): use send/recv only")
@@ -321,27 +354,38 @@ def _source(impl: ModuleType) -> str:
     return impl.__name__ if impl.__name__ == REFERENCE else str(impl.__file__)
 
 
+def _progress_of(progress_dir: Path, world: int) -> dict[int, str]:
+    """What each rank's progress file says (the case it was in; STUCK-prefixed if stopped)."""
+    files = {r: progress_dir / f"rank{r}" for r in range(world)}
+    return {r: f.read_text() if f.exists() else "starting up" for r, f in files.items()}
+
+
 def _where(progress_dir: Path, world: int) -> str:
     """Which case each rank was running, from the files rank_checks writes."""
-    where = {}
-    for r in range(world):
-        f = progress_dir / f"rank{r}"
-        where[r] = f.read_text() if f.exists() else "starting up"
+    where = {r: text.removeprefix(STUCK) for r, text in _progress_of(progress_dir, world).items()}
     if len(set(where.values())) == 1:
         return f"every rank was in {where[0]}"
     return "; ".join(f"rank {r} was in {w}" for r, w in where.items())
 
 
+HANG_ADVICE = ("a deadlock (every rank waiting in a blocking send or recv for another: post "
+               "each step's send and receive together, with isend/irecv or batch_isend_irecv) "
+               "or an endless loop")
+
+
 def _explain(text: str, exercise: str, world: int, seed: int, progress_dir: Path) -> str:
-    """launch()'s report, cut to what a student needs, with the reason on the last line."""
+    """launch()'s report, cut to what a student needs, with the reason on the first line."""
     head = f"{exercise} on {world} gloo ranks (seed {seed})"
+    if any(p.startswith(STUCK) for p in _progress_of(progress_dir, world).values()):
+        return (f"{head}: a call did not return within {CALL_LIMIT_S:g} s, so the ranks were "
+                f"stopped ({_where(progress_dir, world)}): {HANG_ADVICE}\n\n{text}")
     blocks = re.split(r"\n(?=rank)", text)
     errors = [b for b in blocks if re.match(r"rank \d+ (raised|died|returned)", b)]
+    if not errors and "did not finish within" in text:
+        return (f"{head}: no result within {LAUNCH_TIMEOUT_S:g} s, so the ranks were stopped "
+                f"({_where(progress_dir, world)}): {HANG_ADVICE}\n\n{text}")
     if not errors:
-        return (f"{text}\n{head}: no result within {LAUNCH_TIMEOUT_S:g} s, so the ranks were "
-                f"stopped ({_where(progress_dir, world)}): a deadlock (every rank waiting in a "
-                "blocking send or recv for another: post each step's send and receive together, "
-                "with isend/irecv or batch_isend_irecv) or an endless loop")
+        return f"{head}: the ranks could not run: {text}"
     died = [b for b in errors if re.match(r"rank \d+ died", b)]
     ours = [b for b in errors if " raised CheckFailed" in b]
     chosen = (died if died and all("onnection" in b for b in ours) else ours or errors)[0]
@@ -358,7 +402,7 @@ def _explain(text: str, exercise: str, world: int, seed: int, progress_dir: Path
         reason += (" (gloo aborts a rank, exit code -6, when a message arrives larger than the "
                    "buffer posted to receive it: both sides of each transfer must agree on its "
                    f"size); {_where(progress_dir, world)}")
-    return "\n".join([body, *others, f"{reason} [seed {seed}]"])
+    return "\n".join([f"{reason} [seed {seed}]", body, *others])
 
 
 def run_ranks(impl: ModuleType, exercise: str, world: int, *, traffic: bool = False) -> list[dict]:

@@ -1,0 +1,27 @@
+"""Layer 6 with several models in one app: /v1/models lists them and each request runs on the
+engine of the model it names (two engines over the session server's loaded model)."""
+from __future__ import annotations
+
+from fastapi.testclient import TestClient
+
+import layer6_serving as l6
+
+
+def test_each_request_goes_to_the_engine_it_names(server):
+    model = server.engines["course"].llm.model
+    engines = {name: l6.AsyncEngine(l6.parallel.LLM(model, num_blocks=32), name=name)
+               for name in ("bard", "fool")}
+    try:
+        with TestClient(l6.create_app(engines)) as tc:
+            ids = [m["id"] for m in tc.get("/v1/models").json()["data"]]
+            assert ids == ["bard", "fool"]
+            r = tc.post("/v1/completions", json={"model": "fool", "prompt": "ROMEO.\n",
+                                                 "max_tokens": 3, "temperature": 0})
+            assert r.status_code == 200 and r.json()["model"] == "fool"
+            assert engines["fool"].snapshot.generation_tokens == 3
+            assert engines["bard"].snapshot.generation_tokens == 0
+            assert tc.post("/v1/completions", json={"model": "course", "prompt": "x"}
+                           ).status_code == 404
+    finally:
+        for e in engines.values():
+            e.shutdown()

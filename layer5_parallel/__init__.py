@@ -25,7 +25,14 @@ from . import train_adapter
 from .checkpointing import checkpointed_loss
 from .data_parallel import DistributedDataParallel, overlap_fraction, replica_share
 from .memory import ActivationMeter, MemoryRow, format_table, tensor_bytes, zero_formula
-from .pipeline import PipelineResult, bubble_stats, partition, pipeline_step, stage_params
+from .pipeline import (
+    PipelineResult,
+    bubble_stats,
+    keep_stage,
+    partition,
+    pipeline_step,
+    stage_params,
+)
 from .pipeline_inference import pipeline_forward
 from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
 from .timeline import plot_rank_timelines, plot_timeline
@@ -68,7 +75,7 @@ __all__ = [
     "EngineConfig", "shard_model", "tp_config", "valid_tp_sizes", "TPComm", "TPModel",
     # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements
     "pipeline_step", "PipelineResult", "partition", "stage_params", "bubble_stats",
-    "pipeline_forward",
+    "pipeline_forward", "keep_stage",
     "gpipe", "one_f_one_b", "simulate", "bubble_fraction", "plot_timeline", "plot_rank_timelines",
     "DistributedDataParallel", "overlap_fraction", "replica_share",
     "ZeroTrainer", "checkpointed_loss", "ActivationMeter", "MemoryRow", "tensor_bytes",

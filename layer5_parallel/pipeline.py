@@ -86,6 +86,19 @@ def stage_params(model: nn.Module, stage: int, stages: int) -> list[nn.Parameter
     return out
 
 
+def keep_stage(model: nn.Module, stage: int, stages: int) -> int:
+    """Free every parameter stage `stage` does not run, as a rank that loaded only its own
+    layers would hold; returns the parameter bytes kept."""
+    mine = {id(p) for p in stage_params(model, stage, stages)}
+    kept = 0
+    for p in model.parameters():
+        if id(p) in mine:
+            kept += p.numel() * p.element_size()
+        else:
+            p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    return kept
+
+
 def _wait(work, what: str, timeout_s: float) -> None:
     try:
         work.wait(timeout=timedelta(seconds=timeout_s))

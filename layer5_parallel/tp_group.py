@@ -106,8 +106,7 @@ class TPGroup:
     def guard(self, what: str):
         """Run a block that talks to the workers; any exception in it -> failed()."""
         if self.error is not None:
-            raise RuntimeError(f"the tensor-parallel group failed earlier and is closed: "
-                               f"{self.error}")
+            raise RuntimeError(f"the tensor-parallel group is closed: {self.error}")
         try:
             yield
         except BaseException as exc:
@@ -156,6 +155,7 @@ class TPGroup:
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []
+        self.error = self.error or "the engine was closed (llm.close())"
         engine.executor.comm.destroy()
 
 

@@ -34,9 +34,11 @@ def fail_once(fault: str, **kw) -> tuple[str, float]:
     with pytest.raises(RuntimeError) as info:
         llm.generate([[1, 2, 3], [4, 5]], params)
     elapsed = time.monotonic() - start
-    with pytest.raises(RuntimeError, match="failed earlier"):  # broken stays broken, no hang
+    with pytest.raises(RuntimeError, match="is closed: tensor-parallel forward step failed"):
         llm.generate([[1, 2, 3]], params)
     llm.close()
+    with pytest.raises(RuntimeError, match="is closed"):  # closed stays closed, no hang
+        llm.generate([[1, 2, 3]], params)
     assert not dist.is_initialized()  # the group was left: another engine may start
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
     return str(info.value), elapsed

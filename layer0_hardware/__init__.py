@@ -11,7 +11,13 @@ Commands: ``python -m layer0_hardware`` (demo), ``stack info``, ``stack bench --
 from .ceilings import Ceilings, ceilings_path, load_ceilings, measure_ceilings, save_ceilings
 from .datasheet import DATASHEETS, AcceleratorSpec, match_datasheet
 from .introspect import CPUInfo, GPUInfo, SystemInfo, detect_device, system_info
-from .microbench import copy_bandwidth, host_device_bandwidth, launch_latency, matmul_flops
+from .microbench import (
+    copy_bandwidth,
+    host_device_bandwidth,
+    launch_latency,
+    matmul_flops,
+    memory_bandwidth,
+)
 from .outputs import results_dir
 from .roofline import (
     RooflinePoint,
@@ -37,7 +43,8 @@ __all__ = [
     # timing
     "Timing", "median_time", "time_fn",
     # microbenchmarks
-    "copy_bandwidth", "host_device_bandwidth", "matmul_flops", "launch_latency",
+    "copy_bandwidth", "memory_bandwidth", "host_device_bandwidth", "matmul_flops",
+    "launch_latency",
     # ceilings
     "Ceilings", "measure_ceilings", "ceilings_path", "save_ceilings", "load_ceilings",
     # roofline

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from .introspect import device_name, software_versions
-from .microbench import copy_bandwidth, host_device_bandwidth, launch_latency, matmul_flops
+from .microbench import host_device_bandwidth, launch_latency, matmul_flops, memory_bandwidth
 from .progress import steps_progress
 from .timing import resolve_device
 
@@ -27,8 +27,10 @@ MiB = 2**20
 class Ceilings:
     """Measured ceilings of one device.
 
-    memory_bandwidth: bytes/s (copy, read + write). flops: dtype -> FLOP/s of a large
-    matmul. launch_latency_s: seconds per tiny kernel. host_device_bandwidth: e.g.
+    memory_bandwidth: bytes/s read + written, the faster of a copy and an add stream.
+    flops: dtype -> FLOP/s of a large matmul. Both are the fastest of repeated runs, so that
+    they bound what the ops measured against them reach (microbench.py says why).
+    launch_latency_s: seconds per tiny kernel. host_device_bandwidth: e.g.
     "h2d_pinned" -> bytes/s (empty on CPU). measured_at: ISO 8601 date-time.
     versions: software versions at measurement time.
     """
@@ -86,7 +88,8 @@ def _plan(dev: torch.device, quick: bool) -> tuple[int, int, tuple[str, ...], tu
             return 256 * MiB, 8192, dtypes, ("h2d_pinned", "d2h_pinned")
         return 1024 * MiB, 8192, dtypes, ("h2d_pinned", "d2h_pinned", "h2d_pageable",
                                           "d2h_pageable")
-    return (64 * MiB if quick else 256 * MiB), (512 if quick else 1024), ("fp32", "bf16"), ()
+    # A CPU's BLAS reaches its plateau from n ~ 1024 (a 512 matmul measured 10x below it).
+    return (64 * MiB if quick else 256 * MiB), (1024 if quick else 2048), ("fp32", "bf16"), ()
 
 
 def measure_ceilings(device: torch.device | str | None = None, *, quick: bool = False,
@@ -98,17 +101,17 @@ def measure_ceilings(device: torch.device | str | None = None, *, quick: bool = 
     """
     dev = resolve_device(device)
     copy_bytes, n, dtypes, transfers = _plan(dev, quick)
-    steps = ["copy bandwidth", *(f"matmul {d}" for d in dtypes), "launch latency",
+    steps = ["memory bandwidth", *(f"matmul {d}" for d in dtypes), "launch latency",
              *(f"host {t}" for t in transfers)]
     flops: dict[str, float] = {}
     host: dict[str, float] = {}
     bandwidth = latency = 0.0
     with steps_progress(steps, enabled=progress, title="measuring ceilings") as advance:
-        bandwidth = copy_bandwidth(dev, copy_bytes)
+        bandwidth = memory_bandwidth(dev, copy_bytes)
         advance()
         for dtype in dtypes:
             try:
-                flops[dtype] = matmul_flops(dtype, n, dev)
+                flops[dtype] = matmul_flops(dtype, n, dev, peak=True)
             except NotImplementedError:
                 pass  # e.g. fp8 on a GPU without FP8 tensor cores: simply not a ceiling here
             advance()

@@ -15,19 +15,21 @@ from .microbench import random_floats
 from .roofline import RooflinePoint, attention_decode_cost, matmul_cost, vector_add_cost
 from .timing import resolve_device, time_fn
 
+Op = tuple[str, Callable[[], object], tuple[float, float]]  # name, fn, (flops, bytes)
+
 
 def roof_dtype(device: torch.device) -> str:
     """The dtype whose measured roof the points are judged against on this device."""
     return "bf16" if device.type == "cuda" else "fp32"
 
 
-def _vector_add(n: int, dev: torch.device) -> tuple[str, Callable[[], object], tuple]:
+def _vector_add(n: int, dev: torch.device) -> Op:
     a, b = random_floats(n, dev), random_floats(n, dev)
     c = torch.empty_like(a)
     return f"vector add n={n:.2e} fp32", lambda: torch.add(a, b, out=c), vector_add_cost(n, 4)
 
 
-def _matmul(n: int, dtype: torch.dtype, dev: torch.device) -> tuple[str, Callable[[], object], tuple]:
+def _matmul(n: int, dtype: torch.dtype, dev: torch.device) -> Op:
     a = torch.randn(n, n, device=dev, dtype=dtype)
     b = torch.randn(n, n, device=dev, dtype=dtype)
     c = torch.empty(n, n, device=dev, dtype=dtype)
@@ -51,7 +53,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 def _attention(batch: int, heads: int, kv_heads: int, head_dim: int, context: int,
-               dtype: torch.dtype, dev: torch.device) -> tuple[str, Callable[[], object], tuple]:
+               dtype: torch.dtype, dev: torch.device) -> Op:
     q = torch.randn(batch, heads, head_dim, device=dev, dtype=dtype)
     k = torch.randn(batch, kv_heads, context, head_dim, device=dev, dtype=dtype)
     v = torch.randn(batch, kv_heads, context, head_dim, device=dev, dtype=dtype)
@@ -64,18 +66,19 @@ def measure_points(device: torch.device | str | None = None, *,
                    quick: bool = False) -> list[RooflinePoint]:
     """Time vector add, a matmul and decode attention on ``device``; one point each.
 
-    GPU sizes fill an H100 (hundreds of MB per op, far beyond L2); CPU sizes keep the
-    whole set under a couple of seconds. Matmul and attention use ``roof_dtype(device)``.
+    GPU sizes fill an H100 (hundreds of MB per op, far beyond L2); on a CPU the memory-bound
+    ops move 64 MiB or more (beyond L3, where the roof was measured) and the whole set
+    takes a couple of seconds. Matmul and attention use ``roof_dtype(device)``.
     """
     dev = resolve_device(device)
     if dev.type == "cuda":
         ops = [_vector_add(2**24 if quick else 2**26, dev),
                _matmul(4096 if quick else 8192, torch.bfloat16, dev),
                _attention(32, 32, 8, 128, 2048 if quick else 4096, torch.bfloat16, dev)]
-    else:
-        ops = [_vector_add(2**22 if quick else 2**24, dev),
+    else:  # memory-bound ops over 64 MiB and more: out of a CPU's L3, as the roof's streams
+        ops = [_vector_add(2**24, dev),
                _matmul(512, torch.float32, dev),
-               _attention(8, 8, 2, 64, 2048 if quick else 4096, torch.float32, dev)]
+               _attention(16, 8, 2, 64, 4096 if quick else 8192, torch.float32, dev)]
     points = []
     for name, fn, (flops, nbytes) in ops:
         timing = time_fn(fn, warmup=3, repeats=10, device=dev)

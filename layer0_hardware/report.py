@@ -82,7 +82,7 @@ def ceilings_table(c: Ceilings, spec: AcceleratorSpec | None) -> Table:
     for column in ("ceiling", "measured", "datasheet", "measured / datasheet"):
         table.add_column(column)
     ds_bw = spec.memory_bandwidth if spec else None
-    table.add_row("memory bandwidth (copy)", fmt_bandwidth(c.memory_bandwidth),
+    table.add_row("memory bandwidth (best stream)", fmt_bandwidth(c.memory_bandwidth),
                   fmt_bandwidth(ds_bw) if ds_bw else "-",
                   fmt_ratio(c.memory_bandwidth / ds_bw) if ds_bw else "-")
     for dtype, flops in c.flops.items():
@@ -96,26 +96,39 @@ def ceilings_table(c: Ceilings, spec: AcceleratorSpec | None) -> Table:
 
 
 def points_table(points: list[RooflinePoint], c: Ceilings, dtype: str) -> Table:
-    """Each point's cost, speed, bound and fraction of its roof (the ``dtype`` roof)."""
+    """Each point's cost, speed, bound and fraction of its roof (the ``dtype`` roof).
+
+    A point above its roof is not fine: it means the ceiling was measured low (a busy
+    machine) or the op ran from cache. It is shown in red and the caption says so."""
     peak = c.peak_flops(dtype)
     table = Table(title=f"operations on the roofline ({dtype} roof)")
     for column in ("op", "FLOPs", "bytes", "FLOP/B", "time", "achieved", "bandwidth",
                    "bound", "of roof"):
         table.add_column(column)
+    above = []
     for p in points:
-        roof = attainable_flops(p.intensity, peak, c.memory_bandwidth)
+        fraction = p.achieved_flops / attainable_flops(p.intensity, peak, c.memory_bandwidth)
+        if fraction > 1.0:
+            above.append(p.name)
         table.add_row(p.name, fmt_count(p.flops), fmt_bytes(p.nbytes), f"{p.intensity:.3g}",
                       fmt_seconds(p.seconds), fmt_flops(p.achieved_flops),
                       fmt_bandwidth(p.achieved_bandwidth),
                       classify_bound(p.intensity, peak, c.memory_bandwidth),
-                      fmt_ratio(p.achieved_flops / roof))
+                      f"[bold red]{fmt_ratio(fraction)}![/]" if fraction > 1.0
+                      else fmt_ratio(fraction))
+    if above:
+        table.caption = (f"[red]above the measured roof: {', '.join(above)}. A ceiling bounds "
+                         "what the machine does, so this one was measured low (other work "
+                         "was running?) or the op ran from cache: re-measure on an idle "
+                         "machine with `stack bench --layer 0`.[/]")
     return table
 
 
 def bench_table(rows: list, title: str) -> Table:
     """Bench rows (``bench_suite.BenchRow``): value, datasheet, both ratios, reference."""
     table = Table(title=title)
-    for column in ("op", "measured", "datasheet", "÷ datasheet", "÷ ceiling", "ceiling (reference)"):
+    for column in ("op", "measured", "datasheet", "÷ datasheet", "÷ ceiling",
+                   "ceiling (reference)"):
         table.add_column(column)
     fmt = {"B/s": fmt_bandwidth, "FLOP/s": fmt_flops, "s": fmt_seconds}
     for row in rows:

@@ -19,7 +19,8 @@ Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `
 continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
 speculative accept/reject rule).
 """
-import layer3_model as executor  # the layer beneath, as a namespace: executor.LlamaModel, executor.comm
+# the layer beneath, as a namespace: executor.LlamaModel, executor.comm
+import layer3_model as executor
 from layer3_model import SamplingParams  # one SamplingParams for layers 3 and up (n: layer 4)
 
 from .config import EngineConfig, SpecConfig
@@ -64,7 +65,8 @@ __all__ = [
     # the layer beneath (layer 3, and through it executor.comm = layer 2)
     "executor",
     # the engine
-    "LLM", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    "LLM", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
+    "EngineStats",
     # its parts
     "PagedKVCache", "blocks_for_budget", "bytes_per_block",
     "BlockManager", "PrefixCacheStats", "Sequence", "SequenceStatus",
@@ -72,7 +74,8 @@ __all__ = [
     # kernels: paged decode attention, CUDA-graph decode
     "paged_decode_attention", "paged_decode_attention_reference", "CudaGraphRunner", "bucket_sizes",
     # speculative decoding
-    "SpeculativeDecoder", "SpecStats", "SpecConfig", "SpecCounts", "EngineSpeculator", "NgramProposer",
+    "SpeculativeDecoder", "SpecStats", "SpecConfig", "SpecCounts", "EngineSpeculator",
+    "NgramProposer",
     "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals", "bench_speculative",
     # the core algorithms at teaching size (lab 4)
     "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",

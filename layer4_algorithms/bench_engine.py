@@ -37,7 +37,8 @@ class Workload:
         return sum(self.out_lens)
 
     def params(self) -> list[l3.SamplingParams]:
-        return [l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in self.out_lens]
+        return [l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+                for n in self.out_lens]
 
 
 def random_workload(num_seqs: int, lo: int, hi: int, vocab: int, seed: int = 0) -> Workload:
@@ -70,7 +71,8 @@ def time_engine(llm: LLM, wl: Workload) -> dict:
     seconds = _sync(dev) - start
     produced = sum(len(o.outputs[0].token_ids) for o in outs)
     if produced != wl.output_tokens:
-        raise RuntimeError(f"the engine produced {produced} tokens, the workload asked for {wl.output_tokens}")
+        raise RuntimeError(f"the engine produced {produced} tokens, the workload asked for "
+                           f"{wl.output_tokens}")
     st = llm.stats
     return {"seconds": seconds, "tokens_per_s": wl.output_tokens / seconds, "steps": st.steps,
             "preemptions": st.preemptions, "mean_ttft_s": st.mean_ttft, "mean_tpot_s": st.mean_tpot,
@@ -109,7 +111,8 @@ def time_hf(model, wl: Workload, batch: int) -> dict:
         width = max(len(p) for p in prompts)
         ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts], device=dev)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=dev)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             do_sample=False,
                              pad_token_id=0)
         return (out.shape[1] - width) * len(prompts)
 
@@ -118,10 +121,12 @@ def time_hf(model, wl: Workload, batch: int) -> dict:
     for i in range(0, len(wl.prompts), batch):
         computed += run(wl.prompts[i:i + batch], max(wl.out_lens[i:i + batch]))
     seconds = _sync(dev) - start
-    return {"seconds": seconds, "tokens_per_s": wl.output_tokens / seconds, "tokens_computed": computed}
+    return {"seconds": seconds, "tokens_per_s": wl.output_tokens / seconds,
+            "tokens_computed": computed}
 
 
-def prefix_ttft(model: l3.Model, *, prefix_len: int, suffix_len: int, num_seqs: int, max_tokens: int,
+def prefix_ttft(model: l3.Model, *, prefix_len: int, suffix_len: int, num_seqs: int,
+                max_tokens: int,
                 enable_prefix_caching: bool, seed: int = 0, **llm_kwargs) -> dict:
     """num_seqs requests = one shared prefix + their own suffix, submitted together after the
     same number of requests with the prefix and other suffixes have run: the warm-up compiles
@@ -140,21 +145,26 @@ def prefix_ttft(model: l3.Model, *, prefix_len: int, suffix_len: int, num_seqs: 
     outs = llm.generate(prompts, params)
     ttfts = [o.metrics.ttft for o in outs]
     result = {"mean_ttft_s": sum(ttfts) / len(ttfts), "max_ttft_s": max(ttfts),
-              "prefix_hit_rate": llm.stats.prefix_hit_rate, "outputs": [o.outputs[0].token_ids for o in outs]}
+              "prefix_hit_rate": llm.stats.prefix_hit_rate,
+              "outputs": [o.outputs[0].token_ids for o in outs]}
     del llm
     release_memory()
     return result
 
 
-def roofline_floor_s(net: l3.LlamaModel, wl: Workload, max_num_seqs: int, bandwidth: float, flops: float) -> float:
+def roofline_floor_s(net: l3.LlamaModel, wl: Workload, max_num_seqs: int, bandwidth: float,
+                     flops: float) -> float:
     """A lower bound on the workload's time (estimate): decode steps of at most max_num_seqs
     tokens each stream every weight once, every output token reads its context's KV, and every
     token costs 2 FLOPs per parameter (prefill at the FLOP ceiling, decode at the larger of
     the two). Ignores attention FLOPs and activations, so real engines stay above it."""
     cfg, weight_bytes = net.config, l3.weight_bytes(net)
     params = weight_bytes / net.dtype.itemsize
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * net.dtype.itemsize
-    kv_reads = sum(sum(range(len(p), len(p) + n)) for p, n in zip(wl.prompts, wl.out_lens, strict=True))
+    kv_heads_dim = cfg.num_key_value_heads * cfg.head_dim
+    kv_per_token = 2 * cfg.num_hidden_layers * kv_heads_dim * net.dtype.itemsize
+    kv_reads = sum(sum(range(len(p), len(p) + n))
+                   for p, n in zip(wl.prompts, wl.out_lens, strict=True))
     steps = -(-wl.output_tokens // min(max_num_seqs, len(wl.prompts)))
-    decode = max((steps * weight_bytes + kv_reads * kv_per_token) / bandwidth, 2 * params * wl.output_tokens / flops)
+    decode = max((steps * weight_bytes + kv_reads * kv_per_token) / bandwidth,
+                 2 * params * wl.output_tokens / flops)
     return decode + 2 * params * wl.input_tokens / flops

@@ -30,11 +30,14 @@ TITLE = "paged KV cache, prefix caching, continuous batching"
 console = Console()
 if not console.is_terminal:  # piped or captured: wide tables instead of wrapped cells
     console = Console(width=160)
-SCENE = ("HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind to suffer\n"
-         "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of troubles\n\n")
+SCENE = ("HAMLET.\nTo be, or not to be, that is the question:\nWhether 'tis nobler in the mind to "
+         "suffer\n"
+         "The slings and arrows of outrageous fortune,\nOr to take arms against a sea of "
+         "troubles\n\n")
 REQUESTS = [  # (prompt, max_tokens, n): the first four share the scene's opening
     (SCENE + "OPHELIA.\n", 60, 1), (SCENE + "HORATIO.\n", 40, 2), (SCENE + "KING.\n", 80, 1),
-    (SCENE + "QUEEN.\n", 30, 1), ("ROMEO.\nBut soft, what light through yonder window breaks?\n\nJULIET.\n", 70, 1),
+    (SCENE + "QUEEN.\n", 30, 1),
+    ("ROMEO.\nBut soft, what light through yonder window breaks?\n\nJULIET.\n", 70, 1),
     ("MACBETH.\n", 50, 1), ("PORTIA.\nThe quality of mercy is not strained.\n\nSHYLOCK.\n", 45, 1),
 ]
 
@@ -49,22 +52,28 @@ def _ms(s: float | None) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="stack run --layer 4", description="the engine serves the course model")
-    ap.add_argument("--model", default=None, help="HF checkpoint dir (default: the course target model)")
+    ap = argparse.ArgumentParser(prog="stack run --layer 4",
+                                 description="the engine serves the course model")
+    ap.add_argument("--model", default=None,
+                    help="HF checkpoint dir (default: the course target model)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--num-blocks", type=int, default=None, help="default: from the device's memory budget")
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="default: from the device's memory budget")
     ap.add_argument("--max-num-seqs", type=int, default=4)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=64, help="step budget (small: chunked prefill shows)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=64,
+                    help="step budget (small: chunked prefill shows)")
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--speculative", choices=("none", "ngram", "draft"), default="none")
     args = ap.parse_args(argv)
     spec = None if args.speculative == "none" else dict(method=args.speculative, k=4)
     llm = LLM(args.model or l3.course_model_dir("target"), device=args.device, dtype="float32",
-              block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+              block_size=args.block_size, num_blocks=args.num_blocks,
+              max_num_seqs=args.max_num_seqs,
               max_num_batched_tokens=args.max_num_batched_tokens, speculative=spec)
-    console.print(f"[dim]{args.model or 'course target model'} on {args.device}: {llm.block_manager.num_blocks} KV "
+    console.print(f"[dim]{args.model or 'course target model'} on {args.device}: "
+                  f"{llm.block_manager.num_blocks} KV "
                   f"blocks of {args.block_size} tokens, max {args.max_num_seqs} sequences and "
                   f"{args.max_num_batched_tokens} tokens per step; two requests arrive per step[/]")
     pending, outs = list(enumerate(REQUESTS)), {}
@@ -72,8 +81,10 @@ def run(argv: list[str] | None = None) -> int:
         for _ in range(2):  # arrivals while others run: continuous batching admits them mid-flight
             if pending:
                 i, (prompt, max_tokens, n) = pending.pop(0)
-                llm.add_request(prompt, l3.SamplingParams(temperature=args.temperature, top_k=40, seed=args.seed + 10 * i,
-                                                       max_tokens=max_tokens, stop=("\n\n",), n=n), str(i))
+                params = l3.SamplingParams(temperature=args.temperature, top_k=40,
+                                           seed=args.seed + 10 * i, max_tokens=max_tokens,
+                                           stop=("\n\n",), n=n)
+                llm.add_request(prompt, params, str(i))
         for o in llm.step(unfinished=False):
             outs[o.request_id] = o
     table = Table(title="completions (stop at a blank line)", show_lines=True)
@@ -83,16 +94,24 @@ def run(argv: list[str] | None = None) -> int:
         o, m = outs[rid], outs[rid].metrics
         cue = o.prompt.strip().splitlines()[-1]
         for c in o.outputs:
-            table.add_row(rid + (f" ({c.index + 1}/{len(o.outputs)})" if len(o.outputs) > 1 else ""), cue,
+            which = f" ({c.index + 1}/{len(o.outputs)})" if len(o.outputs) > 1 else ""
+            table.add_row(rid + which, cue,
                           " ".join(c.text.split())[:100], c.finish_reason,
-                          f"{m.num_cached_tokens}/{m.num_prompt_tokens}", _ms(m.queue_time), _ms(m.ttft), _ms(m.tpot))
+                          f"{m.num_cached_tokens}/{m.num_prompt_tokens}", _ms(m.queue_time),
+                          _ms(m.ttft), _ms(m.tpot))
     console.print(table)
     st = llm.stats
-    acc = f"{st.acceptance_rate:.0%}" if st.acceptance_rate is not None else "n/a (speculative decoding off: --speculative)"
-    console.print(f"[bold]{st.generated_tokens} tokens generated in {st.elapsed_s:.2f} s[/] over {st.steps} steps: "
-                  f"{st.generated_tokens_per_s:,.0f} tokens/s out, {st.total_tokens_per_s:,.0f} tokens/s in+out\n"
-                  f"prefix cache: {st.prefix_hit_tokens} of {st.prefix_queried_tokens} prompt tokens hit "
-                  f"({st.prefix_hit_rate:.0%}); preemptions: {st.preemptions}; speculative acceptance: {acc}")
+    acc = "n/a (speculative decoding off: --speculative)"
+    if st.acceptance_rate is not None:
+        acc = f"{st.acceptance_rate:.0%}"
+    console.print(f"[bold]{st.generated_tokens} tokens generated in {st.elapsed_s:.2f} s[/] over "
+                  f"{st.steps} steps: "
+                  f"{st.generated_tokens_per_s:,.0f} tokens/s out, {st.total_tokens_per_s:,.0f} "
+                  "tokens/s in+out\n"
+                  f"prefix cache: {st.prefix_hit_tokens} of {st.prefix_queried_tokens} prompt "
+                  "tokens hit "
+                  f"({st.prefix_hit_rate:.0%}); preemptions: {st.preemptions}; speculative "
+                  f"acceptance: {acc}")
     return 0
 
 
@@ -104,20 +123,25 @@ def _throughput(rows: list[dict], model: l3.Model, wl: B.Workload, *, small_batc
             r["roofline_fraction"] = floor(r.get("max_num_seqs", small_batch)) / r["seconds"]
         rows.append(r)
 
-    for seqs, policy in ((len(wl.prompts), "continuous"), (small_batch, "continuous"), (small_batch, "static")):
+    for seqs, policy in ((len(wl.prompts), "continuous"), (small_batch, "continuous"),
+                         (small_batch, "static")):
         llm = LLM(model, max_num_seqs=seqs, scheduling=policy, **llm_kwargs)
-        add(f"ours, {policy} batching, max_num_seqs={seqs}", {**B.time_engine(llm, wl), "max_num_seqs": seqs})
+        add(f"ours, {policy} batching, max_num_seqs={seqs}",
+            {**B.time_engine(llm, wl), "max_num_seqs": seqs})
         del llm
         B.release_memory()
     if layer3:
-        add(f"layer 3 generate, contiguous cache, batches of {small_batch}", B.time_layer3(model, wl, small_batch))
+        add(f"layer 3 generate, contiguous cache, batches of {small_batch}",
+            B.time_layer3(model, wl, small_batch))
     if hf:
         try:
             m = B.hf_model(hf_source, device, model.net.dtype)
-            add(f"transformers generate, padded batches of {small_batch}", B.time_hf(m, wl, small_batch))
+            add(f"transformers generate, padded batches of {small_batch}",
+                B.time_hf(m, wl, small_batch))
             del m
         except Exception as err:  # noqa: BLE001  (reported in the table, not fatal)
-            rows.append({"what": f"transformers generate: FAILED {type(err).__name__}: {str(err)[:120]}",
+            rows.append({"what": f"transformers generate: FAILED {type(err).__name__}: "
+                                 f"{str(err)[:120]}",
                          "device": device})
         B.release_memory()
 
@@ -127,7 +151,8 @@ def _prefix(rows: list[dict], model: l3.Model, device: str, llm_kwargs: dict, **
     on = B.prefix_ttft(model, enable_prefix_caching=True, **shape, **kw)
     off = B.prefix_ttft(model, enable_prefix_caching=False, **shape, **kw)
     same = on.pop("outputs") == off.pop("outputs")
-    what = f"{shape['num_seqs']} requests sharing a {shape['prefix_len']}-token prefix (+{shape['suffix_len']} own)"
+    what = (f"{shape['num_seqs']} requests sharing a {shape['prefix_len']}-token prefix "
+            f"(+{shape['suffix_len']} own)")
     rows.append({"what": f"{what}, prefix cache ON", "device": device, **on, "same_outputs": same})
     rows.append({"what": f"{what}, prefix cache off", "device": device, **off,
                  "ttft_speedup": off["mean_ttft_s"] / on["mean_ttft_s"]})
@@ -138,7 +163,8 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-seqs", type=int, default=256)
     ap.add_argument("--min-len", type=int, default=100)
     ap.add_argument("--max-len", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=64, help="fixed batch for static / layer 3 / transformers (GPU)")
+    ap.add_argument("--batch", type=int, default=64,
+                    help="fixed batch for static / layer 3 / transformers (GPU)")
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--backend", default="triton", choices=l3.BACKENDS)
     ap.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false")
@@ -146,10 +172,13 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
     ap.add_argument("--no-gpu", dest="gpu", action="store_false")
     ap.add_argument("--cpu-num-seqs", type=int, default=16)
-    ap.add_argument("--no-cpu", dest="cpu", action="store_false", help="skip the course-model CPU rows")
-    ap.add_argument("--no-spec", dest="spec", action="store_false", help="skip speculative decoding")
+    ap.add_argument("--no-cpu", dest="cpu", action="store_false",
+                    help="skip the course-model CPU rows")
+    ap.add_argument("--no-spec", dest="spec", action="store_false",
+                    help="skip speculative decoding")
     ap.add_argument("--spec-repeats", type=int, default=3)
-    ap.add_argument("--spec-devices", default="auto", help="comma list (cpu,cuda); auto: the CPU and any GPU")
+    ap.add_argument("--spec-devices", default="auto",
+                    help="comma list (cpu,cuda); auto: the CPU and any GPU")
     ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
                     help="run one part of the benchmark")
     args = ap.parse_args(argv)
@@ -177,7 +206,8 @@ def _cpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
     wl = B.random_workload(args.cpu_num_seqs, 20, 100, course.config.vocab_size)
     console.print(f"[bold]CPU[/]: course model, {args.cpu_num_seqs} sequences, lengths 20-100")
     cpu_kw = dict(block_size=16, num_blocks=1024, max_num_batched_tokens=512)
-    _throughput(rows, course, wl, small_batch=4, device="cpu", hf_source=str(l3.course_model_dir("target")),
+    _throughput(rows, course, wl, small_batch=4, device="cpu",
+                hf_source=str(l3.course_model_dir("target")),
                 floor=None, llm_kwargs=cpu_kw, hf=args.hf, layer3=True)
     _prefix(rows, course, "cpu", cpu_kw, prefix_len=256, suffix_len=16, num_seqs=8, max_tokens=4)
     info["cpu_workload"] = {"num_seqs": args.cpu_num_seqs, "lengths": [20, 100]}
@@ -186,10 +216,12 @@ def _cpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
 def _kernel() -> list[dict]:
     """Paged decode attention vs SDPA on contiguous K/V at equal context (Llama-3.2-1B heads)."""
     if not torch.cuda.is_available():
-        console.print("paged decode kernel: no CUDA GPU here, skipped (the CPU runs the torch reference)")
+        console.print("paged decode kernel: no CUDA GPU here, skipped (the CPU runs the torch "
+                      "reference)")
         return []
     from .kv.bench_paged_attention import bench_paged_decode
-    console.print("[bold]paged decode attention[/] vs SDPA over contiguous K/V, bf16, 32/8 heads, D 64")
+    console.print("[bold]paged decode attention[/] vs SDPA over contiguous K/V, bf16, 32/8 heads, "
+                  "D 64")
     return bench_paged_decode()
 
 
@@ -214,32 +246,43 @@ def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
     ceilings = l3.load_ceilings("cuda")
     bw, peak = ceilings.memory_bandwidth, ceilings.flops["bf16"]
     wl = B.random_workload(args.num_seqs, args.min_len, args.max_len, cfg.vocab_size)
-    console.print(f"[bold]GPU[/]: Llama-3.2-1B shape, RANDOM bf16 weights (nothing downloaded), backend "
-                  f"{args.backend}; {args.num_seqs} sequences, lengths {args.min_len}-{args.max_len}; ceilings "
+    console.print("[bold]GPU[/]: Llama-3.2-1B shape, RANDOM bf16 weights (nothing downloaded), "
+                  "backend "
+                  f"{args.backend}; {args.num_seqs} sequences, lengths "
+                  f"{args.min_len}-{args.max_len}; ceilings "
                   f"{bw / 1e12:.2f} TB/s, {peak / 1e12:.0f} TFLOP/s bf16")
     info.update(gpu=torch.cuda.get_device_name(), backend=args.backend, cuda_graph=args.cuda_graph,
                 gpu_workload={"num_seqs": args.num_seqs, "lengths": [args.min_len, args.max_len],
                               "input_tokens": wl.input_tokens, "output_tokens": wl.output_tokens},
                 copy_bandwidth=bw, bf16_flops=peak)
-    kw = dict(block_size=16, max_num_batched_tokens=args.max_num_batched_tokens, cuda_graph=args.cuda_graph,
+    kw = dict(block_size=16, max_num_batched_tokens=args.max_num_batched_tokens,
+              cuda_graph=args.cuda_graph,
               max_model_len=2 * args.max_len + 64)
     _throughput(rows, model, wl, small_batch=args.batch, device="cuda", hf_source=l3.LLAMA_3_2_1B,
-                floor=lambda seqs: B.roofline_floor_s(net, wl, seqs, bw, peak), llm_kwargs=kw, hf=args.hf,
+                floor=lambda seqs: B.roofline_floor_s(net, wl, seqs, bw, peak),
+                llm_kwargs=kw, hf=args.hf,
                 layer3=False)
-    _prefix(rows, model, "cuda", kw, prefix_len=args.prefix_len, suffix_len=64, num_seqs=32, max_tokens=16)
+    _prefix(rows, model, "cuda", kw, prefix_len=args.prefix_len, suffix_len=64, num_seqs=32,
+            max_tokens=16)
 
 
 def _print(rows: list[dict], info: dict, name: str = "bench.json") -> None:
-    hf = {r["device"]: r for r in rows if r["what"].startswith("transformers generate,") and "tokens_per_s" in r}
+    hf = {r["device"]: r for r in rows
+          if r["what"].startswith("transformers generate,") and "tokens_per_s" in r}
     table = Table(title="Layer 4 benchmarks (output tokens/s; TTFT in ms)")
-    for col in ("what", "tokens/s", "s", "vs transformers", "of roofline floor", "mean TTFT", "preempt", "notes"):
+    for col in ("what", "tokens/s", "s", "vs transformers", "of roofline floor", "mean TTFT",
+                "preempt", "notes"):
         table.add_column(col)
     for r in rows:
         ref = hf.get(r["device"])  # the same device's transformers row, measured in this run
-        vs = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x" if ref and "tokens_per_s" in r else ""
+        vs = ""
+        if ref and "tokens_per_s" in r:
+            vs = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x"
         notes = ", ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
-                          for k in ("prefix_hit_rate", "ttft_speedup", "same_outputs", "steps") if k in r)
-        table.add_row(f"{r['device']}: {r['what']}", f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
+                          for k in ("prefix_hit_rate", "ttft_speedup", "same_outputs",
+                                    "steps") if k in r)
+        table.add_row(f"{r['device']}: {r['what']}",
+                      f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
                       f"{r['seconds']:.2f}" if "seconds" in r else "", vs,
                       f"{r['roofline_fraction']:.0%}" if "roofline_fraction" in r else "",
                       _ms(r.get("mean_ttft_s")), str(r.get("preemptions", "")), notes)
@@ -249,6 +292,8 @@ def _print(rows: list[dict], info: dict, name: str = "bench.json") -> None:
         if k not in ("speculative", "paged_decode_kernel"):  # printed as tables above
             console.print(f"{k}: {v}")
     out = results_dir() / name
-    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "torch": torch.__version__,
-                               "python": sys.version.split()[0], "rows": rows, "info": info}, indent=1, default=str))
+    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(),
+                               "torch": torch.__version__,
+                               "python": sys.version.split()[0], "rows": rows,
+                               "info": info}, indent=1, default=str))
     console.print(f"wrote {out}")

@@ -56,10 +56,12 @@ class CudaGraphRunner:
     def __init__(self, model: l3.LlamaModel, cache, max_num_seqs: int, max_blocks_per_seq: int, *,
                  capture: bool = True, warmup: int = 1) -> None:
         if capture and not torch.cuda.is_available():
-            raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False here; "
+            raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False "
+                               "here; "
                                "decode eagerly instead (cuda_graph=False)")
         if capture and (model.device.type != "cuda" or cache.k.device.type != "cuda"):
-            raise RuntimeError(f"CUDA graphs need the model and the cache on a CUDA device; model on "
+            raise RuntimeError("CUDA graphs need the model and the cache on a CUDA device; model "
+                               "on "
                                f"{model.device}, cache on {cache.k.device}")
         if max_blocks_per_seq < 1:
             raise ValueError(f"max_blocks_per_seq must be >= 1, got {max_blocks_per_seq}")
@@ -76,7 +78,10 @@ class CudaGraphRunner:
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.int64, device=dev)
 
-        self.input_ids, self.positions, self.slot_mapping, self.seq_lens = zeros(n), zeros(n), zeros(n), zeros(n)
+        self.input_ids = zeros(n)
+        self.positions = zeros(n)
+        self.slot_mapping = zeros(n)
+        self.seq_lens = zeros(n)
         self.block_tables = zeros(n, max_blocks_per_seq)
         self._pad_rows(0)  # every row a padding row until a step fills it
         self.logits = torch.zeros((n, model.config.vocab_size), dtype=torch.float32, device=dev)
@@ -91,16 +96,19 @@ class CudaGraphRunner:
         arange = torch.arange(B + 1, dtype=torch.int64, device=self.input_ids.device)
         return l3.AttentionContext(
             positions=self.positions[:B], slot_mapping=self.slot_mapping[:B], seq_ids=arange[:B],
-            query_offsets=torch.zeros_like(arange[:B]), query_start_loc=arange, query_lens=torch.ones_like(arange[:B]),
+            query_offsets=torch.zeros_like(arange[:B]), query_start_loc=arange,
+            query_lens=torch.ones_like(arange[:B]),
             seq_lens=self.seq_lens[:B], max_query_len=1, max_seq_len=max_seq_len,
-            query_lens_host=(1,) * B, seq_lens_host=(max_seq_len,) * B, block_tables=self.block_tables[:B])
+            query_lens_host=(1,) * B, seq_lens_host=(max_seq_len,) * B,
+            block_tables=self.block_tables[:B])
 
     def _step(self, B: int) -> None:
         """The work a graph records: new tokens' slots from the block tables, then the model."""
         pos, bs = self.positions[:B], self.block_size
         block = self.block_tables[:B].gather(1, (pos // bs)[:, None])[:, 0]
         self.slot_mapping[:B].copy_(block * bs + pos % bs)
-        self.logits[:B] = self.model(self.input_ids[:B], self.contexts[B], self.cache, last_only=True)
+        self.logits[:B] = self.model(self.input_ids[:B], self.contexts[B], self.cache,
+                                     last_only=True)
 
     def _capture(self, warmup: int) -> None:
         side = torch.cuda.Stream()
@@ -139,12 +147,16 @@ class CudaGraphRunner:
         B = input_ids.shape[0]
         if input_ids.dim() != 1 or positions.shape != (B,) or seq_lens.shape != (B,) \
                 or block_tables.dim() != 2 or block_tables.shape[0] != B:
-            raise ValueError(f"expected input_ids, positions, seq_lens (B,) and block_tables (B, n); got "
-                             f"{tuple(input_ids.shape)}, {tuple(positions.shape)}, {tuple(seq_lens.shape)}, "
+            raise ValueError("expected input_ids, positions, seq_lens (B,) and block_tables (B, "
+                             "n); got "
+                             f"{tuple(input_ids.shape)}, {tuple(positions.shape)}, "
+                             f"{tuple(seq_lens.shape)}, "
                              f"{tuple(block_tables.shape)}")
         if not self.can_run(B, block_tables.shape[1]):
-            raise ValueError(f"a step of {B} sequences with {block_tables.shape[1]}-block tables does not "
-                             f"fit the captured graphs (<= {self.max_num_seqs} sequences, <= {self.max_blocks} "
+            raise ValueError(f"a step of {B} sequences with {block_tables.shape[1]}-block tables "
+                             "does not "
+                             f"fit the captured graphs (<= {self.max_num_seqs} sequences, <= "
+                             f"{self.max_blocks} "
                              f"blocks); run it eagerly")
         bucket = next(b for b in self.buckets if b >= B)
         n = block_tables.shape[1]

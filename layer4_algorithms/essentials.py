@@ -55,7 +55,8 @@ class BlockAllocator:
         self.ref_counts = [0] * num_blocks
         self.block_tables: dict[int, list[int]] = {}
         self.seq_lens: dict[int, int] = {}
-        self.free_list: deque[int] = deque(range(num_blocks))  # take from the left, return to the right
+        # take from the left, return to the right
+        self.free_list: deque[int] = deque(range(num_blocks))
 
     @property
     def num_free_blocks(self) -> int:
@@ -74,7 +75,8 @@ class BlockAllocator:
         table = list(self.block_tables.get(seq_id, []))
         start = self.seq_lens.get(seq_id, 0)
         end, bs = start + num_tokens, self.block_size
-        written = range(start // bs, min(_blocks(end, bs), len(table)))  # existing blocks written to
+        # existing blocks written to
+        written = range(start // bs, min(_blocks(end, bs), len(table)))
         shared = [i for i in written if self.ref_counts[table[i]] > 1]
         grow = _blocks(end, bs) - len(table)
         if grow + len(shared) > self.num_free_blocks:
@@ -144,7 +146,8 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
 
 
-def schedule_step(running: list[SeqState], waiting: list[SeqState], num_free_blocks: int, block_size: int,
+def schedule_step(running: list[SeqState], waiting: list[SeqState], num_free_blocks: int,
+                  block_size: int,
                   max_num_seqs: int, max_num_batched_tokens: int) -> StepPlan:
     """Plan one step of continuous batching with chunked prefill (the inputs are not changed).
 
@@ -219,9 +222,11 @@ def accept_reject(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_t
         raise ValueError("expected target_probs (k+1, V), draft_probs (k, V), draft_tokens (k,)")
     k, V = draft_probs.shape
     if tuple(target_probs.shape) != (k + 1, V) or draft_tokens.shape[0] != k:
-        raise ValueError(f"shapes do not agree: target_probs {tuple(target_probs.shape)}, draft_probs "
+        raise ValueError(f"shapes do not agree: target_probs {tuple(target_probs.shape)}, "
+                         "draft_probs "
                          f"{tuple(draft_probs.shape)}, draft_tokens {tuple(draft_tokens.shape)}")
     uniforms = torch.rand(1, k + 1, generator=generator, device=target_probs.device)
     out = rejection_sample(target_probs[None].float(), draft_tokens[None].long(),
-                           torch.tensor([k], device=target_probs.device), draft_probs[None].float(), uniforms)
+                           torch.tensor([k], device=target_probs.device), draft_probs[None].float(),
+                           uniforms)
     return out.emitted()[0]

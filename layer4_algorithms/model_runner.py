@@ -65,7 +65,8 @@ class ModelRunner:
         for i in everyone:
             if scheduled[i].query_len == 1:
                 continue
-            if current and self.padded_attention_bytes([scheduled[j] for j in current + [i]]) > self.attn_bytes_limit:
+            grown = [scheduled[j] for j in current + [i]]
+            if current and self.padded_attention_bytes(grown) > self.attn_bytes_limit:
                 passes.append(current)
                 current = []
             current.append(i)
@@ -97,12 +98,15 @@ class ModelRunner:
 
     def _forward(self, group: list[ScheduledSeq]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
-        speculating ones (index in group -> (1 + k, V)) the rows of the last real token and drafts."""
-        ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.int64).to(self.device)
+        speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
+        drafts."""
+        ids = torch.tensor([t for s in group for t in s.input_ids],
+                           dtype=torch.int64).to(self.device)
         ctx = self.cache.context([s.query_len for s in group], [s.context_len for s in group],
                                  [s.seq.block_table for s in group])
         speculating = any(s.spec_token_ids for s in group)
-        if self.graph is not None and ctx.max_query_len == 1 and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
+        graphable = ctx.max_query_len == 1 and self.graph is not None
+        if graphable and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
             return self.graph.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens), {}  # (B, V)
         logits = self.net(ids, ctx, self.cache, last_only=not speculating)  # (B, V) or (T, V)
         if not speculating:
@@ -115,7 +119,8 @@ class ModelRunner:
                 spec[b] = logits[start - 1 - len(s.spec_token_ids):start]
         return logits[ends], spec
 
-    def sample(self, logits: torch.Tensor | Sequence[torch.Tensor], params: Sequence[l3.SamplingParams],
+    def sample(self, logits: torch.Tensor | Sequence[torch.Tensor],
+               params: Sequence[l3.SamplingParams],
                generators: Sequence[torch.Generator | None]) -> list[int]:
         """One token per row of logits ((N, V), or N rows of (V,)): greedy rows by one batched
         argmax, the rest by layer 3's sampler with each sequence's own generator. One host sync."""

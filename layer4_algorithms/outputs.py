@@ -39,7 +39,9 @@ class RequestMetrics:
 
     @property
     def queue_time(self) -> float | None:
-        return None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
 
     @property
     def latency(self) -> float | None:
@@ -67,11 +69,13 @@ class RequestOutput:
         token_times = [s.first_token_time for s in seqs if s.first_token_time is not None]
         metrics = RequestMetrics(
             arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=min(token_times, default=None), finished_time=now if finished else None,
+            first_token_time=min(token_times,
+                                 default=None), finished_time=now if finished else None,
             num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
             num_preemptions=sum(s.num_preemptions for s in seqs),
             tpot=sum(tpots) / len(tpots) if tpots else None)
-        outs = [CompletionOutput(s.index, list(s.output_ids), s.text, s.finish_reason) for s in seqs]
+        outs = [CompletionOutput(s.index, list(s.output_ids), s.text,
+                                 s.finish_reason) for s in seqs]
         return cls(request_id, prompt, list(first.prompt_ids), outs, finished, metrics)
 
 
@@ -83,7 +87,8 @@ class EngineStats:
     requests: int = 0  # finished requests
     prompt_tokens: int = 0  # of finished requests
     generated_tokens: int = 0  # output tokens of finished requests
-    batched_tokens: int = 0  # tokens run through the model (prefill chunks, decodes, recomputation, drafts)
+    # tokens run through the model (prefill chunks, decodes, recomputation, drafts)
+    batched_tokens: int = 0
     elapsed_s: float = 0.0  # wall time inside step()
     preemptions: int = 0
     prefix_queried_tokens: int = 0
@@ -100,11 +105,13 @@ class EngineStats:
     @property
     def total_tokens_per_s(self) -> float:
         """(prompt + generated tokens of finished requests) per second."""
-        return (self.prompt_tokens + self.generated_tokens) / self.elapsed_s if self.elapsed_s else 0.0
+        total = self.prompt_tokens + self.generated_tokens
+        return total / self.elapsed_s if self.elapsed_s else 0.0
 
     @property
     def prefix_hit_rate(self) -> float:
-        return self.prefix_hit_tokens / self.prefix_queried_tokens if self.prefix_queried_tokens else 0.0
+        queried = self.prefix_queried_tokens
+        return self.prefix_hit_tokens / queried if queried else 0.0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -123,13 +130,16 @@ class EngineStats:
                 "generated_tokens": self.generated_tokens, "batched_tokens": self.batched_tokens,
                 "elapsed_s": self.elapsed_s, "generated_tokens_per_s": self.generated_tokens_per_s,
                 "total_tokens_per_s": self.total_tokens_per_s, "preemptions": self.preemptions,
-                "prefix_hit_rate": self.prefix_hit_rate, "prefix_hit_tokens": self.prefix_hit_tokens,
-                "prefix_queried_tokens": self.prefix_queried_tokens, "acceptance_rate": self.acceptance_rate,
+                "prefix_hit_rate": self.prefix_hit_rate,
+                "prefix_hit_tokens": self.prefix_hit_tokens,
+                "prefix_queried_tokens": self.prefix_queried_tokens,
+                "acceptance_rate": self.acceptance_rate,
                 "mean_ttft_s": self.mean_ttft, "mean_tpot_s": self.mean_tpot}
 
 
 class ProgressBar:
-    """A rich progress bar over finished requests with live throughput (LLM.generate(progress=True))."""
+    """A rich progress bar over finished requests with live throughput
+    (LLM.generate(progress=True))."""
 
     def __init__(self, total: int) -> None:
         from rich.progress import (
@@ -140,13 +150,15 @@ class ProgressBar:
             TimeElapsedColumn,
         )
 
-        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+        self.p = Progress(TextColumn("[bold]generate"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(),
                           TextColumn("{task.description}"), transient=True)
         self.task = self.p.add_task("", total=total)
         self.p.start()
 
     def update(self, done: int, stats: EngineStats) -> None:
-        self.p.update(self.task, completed=done, description=f"{stats.generated_tokens_per_s:,.0f} tok/s out, "
+        self.p.update(self.task, completed=done,
+                      description=f"{stats.generated_tokens_per_s:,.0f} tok/s out, "
                                                             f"{stats.preemptions} preemptions")
 
     def close(self) -> None:

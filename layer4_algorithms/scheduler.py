@@ -51,7 +51,8 @@ class ScheduledSeq:
 
     @property
     def input_ids(self) -> list[int]:
-        return self.seq.token_ids[self.context_len:self.context_len + self.num_new_tokens] + self.spec_token_ids
+        end = self.context_len + self.num_new_tokens
+        return self.seq.token_ids[self.context_len:end] + self.spec_token_ids
 
     @property
     def samples(self) -> bool:
@@ -63,7 +64,8 @@ class ScheduledSeq:
 @dataclass
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
-    copies: list[tuple[int, int]] = field(default_factory=list)  # copy-on-write (src, dst) before the step
+    # copy-on-write (src, dst) before the step
+    copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
 
     @property
@@ -81,7 +83,8 @@ class Scheduler:
                  num_lookahead_slots: int = 0,
                  on_release: Iterable[Callable[[Sequence], None]] = ()) -> None:
         if not isinstance(num_lookahead_slots, int) or num_lookahead_slots < 0:
-            raise ValueError(f"num_lookahead_slots must be an int >= 0, got {num_lookahead_slots!r}")
+            raise ValueError("num_lookahead_slots must be an int >= 0, got "
+                             f"{num_lookahead_slots!r}")
         self.bm = block_manager
         self.config = config
         self.max_num_seqs = config.max_num_seqs
@@ -103,19 +106,24 @@ class Scheduler:
         block pool, or, without chunked prefill, the token budget)."""
         total = seq.num_tokens + seq.params.max_tokens
         if total > self.max_model_len:
-            raise ValueError(f"request {seq.request_id}: {seq.num_tokens} prompt tokens + max_tokens "
-                             f"{seq.params.max_tokens} = {total} exceeds max_model_len {self.max_model_len}")
+            raise ValueError(f"request {seq.request_id}: {seq.num_tokens} prompt tokens + "
+                             "max_tokens "
+                             f"{seq.params.max_tokens} = {total} exceeds max_model_len "
+                             f"{self.max_model_len}")
         need = self.bm.blocks_for(total + self.num_lookahead_slots)
         if need > self.bm.num_blocks:
             raise ValueError(f"request {seq.request_id}: {total} tokens need {need} KV blocks of "
-                             f"{self.bm.block_size}, the whole pool has {self.bm.num_blocks}: give the cache "
+                             f"{self.bm.block_size}, the whole pool has {self.bm.num_blocks}: give "
+                             "the cache "
                              f"a bigger budget or lower max_tokens")
         if seq.params.n > self.max_num_seqs:
             raise ValueError(f"request {seq.request_id}: n={seq.params.n} parallel samples exceed "
                              f"max_num_seqs {self.max_num_seqs}")
         if not self.chunked and seq.num_tokens > self.max_num_batched_tokens:
-            raise ValueError(f"request {seq.request_id}: a {seq.num_tokens}-token prompt does not fit the "
-                             f"{self.max_num_batched_tokens}-token step budget and chunked prefill is off")
+            raise ValueError(f"request {seq.request_id}: a {seq.num_tokens}-token prompt does not "
+                             "fit the "
+                             f"{self.max_num_batched_tokens}-token step budget and chunked prefill "
+                             "is off")
         self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
@@ -133,7 +141,8 @@ class Scheduler:
 
     # ---- the step ------------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        out, budget = SchedulerOutput(), self.max_num_batched_tokens
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -141,7 +150,8 @@ class Scheduler:
             k = self._lookahead(seq, budget - n) if seq.num_uncomputed_tokens == 1 else 0
             copies = self.bm.allocate_slots(seq, n + k)
             if copies is None and k:  # no room to speculate: a plain step
-                k, copies = 0, self.bm.allocate_slots(seq, n)
+                k = 0
+                copies = self.bm.allocate_slots(seq, n)
             while copies is None:  # out of blocks: preempt the newest, possibly seq itself
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -186,8 +196,10 @@ class Scheduler:
             self.waiting.popleft()
             self.bm.admit(seq, hits)
             copies = self.bm.allocate_slots(seq, n)
-            assert copies == [], "a newly admitted sequence shares only full blocks: nothing to copy"
-            seq.status, seq.row = SequenceStatus.RUNNING, heapq.heappop(self._free_rows)
+            # a newly admitted sequence shares only full blocks: nothing to copy
+            assert copies == []
+            seq.status = SequenceStatus.RUNNING
+            seq.row = heapq.heappop(self._free_rows)
             seq.first_scheduled_time = seq.first_scheduled_time or time.perf_counter()
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
@@ -212,7 +224,8 @@ class Scheduler:
         sequence's tokens (seq_id -> tokens: one, or accepted drafts + one with speculation;
         EOS, stop strings and max_tokens may cut them); free finished sequences, roll back
         rejected speculative slots, register newly full blocks. Returns the finished ones."""
-        finished, now = [], time.perf_counter()
+        finished = []
+        now = time.perf_counter()
         for s in out.scheduled:
             seq = s.seq
             if seq.is_finished:  # aborted since it was scheduled
@@ -244,7 +257,8 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self._release(seq)
-        seq.status, seq.num_computed_tokens = SequenceStatus.WAITING, 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)

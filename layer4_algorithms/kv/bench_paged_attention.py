@@ -35,7 +35,8 @@ def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         "rows": lambda: sdpa(q.view(B, Hkv, Hq // Hkv, D), k, v, scale=scale).view(B, Hq, D),
     }
     best: tuple[float, str, torch.Tensor] | None = None
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                    SDPBackend.EFFICIENT_ATTENTION):
         for layout, fn in layouts.items():
             try:
                 with sdpa_kernel(backend):
@@ -64,13 +65,15 @@ def _case(B: int, N: int, Hq: int, Hkv: int, D: int, block_size: int, dtype: tor
                 for c in (k_cache, v_cache)]
     return dict(q=torch.randn((B, Hq, D), generator=gen, device=dev, dtype=dtype),
                 k_cache=k_cache, v_cache=v_cache, tables=tables,
-                seq_lens=torch.full((B,), N, dtype=torch.int32, device=dev), k=gathered[0], v=gathered[1])
+                seq_lens=torch.full((B,), N, dtype=torch.int32,
+                                    device=dev), k=gathered[0], v=gathered[1])
 
 
 @torch.no_grad()
 def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q_heads: int = 32,
                        kv_heads: int = 8, head_dim: int = 64, block_size: int = 16,
-                       dtype: torch.dtype = torch.bfloat16, splits=(None,), verbose: bool = True) -> list[dict]:
+                       dtype: torch.dtype = torch.bfloat16, splits=(None,),
+                       verbose: bool = True) -> list[dict]:
     """Time paged_decode_attention against torch's scaled_dot_product_attention on contiguous
     K/V of the same context (every sequence at `context` tokens; heads as Llama-3.2-1B by
     default: 32 query heads, 8 kv heads, D 64), random data, blocks shuffled across the cache.
@@ -93,34 +96,45 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
     scale = 1.0 / math.sqrt(head_dim)
     gen = torch.Generator(device=_DEVICE).manual_seed(0)
     if verbose:
-        bw = f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (layer 0)" if copy_bw else "copy bandwidth unknown"
+        bw = "copy bandwidth unknown"
+        if copy_bw:
+            bw = f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (layer 0)"
         name = torch.cuda.get_device_name() if _DEVICE == "cuda" else _DEVICE
         print(f"paged decode attention vs SDPA on contiguous K/V: {name}, {dtype}, "
-              f"Hq={q_heads} Hkv={kv_heads} D={head_dim} block_size={block_size}, random data; {bw}")
-        print(f"{'batch':>5} {'context':>7} {'splits':>6} {'ours us':>8} {'sdpa us':>8} {'sdpa/ours':>9} "
+              f"Hq={q_heads} Hkv={kv_heads} D={head_dim} block_size={block_size}, random data; "
+              f"{bw}")
+        print(f"{'batch':>5} {'context':>7} {'splits':>6} {'ours us':>8} {'sdpa us':>8} "
+              f"{'sdpa/ours':>9} "
               f"{'GB/s':>6} {'of copy':>7}  {'sdpa (backend/layout)':<21}  max|diff|")
     rows = []
     for B in batches:
         for N in contexts:
             c = _case(B, N, q_heads, kv_heads, head_dim, block_size, dtype, gen)
             sdpa_ms, backend, sdpa_out = _time_sdpa(c["q"], c["k"], c["v"], scale, do_bench)
-            nbytes, _ = decode_bytes_and_flops(B, N, q_heads, kv_heads, head_dim, c["q"].element_size())
+            nbytes, _ = decode_bytes_and_flops(B, N, q_heads, kv_heads, head_dim,
+                                               c["q"].element_size())
             for s in splits:
                 args = (c["q"], c["k_cache"], c["v_cache"], c["tables"], c["seq_lens"], scale)
                 out = paged_decode_attention(*args, num_splits=s)
                 diff = (out.float() - sdpa_out.float()).abs().max().item()
-                ms = do_bench(lambda a=args, s=s: paged_decode_attention(*a, num_splits=s), return_mode="median")
-                used = s if s is not None else pick_num_splits(B, kv_heads, c["tables"].shape[1] * block_size,
+                ms = do_bench(lambda a=args, s=s: paged_decode_attention(*a, num_splits=s),
+                              return_mode="median")
+                used = s if s is not None else pick_num_splits(B, kv_heads,
+                                                               c["tables"].shape[1] * block_size,
                                                                out.device)
                 gbps = nbytes / (ms * 1e-3) / 1e9
-                rows.append(dict(batch=B, context=N, num_splits=used, auto=s is None, ours_us=ms * 1e3,
-                                 sdpa_us=sdpa_ms * 1e3, speedup=sdpa_ms / ms, sdpa_backend=backend, gbps=gbps,
-                                 of_copy=gbps * 1e9 / copy_bw if copy_bw else None, max_abs_diff=diff))
+                rows.append(dict(batch=B, context=N, num_splits=used, auto=s is None,
+                                 ours_us=ms * 1e3,
+                                 sdpa_us=sdpa_ms * 1e3, speedup=sdpa_ms / ms, sdpa_backend=backend,
+                                 gbps=gbps,
+                                 of_copy=gbps * 1e9 / copy_bw if copy_bw else None,
+                                 max_abs_diff=diff))
                 if verbose:
                     r = rows[-1]
                     frac = f"{r['of_copy']:7.0%}" if copy_bw else "      -"
                     print(f"{B:5d} {N:7d} {used:5d}{'*' if s is None else ' '} {r['ours_us']:8.1f} "
-                          f"{r['sdpa_us']:8.1f} {r['speedup']:9.2f} {gbps:6.0f} {frac}  {backend:<21}  {diff:.1e}")
+                          f"{r['sdpa_us']:8.1f} {r['speedup']:9.2f} {gbps:6.0f} {frac}  "
+                          f"{backend:<21}  {diff:.1e}")
             del c
     if verbose:
         print("* = num_splits chosen by pick_num_splits")

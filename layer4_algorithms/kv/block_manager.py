@@ -164,7 +164,8 @@ class BlockManager:
         the table entries those writes touch that other sequences share)."""
         table, need = seq.block_table, self.blocks_for(seq.num_computed_tokens + num_new_tokens)
         first = seq.num_computed_tokens // self.block_size
-        return need, [i for i in range(first, min(need, len(table))) if self.ref_counts[table[i]] > 1]
+        return need, [i for i in range(first,
+                                       min(need, len(table))) if self.ref_counts[table[i]] > 1]
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks allocate_slots(seq, num_new_tokens) takes from the pool (new + copies)."""

@@ -54,6 +54,15 @@ import layer3_model as l3  # first: importing it sets TRITON_INTERPRET on a mach
 import triton
 import triton.language as tl
 
+from .paged_attention_reference import (  # re-exported: the kernel's reference and cost model
+    _check,
+    decode_bytes_and_flops,
+    paged_decode_attention_reference,
+)
+
+__all__ = ["paged_decode_attention", "paged_decode_attention_reference", "pick_num_splits",
+           "decode_bytes_and_flops"]
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -150,65 +159,11 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, Hq, stride_ob, strid
     total = tl.sum(w, 0)
     out = tl.sum(o * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
     b, h = row // Hq, row % Hq
-    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od, out.to(out_ptr.dtype.element_ty))
+    tl.store(out_ptr + b * stride_ob + h * stride_oh + offs_d * stride_od,
+             out.to(out_ptr.dtype.element_ty))
 
 
 # ---- host side -------------------------------------------------------------------------------
-def _check(q, k_cache, v_cache, block_tables, seq_lens, scale, window) -> None:
-    if q.dim() != 3:
-        raise ValueError(f"q must be 3-D (B, Hq, D); got shape {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
-        raise ValueError(f"k_cache and v_cache must both be (num_blocks, block_size, Hkv, D); got "
-                         f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    if k_cache.shape[3] != D:
-        raise ValueError(f"q's head dim {D} differs from the cache's {k_cache.shape[3]}")
-    if Hkv == 0 or Hq % Hkv:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
-    if block_tables.dim() != 2 or block_tables.shape[0] != B:
-        raise ValueError(f"block_tables must be (B={B}, max_blocks); got {tuple(block_tables.shape)}")
-    if seq_lens.shape != (B,):
-        raise ValueError(f"seq_lens must be (B={B},); got {tuple(seq_lens.shape)}")
-    for name, t in (("block_tables", block_tables), ("seq_lens", seq_lens)):
-        if t.dtype not in _INDEX_DTYPES:
-            raise ValueError(f"{name} must be int32 or int64; got {t.dtype}")
-    if not (q.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError(f"q, k_cache, v_cache dtypes differ: {q.dtype}, {k_cache.dtype}, {v_cache.dtype}")
-    devices = {t.device for t in (q, k_cache, v_cache, block_tables, seq_lens)}
-    if len(devices) != 1:
-        raise ValueError(f"q, caches, block_tables and seq_lens must share a device; got {sorted(map(str, devices))}")
-    if not scale > 0:  # the running max assumes scaling keeps the order of the scores
-        raise ValueError(f"scale must be positive; got {scale}")
-    if window is not None and window < 1:
-        raise ValueError(f"window must be None or >= 1; got {window}")
-
-
-def paged_decode_attention_reference(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
-                                     window: int | None = None) -> torch.Tensor:
-    """Gather every sequence's blocks into a padded (B, max_blocks * block_size, Hkv, D) copy,
-    mask, softmax in fp32 (fp64 stays fp64). Same arguments and result as
-    paged_decode_attention; no host sync, so it can be graph-captured too."""
-    _check(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-    B, Hq, D = q.shape
-    Hkv = k_cache.shape[2]
-    acc = torch.promote_types(q.dtype, torch.float32)
-    keys = k_cache[block_tables.long()].reshape(B, -1, Hkv, D).to(acc)  # (B, L, Hkv, D)
-    values = v_cache[block_tables.long()].reshape(B, -1, Hkv, D).to(acc)
-    pos = torch.arange(keys.shape[1], device=q.device)[None, :]
-    n = seq_lens.long()[:, None]
-    visible = pos < n
-    if window is not None:
-        visible = visible & (pos >= n - window)
-    values = values.masked_fill(~visible[:, :, None, None], 0.0)  # unwritten slots: 0 * NaN is NaN
-    scores = torch.einsum("bhgd,blhd->bhgl", q.to(acc).view(B, Hkv, Hq // Hkv, D), keys) * scale
-    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    p = torch.softmax(scores, dim=-1)
-    p = torch.where(visible.any(-1)[:, None, None, None], p, 0.0)  # a sequence with no key -> 0
-    return torch.einsum("bhgl,blhd->bhgd", p, values).reshape(B, Hq, D).to(q.dtype)
-
-
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
@@ -218,7 +173,8 @@ def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
     """How many parts to cut each context into: enough (sequence, kv head, part) programs for
     ~8 per SM, but no part shorter than _MIN_SPLIT_TOKENS tokens. Host ints only.
     (H100 sweep, 2026-11-23: at batch 128 two parts beat one by 10-20 % at every context, which
-    4 programs per SM did not choose; batch 32 wants 2-5, batch 1-4 as many as the context allows.)"""
+    4 programs per SM did not choose; batch 32 wants 2-5, batch 1-4 as many as the context
+    allows.)"""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
     wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, batch * kv_heads)
@@ -230,7 +186,8 @@ def _pick_config(head_dim: int, dtype: torch.dtype) -> dict:
     (Untuned on a GPU so far: bench_paged_decode's split sweep is the place to tune.)"""
     if l3.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
-    if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in shared memory
+    # 4-byte tiles: keep K and V stages in shared memory
+    if dtype == torch.float32 and head_dim >= 128:
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
@@ -255,13 +212,16 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     if not l3.use_triton(impl, q, "paged_decode_attention"):
-        return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+        return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                window)
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     if q.dtype not in _DTYPES:
-        raise ValueError(f"unsupported dtype {q.dtype} for the Triton kernel: expected one of {_DTYPES}")
+        raise ValueError(f"unsupported dtype {q.dtype} for the Triton kernel: expected one of "
+                         f"{_DTYPES}")
     if D not in _HEAD_DIMS:
-        raise ValueError(f"head dim {D} unsupported by the Triton kernel: expected one of {_HEAD_DIMS}")
+        raise ValueError(f"head dim {D} unsupported by the Triton kernel: expected one of "
+                         f"{_HEAD_DIMS}")
     l3.refuse_interpreted_bf16_dot(q.dtype)
     if Hkv > 65535:  # grid axis 1 holds the kv heads; CUDA caps it at 65535
         raise ValueError(f"{Hkv} kv heads exceed the 65535 a launch grid axis holds")
@@ -269,7 +229,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     max_blocks = block_tables.shape[1]
     if out.numel() == 0 or max_blocks == 0 or page == 0:
         return out.zero_()
-    splits = num_splits if num_splits is not None else pick_num_splits(B, Hkv, max_blocks * page, q.device)
+    splits = num_splits
+    if splits is None:
+        splits = pick_num_splits(B, Hkv, max_blocks * page, q.device)
     if not 1 <= splits <= 65535:
         raise ValueError(f"num_splits must be in [1, 65535]; got {splits}")
     if splits > 1:
@@ -294,13 +256,3 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
             num_warps=1 if l3.INTERPRETED else 2,
         )
     return out
-
-
-def decode_bytes_and_flops(batch: int, context: int, q_heads: int, kv_heads: int, head_dim: int,
-                           itemsize: int, window: int | None = None) -> tuple[int, int]:
-    """The fewest bytes a decode attention call must move, and its FLOPs (see the docstring),
-    with every sequence at `context` tokens (the block table's bytes are left out: < 0.1 %)."""
-    visible = context if window is None else min(context, window)
-    bytes_ = 2 * batch * q_heads * head_dim * itemsize + 2 * batch * visible * kv_heads * head_dim * itemsize
-    return bytes_, 4 * batch * visible * q_heads * head_dim
-

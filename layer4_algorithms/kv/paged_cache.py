@@ -34,7 +34,8 @@ CPU_DEFAULT_KV_BYTES = 512 * 2**20  # on a CPU, with no budget given: 512 MiB of
 def bytes_per_block(config: l3.ModelConfig, block_size: int, dtype: torch.dtype) -> int:
     """2 (k and v) * layers * block_size * kv_heads * head_dim * itemsize."""
     item = torch.empty((), dtype=dtype).element_size()
-    return 2 * config.num_hidden_layers * block_size * config.num_key_value_heads * config.head_dim * item
+    per_token_layer = config.num_key_value_heads * config.head_dim * item
+    return 2 * config.num_hidden_layers * block_size * per_token_layer
 
 
 def blocks_for_budget(config: l3.ModelConfig, block_size: int, dtype: torch.dtype, *,
@@ -48,14 +49,16 @@ def blocks_for_budget(config: l3.ModelConfig, block_size: int, dtype: torch.dtyp
         device = torch.device(device)
         if device.type == "cuda":
             if not 0 < gpu_memory_utilization <= 1:
-                raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+                raise ValueError("gpu_memory_utilization must be in (0, 1], got "
+                                 f"{gpu_memory_utilization}")
             free, _ = torch.cuda.mem_get_info(device)
             num_bytes = int(free * gpu_memory_utilization)
         else:
             num_bytes = CPU_DEFAULT_KV_BYTES
     blocks = int(num_bytes) // per_block - 1  # minus the scratch block
     if blocks < 1:
-        raise ValueError(f"KV cache budget of {num_bytes} bytes is too small: one block of {block_size} "
+        raise ValueError(f"KV cache budget of {num_bytes} bytes is too small: one block of "
+                         f"{block_size} "
                          f"tokens takes {per_block} bytes (plus one scratch block)")
     return blocks
 
@@ -64,18 +67,22 @@ class PagedKVCache:
     """Layer 3's KVCache protocol (write / read) over blocks, plus copy_blocks for
     copy-on-write and decode_attention for decode steps."""
 
-    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+    def __init__(self, num_layers: int, num_blocks: int, block_size: int, num_kv_heads: int,
+                 head_dim: int, *,
+                 dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None) -> None:
         if min(num_layers, num_blocks, block_size, num_kv_heads, head_dim) < 1:
             raise ValueError(f"every paged-cache dimension must be >= 1, got layers={num_layers} "
-                             f"blocks={num_blocks} block_size={block_size} kv_heads={num_kv_heads} head_dim={head_dim}")
+                             f"blocks={num_blocks} block_size={block_size} kv_heads={num_kv_heads} "
+                             f"head_dim={head_dim}")
         shape = (num_layers, num_blocks + 1, block_size, num_kv_heads, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_blocks, self.block_size, self.scratch_block = num_blocks, block_size, num_blocks
 
     @classmethod
-    def for_model(cls, config: l3.ModelConfig, num_blocks: int, block_size: int, *, dtype: torch.dtype,
+    def for_model(cls, config: l3.ModelConfig, num_blocks: int, block_size: int, *,
+                  dtype: torch.dtype,
                   device: torch.device | str | None = None) -> PagedKVCache:
         return cls(config.num_hidden_layers, num_blocks, block_size, config.num_key_value_heads,
                    config.head_dim, dtype=dtype, device=device)
@@ -94,7 +101,8 @@ class PagedKVCache:
         positions context_lens[b].. and its blocks are block_tables[b] (enough of them to hold
         context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0."""
         if not len(query_lens) == len(context_lens) == len(block_tables):
-            raise ValueError(f"{len(query_lens)} query lengths, {len(context_lens)} context lengths and "
+            raise ValueError(f"{len(query_lens)} query lengths, {len(context_lens)} context "
+                             "lengths and "
                              f"{len(block_tables)} block tables: need one of each per sequence")
         bs, slots = self.block_size, []
         for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
@@ -102,7 +110,8 @@ class PagedKVCache:
                 raise ValueError(f"block table of {len(table)} blocks cannot hold {q + c} tokens")
             slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q))
         tables = torch.from_numpy(padded_table(block_tables)).to(self.device, non_blocking=True)
-        return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=tables, device=self.device)
+        return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=tables,
+                                         device=self.device)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: l3.AttentionContext) -> None:
         """k, v (T, kv_heads, head_dim) -> their slots (ctx.slot_mapping), one scatter each."""
@@ -135,7 +144,8 @@ class PagedKVCache:
         """Decode step (one new token per sequence, already written): q (B, Hq, D) ->
         (B, Hq, D), reading keys through the block tables without gathering a padded copy
         (paged_attention.py: a Triton kernel on CUDA tensors, its torch reference on a CPU)."""
-        return paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables, ctx.seq_lens,
+        return paged_decode_attention(q, self.k[layer], self.v[layer], ctx.block_tables,
+                                      ctx.seq_lens,
                                       scale, window)
 
 

@@ -25,7 +25,8 @@ PROMPTS = {
     "lear": "KING LEAR.\n",
 }
 PASSAGE = ("KING.\nNow is the winter of our discontent\nMade glorious summer by this sun of York;\n"
-           "And all the clouds that lour'd upon our house\nIn the deep bosom of the ocean buried.\n\n")
+           "And all the clouds that lour'd upon our house\nIn the deep bosom of the ocean "
+           "buried.\n\n")
 # copy-heavy: the passage twice, then its first line again (the course model does not
 # actually copy it: 11M parameters learned little in-context copying; see README.md)
 COPY_PROMPT = PASSAGE + PASSAGE + "KING.\nNow is the winter of our discontent\n"
@@ -53,10 +54,12 @@ def _spec_row(target: Model, proposer, k: int, stop_below: float | None, prompt:
 
     rates = _rates(once, repeats)
     s = dec.stats  # counts are the same every run (greedy); times are the last run's
-    return {"k": k, "stop_below": stop_below, "tokens_per_s": statistics.median(rates), "runs_tokens_per_s": rates,
+    return {"k": k, "stop_below": stop_below, "tokens_per_s": statistics.median(rates),
+            "runs_tokens_per_s": rates,
             "matches_greedy": same, "acceptance_rate": s.acceptance_rate,
             "proposed_per_round": s.proposed / max(s.rounds, 1),
-            "mean_accepted_per_round": s.mean_accepted_per_round, "mean_tokens_per_round": s.mean_tokens_per_round,
+            "mean_accepted_per_round": s.mean_accepted_per_round,
+            "mean_tokens_per_round": s.mean_tokens_per_round,
             "rounds": s.rounds, "draft_steps": s.draft_steps,
             "propose_ms_per_round": 1e3 * s.propose_s / max(s.rounds, 1),
             "verify_ms_per_round": 1e3 * s.verify_s / max(s.rounds, 1)}
@@ -81,7 +84,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
     draft = load(draft_dir or course_model_dir("draft"), device=device, dtype=dtype)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     prompts = dict(prompts or PROMPTS)
-    result: dict = {"device": str(target.device), "threads": torch.get_num_threads(), "dtype": dtype,
+    result: dict = {"device": str(target.device), "threads": torch.get_num_threads(),
+                    "dtype": dtype,
                     "new_tokens": new_tokens, "repeats": repeats, "prompts": {}, "summary": {}}
     configs = ([("draft", k, None) for k in ks] + [("draft", k, sb) for k, sb in dynamic]
                + [("ngram", k, None) for k in ngram_ks])
@@ -94,10 +98,12 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
         for method, k, sb in configs:
             if name == "copy" and method != "ngram":
                 continue
-            row = _spec_row(target, draft if method == "draft" else "ngram", k, sb, prompt, params, repeats, ref)
+            row = _spec_row(target, draft if method == "draft" else "ngram", k, sb, prompt, params,
+                            repeats, ref)
             rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
         result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,
-                                   "draft_tokens_per_s": statistics.median(draft_rates), "rows": rows}
+                                   "draft_tokens_per_s": statistics.median(draft_rates),
+                                   "rows": rows}
     for method, k, sb in configs:
         ups = [r["speedup"] for p in result["prompts"].values() for r in p["rows"]
                if (r["method"], r["k"], r["stop_below"]) == (method, k, sb)]
@@ -109,15 +115,21 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
 def format_bench(result: dict) -> str:
     """A small text table of bench_speculative's result."""
     lines = [f"speculative decoding, batch 1 greedy, {result['new_tokens']} new tokens, device "
-             f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, median of {result['repeats']}"]
+             f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, median of "
+             f"{result['repeats']}"]
     for name, p in result["prompts"].items():
         lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "
                      f"draft alone {p['draft_tokens_per_s']:.1f} tok/s")
         for e in p["rows"]:
-            cfg = f"{e['method']} k={e['k']}" + (f" stop<{e['stop_below']}" if e["stop_below"] is not None else "")
-            lines.append(f"    {cfg:20s} {e['tokens_per_s']:6.1f} tok/s  x{e['speedup']:.2f}  accept "
-                         f"{e['acceptance_rate']:.2f}  tokens/round {e['mean_tokens_per_round']:.2f}  "
-                         f"{e['propose_ms_per_round']:.2f} ms propose + {e['verify_ms_per_round']:.2f} ms verify"
+            cfg = f"{e['method']} k={e['k']}"
+            if e["stop_below"] is not None:
+                cfg += f" stop<{e['stop_below']}"
+            lines.append(f"    {cfg:20s} {e['tokens_per_s']:6.1f} tok/s  x{e['speedup']:.2f}  "
+                         "accept "
+                         f"{e['acceptance_rate']:.2f}  tokens/round "
+                         f"{e['mean_tokens_per_round']:.2f}  "
+                         f"{e['propose_ms_per_round']:.2f} ms propose + "
+                         f"{e['verify_ms_per_round']:.2f} ms verify"
                          + ("" if e["matches_greedy"] else "  (TOKENS DIFFER FROM GREEDY)"))
     lines.append("  geometric-mean speed-up over the prompts: " + ", ".join(
         f"{k}: x{v:.2f}" for k, v in result["summary"].items()))

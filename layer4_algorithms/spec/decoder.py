@@ -5,7 +5,7 @@ sequence, so feeding the target k+1 tokens costs little more than feeding it one
 for each sequence (prompt + output so far, the newest token `last` not yet in the target's
 cache, which holds `cached` tokens):
 
-    propose   x_1..x_k = proposer(sequence)               draft model (k small steps) or n-gram lookup
+    propose   x_1..x_k = proposer(sequence)               draft model (k steps) or n-gram lookup
     verify    logits = target([last, x_1..x_k])           query_len k+1 after `cached` cached tokens
     accept    n accepted, then one correction/bonus token  exact rejection sampling (sampling.py)
     rollback  cached += 1 + n                              k, v of rejected guesses are dropped
@@ -75,16 +75,20 @@ class SpecStats:
 
     @property
     def mean_tokens_per_round(self) -> float:
-        """Tokens emitted per sequence per verify pass (1..k+1): the speed-up if proposing were free."""
+        """Tokens emitted per sequence per verify pass (1..k+1): the speed-up if proposing
+        were free."""
         return self.emitted / self.rounds if self.rounds else 0.0
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Tokens after the first (which prefill makes) per decode second, as layer 3 counts them."""
-        return max(self.generated_tokens - self.sequences, 0) / self.decode_s if self.decode_s else 0.0
+        """Tokens after the first (which prefill makes) per decode second, as layer 3 counts
+        them."""
+        return max(self.generated_tokens - self.sequences,
+                   0) / self.decode_s if self.decode_s else 0.0
 
     def as_dict(self) -> dict:
-        props = ("acceptance_rate", "mean_accepted_per_round", "mean_tokens_per_round", "decode_tokens_per_s")
+        props = ("acceptance_rate", "mean_accepted_per_round", "mean_tokens_per_round",
+                 "decode_tokens_per_s")
         return asdict(self) | {p: getattr(self, p) for p in props}
 
 
@@ -130,12 +134,15 @@ class SpeculativeDecoder:
         self.draft: Model | None = None
         if isinstance(proposer, str):
             if proposer != "ngram":
-                raise ValueError(f"unknown proposer {proposer!r}: pass 'ngram', a draft Model or a Proposer")
+                raise ValueError(f"unknown proposer {proposer!r}: pass 'ngram', a draft Model or a "
+                                 "Proposer")
             proposer = NgramProposer(*ngram)
         elif isinstance(proposer, Model):
             if proposer.config.vocab_size != target.config.vocab_size:
-                raise ValueError(f"the draft's vocabulary ({proposer.config.vocab_size}) differs from the "
-                                 f"target's ({target.config.vocab_size}): they must share a tokenizer")
+                raise ValueError(f"the draft's vocabulary ({proposer.config.vocab_size}) differs "
+                                 "from the "
+                                 f"target's ({target.config.vocab_size}): they must share a "
+                                 "tokenizer")
             self.draft, proposer = proposer, None
         self.proposer: Proposer | None = proposer
         self.stats = SpecStats()
@@ -154,7 +161,8 @@ class SpeculativeDecoder:
         for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
             ids = t.encode(p)
             if len(ids) + sp.max_tokens > limit:
-                raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} exceeds the "
+                raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} "
+                                 "exceeds the "
                                  f"model's max_position_embeddings {limit}")
             dec = t.tokenizer.decoder() if t.tokenizer else None
             seqs.append(_Seq(i, ids, sp, make_generator(sp, t.device), dec, t.eos_token_ids))
@@ -166,19 +174,25 @@ class SpeculativeDecoder:
         return time.perf_counter()
 
     @torch.inference_mode()
-    def generate(self, prompts, params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[Generation]:
+    def generate(self, prompts,
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 ) -> list[Generation]:
         """Generate for each prompt (text or token ids); params one for all or one per prompt."""
         seqs = self._prepare(prompts, params)
         t, B = self.target, len(seqs)
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
-        cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype, device=t.device)
-        proposer = self.proposer or DraftModelProposer(self.draft.net, B, max_len, stop_below=self.stop_below)
-        self.stats = stats = SpecStats(sequences=B, prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
+        cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype,
+                                            device=t.device)
+        proposer = self.proposer or DraftModelProposer(self.draft.net, B, max_len,
+                                                       stop_below=self.stop_below)
+        self.stats = stats = SpecStats(sequences=B,
+                                       prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
 
         t0 = self._sync()
         ctx = cache.context([len(s.out.prompt_ids) for s in seqs], [0] * B)
         flat = torch.tensor([x for s in seqs for x in s.out.prompt_ids], device=t.device)
-        first = sample(t.net(flat, ctx, cache, last_only=True), [s.params for s in seqs], [s.gen for s in seqs])
+        first = sample(t.net(flat, ctx, cache, last_only=True), [s.params for s in seqs],
+                       [s.gen for s in seqs])
         for s, x in zip(seqs, first.tolist(), strict=True):
             s.cached = len(s.out.prompt_ids)
             s.append(x)
@@ -198,18 +212,22 @@ class SpeculativeDecoder:
     def _round(self, active: list[_Seq], cache: ContiguousKVCache, proposer: Proposer) -> None:
         """propose -> verify -> accept -> roll back, for every active sequence at once."""
         t, stats = self.target, self.stats
-        params, gens, rows = [s.params for s in active], [s.gen for s in active], [s.row for s in active]
+        params = [s.params for s in active]
+        gens = [s.gen for s in active]
+        rows = [s.row for s in active]
         # never propose past max_tokens: n accepted + 1 emitted <= tokens still allowed
         ks = [min(self.k, s.params.max_tokens - len(s.out.token_ids) - 1) for s in active]
         t0 = time.perf_counter()
         proposal = proposer.propose([s.tokens for s in active], rows, ks, params, gens)
-        proposal = Proposal(proposal.tokens.to(t.device, torch.int64), proposal.num_tokens.to(t.device, torch.int64),
+        proposal = Proposal(proposal.tokens.to(t.device, torch.int64),
+                            proposal.num_tokens.to(t.device, torch.int64),
                             None if proposal.probs is None else proposal.probs.to(t.device))
         t1 = time.perf_counter()
         ids, query_lens = verify_input_ids([s.out.token_ids[-1] for s in active], proposal)
         ctx = cache.context(query_lens, [s.cached for s in active], rows=rows)
         logits = verify_logits(t.net(ids, ctx, cache), query_lens, proposal.k)
-        acc = accept_proposals(logits, proposal.tokens, proposal.num_tokens, proposal.probs, params, gens)
+        acc = accept_proposals(logits, proposal.tokens, proposal.num_tokens, proposal.probs, params,
+                               gens)
         stats.verify_s += time.perf_counter() - t1
         stats.propose_s += t1 - t0
         n_acc = acc.num_accepted.tolist()

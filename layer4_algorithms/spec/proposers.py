@@ -27,9 +27,11 @@ from .proposal import Proposal
 from .sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
 
 
-def _padded(rows: list[list[int]], K: int, device: torch.device | str | None = None) -> torch.Tensor:
+def _padded(rows: list[list[int]], K: int,
+            device: torch.device | str | None = None) -> torch.Tensor:
     """Ragged token lists -> (B, K) int64, zero-padded on the right."""
-    return torch.tensor([r + [0] * (K - len(r)) for r in rows], dtype=torch.int64, device=device).view(len(rows), K)
+    return torch.tensor([r + [0] * (K - len(r)) for r in rows], dtype=torch.int64,
+                        device=device).view(len(rows), K)
 
 
 class Proposer(Protocol):
@@ -72,7 +74,8 @@ class NgramProposer:
     def propose(self, token_ids, rows, k, params, generators) -> Proposal:
         guesses = [self.lookup(ids, kb) for ids, kb in zip(token_ids, k, strict=True)]
         K = max((len(g) for g in guesses), default=0)
-        return Proposal(_padded(guesses, K), torch.tensor([len(g) for g in guesses], dtype=torch.int64), None)
+        return Proposal(_padded(guesses, K),
+                        torch.tensor([len(g) for g in guesses], dtype=torch.int64), None)
 
     def release(self, row: int) -> None:
         pass
@@ -88,12 +91,15 @@ class DraftModelProposer:
     rejected, cost no further draft steps. The rule looks only at the draft, never at the
     target, so the rejection sampling stays exact. None: always propose k."""
 
-    def __init__(self, net: LlamaModel, max_seqs: int, max_len: int, *, stop_below: float | None = None) -> None:
+    def __init__(self, net: LlamaModel, max_seqs: int, max_len: int, *,
+                 stop_below: float | None = None) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below!r}")
         self.net, self.stop_below = net, stop_below
-        self.cache = ContiguousKVCache.for_model(net.config, max_seqs, max_len, dtype=net.dtype, device=net.device)
-        self.cached: list[list[int]] = [[] for _ in range(max_seqs)]  # tokens whose k, v each row holds
+        self.cache = ContiguousKVCache.for_model(net.config, max_seqs, max_len, dtype=net.dtype,
+                                                 device=net.device)
+        # tokens whose k, v each row holds
+        self.cached: list[list[int]] = [[] for _ in range(max_seqs)]
         self.max_len = max_len
         self.steps = 0  # draft forward passes run (for cost accounting)
 
@@ -130,7 +136,8 @@ class DraftModelProposer:
             context = [len(self.cached[rows[b]]) for b in live]
             if max(c + len(x) for c, x in zip(context, chunks, strict=True)) > self.max_len:
                 raise ValueError(f"draft cache rows hold {self.max_len} tokens: sequence too long")
-            ctx = self.cache.context([len(x) for x in chunks], context, rows=[rows[b] for b in live])
+            ctx = self.cache.context([len(x) for x in chunks], context,
+                                     rows=[rows[b] for b in live])
             ids = torch.tensor([t for x in chunks for t in x], device=dev)
             logits = self.net(ids, ctx, self.cache, last_only=True)  # (len(live), V)
             self.steps += 1
@@ -155,4 +162,5 @@ class DraftModelProposer:
         # feeds it (if accepted) together with the token that follows.
         K = max(k, default=0)
         probs = None if probs is None else probs[:, :K]
-        return Proposal(_padded(guesses, K, dev), torch.tensor(k, dtype=torch.int64, device=dev), probs)
+        return Proposal(_padded(guesses, K, dev), torch.tensor(k, dtype=torch.int64, device=dev),
+                        probs)

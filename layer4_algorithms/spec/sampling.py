@@ -36,12 +36,14 @@ from .proposal import Proposal
 Generators = torch.Generator | Sequence[torch.Generator | None] | None
 
 
-def verify_input_ids(last_tokens: Sequence[int], proposal: Proposal) -> tuple[torch.Tensor, list[int]]:
+def verify_input_ids(last_tokens: Sequence[int],
+                     proposal: Proposal) -> tuple[torch.Tensor, list[int]]:
     """The flat verify batch: sequence b feeds [last_tokens[b], its proposed tokens] ->
     (input_ids (T,), query_lens (B,) = 1 + num_tokens[b])."""
     dev = proposal.tokens.device
     n = proposal.num_tokens.tolist()
-    block = torch.cat([torch.tensor(last_tokens, dtype=torch.int64, device=dev)[:, None], proposal.tokens], dim=1)
+    block = torch.cat([torch.tensor(last_tokens, dtype=torch.int64, device=dev)[:, None],
+                       proposal.tokens], dim=1)
     keep = torch.arange(proposal.k + 1, device=dev)[None, :] <= proposal.num_tokens.to(dev)[:, None]
     return block[keep], [m + 1 for m in n]
 
@@ -77,7 +79,8 @@ def processed_probs(logits: torch.Tensor, params: Sequence[SamplingParams]) -> t
     return out
 
 
-def draw_uniforms(generators: Generators, batch: int, n: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def draw_uniforms(generators: Generators, batch: int, n: int,
+                  device: torch.device | str = "cpu") -> torch.Tensor:
     """(batch, n) uniforms in [0, 1): row b from generators[b] (its own stream), or all rows
     from one generator, or from torch's global generator when None."""
     if generators is None or isinstance(generators, torch.Generator):
@@ -115,7 +118,8 @@ class Acceptance:
         return [row[:m] for row, m in zip(self.tokens.tolist(), n, strict=True)]
 
 
-def _finish(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final: torch.Tensor) -> Acceptance:
+def _finish(draft_tokens: torch.Tensor, num_accepted: torch.Tensor,
+            final: torch.Tensor) -> Acceptance:
     B, K = draft_tokens.shape
     cols = torch.arange(K + 1, device=draft_tokens.device)
     padded = torch.cat([draft_tokens, draft_tokens.new_zeros(B, 1)], dim=1)
@@ -125,11 +129,13 @@ def _finish(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, final: torch
 
 
 def _leading_run(accept: torch.Tensor) -> torch.Tensor:
-    """(B, K) bool -> (B,) length of each row's leading run of True (accepted before the first miss)."""
+    """(B, K) bool -> (B,) length of each row's leading run of True (accepted before the
+    first miss)."""
     return accept.long().cumprod(dim=1).sum(dim=1)
 
 
-def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, num_proposed: torch.Tensor,
+def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                     num_proposed: torch.Tensor,
                      draft_probs: torch.Tensor | None, uniforms: torch.Tensor) -> Acceptance:
     """The accept/reject walk for a batch, vectorised.
 
@@ -142,12 +148,16 @@ def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, num
     """
     B, K = draft_tokens.shape
     if target_probs.shape[:2] != (B, K + 1):
-        raise ValueError(f"target_probs must be (B, K+1, V) = ({B}, {K + 1}, V), got {tuple(target_probs.shape)}")
+        raise ValueError(f"target_probs must be (B, K+1, V) = ({B}, {K + 1}, V), got "
+                         f"{tuple(target_probs.shape)}")
     dev = target_probs.device
     valid = torch.arange(K, device=dev)[None, :] < num_proposed[:, None]  # (B, K)
     p = target_probs[:, :K]
     p_x = p.gather(-1, draft_tokens[..., None])[..., 0]  # (B, K)
-    q_x = torch.ones_like(p_x) if draft_probs is None else draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    if draft_probs is None:
+        q_x = torch.ones_like(p_x)
+    else:
+        q_x = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
     # u < p/q written as u * q < p: no division, and q = 0 (never sampled) cannot make inf.
     accept = (uniforms[:, :K] * q_x < p_x) & valid
     num_accepted = _leading_run(accept)
@@ -174,7 +184,8 @@ def rejection_sample(target_probs: torch.Tensor, draft_tokens: torch.Tensor, num
     return _finish(draft_tokens, num_accepted, final)
 
 
-def greedy_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_proposed: torch.Tensor) -> Acceptance:
+def greedy_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                  num_proposed: torch.Tensor) -> Acceptance:
     """Temperature 0 for the whole batch: accept the leading draft tokens equal to the target's
     argmax, then emit the argmax at the first mismatch (or the bonus position). The same
     result as rejection_sample with one-hot p and q, without building (B, K+1, V) probabilities."""
@@ -186,7 +197,8 @@ def greedy_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_p
     return _finish(draft_tokens, num_accepted, final)
 
 
-def accept_proposals(target_logits: torch.Tensor, draft_tokens: torch.Tensor, num_proposed: torch.Tensor,
+def accept_proposals(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                     num_proposed: torch.Tensor,
                      draft_probs: torch.Tensor | None, params: Sequence[SamplingParams],
                      generators: Generators) -> Acceptance:
     """From raw target logits (B, K+1, V): greedy batches take the argmax path; otherwise p is

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from l4_helpers import TINY
 
 import layer3_model as l3
+
+from .l4_helpers import TINY
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,11 @@ import random
 
 import pytest
 import torch
-from l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
+
+from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 LENGTHS = (5, 17, 3, 30, 9, 1)
 MAX_TOKENS = (8, 3, 12, 5, 10, 6)

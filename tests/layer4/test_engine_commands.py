@@ -6,10 +6,11 @@ import json
 from importlib.metadata import entry_points
 
 import pytest
-from l4_helpers import assert_no_leak
 
 from layer4_algorithms import LLM, commands
 from layer4_algorithms import bench_engine as B
+
+from .l4_helpers import assert_no_leak
 
 
 def test_run_serves_the_course_model_and_reports(capsys):

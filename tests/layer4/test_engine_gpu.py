@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
+
+from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 pytestmark = pytest.mark.gpu
 

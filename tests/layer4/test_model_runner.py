@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 
 import torch
-from l4_helpers import assert_no_leak, greedy, random_prompts
 
 import layer3_model as l3
 from layer4_algorithms import (
@@ -16,6 +15,8 @@ from layer4_algorithms import (
     Sequence,
     SpecCounts,
 )
+
+from .l4_helpers import assert_no_leak, greedy, random_prompts
 
 
 def sched(query_len: int, context: int, spec: int = 0) -> ScheduledSeq:

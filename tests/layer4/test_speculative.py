@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import layer3_model as l3
+from layer4_algorithms.spec.decoder import SpeculativeDecoder
 from layer4_algorithms.spec.proposers import DraftModelProposer, NgramProposer, Proposal
 from layer4_algorithms.spec.sampling import verify_input_ids, verify_logits
-from layer4_algorithms.spec.decoder import SpeculativeDecoder
 
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",

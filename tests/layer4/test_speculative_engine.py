@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import layer3_model as l3
-from layer4_algorithms.kv.block_manager import BlockManager
 from layer4_algorithms.config import EngineConfig, SpecConfig
-from layer4_algorithms.model_runner import ModelRunner
+from layer4_algorithms.kv.block_manager import BlockManager
 from layer4_algorithms.kv.paged_cache import PagedKVCache
+from layer4_algorithms.model_runner import ModelRunner
 from layer4_algorithms.scheduler import Scheduler
 from layer4_algorithms.sequence import Sequence
 from layer4_algorithms.spec.engine_hook import EngineSpeculator

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import layer3_model as l3
+from layer4_algorithms.spec.decoder import SpeculativeDecoder
 from layer4_algorithms.spec.sampling import (
     accept_proposals,
     greedy_accept,
@@ -17,7 +18,6 @@ from layer4_algorithms.spec.sampling import (
     rejection_sample,
     sample_from_probs,
 )
-from layer4_algorithms.spec.decoder import SpeculativeDecoder
 
 V = 12
 

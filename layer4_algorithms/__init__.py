@@ -1,13 +1,18 @@
 """Layer 4 — system algorithms: the serving engine's memory and scheduling.
 
-`LLM(model_dir).generate(prompts, SamplingParams(...))` (vLLM's offline API) is built from:
-`PagedKVCache` (k/v in fixed-size blocks, layer 3's KVCache protocol), `BlockManager`
+`LLM(model_dir, EngineConfig(...)).generate(prompts, SamplingParams(...))` (vLLM's offline
+API; keyword overrides of the config work too: `LLM(model_dir, num_blocks=512)`). The one
+`EngineConfig` (every knob, validated once) is handed to each part at construction. Built
+from: `PagedKVCache` (k/v in fixed-size blocks, layer 3's KVCache protocol), `BlockManager`
 (reference-counted block tables, copy-on-write for parallel sampling, hash-chained prefix
 cache with LRU eviction), `Scheduler` (continuous batching, chunked prefill, preemption by
 recomputation, FCFS) and `ModelRunner` (a scheduled step -> flat tensors + AttentionContext
 -> layer 3's unchanged model -> sampled tokens). Outputs carry token ids, text, finish
 reasons and per-request metrics (TTFT, TPOT, queue time); `LLM.stats` has throughput,
 prefix-cache hit rate and preemptions.
+
+Subpackages: `kv` (block manager, paged cache, paged attention) and `spec` (speculative
+decoding); the engine, scheduler, runner, sequence and outputs sit at the top.
 
 Also: `paged_decode_attention` (Triton kernel reading K/V through block tables, and its torch
 reference), `CudaGraphRunner` (decode steps replayed from CUDA graphs per batch bucket), and

@@ -129,13 +129,21 @@ def grade(
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def chat(ctx: typer.Context) -> None:
+    """Serve the chat web app on 127.0.0.1 (a model server in-process, or --server URL).
+    `stack chat --help` lists its options."""
+    from .chat import main as chat_main  # the web stack loads only for this command
+
+    raise typer.Exit(code=chat_main(list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
     """Serve models over an OpenAI-compatible HTTP API (layer 6): `stack serve --model course
     [--model M2] [--port 8000] [--tp N] [--api-key K]`. `stack serve --help` lists its options."""
     import layer6_serving  # the serving stack loads only for this command
 
     raise typer.Exit(code=layer6_serving.serve_main(list(ctx.args)))
-
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
@@ -145,6 +153,7 @@ def plan(ctx: typer.Context) -> None:
     # Not through run_command: --device here names a GPU model, not a device of this machine;
     # layer 5's plan() applies the same one-line, exit-2 rule to the user's mistakes itself.
     raise typer.Exit(code=_load_layer(5).plan(list(ctx.args)))
+
 
 def main() -> None:
     """Console-script entry point."""

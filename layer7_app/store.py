@@ -176,7 +176,8 @@ class Store:
         """The session's conversations, most recently updated first."""
         with self._db() as db:
             rows = db.execute("SELECT id, title, updated_at, settings FROM conversations "
-                              "WHERE session_id = ? ORDER BY updated_at DESC", (session,)).fetchall()
+                              "WHERE session_id = ? ORDER BY updated_at DESC",
+                              (session,)).fetchall()
         return [Conversation(r["id"], r["title"], r["updated_at"], json.loads(r["settings"]))
                 for r in rows]
 

@@ -32,6 +32,22 @@ COOKIE = "llmstack_session"
 COOKIE_AGE_S = 365 * 24 * 3600
 
 
+class ClosingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always closes its generator when the response ends.
+
+    When the browser disconnects, Starlette cancels the task that iterates the body; a
+    generator left suspended at a `yield` would only be closed by the garbage collector,
+    later, so the model server would go on generating for nobody. Closing it here runs its
+    cleanup at once: the upstream stream closes and the engine drops the request.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
 class NewConversation(BaseModel):
     """Body of POST /api/conversations."""
 
@@ -55,6 +71,7 @@ class ReplyBody(BaseModel):
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_tokens: int = Field(128, ge=1, le=8192)
     play: dict[str, str] | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)  # same seed, same reply
 
 
 def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = None,
@@ -134,7 +151,7 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
 
     @app.post("/api/conversations/{conv_id}/reply")
     async def reply(conv_id: str, body: ReplyBody,
-                    sid: int = Depends(session)) -> StreamingResponse:
+                    sid: int = Depends(session)) -> ClosingStreamingResponse:
         owned(sid, conv_id)
         try:
             play = Play.parse(body.play)
@@ -162,8 +179,8 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
                 raise HTTPException(502, str(exc)) from exc
         info = model_info.get(body.model, {})
         req = ReplyRequest(body.model, body.temperature, body.max_tokens, play,
-                           info.get("max_model_len"))
-        return StreamingResponse(stream_reply(store, upstream, index, sid, conv_id, req),
+                           info.get("max_model_len"), body.seed)
+        return ClosingStreamingResponse(stream_reply(store, upstream, index, sid, conv_id, req),
                                  media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store"})
 

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import uvicorn
@@ -85,9 +85,17 @@ def _check_server(url: str) -> None:
                          f"({exc})") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a user mistake is one line (`error: ...`) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {message} (see `stack chat --help`)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """`stack chat` options."""
-    ap = argparse.ArgumentParser(prog="stack chat", description="Serve the chat web app.")
+    ap = _Parser(prog="stack chat", description="Serve the chat web app.")
     ap.add_argument("--model", default=None,
                     help="model to serve in-process (default: the course model)")
     ap.add_argument("--port", type=int, default=8000, help="port of the chat page (default 8000)")

@@ -1,9 +1,11 @@
 """Turning a stored conversation into the `messages` a model server gets.
 
 Three jobs, kept here so the web routes stay thin:
-- **play mode** (the course model speaks in scenes, `NAME.\\nline`): each message gets the
-  OpenAI `name` field of the character who says it, and the template is asked (through
-  `chat_template_kwargs`, as vLLM spells it) to open the reply with the model's character;
+- **play mode** (the course model speaks in scenes, `NAME.\\nline\\n\\n`): the scene is
+  written out here, each speech under its character's name, ending with the heading of the
+  model's character, and sent to `/v1/completions` with the blank line as the stop string.
+  (The chat endpoint's template always opens the reply as its default assistant, HAMLET,
+  and OpenAI's API has no standard field to rename it.);
 - **retrieved passages** (RAG) go first, as a system message;
 - **the context window**: the oldest turns are dropped until the prompt should fit beside
   `max_tokens` of reply. Tokens are estimated from characters, conservatively (the course
@@ -17,6 +19,8 @@ from typing import Any
 
 CHARS_PER_TOKEN = 2.5
 PER_MESSAGE_TOKENS = 4  # the speaker heading and separators each message adds
+SYSTEM_SPEAKER = "CHORUS"  # who speaks a system message (the RAG passages) in a scene
+PLAY_STOP = ("\n\n",)  # a speech ends at a blank line
 _NAME = re.compile(r"^[A-Za-z][A-Za-z .'-]{0,39}$")
 
 
@@ -64,10 +68,18 @@ def fit_history(history: list[dict[str, str]], budget_tokens: int) -> list[dict[
     return kept[::-1]
 
 
+def render_scene(messages: list[dict[str, str]], play: Play) -> str:
+    """The conversation as a play script, in the course model's own format, ending with the
+    heading of the model's character (what it continues)."""
+    speaker = {"user": play.user, "assistant": play.assistant, "system": SYSTEM_SPEAKER}
+    speeches = [f"{speaker[m['role']]}.\n{m['content'].strip()}\n\n" for m in messages]
+    return "".join(speeches) + f"{play.assistant}.\n"
+
+
 def build_request(history: list[dict[str, str]], *, model: str, temperature: float,
                   max_tokens: int, context_len: int | None, play: Play | None = None,
-                  rag_context: str | None = None) -> dict[str, Any]:
-    """The body of a /v1/chat/completions request for this conversation."""
+                  rag_context: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The endpoint (`/v1/chat/completions` or, in play mode, `/v1/completions`) and body."""
     budget = (context_len or 4096) - max_tokens
     system = [{"role": "system", "content": rag_context}] if rag_context else []
     if system:
@@ -76,9 +88,7 @@ def build_request(history: list[dict[str, str]], *, model: str, temperature: flo
     body: dict[str, Any] = {"model": model, "temperature": temperature,
                             "max_tokens": max_tokens}
     if play is not None:
-        names = {"user": play.user, "assistant": play.assistant}
-        messages = [{**m, "name": names[m["role"]]} if m["role"] in names else m
-                    for m in messages]
-        body["chat_template_kwargs"] = {"user_name": play.user, "assistant_name": play.assistant}
+        body.update(prompt=render_scene(messages, play), stop=list(PLAY_STOP))
+        return "/v1/completions", body
     body["messages"] = messages
-    return body
+    return "/v1/chat/completions", body

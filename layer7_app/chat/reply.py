@@ -6,7 +6,7 @@ The page gets newline-delimited JSON events, one per line:
 stored reply and its stats, or `{"type": "error", "message": "..."}`.
 
 Whatever happens, the reply is saved: finished, failed, or cut short because the browser
-went away (Stop aborts its fetch; Starlette then cancels this generator, which closes the
+went away (Stop aborts its fetch; the response then closes this generator, which closes the
 upstream stream and so aborts the request in the engine). A stopped reply is stored with
 `"stopped": true` and the text that had arrived.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,7 @@ class ReplyRequest:
     max_tokens: int
     play: Play | None
     context_len: int | None
+    seed: int | None = None
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -70,9 +72,11 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
             # At most a third of the context for passages, so the conversation still fits.
             room = ((req.context_len or 4096) - req.max_tokens) // 3
             rag_text = context_message(passages, max_chars=int(room * CHARS_PER_TOKEN))
-    body = build_request(history, model=req.model, temperature=req.temperature,
+    path, body = build_request(history, model=req.model, temperature=req.temperature,
                          max_tokens=req.max_tokens, context_len=req.context_len,
                          play=req.play, rag_context=rag_text)
+    if req.seed is not None:
+        body["seed"] = req.seed
     yield _event("start", model=req.model)
     if citations:
         yield _event("citations", citations=citations)
@@ -84,9 +88,12 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
         meta["speaker"] = req.play.assistant
     start = time.perf_counter()
     try:
-        async for text in upstream.stream_chat(body, result):
-            pieces.append(text)
-            yield _event("delta", text=text)
+        # aclosing: leaving this loop by an exception (Stop) must close the upstream stream
+        # now, not whenever the garbage collector gets to the generator.
+        async with aclosing(upstream.stream(path, body, result)) as pieces_in:
+            async for text in pieces_in:
+                pieces.append(text)
+                yield _event("delta", text=text)
         meta["stopped"] = False
     except UpstreamError as exc:
         meta["stopped"] = False

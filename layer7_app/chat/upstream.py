@@ -1,9 +1,10 @@
 """The chat app's client for a layer-6 server's OpenAI-compatible API (httpx, async).
 
-The app never talks to an engine directly: it proxies `POST /v1/chat/completions` with
-`stream: true` and re-emits what it needs. Closing the upstream stream early (the browser
-pressed Stop, or went away) closes the HTTP connection, and the layer-6 server treats that
-as a client disconnect: it aborts the sequence and frees its KV blocks at its next step.
+The app never talks to an engine directly: it proxies `POST /v1/chat/completions` (or
+`/v1/completions`, for play mode) with `stream: true` and re-emits what it needs. Closing
+the upstream stream early (the browser pressed Stop, or went away) closes the connection,
+and the layer-6 server treats that as a client disconnect: it aborts the sequence and
+frees its KV blocks at its next step.
 """
 from __future__ import annotations
 
@@ -66,16 +67,17 @@ class Upstream:
             raise UpstreamError(_error_text(resp.content, resp.status_code), resp.status_code)
         return list(resp.json().get("data", []))
 
-    async def stream_chat(self, payload: dict[str, Any],
-                          result: StreamResult) -> AsyncIterator[str]:
-        """Yield the reply's text pieces as they arrive; fill `result` with usage and stats.
+    async def stream(self, path: str, payload: dict[str, Any],
+                     result: StreamResult) -> AsyncIterator[str]:
+        """POST `payload` to `path` (chat or plain completions) as a stream; yield the reply's
+        text pieces as they arrive and fill `result` with usage and stats.
 
         Leaving the loop early (or cancelling the task) closes the connection, which is
         how a Stop reaches the engine.
         """
         body = {**payload, "stream": True, "stream_options": {"include_usage": True}}
         try:
-            async with self.client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            async with self.client.stream("POST", path, json=body) as resp:
                 if resp.status_code != 200:
                     raise UpstreamError(_error_text(await resp.aread(), resp.status_code),
                                         resp.status_code)
@@ -95,7 +97,8 @@ class Upstream:
                     for choice in chunk.get("choices") or []:
                         if choice.get("finish_reason"):
                             result.finish_reason = choice["finish_reason"]
-                        text = (choice.get("delta") or {}).get("content")
+                        # chat chunks carry delta.content, completion chunks text
+                        text = choice.get("text") or (choice.get("delta") or {}).get("content")
                         if text:
                             yield text
         except httpx.HTTPError as exc:

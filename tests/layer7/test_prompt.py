@@ -15,22 +15,27 @@ def test_fit_history_drops_the_oldest_turns_first() -> None:
     assert fit_history(history, budget_tokens=0) == history[-1:]  # the last message stays
 
 
-def test_play_mode_names_every_speaker_and_the_reply() -> None:
-    history = [{"role": "user", "content": "Who's there?"}]
-    body = build_request(history, model="course", temperature=0.5, max_tokens=32,
-                         context_len=512, play=Play.parse({"user": "Bernardo",
-                                                           "assistant": "francisco"}))
-    assert body["messages"] == [{"role": "user", "content": "Who's there?", "name": "BERNARDO"}]
-    assert body["chat_template_kwargs"] == {"user_name": "BERNARDO",
-                                            "assistant_name": "FRANCISCO"}
-    assert body["max_tokens"] == 32 and body["model"] == "course"
+def test_play_mode_writes_the_scene_for_the_completions_endpoint() -> None:
+    history = [{"role": "user", "content": "Who's there? "},
+               {"role": "assistant", "content": "Nay, answer me."},
+               {"role": "user", "content": "Long live the king!"}]
+    path, body = build_request(history, model="course", temperature=0.5, max_tokens=32,
+                               context_len=512, rag_context="[1] (a.md) text",
+                               play=Play.parse({"user": "Bernardo", "assistant": "francisco"}))
+    assert path == "/v1/completions" and "messages" not in body
+    assert body["prompt"] == ("CHORUS.\n[1] (a.md) text\n\nBERNARDO.\nWho's there?\n\n"
+                              "FRANCISCO.\nNay, answer me.\n\nBERNARDO.\nLong live the king!"
+                              "\n\nFRANCISCO.\n")
+    assert body["stop"] == ["\n\n"] and body["max_tokens"] == 32 and body["model"] == "course"
 
 
 def test_rag_context_goes_first_as_a_system_message() -> None:
-    body = build_request([{"role": "user", "content": "q"}], model="m", temperature=0.0,
-                         max_tokens=8, context_len=None, rag_context="[1] (a.md) text")
-    assert body["messages"][0] == {"role": "system", "content": "[1] (a.md) text"}
-    assert "chat_template_kwargs" not in body
+    path, body = build_request([{"role": "user", "content": "q"}], model="m",
+                               temperature=0.0, max_tokens=8, context_len=None,
+                               rag_context="[1] (a.md) text")
+    assert path == "/v1/chat/completions"
+    assert body["messages"] == [{"role": "system", "content": "[1] (a.md) text"},
+                                {"role": "user", "content": "q"}]
 
 
 @pytest.mark.parametrize("raw", [{"user": "", "assistant": "HAMLET"},

@@ -29,8 +29,10 @@ function settings() {
     ? { user: $("play-user").value.trim() || "HORATIO",
         assistant: $("play-assistant").value.trim() || "HAMLET" }
     : null;
+  const seed = parseInt($("seed").value, 10);
   return { model, temperature: parseFloat($("temperature").value),
-           max_tokens: parseInt($("max-tokens").value, 10) || 128, play };
+           max_tokens: parseInt($("max-tokens").value, 10) || 128, play,
+           seed: Number.isNaN(seed) ? null : seed };
 }
 
 function isCourse(model) { return /course/i.test(model || ""); }
@@ -160,6 +162,7 @@ async function loadConversations() {
     item.append(open, del);
     return item;
   }));
+  nav.dataset.loaded = "1";  // tests wait for this before counting
   return list;
 }
 

@@ -1,0 +1,165 @@
+"""The chat page in a real browser: Debian's chromium driven by playwright.
+
+Playwright's own browser download is not reachable here, so the tests launch the system
+executable that `.ci/run` installs (`apt-get install chromium`). Every wait is bounded.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from layer7_app.chat import COOKIE, ChatHandle
+from layer7_app.store import Store
+
+CHROMIUM = "/usr/bin/chromium"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+WAIT_MS = 60_000
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(shutil.which(CHROMIUM) is None,
+                       reason=f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+def open_page(browser, url: str, errors: list[str] | None = None):
+    """A page in a fresh browser context (its own cookies: a new session)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    if errors is not None:
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_selector("#model option", state="attached")  # models listed: ready
+    page.wait_for_selector("#conversations[data-loaded]", state="attached")
+    return page
+
+
+def send(page, text: str, *, play: bool = False, max_tokens: int = 24,
+         temperature: float = 0.8, seed: int | None = None) -> None:
+    page.set_checked("#play", play)
+    page.fill("#max-tokens", str(max_tokens))
+    page.eval_on_selector("#temperature", "(el, v) => { el.value = v; "
+                          "el.dispatchEvent(new Event('input')); }", str(temperature))
+    page.fill("#seed", "" if seed is None else str(seed))
+    page.fill("#input", text)
+    page.press("#input", "Enter")
+
+
+def wait_reply_done(page, n: int) -> None:
+    """Until `n` assistant replies are finished (their stats line is drawn)."""
+    page.wait_for_function(
+        f"document.querySelectorAll('.message.assistant .stats').length >= {n}"
+        " && !document.querySelector('.message.assistant.streaming')")
+
+
+def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
+                                                    gauges) -> None:
+    page = open_page(browser, chat.url)
+    # Seed 1 at temperature 1.5 makes the course model speak for the full 300 tokens, so
+    # the reply is still streaming when Stop is pressed (greedy replies end in ~20 tokens).
+    send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
+    page.wait_for_function("(document.querySelector('.message.assistant.streaming .body')"
+                           " || {}).textContent?.length > 0")
+    first = page.inner_text(".message.assistant .body")
+    page.wait_for_function(f"document.querySelector('.message.assistant .body')"
+                           f".textContent.length > {len(first)}")  # tokens keep arriving
+    live = gauges()
+    assert live["running"] == 1 and live["kv_blocks"] > 0
+    page.click("#stop")
+    page.wait_for_selector(".message.assistant .stats:has-text('stopped')")
+    # The app closed its upstream stream; the engine drops the request at its next step.
+    for _ in range(100):
+        after = gauges()
+        if after["running"] == 0 and after["kv_blocks"] == 0:
+            break
+        time.sleep(0.05)
+    assert after["running"] == 0 and after["kv_blocks"] == 0
+    time.sleep(0.3)
+    assert gauges()["generated"] == after["generated"]  # no more tokens
+    page.reload()  # what was said before Stop is kept, marked as stopped
+    stats = page.wait_for_selector(".message.assistant .stats:has-text('stopped')").inner_text()
+    n_tokens = int(re.search(r"stopped after (\d+) tokens", stats).group(1))
+    assert 0 < n_tokens < 300 and page.inner_text(".message.assistant .body").strip()
+
+
+def test_reload_keeps_history_and_other_browsers_see_none_of_it(browser, chat) -> None:
+    errors: list[str] = []
+    page = open_page(browser, chat.url, errors)
+    send(page, "What news, my lord?", play=True)
+    wait_reply_done(page, 1)
+    send(page, "Good morrow.", play=True)
+    wait_reply_done(page, 2)
+    texts = "(rows) => rows.map((r) => [r.className, r.querySelector('.speaker').textContent," \
+            " r.querySelector('.body').textContent, r.querySelector('.stats')?.textContent])"
+    before = page.eval_on_selector_all(".message", texts)
+    conv_url = page.url
+    assert "#/c/" in conv_url and [b[1] for b in before] == ["HORATIO", "HAMLET"] * 2
+    assert before[2][2] == "Good morrow." and "tok/s" in before[3][3]
+    page.reload()
+    wait_reply_done(page, 2)
+    page.wait_for_selector("#conversations[data-loaded]", state="attached")
+    assert page.eval_on_selector_all(".message", texts) == before
+    assert page.locator(".conversation").count() == 1
+
+    other = open_page(browser, chat.url)  # a second context: another session
+    assert other.locator(".conversation").count() == 0
+    other.goto(conv_url)  # even knowing the id, the chat is not there (404)
+    other.wait_for_function("document.getElementById('status').textContent.includes('404')")
+    assert other.locator(".message").count() == 0
+    assert errors == []
+
+
+def test_markup_in_a_reply_shows_as_text_and_never_runs(browser, chat, tmp_path) -> None:
+    page = open_page(browser, chat.url)
+    token = next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)
+    store = Store(tmp_path / "chat.db")  # the same file the app uses
+    session = store.session_id(token)
+    conv = store.create_conversation(session, "untrusted")
+    store.add_message(session, conv.id, "user", "show me markup")
+    evil = ("<script>window.__pwned = 1</script> and <img src=x onerror=\"window.__pwned = 2\">"
+            "\n\n**bold** [x](javascript:window.__pwned=3)\n\n```html\n<script>alert(1)</script>"
+            "\n```")
+    store.add_message(session, conv.id, "assistant", evil, {"stats": {}})
+    page.goto(f"{chat.url}/#/c/{conv.id}")
+    page.wait_for_selector(".message.assistant .code-block")
+    body = page.inner_text(".message.assistant .body")
+    assert "<script>window.__pwned = 1</script>" in body
+    assert '<img src=x onerror="window.__pwned = 2">' in body
+    assert page.locator("#messages img, #messages script").count() == 0
+    assert page.locator(".message.assistant a").count() == 0  # a javascript: link stays text
+    assert "[x](javascript:window.__pwned=3)" in body
+    assert page.evaluate("window.__pwned") is None
+    assert page.inner_text(".message.assistant strong") == "bold"
+
+
+def test_screenshot_of_a_scene(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Good morrow.", play=True, temperature=0.0)
+    wait_reply_done(page, 1)
+    send(page, "What news, my lord?", play=True, temperature=0.7, seed=3)
+    wait_reply_done(page, 2)
+    page.click("#new-chat")
+    send(page, "Speak on, my lord.", play=True, temperature=0.7, seed=5)
+    wait_reply_done(page, 1)
+    page.click(".conversation:nth-child(2) .open")  # back to the first scene
+    wait_reply_done(page, 2)
+    page.wait_for_selector(".conversation.active:has-text('Good morrow.')")
+    page.mouse.move(700, 600)  # no hover effects in the picture
+    DOCS.mkdir(exist_ok=True)
+    page.screenshot(path=str(DOCS / "chat.png"))
+    assert (DOCS / "chat.png").stat().st_size > 10_000

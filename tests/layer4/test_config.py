@@ -24,7 +24,8 @@ def test_a_bad_value_is_refused_naming_the_field(field, value):
 
 
 def test_speculative_accepts_a_dict_and_checks_it():
-    assert EngineConfig(speculative={"method": "ngram", "k": 2}).speculative == SpecConfig("ngram", 2)
+    config = EngineConfig(speculative={"method": "ngram", "k": 2})
+    assert config.speculative == SpecConfig("ngram", 2)
     with pytest.raises(ValueError, match="speculative k"):
         EngineConfig(speculative={"k": 0})
     with pytest.raises(ValueError, match="not both"):

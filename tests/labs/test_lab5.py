@@ -6,7 +6,9 @@ pytest (its megatron_fg.py and ring_attention.py), a student's exercises.py unde
 `stack grade --lab 5`. Seeds are drawn afresh every run and printed in every failure message.
 
 * Exercise 1 runs on 2 gloo ranks of this CPU (`launch`, one launch for the module, limited to
-  LAUNCH_TIMEOUT_S: a submission that hangs fails exercise 1's tests, never the run). Each rank
+  LAUNCH_TIMEOUT_S, with a pytest timeout above it for those tests, since starting ranks on a
+  loaded machine can take half a minute: a submission that hangs fails exercise 1's tests,
+  never the run). Each rank
   loads the graded code itself (by name, or from the submission's path), runs every check on
   weights it draws from the shared seed (odd sizes, so shards are uneven), compares
   with one process computing the whole layer — output, the input's gradient, every shard's
@@ -33,7 +35,9 @@ import torch.nn.functional as F
 REFERENCE = "layer5_parallel"
 
 WORLD = 2  # two ranks: shards still uneven (sizes are odd), and half the start-up of three
-LAUNCH_TIMEOUT_S = 27.0  # under stack grade's 30 s per test; idle, a run takes ~5 s
+LAUNCH_TIMEOUT_S = 80.0  # idle, the ranks start and finish in ~5 s; a loaded machine is slow
+RANK_TEST_TIMEOUT_S = 90  # pytest-timeout for the tests that start the ranks (the fixture runs
+# in the first one), above stack grade's 30 s default: the launch has its own limit just below
 seeds = random.SystemRandom()  # fresh inputs every run: an answer must be right for any input
 
 
@@ -188,26 +192,31 @@ def _verdict(verdicts: dict, name: str) -> None:
 
 
 @pytest.mark.points(10)
+@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
 def test_f_copy_to_tp_region(verdicts):
     _verdict(verdicts, "f")
 
 
 @pytest.mark.points(10)
+@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
 def test_g_reduce_from_tp_region(verdicts):
     _verdict(verdicts, "g")
 
 
 @pytest.mark.points(15)
+@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
 def test_column_parallel_linear(verdicts):
     _verdict(verdicts, "column")
 
 
 @pytest.mark.points(15)
+@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
 def test_row_parallel_linear(verdicts):
     _verdict(verdicts, "row")
 
 
 @pytest.mark.points(10)
+@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
 def test_column_then_row_mlp(verdicts):
     _verdict(verdicts, "mlp")
 

@@ -58,13 +58,12 @@ class AsyncEngine:
                  policy: str = "fcfs", chat_stop: Seq[str] | None = None, **engine_kwargs) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
-        if isinstance(model, l5.LLM):
-            self.llm = model
-        else:
-            if engine_kwargs.get("tensor_parallel_size", 1) == 1:
-                engine_kwargs.pop("tensor_parallel_size", None)  # TP=1 is the plain engine
+        self._owns_llm = not isinstance(model, l5.engine.LLM)
+        if self._owns_llm:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
             self.llm = l5.LLM(resolve_model(model), **engine_kwargs)
-        self.name = name or str(model if not isinstance(model, l5.LLM) else "model")
+        else:
+            self.llm = model
+        self.name = name or (str(model) if self._owns_llm else "model")
         if chat_stop is None:
             chat_stop = l5.engine.executor.STOP_STRINGS if str(model) == COURSE else ()
         self.chat_stop = tuple(chat_stop)
@@ -151,7 +150,11 @@ class AsyncEngine:
         self.loop.abort(request_id)
 
     def shutdown(self) -> None:
+        """Stop the engine thread (requests still in it get an error) and, for an engine this
+        object built, its tensor-parallel workers."""
         self.loop.stop()
+        if self._owns_llm and hasattr(self.llm, "close"):
+            self.llm.close()
 
 
 class RequestStream:

@@ -1,7 +1,10 @@
 """Layer 6 with several models in one app: /v1/models lists them and each request runs on the
-engine of the model it names (two engines over the session server's loaded model)."""
+engine of the model it names (two engines over the session server's loaded model); and a
+server over layer 5's tensor-parallel engine (2 CPU ranks on gloo)."""
 from __future__ import annotations
 
+import httpx
+import pytest
 from fastapi.testclient import TestClient
 
 import layer6_serving as l6
@@ -25,3 +28,15 @@ def test_each_request_goes_to_the_engine_it_names(server):
     finally:
         for e in engines.values():
             e.shutdown()
+
+
+@pytest.mark.slow
+def test_tensor_parallel_server_gives_the_same_greedy_text(offline):
+    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=12)
+    want = offline.generate(["ROMEO.\n"], sp)[0].outputs[0].text
+    with l6.start_server(["course"], tensor_parallel_size=2, num_blocks=64,
+                         dtype="float32") as srv:
+        assert srv.engines["course"].llm.tensor_parallel_size == 2
+        r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
+            "model": "course", "prompt": "ROMEO.\n", "max_tokens": 12, "temperature": 0})
+        assert r.json()["choices"][0]["text"] == want

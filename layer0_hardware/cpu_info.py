@@ -120,7 +120,9 @@ def _memory_bytes() -> int:
 def cpu_info() -> CPUInfo:
     """Describe the host CPU; every field has a fallback, so this never raises."""
     lscpu = _lscpu()
-    logical = (psutil.cpu_count(logical=True) if psutil is not None else None) or os.cpu_count() or 1
+    logical = (
+        (psutil.cpu_count(logical=True) if psutil is not None else None) or os.cpu_count() or 1
+    )
     return CPUInfo(
         model=_model_name(lscpu),
         physical_cores=_physical_cores(),

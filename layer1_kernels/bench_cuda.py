@@ -97,7 +97,8 @@ def sgemm_progression_table(n: int = SGEMM_N) -> list[dict]:
         out = sgemm(a, b, version=version)
         err = (torch.linalg.norm(out - ref) / torch.linalg.norm(ref)).item()
         if not err < 1e-4:
-            raise RuntimeError(f"sgemm version {version} is wrong at n={n}: relative error {err:.2e}")
+            raise RuntimeError(f"sgemm version {version} is wrong at "
+                               f"n={n}: relative error {err:.2e}")
         ms = _median_ms(lambda version=version: sgemm(a, b, version=version))
         gflops = flops / ms / 1e6
         rows.append({"version": i, "name": version, "ms": ms, "gflops": gflops,

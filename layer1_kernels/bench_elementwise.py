@@ -55,20 +55,24 @@ def _norm_cases(dev: torch.device, gen: torch.Generator) -> list[BenchCase]:
     elems, w_bytes = tokens * hidden, hidden * 2
     return [
         BenchCase(
-            name=f"rms_norm {tokens}x{hidden} bf16", flops=4 * elems, nbytes=2 * elems * 2 + w_bytes,
+            name=f"rms_norm {tokens}x{hidden} bf16",
+            flops=4 * elems,
+            nbytes=2 * elems * 2 + w_bytes,
             ours=lambda: rms_norm(x, w, eps=eps),
             reference=lambda: rms_norm_reference(x, w, eps=eps),
             reference_name="eager torch (HF LlamaRMSNorm arithmetic)",
         ),
         BenchCase(
-            name=f"rms_norm+residual {tokens}x{hidden} bf16", flops=5 * elems,
+            name=f"rms_norm+residual {tokens}x{hidden} bf16",
+            flops=5 * elems,
             nbytes=4 * elems * 2 + w_bytes,
             ours=lambda: rms_norm(x, w, eps=eps, residual=r),
             reference=lambda: rms_norm_reference(x, w, eps=eps, residual=r),
             reference_name="eager torch (x + residual, then HF LlamaRMSNorm arithmetic)",
         ),
         BenchCase(
-            name=f"layer_norm {tokens}x{hidden} bf16", flops=7 * elems,
+            name=f"layer_norm {tokens}x{hidden} bf16",
+            flops=7 * elems,
             nbytes=2 * elems * 2 + 2 * w_bytes,
             ours=lambda: layer_norm(x, w, b, eps=eps),
             reference=lambda: F.layer_norm(x, (hidden,), w, b, eps),

@@ -116,7 +116,8 @@ def _int8_cases(dev: torch.device, gen: torch.Generator) -> list[BenchCase]:
             flops=2.0 * M * N * K, nbytes=float(nbytes),
             ours=lambda it=ours_g: next(it).replay(),
             reference=lambda it=ref_g: next(it).replay(),
-            reference_name="cuBLAS bf16 F.linear on the dequantized weight, 2x the bytes (CUDA graph replay)",
+            reference_name="cuBLAS bf16 F.linear on the dequantized weight, 2x the "
+                           "bytes (CUDA graph replay)",
             dtype=None))
     return cases
 

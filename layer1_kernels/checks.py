@@ -64,7 +64,8 @@ def _checks() -> list[tuple[str, str, Callable[[], tuple[torch.Tensor, torch.Ten
         cos, sin = rope_cache(64, 64, device=q.device)
         ref_q, ref_k = rope_reference(q.double(), k.double(), cos.double(), sin.double())
         out_q, out_k = apply_rope(q.clone(), k.clone(), cos, sin, impl="triton")
-        return torch.cat([out_q.flatten(), out_k.flatten()]), torch.cat([ref_q.flatten(), ref_k.flatten()])
+        ours = torch.cat([out_q.flatten(), out_k.flatten()])
+        return ours, torch.cat([ref_q.flatten(), ref_k.flatten()])
 
     def attention(causal: bool):
         q, k, v = _r(2, 4, 45, 64), _r(2, 2, 70, 64), _r(2, 2, 70, 64)
@@ -78,22 +79,34 @@ def _checks() -> list[tuple[str, str, Callable[[], tuple[torch.Tensor, torch.Ten
     def int8():
         x, w = _r(3, 100), _r(77, 100)
         w8, scale = quantize_int8(w)
-        return int8_matmul(x, w8, scale, impl="triton"), int8_matmul_reference(x.double(), w8, scale)
+        ours = int8_matmul(x, w8, scale, impl="triton")
+        return ours, int8_matmul_reference(x.double(), w8, scale)
 
     x, y, res, w, b = _r(1000), _r(1000), _r(33, 1537), _r(1537), _r(1537)
     rows = _r(33, 1537)
     a, bm = _r(67, 93), _r(93, 45)
+    def add():
+        return vector_add(x, y, impl="triton"), vector_add_reference(x.double(), y.double())
+
+    def norm_residual():
+        ours = rms_norm(rows, w, residual=res, impl="triton")
+        ref = rms_norm_reference(rows.double(), w.double(), residual=res.double())
+        return torch.cat([t.flatten() for t in ours]), torch.cat([t.flatten() for t in ref])
+
+    def layer_norm_pair():
+        ref = layer_norm_reference(rows.double(), w.double(), b.double())
+        return layer_norm(rows, w, b, impl="triton"), ref
+
     return [
-        ("vector_add", "1000", lambda: (vector_add(x, y, impl="triton"), vector_add_reference(x.double(), y.double()))),
-        ("softmax", "33x1537", lambda: (softmax(rows, impl="triton"), softmax_reference(rows.double()))),
-        ("rms_norm + residual", "33x1537", lambda: (
-            torch.cat([t.flatten() for t in rms_norm(rows, w, residual=res, impl="triton")]),
-            torch.cat([t.flatten() for t in rms_norm_reference(rows.double(), w.double(), residual=res.double())]))),
-        ("layer_norm", "33x1537", lambda: (layer_norm(rows, w, b, impl="triton"),
-                                           layer_norm_reference(rows.double(), w.double(), b.double()))),
+        ("vector_add", "1000", add),
+        ("softmax", "33x1537",
+         lambda: (softmax(rows, impl="triton"), softmax_reference(rows.double()))),
+        ("rms_norm + residual", "33x1537", norm_residual),
+        ("layer_norm", "33x1537", layer_norm_pair),
         ("rope (q and k in place)", "37 tokens, 4/2 heads, d=64", rope),
         ("silu_and_mul", "33x(2*1537)", swiglu),
-        ("matmul", "67x93x45", lambda: (matmul(a, bm, impl="triton"), matmul_reference(a.double(), bm.double()))),
+        ("matmul", "67x93x45",
+         lambda: (matmul(a, bm, impl="triton"), matmul_reference(a.double(), bm.double()))),
         ("flash_attention", "B=2 Hq=4 Hkv=2 Nq=45 Nk=70 d=64", lambda: attention(False)),
         ("flash_attention causal", "B=2 Hq=4 Hkv=2 Nq=45 Nk=70 d=64", lambda: attention(True)),
         ("int8_matmul (W8A16)", "3x100 @ (77x100)^T", int8),
@@ -108,7 +121,9 @@ def _cuda_checks() -> list[tuple[str, str, Callable[[], tuple[torch.Tensor, torc
             return sgemm(a, b, version=version), sgemm_reference(a.double(), b.double())
         checks.append((f"CuPy sgemm {version}", "127x65x33", run))
     x = _r(1_000_003)
-    checks.append(("CuPy reduce_sum", "1000003", lambda: (reduce_sum(x), reduce_sum_reference(x.double()))))
+    checks.append(
+        ("CuPy reduce_sum", "1000003", lambda: (reduce_sum(x), reduce_sum_reference(x.double())))
+    )
     return checks
 
 
@@ -123,7 +138,8 @@ def run_checks() -> list[CheckResult]:
         try:
             require_cupy()
         except RuntimeError as exc:
-            results.append(CheckResult("CuPy kernels (reduction, SGEMMs)", "-", None, 0.0, str(exc)))
+            results.append(CheckResult("CuPy "
+                                       "kernels (reduction, SGEMMs)", "-", None, 0.0, str(exc)))
         results.append(_compile_sources())
     return results
 

@@ -46,8 +46,11 @@ def run(argv: list[str]) -> int:
 def bench(argv: list[str]) -> int:
     """Time every kernel against its reference and place it on layer 0's roofline."""
     parser = argparse.ArgumentParser(prog="stack bench --layer 1", description=bench.__doc__)
-    parser.add_argument("--groups", nargs="+", choices=sorted(benchmarks.GROUPS), default=sorted(benchmarks.GROUPS))
-    parser.add_argument("--no-demos", action="store_true", help="skip the SGEMM table, graph and stream demos")
+    parser.add_argument(
+        "--groups", nargs="+", choices=sorted(benchmarks.GROUPS), default=sorted(benchmarks.GROUPS)
+    )
+    parser.add_argument("--no-demos", action="store_true",
+                        help="skip the SGEMM table, graph and stream demos")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():  # the CLI prints it as one line, exit code 2
         raise UsageError("layer 1's benchmarks time GPU kernels and need a CUDA GPU; none is "

@@ -139,11 +139,13 @@ def check_tensor(name: str, tensor: object, dtypes: tuple[torch.dtype, ...]) -> 
         raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if tensor.dtype not in dtypes:
         names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise ValueError(f"{name} must have dtype {names}; got {str(tensor.dtype).replace('torch.', '')}")
+        raise ValueError(f"{name} must have dtype {names}; got "
+                         f"{str(tensor.dtype).replace('torch.', '')}")
 
 
 def check_on_cuda(name: str, tensor: torch.Tensor) -> None:
-    """ValueError unless the tensor lives on a CUDA device (CuPy kernels cannot read host memory)."""
+    """ValueError unless the tensor lives on a CUDA device (CuPy kernels cannot read host
+    memory)."""
     if tensor.device.type != "cuda":
         raise ValueError(f"{name} must be a CUDA tensor for the CuPy kernels; got device "
                          f"{tensor.device} (use the torch reference on the CPU)")

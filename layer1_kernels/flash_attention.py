@@ -98,8 +98,27 @@ def _attend_blocks(acc, l_i, m_i, q, k_base, v_base, offs_m, lo, hi, Nk, causal_
     """Fold key blocks [lo, hi) into the running (acc, l, m) of one query tile."""
     for start_n in range(lo, hi, BLOCK_N):
         acc, l_i, m_i = _attend_block(
-            acc, l_i, m_i, q, k_base, v_base, offs_m, start_n, Nk, causal_offset, qk_scale,
-            stride_kn, stride_kd, stride_vn, stride_vd, HEAD_DIM, BLOCK_N, MASKED, CAUSAL, PRECISION)
+            acc,
+            l_i,
+            m_i,
+            q,
+            k_base,
+            v_base,
+            offs_m,
+            start_n,
+            Nk,
+            causal_offset,
+            qk_scale,
+            stride_kn,
+            stride_kd,
+            stride_vn,
+            stride_vd,
+            HEAD_DIM,
+            BLOCK_N,
+            MASKED,
+            CAUSAL,
+            PRECISION,
+        )
     return acc, l_i, m_i
 
 
@@ -124,7 +143,13 @@ def _flash_fwd_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = q_ptr + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
+    q_ptrs = (
+        q_ptr
+        + b * stride_qb
+        + h * stride_qh
+        + offs_m[:, None] * stride_qn
+        + offs_d[None, :] * stride_qd
+    )
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)
     k_base = k_ptr + b * stride_kb + h_kv * stride_kh
     v_base = v_ptr + b * stride_vb + h_kv * stride_vh
@@ -154,7 +179,13 @@ def _flash_fwd_kernel(
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows that saw no key: acc is 0, output 0
     out = acc / l_i[:, None]
-    o_ptrs = o_ptr + b * stride_ob + h * stride_oh + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
+    o_ptrs = (
+        o_ptr
+        + b * stride_ob
+        + h * stride_oh
+        + offs_m[:, None] * stride_on
+        + offs_d[None, :] * stride_od
+    )
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Nq)
 
 
@@ -170,7 +201,8 @@ def _pick_config(nq: int, head_dim: int, dtype: torch.dtype, causal: bool) -> di
         # causal D=128: 64-row tiles waste less on the diagonal (448-477; 128x64: 439);
         # decode / short query blocks: less padding (Nq=1, Nk=4096: ~1.7 TB/s of K/V)
         return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}
-    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}  # D=128: 480, D=64 causal: 407
+    # D=128: 480, D=64 causal: 407
+    return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple) -> None:
@@ -231,7 +263,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if D not in _HEAD_DIMS:
-        raise ValueError(f"head dim {D} unsupported by the Triton kernel: expected one of {_HEAD_DIMS}")
+        raise ValueError(f"head dim {D} unsupported by the Triton kernel: "
+                         f"expected one of {_HEAD_DIMS}")
     interpreter.refuse_interpreted_bf16_dot(q.dtype)
     if B * Hq > 65535:  # grid axis 1 holds (batch, head) pairs; CUDA caps it at 65535
         raise ValueError(f"batch * query heads = {B * Hq} exceeds 65535; split the batch")

@@ -146,7 +146,8 @@ def stream_overlap_demo(copy_mb: int = 256, matmul_n: int = 4096, repeats: int =
     overlapped_ms = _time_ms(overlapped, repeats)
     torch.cuda.synchronize(device)
     if not (torch.equal(last[0].cpu(), host) and torch.equal(c, expected_c)):
-        raise RuntimeError("overlapped copy/compute produced a different result from the serial run")
+        raise RuntimeError("overlapped copy/compute produced a different "
+                           "result from the serial run")
 
     hidden = serial_ms - overlapped_ms
     return {

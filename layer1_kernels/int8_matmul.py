@@ -122,7 +122,8 @@ def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     error at most scale/2 per element.
     """
     if w.dim() != 2 or not w.is_floating_point():
-        raise ValueError(f"quantize_int8 needs a 2-D float weight (N, K); got {w.dtype} {tuple(w.shape)}")
+        raise ValueError(f"quantize_int8 needs a 2-D float weight (N, K); got {w.dtype} "
+                         f"{tuple(w.shape)}")
     amax = w.detach().abs().amax(dim=1).to(torch.float32)
     scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax)).to(w.dtype)
     # Quantize with the scale as stored, so dequantizing reproduces exactly what we rounded.
@@ -135,7 +136,8 @@ def _check(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, x_dtypes:
         raise ValueError(f"int8_matmul needs x (M, K), w_int8 (N, K), scale (N,); got shapes "
                          f"{tuple(x.shape)}, {tuple(w_int8.shape)}, {tuple(scale.shape)}")
     if x.shape[1] != w_int8.shape[1]:
-        raise ValueError(f"x has K={x.shape[1]} but w_int8 has K={w_int8.shape[1]} (it is (N, K), nn.Linear layout)")
+        raise ValueError(f"x has K={x.shape[1]} but w_int8 has K={w_int8.shape[1]} (it is (N, K), "
+                         "nn.Linear layout)")
     if scale.shape[0] != w_int8.shape[0]:
         raise ValueError(f"scale has {scale.shape[0]} entries, w_int8 has N={w_int8.shape[0]} rows")
     if w_int8.dtype != torch.int8:
@@ -145,10 +147,13 @@ def _check(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, x_dtypes:
     if not scale.is_floating_point():
         raise ValueError(f"scale must be floating point; got {scale.dtype}")
     if not (x.device == w_int8.device == scale.device):
-        raise ValueError(f"x, w_int8, scale are on different devices: {x.device}, {w_int8.device}, {scale.device}")
+        raise ValueError(f"x, w_int8, scale are on different devices: {x.device}, "
+                         f"{w_int8.device}, {scale.device}")
 
 
-def int8_matmul_reference(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+def int8_matmul_reference(
+    x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
     """torch reference: x @ (w_int8 * scale[:, None])^T in fp32 (fp64 stays fp64), in x's dtype."""
     _check(x, w_int8, scale, _X_DTYPES + (torch.float64,))
     acc = torch.promote_types(x.dtype, torch.float32)
@@ -162,7 +167,8 @@ def int8_matmul(x: torch.Tensor, w_int8: torch.Tensor, scale: torch.Tensor, *,
 
     impl: "auto" (Triton on CUDA tensors, torch on CPU) | "triton" | "torch".
     """
-    _check(x, w_int8, scale, _X_DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
+    # bad inputs are reported before a misplaced tensor
+    _check(x, w_int8, scale, _X_DTYPES + (torch.float64,))
     if not interpreter.use_triton(impl, x, "int8_matmul"):
         return int8_matmul_reference(x, w_int8, scale)
     _check(x, w_int8, scale, _X_DTYPES)  # the kernel takes no fp64

@@ -95,7 +95,8 @@ def _configs(fp8: bool = False) -> list[triton.Config]:
 
 @triton.jit
 def _k_step(acc, a_ptrs, b_ptrs, k_left, offs_k, INPUT_PRECISION: tl.constexpr):
-    """acc += A_tile @ B_tile for one BLOCK_K step; only the last step is ragged (k_left < BLOCK_K)."""
+    """acc += A_tile @ B_tile for one BLOCK_K step; only the last step is ragged
+    (k_left < BLOCK_K)."""
     a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
     b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
     return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
@@ -220,7 +221,8 @@ _TMA_CONFIGS = [  # (BLOCK_M, BLOCK_N, BLOCK_K, stages, warps, EPILOGUE_SPLIT)
     _tma_config(128, 128, 64, 4, 4, 1),  # smaller tiles: more programs for mid-size problems
     _tma_config(64, 128, 64, 4, 4, 1),   # for few rows (small M)
 ]
-_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=["M", "N", "K", "A_T", "B_T"])(_matmul_tma_kernel)
+_TMA_KEY = ["M", "N", "K", "A_T", "B_T"]
+_matmul_tma_tuned = triton.autotune(configs=_TMA_CONFIGS, key=_TMA_KEY)(_matmul_tma_kernel)
 
 
 def _tma_layout(t: torch.Tensor) -> bool | None:
@@ -266,7 +268,8 @@ def _launch_tma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tens
 
 def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
     if a.dim() != 2 or b.dim() != 2:
-        raise ValueError(f"matmul needs 2-D a (M, K) and b (K, N); got shapes {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(f"matmul needs 2-D a (M, K) and b (K, N); got shapes {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
     if a.dtype != b.dtype:
@@ -277,8 +280,14 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
         raise ValueError(f"a and b are on different devices: {a.device} vs {b.device}")
 
 
-def _launch(tuner, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor,
-            scale_a: torch.Tensor | None = None, scale_b: torch.Tensor | None = None) -> torch.Tensor:
+def _launch(
+    tuner,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    scale_a: torch.Tensor | None = None,
+    scale_b: torch.Tensor | None = None,
+) -> torch.Tensor:
     M, K = a.shape
     N = b.shape[1]
     if M == 0 or N == 0:
@@ -329,8 +338,13 @@ def _check_scale(s: torch.Tensor, name: str, device: torch.device) -> torch.Tens
     return s.reshape(1).to(torch.float32)
 
 
-def matmul_fp8_reference(a_fp8: torch.Tensor, b_fp8: torch.Tensor, scale_a: torch.Tensor,
-                         scale_b: torch.Tensor, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def matmul_fp8_reference(
+    a_fp8: torch.Tensor,
+    b_fp8: torch.Tensor,
+    scale_a: torch.Tensor,
+    scale_b: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
     """torch reference: (a * scale_a) @ (b * scale_b) in fp32, cast to out_dtype."""
     prod = a_fp8.to(torch.float32) @ b_fp8.to(torch.float32)
     return (prod * (scale_a.float() * scale_b.float()).reshape(())).to(out_dtype)

@@ -21,7 +21,8 @@ of E[x^2] - E[x]^2 when |mean| >> std.
 
     FLOPs  rms_norm   = 4 * rows * hidden (+ rows * hidden with residual)
            layer_norm = 7 * rows * hidden (+ rows * hidden with residual)
-    bytes  = (2 + 2 * has_residual) * rows * hidden * itemsize + (1 + has_bias) * hidden * w_itemsize
+    bytes  = (2 + 2 * has_residual) * rows * hidden * itemsize
+             + (1 + has_bias) * hidden * w_itemsize
              (read x [and residual], write y [and h], read the weights once)
 """
 from __future__ import annotations
@@ -125,7 +126,11 @@ def _norm_kernel(x_ptr, r_ptr, h_ptr, w_ptr, b_ptr, y_ptr, n_cols, eps,
 
 
 def rms_norm_reference(
-    x: torch.Tensor, weight: torch.Tensor, *, eps: float = 1e-6, residual: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    residual: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Eager torch, HF LlamaRMSNorm arithmetic: fp32 statistics, x*rstd rounded, times weight."""
     h = x if residual is None else x + residual
@@ -142,7 +147,8 @@ def layer_norm_reference(
     """torch.nn.functional.layer_norm on h = x (+ residual), in fp32, returned in x's dtype."""
     h = x if residual is None else x + residual
     b = None if bias is None else bias.float()
-    y = torch.nn.functional.layer_norm(h.float(), (h.shape[-1],), weight.float(), b, eps).to(x.dtype)
+    y = torch.nn.functional.layer_norm(h.float(), (h.shape[-1],), weight.float(), b, eps)
+    y = y.to(x.dtype)
     return y if residual is None else (y, h)
 
 
@@ -156,7 +162,8 @@ def _check(name: str, x: torch.Tensor, params: dict[str, torch.Tensor | None],
         if p is None:
             continue
         if p.shape != (x.shape[-1],):
-            raise ValueError(f"{name}: {pname} must have shape ({x.shape[-1]},), got {tuple(p.shape)}")
+            raise ValueError(f"{name}: {pname} must have shape ({x.shape[-1]},), got "
+                             f"{tuple(p.shape)}")
         if not p.is_floating_point():
             raise ValueError(f"{name}: {pname} must be a float tensor, got {p.dtype}")
         if p.device != x.device:

@@ -32,7 +32,8 @@ def _compile(path: str | Path, arch: str, target: str, extra: tuple[str, ...]) -
         raise RuntimeError("nvcc is not on PATH; install the CUDA toolkit to compile .cu files")
     with tempfile.TemporaryDirectory(prefix="llm_stack_nvcc_") as tmp:
         out = Path(tmp) / f"{source.stem}.{target}"
-        cmd = [nvcc, f"-arch={arch}", f"--{target}", "-std=c++17", *extra, "-o", str(out), str(source)]
+        flags = [f"-arch={arch}", f"--{target}", "-std=c++17", *extra]
+        cmd = [nvcc, *flags, "-o", str(out), str(source)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source.name} (exit {proc.returncode}):\n"
@@ -58,4 +59,5 @@ def ptxas_report(path: str | Path, *, arch: str = DEFAULT_ARCH) -> str:
     memory; one that uses many registers fits fewer blocks per SM.
     """
     report = _compile(path, arch, "cubin", ("-Xptxas", "-v"))
-    return "\n".join(line for line in report.splitlines() if "ptxas info" in line or "spill" in line)
+    lines = report.splitlines()
+    return "\n".join(line for line in lines if "ptxas info" in line or "spill" in line)

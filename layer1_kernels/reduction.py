@@ -108,14 +108,16 @@ def cupy_silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     cs.check_tensor("gate", gate, dtypes)
     cs.check_tensor("up", up, dtypes)
     if gate.shape != up.shape:
-        raise ValueError(f"gate and up must have the same shape; got {tuple(gate.shape)} and {tuple(up.shape)}")
+        raise ValueError(f"gate and up must have the same shape; got {tuple(gate.shape)} and "
+                         f"{tuple(up.shape)}")
     if gate.dtype != up.dtype:
         raise ValueError(f"gate and up must have the same dtype; got {gate.dtype} and {up.dtype}")
     cs.require_cupy()
     cs.check_on_cuda("gate", gate)
     cs.check_on_cuda("up", up)
     if gate.device != up.device:
-        raise ValueError(f"gate and up must be on the same device; got {gate.device} and {up.device}")
+        raise ValueError("gate and up must be on the same device; got "
+                         f"{gate.device} and {up.device}")
     out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if out.numel() == 0:
         return out

@@ -65,8 +65,12 @@ def _rope_kernel(q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr,
     d_mask = d < HALF  # D/2 need not be a power of two (e.g. D = 80, 96)
     cos = tl.load(cos_ptr + pos * table_stride + d, mask=d_mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + pos * table_stride + d, mask=d_mask, other=0.0).to(tl.float32)
-    _rotate_heads(q_ptr + t * q_stride_t, q_stride_h, n_q_heads, cos, sin, d, d_mask, HALF, BLOCK_HQ)
-    _rotate_heads(k_ptr + t * k_stride_t, k_stride_h, n_k_heads, cos, sin, d, d_mask, HALF, BLOCK_HK)
+    _rotate_heads(
+        q_ptr + t * q_stride_t, q_stride_h, n_q_heads, cos, sin, d, d_mask, HALF, BLOCK_HQ
+    )
+    _rotate_heads(
+        k_ptr + t * k_stride_t, k_stride_h, n_k_heads, cos, sin, d, d_mask, HALF, BLOCK_HK
+    )
 
 
 def rope_cache(
@@ -111,7 +115,8 @@ def rope_reference(
 
 def _check(q, k, cos, sin, positions) -> torch.Tensor:
     if q.dim() != 3 or k.dim() != 3:
-        raise ValueError(f"q and k must be (tokens, heads, head_dim), got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(f"q and k must be (tokens, heads, head_dim), got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
     tokens, _, head_dim = q.shape
     if k.shape[0] != tokens or k.shape[2] != head_dim:
         raise ValueError(f"k {tuple(k.shape)} must have q's tokens and head_dim {tuple(q.shape)}")
@@ -121,7 +126,8 @@ def _check(q, k, cos, sin, positions) -> torch.Tensor:
         raise ValueError(f"q and k must share a dtype in {_DTYPES}, got {q.dtype} and {k.dtype}")
     if cos.dim() != 2 or cos.shape != sin.shape or cos.shape[1] != head_dim // 2:
         raise ValueError(
-            f"cos and sin must both be (max_pos, {head_dim // 2}), got {tuple(cos.shape)} and {tuple(sin.shape)}"
+            f"cos and sin must both be (max_pos, {head_dim // 2}), got {tuple(cos.shape)} and "
+            f"{tuple(sin.shape)}"
         )
     if not (cos.is_floating_point() and sin.is_floating_point()):
         raise ValueError(f"cos and sin must be float tensors, got {cos.dtype} and {sin.dtype}")
@@ -130,7 +136,8 @@ def _check(q, k, cos, sin, positions) -> torch.Tensor:
     if positions is None:
         positions = torch.arange(tokens, device=q.device)
     if positions.shape != (tokens,) or positions.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"positions must be int32/int64 of shape ({tokens},), got {positions.dtype} {tuple(positions.shape)}")
+        raise ValueError(f"positions must be int32/int64 of shape ({tokens},), got "
+                         f"{positions.dtype} {tuple(positions.shape)}")
     for name, t in (("k", k), ("cos", cos), ("sin", sin), ("positions", positions)):
         if t.device != q.device:
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")

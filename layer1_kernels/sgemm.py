@@ -49,9 +49,12 @@ _VERSIONS: dict[str, _Version] = {
     "smem_tiled": _Version("sgemm_03_smem_tiled.cu", "sgemm_smem_tiled", (32, 32), (32, 32)),
     "blocktile_1d": _Version("sgemm_04_blocktile_1d.cu", "sgemm_blocktile_1d", (512,), (64, 64)),
     "blocktile_2d": _Version("sgemm_05_blocktile_2d.cu", "sgemm_blocktile_2d", (256,), (128, 128)),
-    "vectorized": _Version("sgemm_06_vectorized.cu", "sgemm_vectorized", (256,), (128, 128), vec4=True),
-    "double_buffered": _Version("sgemm_07_double_buffered.cu", "sgemm_double_buffered", (256,),
-                                (128, 128), vec4=True),
+    "vectorized": _Version(
+        "sgemm_06_vectorized.cu", "sgemm_vectorized", (256,), (128, 128), vec4=True
+    ),
+    "double_buffered": _Version(
+        "sgemm_07_double_buffered.cu", "sgemm_double_buffered", (256,), (128, 128), vec4=True
+    ),
 }
 
 #: The versions in the order a student reads them (version i is SGEMM_VERSIONS[i - 1]).
@@ -74,7 +77,8 @@ def resolve_version(version: int | str) -> str:
         return BEST_VERSION
     if version in _VERSIONS:
         return version
-    raise ValueError(f"unknown SGEMM version {version!r}; choose a number 1..{len(SGEMM_VERSIONS)}, "
+    raise ValueError(f"unknown SGEMM version {version!r}; choose a number "
+                     f"1..{len(SGEMM_VERSIONS)}, "
                      f"'best' or one of {', '.join(SGEMM_VERSIONS)}")
 
 

@@ -1,6 +1,7 @@
 """SiLU-and-multiply: the SwiGLU activation of a Llama MLP, fused as vLLM does it.
 
-    y = silu(a) * b,   a = x[..., :d],  b = x[..., d:],  silu(a) = a * sigmoid(a) = a / (1 + exp(-a))
+    y = silu(a) * b,   a = x[..., :d],  b = x[..., d:],
+    silu(a) = a * sigmoid(a) = a / (1 + exp(-a))
 
 The MLP's gate and up projections run as ONE matmul whose output x (tokens, 2d) holds the
 gate half a and the up half b side by side; this kernel turns it into y (tokens, d).

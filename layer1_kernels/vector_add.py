@@ -51,7 +51,8 @@ def vector_add_reference(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def _check(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> None:
     if x.shape != y.shape:
-        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and {tuple(y.shape)}")
+        raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and "
+                         f"{tuple(y.shape)}")
     if x.dtype != y.dtype:
         raise ValueError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
     if x.dtype not in _DTYPES:
@@ -71,7 +72,8 @@ def _check(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> None:
 def vector_add(
     x: torch.Tensor, y: torch.Tensor, *, out: torch.Tensor | None = None, impl: str = "auto"
 ) -> torch.Tensor:
-    """x + y elementwise. x, y: same shape and float dtype; returns that shape (into `out` if given).
+    """x + y elementwise. x, y: same shape and float dtype; returns that shape (into `out` if
+    given).
 
     impl: "auto" (our Triton kernel on CUDA, torch on CPU), "triton" (our kernel; on a CPU
     it runs in Triton's interpreter), or "torch" (the reference).

@@ -58,7 +58,8 @@ def all_to_all(tensor: torch.Tensor, send_splits: Sequence[int]) -> torch.Tensor
                              f"{tensor.dtype} ({tensor.dim()}-d), but rank {j} sends rows of "
                              f"{h[3]} elements of {dt} ({h[4]}-d)"
                              + ("" if h[0] == kind else f" from a different collective (#{h[0]})")
-                             + ("" if h[5] == lanes else f" (lanes {lanes} vs {h[5]}: tuning differs)"))
+                             + ("" if h[5] == lanes
+                                else f" (lanes {lanes} vs {h[5]}: tuning differs)"))
     group.lane_groups(lanes)  # every rank passes here: make the lane groups on first use
     recv_splits = [splits[me] if j == me else theirs[j][1] for j in range(p)]
 

@@ -48,7 +48,9 @@ OURS: dict[str, Callable] = {  # algorithm -> how our implementation is called o
     "ring_reduce_scatter": lambda b, kw: ring_reduce_scatter(b["x"]),
     "broadcast_tree": lambda b, kw: broadcast_tree(b["x"], 0),
     "broadcast_chain": lambda b, kw: broadcast_chain(b["x"], 0),
-    "all_to_all": lambda b, kw: all_to_all(b["x"], [b["x"].numel() // dist.get_world_size()] * dist.get_world_size()),
+    "all_to_all": lambda b, kw: all_to_all(
+        b["x"], [b["x"].numel() // dist.get_world_size()] * dist.get_world_size()
+    ),
 }
 BUILT_IN: dict[str, Callable] = {  # collective -> torch.distributed's call on the same buffers
     "all_reduce": lambda b: dist.all_reduce(b["x"]),
@@ -89,7 +91,8 @@ def _buffers(kind: str, count: int, world: int, me: int, dev, dtype) -> tuple[di
     if kind == "reduce_scatter":
         x = (i + me).to(dtype)
         reduced = i * world + world * (world - 1) // 2
-        return {"x": x, "out": torch.empty(chunk, device=dev, dtype=dtype)}, reduced[me * chunk:(me + 1) * chunk].to(dtype)
+        expected = reduced[me * chunk:(me + 1) * chunk].to(dtype)
+        return {"x": x, "out": torch.empty(chunk, device=dev, dtype=dtype)}, expected
     # all_to_all: the piece rank s sends to rank d holds s * world + d
     x = (torch.arange(count, device=dev) // chunk + me * world).to(dtype)
     expected = (torch.arange(count, device=dev) // chunk * world + me).to(dtype)
@@ -137,7 +140,8 @@ def sweep(collective: str, sizes: Sequence[int], *, ours: bool, iters: int = 20,
     ``ours=False`` the built-in of the same collective is timed. Call it on every rank.
     """
     if not dist.is_initialized():
-        raise RuntimeError("sweep runs inside a process group: call it from launch(...) or torchrun")
+        raise RuntimeError("sweep runs inside a process group: call it "
+                           "from launch(...) or torchrun")
     if iters < 1 or warmup < 0:
         raise ValueError(f"need iters >= 1 and warmup >= 0, got {iters}, {warmup}")
     algorithm = DEFAULT_ALGORITHM.get(collective, collective)
@@ -204,7 +208,9 @@ def ping_pong(sizes: Sequence[int], *, iters: int = 20, warmup: int = 5) -> list
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
 
-        t = statistics.median(time_collective(round_trip, *iters_at(buf.numel(), iters, warmup), dev))
+        t = statistics.median(
+            time_collective(round_trip, *iters_at(buf.numel(), iters, warmup), dev)
+        )
         rows.append({"bytes": buf.numel(), "time_s": t / 2})
     return rows
 
@@ -212,7 +218,9 @@ def ping_pong(sizes: Sequence[int], *, iters: int = 20, warmup: int = 5) -> list
 BENCH_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 
-def bench_rank(sizes: list[int], iters: int, warmup: int, overlap: dict | None = None) -> dict | None:
+def bench_rank(
+    sizes: list[int], iters: int, warmup: int, overlap: dict | None = None
+) -> dict | None:
     """`stack bench`'s work on each rank: ours and built-in for BENCH_COLLECTIVES, our
     tree all-reduce, a ping-pong and, given ``overlap`` (overlap_on_rank's keyword
     arguments), the overlap measurement. Rank 0 returns {"rows", "ping_pong", "overlap"},

@@ -34,7 +34,10 @@ from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 CALLS: dict[str, Callable[[torch.Tensor], object]] = {
-    "all_reduce": ring_all_reduce, "all_gather": ring_all_gather, "reduce_scatter": ring_reduce_scatter}
+    "all_reduce": ring_all_reduce,
+    "all_gather": ring_all_gather,
+    "reduce_scatter": ring_reduce_scatter,
+}
 ONE_PIECE = 1 << 62  # a chunk size no segment reaches: the unpipelined ring
 
 
@@ -105,15 +108,26 @@ def tune_rank(sizes: Sequence[int], iters: int = 10, warmup: int = 3,
                     configs.append(row)
     for checked in (True, False):
         with tuning.override(check=checked):
-            for row in sweep("all_reduce", list(small_sizes), ours=True, iters=iters, warmup=warmup):
+            for row in sweep(
+                "all_reduce", list(small_sizes), ours=True, iters=iters, warmup=warmup
+            ):
                 check.append({**row, "check": checked})
     check += sweep("all_reduce", list(small_sizes), ours=False, iters=iters, warmup=warmup)
     defaults = tuning.current()
     if dist.get_rank() != 0:
         return None
-    return {"steps": steps, "configs": configs, "reference": reference, "check": check,
-            "defaults": {"chunk_bytes": defaults.chunk_bytes, "lanes": defaults.lanes,
-                         "max_pieces": defaults.max_pieces, "stripe_min_bytes": defaults.stripe_min_bytes}}
+    return {
+        "steps": steps,
+        "configs": configs,
+        "reference": reference,
+        "check": check,
+        "defaults": {
+            "chunk_bytes": defaults.chunk_bytes,
+            "lanes": defaults.lanes,
+            "max_pieces": defaults.max_pieces,
+            "stripe_min_bytes": defaults.stripe_min_bytes,
+        },
+    }
 
 
 def best_configs(result: dict) -> list[dict]:
@@ -126,7 +140,10 @@ def best_configs(result: dict) -> list[dict]:
         if not rows:
             continue
         best = max(rows, key=lambda r: r["busbw"])
-        default = next((r for r in rows if r["lanes"] == d["lanes"] and r["chunk_bytes"] == d["chunk_bytes"]), None)
+        default = next(
+            (r for r in rows if r["lanes"] == d["lanes"] and r["chunk_bytes"] == d["chunk_bytes"]),
+            None,
+        )
         out.append({"collective": key[0], "bytes": key[1], "best": best, "default": default,
                     "torch": ref.get(key)})
     return out

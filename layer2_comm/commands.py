@@ -82,24 +82,57 @@ def _cases(x: torch.Tensor, world: int, me: int) -> list[tuple]:
 
     def ref_a2a():
         out = x.new_empty(sum(_splits(s, world)[me] for s in range(world)))
-        dist.all_to_all_single(out, a2a_in.clone(), [_splits(s, world)[me] for s in range(world)], mine)
+        dist.all_to_all_single(
+            out, a2a_in.clone(), [_splits(s, world)[me] for s in range(world)], mine
+        )
         return out
 
     return [
         ("ring_all_reduce", "sum", lambda: ring_all_reduce(x.clone()), ref_reduce),
-        ("ring_all_reduce", "max int64", lambda: ring_all_reduce(x.long(), "max"),
-         lambda: ref_reduce(dist.ReduceOp.MAX).long()),
-        ("ring_all_reduce", "avg", lambda: ring_all_reduce(x.clone(), "avg"), lambda: ref_reduce() / world),
-        ("ring_all_reduce", "sum chunks=4", lambda: ring_all_reduce(x.clone(), chunks=4), ref_reduce),
+        (
+            "ring_all_reduce",
+            "max int64",
+            lambda: ring_all_reduce(x.long(), "max"),
+            lambda: ref_reduce(dist.ReduceOp.MAX).long(),
+        ),
+        (
+            "ring_all_reduce",
+            "avg",
+            lambda: ring_all_reduce(x.clone(), "avg"),
+            lambda: ref_reduce() / world,
+        ),
+        (
+            "ring_all_reduce",
+            "sum chunks=4",
+            lambda: ring_all_reduce(x.clone(), chunks=4),
+            ref_reduce,
+        ),
         ("tree_all_reduce", "sum", lambda: tree_all_reduce(x.clone()), ref_reduce),
-        ("hierarchical_all_reduce", f"sum {rpn}/node",
-         lambda: hierarchical_all_reduce(x.clone(), rpn), ref_reduce),
+        (
+            "hierarchical_all_reduce",
+            f"sum {rpn}/node",
+            lambda: hierarchical_all_reduce(x.clone(), rpn),
+            ref_reduce,
+        ),
         ("ring_all_gather", "", lambda: ring_all_gather(x.clone()), ref_gather),
-        ("ring_reduce_scatter", "sum uneven", lambda: ring_reduce_scatter(x.clone()),
-         lambda: torch.tensor_split(ref_reduce(), world)[me]),
-        ("broadcast_tree", f"src={world - 1}", lambda: broadcast_tree(x.clone(), world - 1),
-         lambda: ref_broadcast(world - 1)),
-        ("broadcast_chain", "src=0 chunks=4", lambda: broadcast_chain(x.clone(), 0), lambda: ref_broadcast(0)),
+        (
+            "ring_reduce_scatter",
+            "sum uneven",
+            lambda: ring_reduce_scatter(x.clone()),
+            lambda: torch.tensor_split(ref_reduce(), world)[me],
+        ),
+        (
+            "broadcast_tree",
+            f"src={world - 1}",
+            lambda: broadcast_tree(x.clone(), world - 1),
+            lambda: ref_broadcast(world - 1),
+        ),
+        (
+            "broadcast_chain",
+            "src=0 chunks=4",
+            lambda: broadcast_chain(x.clone(), 0),
+            lambda: ref_broadcast(0),
+        ),
         ("all_to_all", f"splits {mine}", lambda: all_to_all(a2a_in.clone(), mine), ref_a2a),
     ]
 
@@ -144,10 +177,12 @@ def _check_args(args: argparse.Namespace) -> None:
     for name in ("world", "iters", "numel", "min_bytes", "max_bytes"):
         value = getattr(args, name, None)
         if value is not None and value < (0 if name == "numel" else 1):
-            raise ValueError(f"--{name.replace('_', '-')} must be >= {0 if name == 'numel' else 1}, "
+            raise ValueError(f"--{name.replace('_', '-')} must be >= "
+                             f"{0 if name == 'numel' else 1}, "
                              f"got {value}")
     if getattr(args, "factor", None) is not None and args.factor < 2:
-        raise ValueError(f"--factor must be >= 2 (each size a multiple of the last), got {args.factor}")
+        raise ValueError("--factor must be >= 2 (each size a multiple of "
+                         f"the last), got {args.factor}")
     if not args.timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -161,7 +196,9 @@ def _world_and_backend(world: int | None, backend: str) -> tuple[int, str]:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if _under_torchrun():
         console.quiet = os.environ["RANK"] != "0"  # one rank reports
-        return int(os.environ["WORLD_SIZE"]), ("nccl" if gpus else "gloo") if backend == "auto" else backend
+        if backend == "auto":
+            backend = "nccl" if gpus else "gloo"
+        return int(os.environ["WORLD_SIZE"]), backend
     if backend == "auto":
         backend = "nccl" if gpus >= 2 and (world or gpus) <= gpus else "gloo"
     return world or (gpus if backend == "nccl" else 4), backend
@@ -177,17 +214,20 @@ def _gpu_links(topology) -> dict[str, str] | None:
 
 def _parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=doc)
-    parser.add_argument("--world", type=int, help="ranks (default: every GPU with NCCL, else 4 gloo ranks)")
+    parser.add_argument("--world", type=int,
+                        help="ranks (default: every GPU with NCCL, else 4 gloo ranks)")
     parser.add_argument("--backend", choices=("auto", "gloo", "nccl"), default="auto")
     parser.add_argument("--iters", type=int, help="timed iterations per measurement")
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds before stuck ranks are stopped")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds before stuck ranks are stopped")
     return parser
 
 
 def run(argv: list[str] | None = None) -> int:
     """Run every collective on N ranks, check it against the built-in, and time both."""
     parser = _parser("stack run --layer 2", run.__doc__)
-    parser.add_argument("--numel", type=int, default=1001, help="elements per rank (odd on purpose)")
+    parser.add_argument("--numel", type=int, default=1001,
+                        help="elements per rank (odd on purpose)")
     args = parser.parse_args(argv or [])
     _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
@@ -218,7 +258,8 @@ def run(argv: list[str] | None = None) -> int:
 def bench(argv: list[str] | None = None) -> int:
     """nccl-tests-style sweep of ours vs built-in; alpha-beta fit, predictions, plots."""
     parser = _parser("stack bench --layer 2", bench.__doc__)
-    parser.add_argument("--max-bytes", type=int, help="largest message (default 1 GiB with NCCL, 4 MiB on gloo)")
+    parser.add_argument("--max-bytes", type=int,
+                        help="largest message (default 1 GiB with NCCL, 4 MiB on gloo)")
     parser.add_argument("--min-bytes", type=int, default=8)
     parser.add_argument("--factor", type=int, help="size step (default 2 with NCCL, 4 on gloo)")
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
@@ -230,7 +271,8 @@ def bench(argv: list[str] | None = None) -> int:
     sizes = default_sizes(args.max_bytes or (1 << 30 if gpu else 4 << 20), args.min_bytes,
                           args.factor or (2 if gpu else 4))
     iters = args.iters or (20 if gpu else 5)
-    # The overlap measurement: its GPU defaults (256 MiB against 4096^2 matmuls), or a small one on CPU.
+    # The overlap measurement: its GPU defaults (256 MiB against 4096^2 matmuls), or a small
+    # one on CPU.
     overlap = None if args.no_overlap else (
         {} if gpu else {"comm_bytes": 1 << 20, "matmul_n": 128, "iters": 3, "warmup": 1})
     console.print(f"[bold]Layer 2 bench[/bold]: {world} ranks, {backend}, {len(sizes)} sizes "
@@ -242,36 +284,59 @@ def bench(argv: list[str] | None = None) -> int:
         return 0
     rows, ping, hidden = result["rows"], result["ping_pong"], result["overlap"]
     ab = fit_alpha_beta([p["bytes"] for p in ping], [p["time_s"] for p in ping])
-    predicted = [{"algorithm": alg, "bytes": r["bytes"], "time_s": predict(alg, r["bytes"], world, ab)}
-                 for alg in ("ring_all_reduce", "tree_all_reduce")
-                 for r in rows if r["algorithm"] == alg]
+    predicted = [
+        {"algorithm": alg, "bytes": r["bytes"], "time_s": predict(alg, r["bytes"], world, ab)}
+        for alg in ("ring_all_reduce", "tree_all_reduce")
+        for r in rows
+        if r["algorithm"] == alg
+    ]
     model_x = crossover("ring_all_reduce", "tree_all_reduce", world, ab)
     measured_x = measured_crossover(rows)
     _print_tables(rows, predicted)
     bw = (f"1/beta = {ab.bandwidth / 1e9:.2f} GB/s" if ab.beta_s_per_byte
           else "beta = 0 (time did not grow with size in this range)")
-    console.print(f"alpha-beta from ping-pong (ranks 0<->1): alpha = {ab.alpha_s * 1e6:.1f} us, {bw}")
+    console.print("alpha-beta from ping-pong (ranks 0<->1): alpha = "
+                  f"{ab.alpha_s * 1e6:.1f} us, {bw}")
     console.print("ring/tree all-reduce crossover: predicted "
-                  + (f"{model_x:,.0f} B" if model_x else "none (tree wins at every size in the model)")
+                  + (f"{model_x:,.0f} B" if model_x
+                     else "none (tree wins at every size in the model)")
                   + ", measured " + (f"{measured_x:,} B" if measured_x else "none in this range"))
     out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
     info = hardware.system_info()
-    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": world,
-              "backend": backend, "device": info.gpus[0].name if gpu and info.gpus else info.cpu.model,
-              "torch": info.torch_version, "nccl": info.nccl_version, "gpu_links": _gpu_links(info.topology) if gpu else None,
-              "alpha_s": ab.alpha_s, "beta_s_per_byte": ab.beta_s_per_byte,
-              "crossover_predicted_bytes": model_x, "crossover_measured_bytes": measured_x,
-              "rows": rows, "predicted": predicted, "ping_pong": ping, "overlap": hidden}
+    record = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "world": world,
+        "backend": backend,
+        "device": info.gpus[0].name if gpu and info.gpus else info.cpu.model,
+        "torch": info.torch_version,
+        "nccl": info.nccl_version,
+        "gpu_links": _gpu_links(info.topology) if gpu else None,
+        "alpha_s": ab.alpha_s,
+        "beta_s_per_byte": ab.beta_s_per_byte,
+        "crossover_predicted_bytes": model_x,
+        "crossover_measured_bytes": measured_x,
+        "rows": rows,
+        "predicted": predicted,
+        "ping_pong": ping,
+        "overlap": hidden,
+    }
     if hidden is not None:
         _print_overlap(hidden)
     if record["gpu_links"]:
-        console.print("GPU links (nvidia-smi topo -m): " + ", ".join(f"{k} {v}" for k, v in record["gpu_links"].items()))
+        console.print(
+            "GPU links (nvidia-smi topo -m): "
+            + ", ".join(f"{k} {v}" for k, v in record["gpu_links"].items())
+        )
     (out / "bench.json").write_text(json.dumps(record, indent=2, default=str))
     (out / "bench.md").write_text(markdown(rows, record))
     title = f"{world} ranks, {backend}"
-    plot_predicted_vs_measured([r for r in rows if r["impl"] == "ours" and "all_reduce" in r["algorithm"]],
-                               predicted, out / "time_vs_size.png", f"all-reduce time, {title}")
+    plot_predicted_vs_measured(
+        [r for r in rows if r["impl"] == "ours" and "all_reduce" in r["algorithm"]],
+        predicted,
+        out / "time_vs_size.png",
+        f"all-reduce time, {title}",
+    )
     plot_busbw(rows, out / "busbw.png", f"bus bandwidth, {title}")
     for name in ("bench.json", "bench.md", "time_vs_size.png", "busbw.png"):
         console.print(f"wrote {out / name}")
@@ -282,26 +347,43 @@ def tune(argv: list[str] | None = None) -> int:
     """Measure pieces, lanes and the header check at the sizes that matter (see bench_tuning.py)."""
     parser = _parser("python -m layer2_comm.commands tune", tune.__doc__)
     parser.add_argument("--sizes", default=None,
-                        help="comma-separated bytes (default 67108864,268435456 with NCCL, 4194304 on gloo)")
+                        help="comma-separated bytes (default 67108864,268435456 "
+                             "with NCCL, 4194304 on gloo)")
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
     args = parser.parse_args(argv or [])
     _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
     gpu = backend == "nccl"
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else ([64 << 20, 256 << 20] if gpu else [4 << 20])
+    sizes = (
+        [int(s) for s in args.sizes.split(",")]
+        if args.sizes
+        else ([64 << 20, 256 << 20] if gpu else [4 << 20])
+    )
     iters = args.iters or (10 if gpu else 3)
     lanes_grid, chunk_grid = ((1, 2, 4), (16 << 20, 32 << 20, 64 << 20, ONE_PIECE)) if gpu \
         else ((1, 2), (1 << 20, ONE_PIECE))  # a quick look on CPU
-    console.print(f"[bold]Layer 2 tune[/bold]: {world} ranks, {backend}, sizes {[human(s) for s in sizes]}")
+    console.print(f"[bold]Layer 2 tune[/bold]: {world} ranks, {backend}, sizes "
+                  f"{[human(s) for s in sizes]}")
     with console.status("measuring (every rank busy)..."):
-        result = _on_ranks(tune_rank, world, sizes, iters, max(1, iters // 3), lanes_grid, chunk_grid,
-                           backend=backend, timeout_s=args.timeout)[0]
+        result = _on_ranks(
+            tune_rank,
+            world,
+            sizes,
+            iters,
+            max(1, iters // 3),
+            lanes_grid,
+            chunk_grid,
+            backend=backend,
+            timeout_s=args.timeout,
+        )[0]
     if result is None:
         return 0
     _print_tune(result)
     out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "tune.json").write_text(json.dumps({"world": world, "backend": backend, **result}, indent=2, default=str))
+    (out / "tune.json").write_text(
+        json.dumps({"world": world, "backend": backend, **result}, indent=2, default=str)
+    )
     console.print(f"wrote {out / 'tune.json'}")
     return 0 if all(r["ok"] for r in result["configs"] + result["check"]) else 1
 
@@ -315,21 +397,44 @@ def _print_tune(result: dict) -> None:
     for column in ("segment", "lanes", "us", "GB/s each way"):
         table.add_column(column, justify="right", no_wrap=True)
     for r in result["steps"]:
-        table.add_row(human(r["bytes"]), str(r["lanes"]), us(r["time_s"]), f"{r['bytes_per_s'] / 1e9:.1f}")
+        table.add_row(
+            human(r["bytes"]), str(r["lanes"]), us(r["time_s"]), f"{r['bytes_per_s'] / 1e9:.1f}"
+        )
     console.print(table)
     ref = {(r["collective"], r["bytes"]): r for r in result["reference"]}
-    table = Table(title="ours per (lanes, piece size) vs torch.distributed; host = time for a call to return")
-    for column in ("collective", "size", "lanes", "pieces of", "n", "ours us", "host us", "busbw GB/s", "ratio"):
+    table = Table(title="ours per (lanes, piece size) vs torch.distributed; host = "
+                        "time for a call to return")
+    for column in (
+        "collective",
+        "size",
+        "lanes",
+        "pieces of",
+        "n",
+        "ours us",
+        "host us",
+        "busbw GB/s",
+        "ratio",
+    ):
         table.add_column(column, justify="right", no_wrap=True)
     for r in result["configs"]:
         t = ref.get((r["collective"], r["bytes"]))
         ratio = f"{r['busbw'] / t['busbw']:.2f}" if t and t["busbw"] else "-"
-        table.add_row(r["collective"], human(r["bytes"]), str(r["lanes"]), _chunk(r), str(r["pieces"]),
-                      us(r["time_s"]), us(r["host_s"]), gbs(r["busbw"]), ratio + ("" if r["ok"] else " WRONG"))
+        table.add_row(
+            r["collective"],
+            human(r["bytes"]),
+            str(r["lanes"]),
+            _chunk(r),
+            str(r["pieces"]),
+            us(r["time_s"]),
+            us(r["host_s"]),
+            gbs(r["busbw"]),
+            ratio + ("" if r["ok"] else " WRONG"),
+        )
     console.print(table)
     for b in best_configs(result):
         t, best, default = b["torch"], b["best"], b["default"]
-        line = f"{b['collective']} {human(b['bytes'])}: best lanes={best['lanes']}, pieces of {_chunk(best)}"
+        line = (f"{b['collective']} {human(b['bytes'])}: best lanes={best['lanes']}, "
+                f"pieces of {_chunk(best)}")
         if t and t["busbw"]:
             line += f" {best['busbw'] / t['busbw']:.2f}x built-in"
             if default:
@@ -337,9 +442,12 @@ def _print_tune(result: dict) -> None:
         console.print(line)
     by = {}
     for r in result["check"]:
-        by.setdefault(r["bytes"], {})["torch" if r["impl"] == "torch" else ("on" if r["check"] else "off")] = r["time_s"]
+        by.setdefault(r["bytes"], {})[
+            "torch" if r["impl"] == "torch" else ("on" if r["check"] else "off")
+        ] = r["time_s"]
     console.print("header check (all-reduce, us): " + "; ".join(
-        f"{human(b)}: on {us(v.get('on', 0))}, off {us(v.get('off', 0))}, built-in {us(v.get('torch', 0))}"
+        f"{human(b)}: on {us(v.get('on', 0))}, off {us(v.get('off', 0))}, built-in "
+        f"{us(v.get('torch', 0))}"
         for b, v in sorted(by.items())))
 
 
@@ -353,10 +461,14 @@ def _print_overlap(o: dict) -> None:
     if "side_stream_efficiency" in o:
         variants.append(("side stream", "", o["side_stream_efficiency"], o["t_both_side_stream_s"]))
     if "lean_efficiency" in o:
-        variants.append((f"<= {o['lean_ctas']} CTAs", "lean_", o["lean_efficiency"], o["lean_t_both_s"]))
+        variants.append(
+            (f"<= {o['lean_ctas']} CTAs", "lean_", o["lean_efficiency"], o["lean_t_both_s"])
+        )
     for name, key, eff, both in variants:
-        console.print(f"  {name:>13}: comm {us(o[key + 't_comm_s'])} us, compute {us(o[key + 't_comp_s'])} us "
-                      f"({o[key + 'matmuls']} matmuls), both {us(both)} us -> {eff:.0%} of comm hidden")
+        console.print(f"  {name:>13}: comm {us(o[key + 't_comm_s'])} us, compute "
+                      f"{us(o[key + 't_comp_s'])} us "
+                      f"({o[key + 'matmuls']} matmuls), both {us(both)} us "
+                      f"-> {eff:.0%} of comm hidden")
 
 
 def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
@@ -388,7 +500,8 @@ def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
             f"{kind} {ratio:.2f} at {human(b)}" for kind, (b, ratio) in at.items()))
 
 
-if __name__ == "__main__":  # python -m layer2_comm.commands [run|bench|tune] [options]; torchrun too
+# python -m layer2_comm.commands [run|bench|tune] [options]; torchrun too
+if __name__ == "__main__":
     commands = {"run": run, "bench": bench, "tune": tune}
     name = sys.argv[1] if sys.argv[1:2] and sys.argv[1] in commands else "run"
     sys.exit(commands[name](sys.argv[2:] if sys.argv[1:2] == [name] else sys.argv[1:]))

@@ -46,7 +46,8 @@ class AlphaBeta:
 
     def __post_init__(self) -> None:
         if not (self.alpha_s >= 0 and self.beta_s_per_byte >= 0):
-            raise ValueError(f"alpha and beta must be >= 0, got {self.alpha_s}, {self.beta_s_per_byte}")
+            raise ValueError(f"alpha and beta must be >= 0, got {self.alpha_s}, "
+                             f"{self.beta_s_per_byte}")
 
     @classmethod
     def from_link(cls, latency_us: float, bandwidth_gb_s: float) -> AlphaBeta:
@@ -124,7 +125,8 @@ def predict(algorithm: str, nbytes: float, world: int, ab: AlphaBeta, *, chunks:
 def _hierarchical(m: float, p: int, intra: AlphaBeta, g: int | None, inter: AlphaBeta) -> float:
     """Reduce to a node leader (binomial tree), ring all-reduce across leaders, broadcast back."""
     if g is None or g < 1 or p % g:
-        raise ValueError(f"hierarchical_all_reduce needs ranks_per_node dividing world={p}, got {g}")
+        raise ValueError("hierarchical_all_reduce needs ranks_per_node "
+                         f"dividing world={p}, got {g}")
     in_node = _log2_ceil(g) * intra.message(m)
     return 2 * in_node + predict("ring_all_reduce", m, p // g, inter)
 
@@ -151,7 +153,9 @@ def crossover(alg_a: str, alg_b: str, world: int, ab: AlphaBeta, **kw) -> float 
     return m if m > 0 else None
 
 
-def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *, relative: bool = True) -> AlphaBeta:
+def fit_alpha_beta(
+    sizes: Sequence[float], times: Sequence[float], *, relative: bool = True
+) -> AlphaBeta:
     """Least-squares fit of ``t = alpha + beta * n`` to one-way point-to-point times.
 
     Ping-pong timings span bytes to megabytes, so plain least squares would let the big
@@ -162,7 +166,8 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *, relative: 
     n = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if n.shape != t.shape or n.ndim != 1:
-        raise ValueError(f"sizes and times must be 1-D and equally long, got {n.shape} and {t.shape}")
+        raise ValueError("sizes and times must be 1-D and equally long, "
+                         f"got {n.shape} and {t.shape}")
     if len(np.unique(n)) < 2:
         raise ValueError("need at least two distinct message sizes to fit alpha and beta")
     if not (np.all(t > 0) and np.all(n >= 0) and np.all(np.isfinite(t))):

@@ -36,7 +36,8 @@ BACKENDS = ("auto", "gloo", "nccl")
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
 _state = {"timeout_s": 60.0}
-_side: dict = {"world": None, "control": None, "lanes": [], "warm": False}  # this world's side groups
+# this world's side groups
+_side: dict = {"world": None, "control": None, "lanes": [], "warm": False}
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -53,7 +54,8 @@ def resolve_backend(backend: str) -> str:
     if backend == "auto":
         return "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise RuntimeError("backend 'nccl' needs a CUDA GPU and none is visible; use 'gloo' on CPUs")
+        raise RuntimeError("backend 'nccl' needs a CUDA GPU and none is "
+                           "visible; use 'gloo' on CPUs")
     return backend
 
 
@@ -81,7 +83,8 @@ def init(backend: str = "auto", *, timeout_s: float = 60.0) -> str:
         for key, value in MULTICAST_OFF.items():
             env.setdefault(key, value)
         if local_rank() >= torch.cuda.device_count():
-            raise RuntimeError(f"LOCAL_RANK={local_rank()} but only {torch.cuda.device_count()} GPUs are visible")
+            raise RuntimeError(f"LOCAL_RANK={local_rank()} but only {torch.cuda.device_count()} "
+                               "GPUs are visible")
         torch.cuda.set_device(local_rank())
     dist.init_process_group(backend, init_method="env://", timeout=timedelta(seconds=timeout_s))
     _state["timeout_s"] = float(timeout_s)

@@ -35,7 +35,9 @@ def node_layout(world: int, ranks_per_node: int) -> list[list[int]]:
     return [list(range(s, min(s + ranks_per_node, world))) for s in range(0, world, ranks_per_node)]
 
 
-def hierarchical_all_reduce(tensor: torch.Tensor, ranks_per_node: int, op: str = "sum") -> torch.Tensor:
+def hierarchical_all_reduce(
+    tensor: torch.Tensor, ranks_per_node: int, op: str = "sum"
+) -> torch.Tensor:
     """Reduce `tensor` across all ranks in place: within nodes, across leaders, back down."""
     check_op(op, tensor.dtype)
     if not isinstance(ranks_per_node, int) or ranks_per_node < 1:

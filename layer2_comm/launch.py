@@ -38,7 +38,8 @@ def _worker(rank: int, world: int, port: int, backend: str, timeout_s: float,
         group.init(backend, timeout_s=timeout_s)
         payload = pickle.dumps(("ok", fn(*args)))
     except BaseException as exc:  # report everything, even SystemExit, then leave at once
-        conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        conn.send_bytes(pickle.dumps(("error", f"{type(exc).__name__}: "
+                                               f"{exc}", traceback.format_exc())))
         conn.close()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -100,7 +100,8 @@ def _overlapped(x: torch.Tensor, matmuls: Callable[[int], None], dev: torch.devi
         t_comp = _timed(lambda: matmuls(reps), iters, warmup, dev)
 
     def both() -> None:
-        work = dist.all_reduce(x, group=group, async_op=True)  # returns at once; the reduce proceeds
+        # returns at once; the reduce proceeds
+        work = dist.all_reduce(x, group=group, async_op=True)
         matmuls(reps)
         work.wait()
 
@@ -139,9 +140,15 @@ def overlap_on_rank(comm_bytes: int | None = None, matmul_n: int | None = None,
     plain = _overlapped(x, matmuls, dev, iters, warmup, t_one)
     both = plain.pop("both")
     out = {
-        "backend": dist.get_backend(), "device": str(dev), "world": world, "rank": me,
-        "comm_bytes": x.numel() * 4, "matmul_n": n, "matmul_dtype": str(dtype).removeprefix("torch."),
-        **plain, "cpu_threads": torch.get_num_threads(),
+        "backend": dist.get_backend(),
+        "device": str(dev),
+        "world": world,
+        "rank": me,
+        "comm_bytes": x.numel() * 4,
+        "matmul_n": n,
+        "matmul_dtype": str(dtype).removeprefix("torch."),
+        **plain,
+        "cpu_threads": torch.get_num_threads(),
     }
     if cuda:
         out["sms"] = torch.cuda.get_device_properties(dev).multi_processor_count
@@ -149,7 +156,8 @@ def overlap_on_rank(comm_bytes: int | None = None, matmul_n: int | None = None,
         reps = plain["matmuls"]
 
         def both_side_stream() -> None:
-            side.wait_stream(torch.cuda.current_stream(dev))  # x is ready before the reduce reads it
+            # x is ready before the reduce reads it
+            side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 dist.all_reduce(x)
             matmuls(reps)
@@ -171,7 +179,9 @@ def _check(x, both, a, b, c, world: int, me: int) -> bool:
     x.fill_(me + 1)
     both()
     reduced_ok = bool(torch.all(x == world * (world + 1) / 2))
-    product_ok = bool(torch.allclose(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1 * a.shape[0] ** 0.5))
+    product_ok = bool(
+        torch.allclose(c.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1 * a.shape[0] ** 0.5)
+    )
     flag = torch.tensor([int(reduced_ok and product_ok)], device=x.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())

@@ -103,7 +103,8 @@ class Pending:
             except Exception as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise RuntimeError(
-                    f"rank {group.rank()}: {self.what}: a transfer with rank(s) {sorted(self.peers)} "
+                    f"rank {group.rank()}: {self.what}: a transfer with rank(s) "
+                    f"{sorted(self.peers)} "
                     f"failed or timed out (waits are limited to {limit:g} s): a peer died, raised, "
                     f"or called a different collective. Backend said: {first}") from exc
         self.works = []

@@ -37,13 +37,15 @@ def plot_predicted_vs_measured(measured: list[dict], predicted: list[dict], path
         colors[label] = line.get_color()
     for label, (x, y) in _series(predicted, "time_s").items():
         ax.plot(x, y, "--", color=colors.get(label), label=f"{label} (alpha-beta)")
-    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (s)", title=title)
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="time (s)",
+           title=title)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def plot_busbw(rows: list[dict], path: str | Path, title: str = "bus bandwidth vs message size") -> Path:
+def plot_busbw(rows: list[dict], path: str | Path,
+               title: str = "bus bandwidth vs message size") -> Path:
     """busbw (GB/s) vs bytes, one line per algorithm (ours solid, built-in dashed)."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, (x, y) in _series(rows, "busbw").items():  # by algorithm: ours vs torch.<name>
@@ -68,7 +70,11 @@ def pairs(rows: list[dict]):
     """(collective, bytes, ours row, built-in row) for the side-by-side tables."""
     torch_rows = {(r["collective"], r["bytes"]): r for r in rows if r["impl"] == "torch"}
     for r in rows:
-        if r["impl"] == "ours" and (r["collective"], r["bytes"]) in torch_rows and r["algorithm"] != "tree_all_reduce":
+        if (
+            r["impl"] == "ours"
+            and (r["collective"], r["bytes"]) in torch_rows
+            and r["algorithm"] != "tree_all_reduce"
+        ):
             yield r["collective"], r["bytes"], r, torch_rows[r["collective"], r["bytes"]]
 
 
@@ -91,18 +97,33 @@ def human(nbytes: float) -> str:
     return f"{value:.0f} {unit}" if value == int(value) else f"{value:.3g} {unit}"
 
 
-SIDE_BY_SIDE = ("collective", "size", "ours us", "torch us", "ours busbw GB/s", "torch busbw GB/s", "ratio")
+SIDE_BY_SIDE = ("collective", "size", "ours us", "torch us", "ours busbw GB/s",
+                "torch busbw GB/s", "ratio")
 
 
 def side_by_side(rows: list[dict]) -> list[tuple[str, ...]]:
     """The cells of the ours-vs-built-in table (printed, and written to bench.md)."""
-    return [(kind, human(b), us(o["time_s"]), us(t["time_s"]), gbs(o["busbw"]), gbs(t["busbw"]),
-             f"{o['busbw'] / t['busbw']:.2f}" if t["busbw"] else "-") for kind, b, o, t in pairs(rows)]
+    return [
+        (
+            kind,
+            human(b),
+            us(o["time_s"]),
+            us(t["time_s"]),
+            gbs(o["busbw"]),
+            gbs(t["busbw"]),
+            f"{o['busbw'] / t['busbw']:.2f}" if t["busbw"] else "-",
+        )
+        for kind, b, o, t in pairs(rows)
+    ]
 
 
 def markdown(rows: list[dict], record: dict) -> str:
-    head = (f"{record['world']} ranks, {record['backend']}, {record['device']}, torch {record['torch']}, "
+    head = (f"{record['world']} ranks, {record['backend']}, {record['device']}, torch "
+            f"{record['torch']}, "
             f"NCCL {record['nccl']}, {record['date']}\n\n")
-    lines = ["| " + " | ".join(SIDE_BY_SIDE) + " |", "|---" + "|---:" * (len(SIDE_BY_SIDE) - 1) + "|"]
+    lines = [
+        "| " + " | ".join(SIDE_BY_SIDE) + " |",
+        "|---" + "|---:" * (len(SIDE_BY_SIDE) - 1) + "|",
+    ]
     lines += ["| " + " | ".join(cells) + " |" for cells in side_by_side(rows)]
     return head + "\n".join(lines) + "\n"

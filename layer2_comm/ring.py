@@ -180,7 +180,9 @@ def _pieces(chunks: int | None, segment_elements: int, dtype: torch.dtype) -> in
     return chunks
 
 
-def ring_all_reduce(tensor: torch.Tensor, op: str = "sum", *, chunks: int | None = None) -> torch.Tensor:
+def ring_all_reduce(
+    tensor: torch.Tensor, op: str = "sum", *, chunks: int | None = None
+) -> torch.Tensor:
     """Reduce `tensor` (any shape, any size) across all ranks, in place; returns it.
 
     op: "sum", "max" or "avg" (floating dtypes). Every rank ends with identical values.
@@ -222,7 +224,9 @@ def ring_all_gather(tensor: torch.Tensor, *, chunks: int | None = None) -> torch
     return out.view(shape)
 
 
-def ring_reduce_scatter(tensor: torch.Tensor, op: str = "sum", *, chunks: int | None = None) -> torch.Tensor:
+def ring_reduce_scatter(
+    tensor: torch.Tensor, op: str = "sum", *, chunks: int | None = None
+) -> torch.Tensor:
     """Reduce `tensor` (any size) across ranks; rank r gets segment r, 1-D; the input is unchanged.
 
     Segments are those of torch.tensor_split(tensor.flatten(), world_size).

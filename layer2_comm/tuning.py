@@ -55,8 +55,14 @@ class Tuning:
     check: bool
 
     def __post_init__(self) -> None:
-        if self.chunk_bytes < 1 or self.max_pieces < 1 or self.lanes < 1 or self.stripe_min_bytes < 0:
-            raise ValueError(f"need chunk_bytes, max_pieces, lanes >= 1 and stripe_min_bytes >= 0, got {self}")
+        if (
+            self.chunk_bytes < 1
+            or self.max_pieces < 1
+            or self.lanes < 1
+            or self.stripe_min_bytes < 0
+        ):
+            raise ValueError("need chunk_bytes, max_pieces, lanes >= 1 and "
+                             f"stripe_min_bytes >= 0, got {self}")
 
     def pieces(self, segment_bytes: int) -> int:
         """How many pipeline pieces a ring segment of ``segment_bytes`` is cut into."""
@@ -65,8 +71,12 @@ class Tuning:
 
 DEFAULTS = {
     # 32 MiB pieces: a 256 MiB all-reduce on 2 GPUs is 4 pieces per segment; 2 lanes above 8 MiB.
-    "nccl": Tuning(chunk_bytes=32 << 20, max_pieces=8, lanes=2, stripe_min_bytes=8 << 20, check=True),
-    "gloo": Tuning(chunk_bytes=4 << 20, max_pieces=8, lanes=1, stripe_min_bytes=8 << 20, check=True),
+    "nccl": Tuning(
+        chunk_bytes=32 << 20, max_pieces=8, lanes=2, stripe_min_bytes=8 << 20, check=True
+    ),
+    "gloo": Tuning(
+        chunk_bytes=4 << 20, max_pieces=8, lanes=1, stripe_min_bytes=8 << 20, check=True
+    ),
 }
 ENV = {"chunk_bytes": "LLM_STACK_L2_CHUNK_BYTES", "max_pieces": "LLM_STACK_L2_MAX_PIECES",
        "lanes": "LLM_STACK_L2_LANES", "stripe_min_bytes": "LLM_STACK_L2_STRIPE_MIN_BYTES",
@@ -100,7 +110,8 @@ def override(**changes) -> Iterator[Tuning]:
     """Use other settings inside a ``with`` block (on every rank alike), e.g. lanes=1."""
     unknown = set(changes) - {f.name for f in fields(Tuning)}
     if unknown:
-        raise ValueError(f"unknown tuning field(s) {sorted(unknown)}; known: {[f.name for f in fields(Tuning)]}")
+        raise ValueError(f"unknown tuning field(s) {sorted(unknown)}; known: "
+                         f"{[f.name for f in fields(Tuning)]}")
     replace(DEFAULTS["gloo"], **changes)  # validates the values now, not at first use
     _overrides.append(dict(changes))
     try:

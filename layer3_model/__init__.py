@@ -32,7 +32,7 @@ For layer 4 (its paged-attention kernel and benchmarks), re-exported from below:
 already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pick it up),
 `kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
 `refuse_interpreted_bf16_dot` (layer 1's), `time_fn`, `Timing`, `load_ceilings`, `Ceilings`
-(layer 0's); `RequestOutput`, the old name of `Generation` (one completion of one prompt).
+(layer 0's).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
@@ -74,9 +74,6 @@ INTERPRETED, kernel_device = _kernels.INTERPRETED, _kernels.kernel_device
 use_triton, refuse_interpreted_bf16_dot = _kernels.use_triton, _kernels.refuse_interpreted_bf16_dot
 time_fn, Timing = _hardware.time_fn, _hardware.Timing
 load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
-# The old name of Generation, still imported by layer 4's spec/decoder.py: remove once it
-# says Generation (layer 4's own RequestOutput, a whole request, is a different thing).
-RequestOutput = Generation
 
 __all__ = [
     # load and generate
@@ -104,5 +101,5 @@ __all__ = [
     # from the layers below, for layer 4
     "comm",
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
-    "time_fn", "Timing", "load_ceilings", "Ceilings", "RequestOutput",
+    "time_fn", "Timing", "load_ceilings", "Ceilings",
 ]

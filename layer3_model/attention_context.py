@@ -77,8 +77,13 @@ class AttentionContext:
 
     @classmethod
     def build(
-        cls, query_lens: Sequence[int], context_lens: Sequence[int], slot_mapping: Sequence[int] | torch.Tensor,
-        *, block_tables: torch.Tensor | None = None, device: torch.device | str | None = None,
+        cls,
+        query_lens: Sequence[int],
+        context_lens: Sequence[int],
+        slot_mapping: Sequence[int] | torch.Tensor,
+        *,
+        block_tables: torch.Tensor | None = None,
+        device: torch.device | str | None = None,
     ) -> AttentionContext:
         """Context for B sequences, sequence b bringing query_lens[b] new tokens after
         context_lens[b] tokens already in the cache. slot_mapping (T,) comes from the cache."""
@@ -86,7 +91,8 @@ class AttentionContext:
             raise ValueError(f"need one query length and one context length per sequence, got "
                              f"{len(query_lens)} and {len(context_lens)}")
         if min(query_lens) < 1 or min(context_lens) < 0:
-            raise ValueError(f"query lengths must be >= 1 and context lengths >= 0: {query_lens}, {context_lens}")
+            raise ValueError("query lengths must be >= 1 and context lengths >= 0: "
+                             f"{query_lens}, {context_lens}")
         seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
         positions = [c + i for q, c in zip(query_lens, context_lens, strict=True) for i in range(q)]
         seq_ids = [b for b, q in enumerate(query_lens) for _ in range(q)]
@@ -104,15 +110,24 @@ class AttentionContext:
         host_slots = [] if is_tensor else list(slot_mapping)
         parts = (positions, seq_ids, offsets, starts, list(query_lens), seq_lens, host_slots)
         flat = torch.tensor([x for p in parts for x in p], dtype=torch.int64).to(device)
-        (positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t, slots) = flat.split([len(p) for p in parts])
+        views = flat.split([len(p) for p in parts])
+        positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t, slots = views
         if is_tensor:
             slots = slot_mapping.to(device=device, dtype=torch.int64)
 
         return cls(
-            positions=positions_t, slot_mapping=slots, seq_ids=seq_ids_t, query_offsets=offsets_t,
-            query_start_loc=starts_t, query_lens=qlens_t, seq_lens=seq_lens_t,
-            max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-            query_lens_host=tuple(query_lens), seq_lens_host=tuple(seq_lens), block_tables=block_tables,
+            positions=positions_t,
+            slot_mapping=slots,
+            seq_ids=seq_ids_t,
+            query_offsets=offsets_t,
+            query_start_loc=starts_t,
+            query_lens=qlens_t,
+            seq_lens=seq_lens_t,
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+            query_lens_host=tuple(query_lens),
+            seq_lens_host=tuple(seq_lens),
+            block_tables=block_tables,
         )
 
 
@@ -148,8 +163,17 @@ class ContiguousKVCache:
     Size: 2 (k and v) * layers * batch * max_len * kv_heads * head_dim * itemsize bytes.
     """
 
-    def __init__(self, num_layers: int, batch: int, max_len: int, num_kv_heads: int, head_dim: int, *,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> None:
+    def __init__(
+        self,
+        num_layers: int,
+        batch: int,
+        max_len: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> None:
         if min(num_layers, batch, max_len, num_kv_heads, head_dim) < 1:
             raise ValueError("every KV cache dimension must be >= 1, got "
                              f"layers={num_layers} batch={batch} max_len={max_len} "
@@ -185,11 +209,18 @@ class ContiguousKVCache:
             if not 0 <= r < self.batch:
                 raise ValueError(f"cache row {r} out of range: the cache has {self.batch} rows")
             if q + c > self.max_len:
-                raise ValueError(f"sequence of {q + c} tokens does not fit the cache's {self.max_len} slots per row")
-        slots = [r * self.max_len + c + i for r, q, c in zip(rows, query_lens, context_lens, strict=True) for i in range(q)]
+                raise ValueError(f"sequence of {q + c} tokens does not fit the cache's "
+                                 f"{self.max_len} slots per row")
+        slots = [
+            r * self.max_len + c + i
+            for r, q, c in zip(rows, query_lens, context_lens, strict=True)
+            for i in range(q)
+        ]
         identity = rows == list(range(len(rows)))
         tables = None if identity else torch.tensor(rows, device=self.k.device)[:, None]
-        return AttentionContext.build(query_lens, context_lens, slots, block_tables=tables, device=self.k.device)
+        return AttentionContext.build(
+            query_lens, context_lens, slots, block_tables=tables, device=self.k.device
+        )
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> None:
         # index_copy_ on the flat (slots, heads, dim) view: one scatter, no host sync.

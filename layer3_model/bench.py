@@ -30,7 +30,12 @@ def weight_bytes_read(net: LlamaModel) -> int:
     one byte each, their scales too."""
     seen, total = set(), 0
     for t in list(net.parameters()) + list(net.buffers()):
-        if t.data_ptr() in seen or t.dim() == 0 or t is getattr(net, "cos", None) or t is getattr(net, "sin", None):
+        if (
+            t.data_ptr() in seen
+            or t.dim() == 0
+            or t is getattr(net, "cos", None)
+            or t is getattr(net, "sin", None)
+        ):
             continue
         seen.add(t.data_ptr())
         total += t.numel() * t.element_size()
@@ -38,7 +43,8 @@ def weight_bytes_read(net: LlamaModel) -> int:
 
 
 def kv_bytes_per_position(net: LlamaModel) -> int:
-    """K and V bytes of one cached position, all layers: 2 * layers * kv_heads * head_dim * itemsize."""
+    """K and V bytes of one cached position, all layers:
+    2 * layers * kv_heads * head_dim * itemsize."""
     c = net.config
     return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * net.dtype.itemsize
 
@@ -72,7 +78,9 @@ def decode_seconds_per_token(net: LlamaModel, *, prompt_len: int = 128, new_toke
     dev = net.device
     gen = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, net.config.vocab_size, (prompt_len,), generator=gen).to(dev)
-    cache = ContiguousKVCache.for_model(net.config, 1, prompt_len + new_tokens + 1, dtype=net.dtype, device=dev)
+    cache = ContiguousKVCache.for_model(
+        net.config, 1, prompt_len + new_tokens + 1, dtype=net.dtype, device=dev
+    )
     logits = net(prompt, cache.context([prompt_len], [0]), cache, last_only=True)
     token, position = logits.argmax(-1), torch.tensor([prompt_len], device=dev)
     if cuda_graph:
@@ -101,12 +109,19 @@ def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float
     ids = torch.randint(0, net.config.vocab_size, (tokens,), device=dev)
     cache = ContiguousKVCache.for_model(net.config, 1, tokens, dtype=net.dtype, device=dev)
     ctx = cache.context([tokens], [0])
-    return kernels.hardware.time_fn(lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats,
-                        device=dev).median_s
+    return kernels.hardware.time_fn(
+        lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats, device=dev
+    ).median_s
 
 
-def hf_decode_seconds_per_token(config: dict, variant: str, *, prompt_len: int = 128, new_tokens: int = 256,
-                                dtype: torch.dtype = torch.bfloat16) -> float:
+def hf_decode_seconds_per_token(
+    config: dict,
+    variant: str,
+    *,
+    prompt_len: int = 128,
+    new_tokens: int = 256,
+    dtype: torch.dtype = torch.bfloat16,
+) -> float:
     """transformers' own generate() on a random model of the same shape, greedy, EOS never
     reached (min_new_tokens): seconds per new token after two warm-up calls.
     variant: "dynamic" (its default cache, eager) or "static": a static cache, with which

@@ -40,8 +40,10 @@ PROMPT = "ROMEO.\nBut soft, what light through yonder window breaks?\n\nJULIET.\
 
 
 def run(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="stack run --layer 3", description="the course model writes a scene")
-    ap.add_argument("--model", default=None, help="HF checkpoint dir (default: the course target model)")
+    ap = argparse.ArgumentParser(prog="stack run --layer 3",
+                                 description="the course model writes a scene")
+    ap.add_argument("--model", default=None,
+                    help="HF checkpoint dir (default: the course target model)")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=150)
     ap.add_argument("--temperature", type=float, default=0.8)
@@ -53,7 +55,8 @@ def run(argv: list[str] | None = None) -> int:
     model = load(args.model or course_model_dir("target"), backend=args.backend, device=args.device)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
-    console.print(f"[dim]{args.model or 'course target model'} on {args.device}, backend {args.backend}; "
+    console.print(f"[dim]{args.model or 'course target model'} on {args.device}, backend "
+                  f"{args.backend}; "
                   f"temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}[/]\n")
     sys.stdout.write(args.prompt)
     start = time.perf_counter()
@@ -62,8 +65,10 @@ def run(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     seconds = time.perf_counter() - start
     s = model.stats
-    console.print(f"\n\n[bold]{s.generated_tokens} tokens in {seconds:.2f} s[/]: prefill {s.prompt_tokens} "
-                  f"tokens at {s.prefill_tokens_per_s:,.0f} tokens/s, decode {s.decode_tokens_per_s:,.1f} tokens/s")
+    console.print(f"\n\n[bold]{s.generated_tokens} tokens in {seconds:.2f} s[/]: prefill "
+                  f"{s.prompt_tokens} "
+                  f"tokens at {s.prefill_tokens_per_s:,.0f} tokens/s, decode "
+                  f"{s.decode_tokens_per_s:,.1f} tokens/s")
     return 0
 
 
@@ -104,11 +109,14 @@ def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
     cfg = ModelConfig.from_dict(LLAMA_3_2_1B)
     P, N = args.prompt_len, args.new_tokens
     info = {"copy_bandwidth": bw, "bf16_flops": peak, "prompt_len": P, "new_tokens": N}
-    console.print(f"[bold]Llama-3.2-1B shape, RANDOM bf16 weights[/] (no checkpoint is downloaded): "
+    console.print("[bold]Llama-3.2-1B shape, RANDOM bf16 weights[/] (no "
+                  "checkpoint is downloaded): "
                   f"ceilings copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
 
     def decode_row(what: str, net, graph: bool) -> float:
-        spt = B.best_of(lambda: B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N, cuda_graph=graph))
+        spt = B.best_of(
+            lambda: B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N, cuda_graph=graph)
+        )
         moved = B.weight_bytes_read(net) + B.kv_bytes_per_position(net) * (P + N / 2)
         rows.append({"what": what, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
                      "bytes_per_token": moved, "MBU": moved / spt / bw})
@@ -130,20 +138,26 @@ def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
                      "ms": sec * 1e3, "MFU": B.prefill_flops(net, T) / sec / peak})
         if backend == "triton":
             quantize_model(net, include_lm_head=True)
-            result["w8a16"] = decode_row("1B decode bs1, W8A16 (int8 weights, lm_head too), triton, CUDA graph",
+            result["w8a16"] = decode_row("1B decode bs1, W8A16 (int8 weights, lm_head too), "
+                                         "triton, CUDA graph",
                                          net, True)
         del net
         torch.cuda.empty_cache()
     if args.hf:
         for variant in ("dynamic", "static"):
             try:
-                spt = B.hf_decode_seconds_per_token(LLAMA_3_2_1B, variant, prompt_len=P, new_tokens=N)
-                label = "static cache, auto-compiled" if variant == "static" else "dynamic cache, eager"
+                spt = B.hf_decode_seconds_per_token(
+                    LLAMA_3_2_1B, variant, prompt_len=P, new_tokens=N
+                )
+                label = (
+                    "static cache, auto-compiled" if variant == "static" else "dynamic cache, eager"
+                )
                 rows.append({"what": f"transformers generate bs1, {label}", "tokens_per_s": 1 / spt,
                              "ms_per_token": spt * 1e3})
                 result[f"hf_{variant}"] = 1 / spt
-            except Exception as err:  # noqa: BLE001  (a variant that fails here is reported, not fatal)
-                rows.append({"what": f"transformers generate bs1, {variant} cache: FAILED {type(err).__name__}: "
+            except Exception as err:  # noqa: BLE001  (reported in its row, not fatal)
+                rows.append({"what": f"transformers generate bs1, {variant} cache: FAILED "
+                                     f"{type(err).__name__}: "
                                      f"{str(err).splitlines()[0][:120] if str(err) else ''}"})
         hf_best = max((v for k, v in result.items() if k.startswith("hf_")), default=0.0)
         if hf_best:
@@ -158,15 +172,21 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--no-hf", dest="hf", action="store_false", help="skip transformers' generate")
-    ap.add_argument("--cpu-tokens", type=int, default=64, help="new tokens for the CPU course-model runs")
+    ap.add_argument("--cpu-tokens", type=int, default=64,
+                    help="new tokens for the CPU course-model runs")
     ap.add_argument("--val-data", type=Path, default=Path("build/course-data"),
-                    help="prepared corpus (python -m layer3_model.training.data) for the perplexity rows")
-    ap.add_argument("--ppl-tokens", type=int, default=30000, help="held-out tokens scored for perplexity")
+                    help="prepared corpus (python -m layer3_model.training.data) for the "
+                         "perplexity rows")
+    ap.add_argument("--ppl-tokens", type=int, default=30000,
+                    help="held-out tokens scored for perplexity")
     args = ap.parse_args(argv)
     rows: list[dict] = []
     _course_cpu(rows, args.cpu_tokens)
     quality = _course_quality(args.val_data, args.ppl_tokens)
-    info = _gpu(rows, args) if torch.cuda.is_available() else {"gpu": "none visible: GPU rows skipped"}
+    if torch.cuda.is_available():
+        info = _gpu(rows, args)
+    else:
+        info = {"gpu": "none visible: GPU rows skipped"}
     info.update(quality)
     table = Table(title="Layer 3 benchmarks")
     for col in ("what", "tokens/s", "ms", "MBU / MFU"):
@@ -180,7 +200,8 @@ def bench(argv: list[str] | None = None) -> int:
     for k, v in info.items():
         console.print(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
     out = kernels.hardware.results_dir(3) / "bench.json"
-    out.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "system": kernels.hardware.system_info(),
-                               "rows": rows, "info": info}, indent=1, default=str))
+    record = {"date": datetime.now(timezone.utc).isoformat(),
+              "system": kernels.hardware.system_info(), "rows": rows, "info": info}
+    out.write_text(json.dumps(record, indent=1, default=str))
     console.print(f"wrote {out}")
     return 0

@@ -63,14 +63,16 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+            raise ValueError("num_attention_heads "
+                             f"({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         if not self.layer_windows:
             object.__setattr__(self, "layer_windows", (None,) * self.num_hidden_layers)
         if len(self.layer_windows) != self.num_hidden_layers:
-            raise ValueError(f"{len(self.layer_windows)} layer windows for {self.num_hidden_layers} layers")
+            raise ValueError(f"{len(self.layer_windows)} layer windows for "
+                             f"{self.num_hidden_layers} layers")
 
     # Sizes of the merged projections: q, k, v stacked on the output dimension.
     @property
@@ -124,7 +126,8 @@ class ModelConfig:
         path = Path(path)
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise FileNotFoundError(f"no config.json in {path}: a Hugging Face checkpoint directory "
+            raise FileNotFoundError(f"no config.json in {path}: a Hugging "
+                                    "Face checkpoint directory "
                                     "holds config.json, model.safetensors and tokenizer.json")
         return cls.from_dict(json.loads(file.read_text()))
 
@@ -157,7 +160,8 @@ def _rope(d: dict) -> tuple[float, RopeScaling | None]:
     merged = {**legacy, **params}
     rope_type = merged.get("rope_type", merged.get("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(f"unsupported RoPE scaling {rope_type!r}: supported are {', '.join(SUPPORTED_ROPE_TYPES)}")
+        raise ValueError(f"unsupported RoPE scaling {rope_type!r}: supported are "
+                         f"{', '.join(SUPPORTED_ROPE_TYPES)}")
     if merged.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("partial_rotary_factor != 1 is not supported (RoPE on the whole head)")
     if rope_type == "default":

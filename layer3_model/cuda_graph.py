@@ -25,7 +25,8 @@ class CudaGraphDecoder:
     def __init__(self, model: LlamaModel, cache: ContiguousKVCache, batch_size: int | None = None,
                  *, warmup: int = 2) -> None:
         if not torch.cuda.is_available():
-            raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False here; "
+            raise RuntimeError("CUDA graphs need a CUDA GPU: "
+                               "torch.cuda.is_available() is False here; "
                                "decode eagerly instead (Model(..., cuda_graph=False))")
         if model.device.type != "cuda" or cache.k.device.type != "cuda":
             raise RuntimeError(f"CUDA graphs need the model and the cache on a CUDA device; "
@@ -34,10 +35,13 @@ class CudaGraphDecoder:
         if not 1 <= B <= cache.batch:
             raise ValueError(f"batch_size {B} must be in [1, {cache.batch}] (the cache's rows)")
         self.model, self.cache, self.batch_size = model, cache, B
-        last = cache.max_len - 1  # capture writes into the last slot: never read before it is rewritten
+        # capture writes into the last slot: never read before it is rewritten
+        last = cache.max_len - 1
         ctx = cache.context([1] * B, [last] * B)
         # Static shapes: attention spans every slot of a row, masked by the device-side seq_lens.
-        self.ctx = dataclasses.replace(ctx, max_seq_len=cache.max_len, seq_lens_host=(cache.max_len,) * B)
+        self.ctx = dataclasses.replace(
+            ctx, max_seq_len=cache.max_len, seq_lens_host=(cache.max_len,) * B
+        )
         self.input_ids = torch.zeros(B, dtype=torch.int64, device=model.device)
         self._row_base = torch.arange(B, device=model.device) * cache.max_len
 

@@ -31,7 +31,8 @@ def decode_bias(seq_lens: torch.Tensor, S: int, window: int | None, dtype: torch
     visible = k_pos[None, :] < seq_lens[:, None]
     if window is not None:
         visible = visible & (k_pos[None, :] >= seq_lens[:, None] - window)
-    bias = torch.zeros(visible.shape, dtype=dtype, device=seq_lens.device).masked_fill_(~visible, float("-inf"))
+    bias = torch.zeros(visible.shape, dtype=dtype, device=seq_lens.device)
+    bias.masked_fill_(~visible, float("-inf"))
     bias = bias[:, None, None, :]
     if memo is not None:
         memo[key] = bias
@@ -48,4 +49,5 @@ def padded_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.T
     Hkv, S = keys.shape[1], keys.shape[2]
     qg = q.view(B, Hkv, Hq // Hkv, D)
     bias = decode_bias(seq_lens, S, window, q.dtype, memo)
-    return F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale).reshape(B, Hq, D)
+    out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=bias, scale=scale)
+    return out.reshape(B, Hq, D)

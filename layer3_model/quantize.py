@@ -32,11 +32,19 @@ class Int8Linear(nn.Module):
         w_int8, scale = kernels.quantize_int8(linear.weight.detach())
         self.register_buffer("w_int8", w_int8)
         self.register_buffer("scale", scale)
-        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
-        self.in_features, self.out_features, self.impl = linear.in_features, linear.out_features, impl
+        self.bias = (
+            None if linear.bias is None else nn.Parameter(linear.bias.detach(), requires_grad=False)
+        )
+        self.in_features, self.out_features, self.impl = (
+            linear.in_features,
+            linear.out_features,
+            impl,
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = kernels.int8_matmul(x.reshape(-1, self.in_features), self.w_int8, self.scale, impl=self.impl)
+        y = kernels.int8_matmul(
+            x.reshape(-1, self.in_features), self.w_int8, self.scale, impl=self.impl
+        )
         y = y.view(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
@@ -44,7 +52,9 @@ class Int8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 weights"
 
 
-def quantize_model(model: LlamaModel, *, include_lm_head: bool = False, impl: str = "auto") -> LlamaModel:
+def quantize_model(
+    model: LlamaModel, *, include_lm_head: bool = False, impl: str = "auto"
+) -> LlamaModel:
     """Replace the decoder's nn.Linear layers (qkv, o_proj, gate_up, down) with Int8Linear,
     in place. The LM head stays in full precision unless include_lm_head (and never when it
     is tied to the embedding, which must stay a float table). Returns the model."""
@@ -61,7 +71,9 @@ def quantize_model(model: LlamaModel, *, include_lm_head: bool = False, impl: st
 def weight_bytes(model: LlamaModel) -> int:
     """Bytes of parameters and int8 buffers (what a decode step streams), tied weights once."""
     seen, total = set(), 0
-    for t in list(model.parameters()) + [b for n, b in model.named_buffers() if n.endswith(("w_int8", "scale"))]:
+    for t in list(model.parameters()) + [
+        b for n, b in model.named_buffers() if n.endswith(("w_int8", "scale"))
+    ]:
         if t.data_ptr() not in seen:
             seen.add(t.data_ptr())
             total += t.nbytes
@@ -69,7 +81,9 @@ def weight_bytes(model: LlamaModel) -> int:
 
 
 @torch.no_grad()
-def perplexity(model, token_ids: Sequence[int] | torch.Tensor, *, window: int | None = None) -> float:
+def perplexity(
+    model, token_ids: Sequence[int] | torch.Tensor, *, window: int | None = None
+) -> float:
     """exp(mean cross-entropy of predicting token t+1 from tokens <= t) over token_ids (N,).
     `model`: a LlamaModel or a Model from load(). Texts longer than `window` (default:
     max_position_embeddings) are scored in independent windows."""

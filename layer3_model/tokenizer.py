@@ -54,7 +54,8 @@ class Tokenizer:
         path = Path(path)
         file = path / "tokenizer.json" if path.is_dir() else path
         if not file.is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {path} (the `tokenizers` format is needed)")
+            raise FileNotFoundError(f"no tokenizer.json in {path} (the "
+                                    "`tokenizers` format is needed)")
         cfg_file = file.parent / "tokenizer_config.json"
         cfg = json.loads(cfg_file.read_text()) if cfg_file.is_file() else {}
         template = cfg.get("chat_template")
@@ -65,8 +66,13 @@ class Tokenizer:
         if template is None and jinja_file.is_file():
             template = jinja_file.read_text()
         eos = _token_text(cfg.get("eos_token"))
-        return cls(tokenizers.Tokenizer.from_file(str(file)), bos_token=_token_text(cfg.get("bos_token")),
-                   eos_tokens=(eos,) if eos else (), chat_template=template, extra_eos_ids=extra_eos_ids)
+        return cls(
+            tokenizers.Tokenizer.from_file(str(file)),
+            bos_token=_token_text(cfg.get("bos_token")),
+            eos_tokens=(eos,) if eos else (),
+            chat_template=template,
+            extra_eos_ids=extra_eos_ids,
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -89,14 +95,18 @@ class Tokenizer:
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-        env.filters["tojson"] = lambda x, indent=None: json.dumps(x, ensure_ascii=False, indent=indent)
+        env.filters["tojson"] = lambda x, indent=None: json.dumps(
+            x, ensure_ascii=False, indent=indent
+        )
         return env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
 
     def encode_chat(self, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt),
-                           add_special_tokens=False)
+        return self.encode(
+            self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt),
+            add_special_tokens=False,
+        )
 
     def decoder(self, *, skip_special_tokens: bool = True) -> IncrementalDecoder:
         return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)

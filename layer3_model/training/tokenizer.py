@@ -40,16 +40,19 @@ CHAT_TEMPLATE = (
     "{%- elif message['role'] == 'assistant' -%}{%- set speaker = assistant -%}"
     "{%- elif message['role'] == 'system' -%}{%- set speaker = '" + SYSTEM_SPEAKER + "' -%}"
     "{%- else -%}{%- set speaker = message['role'] -%}{%- endif -%}"
-    "{{- speaker | trim | upper -}}{{- '.\\n' -}}{{- message['content'] | trim -}}{{- '\\n\\n' -}}"
-    "{%- endfor -%}"
+    "{{- speaker | trim | upper -}}{{- '.\\n' -}}{{- message['content'] | trim -}}{{- "
+    "'\\n\\n' -}}{%- endfor -%}"
     "{%- if add_generation_prompt -%}{{- assistant | trim | upper -}}{{- '.\\n' -}}{%- endif -%}"
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2) -> Tokenizer:
+def train_tokenizer(
+    texts: Iterable[str], vocab_size: int = 4096, min_frequency: int = 2
+) -> Tokenizer:
     """Train a byte-level BPE on `texts` (an iterable of documents, e.g. plays)."""
     if vocab_size < 256 + len(SPECIAL_TOKENS):
-        raise ValueError(f"vocab_size={vocab_size} is below the 256 bytes + {len(SPECIAL_TOKENS)} special tokens")
+        raise ValueError(f"vocab_size={vocab_size} is below the 256 bytes + "
+                         f"{len(SPECIAL_TOKENS)} special tokens")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -77,22 +80,29 @@ def save_tokenizer(tok: Tokenizer, out: Path, model_max_length: int = 512) -> Pa
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(str(out / "tokenizer.json"))
-    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(model_max_length), indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(tokenizer_config(model_max_length), indent=2) + "\n"
+    )
     return out
 
 
 def special_token_ids(tok: Tokenizer) -> dict[str, int]:
     """{"bos": id, "eos": id, "pad": id}: raises if the tokenizer lacks one."""
-    ids = {name: tok.token_to_id(t) for name, t in zip(("bos", "eos", "pad"), SPECIAL_TOKENS, strict=True)}
+    ids = {
+        name: tok.token_to_id(t)
+        for name, t in zip(("bos", "eos", "pad"), SPECIAL_TOKENS, strict=True)
+    }
     missing = [SPECIAL_TOKENS[i] for i, v in enumerate(ids.values()) if v is None]
     if missing:
-        raise ValueError(f"tokenizer has no {', '.join(missing)}: not trained by training.tokenizer?")
+        raise ValueError(f"tokenizer has no {', '.join(missing)}: not trained by "
+                         "training.tokenizer?")
     return ids
 
 
 def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = True,
                 template: str = CHAT_TEMPLATE, **names: str) -> str:
-    """Render `messages` with the chat template in plain jinja2 (names: user_name, assistant_name)."""
+    """Render `messages` with the chat template in plain jinja2 (names: user_name,
+    assistant_name)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment()
@@ -102,7 +112,8 @@ def render_chat(messages: list[dict[str, str]], add_generation_prompt: bool = Tr
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", type=Path, default=cache_dir() / "prepared", help="prepared-data dir (train.txt)")
+    ap.add_argument("--data", type=Path, default=cache_dir() / "prepared",
+                    help="prepared-data dir (train.txt)")
     ap.add_argument("--out", type=Path, default=None, help="default: DATA/tokenizer")
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--max-length", type=int, default=512, help="model_max_length to record")

@@ -33,11 +33,14 @@ def tokenize_plays(tok: Tokenizer, plays: list[str]) -> np.ndarray:
     return np.asarray(out, dtype=np.uint16)
 
 
-def load_tokens(data_dir: Path, tokenizer_dir: Path) -> tuple[np.ndarray, np.ndarray, dict[str, object]]:
+def load_tokens(
+    data_dir: Path, tokenizer_dir: Path
+) -> tuple[np.ndarray, np.ndarray, dict[str, object]]:
     """(train tokens, val tokens, meta), memory-mapped; tokenizes DATA/{train,val}.txt if needed."""
     data_dir, tok_file = Path(data_dir), Path(tokenizer_dir) / "tokenizer.json"
     if not tok_file.is_file():
-        raise FileNotFoundError(f"{tok_file} is missing: run `python -m layer3_model.training.tokenizer "
+        raise FileNotFoundError(f"{tok_file} is missing: run `python -m "
+                                "layer3_model.training.tokenizer "
                                 f"--data {data_dir}` first")
     tok_dir = data_dir / "tokens"
     meta_file = tok_dir / "meta.json"
@@ -48,7 +51,11 @@ def load_tokens(data_dir: Path, tokenizer_dir: Path) -> tuple[np.ndarray, np.nda
     if not fresh:
         tok = Tokenizer.from_file(str(tok_file))
         tok_dir.mkdir(parents=True, exist_ok=True)
-        meta = {"tokenizer_sha256": sha, "vocab_size": tok.get_vocab_size(), **special_token_ids(tok)}
+        meta = {
+            "tokenizer_sha256": sha,
+            "vocab_size": tok.get_vocab_size(),
+            **special_token_ids(tok),
+        }
         for split in ("train", "val"):
             plays = load_split(data_dir, split)
             arr = tokenize_plays(tok, plays)

@@ -39,7 +39,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--out", type=Path, required=True, help="the HF model directory to write")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--seq", type=int, default=512, help="training window (also max_position_embeddings)")
+    ap.add_argument("--seq", type=int, default=512,
+                    help="training window (also max_position_embeddings)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--min-lr-ratio", type=float, default=0.1)
     ap.add_argument("--warmup", type=int, default=None, help="default: 5%% of steps")
@@ -54,7 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1 ...")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (GPU)")
     ap.add_argument("--ckpt", type=Path, default=None,
-                    help="training checkpoint (default OUT.ckpt.pt beside OUT, so OUT stays committable)")
+                    help="training checkpoint (default OUT.ckpt.pt beside OUT, "
+                         "so OUT stays committable)")
     ap.add_argument("--resume", action="store_true", help="continue from the checkpoint")
     ap.add_argument("--tokenize-only", action="store_true", help="write DATA/tokens/ and stop")
     ap.add_argument("--seed", type=int, default=0)
@@ -74,9 +76,14 @@ def lr_at(step: int, total: int, warmup: int, lr: float, min_lr: float) -> float
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def sample_batch(tokens: torch.Tensor, batch: int, seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random windows: inputs (batch, seq) and next-token targets (batch, seq), on tokens' device."""
-    starts = torch.randint(0, tokens.numel() - seq - 1, (batch,), generator=gen, device=tokens.device)
+def sample_batch(
+    tokens: torch.Tensor, batch: int, seq: int, gen: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random windows: inputs (batch, seq) and next-token targets (batch, seq), on tokens'
+    device."""
+    starts = torch.randint(
+        0, tokens.numel() - seq - 1, (batch,), generator=gen, device=tokens.device
+    )
     windows = tokens[starts[:, None] + torch.arange(seq + 1, device=tokens.device)]
     return windows[:, :-1], windows[:, 1:]
 
@@ -88,7 +95,8 @@ def evaluate(model: torch.nn.Module, tokens: torch.Tensor, batch: int, seq: int,
     model.eval()
     n = min((tokens.numel() - 1) // seq, max_batches * batch)
     if n == 0:
-        raise ValueError(f"validation set ({tokens.numel()} tokens) is shorter than one window of {seq}")
+        raise ValueError(f"validation set ({tokens.numel()} tokens) is "
+                         f"shorter than one window of {seq}")
     total = 0.0
     for lo in range(0, n, batch):
         starts = torch.arange(lo, min(n, lo + batch), device=tokens.device) * seq
@@ -100,11 +108,16 @@ def evaluate(model: torch.nn.Module, tokens: torch.Tensor, batch: int, seq: int,
     return total / (n * seq)
 
 
-def make_optimizer(model: LlamaModel, lr: float, weight_decay: float, fused: bool) -> torch.optim.AdamW:
+def make_optimizer(
+    model: LlamaModel, lr: float, weight_decay: float, fused: bool
+) -> torch.optim.AdamW:
     """AdamW; weight decay on matrices only (not on norms' gains)."""
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, fused=fused)
 
 
@@ -122,7 +135,8 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
     train_np, val_np, meta = load_tokens(args.data, tok_dir)
     if args.tokenize_only:
         console.print(f"{args.data / 'tokens'}: train {meta['train_tokens']:,} tokens "
-                      f"({meta['train_plays']} plays), val {meta['val_tokens']:,} tokens ({meta['val_plays']} plays)")
+                      f"({meta['train_plays']} plays), val {meta['val_tokens']:,} tokens "
+                      f"({meta['val_plays']} plays)")
         return {"meta": meta}
     train_ids = torch.from_numpy(train_np.astype("int64")).to(device)
     val_ids = torch.from_numpy(val_np.astype("int64")).to(device)
@@ -132,8 +146,10 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
     n_params = model.num_parameters()
     console.print(f"[bold]{args.size}[/]: {n_params:,} parameters ({n_params / 1e6:.2f}M; "
                   f"{n_params * 2 / 2**20:.1f} MiB in bf16), {cfg.num_hidden_layers} layers, dim "
-                  f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / {cfg.num_key_value_heads} kv heads; "
-                  f"train {train_ids.numel():,} tokens, val {val_ids.numel():,} tokens; device {device}")
+                  f"{cfg.hidden_size}, {cfg.num_attention_heads} heads / "
+                  f"{cfg.num_key_value_heads} kv heads; "
+                  f"train {train_ids.numel():,} tokens, val "
+                  f"{val_ids.numel():,} tokens; device {device}")
     opt = make_optimizer(model, args.lr, args.weight_decay, fused=device.type == "cuda")
     step, best, elapsed = 0, float("inf"), 0.0
     ckpt_path = Path(args.ckpt or Path(args.out).with_name(Path(args.out).name + ".ckpt.pt"))
@@ -148,11 +164,19 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else None
     gen = torch.Generator(device=device).manual_seed(args.seed + step)
     warmup = args.warmup if args.warmup is not None else max(1, args.steps // 20)
-    stats: dict[str, object] = {"size": args.size, "params": n_params, "config": cfg, "args": vars(args),
-                                "dropout": dropout, "train_tokens": train_ids.numel(),
-                                "val_tokens": val_ids.numel(), "meta": meta,
-                                "hardware": hardware_name(device), "history": [],
-                                "precision": "bf16 autocast" if amp else "fp32"}
+    stats: dict[str, object] = {
+        "size": args.size,
+        "params": n_params,
+        "config": cfg,
+        "args": vars(args),
+        "dropout": dropout,
+        "train_tokens": train_ids.numel(),
+        "val_tokens": val_ids.numel(),
+        "meta": meta,
+        "hardware": hardware_name(device),
+        "history": [],
+        "precision": "bf16 autocast" if amp else "fp32",
+    }
     best_state: dict[str, torch.Tensor] = {}
 
     def save_checkpoint() -> None:
@@ -168,9 +192,15 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
         if improved:
             best = val
             best_state.update({k: v.detach().clone() for k, v in model.state_dict().items()})
-            stats.update(best_val=val, best_step=step, elapsed=elapsed, tokens_seen=step * args.batch * args.seq)
+            stats.update(
+                best_val=val,
+                best_step=step,
+                elapsed=elapsed,
+                tokens_seen=step * args.batch * args.seq,
+            )
             write_model_dir(model, args.out, tok_dir, stats)
-        console.print(f"step {step:6d}  train {loss_avg:.3f}  val {val:.3f} (ppl {math.exp(val):.1f})"
+        console.print(f"step {step:6d}  train {loss_avg:.3f}  val {val:.3f} (ppl "
+                      f"{math.exp(val):.1f})"
                       f"{'  saved' if improved else ''}  {elapsed:.0f}s")
         eval_time += time.perf_counter() - t_eval
 
@@ -201,14 +231,18 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
                 loss_avg = value if math.isnan(loss_avg) else 0.9 * loss_avg + 0.1 * value
                 elapsed = time.perf_counter() - t0
                 tok_s = tokens_done / max(1e-9, time.perf_counter() - t_start - eval_time)
-                bar.update(task, completed=step, info=f"loss {loss_avg:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s")
+                info = f"loss {loss_avg:.3f} lr {lr:.2e} {tok_s:,.0f} tok/s"
+                bar.update(task, completed=step, info=info)
                 stats["tokens_per_s"] = tok_s
             if step % args.eval_every == 0 or step == args.steps:
                 elapsed = time.perf_counter() - t0
                 run_eval()
             if step % args.ckpt_every == 0:
                 save_checkpoint()
-            if args.max_minutes is not None and time.perf_counter() - t_start > args.max_minutes * 60:
+            if (
+                args.max_minutes is not None
+                and time.perf_counter() - t_start > args.max_minutes * 60
+            ):
                 console.print(f"[yellow]--max-minutes {args.max_minutes} reached at step {step}[/]")
                 if step % args.eval_every:
                     elapsed = time.perf_counter() - t0
@@ -217,10 +251,12 @@ def train(args: argparse.Namespace, console: Console | None = None) -> dict[str,
     elapsed = time.perf_counter() - t0
     save_checkpoint()
     stats.update(steps_done=step, total_time=elapsed)
-    if best_state:  # the exported model is the best one seen; the card gets the final numbers + a sample
+    # the exported model is the best one seen; the card gets the final numbers + a sample
+    if best_state:
         model.load_state_dict(best_state)
         write_model_dir(model, args.out, tok_dir, stats, sample=True)
-    console.print(f"best val loss {best:.3f} (ppl {math.exp(best):.1f}) at step {stats.get('best_step')}; "
+    console.print(f"best val loss {best:.3f} (ppl {math.exp(best):.1f}) at step "
+                  f"{stats.get('best_step')}; "
                   f"{elapsed:.0f}s on {stats['hardware']}; wrote {args.out}")
     return stats
 

@@ -325,16 +325,21 @@ def test_tiny_training_run_learns_and_exports_hf(prepared: Path, tmp_path: Path)
     assert "model.layers.1.self_attn.q_proj.weight" in keys and "model.layers.0.mlp.down_proj.weight" in keys
     assert "lm_head.weight" not in keys and "model.embed_tokens.weight" in keys
 
+    _assert_matches_transformers(out)
+
+    # Resuming continues from the checkpoint's step.
+    more = train(parse_args([*_argv(args), "--steps", "40", "--resume"]))
+    assert more["steps_done"] == 40 and more["history"][0][0] == 40
+
+
+def _assert_matches_transformers(out: Path) -> None:
+    """The exported directory loads in transformers and computes what our model computes."""
     ours = load_hf(out).eval()
     transformers = pytest.importorskip("transformers")
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
     ids = torch.randint(3, 300, (2, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         torch.testing.assert_close(hf(ids).logits, ours(ids), atol=1e-4, rtol=1e-4)
-
-    # Resuming continues from the checkpoint's step.
-    more = train(parse_args([*_argv(args), "--steps", "40", "--resume"]))
-    assert more["steps_done"] == 40 and more["history"][0][0] == 40
 
 
 def _argv(args: object) -> list[str]:
@@ -351,9 +356,4 @@ def test_tiny_training_on_gpu_uses_bf16_and_exports_the_same_model(prepared: Pat
     vals = [v for _, _, v in stats["history"]]
     assert stats["precision"] == "bf16 autocast" and vals[-1] < vals[0]
     assert not stats["hardware"].startswith("CPU")
-    ours = load_hf(out).eval()
-    transformers = pytest.importorskip("transformers")
-    hf = transformers.AutoModelForCausalLM.from_pretrained(out).float().eval()
-    ids = torch.randint(3, 300, (2, 32), generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        torch.testing.assert_close(hf(ids).logits, ours(ids), atol=1e-4, rtol=1e-4)
+    _assert_matches_transformers(out)

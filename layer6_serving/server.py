@@ -10,6 +10,7 @@ thread); a request goes to the engine of the model it names.
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import threading
 import time
@@ -108,6 +109,10 @@ def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("cour
         raise
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def serve_main(argv: list[str]) -> int:
     """`stack serve --model M [--model M2 ...] [--host H] [--port P] [--tp N] [--api-key K]`."""
     ap = argparse.ArgumentParser(prog="stack serve", description="OpenAI-compatible server")
@@ -134,6 +139,7 @@ def serve_main(argv: list[str]) -> int:
         print(f"error: {e}")
         return 2
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop cleans up like Ctrl-C
     try:
         while handle._thread.is_alive():
             time.sleep(0.5)

@@ -218,3 +218,13 @@ def test_error_mid_stream_is_an_error_event_then_done(server, monkeypatch):
     err = json.loads(events[-2])["error"]
     assert "injected fault" in err["message"] and set(err) == {"message", "type", "param", "code"}
     assert json.loads(events[0])["choices"][0]["text"] is not None  # tokens came first
+
+
+def test_a_repeated_prompt_reports_cached_prompt_tokens(client, server):
+    prompt = "KING.\n" + "Now is the winter of our discontent made glorious summer. " * 3
+    kw = dict(model="course", prompt=prompt, max_tokens=2, temperature=0)
+    client.completions.create(**kw)
+    again = client.completions.create(**kw)
+    cached = again.model_extra["llm_stack"]["cached_prompt_tokens"]
+    assert cached >= 16 and cached < again.usage.prompt_tokens  # whole blocks of 16 tokens
+    assert metric(server, "prefix_cache_hit_rate") > 0

@@ -40,3 +40,13 @@ def test_grafana_dashboard_uses_only_exported_metrics():
     suffixes = {"histogram": ("_bucket", "_sum", "_count"), "counter": ("_total",), "gauge": ("",)}
     exported = {f.name + x for f in ServingMetrics().registry.collect() for x in suffixes[f.type]}
     assert used and used <= exported, used - exported
+
+
+@pytest.mark.slow
+def test_stack_run_layer_6_drives_a_server_end_to_end(capsys):
+    from importlib import import_module
+
+    commands = import_module(entry_points(group="llm_stack.layers")["6"].value)
+    assert commands.run(["--concurrency", "4", "--max-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "one stream" in out and "4/4" in out and "KV blocks used 0" in out

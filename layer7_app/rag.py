@@ -2,8 +2,11 @@
 
 `DocIndex.from_dir(DIR)` reads every .txt and .md file under DIR, cuts each into passages
 of about `passage_words` words (whole paragraphs where they fit, so a passage rarely starts
-mid-thought), and indexes them with Okapi BM25, the classic lexical ranking function: a
-passage scores high when it contains the query's rare words, often, and is not long.
+mid-thought), and indexes them with BM25 (its BM25+ variant), the classic lexical ranking
+function: a passage scores high when it contains the query's rare words, often, and is not long.
+Plain Okapi BM25 gives a word found in half the passages an IDF of zero (and a negative one
+above half), so in a folder of two files it ranks nothing; BM25+ keeps every IDF positive.
+A passage that shares no word with the query is never returned, whatever its score.
 `search(query)` returns the best passages; `context_message(passages)` turns them into a
 system message that the chat app puts before the conversation, and the page shows each
 passage's file as a citation under the reply.
@@ -17,15 +20,21 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from rank_bm25 import BM25Okapi
+from rank_bm25 import BM25Plus
 
 SUFFIXES = (".txt", ".md")
 _WORD = re.compile(r"\w+", re.UNICODE)
+# Function words carry no topic: without this list "where does the ghost walk?" would cite
+# every passage that has a "the" in it.
+STOPWORDS = frozenset(
+    "a an and are as at be but by do does did for from had has have he her his how i if in "
+    "into is it its me my no not of on or our she so than that the their them then there "
+    "these they this to was we were what when where which who why will with you your".split())
 
 
 def tokenize(text: str) -> list[str]:
-    """Lower-cased word tokens: what BM25 matches on."""
-    return _WORD.findall(text.lower())
+    """Lower-cased word tokens, function words left out: what BM25 matches on."""
+    return [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
 
 
 @dataclass(frozen=True)
@@ -77,9 +86,11 @@ class DocIndex:
         if not passages:
             raise ValueError("no passages to index")
         self.passages = passages
-        # BM25Okapi cannot take an empty token list for every document; a passage of only
-        # punctuation gets a placeholder token that no query produces.
-        self._bm25 = BM25Okapi([tokenize(p.text) or ["\x00"] for p in passages])
+        # A passage of only punctuation gets a placeholder token that no query produces
+        # (rank-bm25 divides by the average passage length).
+        tokens = [tokenize(p.text) or ["\x00"] for p in passages]
+        self._words = [set(t) for t in tokens]
+        self._bm25 = BM25Plus(tokens)
 
     @classmethod
     def from_dir(cls, folder: Path | str, passage_words: int = 200) -> DocIndex:
@@ -104,14 +115,16 @@ class DocIndex:
         return sorted({p.source for p in self.passages})
 
     def search(self, query: str, k: int = 3) -> list[Passage]:
-        """The `k` best passages for `query` with a positive score, best first."""
+        """The `k` best passages that share a word with `query`, best first."""
         terms = tokenize(query)
         if not terms or k < 1:
             return []
         scores = self._bm25.get_scores(terms)
-        ranked = sorted(range(len(scores)), key=lambda i: -scores[i])[:k]
+        wanted = set(terms)
+        matching = [i for i, words in enumerate(self._words) if words & wanted]
+        ranked = sorted(matching, key=lambda i: -scores[i])[:k]
         return [Passage(self.passages[i].source, self.passages[i].index, self.passages[i].text,
-                        float(scores[i])) for i in ranked if scores[i] > 0]
+                        float(scores[i])) for i in ranked]
 
 
 def context_message(passages: list[Passage], max_chars: int | None = None) -> str:

@@ -143,13 +143,8 @@ def _flash_fwd_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    q_ptrs = (
-        q_ptr
-        + b * stride_qb
-        + h * stride_qh
-        + offs_m[:, None] * stride_qn
-        + offs_d[None, :] * stride_qd
-    )
+    q_base = q_ptr + b * stride_qb + h * stride_qh  # this (batch, head)'s queries
+    q_ptrs = q_base + offs_m[:, None] * stride_qn + offs_d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=offs_m[:, None] < Nq, other=0.0)
     k_base = k_ptr + b * stride_kb + h_kv * stride_kh
     v_base = v_ptr + b * stride_vb + h_kv * stride_vh
@@ -179,13 +174,8 @@ def _flash_fwd_kernel(
 
     l_i = tl.where(l_i == 0.0, 1.0, l_i)  # rows that saw no key: acc is 0, output 0
     out = acc / l_i[:, None]
-    o_ptrs = (
-        o_ptr
-        + b * stride_ob
-        + h * stride_oh
-        + offs_m[:, None] * stride_on
-        + offs_d[None, :] * stride_od
-    )
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    o_ptrs = o_base + offs_m[:, None] * stride_on + offs_d[None, :] * stride_od
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=offs_m[:, None] < Nq)
 
 

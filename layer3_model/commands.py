@@ -55,9 +55,9 @@ def run(argv: list[str] | None = None) -> int:
     model = load(args.model or course_model_dir("target"), backend=args.backend, device=args.device)
     params = SamplingParams(temperature=args.temperature, top_k=args.top_k, seed=args.seed,
                             max_tokens=args.max_tokens)
-    console.print(f"[dim]{args.model or 'course target model'} on {args.device}, backend "
-                  f"{args.backend}; "
-                  f"temperature {args.temperature}, top-k {args.top_k}, seed {args.seed}[/]\n")
+    console.print(f"[dim]{args.model or 'course target model'} on {args.device}, "
+                  f"backend {args.backend}; temperature {args.temperature}, top-k {args.top_k}, "
+                  f"seed {args.seed}[/]\n")
     sys.stdout.write(args.prompt)
     start = time.perf_counter()
     for piece in model.stream(args.prompt, params):
@@ -65,10 +65,9 @@ def run(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
     seconds = time.perf_counter() - start
     s = model.stats
-    console.print(f"\n\n[bold]{s.generated_tokens} tokens in {seconds:.2f} s[/]: prefill "
-                  f"{s.prompt_tokens} "
-                  f"tokens at {s.prefill_tokens_per_s:,.0f} tokens/s, decode "
-                  f"{s.decode_tokens_per_s:,.1f} tokens/s")
+    console.print(f"\n\n[bold]{s.generated_tokens} tokens in {seconds:.2f} s[/]: "
+                  f"prefill {s.prompt_tokens} tokens at {s.prefill_tokens_per_s:,.0f} tokens/s, "
+                  f"decode {s.decode_tokens_per_s:,.1f} tokens/s")
     return 0
 
 
@@ -109,9 +108,9 @@ def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
     cfg = ModelConfig.from_dict(LLAMA_3_2_1B)
     P, N = args.prompt_len, args.new_tokens
     info = {"copy_bandwidth": bw, "bf16_flops": peak, "prompt_len": P, "new_tokens": N}
-    console.print("[bold]Llama-3.2-1B shape, RANDOM bf16 weights[/] (no "
-                  "checkpoint is downloaded): "
-                  f"ceilings copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s")
+    console.print("[bold]Llama-3.2-1B shape, RANDOM bf16 weights[/] (no checkpoint is "
+                  f"downloaded): ceilings copy {bw / 1e12:.2f} TB/s, "
+                  f"bf16 {peak / 1e12:.0f} TFLOP/s")
 
     def decode_row(what: str, net, graph: bool) -> float:
         spt = B.best_of(

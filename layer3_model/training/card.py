@@ -72,10 +72,9 @@ def _card(stats: dict[str, object], sample: tuple[str, str] | None) -> str:
                           f"of {meta.get('train_plays', '?')} plays"),
         ("training", f"{stats.get('steps_done', stats.get('best_step'))} steps × {args['batch']} × "
                      f"{args['seq']} tokens = {seen:,} tokens seen "
-                     f"({seen / max(1, stats['train_tokens']):.1f} epochs); AdamW lr "
-                     f"{args['lr']:g}, "
-                     f"cosine, warm-up, clip {args['clip']:g}, weight decay "
-                     f"{args['weight_decay']:g}, "
+                     f"({seen / max(1, stats['train_tokens']):.1f} epochs); "
+                     f"AdamW lr {args['lr']:g}, cosine, warm-up, clip {args['clip']:g}, "
+                     f"weight decay {args['weight_decay']:g}, "
                      f"residual dropout {stats['dropout']:g}"),
         ("training time", f"{minutes:.1f} min ({stats.get('tokens_per_s', 0):,.0f} tokens/s)"),
         ("hardware", f"{stats['hardware']}, torch {torch.__version__}, "

@@ -109,3 +109,22 @@ def test_bad_training_input_is_a_clear_error() -> None:
     net.set_backend("triton")
     with pytest.raises(ValueError, match="no backward"):
         net(torch.zeros(2, 8, dtype=torch.int64))
+
+
+@pytest.mark.gpu
+def test_training_step_on_gpu_in_bf16_matches_fp32(make_checkpoint) -> None:
+    """On CUDA, SDPA takes a fused kernel and autocast runs the matmuls in bf16: the loss
+    and gradients stay close to fp32 on the CPU, and every gradient is finite."""
+    path, _ = make_checkpoint("llama-gqa")
+    ref = l3.load_model(path, dtype=torch.float32).train()
+    gpu = l3.load_model(path, dtype=torch.float32, device="cuda").train()
+    ids, targets = _batch(ref.config.vocab_size, seed=11)
+    ref.loss(ids, targets).backward()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = gpu.loss(ids.cuda(), targets.cuda())
+    loss.backward()
+    torch.testing.assert_close(loss.cpu(), ref.loss(ids, targets).detach(), atol=0.05, rtol=0.02)
+    for (name, p), q in zip(gpu.named_parameters(), ref.parameters(), strict=True):
+        assert torch.isfinite(p.grad).all(), name
+        cos = torch.nn.functional.cosine_similarity(p.grad.cpu().flatten(), q.grad.flatten(), 0)
+        assert cos > 0.98, (name, cos.item())

@@ -76,25 +76,32 @@ class EngineLoop:
     # ---- the thread ----------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop:
-            self.wake.clear()
-            self._drain()
-            self._expire()
-            self._admit()
-            if not self.llm.has_unfinished():
-                self._publish()
-                self.wake.wait(0.05 if self.pending or self.live else 1.0)
-                continue
             try:
-                outs = self.llm.step()
-            except Exception as e:  # noqa: BLE001 - reported to every request, the loop lives on
-                self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
-                continue
-            self.snapshot.steps += 1
-            self._publish()  # before delivering: a client that sees its tokens sees this state
-            for o in outs:
-                self._deliver(o)
+                self._turn()
+            except Exception as e:  # noqa: BLE001 - a bug here must not leave clients waiting
+                self._fail_all(EngineStepError(f"engine loop failed: {type(e).__name__}: {e}"))
+                time.sleep(0.01)  # should it fail again at once, do not spin
         for req in list(self.live.values()) + [r for _, _, r in self.pending]:
             self._drop(req, EngineStepError("the server is shutting down"))
+
+    def _turn(self) -> None:
+        self.wake.clear()
+        self._drain()
+        self._expire()
+        self._admit()
+        if not self.llm.has_unfinished():
+            self._publish()
+            self.wake.wait(0.05 if self.pending or self.live else 1.0)
+            return
+        try:
+            outs = self.llm.step()
+        except Exception as e:  # noqa: BLE001 - reported to every request, the loop lives on
+            self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
+            return
+        self.snapshot.steps += 1
+        self._publish()  # before delivering: a client that sees its tokens sees this state
+        for o in outs:
+            self._deliver(o)
 
     def _drain(self) -> None:
         while True:
@@ -203,7 +210,10 @@ class EngineLoop:
             except Exception:  # noqa: BLE001 - the engine is already broken: drop our side
                 self.live.pop(req.request_id, None)
                 self._post(req, error)
-        self._publish()
+        try:
+            self._publish()
+        except Exception:  # noqa: BLE001 - the next turn publishes again
+            pass
 
     def _post(self, req: Request, item) -> None:
         try:

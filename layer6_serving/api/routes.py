@@ -40,7 +40,10 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
                                       presence_penalty=args.presence_penalty,
                                       frequency_penalty=args.frequency_penalty)
         except Exception as e:  # noqa: BLE001 - bad input or backpressure: a 4xx
-            return from_exception(e).response()
+            err = from_exception(e)
+            if err.status == 400 and err.param is None:
+                err.param = "messages" if chat else "prompt"
+            return err.response()
         rid = render.new_id("chatcmpl" if chat else "cmpl")
         if stream:
             maker = render.ChunkMaker(rid, model, chat, include_usage)

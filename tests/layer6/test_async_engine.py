@@ -164,3 +164,24 @@ def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(engine, monke
     run(go())
     assert engine.snapshot.kv_blocks_used == 0
     assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3
+
+
+def test_a_bug_in_the_loop_fails_its_requests_instead_of_hanging(engine, monkeypatch):
+    real, calls = engine.loop._deliver, {"n": 0}
+
+    def buggy(out):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyError("a bug")
+        return real(out)
+    monkeypatch.setattr(engine.loop, "_deliver", buggy)
+
+    async def go():
+        s = await engine.generate(PROMPTS[0], SP(max_tokens=30, ignore_eos=True))
+        with pytest.raises(l6.EngineStepError, match="engine loop failed"):
+            async for _ in s:
+                pass
+        await _idle(engine)
+    run(go())
+    assert engine.loop.thread.is_alive() and engine.snapshot.kv_blocks_used == 0
+    assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3

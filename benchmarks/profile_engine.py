@@ -28,7 +28,8 @@ from layer4_algorithms.kv import paged_cache as PC
 ap = argparse.ArgumentParser()
 ap.add_argument("--seqs", type=int, default=256)
 ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks the script runs")
+ap.add_argument("--smoke", action="store_true",
+                help="a tiny model on the CPU: checks the script runs")
 args = ap.parse_args()
 
 STAGES: collections.Counter = collections.Counter()
@@ -46,7 +47,8 @@ def timed(cls, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
-for cls, name in [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"), (PC.PagedKVCache, "context"),
+for cls, name in [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
+                  (PC.PagedKVCache, "context"),
                   (MR.ModelRunner, "sample"), (MR.ModelRunner, "execute"), (E.LLM, "_outputs")]:
     timed(cls, name)
 
@@ -62,7 +64,8 @@ sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
 rng = random.Random(0)
 for i in range(args.seqs):
     prompt = [rng.randrange(1000, 100000) for _ in range(rng.randint(100, 1024))]
-    llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True), str(i))
+    llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True),
+                    str(i))
 while llm.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in llm.scheduler.running):
     llm.step()
 print(f"{len(llm.scheduler.running)} sequences decoding after {llm.stats.steps} steps")
@@ -78,7 +81,8 @@ wall = (time.perf_counter() - t0) / args.steps
 print(f"wall {wall * 1e3:.2f} ms per decode step at batch {args.seqs}")
 for k, v in STAGES.most_common():
     print(f"  {k:12s} {v / args.steps * 1e3:7.2f} ms/step")
-with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])) as prof:
+activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+with profile(activities=activities) as prof:
     for _ in range(5):
         llm.step()
     sync()

@@ -133,7 +133,8 @@ class StepPlan:
     preempted: list[int] = field(default_factory=list)
 
 
-def schedule_step(running: list[SeqState], waiting: list[SeqState], num_free_blocks: int, block_size: int,
+def schedule_step(running: list[SeqState], waiting: list[SeqState], num_free_blocks: int,
+                  block_size: int,
                   max_num_seqs: int, max_num_batched_tokens: int) -> StepPlan:
     """Plan one step of continuous batching with chunked prefill. Do not change the inputs
     (SeqState is frozen; copy the lists if you reorder them).

@@ -1,7 +1,8 @@
 """Shared fixtures for layer 4: a tiny random Llama (token-id prompts, no tokenizer) and the
-course target and draft models (text, stop strings; `target` is `course_model`). Greedy comparisons against layer 3 need clear argmax
-margins, so the tiny model's weights are drawn large (std 0.3): rounding differences between
-the paged and the contiguous path (different padding, chunking) cannot flip a token."""
+course target and draft models (text, stop strings; `target` is `course_model`). Greedy
+comparisons against layer 3 need clear argmax margins, so the tiny model's weights are drawn
+large (std 0.3): rounding differences between the paged and the contiguous path (different
+padding, chunking) cannot flip a token."""
 from __future__ import annotations
 
 import pytest

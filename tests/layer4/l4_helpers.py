@@ -5,7 +5,8 @@ import torch
 
 import layer3_model as l3
 
-TINY = dict(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+TINY = dict(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=128,
+            num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
             bos_token_id=0, eos_token_id=1)
 

@@ -13,11 +13,13 @@ from layer4_algorithms import PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner, bucket_sizes
 
 CONFIG = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96,
-                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=16,
                         max_position_embeddings=64, layer_windows=(None, 5))
 BLOCK_SIZE, NUM_BLOCKS, MAX_BLOCKS, MAX_SEQS = 4, 48, 6, 12
 PROMPT_LENS = [3, 9, 1, 6, 4, 8, 2, 7, 5, 4, 9, 1]
-STEPS = [list(range(12)), [0, 1, 2, 3, 4], [7, 2, 9], [4], [11, 10, 0, 5, 6, 8, 1]]  # buckets 12, 8, 4, 1, 8
+# buckets 12, 8, 4, 1, 8
+STEPS = [list(range(12)), [0, 1, 2, 3, 4], [7, 2, 9], [4], [11, 10, 0, 5, 6, 8, 1]]
 
 
 def test_buckets():
@@ -30,7 +32,8 @@ def test_buckets():
         bucket_sizes(0)
 
 
-def prefilled(device: str, dtype: torch.dtype) -> tuple[l3.LlamaModel, PagedKVCache, list[list[int]], list[int], list[int]]:
+def prefilled(device: str, dtype: torch.dtype) -> tuple[l3.LlamaModel, PagedKVCache,
+                                                        list[list[int]], list[int], list[int]]:
     """A random model, a paged cache holding 12 prompts in shuffled blocks (room for every
     step), their block tables, lengths and first decode tokens."""
     model = l3.random_model(CONFIG, dtype=dtype, device=device, seed=1, std=0.3)
@@ -52,7 +55,8 @@ def prefilled(device: str, dtype: torch.dtype) -> tuple[l3.LlamaModel, PagedKVCa
 
 
 def copy_cache(cache: PagedKVCache) -> PagedKVCache:
-    twin = PagedKVCache.for_model(CONFIG, NUM_BLOCKS, BLOCK_SIZE, dtype=cache.k.dtype, device=cache.device)
+    twin = PagedKVCache.for_model(CONFIG, NUM_BLOCKS, BLOCK_SIZE, dtype=cache.k.dtype,
+                                  device=cache.device)
     twin.k.copy_(cache.k)
     twin.v.copy_(cache.v)
     return twin
@@ -64,7 +68,8 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
     runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture)
     assert sorted(runner.graphs) == (runner.buckets if capture else [])
     for step in STEPS:
-        ctx = eager_cache.context([1] * len(step), [lens[b] for b in step], [tables[b] for b in step])
+        ctx = eager_cache.context([1] * len(step), [lens[b] for b in step],
+                                  [tables[b] for b in step])
         ids = torch.tensor([tokens[b] for b in step], device=device)
         with torch.no_grad():
             eager = model(ids, ctx, eager_cache, last_only=True)
@@ -74,7 +79,8 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
         assert replay.shape == (len(step), CONFIG.vocab_size) and replay.dtype == torch.float32
         torch.testing.assert_close(replay, eager, rtol=tol, atol=tol)
-        if bucket > len(step):  # padding rows wrote their one token (position 0) into the scratch block
+        # padding rows wrote their one token (position 0) into the scratch block
+        if bucket > len(step):
             written = cache.k[:, cache.scratch_block].abs().sum(dim=(0, 2, 3)) > 0  # per slot
             assert written.tolist() == [True] + [False] * (BLOCK_SIZE - 1)
         for b, t in zip(step, replay.argmax(-1).tolist(), strict=True):
@@ -100,8 +106,9 @@ def test_eager_buffers_match_the_model_on_cpu():
 def test_errors():
     model, cache, tables, lens, tokens = prefilled("cpu", torch.float32)
     with pytest.raises(RuntimeError, match="CUDA"):
+        # CPU model on a GPU machine
         CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS) if not torch.cuda.is_available() else \
-            CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=True)  # CPU model on a GPU machine
+            CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=True)
     with pytest.raises(TypeError, match="paged cache"):
         CudaGraphRunner(model, l3.ContiguousKVCache.for_model(CONFIG, 2, 8, dtype=torch.float32),
                         MAX_SEQS, MAX_BLOCKS, capture=False)
@@ -111,7 +118,8 @@ def test_errors():
     with pytest.raises(ValueError, match="does not fit"):
         runner.run(one, one, torch.zeros(1, MAX_BLOCKS + 1, dtype=torch.int64), one + 1)
     with pytest.raises(ValueError, match="expected input_ids"):
-        runner.run(one, torch.zeros(2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64), one + 1)
+        runner.run(one, torch.zeros(2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
+                   one + 1)
 
 
 @pytest.mark.gpu
@@ -131,5 +139,6 @@ def test_gpu_graphs_share_one_pool_and_reuse_buffers():
     before = runner.input_ids.data_ptr(), runner.logits.data_ptr()
     a = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
     assert (runner.input_ids.data_ptr(), runner.logits.data_ptr()) == before
-    b = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)  # same slots rewritten: same logits
+    # same slots rewritten: same logits
+    b = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
     torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -26,7 +26,8 @@ def reference(tiny_model):
     return prompts, params, [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
 
 
-@pytest.mark.parametrize("block_size,budget,blocks", [(16, 2048, 64), (4, 7, 64), (3, 5, 64), (1, 16, 200)])
+@pytest.mark.parametrize("block_size,budget,blocks",
+                         [(16, 2048, 64), (4, 7, 64), (3, 5, 64), (1, 16, 200)])
 def test_greedy_outputs_equal_layer3(tiny_model, reference, block_size, budget, blocks):
     prompts, params, want = reference
     llm = LLM(tiny_model, block_size=block_size, num_blocks=blocks, max_num_batched_tokens=budget)
@@ -43,8 +44,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decodes(tiny_model, referen
     original = llm.runner.execute
 
     def spy(out):
-        if any(s.num_new_tokens > 1 for s in out.scheduled) and any(s.context_len > 0 and s.num_new_tokens == 1
-                                                                    for s in out.scheduled):
+        prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
+        if prefill and any(s.context_len > 0 and s.num_new_tokens == 1 for s in out.scheduled):
             mixed.append(len(llm.runner.plan_passes(out.scheduled)))
         return original(out)
 
@@ -55,7 +56,8 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decodes(tiny_model, referen
 
 def test_forced_pass_splitting_gives_the_same_outputs(tiny_model, reference):
     prompts, params, want = reference
-    llm = LLM(tiny_model, block_size=4, num_blocks=64, max_num_batched_tokens=12, attn_bytes_limit=1)
+    llm = LLM(tiny_model, block_size=4, num_blocks=64, max_num_batched_tokens=12,
+              attn_bytes_limit=1)
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
 
 
@@ -81,10 +83,12 @@ def test_prefix_cache_hits_give_the_same_outputs_and_right_stats(tiny_model):
 
 def test_preemption_under_a_tiny_pool_completes_with_the_same_outputs(tiny_model, reference):
     prompts, params, want = reference
-    llm = LLM(tiny_model, block_size=4, num_blocks=11, max_num_batched_tokens=64)  # the longest needs 9
+    # the longest needs 9
+    llm = LLM(tiny_model, block_size=4, num_blocks=11, max_num_batched_tokens=64)
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == want
-    assert llm.stats.preemptions > 0 and sum(o.metrics.num_preemptions for o in outs) == llm.stats.preemptions
+    assert llm.stats.preemptions > 0
+    assert sum(o.metrics.num_preemptions for o in outs) == llm.stats.preemptions
     assert_no_leak(llm)
 
 
@@ -111,13 +115,16 @@ def test_parallel_sampling_shares_prompt_blocks_copies_on_write_and_is_seeded(ti
     assert [llm.block_manager.ref_counts[b] for b in seqs[0].block_table] == [3, 3, 3]
     while llm.has_unfinished():
         llm.step()
-    assert len(copies) == 2  # the partial block: copied by the first two writers, the last writes in place
+    # the partial block: copied by the first two writers, the last writes in place
+    assert len(copies) == 2
     out = llm.generate([prompt], params)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     # completion i is what layer 3 samples with seed 11 + i: the shared, copied KV was right
     for c in out.outputs:
-        ref = tiny_model.generate_outputs([prompt], l3.SamplingParams(temperature=1.0, seed=11 + c.index,
-                                                                      max_tokens=6, ignore_eos=True))[0]
+        ref = tiny_model.generate_outputs([prompt],
+                                          l3.SamplingParams(temperature=1.0, seed=11 + c.index,
+                                                                      max_tokens=6,
+                                                                      ignore_eos=True))[0]
         assert c.token_ids == ref.token_ids
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     assert llm.generate([prompt], params)[0].outputs == out.outputs  # reproducible
@@ -125,7 +132,8 @@ def test_parallel_sampling_shares_prompt_blocks_copies_on_write_and_is_seeded(ti
 
 
 def test_text_stop_strings_and_eos_match_layer3(course_model):
-    prompts = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n\nROMEO.\n", "HAMLET.\nTo be"]
+    prompts = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\n\nROMEO.\n",
+               "HAMLET.\nTo be"]
     params = [l3.SamplingParams(temperature=0, max_tokens=40, stop=("\n\n",)),
               l3.SamplingParams(temperature=0, max_tokens=25),
               l3.SamplingParams(temperature=0.8, top_k=20, seed=3, max_tokens=30, stop=("the",))]
@@ -145,8 +153,10 @@ def test_metrics_and_stats_are_consistent(tiny_model, reference):
     for o in outs:
         m = o.metrics
         assert 0 <= m.queue_time <= m.ttft <= m.latency
-        assert (m.tpot is None) == (len(o.outputs[0].token_ids) < 2) and (m.tpot is None or m.tpot > 0)
-    assert max(o.metrics.queue_time for o in outs) > min(o.metrics.queue_time for o in outs)  # max_num_seqs=2 queues
+        assert (m.tpot is None) == (len(o.outputs[0].token_ids) < 2)
+        assert m.tpot is None or m.tpot > 0
+    # max_num_seqs=2 queues
+    assert max(o.metrics.queue_time for o in outs) > min(o.metrics.queue_time for o in outs)
     st = llm.stats
     assert st.requests == len(prompts) and st.generated_tokens == sum(MAX_TOKENS)
     assert st.prompt_tokens == sum(LENGTHS) and st.generated_tokens_per_s > 0
@@ -157,7 +167,8 @@ def test_random_arrivals_and_aborts_on_the_real_model(tiny_model):
     rng = random.Random(0)
     llm = LLM(tiny_model, block_size=3, num_blocks=24, max_num_batched_tokens=10, max_num_seqs=4)
     shared = random_prompts([7], seed=9)[0]
-    prompts = [shared + p if rng.random() < 0.5 else p for p in random_prompts([rng.randint(1, 20) for _ in range(10)])]
+    own = random_prompts([rng.randint(1, 20) for _ in range(10)])
+    prompts = [shared + p if rng.random() < 0.5 else p for p in own]
     params = [greedy(rng.randint(1, 12)) for _ in prompts]
     want = [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
     done, pending, aborted = {}, list(enumerate(prompts)), set()
@@ -201,7 +212,8 @@ def test_bad_input_gets_clear_errors(tiny_model):
     with pytest.raises(ValueError, match="already in use"):
         llm.add_request([5, 6], greedy(2), request_id="a")
     llm.abort("a")
-    with pytest.raises(ValueError, match="max_model_len"):  # all or nothing: the first is not left queued
+    # all or nothing: the first is not left queued
+    with pytest.raises(ValueError, match="max_model_len"):
         llm.generate([[5, 6], [5] * 39], greedy(2))
     assert not llm.has_unfinished()
     with pytest.raises(ValueError, match="no prompts"):
@@ -210,8 +222,10 @@ def test_bad_input_gets_clear_errors(tiny_model):
 
 def test_cpu_default_budget_and_checkpoint_loading(tmp_path, tiny_model):
     l3.save_weights(tiny_model.net, tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({**TINY, "architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "config.json").write_text(json.dumps({**TINY,
+                                                      "architectures": ["LlamaForCausalLM"]}))
     llm = LLM(str(tmp_path), device="cpu", dtype="float32")
     assert llm.block_manager.num_blocks > 1000 and llm.cache.k.dtype == torch.float32
     out = llm.generate([[3, 4, 5]], greedy(4))[0]
-    assert out.outputs[0].token_ids == tiny_model.generate_outputs([[3, 4, 5]], greedy(4))[0].token_ids
+    assert out.outputs[0].token_ids == tiny_model.generate_outputs([[3, 4, 5]],
+                                                                   greedy(4))[0].token_ids

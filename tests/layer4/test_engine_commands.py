@@ -27,13 +27,15 @@ def test_entry_point_is_registered():
 
 def test_bench_pieces_on_a_tiny_workload(tiny_model):
     wl = B.random_workload(6, 3, 12, tiny_model.config.vocab_size, seed=1)
-    assert len(wl.prompts) == 6 and all(3 <= len(p) <= 12 for p in wl.prompts) and all(3 <= n <= 12 for n in wl.out_lens)
+    assert len(wl.prompts) == 6 and all(3 <= len(p) <= 12 for p in wl.prompts)
+    assert all(3 <= n <= 12 for n in wl.out_lens)
     llm = LLM(tiny_model, block_size=4, num_blocks=64, max_num_seqs=2, scheduling="static")
     r = B.time_engine(llm, wl)
     assert r["tokens_per_s"] > 0 and r["steps"] > max(wl.out_lens)
     assert_no_leak(llm)
     assert B.time_layer3(tiny_model, wl, 2)["tokens_per_s"] > 0
-    on = B.prefix_ttft(tiny_model, prefix_len=16, suffix_len=3, num_seqs=3, max_tokens=2, enable_prefix_caching=True,
+    on = B.prefix_ttft(tiny_model, prefix_len=16, suffix_len=3, num_seqs=3, max_tokens=2,
+                       enable_prefix_caching=True,
                        block_size=4, num_blocks=64)
     off = B.prefix_ttft(tiny_model, prefix_len=16, suffix_len=3, num_seqs=3, max_tokens=2,
                         enable_prefix_caching=False, block_size=4, num_blocks=64)
@@ -45,8 +47,10 @@ def test_bench_pieces_on_a_tiny_workload(tiny_model):
 
 def test_bench_table_and_json(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("LLM_STACK_RESULTS", str(tmp_path))
-    rows = [{"what": "ours, continuous", "device": "cpu", "tokens_per_s": 200.0, "seconds": 1.0, "steps": 3},
-            {"what": "transformers generate, padded batches of 4", "device": "cpu", "tokens_per_s": 100.0,
+    rows = [{"what": "ours, continuous", "device": "cpu", "tokens_per_s": 200.0, "seconds": 1.0,
+             "steps": 3},
+            {"what": "transformers generate, padded batches of 4", "device": "cpu",
+             "tokens_per_s": 100.0,
              "seconds": 2.0}]
     commands._print(rows, {"gpu": "none"})
     assert "2.00x" in capsys.readouterr().out

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.gpu
 
 @pytest.fixture(scope="module")
 def cuda_model() -> l3.Model:
-    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda"), None)
+    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda"),
+                    None)
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])
@@ -39,8 +40,10 @@ def test_prefix_hits_and_parallel_sampling_on_cuda(cuda_model):
     llm.generate([shared + [3]], greedy(7))
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, greedy(7))] == want
     assert llm.stats.prefix_hit_tokens == 36
-    out = llm.generate([prompts[0]], l3.SamplingParams(temperature=1.0, seed=4, max_tokens=5, ignore_eos=True))[0]
-    many = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=4, max_tokens=5, ignore_eos=True, n=3))[0]
+    out = llm.generate([prompts[0]],
+                       l3.SamplingParams(temperature=1.0, seed=4, max_tokens=5, ignore_eos=True))[0]
+    many = llm.generate([prompts[0]], SamplingParams(temperature=1.0, seed=4, max_tokens=5,
+                                                     ignore_eos=True, n=3))[0]
     assert many.outputs[0].token_ids == out.outputs[0].token_ids and len(many.outputs) == 3
     assert_no_leak(llm)
 
@@ -48,5 +51,6 @@ def test_prefix_hits_and_parallel_sampling_on_cuda(cuda_model):
 def test_budget_from_free_gpu_memory(cuda_model):
     free_before, _ = torch.cuda.mem_get_info()
     llm = LLM(cuda_model, block_size=16, gpu_memory_utilization=0.05)
-    assert 0 < llm.cache.nbytes <= 0.05 * free_before + llm.cache.nbytes / (llm.block_manager.num_blocks + 1)
+    one_block = llm.cache.nbytes / (llm.block_manager.num_blocks + 1)
+    assert 0 < llm.cache.nbytes <= 0.05 * free_before + one_block
     assert llm.cache.k.device.type == "cuda"

@@ -30,7 +30,8 @@ def test_plan_passes_keeps_padded_attention_bounded(tiny_model):
     step = [sched(1, 40), sched(30, 0), sched(1, 7), sched(20, 5), sched(1, 3, spec=2)]
     assert runner.plan_passes(step) == [[0, 1, 2, 3, 4]]  # small: one mixed pass
     heads = tiny_model.config.num_attention_heads
-    runner.attn_bytes_limit = heads * 32 * 32 * 4  # the 30-token prefill alone; the 20-token chunk + the verify
+    # the 30-token prefill alone; the 20-token chunk + the verify
+    runner.attn_bytes_limit = heads * 32 * 32 * 4
     assert runner.plan_passes(step) == [[0, 2], [1], [3, 4]]
     assert runner.padded_attention_bytes([step[0], step[2]]) == 0  # decodes use decode_attention
     runner.attn_bytes_limit = 1
@@ -45,7 +46,8 @@ def test_sample_matches_layer3_row_by_row(tiny_model):
     got = llm.runner.sample(list(logits), params, [l3.make_generator(p) for p in params])
     want = l3.sample(logits, params, [l3.make_generator(p) for p in params]).tolist()
     assert got == want and llm.runner.sample([], [], []) == []
-    assert llm.runner.sample(logits, params, [l3.make_generator(p) for p in params]) == want  # (N, V) tensor
+    # (N, V) tensor
+    assert llm.runner.sample(logits, params, [l3.make_generator(p) for p in params]) == want
     greedy_only = [l3.SamplingParams(temperature=0)] * 4
     assert llm.runner.sample(logits, greedy_only, [None] * 4) == logits.argmax(-1).tolist()
 
@@ -91,7 +93,8 @@ def test_speculator_hook_keeps_greedy_outputs_and_frees_rejected_slots(tiny_mode
     outs = llm.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in outs] == want
     st = llm.stats
-    assert st.spec_proposed > 0 and 0 < st.spec_accepted < st.spec_proposed and 0 < st.acceptance_rate < 1
+    assert st.spec_proposed > 0 and 0 < st.spec_accepted < st.spec_proposed
+    assert 0 < st.acceptance_rate < 1
     plain = LLM(tiny_model, block_size=3, num_blocks=40, max_num_batched_tokens=10)
     plain.generate(prompts, params)
     assert st.steps < plain.stats.steps  # accepted drafts saved steps
@@ -106,7 +109,8 @@ def test_graph_runner_path_gives_the_same_outputs(tiny_model):
     params = [greedy(m) for m in (12, 9, 15, 6, 3)]
     want = [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
     llm = LLM(tiny_model, block_size=4, num_blocks=18, max_num_batched_tokens=9, max_num_seqs=4)
-    llm.runner.graph = CudaGraphRunner(tiny_model.net, llm.cache, 4, -(-llm.max_model_len // 4), capture=False)
+    llm.runner.graph = CudaGraphRunner(tiny_model.net, llm.cache, 4, -(-llm.max_model_len // 4),
+                                       capture=False)
     calls = []
     run = llm.runner.graph.run
     llm.runner.graph.run = lambda *a: (calls.append(a[0].shape[0]), run(*a))[1]

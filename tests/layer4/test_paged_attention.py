@@ -203,13 +203,15 @@ def test_reference_is_graph_safe_shapes_only():
 # ---- GPU: the compiled kernel at real sizes ------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("batch,max_len,window", [(1, 4096, None), (8, 2000, None), (33, 700, 256), (4, 9000, None)])
+@pytest.mark.parametrize("batch,max_len,window",
+                         [(1, 4096, None), (8, 2000, None), (33, 700, 256), (4, 9000, None)])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_gpu_matches_reference(dtype, batch, max_len, window, block_size):
     gen = torch.Generator().manual_seed(batch)
     lens = torch.randint(1, max_len + 1, (batch,), generator=gen).tolist()
     lens[0] = max_len
-    case = make_case(lens, 32, 8, 64, block_size, window=window, dtype=dtype, device="cuda", seed=batch)
+    case = make_case(lens, 32, 8, 64, block_size, window=window, dtype=dtype, device="cuda",
+                     seed=batch)
     ref = dense_float64(case)
     for splits in (None, 1, 4):
         out = run(case, "auto", num_splits=splits)
@@ -239,7 +241,8 @@ def test_gpu_cuda_graph_replay_follows_the_device_inputs():
     graph.replay()
     assert rel_err(out, dense_float64(case)) < 1e-2
     case["seq_lens"].copy_(torch.tensor([17, 1100, 64]))
-    case["block_tables"][[0, 2]] = case["block_tables"][[2, 0]].clone()  # sequences 0 and 2 swap blocks
+    # sequences 0 and 2 swap blocks
+    case["block_tables"][[0, 2]] = case["block_tables"][[2, 0]].clone()
     case["k_cache"].nan_to_num_(0.0)
     case["v_cache"].nan_to_num_(0.0)  # now every slot is finite: any table entry may be read
     graph.replay()
@@ -257,13 +260,16 @@ def test_bench_runs_its_code_on_cpu(monkeypatch, capsys):
     monkeypatch.setattr(bench, "_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.002)[1])
-    monkeypatch.setattr(bench.l3, "load_ceilings", lambda *a, **k: type("C", (), {"memory_bandwidth": 1e12})())
-    rows = bench.bench_paged_decode(batches=(1, 3), contexts=(40,), q_heads=4, kv_heads=2, head_dim=16,
+    monkeypatch.setattr(bench.l3, "load_ceilings", lambda *a,
+                        **k: type("C", (), {"memory_bandwidth": 1e12})())
+    rows = bench.bench_paged_decode(batches=(1, 3), contexts=(40,), q_heads=4, kv_heads=2,
+                                    head_dim=16,
                                     block_size=8, dtype=torch.float32, splits=(None, 2))
     assert [(r["batch"], r["num_splits"], r["auto"]) for r in rows] == [(1, 1, True), (1, 2, False),
                                                                         (3, 1, True), (3, 2, False)]
     for r in rows:
         assert r["max_abs_diff"] < 1e-5 and r["speedup"] == pytest.approx(1.0)
         nbytes = decode_bytes_and_flops(r["batch"], 40, 4, 2, 16, 4)[0]
-        assert r["gbps"] == pytest.approx(nbytes / 2e-6 / 1e9) and r["of_copy"] == pytest.approx(r["gbps"] / 1e3)
+        assert r["gbps"] == pytest.approx(nbytes / 2e-6 / 1e9)
+        assert r["of_copy"] == pytest.approx(r["gbps"] / 1e3)
     assert "sdpa/ours" in capsys.readouterr().out

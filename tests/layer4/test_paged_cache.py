@@ -43,7 +43,8 @@ def filled_caches(seq_lens, block_size, seed=0):
 def test_slot_mapping_follows_the_block_table():
     cache = PagedKVCache(1, 8, 4, 1, 2)
     ctx = cache.context([3, 1], [5, 2], [[6, 2], [1]])
-    # seq 0: positions 5,6,7 -> block 2 (second entry), slots 1..3; seq 1: position 2 -> block 1, slot 2
+    # seq 0: positions 5,6,7 -> block 2 (second entry), slots 1..3;
+    # seq 1: position 2 -> block 1, slot 2
     assert ctx.slot_mapping.tolist() == [2 * 4 + 1, 2 * 4 + 2, 2 * 4 + 3, 1 * 4 + 2]
     assert ctx.block_tables.tolist() == [[6, 2], [1, 0]]  # padded with 0
     assert ctx.positions.tolist() == [5, 6, 7, 2] and ctx.seq_lens.tolist() == [8, 3]
@@ -58,14 +59,19 @@ def test_context_of_ragged_random_tables_matches_a_per_token_lookup():
         B = int(torch.randint(1, 9, (1,), generator=gen))
         q = torch.randint(1, 7, (B,), generator=gen).tolist()
         c = torch.randint(0, 20, (B,), generator=gen).tolist()
-        tables = [torch.randint(0, 50, (-(-(qi + ci) // bs) + int(torch.randint(0, 3, (1,), generator=gen)),),
-                                generator=gen).tolist() for qi, ci in zip(q, c, strict=True)]
+        tables = []
+        for qi, ci in zip(q, c, strict=True):
+            extra = int(torch.randint(0, 3, (1,), generator=gen))  # drawn first, as before
+            size = -(-(qi + ci) // bs) + extra
+            tables.append(torch.randint(0, 50, (size,), generator=gen).tolist())
         ctx = PagedKVCache(1, 64, bs, 1, 2).context(q, c, tables)
         width = max(len(t) for t in tables)
         assert ctx.block_tables.tolist() == [t + [0] * (width - len(t)) for t in tables]
-        want = [t[p // bs] * bs + p % bs for t, qi, ci in zip(tables, q, c, strict=True) for p in range(ci, ci + qi)]
+        want = [t[p // bs] * bs + p % bs for t, qi,
+                ci in zip(tables, q, c, strict=True) for p in range(ci, ci + qi)]
         assert ctx.slot_mapping.tolist() == want
-        assert ctx.positions.tolist() == [p for qi, ci in zip(q, c, strict=True) for p in range(ci, ci + qi)]
+        assert ctx.positions.tolist() == [p for qi,
+                                          ci in zip(q, c, strict=True) for p in range(ci, ci + qi)]
         assert ctx.seq_lens.tolist() == [qi + ci for qi, ci in zip(q, c, strict=True)]
         assert ctx.query_start_loc.tolist() == [sum(q[:b]) for b in range(B + 1)]
 
@@ -80,7 +86,8 @@ def test_read_gathers_what_the_contiguous_cache_reads(block_size):
         (kp, vp), (kc, vc) = paged.read(layer, ctx_p), cont.read(layer, ctx_c)
         assert kp.shape == kc.shape == (4, HKV, max(seq_lens), D)
         for b, n in enumerate(seq_lens):
-            assert torch.equal(kp[b, :, :n], kc[b, :, :n]) and torch.equal(vp[b, :, :n], vc[b, :, :n])
+            assert torch.equal(kp[b, :, :n],
+                               kc[b, :, :n]) and torch.equal(vp[b, :, :n], vc[b, :, :n])
 
 
 def reference_decode(q, k, v, seq_lens, scale, window=None):
@@ -105,8 +112,10 @@ def test_decode_attention_matches_a_per_sequence_softmax(window):
     scale = 1 / math.sqrt(D)
     k, v = cont.read(0, cont.context([1] * 4, [n - 1 for n in seq_lens]))
     want = reference_decode(q, k, v, seq_lens, scale, window)
-    torch.testing.assert_close(paged.decode_attention(0, q, ctx, scale, window), want, atol=1e-5, rtol=1e-5)
-    got = paged_decode_attention_reference(q, paged.k[0], paged.v[0], ctx.block_tables, ctx.seq_lens, scale, window)
+    torch.testing.assert_close(paged.decode_attention(0, q, ctx, scale, window), want, atol=1e-5,
+                               rtol=1e-5)
+    got = paged_decode_attention_reference(q, paged.k[0], paged.v[0], ctx.block_tables,
+                                           ctx.seq_lens, scale, window)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
@@ -114,7 +123,8 @@ def test_copy_blocks_copies_every_layer_k_and_v():
     paged, _, tables = filled_caches([6], 4)
     src, dst = tables[0][1], next(b for b in range(paged.num_blocks) if b not in tables[0])
     paged.copy_blocks([(src, dst)])
-    assert torch.equal(paged.k[:, dst], paged.k[:, src]) and torch.equal(paged.v[:, dst], paged.v[:, src])
+    assert torch.equal(paged.k[:, dst],
+                       paged.k[:, src]) and torch.equal(paged.v[:, dst], paged.v[:, src])
     paged.copy_blocks([])  # nothing to do
 
 
@@ -124,12 +134,15 @@ def test_scratch_block_is_past_the_managed_ones():
 
 
 def test_budget_sizing():
-    cfg = l3.ModelConfig.from_dict(dict(model_type="llama", vocab_size=10, hidden_size=16, intermediate_size=32,
-                                        num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+    cfg = l3.ModelConfig.from_dict(dict(model_type="llama", vocab_size=10, hidden_size=16,
+                                        intermediate_size=32,
+                                        num_hidden_layers=3, num_attention_heads=2,
+                                        num_key_value_heads=1,
                                         head_dim=8))
     per = bytes_per_block(cfg, 16, torch.float32)
     assert per == 2 * 3 * 16 * 1 * 8 * 4
-    assert blocks_for_budget(cfg, 16, torch.float32, num_bytes=per * 11) == 10  # one is the scratch block
+    # one is the scratch block
+    assert blocks_for_budget(cfg, 16, torch.float32, num_bytes=per * 11) == 10
     assert blocks_for_budget(cfg, 16, torch.float32) > 1000  # the CPU default budget
     with pytest.raises(ValueError, match="too small"):
         blocks_for_budget(cfg, 16, torch.float32, num_bytes=per)

@@ -25,17 +25,22 @@ def make_scheduler(bm: BlockManager, *, num_lookahead_slots: int = 0, **config) 
     return Scheduler(bm, EngineConfig(**config), num_lookahead_slots=num_lookahead_slots)
 
 
-def make_seq(i: int, n_prompt: int, max_tokens: int, *, n: int = 1, vocab: int = 50, rng=None, prompt=None) -> Sequence:
+def make_seq(i: int, n_prompt: int, max_tokens: int, *, n: int = 1, vocab: int = 50, rng=None,
+             prompt=None) -> Sequence:
     rng = rng or random.Random(i)
     prompt = prompt if prompt is not None else [rng.randrange(1, vocab) for _ in range(n_prompt)]
-    return Sequence(i, str(i), prompt, SamplingParams(max_tokens=max_tokens, n=n), eos_token_ids=(EOS,))
+    return Sequence(i, str(i), prompt, SamplingParams(max_tokens=max_tokens, n=n),
+                    eos_token_ids=(EOS,))
 
 
 class FakeEngine:
     """Drives a scheduler the way LLM.step does, with random tokens instead of a model."""
 
     def __init__(self, sched: Scheduler, seed: int = 0, eos_prob: float = 0.0, accept=None) -> None:
-        self.sched, self.rng, self.eos_prob, self.accept = sched, random.Random(seed), eos_prob, accept
+        self.sched = sched
+        self.rng = random.Random(seed)
+        self.eos_prob = eos_prob
+        self.accept = accept
         self.next_id, self.finished, self.steps = 10_000, [], []
 
     def step(self):
@@ -49,14 +54,17 @@ class FakeEngine:
                 continue
             seqs = [s.seq]
             if s.seq.pending_forks:
-                kids = [s.seq.fork(self.next_id + i, i + 1, None, None) for i in range(s.seq.pending_forks)]
+                kids = [s.seq.fork(self.next_id + i, i + 1, None,
+                                   None) for i in range(s.seq.pending_forks)]
                 self.next_id += len(kids)
                 self.sched.fork(s, kids, out)
                 seqs += kids
             for q in seqs:
                 tok = EOS if self.rng.random() < self.eos_prob else self.rng.randrange(1, 50)
                 if s.spec_token_ids and q is s.seq:
-                    j = self.rng.randrange(len(s.spec_token_ids) + 1) if self.accept is None else self.accept
+                    j = self.accept
+                    if j is None:
+                        j = self.rng.randrange(len(s.spec_token_ids) + 1)
                     sampled[q.seq_id] = s.spec_token_ids[:j] + [tok]
                 else:
                     sampled[q.seq_id] = [tok]
@@ -107,7 +115,8 @@ def test_decodes_and_a_prefill_chunk_share_a_step_within_the_token_budget():
 
 
 def test_admission_is_first_come_first_served_and_respects_max_num_seqs():
-    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200)
+    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100,
+                           max_model_len=200)
     for i, n in enumerate([5, 40, 2]):
         sched.add(make_seq(i, n, 3))
     out = sched.schedule()
@@ -140,7 +149,8 @@ def test_preemption_frees_the_newest_and_requeues_it_first():
 
 
 def test_static_policy_admits_a_new_batch_only_when_the_last_one_is_done():
-    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100, max_model_len=200,
+    sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100,
+                           max_model_len=200,
                       scheduling="static")
     eng = FakeEngine(sched)
     for i, m in enumerate([2, 6, 2]):
@@ -148,7 +158,8 @@ def test_static_policy_admits_a_new_batch_only_when_the_last_one_is_done():
     eng.step()
     while any(s.seq_id == 1 for s in sched.running):
         out = eng.step()
-        assert all(s.seq.seq_id != 2 for s in out.scheduled)  # a slot is free, but the batch is closed
+        # a slot is free, but the batch is closed
+        assert all(s.seq.seq_id != 2 for s in out.scheduled)
     out = eng.step()
     assert [s.seq.seq_id for s in out.scheduled] == [2]
 
@@ -170,7 +181,8 @@ def test_lookahead_slots_are_reserved_and_rolled_back():
 
 
 def test_requests_that_can_never_run_are_refused_when_added():
-    sched = make_scheduler(BlockManager(4, 4), max_num_batched_tokens=8, max_model_len=30, enable_chunked_prefill=False)
+    sched = make_scheduler(BlockManager(4, 4), max_num_batched_tokens=8, max_model_len=30,
+                           enable_chunked_prefill=False)
     with pytest.raises(ValueError, match="max_model_len"):
         sched.add(make_seq(0, 25, 10))
     with pytest.raises(ValueError, match="KV blocks"):
@@ -188,13 +200,19 @@ def test_no_workload_leaks_a_block(data):
     lookahead: invariants hold every step, everything finishes, every block ends unreferenced."""
     block_size = data.draw(st.integers(1, 5), label="block_size")
     num_blocks = data.draw(st.integers(6, 40), label="num_blocks")
-    sched = make_scheduler(BlockManager(num_blocks, block_size, enable_prefix_caching=data.draw(st.booleans())),
-                      max_num_seqs=data.draw(st.integers(1, 6)), max_num_batched_tokens=data.draw(st.integers(1, 24)),
-                      max_model_len=block_size * num_blocks, num_lookahead_slots=data.draw(st.integers(0, 2)))
-    eng = FakeEngine(sched, seed=data.draw(st.integers(0, 99)), eos_prob=data.draw(st.sampled_from([0.0, 0.1])))
+    sched = make_scheduler(BlockManager(num_blocks, block_size,
+                                        enable_prefix_caching=data.draw(st.booleans())),
+                      max_num_seqs=data.draw(st.integers(1, 6)),
+                      max_num_batched_tokens=data.draw(st.integers(1, 24)),
+                      max_model_len=block_size * num_blocks,
+                      num_lookahead_slots=data.draw(st.integers(0, 2)))
+    eng = FakeEngine(sched, seed=data.draw(st.integers(0, 99)),
+                     eos_prob=data.draw(st.sampled_from([0.0, 0.1])))
     shared = [7, 8, 9, 10, 11, 12, 13, 14]
-    arrivals = data.draw(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 14), st.integers(1, 8),
-                                            st.integers(1, 3), st.booleans(), st.none() | st.integers(0, 8)),
+    arrivals = data.draw(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 14),
+                                            st.integers(1, 8),
+                                            st.integers(1, 3), st.booleans(),
+                                            st.none() | st.integers(0, 8)),
                                   min_size=1, max_size=8), label="requests")
     pending = sorted(enumerate(arrivals), key=lambda a: a[1][0])
     aborts: dict[int, str] = {}

@@ -14,7 +14,8 @@ from layer4_algorithms.spec.sampling import verify_input_ids, verify_logits
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
     "ROMEO.\n",
-    "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n\nROMEO.\n",
+    "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy "
+    "name.\n\nROMEO.\n",
 ]
 
 
@@ -57,7 +58,8 @@ class Oracle:
             g = self.full[r][len(ids): len(ids) + kb]
             guesses.append([(t + 1) % 4096 for t in g] if self.wrong else g)
         K = max(len(g) for g in guesses)
-        tokens = torch.tensor([g + [0] * (K - len(g)) for g in guesses], dtype=torch.int64).view(len(guesses), K)
+        tokens = torch.tensor([g + [0] * (K - len(g)) for g in guesses],
+                              dtype=torch.int64).view(len(guesses), K)
         return Proposal(tokens, torch.tensor([len(g) for g in guesses]))
 
     def release(self, row):
@@ -87,7 +89,8 @@ def test_ngram_lookup():
     assert ng.lookup([1, 2, 3], 4) == [] and ng.lookup([4, 4], 0) == []
     assert NgramProposer(min_n=2, max_n=2).lookup([1, 2, 7, 9, 2], 3) == []  # no 2-gram repeats
     p = ng.propose([[5, 1, 2, 3, 4, 9, 1, 2, 3], [1, 2, 3]], [0, 1], [2, 2], None, None)
-    assert p.tokens.tolist() == [[4, 9], [0, 0]] and p.num_tokens.tolist() == [2, 0] and p.probs is None
+    assert p.tokens.tolist() == [[4, 9],
+                                 [0, 0]] and p.num_tokens.tolist() == [2, 0] and p.probs is None
     with pytest.raises(ValueError, match="min_n"):
         NgramProposer(min_n=3, max_n=2)
 
@@ -101,12 +104,15 @@ def test_draft_proposals_are_the_drafts_greedy_continuation(draft):
     seq = list(ids)
     for accept in (0, 4, 2, 4, 1):  # how many of the 4 guesses the "target" keeps each round
         p = prop.propose([seq], [1], [4], [greedy], [None])
-        expected = draft.generate_outputs([seq], l3.SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        expected = draft.generate_outputs([seq], l3.SamplingParams(temperature=0, max_tokens=4,
+                                                                   ignore_eos=True))
         assert p.tokens[0].tolist() == expected[0].token_ids
-        bonus = (p.tokens[0, accept].item() + 1) % 4096 if accept < 4 else 17  # a correction or bonus token
+        # a correction or bonus token
+        bonus = (p.tokens[0, accept].item() + 1) % 4096 if accept < 4 else 17
         seq = seq + p.tokens[0, :accept].tolist() + [bonus]
     p = prop.propose([seq], [1], [4], [greedy], [None])
-    assert prop.cached[1] == seq + p.tokens[0, :3].tolist()  # all but the last guess went through the draft
+    # all but the last guess went through the draft
+    assert prop.cached[1] == seq + p.tokens[0, :3].tolist()
     prop.release(1)
     assert prop.cached[1] == []
 
@@ -144,7 +150,8 @@ def test_sampled_speculation_is_seeded_and_sensible(target, draft):
 
 def test_stop_below_shortens_proposals_but_not_the_output(target, draft, reference):
     params, ref = reference
-    fixed, dyn = SpeculativeDecoder(target, draft, 6), SpeculativeDecoder(target, draft, 6, stop_below=0.5)
+    fixed, dyn = SpeculativeDecoder(target, draft,
+                                    6), SpeculativeDecoder(target, draft, 6, stop_below=0.5)
     out = dyn.generate(PROMPTS, params)
     fixed.generate(PROMPTS, params)
     assert [o.token_ids for o in out] == [r.token_ids for r in ref]
@@ -158,21 +165,26 @@ def test_bad_arguments_are_named(target):
     with pytest.raises(ValueError, match="unknown proposer"):
         SpeculativeDecoder(target, "medusa")
     cfg = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8)
     with pytest.raises(ValueError, match="vocabulary"):
         SpeculativeDecoder(target, l3.Model(l3.random_model(cfg)))
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        SpeculativeDecoder(target, "ngram").generate(["ROMEO.\n"], l3.SamplingParams(max_tokens=600))
+        SpeculativeDecoder(target,
+                           "ngram").generate(["ROMEO.\n"], l3.SamplingParams(max_tokens=600))
 
 
 def test_bench_speculative_reports_rates_and_acceptance():
     from layer4_algorithms.spec.bench_speculative import bench_speculative, format_bench
 
-    r = bench_speculative(ks=(2,), dynamic=((3, 0.4),), ngram_ks=(2,), prompts={"romeo": "ROMEO.\n"},
+    r = bench_speculative(ks=(2,), dynamic=((3, 0.4),), ngram_ks=(2,),
+                          prompts={"romeo": "ROMEO.\n"},
                           copy_prompt="ROMEO.\nROMEO.\n", new_tokens=8, repeats=1, threads=None)
     rows = r["prompts"]["romeo"]["rows"]
-    assert [(x["method"], x["k"], x["stop_below"]) for x in rows] == [("draft", 2, None), ("draft", 3, 0.4),
+    assert [(x["method"], x["k"],
+             x["stop_below"]) for x in rows] == [("draft", 2, None), ("draft", 3, 0.4),
                                                                        ("ngram", 2, None)]
     assert all(x["matches_greedy"] and x["tokens_per_s"] > 0 and x["speedup"] > 0 for x in rows)
-    assert r["prompts"]["romeo"]["target_tokens_per_s"] > 0 and set(r["prompts"]) == {"romeo", "copy"}
+    assert r["prompts"]["romeo"]["target_tokens_per_s"] > 0
+    assert set(r["prompts"]) == {"romeo", "copy"}
     assert "draft k=2" in r["summary"] and "geometric-mean" in format_bench(r)

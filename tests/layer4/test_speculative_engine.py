@@ -19,7 +19,8 @@ from layer4_algorithms.spec.engine_hook import EngineSpeculator
 PROMPTS = [
     "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",
     "ROMEO.\n",
-    "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy name.\n\nROMEO.\n",
+    "JULIET.\nO Romeo, Romeo, wherefore art thou Romeo?\nDeny thy father and refuse thy "
+    "name.\n\nROMEO.\n",
 ]
 
 
@@ -27,11 +28,14 @@ def spec_config(spec) -> EngineConfig:
     return EngineConfig(max_num_seqs=4, max_model_len=256, speculative=spec)
 
 
-def run_engine(target, spec: EngineSpeculator, params, *, num_blocks=64, block_size=8, budget=64, max_num_seqs=4):
+def run_engine(target, spec: EngineSpeculator, params, *, num_blocks=64, block_size=8, budget=64,
+               max_num_seqs=4):
     bm = BlockManager(num_blocks, block_size)
     cache = PagedKVCache.for_model(target.config, num_blocks, block_size, dtype=torch.float32)
-    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=256)
-    sched = Scheduler(bm, config, num_lookahead_slots=spec.num_lookahead_slots, on_release=[spec.release])
+    config = EngineConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                          max_model_len=256)
+    sched = Scheduler(bm, config, num_lookahead_slots=spec.num_lookahead_slots,
+                      on_release=[spec.release])
     runner = ModelRunner(target.net, cache, config)
     seqs = [Sequence(i, str(i), target.encode(p), sp, eos_token_ids=target.eos_token_ids,
                      generator=l3.make_generator(sp), decoder=target.tokenizer.decoder())
@@ -43,11 +47,15 @@ def run_engine(target, spec: EngineSpeculator, params, *, num_blocks=64, block_s
         out = sched.schedule()
         spec.propose(out)
         logits = runner.execute(out)
-        sampled = spec.verify([(s, lg) for s, lg in zip(out.scheduled, logits, strict=True) if s.spec_token_ids])
-        rest = [i for i, s in enumerate(out.scheduled) if logits[i] is not None and s.seq.seq_id not in sampled]
-        tokens = runner.sample([logits[i][-1] for i in rest], [out.scheduled[i].seq.params for i in rest],
+        sampled = spec.verify([(s, lg) for s,
+                               lg in zip(out.scheduled, logits, strict=True) if s.spec_token_ids])
+        rest = [i for i, s in enumerate(out.scheduled)
+                if logits[i] is not None and s.seq.seq_id not in sampled]
+        tokens = runner.sample([logits[i][-1] for i in rest],
+                               [out.scheduled[i].seq.params for i in rest],
                                [out.scheduled[i].seq.generator for i in rest])
-        sampled.update({out.scheduled[i].seq.seq_id: [t] for i, t in zip(rest, tokens, strict=True)})
+        sampled.update({out.scheduled[i].seq.seq_id: [t] for i,
+                        t in zip(rest, tokens, strict=True)})
         sched.postprocess(out, sampled)
         steps += 1
         assert steps < 500
@@ -68,7 +76,8 @@ def test_engine_step_with_speculation_equals_plain_greedy(target, method, k):
     assert st["spec_rounds"] > 0 and st["spec_accepted"] > 0
     assert steps < max(len(r.token_ids) for r in ref)  # speculation saved steps
     bm.reset_prefix_cache()
-    assert bm.num_free_blocks == bm.num_blocks  # every block came back: truncate freed rejected slots
+    # every block came back: truncate freed rejected slots
+    assert bm.num_free_blocks == bm.num_blocks
 
 
 def test_engine_speculation_survives_preemption(target):
@@ -83,7 +92,8 @@ def test_engine_speculation_survives_preemption(target):
 
 
 def test_engine_sampled_speculation_is_seeded(target):
-    params = [l3.SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=20, ignore_eos=True) for s in (1, 2, 3)]
+    params = [l3.SamplingParams(temperature=0.8, top_p=0.9, seed=s, max_tokens=20,
+                                ignore_eos=True) for s in (1, 2, 3)]
 
     def once():
         spec = EngineSpeculator.from_config(spec_config({"method": "draft", "k": 3}), target)

@@ -47,7 +47,8 @@ def chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
 
 
 def chi2_sf(stat: float, dof: int) -> float:
-    """P(X >= stat) for X ~ chi-square(dof): the regularized upper incomplete gamma Q(dof/2, stat/2)."""
+    """P(X >= stat) for X ~ chi-square(dof): the regularized upper incomplete gamma
+    Q(dof/2, stat/2)."""
     return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
                                          torch.tensor(stat / 2, dtype=torch.float64)))
 
@@ -67,7 +68,8 @@ def test_q_equal_p_always_accepts_and_the_bonus_follows_p():
     N, K = 20000, 3
     p = repeat_rows(random_probs(gen, 1, K + 1), N)
     draft = sample_from_probs(p[:, :K], torch.rand(N, K, generator=gen))
-    acc = rejection_sample(p, draft, torch.full((N,), K), p[:, :K].clone(), torch.rand(N, K + 1, generator=gen))
+    acc = rejection_sample(p, draft, torch.full((N,), K), p[:, :K].clone(),
+                           torch.rand(N, K + 1, generator=gen))
     assert (acc.num_accepted == K).all()
     assert torch.equal(acc.tokens[:, :K], draft)
     assert_matches(acc.tokens[:, K], p[0, K])
@@ -93,7 +95,8 @@ def test_one_hot_guess_is_accepted_with_probability_p_and_otherwise_excluded():
     N, x = 40000, 3
     p = repeat_rows(random_probs(gen, 1, 2), N)
     draft = torch.full((N, 1), x)
-    acc = rejection_sample(p, draft, torch.ones(N, dtype=torch.int64), None, torch.rand(N, 2, generator=gen))
+    acc = rejection_sample(p, draft, torch.ones(N, dtype=torch.int64), None,
+                           torch.rand(N, 2, generator=gen))
     accepted = acc.num_accepted == 1
     rate, expected = accepted.double().mean().item(), p[0, 0, x].item()
     assert abs(rate - expected) < 4 * (expected * (1 - expected) / N) ** 0.5 + 1e-9
@@ -124,7 +127,8 @@ def test_emitted_token_distribution_equals_target_with_a_mismatched_draft():
 
 def test_padding_past_num_proposed_is_never_accepted():
     logits = torch.randn(2, 4, V, generator=torch.Generator().manual_seed(4))
-    p = processed_probs(logits, [l3.SamplingParams(temperature=0)] * 2)  # one-hot: u does not matter
+    # one-hot: u does not matter
+    p = processed_probs(logits, [l3.SamplingParams(temperature=0)] * 2)
     best = logits.argmax(-1)
     draft = best[:, :3].clone()  # all three would be accepted greedily
     acc = rejection_sample(p, draft, torch.tensor([1, 0]), None, torch.zeros(2, 4))
@@ -137,15 +141,18 @@ def test_greedy_path_equals_one_hot_rejection_sampling():
     B, K = 64, 4
     logits = torch.randn(B, K + 1, V, generator=gen)
     best = logits.argmax(-1)
-    draft = torch.where(torch.rand(B, K, generator=gen) < 0.7, best[:, :K], torch.randint(0, V, (B, K), generator=gen))
+    draft = torch.where(torch.rand(B, K, generator=gen) < 0.7, best[:, :K],
+                        torch.randint(0, V, (B, K), generator=gen))
     n = torch.randint(0, K + 1, (B,), generator=gen)
     fast = greedy_accept(logits, draft, n)
     greedy = [l3.SamplingParams(temperature=0)] * B
-    slow = rejection_sample(processed_probs(logits, greedy), draft, n, None, torch.rand(B, K + 1, generator=gen))
-    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.num_accepted, slow.num_accepted)
+    slow = rejection_sample(processed_probs(logits, greedy), draft, n, None,
+                            torch.rand(B, K + 1, generator=gen))
+    assert torch.equal(fast.tokens,
+                       slow.tokens) and torch.equal(fast.num_accepted, slow.num_accepted)
     # a mixed batch: greedy rows give the greedy answer whatever the sampled rows do
-    mixed = [l3.SamplingParams(temperature=0) if b % 2 else l3.SamplingParams(temperature=1.0, seed=b)
-             for b in range(B)]
+    mixed = [l3.SamplingParams(temperature=0) if b % 2
+             else l3.SamplingParams(temperature=1.0, seed=b) for b in range(B)]
     gens = [torch.Generator().manual_seed(b) for b in range(B)]
     out = accept_proposals(logits, draft, n, None, mixed, gens)
     assert torch.equal(out.tokens[1::2], fast.tokens[1::2])
@@ -166,7 +173,8 @@ def tiny_pair() -> tuple[l3.Model, l3.Model]:
     """A tiny random target and a draft made from it with noise added to every weight: close
     enough that about half the guesses are accepted, far enough that the residual matters."""
     cfg = l3.ModelConfig(model_type="llama", vocab_size=V, hidden_size=32, intermediate_size=64,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=8,
                          max_position_embeddings=64, eos_token_ids=())
     target = l3.random_model(cfg, seed=0, std=0.6)
     draft = copy.deepcopy(target)

@@ -124,6 +124,29 @@ def test_reload_keeps_history_and_other_browsers_see_none_of_it(browser, chat) -
     assert errors == []
 
 
+def test_regenerate_replaces_the_last_reply_and_new_chat_starts_empty(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Good morrow.", play=True, temperature=1.0, seed=7)
+    wait_reply_done(page, 1)
+    stored = ("async () => (await (await fetch('/api/conversations/' +"
+              " location.hash.split('/').pop())).json()).messages.map((m) => [m.role, m.content])")
+    first = page.evaluate(stored)
+    page.fill("#seed", "8")
+    page.click(".regen")
+    page.wait_for_function("document.querySelectorAll('.message.assistant').length === 1"
+                           " && !!document.querySelector('.message.assistant .stats')"
+                           " && !document.querySelector('.message.assistant.streaming')")
+    assert page.locator(".message.user").count() == 1
+    page.reload()  # the store holds the regenerated reply only
+    wait_reply_done(page, 1)
+    assert page.locator(".message.assistant").count() == 1
+    after = page.evaluate(stored)
+    assert [r for r, _ in after] == ["user", "assistant"] and after[0] == first[0]
+    assert after[1][1] != first[1][1]  # another seed, another reply, in place of the first
+    page.click("#new-chat")
+    assert page.locator(".message").count() == 0 and page.is_visible("#empty")
+
+
 def test_markup_in_a_reply_shows_as_text_and_never_runs(browser, chat, tmp_path) -> None:
     page = open_page(browser, chat.url)
     token = next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)

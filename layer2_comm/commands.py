@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,135 +24,19 @@ from rich.table import Table
 
 from layer1_kernels import hardware
 
-from .all_to_all import all_to_all
-from .bench_bandwidth import bench_rank, default_sizes, measured_crossover, time_collective
-from .bench_tuning import ONE_PIECE, best_configs, tune_rank
-from .chain import broadcast_chain
+from .bench_bandwidth import bench_rank, default_sizes, measured_crossover
+from .bench_tuning import ONE_PIECE, tune_rank
+from .checks import check_rank
 from .cost_model import crossover, fit_alpha_beta, predict
-from .group import device, init
-from .hierarchical import hierarchical_all_reduce
+from .group import init
 from .launch import launch
-from .plots import (
-    SIDE_BY_SIDE,
-    gbs,
-    human,
-    markdown,
-    pairs,
-    plot_busbw,
-    plot_predicted_vs_measured,
-    side_by_side,
-    us,
-)
-from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
-from .tree import broadcast_tree, tree_all_reduce
+from .plots import human, markdown, plot_busbw, plot_predicted_vs_measured
+from .tables import print_overlap, print_tables, print_tune
 
 TITLE = "communication"
 console = Console()
 if not console.is_terminal:  # piped output (logs, tests) would wrap every cell at 80 columns
     console = Console(width=160)
-_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def _splits(src: int, world: int) -> list[int]:
-    """Uneven all-to-all split sizes rank ``src`` sends to each rank (some are 0)."""
-    return [(3 * src + 5 * dst) % 4 for dst in range(world)]
-
-
-def _cases(x: torch.Tensor, world: int, me: int) -> list[tuple]:
-    """(name, detail, ours(), built-in()) on fresh copies of this rank's input ``x``."""
-    n, rpn = x.numel(), 2 if world % 2 == 0 else 1
-    mine = _splits(me, world)
-    a2a_in = x[: sum(mine)].clone()
-
-    def ref_reduce(op=dist.ReduceOp.SUM):
-        y = x.clone()
-        dist.all_reduce(y, op=op)
-        return y
-
-    def ref_gather():
-        out = x.new_empty(n * world)
-        _gather(out, x.clone())
-        return out
-
-    def ref_broadcast(src):
-        y = x.clone()
-        dist.broadcast(y, src)
-        return y
-
-    def ref_a2a():
-        out = x.new_empty(sum(_splits(s, world)[me] for s in range(world)))
-        dist.all_to_all_single(
-            out, a2a_in.clone(), [_splits(s, world)[me] for s in range(world)], mine
-        )
-        return out
-
-    return [
-        ("ring_all_reduce", "sum", lambda: ring_all_reduce(x.clone()), ref_reduce),
-        (
-            "ring_all_reduce",
-            "max int64",
-            lambda: ring_all_reduce(x.long(), "max"),
-            lambda: ref_reduce(dist.ReduceOp.MAX).long(),
-        ),
-        (
-            "ring_all_reduce",
-            "avg",
-            lambda: ring_all_reduce(x.clone(), "avg"),
-            lambda: ref_reduce() / world,
-        ),
-        (
-            "ring_all_reduce",
-            "sum chunks=4",
-            lambda: ring_all_reduce(x.clone(), chunks=4),
-            ref_reduce,
-        ),
-        ("tree_all_reduce", "sum", lambda: tree_all_reduce(x.clone()), ref_reduce),
-        (
-            "hierarchical_all_reduce",
-            f"sum {rpn}/node",
-            lambda: hierarchical_all_reduce(x.clone(), rpn),
-            ref_reduce,
-        ),
-        ("ring_all_gather", "", lambda: ring_all_gather(x.clone()), ref_gather),
-        (
-            "ring_reduce_scatter",
-            "sum uneven",
-            lambda: ring_reduce_scatter(x.clone()),
-            lambda: torch.tensor_split(ref_reduce(), world)[me],
-        ),
-        (
-            "broadcast_tree",
-            f"src={world - 1}",
-            lambda: broadcast_tree(x.clone(), world - 1),
-            lambda: ref_broadcast(world - 1),
-        ),
-        (
-            "broadcast_chain",
-            "src=0 chunks=4",
-            lambda: broadcast_chain(x.clone(), 0),
-            lambda: ref_broadcast(0),
-        ),
-        ("all_to_all", f"splits {mine}", lambda: all_to_all(a2a_in.clone(), mine), ref_a2a),
-    ]
-
-
-def _run_rank(numel: int, iters: int) -> list[dict]:
-    """Each case once for the check, then ``iters`` timed runs of ours and of the built-in."""
-    world, me, dev = dist.get_world_size(), dist.get_rank(), device()
-    gen = torch.Generator().manual_seed(1234 + me)
-    x = torch.randint(-50, 50, (numel,), generator=gen).float().to(dev)  # exact sums
-    rows = []
-    for name, detail, ours, ref in _cases(x, world, me):
-        got, want = ours(), ref()
-        exact = got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want)
-        close = got.shape == want.shape and torch.allclose(got.double(), want.double())
-        ok = exact or (detail == "avg" and close)  # avg may divide before or after summing
-        flag = torch.tensor([int(ok)], device=dev)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-        rows.append({"collective": name, "detail": detail, "ok": bool(flag.item()),
-                     "ours_s": statistics.median(time_collective(ours, iters, 2, dev)),
-                     "torch_s": statistics.median(time_collective(ref, iters, 2, dev))})
-    return rows
 
 
 def _under_torchrun() -> bool:
@@ -234,7 +117,7 @@ def run(argv: list[str] | None = None) -> int:
     console.print(f"[bold]Layer 2 — communication[/bold]: {world} ranks, {backend}, "
                   f"{args.numel} elements per rank")
     with console.status("ranks running..."):
-        per_rank = _on_ranks(_run_rank, world, args.numel, args.iters or 20, backend=backend,
+        per_rank = _on_ranks(check_rank, world, args.numel, args.iters or 20, backend=backend,
                              timeout_s=args.timeout)
     if per_rank[0] is None:  # a non-zero torchrun rank: rank 0 reports
         return 0
@@ -292,7 +175,7 @@ def bench(argv: list[str] | None = None) -> int:
     ]
     model_x = crossover("ring_all_reduce", "tree_all_reduce", world, ab)
     measured_x = measured_crossover(rows)
-    _print_tables(rows, predicted)
+    print_tables(console, rows, predicted)
     bw = (f"1/beta = {ab.bandwidth / 1e9:.2f} GB/s" if ab.beta_s_per_byte
           else "beta = 0 (time did not grow with size in this range)")
     console.print("alpha-beta from ping-pong (ranks 0<->1): alpha = "
@@ -322,7 +205,7 @@ def bench(argv: list[str] | None = None) -> int:
         "overlap": hidden,
     }
     if hidden is not None:
-        _print_overlap(hidden)
+        print_overlap(console, hidden)
     if record["gpu_links"]:
         console.print(
             "GPU links (nvidia-smi topo -m): "
@@ -378,7 +261,7 @@ def tune(argv: list[str] | None = None) -> int:
         )[0]
     if result is None:
         return 0
-    _print_tune(result)
+    print_tune(console, result)
     out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
     (out / "tune.json").write_text(
@@ -386,118 +269,6 @@ def tune(argv: list[str] | None = None) -> int:
     )
     console.print(f"wrote {out / 'tune.json'}")
     return 0 if all(r["ok"] for r in result["configs"] + result["check"]) else 1
-
-
-def _chunk(row: dict) -> str:
-    return "whole" if row["chunk_bytes"] is None else human(row["chunk_bytes"])
-
-
-def _print_tune(result: dict) -> None:
-    table = Table(title="one ring step (send a segment right, receive one from the left)")
-    for column in ("segment", "lanes", "us", "GB/s each way"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for r in result["steps"]:
-        table.add_row(
-            human(r["bytes"]), str(r["lanes"]), us(r["time_s"]), f"{r['bytes_per_s'] / 1e9:.1f}"
-        )
-    console.print(table)
-    ref = {(r["collective"], r["bytes"]): r for r in result["reference"]}
-    table = Table(title="ours per (lanes, piece size) vs torch.distributed; host = "
-                        "time for a call to return")
-    for column in (
-        "collective",
-        "size",
-        "lanes",
-        "pieces of",
-        "n",
-        "ours us",
-        "host us",
-        "busbw GB/s",
-        "ratio",
-    ):
-        table.add_column(column, justify="right", no_wrap=True)
-    for r in result["configs"]:
-        t = ref.get((r["collective"], r["bytes"]))
-        ratio = f"{r['busbw'] / t['busbw']:.2f}" if t and t["busbw"] else "-"
-        table.add_row(
-            r["collective"],
-            human(r["bytes"]),
-            str(r["lanes"]),
-            _chunk(r),
-            str(r["pieces"]),
-            us(r["time_s"]),
-            us(r["host_s"]),
-            gbs(r["busbw"]),
-            ratio + ("" if r["ok"] else " WRONG"),
-        )
-    console.print(table)
-    for b in best_configs(result):
-        t, best, default = b["torch"], b["best"], b["default"]
-        line = (f"{b['collective']} {human(b['bytes'])}: best lanes={best['lanes']}, "
-                f"pieces of {_chunk(best)}")
-        if t and t["busbw"]:
-            line += f" {best['busbw'] / t['busbw']:.2f}x built-in"
-            if default:
-                line += f"; default {default['busbw'] / t['busbw']:.2f}x"
-        console.print(line)
-    by = {}
-    for r in result["check"]:
-        by.setdefault(r["bytes"], {})[
-            "torch" if r["impl"] == "torch" else ("on" if r["check"] else "off")
-        ] = r["time_s"]
-    console.print("header check (all-reduce, us): " + "; ".join(
-        f"{human(b)}: on {us(v.get('on', 0))}, off {us(v.get('off', 0))}, built-in "
-        f"{us(v.get('torch', 0))}"
-        for b, v in sorted(by.items())))
-
-
-def _print_overlap(o: dict) -> None:
-    """One line per variant: comm alone, compute alone, both, and the share of comm hidden."""
-    console.print(f"overlap: {human(o['comm_bytes'])} all-reduce vs {o['matmul_n']}^2 "
-                  f"{o['matmul_dtype']} matmuls ({o['backend']}); "
-                  f"efficiency = (t_comp + t_comm - t_both) / min(t_comp, t_comm)"
-                  + ("" if o["correct"] else " [red]WRONG RESULT"))
-    variants = [("async handle", "", o.get("efficiency"), o.get("t_both_s"))]
-    if "side_stream_efficiency" in o:
-        variants.append(("side stream", "", o["side_stream_efficiency"], o["t_both_side_stream_s"]))
-    if "lean_efficiency" in o:
-        variants.append(
-            (f"<= {o['lean_ctas']} CTAs", "lean_", o["lean_efficiency"], o["lean_t_both_s"])
-        )
-    for name, key, eff, both in variants:
-        console.print(f"  {name:>13}: comm {us(o[key + 't_comm_s'])} us, compute "
-                      f"{us(o[key + 't_comp_s'])} us "
-                      f"({o[key + 'matmuls']} matmuls), both {us(both)} us "
-                      f"-> {eff:.0%} of comm hidden")
-
-
-def _print_tables(rows: list[dict], predicted: list[dict]) -> None:
-    table = Table(title="ours vs torch.distributed: median time of the slowest rank")
-    for column in SIDE_BY_SIDE:
-        table.add_column(column.replace("busbw ", ""), justify="right", no_wrap=True)
-    for cells in side_by_side(rows):
-        table.add_row(*cells)
-    console.print(table)
-    for r in rows:
-        if not r["ok"]:
-            console.print(f"[red]{r['algorithm']} at {human(r['bytes'])} gave a wrong result")
-    model = {(p["algorithm"], p["bytes"]): p["time_s"] for p in predicted}
-    table = Table(title="all-reduce (ours): measured vs alpha-beta prediction")
-    for column in ("algorithm", "size", "measured us", "predicted us", "ratio"):
-        table.add_column(column, justify="right", no_wrap=True)
-    for r in rows:
-        if (r["algorithm"], r["bytes"]) in model:
-            p = model[r["algorithm"], r["bytes"]]
-            table.add_row(r["algorithm"], human(r["bytes"]), us(r["time_s"]), us(p),
-                          f"{r['time_s'] / p:.2f}" if p > 0 else "-")
-    console.print(table)
-    at: dict[str, tuple] = {}  # per collective, the largest size up to 256 MiB (the target's)
-    for kind, b, o, t in pairs(rows):
-        if b <= 256 << 20 and t["busbw"] and b >= at.get(kind, (0,))[0]:
-            at[kind] = (b, o["busbw"] / t["busbw"])
-    if at:
-        console.print("ours / built-in busbw: " + ", ".join(
-            f"{kind} {ratio:.2f} at {human(b)}" for kind, (b, ratio) in at.items()))
 
 
 # python -m layer2_comm.commands [run|bench|tune] [options]; torchrun too

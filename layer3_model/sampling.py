@@ -98,8 +98,9 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """logits (B, V) -> next token ids (B,) int64, row b drawn with params[b] and generators[b]."""
     if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
-        raise ValueError(f"need logits (B, V) with one SamplingParams and generator per row; got "
-                         f"{tuple(logits.shape)}, {len(params)} params, {len(generators)} generators")
+        raise ValueError(f"need logits (B, V) with one SamplingParams and generator per row; "
+                         f"got {tuple(logits.shape)}, {len(params)} params, "
+                         f"{len(generators)} generators")
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
     for b, (row, sp, gen) in enumerate(zip(logits.float(), params, generators, strict=True)):
         if sp.greedy:

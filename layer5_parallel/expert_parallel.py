@@ -59,11 +59,19 @@ class ExpertParallelMoE:
         self.owner = torch.cat([torch.full((b - a,), r) for r, (a, b) in enumerate(self.ranges)])
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, MoEStats]:
-        if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise ValueError(f"ExpertParallelMoE expects (tokens, {self.hidden}), "
-                             f"got {tuple(x.shape)}")
         p, k, E = self.world, self.k, self.num_experts
-        counts = comm.ring_all_gather(torch.tensor([x.shape[0]], dtype=torch.int64))
+        # One small all-gather first: token counts, and what every rank was given, so a bad
+        # input on one rank is a ValueError on every rank instead of a peer left waiting.
+        ok = x.dim() == 2 and x.shape[-1] == self.hidden
+        mine = [x.shape[0] if ok else 0, int(not ok), self.hidden, E, k]
+        every = comm.ring_all_gather(torch.tensor(mine, dtype=torch.int64)).view(p, len(mine))
+        bad = [r for r in range(p) if every[r, 1] or not torch.equal(every[r, 2:], every[0, 2:])]
+        if bad:
+            raise ValueError(f"ExpertParallelMoE: rank {bad[0]} of {p} got a bad input or a "
+                             f"different block (here: x {tuple(x.shape)}, expected (tokens, "
+                             f"{self.hidden}); [hidden, experts, k] per rank: "
+                             f"{every[:, 2:].tolist()})")
+        counts = every[:, 0]
         offsets = torch.cumsum(counts, 0) - counts  # first global token index of each rank
         total = int(counts.sum())
 

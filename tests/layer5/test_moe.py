@@ -80,11 +80,26 @@ def test_expert_parallel_equals_single_process(world):
             assert r["stats"] == r["want_stats"], where
 
 
+def one_rank_gets_a_bad_input() -> None:
+    block = MoEBlock(8, 8, 4, generator=torch.Generator().manual_seed(0))
+    width = 8 if l5.engine.executor.comm.rank() == 0 else 7
+    l5.ExpertParallelMoE(block)(torch.randn(3, width))
+
+
+def test_a_bad_input_on_one_rank_fails_every_rank():
+    with pytest.raises(RuntimeError) as failed:
+        l5.engine.executor.comm.launch(one_rank_gets_a_bad_input, 2, backend="gloo",
+                                       timeout_s=60)
+    for rank in (0, 1):
+        said = f"rank {rank} raised ValueError: ExpertParallelMoE: rank 1 of 2 got a bad input"
+        assert said in str(failed.value), str(failed.value)[-2000:]
+
+
 def test_capacity_drops_second_choices_first():
     g = torch.Generator().manual_seed(seeds.randrange(2**31))
     T, E, k = 41, 4, 2
     logits = torch.randn(T, E, generator=g)
-    logits[:, 0] += 4.0  # everyone's favourite: expert 0 overflows
+    logits[:, 0] += 20.0  # everyone's favourite (by far): expert 0 overflows
     r = route(logits, k, capacity_factor=1.0)
     assert r.capacity == 21
     for e in range(E):

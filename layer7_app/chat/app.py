@@ -4,9 +4,12 @@ It serves one server-rendered page (jinja2) with plain JavaScript and CSS (no bu
 step), a small JSON API over the SQLite store, and `POST /api/conversations/{id}/reply`,
 which streams the model's reply as newline-delimited JSON (see reply.py).
 
-Sessions: the page sets a random token in an HttpOnly, SameSite=Strict cookie (scripts
-cannot read it; other sites cannot send it); every API call names its session through it,
-and a conversation of another session answers 404, exactly like one that does not exist.
+Sessions: the page sets a random token in an HttpOnly, SameSite=Lax cookie (scripts cannot
+read it; another site's page cannot make the browser send it with a POST, and a JSON POST
+from another origin would need CORS, which this app never grants). Lax, not Strict: with
+Strict, following a link to the app from another site would arrive without the cookie and
+start a new, empty session. Every API call names its session through the cookie, and a
+conversation of another session answers 404, exactly like one that does not exist.
 """
 from __future__ import annotations
 
@@ -108,7 +111,7 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
         resp = templates.TemplateResponse(request, "index.html", {"docs": docs})
         if new_token:
             resp.set_cookie(COOKIE, new_token, max_age=COOKIE_AGE_S, httponly=True,
-                            samesite="strict", path="/")
+                            samesite="lax", path="/")
         return resp
 
     @app.get("/api/models")

@@ -28,6 +28,7 @@ from . import bench as B
 from .config import ModelConfig
 from .course_model import course_model_dir
 from .generate import Model, benchmark_decode, load
+from .models_command import models_main as models  # noqa: F401  (`stack models`)
 from .quantize import perplexity, quantize_model
 from .sampling import SamplingParams
 from .shapes import LLAMA_3_2_1B
@@ -43,7 +44,8 @@ def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stack run --layer 3",
                                  description="the course model writes a scene")
     ap.add_argument("--model", default=None,
-                    help="HF checkpoint dir (default: the course target model)")
+                    help="a name (course, course-draft, smollm2), a HF checkpoint dir, a "
+                         ".gguf file or a hub id org/name (default: the course target model)")
     ap.add_argument("--prompt", default=PROMPT)
     ap.add_argument("--max-tokens", type=int, default=150)
     ap.add_argument("--temperature", type=float, default=0.8)

@@ -25,7 +25,9 @@ import torch
 from .attention_context import ContiguousKVCache
 from .config import ModelConfig, resolve_dtype
 from .cuda_graph import CudaGraphDecoder
+from .gguf_load import load_gguf
 from .model import LlamaModel
+from .registry import resolve
 from .sampling import SamplingParams, make_generator, sample
 from .stopping import FinishRule
 from .tokenizer import IncrementalDecoder, Tokenizer
@@ -243,18 +245,25 @@ class Model:
 
 def load(path: str | Path, *, backend: str = "torch", dtype: str | torch.dtype | None = None,
          device: str | torch.device | None = None, cuda_graph: bool = False) -> Model:
-    """Load a Hugging Face checkpoint directory (config.json, model.safetensors or its
-    sharded index, tokenizer.json [+ tokenizer_config.json]) as a Model.
+    """Load a model as a Model: a Hugging Face checkpoint directory (config.json,
+    model.safetensors or its sharded index, tokenizer.json [+ tokenizer_config.json]), a
+    .gguf file, a model name ("course", "course-draft", "smollm2") or a hub id "org/name"
+    (registry.py says how each is found).
 
-    backend: "torch" | "triton" | "compile". dtype: None = the checkpoint's; "float32",
-    "bfloat16", "float16" (or "fp32", "bf16", "fp16"). device: None = CUDA if present, else
-    CPU. cuda_graph: replay decode steps from a CUDA graph (CUDA only; ignored on CPU).
+    backend: "torch" | "triton" | "compile". dtype: None = the checkpoint's (fp32 for a
+    GGUF); "float32", "bfloat16", "float16" (or "fp32", "bf16", "fp16"). device: None =
+    CUDA if present, else CPU. cuda_graph: replay decode steps from a CUDA graph (CUDA
+    only; ignored on CPU).
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    config = ModelConfig.from_pretrained(path)
+    path = resolve(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if path.is_file() and path.suffix == ".gguf":
+        net, gguf_tok = load_gguf(path, backend=backend, device=device,
+                                  dtype=resolve_dtype(dtype, torch.float32))
+        return Model(net, gguf_tok, cuda_graph=cuda_graph)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path} is neither a checkpoint directory nor a .gguf file")
+    config = ModelConfig.from_pretrained(path)
     net = load_model(path, backend=backend, dtype=resolve_dtype(dtype, config.torch_dtype),
                      device=device, config=config)
     tokenizer = Tokenizer.from_pretrained(path) if (path / "tokenizer.json").is_file() else None

@@ -147,6 +147,13 @@ def serve(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def models(ctx: typer.Context) -> None:
+    """Model names and the model cache (layer 3): `stack models list | pull NAME | info PATH`.
+    `stack models --help` lists its options."""
+    raise typer.Exit(code=_layer_command(3, "models", list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def plan(ctx: typer.Context) -> None:
     """Plan a TP/PP/DP layout (layer 5): `stack plan --model DIR_OR_SHAPE --gpus N
     [--device h100]`. `stack plan --help` lists its options."""

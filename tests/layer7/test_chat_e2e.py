@@ -9,12 +9,14 @@ from pathlib import Path
 
 import httpx
 
-from layer7_app.chat import start_chat
+from layer7_app.chat import COOKIE, start_chat
+from layer7_app.store import Store
 
 
 def reply(client: httpx.Client, conv_id: str, text: str, **options) -> list[dict]:
     """Send `text` and read the reply's events to the end."""
-    body = {"model": "course", "content": text, "max_tokens": 12, "temperature": 0.0, **options}
+    body = {"model": "course", "content": text, "max_tokens": 12, "temperature": 0.0}
+    body.update(options)
     with client.stream("POST", f"/api/conversations/{conv_id}/reply", json=body) as resp:
         assert resp.status_code == 200
         return [json.loads(line) for line in resp.iter_lines() if line]
@@ -60,6 +62,25 @@ def test_rag_puts_passages_in_the_prompt_and_cites_them(model_server, tmp_path: 
         bare = reply(client, client.post("/api/conversations", json={}).json()["id"], "Hi.")
         assert done["meta"]["stats"]["prompt_tokens"] > bare[-1]["message"]["meta"]["stats"][
             "prompt_tokens"] + 5
+
+
+def test_a_long_chat_is_cut_to_fit_the_context(model_server, tmp_path: Path) -> None:
+    db = tmp_path / "chat.db"
+    with start_chat(model_server.url, db=db) as chat:
+        client = httpx.Client(base_url=chat.url, timeout=60)
+        client.get("/")
+        conv = client.post("/api/conversations", json={}).json()["id"]
+        store = Store(db)  # forty long turns: far more than the course model's 512 tokens
+        session = store.session_id(client.cookies[COOKIE])
+        for i in range(40):
+            store.add_message(session, conv, "user" if i % 2 == 0 else "assistant",
+                              f"Turn {i}: " + "my lord, the king is come again " * 4)
+        for play in (None, {"user": "HORATIO", "assistant": "HAMLET"}):
+            done = reply(client, conv, "And what of it?", max_tokens=64, play=play)[-1]
+            stats = done["message"]["meta"]["stats"]
+            assert "error" not in done["message"]["meta"] and stats["completion_tokens"] > 0
+            # the newest turns were kept (~300 tokens), the oldest dropped, and the request fit
+            assert 200 < stats["prompt_tokens"] <= 512 - 64
 
 
 def test_stack_chat_serves_the_page_and_refuses_mistakes(model_server, tmp_path: Path) -> None:

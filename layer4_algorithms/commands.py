@@ -23,6 +23,7 @@ from rich.table import Table
 import layer3_model as l3
 
 from . import bench_engine as B
+from .bench_rows import annotate
 from .engine import LLM
 from .spec import bench_speculative, format_bench
 
@@ -267,24 +268,20 @@ def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
 
 
 def _print(rows: list[dict], info: dict, name: str = "bench.json") -> None:
-    hf = {r["device"]: r for r in rows
-          if r["what"].startswith("transformers generate,") and "tokens_per_s" in r}
+    rows = annotate(rows, info)  # ratio to a reference of this run, roofline fraction; kernel/spec
     table = Table(title="Layer 4 benchmarks (output tokens/s; TTFT in ms)")
-    for col in ("what", "tokens/s", "s", "vs transformers", "of roofline floor", "mean TTFT",
-                "preempt", "notes"):
+    for col in ("what", "tokens/s", "s", "ratio (JSON: ratio_reference)", "of roofline",
+                "mean TTFT", "preempt", "notes"):
         table.add_column(col)
     for r in rows:
-        ref = hf.get(r["device"])  # the same device's transformers row, measured in this run
-        vs = ""
-        if ref and "tokens_per_s" in r:
-            vs = f"{r['tokens_per_s'] / ref['tokens_per_s']:.2f}x"
+        vs = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
         notes = ", ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
                           for k in ("prefix_hit_rate", "ttft_speedup", "same_outputs",
                                     "steps") if k in r)
         table.add_row(f"{r['device']}: {r['what']}",
                       f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
                       f"{r['seconds']:.2f}" if "seconds" in r else "", vs,
-                      f"{r['roofline_fraction']:.0%}" if "roofline_fraction" in r else "",
+                      f"{r['roofline_fraction']:.0%}" if r.get("roofline_fraction") else "",
                       _ms(r.get("mean_ttft_s")), str(r.get("preemptions", "")), notes)
     if rows:
         console.print(table)

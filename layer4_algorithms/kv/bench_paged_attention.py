@@ -18,11 +18,40 @@ import triton
 from .paged_attention import decode_bytes_and_flops, paged_decode_attention, pick_num_splits
 
 _DEVICE = "cuda"  # a CPU smoke test of this file's code swaps it (and the timer) out
+GRAPH_SKIPPED = "CUDA-graph replay timing needs a CUDA device: skipped"
+
+
+def graph_replay_us(fn, *, calls: int = 20, replays: int = 10) -> float:
+    """Microseconds per call of `fn` with the host out of the way: `calls` calls captured in
+    one CUDA graph (after an untimed warm-up on a side stream: Triton compiles, autotunes and
+    the allocator settles outside the capture), the graph replayed once untimed, then
+    `replays` times between two CUDA events. What is left is the kernels and their launch
+    gaps on the GPU -- the cost the engine pays, where decode runs from a captured graph --
+    not the Python wrapper's argument checks that do_bench also times at small shapes."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (calls * replays)
 
 
 def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
-               do_bench) -> tuple[float, str, torch.Tensor]:
-    """The fastest way SDPA does this GQA decode: (median ms, its name, its (B, Hq, D) output).
+               do_bench) -> tuple[float, str, torch.Tensor, object]:
+    """The fastest way SDPA does this GQA decode: (median ms, its name, its (B, Hq, D) output,
+    a no-argument call of it under its backend, for graph capture).
     Two layouts -- q (B, Hq, 1, D) with enable_gqa, and "rows": the G query heads of a kv head
     as G query rows, q viewed (B, Hkv, G, D) (layer 3's decode path) -- times each backend."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -34,7 +63,7 @@ def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         "gqa": lambda: sdpa(q[:, :, None], k, v, scale=scale, enable_gqa=True).view(B, Hq, D),
         "rows": lambda: sdpa(q.view(B, Hkv, Hq // Hkv, D), k, v, scale=scale).view(B, Hq, D),
     }
-    best: tuple[float, str, torch.Tensor] | None = None
+    best: tuple | None = None
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
                     SDPBackend.EFFICIENT_ATTENTION):
         for layout, fn in layouts.items():
@@ -45,10 +74,22 @@ def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
             except RuntimeError:  # this backend does not take these inputs
                 continue
             if best is None or ms < best[0]:
-                best = (ms, f"{backend.name.lower().removesuffix('_attention')}/{layout}", out)
+                name = f"{backend.name.lower().removesuffix('_attention')}/{layout}"
+                best = (ms, name, out, _under(backend, fn))
     if best is None:  # no fused backend takes them: PyTorch's own choice
-        best = (do_bench(layouts["rows"], return_mode="median"), "default/rows", layouts["rows"]())
+        best = (do_bench(layouts["rows"], return_mode="median"), "default/rows", layouts["rows"](),
+                layouts["rows"])
     return best
+
+
+def _under(backend, fn):
+    """fn, called under SDPA backend `backend` (so a captured graph records that backend)."""
+    from torch.nn.attention import sdpa_kernel
+
+    def call():
+        with sdpa_kernel(backend):
+            return fn()
+    return call
 
 
 def _case(B: int, N: int, Hq: int, Hkv: int, D: int, block_size: int, dtype: torch.dtype,
@@ -73,7 +114,7 @@ def _case(B: int, N: int, Hq: int, Hkv: int, D: int, block_size: int, dtype: tor
 def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q_heads: int = 32,
                        kv_heads: int = 8, head_dim: int = 64, block_size: int = 16,
                        dtype: torch.dtype = torch.bfloat16, splits=(None,),
-                       verbose: bool = True) -> list[dict]:
+                       verbose: bool = True, graph_replay: bool = True) -> list[dict]:
     """Time paged_decode_attention against torch's scaled_dot_product_attention on contiguous
     K/V of the same context (every sequence at `context` tokens; heads as Llama-3.2-1B by
     default: 32 query heads, 8 kv heads, D 64), random data, blocks shuffled across the cache.
@@ -83,7 +124,11 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
     One dict per (batch, context, split setting): ours_us, sdpa_us, speedup (sdpa / ours;
     target >= 0.9), gbps (from the fewest bytes: q, K, V, out), of_copy (fraction of layer 0's
     measured copy bandwidth), max_abs_diff from SDPA's output. splits: num_splits values to
-    try (None: pick_num_splits), e.g. (None, 1, 2, 4, 8, 16, 32) to tune it. Needs CUDA."""
+    try (None: pick_num_splits), e.g. (None, 1, 2, 4, 8, 16, 32) to tune it. graph_replay:
+    also time both sides under CUDA-graph replay (graph_replay_us: ours_graph_us,
+    sdpa_graph_us, graph_speedup), the fair comparison at small shapes (no L2 flush there:
+    small caches stay in L2 for both sides alike). Needs CUDA; a CPU smoke test swaps
+    _DEVICE, and the graph columns then say why they are empty."""
     if not torch.cuda.is_available():
         raise RuntimeError("bench_paged_decode times the GPU kernel and needs a CUDA GPU; "
                            "torch.cuda.is_available() is False here")
@@ -110,7 +155,8 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
     for B in batches:
         for N in contexts:
             c = _case(B, N, q_heads, kv_heads, head_dim, block_size, dtype, gen)
-            sdpa_ms, backend, sdpa_out = _time_sdpa(c["q"], c["k"], c["v"], scale, do_bench)
+            sdpa_ms, backend, sdpa_out, sdpa_fn = _time_sdpa(c["q"], c["k"], c["v"], scale,
+                                                             do_bench)
             nbytes, _ = decode_bytes_and_flops(B, N, q_heads, kv_heads, head_dim,
                                                c["q"].element_size())
             for s in splits:
@@ -123,7 +169,9 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
                                                                c["tables"].shape[1] * block_size,
                                                                out.device)
                 gbps = nbytes / (ms * 1e-3) / 1e9
-                rows.append(dict(batch=B, context=N, num_splits=used, auto=s is None,
+                graph = _graph_pair(graph_replay, sdpa_fn,
+                                    lambda a=args, s=s: paged_decode_attention(*a, num_splits=s))
+                rows.append(dict(**graph, batch=B, context=N, num_splits=used, auto=s is None,
                                  ours_us=ms * 1e3,
                                  sdpa_us=sdpa_ms * 1e3, speedup=sdpa_ms / ms, sdpa_backend=backend,
                                  gbps=gbps,
@@ -132,10 +180,25 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
                 if verbose:
                     r = rows[-1]
                     frac = f"{r['of_copy']:7.0%}" if copy_bw else "      -"
+                    g = r["graph_speedup"]
                     print(f"{B:5d} {N:7d} {used:5d}{'*' if s is None else ' '} {r['ours_us']:8.1f} "
                           f"{r['sdpa_us']:8.1f} {r['speedup']:9.2f} {gbps:6.0f} {frac}  "
-                          f"{backend:<21}  {diff:.1e}")
+                          f"{backend:<21}  {diff:.1e}"
+                          + (f"  graph: {r['ours_graph_us']:.1f} vs {r['sdpa_graph_us']:.1f} us"
+                             f" = {g:.2f}" if g is not None else ""))
             del c
     if verbose:
-        print("* = num_splits chosen by pick_num_splits")
+        print("* = num_splits chosen by pick_num_splits; "
+              + ("graph: both sides under CUDA-graph replay (sdpa/ours)"
+                 if graph_replay and _DEVICE == "cuda" else GRAPH_SKIPPED))
     return rows
+
+
+def _graph_pair(enabled: bool, sdpa_fn, ours_fn) -> dict:
+    """Both sides timed under CUDA-graph replay, or None with the reason where there is no GPU."""
+    if not enabled or _DEVICE != "cuda":
+        return dict(ours_graph_us=None, sdpa_graph_us=None, graph_speedup=None,
+                    graph_note=GRAPH_SKIPPED if enabled else "not asked for")
+    ours, sdpa = graph_replay_us(ours_fn), graph_replay_us(sdpa_fn)
+    return dict(ours_graph_us=ours, sdpa_graph_us=sdpa, graph_speedup=sdpa / ours,
+                graph_note="calls captured in one CUDA graph, replays timed between events")

@@ -273,3 +273,22 @@ def test_bench_runs_its_code_on_cpu(monkeypatch, capsys):
         assert r["gbps"] == pytest.approx(nbytes / 2e-6 / 1e9)
         assert r["of_copy"] == pytest.approx(r["gbps"] / 1e3)
     assert "sdpa/ours" in capsys.readouterr().out
+
+
+def test_bench_graph_columns_say_why_empty_on_cpu(monkeypatch):
+    """Off a GPU the CUDA-graph replay columns are None with the reason, and the rows keep
+    their do_bench figures."""
+    import triton.testing
+
+    from layer4_algorithms.kv import bench_paged_attention as bench
+
+    monkeypatch.setattr(bench, "_DEVICE", "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **kw: (fn(), 0.002)[1])
+    monkeypatch.setattr(bench.l3, "load_ceilings", lambda *a,
+                        **k: type("C", (), {"memory_bandwidth": 1e12})())
+    rows = bench.bench_paged_decode(batches=(2,), contexts=(24,), q_heads=4, kv_heads=2,
+                                    head_dim=16, block_size=8, dtype=torch.float32,
+                                    verbose=False)
+    assert rows and all(r["ours_graph_us"] is None and r["graph_speedup"] is None
+                        and r["graph_note"] == bench.GRAPH_SKIPPED for r in rows)

@@ -154,6 +154,16 @@ def models(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def route(ctx: typer.Context) -> None:
+    """Route OpenAI requests across layer-6 replicas: `stack route --replica URL ...
+    --policy round_robin|least_loaded|prefix_aware [--port P]`, or autoscale local ones with
+    `--model M --min-replicas 1 --max-replicas 3`. `stack route --help` lists its options."""
+    from .router import route_main  # the web stack loads only for this command
+
+    raise typer.Exit(code=route_main(list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def plan(ctx: typer.Context) -> None:
     """Plan a TP/PP/DP layout (layer 5): `stack plan --model DIR_OR_SHAPE --gpus N
     [--device h100]`. `stack plan --help` lists its options."""

@@ -114,6 +114,14 @@ def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float
     ).median_s
 
 
+def prefill_runs(net: LlamaModel, tokens: int, *, runs: int = 5, repeats: int = 10) -> list[float]:
+    """`runs` medians of prefill_seconds, after three untimed prefills of the same shape (JIT,
+    Triton autotuning, the allocator, GPU clocks ramping), so a cold machine and a warm one
+    measure the same thing; the spread over runs shows how stable the figure is."""
+    prefill_seconds(net, tokens, repeats=3)
+    return [prefill_seconds(net, tokens, repeats=repeats) for _ in range(runs)]
+
+
 def hf_decode_seconds_per_token(
     config: dict,
     variant: str,
@@ -153,5 +161,7 @@ def hf_decode_seconds_per_token(
 
 
 def best_of(fn: Callable[[], float], repeats: int = 3) -> float:
-    """The fastest of a few runs (the least disturbed one)."""
+    """The fastest of a few runs (the least disturbed one), after one untimed run of the same
+    configuration (compilation, autotuning and graph capture happen there, not in a timed run)."""
+    fn()
     return min(fn() for _ in range(repeats))

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.table import Table
 
 from layer2_comm import kernels
 
 from . import bench as B
+from . import bench_rows as R
 from .config import ModelConfig
 from .course_model import course_model_dir
 from .generate import Model, benchmark_decode, load
@@ -133,10 +133,7 @@ def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
             stats = benchmark_decode(model, batch_size=1, prompt_len=P, new_tokens=N)
             rows.append({"what": "1B generate() end to end bs1, CUDA graph (host sampling)",
                          "tokens_per_s": stats.decode_tokens_per_s})
-        T = args.prefill
-        sec = B.prefill_seconds(net, T)
-        rows.append({"what": f"1B prefill {T} tokens, {backend} backend", "tokens_per_s": T / sec,
-                     "ms": sec * 1e3, "MFU": B.prefill_flops(net, T) / sec / peak})
+        rows.append(R.prefill_row(net, args.prefill, backend, peak))  # 5 runs: median, spread
         if backend == "triton":
             quantize_model(net, include_lm_head=True)
             result["w8a16"] = decode_row("1B decode bs1, W8A16 (int8 weights, lm_head too), "
@@ -189,15 +186,7 @@ def bench(argv: list[str] | None = None) -> int:
     else:
         info = {"gpu": "none visible: GPU rows skipped"}
     info.update(quality)
-    table = Table(title="Layer 3 benchmarks")
-    for col in ("what", "tokens/s", "ms", "MBU / MFU"):
-        table.add_column(col)
-    for r in rows:
-        ms = r.get("ms_per_token", r.get("ms"))
-        util = f"MBU {r['MBU']:.0%}" if "MBU" in r else f"MFU {r['MFU']:.0%}" if "MFU" in r else ""
-        table.add_row(r["what"], f"{r['tokens_per_s']:,.1f}" if "tokens_per_s" in r else "",
-                      f"{ms:.3f}" if ms else "", util)
-    console.print(table)
+    console.print(R.table(R.annotate(rows, info)))  # ratio to a reference, roofline fraction
     for k, v in info.items():
         console.print(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
     out = kernels.hardware.results_dir(3) / "bench.json"

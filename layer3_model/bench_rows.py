@@ -1,0 +1,93 @@
+"""Layer 3's bench rows: prefill MFU over five runs, and every figure as a ratio and a
+roofline fraction (issue 17, items 3 and 5).
+
+Each row of `stack bench --layer 3`'s JSON gets `ratio` (to a reference measured in the same
+run, named by `ratio_reference`) and `roofline_fraction` (MBU for decode, MFU for prefill;
+None with `roofline_note` where this run measured no ceiling, e.g. the CPU rows). `table`
+renders them for the console.
+"""
+from __future__ import annotations
+
+import statistics
+
+from rich.table import Table
+
+from . import bench as B
+from .model import LlamaModel
+
+NO_CPU_CEILING = "no CPU ceiling measured in this run (layer 0 measures the GPU's)"
+
+
+def prefill_row(net: LlamaModel, tokens: int, backend: str, peak_flops: float,
+                runs: int = 5) -> dict:
+    """A `tokens`-token prefill measured `runs` times after a warm-up at the same shape
+    (B.prefill_runs): median ms and MFU, and the spread (min / max MFU) over the runs, so one
+    disturbed run shows as spread instead of as the figure."""
+    secs = B.prefill_runs(net, tokens, runs=runs)
+    med, flops = statistics.median(secs), B.prefill_flops(net, tokens)
+    return {"what": f"1B prefill {tokens} tokens, {backend} backend", "tokens_per_s": tokens / med,
+            "ms": med * 1e3, "runs_ms": [s * 1e3 for s in secs], "MFU": flops / med / peak_flops,
+            "MFU_min": flops / max(secs) / peak_flops, "MFU_max": flops / min(secs) / peak_flops}
+
+
+def annotate(rows: list[dict], info: dict) -> list[dict]:
+    """Add ratio / ratio_reference / roofline_fraction (/ roofline_note) to every row, in place."""
+    hf = [r for r in rows if r["what"].startswith("transformers generate") and "tokens_per_s" in r]
+    hf_best = max(hf, key=lambda r: r["tokens_per_s"], default=None)
+    triton_bf16 = _find(rows, "triton backend, CUDA graph")
+    torch_prefill = _find(rows, "prefill", "torch backend")
+    target = _find(rows, "course target")
+    bw = info.get("copy_bandwidth")
+    bytes_per_token = next((r["bytes_per_token"] for r in rows if "bytes_per_token" in r), None)
+    for r in rows:
+        what = r["what"]
+        if what.startswith("course"):
+            ref = target if "draft" in what else None
+            _set(r, ref, "course target, same run" if ref else "the reference (draft over it)",
+                 None, NO_CPU_CEILING)
+        elif "prefill" in what:
+            ref = torch_prefill if "triton" in what else None
+            _set(r, ref, "torch-backend prefill, same run" if ref else "the reference",
+                 r.get("MFU"), None)
+        elif "W8A16" in what:
+            _set(r, triton_bf16, "bf16 triton decode, same run", r.get("MBU"), None)
+        else:  # batch-1 decode of the 1B shape: ours or transformers', against the fastest HF
+            mbu = r.get("MBU")
+            if mbu is None and bw and bytes_per_token and "tokens_per_s" in r:
+                mbu = r["tokens_per_s"] * bytes_per_token / bw  # same shape, P and N
+            _set(r, hf_best, f"fastest transformers row ({hf_best['what']}), same run"
+                 if hf_best else "no transformers row in this run", mbu,
+                 None if mbu is not None else "copy bandwidth not measured")
+    return rows
+
+
+def table(rows: list[dict]) -> Table:
+    """The console table: tokens/s, ms, ratio to the reference, roofline (prefill: median and
+    min-max over its runs)."""
+    t = Table(title="Layer 3 benchmarks (ratio: see ratio_reference in the JSON)")
+    for col in ("what", "tokens/s", "ms", "ratio", "of roofline"):
+        t.add_column(col)
+    for r in rows:
+        ms = r.get("ms_per_token", r.get("ms"))
+        kind = "MFU" if "MFU" in r else "MBU"
+        roof = "" if r.get("roofline_fraction") is None else f"{kind} {r['roofline_fraction']:.0%}"
+        if "MFU_min" in r:
+            roof += f" ({r['MFU_min']:.0%}-{r['MFU_max']:.0%} over {len(r['runs_ms'])} runs)"
+        t.add_row(r["what"], f"{r['tokens_per_s']:,.1f}" if "tokens_per_s" in r else "",
+                  f"{ms:.3f}" if ms else "",
+                  f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "", roof)
+    return t
+
+
+def _find(rows: list[dict], *parts: str) -> dict | None:
+    return next((r for r in rows if all(p in r["what"] for p in parts)), None)
+
+
+def _set(row: dict, ref: dict | None, reference: str, roofline: float | None,
+         note: str | None) -> None:
+    ok = ref is not None and "tokens_per_s" in row and "tokens_per_s" in ref
+    row["ratio"] = row["tokens_per_s"] / ref["tokens_per_s"] if ok else None
+    row["ratio_reference"] = reference
+    row["roofline_fraction"] = roofline
+    if note:
+        row["roofline_note"] = note

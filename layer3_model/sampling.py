@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's limit)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -24,7 +26,11 @@ class SamplingParams:
     seed: None draws a fresh one; max_tokens >= 1 new tokens at most; stop: strings that end
     the output (not included in it); ignore_eos: keep going past the EOS token; n: how many
     completions to sample from one prompt (parallel sampling, layer 4's engine: completion i
-    is seeded with seed + i; layer 3's generate makes one completion and refuses n > 1)."""
+    is seeded with seed + i; layer 3's generate makes one completion and refuses n > 1).
+    Layer 4's engine only (`needs_logits_processing`): presence_penalty / frequency_penalty
+    in [-2, 2] (OpenAI's: logits[t] -= frequency * count(t) + presence * (count(t) > 0) over
+    the completion's generated tokens); logprobs: None (off) or k >= 0 (report the sampled
+    token's log-probability and the k most likely tokens', k <= MAX_LOGPROBS)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -34,6 +40,9 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default=())
     ignore_eos: bool = False
     n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single string is a common slip: accept it as one stop
@@ -55,12 +64,30 @@ class SamplingParams:
             problems.append(f"n must be an int >= 1, got {self.n!r}")
         if not all(isinstance(s, str) and s for s in self.stop):
             problems.append(f"stop must be non-empty strings, got {self.stop!r}")
+        problems += self._processing_problems()
         if problems:
             raise ValueError("bad SamplingParams: " + "; ".join(problems))
+
+    def _processing_problems(self) -> list[str]:
+        problems = []
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and not isinstance(v, bool) and -2 <= v <= 2):
+                problems.append(f"{name} must be a number in [-2, 2], got {v!r}")
+        k = self.logprobs
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool)
+                              or not 0 <= k <= MAX_LOGPROBS):
+            problems.append(f"logprobs must be None or an int in [0, {MAX_LOGPROBS}], got {k!r}")
+        return problems
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def needs_logits_processing(self) -> bool:
+        """True when sampling must look past the argmax / sampler: penalties or logprobs."""
+        return bool(self.presence_penalty or self.frequency_penalty) or self.logprobs is not None
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-POLICIES = ("continuous", "static")
+POLICIES = ("continuous", "static", "priority")
 SPEC_METHODS = ("draft", "ngram")
 BACKENDS = ("torch", "triton", "compile")  # layer 3's kernel backends
 DEFAULT_ATTN_BYTES_LIMIT = 512 * 2**20  # padded attention scores per forward pass (model_runner.py)
@@ -67,10 +67,12 @@ class EngineConfig:
     kv_cache_bytes, or (neither) gpu_memory_utilization of free GPU memory / 512 MiB on CPU.
     Scheduler: at most max_num_seqs sequences and max_num_batched_tokens tokens per step;
     max_model_len (None: the model's max_position_embeddings) caps prompt + output;
-    enable_prefix_caching, enable_chunked_prefill; scheduling "continuous" or "static" (the
-    benchmark baseline: fixed batches run to completion). Runner: cuda_graph (decode steps
-    replayed from CUDA graphs, CUDA only), attn_bytes_limit (padded attention scores per
-    forward pass before a step is split). speculative: a SpecConfig or its dict, or None."""
+    enable_prefix_caching, enable_chunked_prefill; scheduling "continuous" (FCFS), "static" (the
+    benchmark baseline: fixed batches run to completion) or "priority" (continuous, ordered by
+    (request priority, arrival); preemption takes the lowest priority). Runner: cuda_graph
+    (decode steps replayed from CUDA graphs, CUDA only), attn_bytes_limit (padded attention
+    scores per forward pass before a step is split). speculative: a SpecConfig or its dict,
+    or None."""
 
     backend: str = "torch"
     dtype: str | torch.dtype | None = None

@@ -22,7 +22,6 @@ sequence gives up its row (finish, abort, preemption).
 """
 from __future__ import annotations
 
-import copy
 import itertools
 import time
 from collections.abc import Sequence as Seq
@@ -34,17 +33,19 @@ import torch
 import layer3_model as l3
 
 from .config import EngineConfig
-from .kv import BlockManager, PagedKVCache, PrefixCacheStats, blocks_for_budget
+from .engine_sampling import check_params, count_speculation, sample_rows
+from .engine_stats import EngineStatsMixin
+from .kv import BlockManager, PagedKVCache, blocks_for_budget
 from .model_runner import ModelRunner
-from .outputs import EngineStats, ProgressBar, RequestOutput
+from .outputs import ProgressBar, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence
-from .spec import EngineSpeculator, SpecCounts, Speculator
+from .spec import EngineSpeculator, Speculator
 
 SamplingParams = l3.SamplingParams
 
 
-class LLM:
+class LLM(EngineStatsMixin):
     """The engine. model: a checkpoint directory, or an already-loaded layer-3 `Model` (its
     `.net` runs the steps; the KV cache is sized from its `.config`). config: an EngineConfig
     (default EngineConfig()); keyword overrides are applied to it with dataclasses.replace,
@@ -57,7 +58,8 @@ class LLM:
     runner follow it; or subclass LLM and override `make_runner` (the runner, and the
     network it runs) or `make_cache` (the KV tensors); both are called once, in __init__,
     after `self.model` and `self.config` are set. An EngineConfig subclass with more fields
-    passes through unchanged."""
+    passes through unchanged. `close()` (or `with LLM(...) as llm:`) ends its use; layer 5's
+    tensor-parallel engine stops its workers there."""
 
     def __init__(self, model: str | Path | l3.Model, config: EngineConfig | None = None, *,
                  speculator: Speculator | None = None, **overrides) -> None:
@@ -88,6 +90,7 @@ class LLM:
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
+        self.closed = False
         self.reset_stats()
 
     def resolve(self, config: EngineConfig) -> EngineConfig:
@@ -120,24 +123,32 @@ class LLM:
 
     # ---- requests ------------------------------------------------------------------------
     def add_request(self, prompt: str | Seq[int], params: l3.SamplingParams | None = None,
-                    request_id: str | None = None) -> str:
+                    request_id: str | None = None, priority: int = 0) -> str:
         """Queue a prompt (text, or token ids); returns its request id. ValueError for an
-        empty or unknown-token prompt, or one that cannot fit (max_model_len, the KV pool)."""
+        empty or unknown-token prompt, one that cannot fit (max_model_len, the KV pool), or
+        penalties / logprobs under speculation. priority: lower runs sooner (scheduling
+        "priority"; the other policies ignore it)."""
+        if self.closed:
+            raise RuntimeError("the engine is closed")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}")
         params = params if params is not None else SamplingParams()
+        check_params(params, self.speculator is not None)
         ids = self.model.encode(prompt)
         rid = str(next(self._request_ids)) if request_id is None else str(request_id)
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        seq = self._sequence(rid, ids, params, 0, time.perf_counter())
+        seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
         return rid
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
-                  arrival: float) -> Sequence:
+                  arrival: float, priority: int) -> Sequence:
         return Sequence(next(self._seq_ids), rid, ids, params, index=index,
                         generator=self._generator(params, index), decoder=self._decoder(),
-                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival)
+                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
+                        priority=priority)
 
     def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
         """Completion `index` of a seeded request draws from seed + index: reproducible, and
@@ -161,6 +172,16 @@ class LLM:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def close(self) -> None:
+        """Mark the engine closed (nothing to free on one process; layer 5 overrides it)."""
+        self.closed = True
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ---- the step --------------------------------------------------------------------------
     def step(self, *, unfinished: bool = True) -> list[RequestOutput]:
@@ -188,11 +209,12 @@ class LLM:
             seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
             row_ids += [logits.row[i]] * len(seqs)  # parallel-sampling children share the row
             who += seqs
-        tokens = self.runner.sample(logits.rows_of(row_ids), [q.params for q in who],
-                                    [q.generator for q in who])
+        tokens = sample_rows(self.runner, logits.rows_of(row_ids), who)
         sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         if spec:
-            sampled.update(self.speculator.verify(spec))
+            verified = self.speculator.verify(spec)
+            count_speculation(spec, verified)
+            sampled.update(verified)
         self.scheduler.postprocess(out, sampled)
         now = time.perf_counter()
         self._stats.steps += 1
@@ -230,15 +252,6 @@ class LLM:
             outs.append(o)
         return outs
 
-    def _count_finished(self, o: RequestOutput) -> None:
-        st = self._stats
-        st.requests += 1
-        st.prompt_tokens += o.metrics.num_prompt_tokens
-        st.generated_tokens += sum(len(c.token_ids) for c in o.outputs)
-        st.ttfts.append(o.metrics.ttft)
-        if o.metrics.tpot is not None:
-            st.tpots.append(o.metrics.tpot)
-
     # ---- the loop --------------------------------------------------------------------------
     def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
                  params: l3.SamplingParams | Seq[l3.SamplingParams] | None = None, *,
@@ -273,24 +286,3 @@ class LLM:
             if bar:
                 bar.close()
         return [done[rid] for rid in ids]
-
-    # ---- statistics ------------------------------------------------------------------------
-    def reset_stats(self) -> None:
-        self._stats = EngineStats()
-        self.block_manager.stats = PrefixCacheStats()
-        self._preemptions_before = self.scheduler.num_preemptions
-        spec = self.speculator
-        self._spec_before = copy.copy(spec.counts) if spec is not None else SpecCounts()
-
-    @property
-    def stats(self) -> EngineStats:
-        """Counters since the last reset; preemptions, prefix-cache and speculation figures
-        are read from the scheduler, block manager and speculator, which count them."""
-        s, p = self._stats, self.block_manager.stats
-        s.preemptions = self.scheduler.num_preemptions - self._preemptions_before
-        s.prefix_queried_tokens, s.prefix_hit_tokens = p.queried_tokens, p.hit_tokens
-        if self.speculator is not None:
-            counts, before = self.speculator.counts, self._spec_before
-            s.spec_proposed = counts.proposed - before.proposed
-            s.spec_accepted = counts.accepted - before.accepted
-        return s

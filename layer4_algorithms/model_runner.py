@@ -25,6 +25,7 @@ import layer3_model as l3
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
 from .kv import PagedKVCache
+from .logits_processing import TokenLogprobs, sample_processed
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -138,6 +139,15 @@ class ModelRunner:
         idx = torch.tensor(other, device=x.device)
         out[idx] = l3.sample(x[idx], [params[i] for i in other], [generators[i] for i in other])
         return out.tolist()
+
+    def sample_processed(self, logits: torch.Tensor, params: Sequence[l3.SamplingParams],
+                         generators: Sequence[torch.Generator | None],
+                         output_ids: Sequence[Sequence[int]]
+                         ) -> tuple[list[int], list[TokenLogprobs | None]]:
+        """`sample` for rows some of which need logits processing (penalties from output_ids[i],
+        the generated tokens; logprobs): (tokens, TokenLogprobs or None per row). The engine
+        calls it only when a row's params need it; see logits_processing.py."""
+        return sample_processed(self.sample, logits, params, generators, output_ids)
 
 
 @dataclass

@@ -8,18 +8,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .logits_processing import TokenLogprobs
 from .sequence import Sequence
 
 
 @dataclass
 class CompletionOutput:
     """One sampled completion: index among the request's n, token ids, text, finish reason
-    ("eos", "stop", "length", "abort"; None while running)."""
+    ("eos", "stop", "length", "abort"; None while running), logprobs (one TokenLogprobs per
+    token id when SamplingParams.logprobs is set, else None). text is what layer 3's
+    FinishRule has released: while running, an end that may still grow into a stop string
+    (or half a character) is held back, so a stream sends text[len(sent):] each step and
+    never takes anything back; once finished it is the whole text (cut before a stop)."""
 
     index: int
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    logprobs: list[TokenLogprobs] | None = None
 
 
 @dataclass
@@ -32,6 +38,13 @@ class RequestMetrics:
     num_cached_tokens: int  # prompt tokens served by the prefix cache
     num_preemptions: int
     tpot: float | None  # mean over completions with >= 2 tokens
+    spec_proposed: int = 0  # this request's draft tokens verified (speculative decoding)
+    spec_accepted: int = 0  # ... and accepted
+
+    @property
+    def spec_acceptance(self) -> float | None:
+        """This request's own acceptance rate (None: nothing was proposed for it)."""
+        return self.spec_accepted / self.spec_proposed if self.spec_proposed else None
 
     @property
     def ttft(self) -> float | None:
@@ -73,9 +86,12 @@ class RequestOutput:
                                  default=None), finished_time=now if finished else None,
             num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
             num_preemptions=sum(s.num_preemptions for s in seqs),
-            tpot=sum(tpots) / len(tpots) if tpots else None)
-        outs = [CompletionOutput(s.index, list(s.output_ids), s.text,
-                                 s.finish_reason) for s in seqs]
+            tpot=sum(tpots) / len(tpots) if tpots else None,
+            spec_proposed=sum(s.spec_proposed for s in seqs),
+            spec_accepted=sum(s.spec_accepted for s in seqs))
+        outs = [CompletionOutput(s.index, list(s.output_ids), s.safe_text, s.finish_reason,
+                                 None if s.logprobs is None else s.logprobs[:len(s.output_ids)])
+                for s in seqs]
         return cls(request_id, prompt, list(first.prompt_ids), outs, finished, metrics)
 
 

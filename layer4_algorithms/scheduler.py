@@ -19,9 +19,14 @@ The engine runs the step and then calls `postprocess` with the sampled tokens, w
 advances each sequence's KV state, appends tokens, registers full blocks in the prefix cache,
 and frees finished sequences. Policy "static" is the baseline for benchmarks: a new batch of
 up to max_num_seqs sequences is admitted only once the previous batch has entirely finished.
+Policy "priority" (vLLM's convention: lower priority value = sooner) replaces arrival order by
+(priority, arrival) everywhere: the waiting queue is kept in that order (a preempted sequence
+goes back to its place in it), running sequences are served in it, and the preemption victim
+is the last in it: the lowest-priority running sequence (the newest among equals).
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from collections import deque
@@ -31,6 +36,11 @@ from dataclasses import dataclass, field
 from .config import EngineConfig
 from .kv import BlockManager
 from .sequence import Sequence, SequenceStatus
+
+
+def priority_key(seq: Sequence) -> tuple[int, float, int]:
+    """The "priority" policy's order: priority (lower first), then arrival, then id."""
+    return (seq.priority, seq.arrival_time, seq.seq_id)
 
 
 @dataclass
@@ -124,7 +134,10 @@ class Scheduler:
                              "fit the "
                              f"{self.max_num_batched_tokens}-token step budget and chunked prefill "
                              "is off")
-        self.waiting.append(seq)
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=priority_key)
+        else:
+            self.waiting.append(seq)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -143,6 +156,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.max_num_batched_tokens
+        if self.policy == "priority":  # then running[-1], the victim, is the lowest priority
+            self.running.sort(key=priority_key)
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
@@ -261,7 +276,10 @@ class Scheduler:
         seq.num_computed_tokens = 0
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        if self.policy == "priority":
+            bisect.insort(self.waiting, seq, key=priority_key)
+        else:
+            self.waiting.appendleft(seq)
 
     def _finish(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:

@@ -35,13 +35,18 @@ class Sequence:
     holds positions [i * block_size, (i + 1) * block_size); block_hashes: prefix-cache hashes
     of its full, computed blocks; row: a small slot id (0..max_num_seqs-1) while running, for
     per-slot state outside the cache (a draft model's KV row). Finishing (EOS, stop strings,
-    max_tokens) and the text follow layer 3's FinishRule (`finish`)."""
+    max_tokens) and the text follow layer 3's FinishRule (`finish`); `safe_text` is the part
+    of it the rule has released (no possible stop-string start, no half character).
+    priority: lower runs sooner under the "priority" policy. logprobs: one TokenLogprobs per
+    output token when params.logprobs is set (else None). spec_proposed / spec_accepted:
+    this sequence's draft tokens verified and accepted (speculative decoding)."""
 
     def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int],
                  params: l3.SamplingParams, *, index: int = 0,
                  generator: torch.Generator | None = None,
                  decoder: l3.IncrementalDecoder | None = None,
-                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None) -> None:
+                 eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
+                 priority: int = 0) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
         self.index = index
@@ -53,6 +58,10 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.finish = l3.FinishRule(params, eos_token_ids, decoder)
         self.output_ids: list[int] = self.finish.token_ids  # the rule appends to it
+        self.priority = priority
+        self.logprobs: list | None = [] if params.logprobs is not None else None
+        self.spec_proposed = 0
+        self.spec_accepted = 0
         self.status = SequenceStatus.WAITING
         self.block_table: list[int] = []
         self.block_hashes: list[int] = []
@@ -75,6 +84,12 @@ class Sequence:
     def text(self) -> str:
         """The output's text so far (cut before a stop string)."""
         return self.finish.text
+
+    @property
+    def safe_text(self) -> str:
+        """The text the FinishRule has released so far (all of `text` once finished): what a
+        stream may show, as no later token can take it back."""
+        return self.finish.text[:self.finish.emitted]
 
     @property
     def num_tokens(self) -> int:
@@ -114,7 +129,7 @@ class Sequence:
             raise RuntimeError("fork happens before the first output token (parallel sampling)")
         child = Sequence(seq_id, self.request_id, self.prompt_ids, self.params, index=index,
                          generator=generator, decoder=decoder, eos_token_ids=self.eos_token_ids,
-                         arrival_time=self.arrival_time)
+                         arrival_time=self.arrival_time, priority=self.priority)
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens

@@ -1,0 +1,44 @@
+"""Small engine seams layer 6 relies on: per-request speculative counts, close() and the
+context manager, and speculation refusing penalties / logprobs."""
+from __future__ import annotations
+
+import pytest
+
+from layer4_algorithms import LLM, SamplingParams
+
+from .l4_helpers import greedy
+
+
+def test_per_request_spec_counts_add_up_to_the_engine_figures(tiny_model):
+    # repetitive prompts: prompt lookup (ngram) finds something to propose
+    prompts = [[5, 6, 7, 8] * 6, [9, 10, 11] * 7, [12, 13] * 9]
+    llm = LLM(tiny_model, num_blocks=128, block_size=4,
+              speculative={"method": "ngram", "k": 3, "ngram": (1, 3)})
+    outs = llm.generate(prompts, greedy(24))
+    proposed = [o.metrics.spec_proposed for o in outs]
+    accepted = [o.metrics.spec_accepted for o in outs]
+    assert sum(proposed) == llm.stats.spec_proposed > 0
+    assert sum(accepted) == llm.stats.spec_accepted
+    assert all(0 <= a <= p for a, p in zip(accepted, proposed, strict=True))
+    for o in outs:
+        want = o.metrics.spec_accepted / o.metrics.spec_proposed if o.metrics.spec_proposed \
+            else None
+        assert o.metrics.spec_acceptance == want
+
+
+def test_speculation_refuses_penalties_and_logprobs(tiny_model):
+    llm = LLM(tiny_model, num_blocks=64, block_size=4, speculative={"method": "ngram", "k": 2})
+    for extra in (dict(logprobs=1), dict(presence_penalty=0.5), dict(frequency_penalty=-1.0)):
+        with pytest.raises(ValueError, match="speculative decoding"):
+            llm.add_request([5, 6, 7], SamplingParams(max_tokens=4, **extra))
+    assert not llm.has_unfinished()
+
+
+def test_close_and_context_manager(tiny_model):
+    with LLM(tiny_model, num_blocks=64, block_size=4) as llm:
+        assert not llm.closed
+        assert llm.generate([[5, 6, 7]], greedy(3))[0].finished
+    assert llm.closed
+    llm.close()  # twice is fine
+    with pytest.raises(RuntimeError, match="closed"):
+        llm.add_request([5, 6, 7], greedy(3))

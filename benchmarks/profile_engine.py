@@ -1,41 +1,48 @@
-"""Where one decode step of layer 4's engine goes: host stages vs GPU kernels.
+"""Where one decode step of layer 4's engine goes: host stages, GPU kernels, GPU-idle fraction.
 
-    python benchmarks/profile_engine.py [--seqs 256] [--steps 20]
+    python benchmarks/profile_engine.py [--seqs 256] [--steps 20] [--profile-steps 10]
+                                        [--json out.json] [--no-to-end]
 
-Llama-3.2-1B's shape with random bf16 weights; `--seqs` requests with prompts uniform in
-100-1024 tokens are admitted and prefilled first, then decode-only steps (CUDA graphs) are
-timed: wall time per step, each host stage (schedule, context, sample, postprocess, outputs)
-and, under torch.profiler, the GPU kernels by total time. The gap between wall time and
-kernel time is host overhead the GPU waits for (the step ends in one host sync)."""
+Llama-3.2-1B's shape with random bf16 weights, nano-vllm's workload: `--seqs` requests,
+prompts and outputs uniform in [--min-len, --max-len] tokens (EOS ignored, greedy). All
+prompts are admitted and prefilled first; then decode-only steps (CUDA graphs) are timed:
+wall time per step and each host stage (schedule, context, sample, postprocess, outputs).
+Then `--profile-steps` steps run under torch.profiler, each inside its own record_function
+range: per step, GPU busy time (the union of kernel and memcpy intervals inside the step's
+wall-clock window) against wall time gives the GPU-idle fraction -- the host time the GPU
+waits for (the step ends in one host sync, so its kernels finish inside its window). Last,
+unless --no-to-end, the workload runs to completion and every decode pass is counted by
+batch size as replayed from a CUDA graph or run eagerly (the graph coverage).
+Prints a short table; --json writes the same figures. --smoke: a tiny model on the CPU
+(checks the script; no GPU figures)."""
 from __future__ import annotations
 
 import argparse
 import collections
 import functools
+import json
 import random
 import time
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile, record_function
 
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
+from layer4_algorithms import cuda_graph_runner as CG
 from layer4_algorithms import engine as E
 from layer4_algorithms import model_runner as MR
 from layer4_algorithms import scheduler as S
 from layer4_algorithms.kv import paged_cache as PC
 
-ap = argparse.ArgumentParser()
-ap.add_argument("--seqs", type=int, default=256)
-ap.add_argument("--steps", type=int, default=20)
-ap.add_argument("--smoke", action="store_true",
-                help="a tiny model on the CPU: checks the script runs")
-args = ap.parse_args()
-
 STAGES: collections.Counter = collections.Counter()
+COVERAGE: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+_REPLAYED: list[bool] = [False]
 
 
 def timed(cls, name: str) -> None:
+    """Wrap cls.name so its host time adds up in STAGES[name]."""
     f = getattr(cls, name)
 
     @functools.wraps(f)
@@ -47,53 +54,193 @@ def timed(cls, name: str) -> None:
     setattr(cls, name, wrapper)
 
 
-for cls, name in [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
-                  (PC.PagedKVCache, "context"),
-                  (MR.ModelRunner, "sample"), (MR.ModelRunner, "execute"), (E.LLM, "_outputs")]:
-    timed(cls, name)
+def count_coverage() -> None:
+    """Count every decode pass (all queries one token) by batch size: graph replay or eager."""
+    run, forward = CG.CudaGraphRunner.run, MR.ModelRunner._forward
 
-shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
-if args.smoke:
-    shape.update(hidden_size=32, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 num_key_value_heads=1, head_dim=16)
-    dev, dtype = "cpu", torch.float32
-net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", dtype=dtype, device=dev)
-llm = LLM(l3.Model(net, None), max_num_seqs=args.seqs, block_size=16, max_num_batched_tokens=8192,
-          cuda_graph=True, max_model_len=2112, num_blocks=None if dev == "cuda" else 40000)
-sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
-rng = random.Random(0)
-for i in range(args.seqs):
-    prompt = [rng.randrange(1000, 100000) for _ in range(rng.randint(100, 1024))]
-    llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=1000, ignore_eos=True),
-                    str(i))
-while llm.scheduler.waiting or any(s.num_uncomputed_tokens > 1 for s in llm.scheduler.running):
-    llm.step()
-print(f"{len(llm.scheduler.running)} sequences decoding after {llm.stats.steps} steps")
-for _ in range(3):
-    llm.step()
-sync()
-STAGES.clear()
-t0 = time.perf_counter()
-for _ in range(args.steps):
-    llm.step()
-sync()
-wall = (time.perf_counter() - t0) / args.steps
-print(f"wall {wall * 1e3:.2f} ms per decode step at batch {args.seqs}")
-for k, v in STAGES.most_common():
-    print(f"  {k:12s} {v / args.steps * 1e3:7.2f} ms/step")
-activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
-with profile(activities=activities) as prof:
-    for _ in range(5):
+    def graph_run(self, *a, **k):
+        _REPLAYED[0] = True
+        return run(self, *a, **k)
+
+    def counted_forward(self, group):
+        _REPLAYED[0] = False
+        result = forward(self, group)
+        if all(s.query_len == 1 for s in group):
+            COVERAGE[len(group)]["graph" if _REPLAYED[0] else "eager"] += 1
+        return result
+    CG.CudaGraphRunner.run, MR.ModelRunner._forward = graph_run, counted_forward
+
+
+def union_within(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Length of the union of intervals clipped to [lo, hi]."""
+    clipped = sorted((max(a, lo), min(b, hi)) for a, b in intervals if b > lo and a < hi)
+    total, cur_a, cur_b = 0.0, None, None
+    for a, b in clipped:
+        if cur_b is None or a > cur_b:
+            total += 0 if cur_b is None else cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    return total + (0 if cur_b is None else cur_b - cur_a)
+
+
+def idle_per_step(events, prefix: str = "engine_step#") -> list[dict]:
+    """From profiler events: each step range's wall time, GPU busy time within it and the
+    GPU-idle fraction (None when no GPU activity was recorded at all, e.g. on a CPU)."""
+    gpu = [(e.time_range.start, e.time_range.end) for e in events
+           if e.device_type == DeviceType.CUDA]
+    steps = sorted((e for e in events if e.name.startswith(prefix)),
+                   key=lambda e: e.time_range.start)
+    out = []
+    for e in steps:
+        lo, hi = e.time_range.start, e.time_range.end
+        busy = union_within(gpu, lo, hi) if gpu else None
+        out.append({"step": e.name, "wall_ms": (hi - lo) / 1e3,
+                    "gpu_busy_ms": None if busy is None else busy / 1e3,
+                    "gpu_idle_fraction": None if busy is None else 1 - busy / max(hi - lo, 1e-9),
+                    "batch": None})
+    return out
+
+
+def build(args: argparse.Namespace) -> tuple[LLM, str]:
+    shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
+    if args.smoke:
+        shape.update(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+        dev, dtype = "cpu", torch.float32
+    net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", dtype=dtype,
+                          device=dev)
+    llm = LLM(l3.Model(net, None), max_num_seqs=args.seqs, block_size=16,
+              max_num_batched_tokens=8192, cuda_graph=True,
+              max_model_len=2 * args.max_len + 64, num_blocks=None if dev == "cuda" else 40000)
+    rng = random.Random(0)
+    for i in range(args.seqs):  # nano-vllm's workload: prompt and output lengths uniform
+        prompt = [rng.randrange(1000, 100000) for _ in range(rng.randint(args.min_len,
+                                                                         args.max_len))]
+        out_len = rng.randint(args.min_len, args.max_len)
+        llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=out_len,
+                                               ignore_eos=True), str(i))
+    return llm, dev
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seqs", type=int, default=256)
+    ap.add_argument("--min-len", type=int, default=100)
+    ap.add_argument("--max-len", type=int, default=1024)
+    ap.add_argument("--steps", type=int, default=20, help="decode steps timed per stage")
+    ap.add_argument("--profile-steps", type=int, default=10)
+    ap.add_argument("--no-to-end", dest="to_end", action="store_false",
+                    help="skip running the workload to completion (graph coverage)")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a tiny model on the CPU: checks the script runs")
+    args = ap.parse_args(argv)
+    wrapped = [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
+               (PC.PagedKVCache, "context"), (MR.ModelRunner, "sample"),
+               (MR.ModelRunner, "execute"), (E.LLM, "_outputs")]
+    originals = [(c, n, getattr(c, n)) for c, n in
+                 wrapped + [(CG.CudaGraphRunner, "run"), (MR.ModelRunner, "_forward")]]
+    for cls, name in wrapped:
+        timed(cls, name)
+    count_coverage()
+    try:
+        return _profile(args)
+    finally:  # the engine's classes as they were: a test calls main() in its own process
+        for cls, name, f in originals:
+            setattr(cls, name, f)
+        STAGES.clear()
+        COVERAGE.clear()
+
+
+def _profile(args: argparse.Namespace) -> dict:
+    llm, dev = build(args)
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    sched = llm.scheduler
+    while sched.waiting or any(s.num_uncomputed_tokens > 1 for s in sched.running):
+        llm.step()
+    print(f"{len(sched.running)} sequences decoding after {llm.stats.steps} steps")
+    for _ in range(3):
         llm.step()
     sync()
-rows = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
-gpu = sum(getattr(e, "self_device_time_total", 0) for e in rows)
-print(f"GPU kernel time {gpu / 5 / 1e3:.2f} ms per step")
-for e in rows[:15]:
-    t = getattr(e, "self_device_time_total", 0)
-    if t:
-        print(f"{t / 5:9.1f} us/step  {e.count / 5:6.1f}x  {e.key[:100]}")
-cpu_rows = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
-print("host: top ops by self CPU time")
-for e in cpu_rows[:15]:
-    print(f"{e.self_cpu_time_total / 5:9.1f} us/step  {e.count / 5:6.1f}x  {e.key[:100]}")
+    STAGES.clear()
+    t0 = time.perf_counter()
+    for _ in range(args.steps):
+        llm.step()
+    sync()
+    wall = (time.perf_counter() - t0) / args.steps
+    print(f"wall {wall * 1e3:.2f} ms per decode step at batch {len(sched.running)}")
+    stages = {k: v / args.steps * 1e3 for k, v in STAGES.most_common()}
+    for k, v in stages.items():
+        print(f"  {k:12s} {v:7.2f} ms/step")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
+    batches = []
+    with profile(activities=activities) as prof:
+        for i in range(args.profile_steps):
+            batches.append(len(sched.running))
+            with record_function(f"engine_step#{i}"):
+                llm.step()
+                sync()
+    steps = idle_per_step(prof.events())
+    for s, b in zip(steps, batches, strict=False):
+        s["batch"] = b
+    _print_steps(steps)
+    kernels = _top_kernels(prof, args.profile_steps)
+    if args.to_end:
+        while llm.has_unfinished():
+            llm.step()
+    coverage = {b: dict(c) for b, c in sorted(COVERAGE.items())}
+    _print_coverage(coverage)
+    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+              "seqs": args.seqs, "lengths": [args.min_len, args.max_len],
+              "wall_ms_per_step": wall * 1e3, "stages_ms_per_step": stages, "steps": steps,
+              "mean_gpu_idle_fraction": _mean([s["gpu_idle_fraction"] for s in steps]),
+              "graph_coverage": coverage, "top_kernels": kernels,
+              "decode_passes": sum(sum(c.values()) for c in coverage.values()),
+              "eager_decode_passes": sum(c.get("eager", 0) for c in coverage.values())}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json}")
+    return result
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _print_steps(steps: list[dict]) -> None:
+    print(f"{'step':>5} {'batch':>5} {'wall ms':>8} {'GPU busy ms':>11} {'GPU idle':>8}")
+    for i, s in enumerate(steps):
+        busy = "n/a" if s["gpu_busy_ms"] is None else f"{s['gpu_busy_ms']:.2f}"
+        idle = "n/a" if s["gpu_idle_fraction"] is None else f"{s['gpu_idle_fraction']:.0%}"
+        print(f"{i:5d} {s['batch']:5d} {s['wall_ms']:8.2f} {busy:>11} {idle:>8}")
+    m = _mean([s["gpu_idle_fraction"] for s in steps])
+    print("mean GPU-idle fraction per step: " + ("n/a (no GPU)" if m is None else f"{m:.0%}"))
+
+
+def _print_coverage(coverage: dict) -> None:
+    eager = {b: c["eager"] for b, c in coverage.items() if c.get("eager")}
+    total = sum(sum(c.values()) for c in coverage.values())
+    print(f"CUDA-graph coverage: {total - sum(eager.values())} of {total} decode passes replayed "
+          f"over {len(coverage)} batch sizes; eager at batch sizes: "
+          + (", ".join(f"{b} ({n}x)" for b, n in list(eager.items())[:20]) or "none"))
+
+
+def _top_kernels(prof, n_steps: int) -> list[dict]:
+    rows = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
+    gpu = sum(getattr(e, "self_device_time_total", 0) for e in rows)
+    print(f"GPU kernel time {gpu / max(n_steps, 1) / 1e3:.2f} ms per step")
+    out = []
+    for e in rows[:15]:
+        t = getattr(e, "self_device_time_total", 0)
+        if t:
+            out.append({"us_per_step": t / n_steps, "count_per_step": e.count / n_steps,
+                        "name": e.key[:100]})
+            print(f"{t / n_steps:9.1f} us/step  {e.count / n_steps:6.1f}x  {e.key[:100]}")
+    return out
+
+
+if __name__ == "__main__":
+    main()

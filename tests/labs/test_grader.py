@@ -16,7 +16,7 @@ LABS = sorted(available_labs())
 
 
 def test_there_is_a_lab_per_built_layer():
-    assert {0, 1, 2, 3, 4, 5} <= set(LABS)
+    assert {0, 1, 2, 3, 4, 5, 6, 7} <= set(LABS)
 
 
 @pytest.mark.parametrize("lab", LABS)

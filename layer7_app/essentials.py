@@ -1,0 +1,66 @@
+"""Lab 7's exercises at teaching size: the prefix-aware routing choice and fitting a long
+chat history into the context window. The router does the first with bigger parts
+(router/policies.py); these are the answer key the lab's grader compares a student's code
+with.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping, Sequence
+
+Message = dict[str, str]
+
+
+def hash_score(key: str, url: str) -> int:
+    """A replica's score for a key (rendezvous hashing): 8 bytes of BLAKE2b, big-endian."""
+    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(),
+                          "big")
+
+
+# ---- Exercise 1: what stays the same across a conversation's turns --------------------------
+def prefix_key(messages: Sequence[Message], chars: int = 256) -> str:
+    """"role: content\\n" for each message up to and including the first user message,
+    joined, cut to `chars` characters. Every turn of a conversation has the same key."""
+    parts = []
+    for m in messages:
+        parts.append(f"{m['role']}: {m['content']}\n")
+        if m["role"] == "user":
+            break
+    return "".join(parts)[:chars]
+
+
+# ---- Exercise 2: the prefix-aware choice ----------------------------------------------------
+def choose_replica(key: str, in_flight: Mapping[str, int], load_bound: int = 4) -> str:
+    """The replica url for `key`: home = the url with the highest hash_score(key, url); but
+    if home has more than `load_bound` requests in flight beyond the least-loaded replica
+    (the first such url in `in_flight`'s order), that one. ValueError with no replicas."""
+    if not in_flight:
+        raise ValueError("no replicas to choose from")
+    home = max(in_flight, key=lambda url: hash_score(key, url))
+    least = min(in_flight, key=lambda url: in_flight[url])
+    return least if in_flight[home] > in_flight[least] + load_bound else home
+
+
+# ---- Exercise 3: fit a long history into the context window ---------------------------------
+def fit_history(messages: Sequence[Message], count_tokens: Callable[[list[Message]], int],
+                context_len: int, max_tokens: int) -> list[Message]:
+    """Drop the oldest turns until the prompt fits beside the reply: the leading system
+    messages are always kept; of the rest, keep the longest suffix that starts with a user
+    message and for which count_tokens(system + suffix) + max_tokens <= context_len.
+    ValueError if even the system messages and the last user message alone do not fit."""
+    n_sys = 0
+    while n_sys < len(messages) and messages[n_sys]["role"] == "system":
+        n_sys += 1
+    system, rest = list(messages[:n_sys]), list(messages[n_sys:])
+    budget = context_len - max_tokens
+    best = None
+    for start in range(len(rest) - 1, -1, -1):  # longer and longer suffixes
+        if rest[start]["role"] != "user":
+            continue
+        if count_tokens(system + rest[start:]) > budget:
+            break  # a longer suffix costs at least as much
+        best = start
+    if best is None:
+        raise ValueError(f"the system prompt and the last user message need more than "
+                         f"{budget} tokens ({context_len} context - {max_tokens} for the reply)")
+    return system + rest[best:]

@@ -56,7 +56,8 @@ def test_unknown_lab_is_a_clear_error():
 
 
 def test_reference_and_submission_are_exclusive(tmp_path):
-    result = runner.invoke(cli.app, ["grade", "--lab", "0", "--reference", "--submission", str(tmp_path / "x.py")])
+    result = runner.invoke(cli.app, ["grade", "--lab", "0", "--reference",
+                                     "--submission", str(tmp_path / "x.py")])
     assert result.exit_code == 2 and "exclusive" in result.output
 
 

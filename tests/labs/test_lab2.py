@@ -93,7 +93,8 @@ class Window:
 def _refusal(window: Window, name: str) -> AssertionError:
     window.refused.append(name)
     return AssertionError(f"torch.distributed's collective ({name}) was called: build it from "
-                          "point-to-point messages only (send, recv, isend, irecv, batch_isend_irecv)")
+                          "point-to-point messages only (send, recv, isend, irecv, "
+                          "batch_isend_irecv)")
 
 
 class _CollectivesRefused(TorchDispatchMode):
@@ -419,7 +420,8 @@ def run_ranks(impl: ModuleType, exercise: str, world: int, *, traffic: bool = Fa
 def _all_cases_ran(reports: list[dict], world: int) -> None:
     assert len(reports) == world
     counts = {r["cases"] for r in reports}
-    assert len(counts) == 1 and counts.pop() >= 14  # each case 1-D or 2-D, float32 or int64, sum or max
+    # each case 1-D or 2-D, float32 or int64, sum or max
+    assert len(counts) == 1 and counts.pop() >= 14
 
 
 # ---------------------------------------------------------------- exercise 1: ring all-reduce
@@ -513,8 +515,10 @@ def test_busbw(impl):
         for collective, factor in factors.items():
             assert _close(impl.busbw(algbw, collective, world), algbw * factor(world)), collective
     algbw = rng.uniform(1e6, 1e12)
-    for algorithm, collective in (("ring_all_reduce", "all_reduce"), ("tree_all_reduce", "all_reduce"),
-                                  ("ring_all_gather", "all_gather"), ("ring_reduce_scatter", "reduce_scatter")):
+    for algorithm, collective in (("ring_all_reduce", "all_reduce"),
+                                  ("tree_all_reduce", "all_reduce"),
+                                  ("ring_all_gather", "all_gather"),
+                                  ("ring_reduce_scatter", "reduce_scatter")):
         assert _close(impl.busbw(algbw, algorithm, 8), algbw * factors[collective](8)), algorithm
     assert _close(impl.busbw(algbw, "all_reduce", 1), 0.0)  # one rank: nothing crosses a link
     with pytest.raises(ValueError):
@@ -593,7 +597,8 @@ def test_fit_alpha_beta(impl):
         noisy = [(a + b * n) * rng.uniform(0.97, 1.03) for n in sizes]
         fit = impl.fit_alpha_beta(sizes, noisy)
         assert abs(fit.alpha_s / a - 1) < 0.08, f"alpha {fit.alpha_s:.3g} s, true {a:.3g} s"
-        assert abs(fit.beta_s_per_byte / b - 1) < 0.05, f"beta {fit.beta_s_per_byte:.3g}, true {b:.3g}"
+        beta = fit.beta_s_per_byte
+        assert abs(beta / b - 1) < 0.05, f"beta {beta:.3g}, true {b:.3g}"
     # Times that shrink with size: no bandwidth term; beta is clamped to 0.
     flat = impl.fit_alpha_beta([8, 1024, 2**20], [5e-5, 4e-5, 3e-5])
     assert flat.beta_s_per_byte == 0 and 3e-5 <= flat.alpha_s <= 5e-5

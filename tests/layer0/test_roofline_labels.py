@@ -48,8 +48,9 @@ def test_crowded_labels_overlap_nothing():
 
 def test_png_with_many_points(tmp_path):
     xs, ys = _crowd(20, seed=5)
-    points = [RooflinePoint(f"kernel {i} with a long descriptive name 16384x8192 bf16",
-                            x * 1e9, 1e9, 1e9 * x / y) for i, (x, y) in enumerate(zip(xs, ys, strict=True))]
+    name = "kernel {} with a long descriptive name 16384x8192 bf16"
+    points = [RooflinePoint(name.format(i), x * 1e9, 1e9, 1e9 * x / y)
+              for i, (x, y) in enumerate(zip(xs, ys, strict=True))]
     ceilings = Ceilings("H100 test", "cuda", 3e12, {"bf16": 7.9e14, "fp32": 5e13}, 4e-6)
     path = plot_roofline(ceilings, points, tmp_path / "roofline.png")
     assert path.read_bytes().startswith(b"\x89PNG")

@@ -1,10 +1,12 @@
 """ModelConfig: what the executor needs from a Hugging Face `config.json`.
 
-Llama, Qwen2 and Mistral share one architecture (RMSNorm, RoPE, GQA attention, SwiGLU
-MLP); they differ only in a few switches, which this file turns into fields:
+Llama, Qwen2, Qwen3 and Mistral share one architecture (RMSNorm, RoPE, GQA attention,
+SwiGLU MLP); they differ only in a few switches, which this file turns into fields:
 - Qwen2: bias on the q/k/v projections (always), optional sliding-window layers;
 - Llama: optional `attention_bias` (q/k/v/o) and `mlp_bias`, Llama-3 RoPE scaling;
-- Mistral: a sliding attention window on every layer.
+- Mistral: a sliding attention window on every layer;
+- Qwen3: an RMSNorm over each head's q and k before RoPE (`qk_norm`), an explicit
+  head_dim, no q/k/v bias unless `attention_bias` (then on o_proj too).
 
 Both spellings of RoPE settings are read: transformers 4.x writes `rope_theta` and
 `rope_scaling` at the top level, 5.x writes them together in `rope_parameters`.
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -56,6 +58,7 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2: always; Llama: attention_bias
     o_bias: bool = False  # Llama's attention_bias also puts a bias on o_proj
     mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm (weight of head_dim) on each q and k head
     layer_windows: tuple[int | None, ...] = ()  # sliding window per layer (None: full causal)
     torch_dtype: torch.dtype = torch.float32
     bos_token_id: int | None = None
@@ -112,7 +115,8 @@ class ModelConfig:
             max_position_embeddings=d.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             qkv_bias=model_type == "qwen2" or attention_bias,
-            o_bias=model_type == "llama" and attention_bias,
+            o_bias=model_type in ("llama", "qwen3") and attention_bias,
+            qk_norm=model_type == "qwen3",
             mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),
             layer_windows=_layer_windows(d, model_type, layers),
             torch_dtype=_dtype(d.get("dtype") or d.get("torch_dtype") or "float32"),

@@ -1,5 +1,5 @@
-"""A Llama-family decoder in plain PyTorch (Llama, Qwen2, Mistral share it): the one model
-this project serves and trains.
+"""A Llama-family decoder in plain PyTorch (Llama, Qwen2, Qwen3, Mistral share it): the one
+model this project serves and trains. (Qwen3 adds a per-head RMSNorm on q and k before RoPE.)
 
 One serving step over T new tokens of B sequences (shapes for hidden H, Hq query heads,
 Hkv kv heads, head dim D, FFN width F, vocab V):
@@ -61,21 +61,29 @@ class Attention(nn.Module):
         self.scale = 1.0 / math.sqrt(c.head_dim)
         self.qkv = nn.Linear(c.hidden_size, c.q_size + 2 * c.kv_size, bias=c.qkv_bias)
         self.o_proj = nn.Linear(c.q_size, c.hidden_size, bias=c.o_bias)
+        # Qwen3: each head's q and k RMS-normalised (one weight of head_dim shared by the
+        # heads) before RoPE, which keeps attention logits bounded without a qkv bias.
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps) if c.qk_norm else None
 
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _qkv(self, x: torch.Tensor,
+             ops: Ops) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (..., H) -> q (..., Hq, D), k and v (..., Hkv, D). Views, not copies: each
-        head's D values are contiguous inside the qkv row."""
+        head's D values are contiguous inside the qkv row (q and k are new tensors when
+        normalised: Qwen3)."""
         D = self.head_dim
         sizes = [self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D]
         q, k, v = self.qkv(x).split(sizes, dim=-1)
         lead = x.shape[:-1]
-        return (q.view(*lead, self.n_heads, D), k.view(*lead, self.n_kv_heads, D),
-                v.view(*lead, self.n_kv_heads, D))
+        q, k = q.view(*lead, self.n_heads, D), k.view(*lead, self.n_kv_heads, D)
+        if self.q_norm is not None:  # over the last dim, D: per head
+            q, k = self.q_norm(q.contiguous(), ops), self.k_norm(k.contiguous(), ops)
+        return q, k, v.view(*lead, self.n_kv_heads, D)
 
     def forward(self, x: torch.Tensor, ctx: AttentionContext, cache: KVCache | None, ops: Ops,
                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Serving: x (T, H) flat new tokens -> (T, H)."""
-        q, k, v = self._qkv(x)
+        q, k, v = self._qkv(x, ops)
         q, k = ops.rope(q, k, cos, sin, ctx.positions)
         if cache is not None:
             cache.write(self.layer, k, v, ctx)
@@ -86,7 +94,7 @@ class Attention(nn.Module):
                positions: torch.Tensor) -> torch.Tensor:
         """Training: x (B, T, H), every sequence from position 0, no cache -> (B, T, H)."""
         B, T, _ = x.shape
-        q, k, v = self._qkv(x)
+        q, k, v = self._qkv(x, ops)
         q, k = ops.rope(q, k, cos, sin, positions)  # (T, 1, D) tables broadcast over B
         k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, Hkv, T, D)
         if self.window is None or T <= self.window:

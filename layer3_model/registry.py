@@ -84,8 +84,8 @@ def resolve(model: str | Path) -> Path:
     if hub.is_hub_id(name):
         return _checkpoint(hub.download(name))
     raise FileNotFoundError(
-        f"model {name!r}: not a directory, a .gguf file, a model name ({', '.join(NAMES)}) "
-        "or a hub id (org/name)")
+        f"model {name!r} does not exist: it is not a directory, a .gguf file, a model name "
+        f"({', '.join(NAMES)}) or a hub id (org/name)")
 
 
 def _checkpoint(path: Path) -> Path:

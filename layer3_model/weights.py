@@ -10,6 +10,7 @@ or a shape that disagrees with config.json, is a ValueError that names it.
     model.layers.i.input_layernorm.weight              layers.i.attn_norm.weight
     model.layers.i.self_attn.{q,k,v}_proj.{weight,bias} layers.i.attn.qkv.{weight,bias}  (merged)
     model.layers.i.self_attn.o_proj.{weight,bias}      layers.i.attn.o_proj.{weight,bias}
+    model.layers.i.self_attn.{q,k}_norm.weight (Qwen3) layers.i.attn.{q,k}_norm.weight
     model.layers.i.post_attention_layernorm.weight     layers.i.mlp_norm.weight
     model.layers.i.mlp.{gate,up}_proj.{weight,bias}    layers.i.mlp.gate_up.{weight,bias}  (merged)
     model.layers.i.mlp.down_proj.{weight,bias}         layers.i.mlp.down.{weight,bias}
@@ -31,7 +32,8 @@ _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
 _MERGED = {"attn.qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")),
            "mlp.gate_up": ("mlp", ("gate_proj", "up_proj"))}
 _RENAMED = {"attn_norm": "input_layernorm", "attn.o_proj": "self_attn.o_proj",
-            "mlp_norm": "post_attention_layernorm", "mlp.down": "mlp.down_proj"}
+            "mlp_norm": "post_attention_layernorm", "mlp.down": "mlp.down_proj",
+            "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}  # Qwen3
 # Outside the layers, only two names differ (lm_head.weight is the same in both).
 _OUTER = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight"}
 

@@ -49,7 +49,7 @@ def test_config_architecture_switches():
 
 
 def test_config_errors_name_the_problem(tmp_path):
-    with pytest.raises(ValueError, match=r"'gpt2'.*llama, qwen2, mistral"):
+    with pytest.raises(ValueError, match=r"'gpt2'.*llama, qwen2, qwen3, mistral"):
         l3.ModelConfig.from_dict({**BASE, "model_type": "gpt2"})
     with pytest.raises(ValueError, match="'yarn'"):
         l3.ModelConfig.from_dict({**BASE, "model_type": "llama", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})

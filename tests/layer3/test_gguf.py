@@ -88,7 +88,7 @@ def test_unknown_name_and_offline_hub_id(tmp_path, monkeypatch):
     with pytest.raises(FileNotFoundError, match="offline.*stack models pull") as err:
         load("some-org/some-model", device="cpu")
     _one_line(err.value)
-    with pytest.raises(FileNotFoundError, match="not a directory, a .gguf file"):
+    with pytest.raises(FileNotFoundError, match="does not exist: it is not a directory"):
         load("no-such-model", device="cpu")
 
 

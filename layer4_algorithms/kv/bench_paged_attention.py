@@ -199,6 +199,11 @@ def _graph_pair(enabled: bool, sdpa_fn, ours_fn) -> dict:
     if not enabled or _DEVICE != "cuda":
         return dict(ours_graph_us=None, sdpa_graph_us=None, graph_speedup=None,
                     graph_note=GRAPH_SKIPPED if enabled else "not asked for")
-    ours, sdpa = graph_replay_us(ours_fn), graph_replay_us(sdpa_fn)
+    try:
+        ours, sdpa = graph_replay_us(ours_fn), graph_replay_us(sdpa_fn)
+    except RuntimeError as err:  # e.g. a backend that cannot be captured: say so, keep the row
+        torch.cuda.synchronize()
+        return dict(ours_graph_us=None, sdpa_graph_us=None, graph_speedup=None,
+                    graph_note=f"capture failed: {type(err).__name__}: {str(err)[:100]}")
     return dict(ours_graph_us=ours, sdpa_graph_us=sdpa, graph_speedup=sdpa / ours,
                 graph_note="calls captured in one CUDA graph, replays timed between events")

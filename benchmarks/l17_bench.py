@@ -1,0 +1,99 @@
+"""Issue 17's GPU figures, one part per call, each written to a JSON file for l17_summary.py.
+
+    python benchmarks/l17_bench.py decode  --out DIR   # 1B shape, batch 1, triton, CUDA graph: MBU
+    python benchmarks/l17_bench.py prefill --out DIR   # 2048-token prefill x5: median, min-max MFU
+    python benchmarks/l17_bench.py engine  --out DIR   # nano-vllm workload, 256 seqs: tok/s, floor
+
+Llama-3.2-1B's shape with random bf16 weights (nothing downloaded); ceilings from layer 0.
+Every timed configuration first runs untimed on its own shapes (the benches' warm-ups), and
+the engine workload is timed twice in a row, so a cold-vs-warm difference would show as a
+gap between the two runs. --smoke: a tiny model on the CPU (checks the code; no GPU figures).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+import layer3_model as l3
+from layer3_model import bench as L3B
+from layer3_model.bench_rows import prefill_row
+from layer4_algorithms import LLM
+from layer4_algorithms import bench_engine as L4B
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=512)
+
+
+def _setup(smoke: bool) -> tuple[l3.LlamaModel, float, float]:
+    """The model, copy bandwidth (bytes/s) and bf16 FLOP/s (the CPU smoke test: nominal 1e11)."""
+    shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
+    if smoke:
+        shape.update(TINY)
+        dev, dtype = "cpu", torch.float32
+    net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton" if not smoke
+                          else "torch", dtype=dtype, device=dev)
+    if smoke:
+        return net, 1e11, 1e11
+    c = l3.load_ceilings("cuda")
+    return net, c.memory_bandwidth, c.flops["bf16"]
+
+
+def decode(net, bw: float, _peak: float, smoke: bool) -> dict:
+    P, N = (128, 256) if not smoke else (8, 8)
+    graph = not smoke
+    spt = L3B.best_of(lambda: L3B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N,
+                                                           cuda_graph=graph))
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (P + N / 2)
+    return {"what": "1B decode bs1, triton backend, CUDA graph", "tokens_per_s": 1 / spt,
+            "ms_per_token": spt * 1e3, "bytes_per_token": moved, "MBU": moved / spt / bw,
+            "target_MBU": 0.8, "floor_ms": moved / bw * 1e3}
+
+
+def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
+    return {**prefill_row(net, 2048 if not smoke else 32, "triton", peak), "target_MFU": 0.6}
+
+
+def engine(net, bw: float, peak: float, smoke: bool) -> dict:
+    seqs, lo, hi = (256, 100, 1024) if not smoke else (6, 4, 16)
+    wl = L4B.random_workload(seqs, lo, hi, net.config.vocab_size)
+    kw = dict(block_size=16, max_num_batched_tokens=8192, cuda_graph=not smoke,
+              max_model_len=2 * hi + 64, num_blocks=None if not smoke else 512)
+    llm = LLM(l3.Model(net, None), max_num_seqs=seqs, **kw)
+    runs = [L4B.time_engine(llm, wl) for _ in range(2)]  # each after its own warm-up
+    floor = L4B.roofline_floor_s(net, wl, seqs, bw, peak)
+    tps = [r["tokens_per_s"] for r in runs]
+    return {"what": f"engine, nano-vllm workload, {seqs} seqs, continuous batching",
+            "tokens_per_s": statistics.median(tps), "runs_tokens_per_s": tps,
+            "steps": runs[-1]["steps"], "roofline_floor_s": floor,
+            "roofline_fraction": floor / statistics.median(r["seconds"] for r in runs),
+            "target_roofline_fraction": 0.5, "output_tokens": wl.output_tokens}
+
+
+PARTS = {"decode": decode, "prefill": prefill, "engine": engine}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("part", choices=sorted(PARTS))
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--smoke", action="store_true")
+    args = ap.parse_args(argv)
+    net, bw, peak = _setup(args.smoke)
+    with torch.no_grad():
+        result = PARTS[args.part](net, bw, peak, args.smoke)
+    result.update(device=torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
+                  copy_bandwidth=bw, bf16_flops=peak, torch=torch.__version__)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"l17_{args.part}.json"
+    path.write_text(json.dumps(result, indent=1, default=str))
+    print(json.dumps({k: v for k, v in result.items() if not isinstance(v, list | dict)},
+                     default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()

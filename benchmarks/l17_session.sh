@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Issue 17 (performance) in ONE device-machine call on an H100, under 9 minutes:
+#   bash benchmarks/l17_session.sh
+# Steps (each with its own time limit, log in $OUT/NAME.log, JSON beside it):
+#   decode   1B shape, batch 1, triton backend, CUDA graph: tok/s and MBU       (l17_bench.py)
+#   prefill  2048 tokens x5 after a same-shape warm-up: median and min-max MFU  (l17_bench.py)
+#   engine   nano-vllm workload, 256 seqs, timed twice after warm-up: tok/s, of roofline floor
+#   profile  per decode step: wall vs GPU busy (GPU-idle fraction), CUDA-graph coverage
+#   kernel   paged decode vs SDPA: do_bench and under CUDA-graph replay        (stack bench)
+#   spec     speculative decoding on the GPU, draft and n-gram, greedy-identical (stack bench)
+# then a compact summary table (l17_summary.py): the reply shows only the output's tail.
+# Worst case (every step at its limit): ~525 s.
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out"
+export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
+    || { cat "$out/install.log"; exit 1; }
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton",
+triton.__version__, "transformers", transformers.__version__)'; } 2>&1 | tee "$out/env.txt"
+timeout 40 python3 -c 'import layer3_model as l3; c = l3.load_ceilings("cuda"); bf = c.flops["bf16"]
+print(f"ceilings: {c.memory_bandwidth / 1e12:.2f} TB/s copy, bf16 {bf / 1e12:.0f} TFLOP/s")' 2>&1 \
+    | tail -1 | tee -a "$out/env.txt"
+
+step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, say how it ended
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
+    [ $rc = 0 ] || tail -4 "$out/$name.log"
+}
+step decode 60 python3 benchmarks/l17_bench.py decode --out "$out"
+step prefill 60 python3 benchmarks/l17_bench.py prefill --out "$out"
+step engine 90 python3 benchmarks/l17_bench.py engine --out "$out"
+step profile_engine 90 python3 benchmarks/profile_engine.py --seqs 256 --steps 10 \
+    --profile-steps 8 --json "$out/profile_engine.json"
+grep -A12 "^ step batch" "$out/profile_engine.log"
+step kernel 70 stack bench --layer 4 --only kernel
+grep -v "Warning\|sdpa(q" "$out/kernel.log" | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
+step spec 90 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 2
+grep "geometric-mean\|DIFFER" "$out/spec.log"
+echo "== summary (issue 17 targets; JSON and logs under \$OUT) =="
+cat "$out/env.txt"
+python3 benchmarks/l17_summary.py "$out"

@@ -16,6 +16,7 @@ backpressure (EngineOverloaded when more than `max_waiting` requests wait for ad
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import time
 from collections.abc import Sequence as Seq
@@ -25,7 +26,6 @@ import layer5_parallel as l5
 
 from .engine_loop import EngineLoop
 from .engine_state import EngineSnapshot, Request
-from .sampler_hook import RequestOptions
 from .streams import Delta, DeltaTracker, StreamOutput
 
 COURSE = "course"
@@ -50,8 +50,9 @@ class AsyncEngine:
     """model: "course", a checkpoint path (or a name layer 3's loader knows), or a built
     `LLM`. engine_kwargs go to `LLM` (num_blocks, max_num_seqs, ...; tensor_parallel_size
     when above 1). max_waiting: admission-queue limit (backpressure). request_timeout:
-    default seconds per request (None: none). policy: "fcfs" or "priority". chat_stop: stop
-    strings added to chat requests (the course model ends a speech at a blank line)."""
+    default seconds per request (None: none). policy: "fcfs" or "priority" (an engine built
+    here then schedules by priority too). chat_stop: stop strings added to chat requests
+    (the course model ends a speech at a blank line)."""
 
     def __init__(self, model: str | Path | l5.LLM = COURSE, *, name: str | None = None,
                  max_waiting: int = 512, request_timeout: float | None = None,
@@ -60,6 +61,8 @@ class AsyncEngine:
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         self._owns_llm = not isinstance(model, l5.engine.LLM)
         if self._owns_llm:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
+            if policy == "priority":
+                engine_kwargs.setdefault("scheduling", "priority")
             self.llm = l5.LLM(resolve_model(model), **engine_kwargs)
         else:
             self.llm = model
@@ -72,8 +75,7 @@ class AsyncEngine:
         self.max_model_len = self.llm.max_model_len
         self.created = int(time.time())
         self._ids = itertools.count()
-        self.loop = EngineLoop(self.llm, token_text=self.token_text, priority=policy == "priority",
-                               name=self.name)
+        self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
 
     # ---- facts about the model -----------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -102,10 +104,16 @@ class AsyncEngine:
                        presence_penalty: float = 0.0, frequency_penalty: float = 0.0,
                        ) -> RequestStream:
         """Queue a request; returns its stream (an async iterator of StreamOutput) once it is
-        accepted. ValueError for a bad request, EngineOverloaded when the queue is full."""
+        accepted. ValueError for a bad request, EngineOverloaded when the queue is full.
+        logprobs / presence_penalty / frequency_penalty, when given, replace params' own."""
         params = l5.SamplingParams() if params is None else params
         if not isinstance(params, l5.SamplingParams):
             raise TypeError(f"params must be layer 4's SamplingParams, got {type(params).__name__}")
+        extras = {"presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty}
+        extras = {k: v for k, v in extras.items() if v}
+        if logprobs is not None:  # 0: the chosen token's logprob only
+            extras["logprobs"] = logprobs
+        params = dataclasses.replace(params, **extras) if extras else params  # validates
         ids = self.encode(prompt)
         self._check(ids, params)
         if self.loop.num_queued >= self.max_waiting:
@@ -114,20 +122,11 @@ class AsyncEngine:
                                    retry_after=1)
         timeout = self.request_timeout if timeout is None else timeout
         rid = request_id or f"{self.name}-{next(self._ids)}"
-        opts = RequestOptions(logprobs, presence_penalty, frequency_penalty)
-        req = Request(rid, ids, params, opts, priority,
+        req = Request(rid, ids, params, priority,
                       None if timeout is None else time.perf_counter() + timeout,
-                      asyncio.get_running_loop(), asyncio.Queue(),
-                      self._tracker(params, logprobs is not None))
+                      asyncio.get_running_loop(), asyncio.Queue(), DeltaTracker(self.token_text))
         self.loop.submit(req)
         return RequestStream(self, rid, req.queue, len(ids))
-
-    def _tracker(self, params, want_logprobs: bool) -> DeltaTracker:
-        """Layer 3's FinishRule, as the engine runs it, decides what each delta may show."""
-        tok = self.tokenizer
-        return DeltaTracker(params, self.llm.model.eos_token_ids,
-                            (lambda: tok.decoder()) if tok else (lambda: None),
-                            l5.engine.executor.FinishRule, want_logprobs)
 
     def _check(self, ids: list[int], params) -> None:
         if not ids:
@@ -141,6 +140,9 @@ class AsyncEngine:
         if bm.blocks_for(total) > bm.num_blocks:
             raise ValueError(f"{total} tokens need {bm.blocks_for(total)} KV blocks; the cache "
                              f"holds {bm.num_blocks}: lower max_tokens")
+        if self.llm.speculator is not None and params.needs_logits_processing:
+            raise ValueError("logprobs, presence_penalty and frequency_penalty are not supported "
+                             "by this model's speculative decoding: leave them out")
         if params.n > self.llm.scheduler.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds the server's max_num_seqs "
                              f"{self.llm.scheduler.max_num_seqs}")
@@ -151,9 +153,9 @@ class AsyncEngine:
 
     def shutdown(self) -> None:
         """Stop the engine thread (requests still in it get an error) and, for an engine this
-        object built, its tensor-parallel workers."""
+        object built, its engine (layer 5's: its tensor-parallel workers)."""
         self.loop.stop()
-        if self._owns_llm and hasattr(self.llm, "close"):
+        if self._owns_llm:
             self.llm.close()
 
 

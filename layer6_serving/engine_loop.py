@@ -7,10 +7,12 @@ thread, each turn:
     -> deliver each advanced request's deltas to its asyncio queue (call_soon_threadsafe)
 
 An abort is applied before the next step, so a client that goes away holds its KV blocks
-for at most the step in flight. Admission: the engine's own scheduler is FCFS; priority is
-applied here, in front of it: requests wait in a heap (priority, arrival) and enter the
-engine only while it has seats free (max_num_seqs), so a high-priority request overtakes
-every lower-priority one still waiting here.
+for at most the step in flight. Admission: the engine orders only the requests it holds, so
+priority is applied here too, in front of it: requests wait in a heap (priority, arrival)
+and enter the engine only while it has seats free (max_num_seqs), so a high-priority
+request overtakes every lower-priority one still waiting here. Each request's priority is
+passed down to the engine, whose "priority" scheduling (AsyncEngine(policy="priority")
+builds it so) orders its own queue the same way and preempts the lowest priority first.
 """
 from __future__ import annotations
 
@@ -27,7 +29,6 @@ from .engine_state import (
     Request,
     RequestTimeoutError,
 )
-from .sampler_hook import SamplerHook
 from .streams import RequestMetricsSummary, StreamOutput
 
 
@@ -36,9 +37,8 @@ class EngineLoop:
     instead of arrival only. Listeners get on_step(EngineSnapshot) after every turn that did
     something and on_finish(FinishedRequest) per request."""
 
-    def __init__(self, llm, *, token_text, priority: bool, name: str) -> None:
+    def __init__(self, llm, *, priority: bool, name: str) -> None:
         self.llm, self.priority = llm, priority
-        self.hook = SamplerHook(llm, token_text)
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.pending: list[tuple[int, int, Request]] = []  # heap: waiting for admission
@@ -141,11 +141,11 @@ class EngineLoop:
             _, _, req = heapq.heappop(self.pending)
             self._dequeued += 1
             try:
-                self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id)
+                self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id,
+                                     priority=req.priority if self.priority else 0)
             except ValueError as e:  # a check the server did not make up front
                 self._post(req, e)
                 continue
-            self.hook.add(req.request_id, req.options)
             req.prompt_tokens = len(req.prompt_ids)
             self.snapshot.prompt_tokens += req.prompt_tokens
             self.live[req.request_id] = req
@@ -155,7 +155,7 @@ class EngineLoop:
         if req is None:
             return
         now = time.perf_counter()
-        deltas = req.tracker.update(out.outputs, self.hook.take(req.request_id))
+        deltas = req.tracker.update(out.outputs)
         new = sum(len(d.token_ids) for d in deltas)
         if new:
             if req.last_token_time is not None:
@@ -177,7 +177,7 @@ class EngineLoop:
             tps = 1.0 / m.tpot
         return RequestMetricsSummary(ttft_s=m.ttft, tokens_per_s=tps,
                                      cached_prompt_tokens=m.num_cached_tokens,
-                                     spec_acceptance=self.snapshot.spec_acceptance,
+                                     spec_acceptance=m.spec_acceptance,  # this request's own
                                      e2e_s=m.latency, queue_s=m.queue_time)
 
     def _abort(self, req: Request, error: Exception | None) -> None:
@@ -188,7 +188,6 @@ class EngineLoop:
 
     def _close(self, req: Request, metrics, reason: str | None) -> None:
         self.live.pop(req.request_id, None)
-        self.hook.forget(req.request_id)
         done = FinishedRequest(ttft_s=metrics.ttft if metrics else None,
                                e2e_s=time.perf_counter() - req.arrival,
                                queue_s=metrics.queue_time if metrics else None, itls=req.itls,

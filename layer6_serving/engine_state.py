@@ -6,7 +6,6 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from .sampler_hook import RequestOptions
 from .streams import DeltaTracker
 
 
@@ -24,8 +23,7 @@ class Request:
 
     request_id: str
     prompt_ids: list[int]
-    params: object  # layer 4's SamplingParams
-    options: RequestOptions
+    params: object  # layer 4's SamplingParams (penalties and logprobs included)
     priority: int
     deadline: float | None
     loop: asyncio.AbstractEventLoop

@@ -4,14 +4,14 @@ The engine (layer 4) keeps, per completion, the token ids and the text so far, f
 layer 3's `FinishRule` (EOS, stop strings, max_tokens, detokenizer flush). Which text is
 safe to *send* is the same rule's other half: while a completion runs, the end of its text
 that could still grow into a stop string ("ROMEO" when "ROMEO." is a stop) is held back,
-and the detokenizer never yields half a multi-byte character. The engine does not hand out
-what its rule emitted, so `DeltaTracker` runs one `FinishRule` per completion over the token
-ids the engine reports (the same rule on the same tokens: the same decisions) and sends
-exactly the pieces it returns; a completion that ended with EOS gets the EOS fed to it so
-its last (flushed) text comes out.
+and the detokenizer never yields half a multi-byte character. Layer 4's `CompletionOutput.text`
+is exactly the text the rule has released, so `DeltaTracker` sends what is new in it since
+the last step (and the new token ids, and their logprobs when asked for): no second rule,
+no second detokenization.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 # Layer 4's finish reasons -> OpenAI's ("eos" is a stop; "abort" is ours: the client left).
@@ -20,7 +20,8 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "a
 
 @dataclass
 class TokenLogprob:
-    """One sampled token's log-probability and the top alternatives (token id, text, logprob)."""
+    """One sampled token's log-probability and the top alternatives (token id, text, logprob):
+    layer 4's TokenLogprobs with the tokens' text."""
 
     token_id: int
     token: str
@@ -73,50 +74,39 @@ class StreamOutput:
 
 
 class DeltaTracker:
-    """Per request: one FinishRule per completion, fed the engine's new token ids.
-    `update(outputs, logprobs_of)` returns the deltas since the last call (engine thread)."""
+    """Per request: how much of each completion was sent (token ids, characters of its text).
+    `update(outputs)` returns the deltas since the last call (engine thread). token_text:
+    token id -> its text, for the logprobs of completions that carry them."""
 
-    def __init__(self, params, eos_token_ids: tuple[int, ...], new_decoder, finish_rule,
-                 want_logprobs: bool) -> None:
-        self.params, self.eos, self.new_decoder = params, tuple(eos_token_ids), new_decoder
-        self.finish_rule, self.want_logprobs = finish_rule, want_logprobs
-        self.rules: dict = {}  # completion index -> FinishRule
+    def __init__(self, token_text: Callable[[int], str]) -> None:
+        self.token_text = token_text
         self.sent_tokens: dict[int, int] = {}
+        self.sent_chars: dict[int, int] = {}
         self.done: set[int] = set()
 
-    def _rule(self, index: int):
-        if index not in self.rules:
-            self.rules[index] = self.finish_rule(self.params, self.eos, self.new_decoder())
-        return self.rules[index]
-
-    def update(self, outputs, logprobs_of: dict[int, list[TokenLogprob]] | None = None
-               ) -> list[Delta]:
-        """outputs: layer 4's CompletionOutputs; logprobs_of: completion index -> logprobs of
-        its sampled tokens, in order (may run one past token_ids: a sampled EOS)."""
+    def update(self, outputs) -> list[Delta]:
+        """outputs: layer 4's CompletionOutputs (text: what the FinishRule released so far;
+        logprobs: one per token id, or None when not asked for)."""
         deltas = []
         for c in outputs:
             if c.index in self.done:
                 continue
-            rule, n_tok = self._rule(c.index), self.sent_tokens.get(c.index, 0)
-            ids, text = list(c.token_ids[n_tok:]), ""
-            for t in ids:
-                if not rule.finished:
-                    text += rule.append(t)[0]
+            n_tok, n_chr = self.sent_tokens.get(c.index, 0), self.sent_chars.get(c.index, 0)
+            ids, text = list(c.token_ids[n_tok:]), c.text[n_chr:]
             finished = c.finish_reason is not None
-            if finished and c.finish_reason != "abort" and not rule.finished:
-                if self.eos and not self.params.ignore_eos:
-                    text += rule.append(self.eos[0])[0]  # EOS: flushes the detokenizer
-                if not rule.finished:  # ended for a reason the rule cannot see: show the rest
-                    text += rule.text[rule.emitted:]
             if not ids and not text and not finished:
                 continue
             lps = None
-            if self.want_logprobs:
-                got = (logprobs_of or {}).get(c.index, [])
-                lps = [got[i] if i < len(got) else None for i in range(n_tok, len(c.token_ids))]
+            if c.logprobs is not None:
+                lps = [self._logprob(lp) for lp in c.logprobs[n_tok:len(c.token_ids)]]
             reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason) if finished else None
             deltas.append(Delta(c.index, ids, text, lps, reason))
-            self.sent_tokens[c.index] = len(c.token_ids)
+            self.sent_tokens[c.index], self.sent_chars[c.index] = len(c.token_ids), len(c.text)
             if finished:
                 self.done.add(c.index)
         return deltas
+
+    def _logprob(self, lp) -> TokenLogprob:
+        """Layer 4's TokenLogprobs (ids) -> ours (ids and their text)."""
+        top = [(t, self.token_text(t), v) for t, v in lp.top]
+        return TokenLogprob(lp.token_id, self.token_text(lp.token_id), lp.logprob, top)

@@ -11,7 +11,8 @@ import pytest
 import layer6_serving as l6
 from layer6_serving.streams import DeltaTracker
 
-l3 = l6.parallel.engine.executor
+l4 = l6.parallel.engine
+l3 = l4.executor
 SP = l6.parallel.SamplingParams
 TOK = l3.Tokenizer.from_pretrained(l3.course_model_dir("target"))
 EOS = 1
@@ -23,30 +24,30 @@ class Out:  # the fields of layer 4's CompletionOutput the tracker reads
     token_ids: list[int]
     text: str
     finish_reason: str | None
+    logprobs: list | None = None
 
 
-def tracker(params) -> DeltaTracker:
-    return DeltaTracker(params, (EOS,), TOK.decoder, l3.FinishRule, False)
+def tracker() -> DeltaTracker:
+    return DeltaTracker(lambda t: TOK.decode([t]))
 
 
-def engine_view(ids: list[int], params) -> list[tuple[list[int], str | None]]:
-    """What the engine reports after each token: its ids so far and finish reason (layer
-    4's Sequence runs the same rule)."""
-    rule, views = l3.FinishRule(params, (EOS,), TOK.decoder()), []
+def engine_view(ids: list[int], params) -> list[Out]:
+    """What the engine reports after each token: layer 4's Sequence (the FinishRule) fed the
+    ids one by one: its output ids, released text and finish reason."""
+    seq, views = l4.Sequence(0, "r", [2], params, decoder=TOK.decoder(), eos_token_ids=(EOS,)), []
     for t in ids:
-        _, reason = rule.append(t)
-        views.append((list(rule.token_ids), reason))
-        if reason:
+        done = seq.append_token(t)
+        views.append(Out(0, list(seq.output_ids), seq.safe_text, seq.finish_reason))
+        if done:
             break
     return views
 
 
 def stream(ids: list[int], params, step: int = 1) -> tuple[str, list[str], str | None]:
-    tr, pieces, reason = tracker(params), [], None
+    tr, pieces, reason = tracker(), [], None
     views = engine_view(ids, params)
     for k in range(0, len(views), step):
-        tok_ids, r = views[min(k + step, len(views)) - 1]
-        for d in tr.update([Out(0, tok_ids, "", r)]):
+        for d in tr.update([views[min(k + step, len(views)) - 1]]):
             pieces.append(d.text)
             reason = d.finish_reason or reason
     return "".join(pieces), pieces, reason
@@ -80,19 +81,29 @@ def test_multibyte_characters_are_never_split():
 
 def test_eos_flushes_and_finish_reason_is_sent_once():
     ids = TOK.encode("Good night.", add_special_tokens=False)
-    tr = tracker(SP(max_tokens=50))
-    first = tr.update([Out(0, ids[:1], "", None)])
+    views = engine_view(ids + [EOS], SP(max_tokens=50))
+    tr = tracker()
+    first = tr.update([views[0]])
     assert first[0].finish_reason is None
-    last = tr.update([Out(0, ids, "", "eos")])  # EOS is not among the ids: the engine drops it
+    last = tr.update([views[-1]])  # EOS is not among the ids: the engine drops it
+    assert views[-1].token_ids == ids
     assert "".join(d.text for d in first + last) == "Good night."
     assert [d.finish_reason for d in last] == ["stop"]
-    assert tr.update([Out(0, ids, "", "eos")]) == []
+    assert tr.update([views[-1]]) == []
 
 
 def test_parallel_completions_are_tracked_apart():
     a, b = (TOK.encode(t, add_special_tokens=False) for t in ("To be", "or not"))
-    tr = tracker(SP(max_tokens=50, n=2))
-    ds = tr.update([Out(0, a, "", "length"), Out(1, b[:1], "", None)])
+    tr = tracker()
+    ds = tr.update([Out(0, a, "To be", "length"), Out(1, b[:1], "or", None)])
     assert [(d.index, d.finish_reason) for d in ds] == [(0, "length"), (1, None)]
-    ds = tr.update([Out(0, a, "", "length"), Out(1, b, "", "length")])
-    assert [d.index for d in ds] == [1]
+    ds = tr.update([Out(0, a, "To be", "length"), Out(1, b, "or not", "length")])
+    assert [d.index for d in ds] == [1] and ds[0].text == " not"
+
+
+def test_logprobs_get_their_token_text():
+    lp = l4.logits_processing.TokenLogprobs(5, -0.5, [(5, -0.5), (7, -1.5)])
+    ds = tracker().update([Out(0, [5], "x", None, [lp])])
+    got = ds[0].logprobs[0]
+    assert (got.token_id, got.token, got.logprob) == (5, TOK.decode([5]), -0.5)
+    assert got.top == [(5, TOK.decode([5]), -0.5), (7, TOK.decode([7]), -1.5)]

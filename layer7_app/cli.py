@@ -164,6 +164,16 @@ def route(ctx: typer.Context) -> None:
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
+def trace(ctx: typer.Context) -> None:
+    """Follow one request from layer 7 down to the kernels: `stack trace "ROMEO.\\n"
+    [--max-tokens N] [--no-router] [--out results/trace.json]` writes a Chrome/Perfetto trace
+    and prints the time per layer. `stack trace --help` lists its options."""
+    from .trace import trace_main  # the web stack and the profiler load only for this command
+
+    raise typer.Exit(code=trace_main(list(ctx.args)))
+
+
+@app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def plan(ctx: typer.Context) -> None:
     """Plan a TP/PP/DP layout (layer 5): `stack plan --model DIR_OR_SHAPE --gpus N
     [--device h100]`. `stack plan --help` lists its options."""

@@ -101,8 +101,9 @@ class ModelRunner:
         """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
         speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
         drafts."""
-        ids = torch.tensor([t for s in group for t in s.input_ids],
-                           dtype=torch.int64).to(self.device)
+        pinned = self.device.type == "cuda"  # a pinned source: the copy need not wait for the GPU
+        ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.int64,
+                           pin_memory=pinned).to(self.device, non_blocking=pinned)
         ctx = self.cache.context([s.query_len for s in group], [s.context_len for s in group],
                                  [s.seq.block_table for s in group])
         speculating = any(s.spec_token_ids for s in group)

@@ -2,7 +2,11 @@
 
 Loading: `load(path, backend=, dtype=, device=)` reads a local HF checkpoint (config.json,
 model.safetensors or its sharded index, tokenizer.json, tokenizer_config.json's chat
-template) for Llama (incl. Llama-3 RoPE scaling), Qwen2 and Mistral, and returns a `Model`
+template), a `.gguf` file (`load_gguf`: dequantized, tokenizer from its metadata), a model
+name ("course", "course-draft", "smollm2" once `stack models pull smollm2` cached it,
+"smollm2-shape" = random weights of its shape) or a hub id "org/name" (`resolve_model`
+says where each lives), for Llama (incl. Llama-3 RoPE scaling), Qwen2, Qwen3 and
+Mistral, and returns a `Model`
 with `generate(prompts, SamplingParams)`, `stream(prompt, params)` (text deltas) and
 `stats` (tokens/s). `ModelConfig`, `load_model`, `read_safetensors`, `save_weights`,
 `random_model` and `Tokenizer` are the pieces it is built from.
@@ -42,8 +46,12 @@ from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder
 from .generate import Generation, GenerationStats, Model, benchmark_decode, load
+from .gguf_load import gguf_config, load_gguf
 from .model import LlamaModel, causal_lm_loss
+from .models_command import models_main
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
+from .registry import cache_dir as model_cache_dir
+from .registry import resolve as resolve_model
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
 from .shapes import LLAMA_3_2_1B
 from .stopping import FinishRule
@@ -78,6 +86,8 @@ load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
 __all__ = [
     # load and generate
     "load", "Model", "Generation", "GenerationStats", "benchmark_decode",
+    # model names (course, smollm2, smollm2-shape, hub ids), the cache, GGUF files
+    "resolve_model", "model_cache_dir", "models_main", "load_gguf", "gguf_config",
     # configuration, weights, tokenizer
     "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES",
     "load_model", "read_safetensors", "save_weights", "random_model",

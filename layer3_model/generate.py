@@ -27,11 +27,11 @@ from .config import ModelConfig, resolve_dtype
 from .cuda_graph import CudaGraphDecoder
 from .gguf_load import load_gguf
 from .model import LlamaModel
-from .registry import resolve
+from .registry import SHAPES, resolve
 from .sampling import SamplingParams, make_generator, sample
 from .stopping import FinishRule
 from .tokenizer import IncrementalDecoder, Tokenizer
-from .weights import load_model
+from .weights import load_model, random_model
 
 
 @dataclass
@@ -255,8 +255,14 @@ def load(path: str | Path, *, backend: str = "torch", dtype: str | torch.dtype |
     CUDA if present, else CPU. cuda_graph: replay decode steps from a CUDA graph (CUDA
     only; ignored on CPU).
     """
-    path = resolve(path)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if str(path) in SHAPES and not Path(path).exists():  # random weights, said by the name
+        config = ModelConfig.from_dict(SHAPES[str(path)])
+        default = config.torch_dtype if device.type == "cuda" else torch.float32
+        net = random_model(config, backend=backend, dtype=resolve_dtype(dtype, default),
+                           device=device)
+        return Model(net, None, cuda_graph=cuda_graph)
+    path = resolve(path)
     if path.is_file() and path.suffix == ".gguf":
         net, gguf_tok = load_gguf(path, backend=backend, device=device,
                                   dtype=resolve_dtype(dtype, torch.float32))

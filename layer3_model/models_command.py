@@ -32,6 +32,9 @@ def _size(path: Path) -> int:
 def _list() -> int:
     print(f"model cache: {registry.cache_dir()}")
     for name in registry.NAMES:
+        if name in registry.SHAPES:
+            print(f"{name:18} random weights of a real shape (benchmarks), no files")
+            continue
         try:
             path = registry.resolve(name)
             where = f"{_size(path) / 1e6:8.1f} MB  {path}"
@@ -39,7 +42,7 @@ def _list() -> int:
             where = f"{'':8}     not cached: `stack models pull {name}`"
         m = registry.CACHED.get(name)
         what = m.description if m else f"course model ({registry.COURSE[name]}), in the repo"
-        print(f"{name:14} {where}\n{'':14} {what}")
+        print(f"{name:18} {where}\n{'':18} {what}")
     return 0
 
 

@@ -4,6 +4,8 @@
     course-draft    its draft model (models/course-draft)
     smollm2         SmolLM2-135M-Instruct, Q4_1 GGUF, in the model cache after
                     `stack models pull smollm2`
+    smollm2-shape   RANDOM weights of SmolLM2-135M's shape (also llama-3.2-1b-shape), no
+                    tokenizer: for benchmarks where the file is not (the GPU machine)
     a directory     a HF checkpoint (config.json, model.safetensors, tokenizer.json)
     a .gguf file    llama.cpp's format (gguf_load.py)
     org/name        a hub id, through huggingface_hub's cache (hub.py)
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from . import hub
 from .course_model import course_model_dir
+from .shapes import LLAMA_3_2_1B
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,16 @@ SMOLLM2 = CachedModel(
     hub_repo="HuggingFaceTB/SmolLM2-135M-Instruct", license="Apache-2.0")
 CACHED = {m.name: m for m in (SMOLLM2,)}
 COURSE = {"course": "target", "course-target": "target", "course-draft": "draft"}
-NAMES = (*COURSE, *CACHED)
+# Random weights of a real model's shape (benchmarks on machines without the file; no
+# tokenizer: prompts are token ids). SmolLM2-135M's config.json, the fields we read:
+SMOLLM2_135M = {
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+    "head_dim": 64, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+    "max_position_embeddings": 8192, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+    "bos_token_id": 1, "eos_token_id": 2}
+SHAPES = {"smollm2-shape": SMOLLM2_135M, "llama-3.2-1b-shape": LLAMA_3_2_1B}
+NAMES = (*COURSE, *CACHED, *SHAPES)
 
 
 def cache_dir() -> Path:
@@ -70,6 +82,8 @@ def resolve(model: str | Path) -> Path:
     if path.exists():
         return _checkpoint(path)
     name = str(model)
+    if name in SHAPES:
+        raise ValueError(f"{name!r} is random weights of a shape, not files: load() builds it")
     if name in COURSE:
         return course_model_dir(COURSE[name])
     if name in CACHED:

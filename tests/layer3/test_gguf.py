@@ -12,6 +12,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+import layer3_model as l3
 from layer3_model import load
 
 from .gguf_files import CONFIG, write_model_gguf
@@ -114,3 +115,13 @@ def test_cli_errors_are_one_line(tiny_gguf, tmp_path):
         assert "Traceback" not in done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+
+
+def test_shape_names_are_random_weights():
+    """"smollm2-shape": SmolLM2-135M's shape with random weights, no tokenizer."""
+    from layer3_model.registry import SHAPES
+
+    model = load("smollm2-shape", device="cpu")
+    assert model.tokenizer is None and model.config.num_hidden_layers == 30
+    assert model.config.vocab_size == SHAPES["smollm2-shape"]["vocab_size"]
+    assert model.generate([[1, 2, 3]], l3.SamplingParams(max_tokens=2, temperature=0.0))

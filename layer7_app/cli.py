@@ -166,7 +166,7 @@ def route(ctx: typer.Context) -> None:
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def trace(ctx: typer.Context) -> None:
     """Follow one request from layer 7 down to the kernels: `stack trace "ROMEO.\\n"
-    [--max-tokens N] [--no-router] [--out results/trace.json]` writes a Chrome/Perfetto trace
+    [--max-tokens N] [--no-router] [--out FILE]` writes a Chrome/Perfetto trace
     and prints the time per layer. `stack trace --help` lists its options."""
     from .trace import trace_main  # the web stack and the profiler load only for this command
 

@@ -9,7 +9,8 @@
 #   kernel   paged decode vs SDPA: do_bench and under CUDA-graph replay        (stack bench)
 #   spec     speculative decoding on the GPU, draft and n-gram, greedy-identical (stack bench)
 # then a compact summary table (l17_summary.py): the reply shows only the output's tail.
-# Worst case (every step at its limit): ~525 s.
+#   pytest   the new GPU tests (draft CUDA graph) and the engine's graph runner
+# Worst case (every step at its limit): ~520 s (~45 s of setup included); typical well under that.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
@@ -30,16 +31,19 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, sa
     echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
     [ $rc = 0 ] || tail -4 "$out/$name.log"
 }
-step decode 60 python3 benchmarks/l17_bench.py decode --out "$out"
+step decode 50 python3 benchmarks/l17_bench.py decode --out "$out"
 step prefill 60 python3 benchmarks/l17_bench.py prefill --out "$out"
 step engine 90 python3 benchmarks/l17_bench.py engine --out "$out"
 step profile_engine 90 python3 benchmarks/profile_engine.py --seqs 256 --steps 10 \
     --profile-steps 8 --json "$out/profile_engine.json"
 grep -A12 "^ step batch" "$out/profile_engine.log"
-step kernel 70 stack bench --layer 4 --only kernel
+step kernel 60 stack bench --layer 4 --only kernel
 grep -v "Warning\|sdpa(q" "$out/kernel.log" | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
-step spec 90 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 2
+step spec 80 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 1
 grep "geometric-mean\|DIFFER" "$out/spec.log"
+step pytest_gpu 45 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/layer4/test_speculative_graph.py tests/layer4/test_cuda_graph_runner.py
+tail -3 "$out/pytest_gpu.log"
 echo "== summary (issue 17 targets; JSON and logs under \$OUT) =="
 cat "$out/env.txt"
 python3 benchmarks/l17_summary.py "$out"

@@ -183,8 +183,9 @@ class SpeculativeDecoder:
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
         cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype,
                                             device=t.device)
-        proposer = self.proposer or DraftModelProposer(self.draft.net, B, max_len,
-                                                       stop_below=self.stop_below)
+        proposer = self.proposer or DraftModelProposer(  # graphs: captured before timing starts
+            self.draft.net, B, max_len, stop_below=self.stop_below,
+            cuda_graph=self.draft.device.type == "cuda")
         self.stats = stats = SpecStats(sequences=B,
                                        prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
 

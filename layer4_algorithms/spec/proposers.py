@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from layer3_model import ContiguousKVCache, LlamaModel, SamplingParams
+from layer3_model import ContiguousKVCache, CudaGraphDecoder, LlamaModel, SamplingParams
 
 from .proposal import Proposal
 from .sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
@@ -89,10 +89,16 @@ class DraftModelProposer:
     stop_below (dynamic draft length): a row stops proposing once the draft gave its latest
     guess less than this probability (softmax of the raw logits), so unsure guesses, likely
     rejected, cost no further draft steps. The rule looks only at the draft, never at the
-    target, so the rejection sampling stays exact. None: always propose k."""
+    target, so the rejection sampling stays exact. None: always propose k.
+
+    cuda_graph (on a CUDA device; SpeculativeDecoder turns it on there): a round's
+    single-token draft steps (all but its first, which feeds the catch-up tokens) replay a
+    CUDA graph (layer 3's CudaGraphDecoder) when the live rows are cache rows 0..n-1: the
+    small draft is launch-bound on a GPU, ~150 launches a step. Graphs only change what the
+    draft guesses by rounding, never the output: the target verifies every guess."""
 
     def __init__(self, net: LlamaModel, max_seqs: int, max_len: int, *,
-                 stop_below: float | None = None) -> None:
+                 stop_below: float | None = None, cuda_graph: bool = False) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below!r}")
         self.net, self.stop_below = net, stop_below
@@ -102,6 +108,28 @@ class DraftModelProposer:
         self.cached: list[list[int]] = [[] for _ in range(max_seqs)]
         self.max_len = max_len
         self.steps = 0  # draft forward passes run (for cost accounting)
+        self.graph_steps = 0  # of which replayed from a CUDA graph
+        self.cuda_graph = cuda_graph and net.device.type == "cuda"
+        self._graphs: dict[int, CudaGraphDecoder] = {}
+        self.graph_error: str | None = None
+        if self.cuda_graph:  # captured now, outside any timed decode loop (more rows: lazily)
+            try:
+                self._graphs[max_seqs] = CudaGraphDecoder(net, self.cache, max_seqs)
+            except RuntimeError as err:  # not capturable here: eager steps, and say why
+                self.cuda_graph, self.graph_error = False, f"{type(err).__name__}: {err}"
+
+    def _graph_step(self, cache_rows: list[int], ids: torch.Tensor,
+                    positions: list[int]) -> torch.Tensor | None:
+        """(n, V) logits of one single-token step replayed from the graph of n rows, or None
+        (run it eagerly) when graphs are off or the rows are not cache rows 0..n-1."""
+        n = len(cache_rows)
+        if not self.cuda_graph or cache_rows != list(range(n)):
+            return None
+        if n not in self._graphs:
+            self._graphs[n] = CudaGraphDecoder(self.net, self.cache, n)
+        self.graph_steps += 1
+        pos = torch.tensor(positions, dtype=torch.int64, device=ids.device)
+        return self._graphs[n].step(ids, pos)
 
     def rollback(self, row: int, length: int) -> None:
         """Keep only the first `length` cached tokens of a row (later slots get overwritten)."""
@@ -136,10 +164,12 @@ class DraftModelProposer:
             context = [len(self.cached[rows[b]]) for b in live]
             if max(c + len(x) for c, x in zip(context, chunks, strict=True)) > self.max_len:
                 raise ValueError(f"draft cache rows hold {self.max_len} tokens: sequence too long")
-            ctx = self.cache.context([len(x) for x in chunks], context,
-                                     rows=[rows[b] for b in live])
             ids = torch.tensor([t for x in chunks for t in x], device=dev)
-            logits = self.net(ids, ctx, self.cache, last_only=True)  # (len(live), V)
+            logits = None if j == 0 else self._graph_step([rows[b] for b in live], ids, context)
+            if logits is None:
+                ctx = self.cache.context([len(x) for x in chunks], context,
+                                         rows=[rows[b] for b in live])
+                logits = self.net(ids, ctx, self.cache, last_only=True)  # (len(live), V)
             self.steps += 1
             for b, x in zip(live, chunks, strict=True):
                 self.cached[rows[b]].extend(x)

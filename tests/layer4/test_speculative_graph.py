@@ -1,0 +1,49 @@
+"""The draft's single-token steps replayed from a CUDA graph (issue 17, item 4): the same
+guesses as the eager draft after rejections and full accepts, and greedy speculation still
+emits plain greedy's tokens. GPU tests; on a CPU the option is a no-op (checked here too)."""
+from __future__ import annotations
+
+import pytest
+
+import layer3_model as l3
+from layer4_algorithms.spec.decoder import SpeculativeDecoder
+from layer4_algorithms.spec.proposers import DraftModelProposer
+
+PROMPT = "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n"
+GREEDY = l3.SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+def _rounds(draft: l3.Model, prop: DraftModelProposer) -> list[list[int]]:
+    """Guesses over rounds with rejections and full accepts (the cache rolls back itself)."""
+    seq, out = list(draft.encode(PROMPT)), []
+    for accept in (0, 4, 2, 4, 1):
+        p = prop.propose([seq], [0], [4], [GREEDY], [None])
+        out.append(p.tokens[0].tolist())
+        bonus = (out[-1][accept] + 1) % 4096 if accept < 4 else 17
+        seq = seq + out[-1][:accept] + [bonus]
+    return out
+
+
+def test_cuda_graph_is_a_no_op_on_the_cpu():
+    draft = l3.load(l3.course_model_dir("draft"), device="cpu", dtype="float32")
+    prop = DraftModelProposer(draft.net, 1, 128, cuda_graph=True)
+    assert not prop.cuda_graph and _rounds(draft, prop) and prop.graph_steps == 0
+
+
+@pytest.mark.gpu
+def test_graph_draft_guesses_like_the_eager_draft():
+    draft = l3.load(l3.course_model_dir("draft"), device="cuda", dtype="float32")
+    eager = _rounds(draft, DraftModelProposer(draft.net, 1, 128))
+    graphed = DraftModelProposer(draft.net, 1, 128, cuda_graph=True)
+    assert _rounds(draft, graphed) == eager
+    assert graphed.graph_steps == 5 * 3  # every step but each round's first
+
+
+@pytest.mark.gpu
+def test_greedy_speculation_with_graph_draft_equals_plain_greedy():
+    target = l3.load(l3.course_model_dir("target"), device="cuda", dtype="float32")
+    draft = l3.load(l3.course_model_dir("draft"), device="cuda", dtype="float32")
+    params = l3.SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    ref = target.generate_outputs([PROMPT], params)[0].token_ids
+    for k in (2, 4):
+        assert SpeculativeDecoder(target, draft, k).generate([PROMPT], params)[0].token_ids == ref

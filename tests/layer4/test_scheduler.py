@@ -197,7 +197,8 @@ def test_requests_that_can_never_run_are_refused_when_added():
 @given(st.data())
 def test_no_workload_leaks_a_block(data):
     """Random arrivals, lengths, n, EOS, aborts, prefix sharing, tiny pools (preemption),
-    lookahead: invariants hold every step, everything finishes, every block ends unreferenced."""
+    lookahead, FCFS or priority: invariants hold every step, everything finishes, every
+    block ends unreferenced."""
     block_size = data.draw(st.integers(1, 5), label="block_size")
     num_blocks = data.draw(st.integers(6, 40), label="num_blocks")
     sched = make_scheduler(BlockManager(num_blocks, block_size,
@@ -205,6 +206,7 @@ def test_no_workload_leaks_a_block(data):
                       max_num_seqs=data.draw(st.integers(1, 6)),
                       max_num_batched_tokens=data.draw(st.integers(1, 24)),
                       max_model_len=block_size * num_blocks,
+                      scheduling=data.draw(st.sampled_from(["continuous", "priority"])),
                       num_lookahead_slots=data.draw(st.integers(0, 2)))
     eng = FakeEngine(sched, seed=data.draw(st.integers(0, 99)),
                      eos_prob=data.draw(st.sampled_from([0.0, 0.1])))
@@ -222,7 +224,9 @@ def test_no_workload_leaks_a_block(data):
             i, (_, n_prompt, max_tokens, n, share, abort_at) = pending.pop(0)
             prompt = (shared + [rng.randrange(1, 50) for _ in range(n_prompt)]) if share else None
             try:
-                sched.add(make_seq(i, n_prompt, max_tokens, n=n, prompt=prompt))
+                seq = make_seq(i, n_prompt, max_tokens, n=n, prompt=prompt)
+                seq.priority = rng.randrange(3)  # only the "priority" policy looks at it
+                sched.add(seq)
             except ValueError:  # only a request that could never run is refused
                 total = (len(prompt) if prompt else n_prompt) + max_tokens
                 assert total > sched.max_model_len or n > sched.max_num_seqs or \

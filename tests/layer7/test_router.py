@@ -11,6 +11,7 @@ import pytest
 import layer6_serving
 from layer7_app.router import start_router
 
+from .conftest import engine_gauges
 from .router_helpers import chat_body, read_stream
 
 # A stream that runs for hundreds of steps unless its client leaves (no stop string, no EOS).
@@ -105,6 +106,7 @@ def test_a_client_that_leaves_frees_the_replica(replicas, client):
         while running(client, replicas[1]) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert running(client, replicas[1]) == 0
+        assert engine_gauges(replicas[1])["kv_blocks"] == 0  # its KV blocks are back
         assert client.get(router.url + "/router/replicas").json()["replicas"][0]["in_flight"] == 0
 
 

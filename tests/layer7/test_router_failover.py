@@ -13,7 +13,8 @@ from layer7_app.router import Autoscaler, start_router
 
 from .router_helpers import read_stream
 
-STREAM = {"model": "course", "prompt": "ROMEO.\n", "max_tokens": 80, "ignore_eos": True,
+# Long enough (hundreds of steps) to outlive the killed server's 2 s graceful shutdown.
+STREAM = {"model": "course", "prompt": "ROMEO.\n", "max_tokens": 300, "ignore_eos": True,
           "stream": True}
 
 
@@ -76,7 +77,7 @@ def test_autoscaler_adds_a_replica_under_a_load_ramp_and_removes_it_after():
                 assert r.status_code == 200, r.text
         assert [e["action"] for e in scaler.events] == ["start"]
         results: list = [None] * 6  # step 2: six streams at once
-        threads = run_streams(router.url, 6, dict(STREAM, max_tokens=120), results,
+        threads = run_streams(router.url, 6, dict(STREAM, max_tokens=100), results,
                               threading.Event())
         deadline = time.monotonic() + 60
         while "up" not in [e["action"] for e in scaler.events] and time.monotonic() < deadline:

@@ -10,7 +10,8 @@ more threads, and other processes on the cores make multi-threaded timings noisy
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -37,22 +38,40 @@ def _rates(fn, repeats: int) -> list[float]:
     return [fn() for _ in range(repeats)]
 
 
-def _greedy_rate(model: Model, prompt: str, params: SamplingParams) -> float:
-    model.generate_outputs([prompt], params)
-    return model.stats.decode_tokens_per_s
+def _rate(run: Callable[[], object], clock: str) -> float:
+    """Tokens/s of one generate call: run() generates and returns its stats. clock "wall":
+    the call's own decode rate (wall clock); "cpu": generated tokens over this thread's CPU
+    time for the whole call (prefill included), which time stolen by other processes on a
+    loaded machine does not inflate (with one torch thread all work runs on this thread)."""
+    t = time.thread_time()
+    stats = run()
+    if clock == "wall":
+        return stats.decode_tokens_per_s
+    return stats.generated_tokens / max(time.thread_time() - t, 1e-9)
+
+
+def _greedy_rate(model: Model, prompt: str, params: SamplingParams, clock: str = "wall") -> float:
+    def run():
+        model.generate_outputs([prompt], params)
+        return model.stats
+    return _rate(run, clock)
 
 
 def _spec_row(target: Model, proposer, k: int, stop_below: float | None, prompt: str,
-              params: SamplingParams, repeats: int, reference: list[int]) -> dict:
+              params: SamplingParams, repeats: int, reference: list[int],
+              clock: str = "wall") -> dict:
     dec = SpeculativeDecoder(target, proposer, k, stop_below=stop_below)
     same = True
 
     def once() -> float:
         nonlocal same
         same &= dec.generate([prompt], params)[0].token_ids == reference
-        return dec.stats.decode_tokens_per_s
+        return dec.stats
 
-    rates = _rates(once, repeats)
+    def once_rate() -> float:
+        return _rate(once, clock)
+
+    rates = _rates(once_rate, repeats)
     s = dec.stats  # counts are the same every run (greedy); times are the last run's
     return {"k": k, "stop_below": stop_below, "tokens_per_s": statistics.median(rates),
             "runs_tokens_per_s": rates,
@@ -70,14 +89,19 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                       dynamic: Sequence[tuple[int, float]] = ((3, 0.4), (4, 0.3)),
                       ngram_ks: Sequence[int] = (2, 4, 6), prompts: dict[str, str] | None = None,
                       copy_prompt: str = COPY_PROMPT, new_tokens: int = 128, repeats: int = 3,
-                      threads: int | None = 1, device: str = "cpu", dtype: str = "float32") -> dict:
+                      threads: int | None = 1, device: str = "cpu", dtype: str = "float32",
+                      clock: str = "wall") -> dict:
     """Batch-1 greedy decode tokens/s, per prompt: the target alone (layer 3's generate), the
     draft alone, target + draft for each fixed k in ks and each (k, stop_below) in dynamic,
     and n-gram lookup for each k in ngram_ks (on every prompt and on a copy-heavy one).
     Defaults: the course target and draft. Each row: tokens/s (median of `repeats`), its
     speed-up over the same prompt's baseline, acceptance rate, tokens per verify round, ms
     proposing and verifying per round, and whether the tokens equal plain greedy's.
-    `summary` holds the geometric-mean speed-up of each configuration over the prompts."""
+    `summary` holds the geometric-mean speed-up of each configuration over the prompts.
+    clock: "wall" (decode tokens/s) or "cpu" (tokens per second of this thread's CPU time,
+    whole call: the steadier figure on a loaded shared CPU; see _rate)."""
+    if clock not in ("wall", "cpu"):
+        raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
     if threads is not None:
         torch.set_num_threads(threads)
     target = load(target_dir or course_model_dir("target"), device=device, dtype=dtype)
@@ -85,13 +109,13 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     prompts = dict(prompts or PROMPTS)
     result: dict = {"device": str(target.device), "threads": torch.get_num_threads(),
-                    "dtype": dtype,
+                    "dtype": dtype, "clock": clock,
                     "new_tokens": new_tokens, "repeats": repeats, "prompts": {}, "summary": {}}
     configs = ([("draft", k, None) for k in ks] + [("draft", k, sb) for k, sb in dynamic]
                + [("ngram", k, None) for k in ngram_ks])
     for name, prompt in [*prompts.items(), ("copy", copy_prompt)]:
-        draft_rates = _rates(lambda m=draft, p=prompt: _greedy_rate(m, p, params), repeats)
-        rates = _rates(lambda m=target, p=prompt: _greedy_rate(m, p, params), repeats)
+        draft_rates = _rates(lambda m=draft, p=prompt: _greedy_rate(m, p, params, clock), repeats)
+        rates = _rates(lambda m=target, p=prompt: _greedy_rate(m, p, params, clock), repeats)
         ref = target.generate_outputs([prompt], params)[0].token_ids
         b = statistics.median(rates)
         rows = []
@@ -99,7 +123,7 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
             if name == "copy" and method != "ngram":
                 continue
             row = _spec_row(target, draft if method == "draft" else "ngram", k, sb, prompt, params,
-                            repeats, ref)
+                            repeats, ref, clock)
             rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
         result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,
                                    "draft_tokens_per_s": statistics.median(draft_rates),
@@ -115,7 +139,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
 def format_bench(result: dict) -> str:
     """A small text table of bench_speculative's result."""
     lines = [f"speculative decoding, batch 1 greedy, {result['new_tokens']} new tokens, device "
-             f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, median of "
+             f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, "
+             f"{result.get('clock', 'wall')} clock, median of "
              f"{result['repeats']}"]
     for name, p in result["prompts"].items():
         lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "

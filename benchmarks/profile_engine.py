@@ -87,9 +87,12 @@ def union_within(intervals: list[tuple[float, float]], lo: float, hi: float) -> 
 def idle_per_step(events, prefix: str = "engine_step#") -> list[dict]:
     """From profiler events: each step range's wall time, GPU busy time within it and the
     GPU-idle fraction (None when no GPU activity was recorded at all, e.g. on a CPU)."""
+    # the step ranges also appear on the GPU track (user annotations spanning their kernels):
+    # neither a kernel nor a second step
     gpu = [(e.time_range.start, e.time_range.end) for e in events
-           if e.device_type == DeviceType.CUDA]
-    steps = sorted((e for e in events if e.name.startswith(prefix)),
+           if e.device_type == DeviceType.CUDA and not e.name.startswith(prefix)]
+    steps = sorted((e for e in events
+                    if e.name.startswith(prefix) and e.device_type == DeviceType.CPU),
                    key=lambda e: e.time_range.start)
     out = []
     for e in steps:
@@ -146,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     count_coverage()
     try:
         return _profile(args)
-    finally:  # the engine's classes as they were: a test calls main() in its own process
+    finally:  # the engine's classes as they were: a test calls main() in pytest's process
         for cls, name, f in originals:
             setattr(cls, name, f)
         STAGES.clear()

@@ -79,7 +79,8 @@ async def relay(resp: httpx.Response, replica: Replica) -> AsyncIterator[bytes]:
 
 
 async def until_disconnect(request: Request, work: asyncio.Future | Any) -> Any:
-    """Await `work`, cancelling it if the client goes away first (polled every 0.25 s)."""
+    """Await `work`; None if the client goes away first (polled every 0.25 s), and then
+    `work` is cancelled, which closes the upstream request so the replica aborts it."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -87,7 +88,7 @@ async def until_disconnect(request: Request, work: asyncio.Future | Any) -> Any:
             if done:
                 return task.result()
             if await request.is_disconnected():
-                raise asyncio.CancelledError("the client went away")
+                return None
     finally:
         if not task.done():
             task.cancel()
@@ -126,7 +127,9 @@ class Proxy:
             try:
                 up = self.client.build_request("POST", replica.url + path, content=raw,
                                                headers=headers)
-                resp = await self.client.send(up, stream=True)
+                # a plain (non-streamed) answer's headers come only with the whole answer:
+                # watch for the client leaving while waiting for them, too
+                resp = await until_disconnect(request, self.client.send(up, stream=True))
             except (httpx.ConnectError, httpx.ConnectTimeout):
                 replica.in_flight -= 1  # it never got the request: the next replica may
                 replica.healthy, replica.failed = False, replica.failed + 1
@@ -137,6 +140,9 @@ class Proxy:
                 status = 504 if isinstance(e, httpx.TimeoutException) else 502
                 return error_response(status, f"replica {replica.url} did not answer "
                                       f"({type(e).__name__})", code="upstream_failed")
+            if resp is None:  # the client left; cancelling the send closed the upstream
+                replica.in_flight -= 1
+                return Response(status_code=499)
             if resp.status_code == 429 and len(tried) < len(self.replicas.replicas):
                 replica.in_flight -= 1
                 await resp.aclose()
@@ -151,6 +157,8 @@ class Proxy:
                                  headers={"cache-control": "no-cache"})
         try:
             data = await until_disconnect(request, resp.aread())
+            if data is None:  # nobody to answer: 499, nginx's "client closed request"
+                return Response(status_code=499)
             replica.served += 1
             return Response(data, status_code=resp.status_code, media_type=kind)
         except httpx.HTTPError as e:

@@ -110,6 +110,24 @@ def test_a_client_that_leaves_frees_the_replica(replicas, client):
         assert client.get(router.url + "/router/replicas").json()["replicas"][0]["in_flight"] == 0
 
 
+def test_a_plain_request_whose_client_leaves_is_aborted_too(replicas, client):
+    with start_router(replicas[1:]) as router:
+        body = dict(LONG, stream=False)
+        client.post(replicas[1] + "/v1/completions",  # so that its gauges exist
+                    json={"model": "course", "prompt": "ROMEO.\n", "max_tokens": 2})
+        before = engine_gauges(replicas[1])["generated"]
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up after 1 s of silence
+            httpx.post(router.url + "/v1/completions", json=body, timeout=httpx.Timeout(
+                5, read=1.0))
+        deadline = time.monotonic() + 10
+        while running(client, replicas[1]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert running(client, replicas[1]) == 0
+        after = engine_gauges(replicas[1])
+        assert after["kv_blocks"] == 0
+        assert after["generated"] - before < LONG["max_tokens"], "it ran to the end: not aborted"
+
+
 def test_bad_input_and_no_replica_are_clear_errors(replicas, client):
     with start_router(replicas[:1]) as router:
         r = client.post(router.url + "/v1/completions", content=b"{not json")

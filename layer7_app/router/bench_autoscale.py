@@ -29,11 +29,12 @@ def client(url: str, n: int, ttfts: list, seed: int) -> None:
         for _ in range(n):
             start = time.perf_counter()
             with c.stream("POST", url + "/v1/completions", json=body) as resp:
-                for line in resp.iter_lines():
+                lines = resp.iter_lines()  # one iterator: a stream can be read once
+                for line in lines:
                     if line.startswith("data: {"):
                         ttfts.append(time.perf_counter() - start)
                         break
-                for _ in resp.iter_lines():
+                for _ in lines:
                     pass
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import time
 from datetime import datetime, timezone
@@ -74,6 +75,7 @@ def main() -> None:
     rows: dict[str, float] = {}
     rows["layer 3 generate, batch 1 decode tok/s"] = l3.benchmark_decode(
         model, batch_size=1, prompt_len=P, new_tokens=N).decode_tokens_per_s
+    print("layer 3 batch-1 done", flush=True)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, model.config.vocab_size, (B, P), generator=gen)
     params = l3.SamplingParams(temperature=0.0, max_tokens=N, ignore_eos=True)
@@ -85,11 +87,13 @@ def main() -> None:
         t0 = _sync(device)
         run()
         rows[f"{label}, offline {B}x{N} tok/s"] = B * N / (_sync(device) - t0)
+        print(f"{label} done", flush=True)
     if args.hf:
         hf = hf_model(args.model, model, device)
         one = prompts[:1].to(device)
         decode_s = hf_generate_s(hf, one, N, device) - hf_generate_s(hf, one, 1, device)
         rows["transformers generate, batch 1 decode tok/s"] = (N - 1) / decode_s
+        print("transformers batch-1 done", flush=True)
         rows[f"transformers generate, offline {B}x{N} tok/s"] = B * N / hf_generate_s(
             hf, prompts.to(device), N, device)
     import transformers
@@ -100,9 +104,11 @@ def main() -> None:
               "threads": torch.get_num_threads(), "torch": torch.__version__,
               "transformers": transformers.__version__,
               "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-              "prompt_len": P, "new_tokens": N, "batch": B, "rows": rows}
+              "prompt_len": P, "new_tokens": N, "batch": B, "rows": rows,
+              "load_average": os.getloadavg()[0], "cores": os.cpu_count()}
     for k, v in rows.items():
         print(f"{k:48} {v:10.1f}")
+    print(f"load average during the run: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     args.out.mkdir(parents=True, exist_ok=True)
     out = args.out / f"{args.model}_{device.type}.json"
     out.write_text(json.dumps(record, indent=1))

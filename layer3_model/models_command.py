@@ -114,8 +114,8 @@ def describe(model: str) -> dict:
     return {"path": str(path), "size_mb": round(_size(path) / 1e6, 1), "name": name,
             "architecture": arch, **{k: config.get(k) for k in keys if k in config},
             "tensor_types": dict(types), "tokenizer": tokenizer,
-            "chat_template": (template[:160] + "...") if template and len(template) > 160
-            else template}
+            "chat_template": None if template is None else (
+                template[:160].replace("\n", "\\n") + ("..." if len(template) > 160 else ""))}
 
 
 def models_main(argv: list[str] | None = None) -> int:

@@ -54,9 +54,12 @@ def hf_model(name: str, model: l3.Model, device: torch.device):
 def hf_generate_s(hf, ids: torch.Tensor, new: int, device: torch.device) -> float:
     kw = dict(do_sample=False, max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
     hf.generate(ids, **kw)  # warm-up
-    t0 = _sync(device)
-    hf.generate(ids, **kw)
-    return _sync(device) - t0
+    best = float("inf")
+    for _ in range(3):  # the fastest of three: the N - 1 token difference needs both clean
+        t0 = _sync(device)
+        hf.generate(ids, **kw)
+        best = min(best, _sync(device) - t0)
+    return best
 
 
 def main() -> None:

@@ -87,7 +87,10 @@ def bench(argv: list[str]) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]
-    handle = None if args.url else start_server([args.model], max_num_seqs=64)
+    # The offline engine below gets a KV pool of its own beside the server's: on a GPU each
+    # takes at most 40% of free memory, so both fit.
+    handle = None if args.url else start_server([args.model], max_num_seqs=64,
+                                                gpu_memory_utilization=0.4)
     try:
         url = args.url or handle.url
         vocab = handle.engines[args.model].llm.model.config.vocab_size if handle else 4096

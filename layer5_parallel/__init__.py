@@ -14,17 +14,33 @@ from layer4_algorithms import (  # re-exported for layer 6
     SamplingParams,
 )
 
-# tensor parallelism: the sharded model and the engine over ranks (LLM is layer 4's at tp=1)
-from .engine_config import EngineConfig
-from .llm import LLM, TPModel
-from .tp import shard_model, tp_config, valid_tp_sizes
-from .tp_comm import TPComm
-
 # training parallelism: pipeline (GPipe, 1F1B), DDP, ZeRO-1/2/3, activation checkpointing
 from . import train_adapter
 from .checkpointing import checkpointed_loss
 from .data_parallel import DistributedDataParallel, overlap_fraction, replica_share
+
+# tensor parallelism: the sharded model and the engine over ranks (LLM is layer 4's at tp=1)
+from .engine_config import EngineConfig
+
+# expert and context parallelism (moe, expert_parallel, ring_attention, sequence_parallel)
+from .ep_cp_bench import bench_expert_context, format_expert_context, moe_imbalance
+from .expert_parallel import ExpertParallelMoE, expert_ranges
+from .llm import LLM, TPModel
+from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
+    column_parallel_linear,
+    copy_to_tp_region,
+    reduce_from_tp_region,
+    row_parallel_linear,
+)
 from .memory import ActivationMeter, MemoryRow, format_table, tensor_bytes, zero_formula
+from .moe import MoEBlock, MoEStats, Routing, route
+from .moe_model import (
+    MIXTRAL_TINY,
+    QWEN_MOE_TINY,
+    ExpertParallelModel,
+    MoEConfig,
+    MoETransformer,
+)
 from .pipeline import (
     PipelineResult,
     bubble_stats,
@@ -35,27 +51,6 @@ from .pipeline import (
 )
 from .pipeline_inference import pipeline_forward
 from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
-from .timeline import plot_rank_timelines, plot_timeline
-from .train_bench import bench_training, format_training, zero_table
-from .zero import ZeroTrainer
-
-# expert and context parallelism (moe.py, expert_parallel.py, ring_attention.py, sequence_parallel.py)
-from .ep_cp_bench import bench_expert_context, format_expert_context, moe_imbalance
-from .expert_parallel import ExpertParallelMoE, expert_ranges
-from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
-    column_parallel_linear,
-    copy_to_tp_region,
-    reduce_from_tp_region,
-    row_parallel_linear,
-)
-from .moe import MoEBlock, MoEStats, Routing, route
-from .moe_model import (
-    MIXTRAL_TINY,
-    QWEN_MOE_TINY,
-    ExpertParallelModel,
-    MoEConfig,
-    MoETransformer,
-)
 from .ring_attention import (
     attention_block,
     causal_work,
@@ -67,6 +62,11 @@ from .ring_attention import (
     unshard_sequence,
 )
 from .sequence_parallel import SequenceParallelMLP, gather_rows, mlp_block, reduce_scatter_rows
+from .timeline import plot_rank_timelines, plot_timeline
+from .tp import shard_model, tp_config, valid_tp_sizes
+from .tp_comm import TPComm
+from .train_bench import bench_training, format_training, zero_table
+from .zero import ZeroTrainer
 
 __all__ = [
     "engine",

@@ -149,7 +149,7 @@ class ZeroTrainer:
             loss.backward()
             loss = loss.detach()
             grads = [self._reduce(u) for u in self.units]
-        for param, grad in zip(self.opt_params, grads):
+        for param, grad in zip(self.opt_params, grads, strict=True):
             param.grad = grad
         self._record(meter.bytes)
         self.optimizer.step()

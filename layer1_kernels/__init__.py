@@ -24,7 +24,8 @@ from .flash_attention import flash_attention, flash_attention_reference
 from .graphs_streams import cuda_graph_demo, stream_overlap_demo
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
 from .interpreter import INTERPRETED, kernel_device, refuse_interpreted_bf16_dot, use_triton
-from .matmul import matmul, matmul_fp8, matmul_fp8_reference, matmul_reference
+from .matmul import matmul, matmul_reference
+from .matmul_fp8 import matmul_fp8, matmul_fp8_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .nvcc import compile_check, nvcc_available
 from .reduction import (

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 from .bench_case import BenchCase
 from .flash_attention import flash_attention
 from .int8_matmul import int8_matmul, quantize_int8
-from .matmul import matmul, matmul_fp8
+from .matmul import matmul
+from .matmul_fp8 import matmul_fp8
 
 BF16 = torch.bfloat16
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layer1_kernels.matmul import matmul, matmul_fp8, matmul_fp8_reference, matmul_reference
+from layer1_kernels.matmul import matmul, matmul_reference
+from layer1_kernels.matmul_fp8 import matmul_fp8, matmul_fp8_reference
 
 FP8 = getattr(torch, "float8_e4m3fn", None)
 

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from layer7_app.chat import COOKIE, ChatHandle
+from layer7_app.chat import COOKIE, ChatHandle, start_chat
+from layer7_app.router import start_router
 from layer7_app.store import Store
+
+from .conftest import engine_gauges
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -95,6 +98,38 @@ def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
     stats = page.wait_for_selector(".message.assistant .stats:has-text('stopped')").inner_text()
     n_tokens = int(re.search(r"stopped after (\d+) tokens", stats).group(1))
     assert 0 < n_tokens < 300 and page.inner_text(".message.assistant .body").strip()
+
+
+def test_stop_through_the_router_frees_the_replica(browser, model_server, tmp_path) -> None:
+    """Issue 16: with a router in front, Stop still reaches the engine. The chat app closes
+    its stream to the router, the router closes its stream to the replica, and the replica
+    drops the request and its KV blocks at its next step (read from the replica's /metrics)."""
+    replica = model_server.url  # the layer-6 server, started with layer6_serving.start_server
+    with start_router([replica], policy="prefix_aware") as router, \
+            start_chat(router.url, db=tmp_path / "chat.db") as chat:
+        page = open_page(browser, chat.url)  # models listed through the router: ready
+        send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
+        page.wait_for_function("(document.querySelector('.message.assistant.streaming .body')"
+                               " || {}).textContent?.length > 0")
+        first = page.inner_text(".message.assistant .body")
+        page.wait_for_function(f"document.querySelector('.message.assistant .body')"
+                               f".textContent.length > {len(first)}")  # tokens keep arriving
+        live = engine_gauges(replica)
+        assert live["running"] == 1 and live["kv_blocks"] > 0
+        page.click("#stop")
+        page.wait_for_selector(".message.assistant .stats:has-text('stopped')")
+        deadline = time.monotonic() + 5  # bounded: a step is milliseconds
+        while True:
+            after = engine_gauges(replica)
+            if (after["running"] == 0 and after["kv_blocks"] == 0) \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert after["running"] == 0 and after["kv_blocks"] == 0, after
+        time.sleep(0.3)
+        assert engine_gauges(replica)["generated"] == after["generated"]  # no more tokens
+        # the reply did go through the router (picked; a stopped stream is never "served")
+        assert [(r.picked, r.in_flight) for r in router.replicas.replicas] == [(1, 0)]
 
 
 def test_reload_keeps_history_and_other_browsers_see_none_of_it(browser, chat) -> None:

@@ -89,15 +89,17 @@ LAYER_OPTION = typer.Option(None, "--layer", "-l", help="Layer number, 0-7.")
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def run(ctx: typer.Context, layer: int | None = LAYER_OPTION) -> None:
-    """Run layer N's demo (the same as `python -m layerN_...`). Other options go to the layer:
-    `stack run --layer N --help` lists them."""
+    """Run layer N's demo (the same as `python -m layerN_...`).
+
+    Other options go to the layer: `stack run --layer N --help` lists them."""
     _run_or_help(ctx, layer, "run")
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def bench(ctx: typer.Context, layer: int | None = LAYER_OPTION) -> None:
-    """Run layer N's benchmark. Other options go to the layer: `stack bench --layer N --help`
-    lists them."""
+    """Run layer N's benchmark (ratios to a reference, fractions of the ceiling).
+
+    Other options go to the layer: `stack bench --layer N --help` lists them."""
     _run_or_help(ctx, layer, "bench")
 
 
@@ -130,7 +132,8 @@ def grade(
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def chat(ctx: typer.Context) -> None:
-    """Serve the chat web app on 127.0.0.1 (a model server in-process, or --server URL).
+    """Serve the chat web app (a model server in-process, or --server URL).
+
     `stack chat --help` lists its options."""
     from .chat import main as chat_main  # the web stack loads only for this command
 
@@ -139,8 +142,10 @@ def chat(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def serve(ctx: typer.Context) -> None:
-    """Serve models over an OpenAI-compatible HTTP API (layer 6): `stack serve --model course
-    [--model M2] [--port 8000] [--tp N] [--api-key K]`. `stack serve --help` lists its options."""
+    """Serve models over an OpenAI-compatible HTTP API (layer 6).
+
+    `stack serve --model course [--model M2] [--port 8000] [--tp N] [--api-key K]`;
+    `stack serve --help` lists its options."""
     import layer6_serving  # the serving stack loads only for this command
 
     raise typer.Exit(code=layer6_serving.serve_main(list(ctx.args)))
@@ -148,16 +153,19 @@ def serve(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def models(ctx: typer.Context) -> None:
-    """Model names and the model cache (layer 3): `stack models list | pull NAME | info PATH`.
+    """Model names and the model cache: list | pull NAME | info PATH.
+
     `stack models --help` lists its options."""
     raise typer.Exit(code=_layer_command(3, "models", list(ctx.args)))
 
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def route(ctx: typer.Context) -> None:
-    """Route OpenAI requests across layer-6 replicas: `stack route --replica URL ...
-    --policy round_robin|least_loaded|prefix_aware [--port P]`, or autoscale local ones with
-    `--model M --min-replicas 1 --max-replicas 3`. `stack route --help` lists its options."""
+    """Route OpenAI requests across layer-6 replicas (round robin, least loaded, prefix).
+
+    `stack route --replica URL ... --policy round_robin|least_loaded|prefix_aware [--port P]`,
+    or autoscale local ones with `--model M --min-replicas 1 --max-replicas 3`.
+    `stack route --help` lists its options."""
     from .router import route_main  # the web stack loads only for this command
 
     raise typer.Exit(code=route_main(list(ctx.args)))
@@ -165,9 +173,10 @@ def route(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def trace(ctx: typer.Context) -> None:
-    """Follow one request from layer 7 down to the kernels: `stack trace "ROMEO.\\n"
-    [--max-tokens N] [--no-router] [--out FILE]` writes a Chrome/Perfetto trace
-    and prints the time per layer. `stack trace --help` lists its options."""
+    """Follow one request from layer 7 down to the kernels, with time per layer.
+
+    `stack trace "ROMEO.\\n" [--max-tokens N] [--no-router] [--out FILE]` writes a
+    Chrome/Perfetto trace and prints the time per layer. `stack trace --help` lists its options."""
     from .trace import trace_main  # the web stack and the profiler load only for this command
 
     raise typer.Exit(code=trace_main(list(ctx.args)))
@@ -175,8 +184,10 @@ def trace(ctx: typer.Context) -> None:
 
 @app.command(context_settings=PASS_THROUGH, add_help_option=False)
 def plan(ctx: typer.Context) -> None:
-    """Plan a TP/PP/DP layout (layer 5): `stack plan --model DIR_OR_SHAPE --gpus N
-    [--device h100]`. `stack plan --help` lists its options."""
+    """Plan a TP/PP/DP layout: per-rank memory, predicted decode speed, and why.
+
+    `stack plan --model DIR_OR_SHAPE --gpus N [--device h100]`; `stack plan --help` lists its
+    options."""
     # Not through run_command: --device here names a GPU model, not a device of this machine;
     # layer 5's plan() applies the same one-line, exit-2 rule to the user's mistakes itself.
     raise typer.Exit(code=_load_layer(5).plan(list(ctx.args)))

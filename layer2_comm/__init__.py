@@ -28,7 +28,7 @@ from .all_to_all import all_to_all
 from .bench_bandwidth import ping_pong, sweep
 from .chain import broadcast_chain
 from .cost_model import AlphaBeta, busbw, crossover, fit_alpha_beta, predict
-from .group import destroy, device, init, local_rank, rank, world_size
+from .group import destroy, device, free_port, init, local_rank, rank, world_size
 from .hierarchical import hierarchical_all_reduce
 from .launch import launch
 from .nccl_raw import nccl_example
@@ -39,7 +39,7 @@ from .tree import broadcast_tree, tree_all_reduce
 
 __all__ = [
     # process groups
-    "init", "destroy", "rank", "world_size", "local_rank", "device", "launch",
+    "init", "destroy", "rank", "world_size", "local_rank", "device", "launch", "free_port",
     # collectives from point-to-point messages
     "ring_all_reduce", "tree_all_reduce", "ring_all_gather", "ring_reduce_scatter",
     "broadcast_tree", "broadcast_chain", "all_to_all", "hierarchical_all_reduce",

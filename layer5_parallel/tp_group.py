@@ -13,7 +13,6 @@ tensor-parallel engine in the same process has to wait until the first is closed
 from __future__ import annotations
 
 import os
-import socket
 import time
 from contextlib import contextmanager
 
@@ -54,7 +53,7 @@ class TPGroup:
             raise ValueError(f"tensor_parallel_size={world} on CUDA needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
-        port = _free_port()
+        port = engine.executor.comm.free_port()
         ctx = mp.get_context("spawn")
         procs, conns = [], []
         for rank in range(1, world):
@@ -173,10 +172,3 @@ def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-
-
-def _free_port() -> int:
-    """A TCP port that was free a moment ago, for the local rendezvous."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -10,17 +10,14 @@ thread); a request goes to the engine of the model it names.
 from __future__ import annotations
 
 import argparse
-import signal
 import socket
-import threading
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import uvicorn
 from fastapi import FastAPI
 
 from .api import create_app
+from .app_thread import AppThread, bind, run_until_interrupted
 from .async_engine import AsyncEngine
 
 ModelSpec = str | Path | Mapping | AsyncEngine
@@ -57,26 +54,16 @@ class ServerHandle:
     def __init__(self, app: FastAPI, engines: dict[str, AsyncEngine], sock: socket.socket,
                  owned: list[AsyncEngine]) -> None:
         self.app, self.engines, self._owned = app, engines, owned
-        host, port = sock.getsockname()[:2]
-        self.host, self.port = host, port
-        self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_keep_alive=30,
-                                timeout_graceful_shutdown=2)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"uvicorn-{port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 30
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the server on {self.url} did not start")
-            time.sleep(0.01)
+        self._http = AppThread(app, sock)
+        self.host, self.port, self.url = self._http.host, self._http.port, self._http.url
+
+    @property
+    def alive(self) -> bool:
+        return self._http.alive
 
     def stop(self) -> None:
         """Stop accepting, end the uvicorn thread, stop the engines this server built."""
-        self._server.should_exit = True
-        self._thread.join(10)
+        self._http.stop()
         for e in self._owned:
             e.shutdown()
         self._owned = []
@@ -97,20 +84,12 @@ def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("cour
     owned = [e for name, e in engines.items()
              if not (isinstance(models, Mapping) and isinstance(models[name], AsyncEngine))]
     try:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.setblocking(False)
-        return ServerHandle(create_app(engines, api_key=api_key), engines, sock, owned)
+        return ServerHandle(create_app(engines, api_key=api_key), engines,
+                            bind(host, port), owned)
     except BaseException:
         for e in owned:
             e.shutdown()
         raise
-
-
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
 
 
 def serve_main(argv: list[str]) -> int:
@@ -139,12 +118,5 @@ def serve_main(argv: list[str]) -> int:
         print(f"error: {e}")
         return 2
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
-    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop cleans up like Ctrl-C
-    try:
-        while handle._thread.is_alive():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        handle.stop()
+    run_until_interrupted(handle)
     return 0

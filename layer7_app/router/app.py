@@ -7,15 +7,13 @@
 from __future__ import annotations
 
 import contextlib
-import socket
-import threading
-import time
 from collections.abc import AsyncIterator
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+import layer6_serving as l6
 
 from .autoscale import Autoscaler
 from .policies import make_policy
@@ -95,33 +93,17 @@ class RouterHandle:
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
         self.app, self.replicas = app, app.state.replicas
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(2048)
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
-        self.url = f"http://{host}:{self.port}"
-        config = uvicorn.Config(app, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=2)
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                        name=f"router-{self.port}", daemon=True)
-        self._thread.start()
-        deadline = time.monotonic() + 60  # an autoscaler starts its first replicas first
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the router on {self.url} did not start")
-            time.sleep(0.01)
+        # 60 s to start: an autoscaler starts its first replicas first
+        self._http = l6.AppThread(app, l6.bind(host, port), name="router", start_timeout=60,
+                                  stop_timeout=30)
+        self.port, self.url = self._http.port, self._http.url
 
     @property
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._http.alive
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(30)
+        self._http.stop()
 
     def __enter__(self) -> RouterHandle:
         return self

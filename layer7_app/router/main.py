@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import argparse
-import signal
-import time
+
+import layer6_serving as l6
 
 from .app import start_router
 from .autoscale import Autoscaler
@@ -54,10 +54,6 @@ def build_autoscaler(args: argparse.Namespace) -> Autoscaler | None:
         raise UsageError(str(e)) from None
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt
-
-
 def route_main(argv: list[str]) -> int:
     """Run the router until Ctrl-C / SIGTERM. User mistakes: `error: ...`, exit 2."""
     args = _parser().parse_args(argv)
@@ -73,12 +69,5 @@ def route_main(argv: list[str]) -> int:
         return 2
     n = len(handle.replicas.replicas)
     print(f"routing ({args.policy}) over {n} replica(s) on {handle.url}/v1 (Ctrl-C stops)")
-    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop cleans up like Ctrl-C
-    try:
-        while handle.alive:
-            time.sleep(0.5)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        handle.stop()
+    l6.run_until_interrupted(handle)
     return 0

@@ -13,15 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import httpx
-import uvicorn
 
 import layer6_serving as l6
 
@@ -32,29 +28,9 @@ from .spans import Recorder, Span, write_trace
 from .table import partition, print_table
 
 
-class Served:
+def served(app) -> l6.AppThread:
     """An ASGI app on 127.0.0.1 (a free port) in a uvicorn thread."""
-
-    def __init__(self, app: Any) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        sock.setblocking(False)
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                                    timeout_graceful_shutdown=2))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True)
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"{self.url} did not start")
-            time.sleep(0.01)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
+    return l6.AppThread(app, l6.bind("127.0.0.1", 0), start_timeout=60)
 
 
 @dataclass
@@ -96,16 +72,16 @@ def trace_request(prompt: str, *, model: str = "course", max_tokens: int = 16,
         raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
     rec = Recorder()
     engine = l6.AsyncEngine(model, name=model)
-    served: list[Served] = []
+    servers: list[l6.AppThread] = []
     try:
         probe = EngineProbe(engine, rec)
-        server = Served(SpanMiddleware(l6.create_app({model: engine}), rec, "server.http", 6))
-        served.append(server)
+        server = served(SpanMiddleware(l6.create_app({model: engine}), rec, "server.http", 6))
+        servers.append(server)
         entry = server.url
         if router:
             app = create_router_app(ReplicaSet([server.url]), make_policy("round_robin"))
-            served.append(Served(SpanMiddleware(app, rec, "router.proxy", 7)))
-            entry = served[-1].url
+            servers.append(served(SpanMiddleware(app, rec, "router.proxy", 7)))
+            entry = servers[-1].url
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
                 "stream": True}
         stream_once(entry, dict(body, max_tokens=4))  # warm-up, not traced
@@ -122,7 +98,7 @@ def trace_request(prompt: str, *, model: str = "course", max_tokens: int = 16,
             else {"time_s": 0.0, "leaf_ops": 0, "top_ops": []}
         rec.enabled = False
     finally:
-        for s in reversed(served):
+        for s in reversed(servers):
             s.stop()
         engine.shutdown()
     tokens = max(1, len(rec.named("scheduler.step")))  # one token per step (no speculation)

@@ -1,0 +1,77 @@
+"""An ASGI app served by uvicorn on a background thread: the one way this stack runs a server
+in-process (layer 6's model server, layer 7's router and trace), and the foreground loop that
+`stack serve` / `stack route` wait in."""
+from __future__ import annotations
+
+import signal
+import socket
+import threading
+import time
+from typing import Any, Protocol
+
+import uvicorn
+
+
+def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A listening, non-blocking socket on host:port (port 0: the OS picks a free one)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
+
+
+class AppThread:
+    """Serve `app` on an already bound `sock` until stop(); returns once uvicorn accepts
+    requests (RuntimeError if it does not within start_timeout seconds)."""
+
+    def __init__(self, app: Any, sock: socket.socket, *, name: str = "uvicorn",
+                 start_timeout: float = 30.0, stop_timeout: float = 10.0) -> None:
+        host, port = sock.getsockname()[:2]
+        self.host, self.port, self.url = host, port, f"http://{host}:{port}"
+        self._stop_timeout = stop_timeout
+        config = uvicorn.Config(app, log_level="warning", access_log=False,
+                                              timeout_keep_alive=30, timeout_graceful_shutdown=2)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name=f"{name}-{port}", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + start_timeout
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the server on {self.url} did not start")
+            time.sleep(0.01)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop accepting and end the uvicorn thread."""
+        self._server.should_exit = True
+        self._thread.join(self._stop_timeout)
+
+
+class _Stoppable(Protocol):
+    alive: bool
+
+    def stop(self) -> None: ...
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def run_until_interrupted(handle: _Stoppable) -> None:
+    """Wait while `handle` serves; Ctrl-C or SIGTERM (a service manager's stop) ends it
+    cleanly with handle.stop()."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while handle.alive:
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()

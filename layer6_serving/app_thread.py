@@ -16,7 +16,12 @@ def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening, non-blocking socket on host:port (port 0: the OS picks a free one)."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind((host, port))
+    except OSError as exc:  # a port in use is the user's to change: say so in one line
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port} ({exc.strerror}); "
+                      "pick another --port") from exc
     sock.listen(2048)
     sock.setblocking(False)
     return sock

@@ -9,8 +9,6 @@ from __future__ import annotations
 import argparse
 import socket
 import sys
-import threading
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -25,7 +23,8 @@ START_TIMEOUT_S = 30.0
 
 
 def _bind(port: int) -> socket.socket:
-    """A listening socket on 127.0.0.1:port (0: any free port); OSError when taken."""
+    """A listening socket on 127.0.0.1:port (0: any free port); OSError when taken. (Not
+    layer6_serving.bind: `stack chat --server URL` must not import torch.)"""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -42,24 +41,15 @@ class ChatHandle:
     """The chat app running in a background thread; `.url`, `.stop()`, a context manager."""
 
     def __init__(self, app: Any, port: int = 0) -> None:
-        self.sock = _bind(port)
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                       daemon=True, name="chat-app")
-        self.thread.start()
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the chat app did not start")
-            time.sleep(0.02)
+        import layer6_serving  # in-process use only, beside a model server (torch is loaded)
+
+        self._http = layer6_serving.AppThread(app, _bind(port), name="chat-app",
+                                              start_timeout=START_TIMEOUT_S)
+        self.url = self._http.url
 
     def stop(self) -> None:
         """Stop serving and wait (bounded) for the thread to end."""
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
+        self._http.stop()
 
     def __enter__(self) -> ChatHandle:
         return self

@@ -11,8 +11,6 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
-from .gguf_import import hf_config, hf_state_dict, open_gguf
-from .gguf_tokenizer import gguf_tokenizer
 from .model import LlamaModel
 from .tokenizer import Tokenizer
 from .weights import hf_to_ours
@@ -20,6 +18,7 @@ from .weights import hf_to_ours
 
 def gguf_config(path: str | Path) -> ModelConfig:
     """The ModelConfig a GGUF file describes (reads the header only)."""
+    from .gguf_import import hf_config, open_gguf  # the gguf package only when a file is read
     return ModelConfig.from_dict(hf_config(open_gguf(path), path))
 
 
@@ -28,6 +27,9 @@ def load_gguf(path: str | Path, *, backend: str = "torch", dtype: torch.dtype | 
     """The network (dequantized to `dtype`, default fp32, on `device`) and its tokenizer.
     ValueError naming the file for an unsupported architecture or tensor type, a corrupt or
     truncated file, or a missing tokenizer."""
+    from .gguf_import import hf_config, hf_state_dict, open_gguf
+    from .gguf_tokenizer import gguf_tokenizer
+
     reader = open_gguf(path)
     config = ModelConfig.from_dict(hf_config(reader, path))
     tokenizer = gguf_tokenizer(reader, path)  # first: a file without one fails fast

@@ -195,6 +195,23 @@ def _pick_config(nq: int, head_dim: int, dtype: torch.dtype, causal: bool) -> di
     return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
 
 
+_CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+
+
+def _checked(config: dict) -> dict:
+    """A caller's launch config: the four keys, positive ints, power-of-two tiles >= 16."""
+    if set(config) != set(_CONFIG_KEYS):
+        raise ValueError(f"config needs exactly the keys {_CONFIG_KEYS}; got {sorted(config)}")
+    for key in _CONFIG_KEYS:
+        val = config[key]
+        if not isinstance(val, int) or val < 1:
+            raise ValueError(f"config[{key!r}] must be a positive int; got {val!r}")
+    for key in ("BLOCK_M", "BLOCK_N"):
+        if config[key] < 16 or config[key] & (config[key] - 1):
+            raise ValueError(f"config[{key!r}] must be a power of two >= 16; got {config[key]}")
+    return dict(config)
+
+
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dim() != 4:
@@ -239,12 +256,15 @@ def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                    scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+                    scale: float | None = None, impl: str = "auto",
+                    config: dict | None = None) -> torch.Tensor:
     """softmax(q k^T * scale [+ causal mask]) v, FlashAttention-2 style (see module docstring).
 
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D), Hq % Hkv == 0, D in {16, 32, 64, 128},
     fp16/bf16/fp32 (fp32 runs tf32 dots on the GPU). scale defaults to 1/sqrt(D).
     Returns (B, Hq, Nq, D) in q's dtype. impl: "auto" | "triton" | "torch".
+    config: tile sizes and launch shape ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"})
+    instead of the table's pick (for tuning sweeps; see _pick_config).
     """
     _check(q, k, v, _DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
     if not interpreter.use_triton(impl, q, "flash_attention"):
@@ -264,7 +284,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if not scale > 0:  # the running max assumes scaling keeps the order of the scores
         raise ValueError(f"scale must be positive; got {scale}")
-    cfg = _pick_config(Nq, D, q.dtype, bool(causal))
+    cfg = _pick_config(Nq, D, q.dtype, bool(causal)) if config is None else _checked(config)
     grid = (triton.cdiv(Nq, cfg["BLOCK_M"]), B * Hq)
     _flash_fwd_kernel[grid](
         q, k, v, out, scale * _LOG2E, Nq, Nk, Hq, Hq // Hkv,

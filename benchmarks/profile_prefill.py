@@ -1,0 +1,278 @@
+"""Where a 2048-token prefill of Llama-3.2-1B's shape spends its time (issue 17, item 3).
+
+    python benchmarks/profile_prefill.py [--tokens 2048] [--json FILE] [--smoke]
+
+Random bf16 weights (nothing downloaded). For the triton and torch backends: a torch.profiler
+kernel table (GPU time per forward and share per kernel) and the GPU-busy fraction of the
+forward's wall time. For the triton backend: the time with events (what l17_bench measures),
+the host's enqueue time per forward, the same forward replayed as one CUDA graph (no launch
+gaps: the GPU-only time), and variants with one op swapped for torch's (attention -> SDPA,
+norms, RoPE, SiLU-mul) so each op's share shows as a difference. Then layer 1's
+FlashAttention kernel alone at the prefill's shapes and layout over a sweep of tile configs,
+and the four GEMMs alone (their sum x layers is the matmul floor of the forward).
+--smoke: a tiny fp32 model on the CPU (checks the script; no GPU figures).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import ProfilerActivity, profile
+
+import layer3_model as l3
+from layer3_model import bench as L3B
+from layer3_model.backends import Ops, make_ops
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=512)
+CUDA = torch.cuda.is_available()
+fa = importlib.import_module("layer1_kernels.flash_attention")  # the module, not the op
+
+
+def _sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def events_ms(fn: Callable[[], object], repeats: int = 10, warmup: int = 3) -> list[float]:
+    """Per-call milliseconds (CUDA events around each call; perf_counter on the CPU)."""
+    return [t * 1e3 for t in
+            l3.time_fn(fn, warmup=warmup, repeats=repeats, device="cuda" if CUDA else "cpu")
+            .samples]
+
+
+def host_ms(fn: Callable[[], object], repeats: int = 10) -> float:
+    """Median host time to *enqueue* one call (the GPU idle at its start; no sync inside)."""
+    out = []
+    for _ in range(repeats):
+        _sync()
+        t0 = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t0) * 1e3)
+    _sync()
+    return statistics.median(out)
+
+
+def graph_ms(fn: Callable[[], object], repeats: int = 10) -> float | str:
+    """Median ms of one CUDA-graph replay of fn (every launch gap removed), or why not."""
+    if not CUDA:
+        return "no CUDA"
+    try:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        return statistics.median(events_ms(g.replay, repeats))
+    except Exception as err:  # noqa: BLE001  (report, don't stop the profile)
+        return f"capture failed: {type(err).__name__}: {str(err)[:120]}"
+
+
+def kernel_table(fn: Callable[[], object], n: int = 3) -> dict:
+    """torch.profiler over n calls: per-kernel GPU us per call, share, and busy fraction."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    fn()
+    _sync()
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync()
+        wall = (time.perf_counter() - t0) / n * 1e3
+    rows = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / n / 1e3  # ms per call
+    table = [{"kernel": e.key[:100], "per_call": e.count / n,
+              "us_per_call": e.self_device_time_total / n,
+              "share": e.self_device_time_total / n / 1e3 / total if total else 0.0}
+             for e in rows]
+    return {"wall_ms_profiled": wall, "gpu_ms": total,
+            "gpu_busy": total / wall if wall else None,
+            "kernels_per_call": sum(r["per_call"] for r in table), "kernels": table}
+
+
+def _sdpa_attention(base: Ops) -> Callable:
+    """Prefill attention through torch's SDPA (its FlashAttention-2) for one sequence from
+    position 0 (the profile's case); anything else falls back to the op set's own."""
+    def attention(q, k, v, ctx, cache, layer, scale, window):
+        if ctx.num_seqs != 1 or ctx.max_query_len != ctx.max_seq_len or window is not None:
+            return base.attention(q, k, v, ctx, cache, layer, scale, window)
+        o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                           v.transpose(0, 1)[None], is_causal=True,
+                                           scale=scale, enable_gqa=True)
+        return o[0].transpose(0, 1)
+    return attention
+
+
+def variants() -> dict[str, Ops]:
+    """The triton op set, and copies with one op swapped for torch's."""
+    tri, ref = make_ops("triton"), make_ops("torch")
+    return {
+        "triton": tri,
+        "triton, attention=SDPA": Ops("triton", tri.rms_norm, tri.rope, tri.silu_and_mul,
+                                      _sdpa_attention(tri)),
+        "triton, norm=torch": Ops("triton", ref.rms_norm, tri.rope, tri.silu_and_mul,
+                                  tri.attention),
+        "triton, rope=torch": Ops("triton", tri.rms_norm, ref.rope, tri.silu_and_mul,
+                                  tri.attention),
+        "triton, silu=torch": Ops("triton", tri.rms_norm, tri.rope, ref.silu_and_mul,
+                                  tri.attention),
+    }
+
+
+def flash_sweep(tokens: int, shapes: dict[tuple[int, int, int], list[dict]]) -> list:
+    """Layer 1's kernel alone, in the serving path's layout: q a strided (1, Hq, T, D) view of
+    the fused qkv output, k/v (1, Hkv, T, D) views of the padded (1, T, Hkv, D) buffers."""
+    import triton.testing
+    out = []
+    for (hq, hkv, d), configs in shapes.items():
+        qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
+        q = qkv[:, :hq * d].view(tokens, hq, d).transpose(0, 1)[None]
+        k = torch.randn(1, tokens, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        v = torch.randn(1, tokens, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        flops = 4 * hq * tokens * tokens * d / 2
+        sdpa = triton.testing.do_bench(
+            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                 enable_gqa=True),
+            warmup=10, rep=40, return_mode="median")
+        default = fa._pick_config(tokens, d, torch.bfloat16, True)
+        row = {"shape": f"T={tokens} Hq={hq} Hkv={hkv} D={d}", "sdpa_us": sdpa * 1e3,
+               "sdpa_tflops": flops / sdpa / 1e9, "default": default, "configs": []}
+        for cfg in configs:
+            try:
+                o = fa.flash_attention(q, k, v, causal=True, config=cfg)
+                err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+                ms = triton.testing.do_bench(
+                    lambda q=q, k=k, v=v, c=cfg: fa.flash_attention(q, k, v, causal=True,
+                                                                    config=c),
+                    warmup=10, rep=40, return_mode="median")
+                row["configs"].append({**cfg, "us": ms * 1e3, "tflops": flops / ms / 1e9,
+                                       "rel_err": err})
+            except Exception as e:  # noqa: BLE001  (out of shared memory, say)
+                row["configs"].append({**cfg, "error": f"{type(e).__name__}: {str(e)[:80]}"})
+        row["configs"].sort(key=lambda c: c.get("us", float("inf")))
+        out.append(row)
+    return out
+
+
+SWEEP = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+         for m in (64, 128) for n in (32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 3), (4, 4))
+         if not (m == 128 and n == 128 and s == 4)]
+SWEEP_D128 = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
+              for m, n, w, s in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3),
+                                 (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))]
+
+
+def gemms(net: l3.LlamaModel, tokens: int) -> dict:
+    """Each GEMM of one layer alone at the prefill's M (cuBLAS through F.linear)."""
+    import triton.testing
+    c = net.config
+    x = torch.randn(tokens, c.hidden_size, device="cuda", dtype=net.dtype)
+    layer = net.layers[0]
+    mats = {"qkv": (x, layer.attn.qkv.weight), "o_proj": (x[:, :c.q_size].contiguous(),
+            layer.attn.o_proj.weight), "gate_up": (x, layer.mlp.gate_up.weight),
+            "down": (torch.randn(tokens, c.intermediate_size, device="cuda", dtype=net.dtype),
+                     layer.mlp.down.weight)}
+    out, per_layer = {}, 0.0
+    for name, (a, w) in mats.items():
+        ms = triton.testing.do_bench(lambda a=a, w=w: F.linear(a, w), warmup=10, rep=40,
+                                     return_mode="median")
+        out[name] = {"us": ms * 1e3, "tflops": 2 * a.shape[0] * a.shape[1] * w.shape[0] / ms
+                     / 1e9}
+        per_layer += ms
+    out["all_layers_ms"] = per_layer * c.num_hidden_layers
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=2048)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--no-sweep", action="store_true")
+    args = ap.parse_args(argv)
+    shape, dtype, dev = dict(l3.LLAMA_3_2_1B), torch.bfloat16, "cuda"
+    if args.smoke or not CUDA:
+        shape.update(TINY)
+        dtype, dev, args.tokens = torch.float32, "cpu", min(args.tokens, 64)
+    net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", dtype=dtype,
+                          device=dev)
+    T = args.tokens
+    ids = torch.randint(0, net.config.vocab_size, (T,), device=dev)
+    cache = l3.ContiguousKVCache.for_model(net.config, 1, T, dtype=dtype, device=dev)
+    ctx = cache.context([T], [0])
+    flops = L3B.prefill_flops(net, T)
+    peak = l3.load_ceilings("cuda").flops["bf16"] if CUDA else 1e11
+
+    def fwd() -> torch.Tensor:
+        return net(ids, ctx, cache, last_only=True)
+
+    result: dict = {"tokens": T, "flops": flops, "peak_flops": peak, "profiles": {},
+                    "variants": {}}
+    with torch.no_grad():
+        for name, ops in variants().items():
+            net.ops = ops
+            ms = events_ms(fwd)
+            med = statistics.median(ms)
+            result["variants"][name] = {"ms": med, "min_ms": min(ms), "MFU": flops / med
+                                        / 1e3 / peak * 1e6}
+            print(f"{name:28s} {med:8.3f} ms (min {min(ms):.3f})  MFU "
+                  f"{result['variants'][name]['MFU']:.0%}", flush=True)
+        net.ops = make_ops("triton")
+        host, graph = host_ms(fwd), graph_ms(fwd)
+        result.update(host_enqueue_ms=host, graph_replay_ms=graph)
+        g = f"{graph:.3f} ms, MFU {flops / graph / 1e-3 / peak:.0%}" if isinstance(
+            graph, float) else graph
+        print(f"triton: host enqueue {host:.3f} ms per forward; one CUDA graph replay {g}")
+        for backend in ("triton", "torch"):
+            net.ops = make_ops(backend)
+            prof = kernel_table(fwd)
+            result["profiles"][backend] = prof
+            print(f"\n{backend}: {prof['gpu_ms']:.3f} ms of kernels in "
+                  f"{prof['wall_ms_profiled']:.3f} ms wall (profiled), "
+                  f"{prof['kernels_per_call']:.0f} kernels per forward")
+            for r in prof["kernels"][:14]:
+                print(f"{r['us_per_call']:9.1f} us {r['share']:5.1%} {r['per_call']:5.0f}x "
+                      f"{r['kernel'][:52]}")
+        net.ops = make_ops("triton")
+        if CUDA:
+            result["gemms"] = gemms(net, T)
+            print("\nGEMMs alone: " + ", ".join(
+                f"{k} {v['us']:.0f} us {v['tflops']:.0f} TF/s"
+                for k, v in result["gemms"].items() if isinstance(v, dict))
+                  + f"; x layers {result['gemms']['all_layers_ms']:.3f} ms")
+        if CUDA and not args.no_sweep:
+            result["flash_sweep"] = flash_sweep(T, {(32, 8, 64): SWEEP,
+                                                    (32, 8, 128): SWEEP_D128})
+            for row in result["flash_sweep"]:
+                print(f"\nflash {row['shape']}: SDPA {row['sdpa_us']:.0f} us "
+                      f"({row['sdpa_tflops']:.0f} TF/s); default {row['default']}")
+                for c in row["configs"][:6]:
+                    print("   " + (f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} "
+                                   f"s{c['num_stages']}: " + (
+                                       f"{c['us']:.0f} us {c['tflops']:.0f} TF/s "
+                                       f"err {c['rel_err']:.1e}" if "us" in c
+                                       else c["error"])))
+                dflt = [c for c in row["configs"] if all(c[k] == v for k, v in
+                                                         row["default"].items())]
+                if dflt and "us" in dflt[0]:
+                    print(f"   default: {dflt[0]['us']:.0f} us {dflt[0]['tflops']:.0f} TF/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    return result
+
+
+if __name__ == "__main__":
+    main()

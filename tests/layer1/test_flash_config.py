@@ -1,0 +1,78 @@
+"""flash_attention's launch configs: a caller's config is checked, and every config the tile
+table picks (and the tuning sweep's candidates) computes the same function at awkward sizes,
+in the serving path's strided layout (q a view of a fused qkv row, k/v views of (T, H, D))."""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+# the module, not the function layer1_kernels re-exports under the same name
+fa = importlib.import_module("layer1_kernels.flash_attention")
+
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def strided_qkv(t: int, hq: int, hkv: int, d: int, seed: int, device: str,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (1, Hq, T, D) viewed from a fused (T, (Hq + 2 Hkv) D) row; k, v (1, Hkv, T, D) from
+    (1, T, Hkv, D): the layout layer 3's prefill hands the kernel."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    qkv = torch.randn(t, (hq + 2 * hkv) * d, generator=gen, device=device).to(dtype)
+    q = qkv[:, :hq * d].view(t, hq, d).transpose(0, 1)[None]
+    k = qkv[:, hq * d:(hq + hkv) * d].view(1, t, hkv, d).transpose(1, 2)
+    v = qkv[:, (hq + hkv) * d:].view(1, t, hkv, d).transpose(1, 2)
+    return q, k, v
+
+
+@pytest.mark.parametrize("bad,msg", [
+    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4}, "exactly the keys"),
+    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}, "power of two"),
+    ({"BLOCK_M": 64, "BLOCK_N": 8, "num_warps": 4, "num_stages": 2}, "power of two >= 16"),
+    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 0, "num_stages": 2}, "positive int"),
+])
+def test_bad_config_is_named(bad: dict, msg: str) -> None:
+    q = torch.randn(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=msg):
+        fa.flash_attention(q, q, q, causal=True, impl="triton" if fa.interpreter.INTERPRETED
+                           else "auto", config=bad)
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("t", [37, 70])
+@pytest.mark.parametrize("cfg", [(32, 16), (16, 32)])
+def test_interpreted_config_matches_float64(t: int, cfg: tuple[int, int]) -> None:
+    q, k, v = strided_qkv(t, 4, 2, 16, seed=t, device="cpu", dtype=torch.float32)
+    config = {"BLOCK_M": cfg[0], "BLOCK_N": cfg[1], "num_warps": 1, "num_stages": 1}
+    out = fa.flash_attention(q, k, v, causal=True, impl="triton", config=config)
+    ref = fa.flash_attention_reference(q.double(), k.double(), v.double(), causal=True)
+    assert rel_err(out, ref) < 1e-5
+
+
+def _table_configs() -> list[dict]:
+    """Every distinct config the table picks for bf16 (prefill and decode lengths, D, causal)."""
+    seen = []
+    for nq in (1, 64, 65, 512, 2048, 8192):
+        for d in (16, 32, 64, 128):
+            for causal in (False, True):
+                cfg = fa._pick_config(nq, d, torch.bfloat16, causal)
+                if cfg not in seen:
+                    seen.append(cfg)
+    return seen
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [1, 37, 333, 2049])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_every_table_config_strided(t: int, d: int) -> None:
+    q, k, v = strided_qkv(t, 8, 2, d, seed=t + d, device="cuda", dtype=torch.bfloat16)
+    ref = fa.flash_attention_reference(q.double(), k.double(), v.double(), causal=True)
+    for cfg in _table_configs():
+        torch.full((1, 8, t, d), float("nan"), dtype=torch.bfloat16, device="cuda")  # poison
+        out = fa.flash_attention(q, k, v, causal=True, config=cfg)
+        assert torch.isfinite(out).all(), cfg
+        assert rel_err(out, ref) < 1e-2, cfg

@@ -8,7 +8,9 @@ the tests check it without a GPU); `impl="torch"` forces the reference.
 Triton kernels: vector add, fused row softmax (online max/sum), RMSNorm/LayerNorm with a
 fused residual add, RoPE on q and k in one pass, SiLU-and-multiply, a grouped, autotuned
 matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA) and a
-weight-only int8 matmul (W8A16).
+weight-only int8 matmul (W8A16); for decode, skinny GEMVs with RMSNorm or SiLU-and-multiply
+fused into their prologue, RoPE fused with the KV-cache write, and split-context (flash-
+decoding) attention over a paged or contiguous cache.
 CuPy / CUDA C kernels (need a CUDA GPU): a shared-memory + warp-shuffle reduction, an
 ElementwiseKernel and a ReductionKernel, and an SGEMM progression from naive to
 vectorized, double-buffered tiles. Plus CUDA graphs and streams demonstrations.
@@ -21,6 +23,14 @@ import layer0_hardware as hardware  # the layer beneath, as a namespace for the 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .cupy_support import cupy_available
 from .flash_attention import flash_attention, flash_attention_reference
+from .gemv import (
+    gemv,
+    gemv_reference,
+    gemv_rms_norm,
+    gemv_rms_norm_reference,
+    gemv_silu_mul,
+    gemv_silu_mul_reference,
+)
 from .graphs_streams import cuda_graph_demo, stream_overlap_demo
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
 from .interpreter import INTERPRETED, kernel_device, refuse_interpreted_bf16_dot, use_triton
@@ -28,6 +38,7 @@ from .matmul import matmul, matmul_reference
 from .matmul_fp8 import matmul_fp8, matmul_fp8_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .nvcc import compile_check, nvcc_available
+from .paged_decode import paged_decode
 from .reduction import (
     cupy_row_rms,
     cupy_row_rms_reference,
@@ -37,6 +48,7 @@ from .reduction import (
     reduce_sum_reference,
 )
 from .rope import apply_rope, rope_cache, rope_reference
+from .rope_cache import rope_cache_write, rope_cache_write_reference
 from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference, sgemm_source
 from .softmax import softmax, softmax_reference
 from .swiglu import silu_and_mul, silu_and_mul_reference
@@ -55,6 +67,10 @@ __all__ = [
     "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
     "flash_attention", "flash_attention_reference",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
+    # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
+    "gemv", "gemv_reference", "gemv_rms_norm", "gemv_rms_norm_reference",
+    "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
+    "paged_decode",
     # CuPy / CUDA C kernels
     "reduce_sum", "reduce_sum_reference",
     "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",

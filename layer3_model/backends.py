@@ -21,6 +21,16 @@ An op set is a small record of functions:
 Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
 one (layer 4's paged cache: a kernel that reads k/v through block tables in place), in the
 torch and triton op sets alike; see attention_context.KVCache.
+
+The triton op set also brings `decode`: fused kernels for small decode steps (at most
+DecodeKernels.max_tokens tokens, one per sequence), which the model uses instead of the ops
+above when `decode.applies(...)` (see LlamaModel.forward): per layer
+    qkv = gemv(rms_norm(x + residual))       one launch: the norm is the GEMV's prologue
+    rope(q, k) + write k, v to the cache      one launch
+    o = split-context decode attention        one launch (its parts merged in it)
+    x = gemv(o) ; gu = gemv(rms_norm(x + residual)) ; x = gemv(silu(gate) * up)
+six launches where the general path takes ~14. Prefill, the torch and compile backends,
+quantized or Qwen3 (q/k-norm) layers and larger batches keep the general path.
 """
 from __future__ import annotations
 
@@ -31,7 +41,7 @@ import torch
 
 from layer2_comm import kernels
 
-from .attention_context import AttentionContext, KVCache
+from .attention_context import AttentionContext, ContiguousKVCache, KVCache
 
 BACKENDS = ("torch", "triton", "compile")
 _FLASH_HEAD_DIMS = (16, 32, 64, 128)
@@ -44,6 +54,7 @@ class Ops:
     rope: Callable
     silu_and_mul: Callable
     attention: Callable
+    decode: DecodeKernels | None = None  # fused small-batch decode (triton backend)
 
 
 # ---- the torch reference ops -----------------------------------------------------------
@@ -131,6 +142,88 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
     return out[ctx.seq_ids, ctx.query_offsets]
 
 
+# ---- fused small-batch decode (layer 1's gemv, rope_cache_write, paged_decode) -------------
+#: Fewest key positions one part of a split decode attention takes (its merge is in-kernel).
+MIN_SPLIT_TOKENS = 64
+_MAX_SPLITS = 64
+_DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _slot_views(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This layer's cache as flat (slots, kv_heads, head_dim) views, the rows `write`
+    scatters to: the cache's own `slot_views`, or layer 3's contiguous cache; else None."""
+    views = getattr(cache, "slot_views", None)
+    if callable(views):
+        return views(layer)
+    if isinstance(cache, ContiguousKVCache):
+        k, v = cache.k[layer], cache.v[layer]
+        return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
+    return None
+
+
+def _num_splits(batch: int, kv_heads: int, context: int, device: torch.device) -> int:
+    """Parts per context: ~8 programs per SM, none shorter than MIN_SPLIT_TOKENS. Host ints."""
+    sms = (torch.cuda.get_device_properties(device).multi_processor_count
+           if device.type == "cuda" else 1)
+    wanted = -(-8 * sms // (batch * kv_heads))
+    return max(1, min(wanted, -(-context // MIN_SPLIT_TOKENS), _MAX_SPLITS))
+
+
+@dataclass(frozen=True)
+class DecodeKernels:
+    """The triton backend's fused decode kernels, bound to an impl ("auto" / "triton")."""
+    impl: str
+    max_tokens: int = 8  # layer 1's gemv takes up to 8 rows (gemv.MAX_ROWS)
+
+    def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:
+        """True when this step can take the fused path: a decode step (one new token per
+        sequence, at most max_tokens) over a cache with flat slot views, on the device the
+        kernels run on, with plain nn.Linear projections in x's dtype and no q/k-norm."""
+        if cache is None or ctx.max_query_len != 1 or not 1 <= ctx.num_tokens <= self.max_tokens:
+            return False
+        if x.dtype not in _DECODE_DTYPES or not kernels.use_triton(self.impl, x, "decode"):
+            return False
+        if kernels.INTERPRETED and x.dtype == torch.bfloat16:  # its attention dots bf16
+            return False
+        c = model.config
+        if c.qk_norm or c.head_dim not in _FLASH_HEAD_DIMS + (256,):
+            return False
+        if not callable(getattr(cache, "decode_attention", None)) or _slot_views(cache, 0) is None:
+            return False
+        linears = [model.lm_head] + [m for layer in model.layers for m in
+                                     (layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up,
+                                      layer.mlp.down)]
+        return all(type(m) is torch.nn.Linear and m.weight.dtype == x.dtype for m in linears)
+
+    def norm_linear(self, x, residual, norm, linear):
+        """rms_norm(x + residual) @ W^T -> (y, new residual); residual None: (y, x)."""
+        y, h = kernels.gemv_rms_norm(x, linear.weight, norm.weight, norm.eps, residual,
+                                     linear.bias, impl=self.impl)
+        return y, (x if residual is None else h)
+
+    def linear(self, x, linear):
+        return kernels.gemv(x, linear.weight, linear.bias, impl=self.impl)
+
+    def silu_linear(self, gu, linear):
+        return kernels.gemv_silu_mul(gu, linear.weight, linear.bias, impl=self.impl)
+
+    def rope_write(self, q, k, v, cos, sin, ctx, cache, layer: int) -> None:
+        k_slots, v_slots = _slot_views(cache, layer)
+        kernels.rope_cache_write(q, k, v, cos, sin, ctx.positions, k_slots, v_slots,
+                                 ctx.slot_mapping, impl=self.impl)
+
+    def attention(self, q, ctx, cache, layer: int, scale: float, window: int | None):
+        """Decode attention, the new k, v already in the cache: the contiguous cache's rows
+        read in place by layer 1's split kernel; any other cache through its own
+        decode_attention (layer 4's paged cache: the same kernel through block tables)."""
+        if not isinstance(cache, ContiguousKVCache):
+            return cache.decode_attention(layer, q, ctx, scale, window)
+        k, v = cache.k[layer], cache.v[layer]  # (batch, max_len, kv_heads, D): page = max_len
+        splits = _num_splits(q.shape[0], k.shape[2], cache.max_len, q.device)
+        return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
+                                    splits)
+
+
 # ---- layer 1's kernels -------------------------------------------------------------------
 def _triton_ops(impl: str) -> Ops:
     def rms_norm(x, weight, eps, residual=None):
@@ -163,7 +256,8 @@ def _triton_ops(impl: str) -> Ops:
             start += n_q
         return torch.cat(outs)
 
-    return Ops("triton", rms_norm, rope, silu_and_mul, attention)
+    return Ops("triton", rms_norm, rope, silu_and_mul, attention,
+               None if impl == "torch" else DecodeKernels(impl))
 
 
 def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:

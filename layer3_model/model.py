@@ -90,6 +90,19 @@ class Attention(nn.Module):
         o = ops.attention(q, k, v, ctx, cache, self.layer, self.scale, self.window)
         return self.o_proj(o.reshape(x.shape[0], self.n_heads * self.head_dim))
 
+    def decode_fused(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
+                     ctx: AttentionContext, cache: KVCache, dk, cos: torch.Tensor,
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decode step through the fused kernels (dk: Ops.decode): the norm in the qkv GEMV,
+        RoPE with the cache write, split attention, o_proj. Returns (out, new residual)."""
+        T, D = x.shape[0], self.head_dim
+        qkv, residual = dk.norm_linear(x, residual, norm, self.qkv)
+        q, k, v = qkv.split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
+        q, k, v = (t.view(T, -1, D) for t in (q, k, v))
+        dk.rope_write(q, k, v, cos, sin, ctx, cache, self.layer)
+        o = dk.attention(q, ctx, cache, self.layer, self.scale, self.window)
+        return dk.linear(o.reshape(T, self.n_heads * D), self.o_proj), residual
+
     def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor) -> torch.Tensor:
         """Training: x (B, T, H), every sequence from position 0, no cache -> (B, T, H)."""
@@ -137,6 +150,12 @@ class DecoderLayer(nn.Module):
         x = self.attn(x, ctx, cache, ops, cos, sin)
         x, residual = self.mlp_norm(x, ops, residual)
         return self.mlp(x, ops), residual
+
+    def decode_fused(self, x, residual, ctx, cache, dk, cos, sin):
+        """forward's decode step through the fused kernels (dk: Ops.decode): six launches."""
+        x, residual = self.attn.decode_fused(x, residual, self.attn_norm, ctx, cache, dk, cos, sin)
+        gu, residual = dk.norm_linear(x, residual, self.mlp_norm, self.mlp.gate_up)
+        return dk.silu_linear(gu, self.mlp.down), residual
 
     def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor, dropout: float) -> torch.Tensor:
@@ -229,6 +248,14 @@ class LlamaModel(nn.Module):
         if cache is None and not ctx.is_prefill:
             raise ValueError("a step that continues cached sequences needs the cache")
         x, residual = self.embed(input_ids), None
+        dk = self.ops.decode
+        if dk is not None and dk.applies(self, x, ctx, cache):
+            # Small decode step: fused kernels (backends.DecodeKernels); every row is a
+            # sequence's last token, so last_only changes nothing.
+            for layer in self.layers:
+                x, residual = layer.decode_fused(x, residual, ctx, cache, dk, self.cos, self.sin)
+            logits, _ = dk.norm_linear(x, residual, self.norm, self.lm_head)
+            return logits.float()
         for layer in self.layers:
             x, residual = layer(x, residual, ctx, cache, self.ops, self.cos, self.sin)
         if last_only:  # only the logits that pick the next token: skip (T - B) rows of lm_head

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import layer3_model as l3
+from layer3_model.attention_context import HostStaging
 
 from .paged_attention import paged_decode_attention
 
@@ -96,27 +97,48 @@ class PagedKVCache:
         return self.k.nbytes + self.v.nbytes
 
     def context(self, query_lens: Sequence[int], context_lens: Sequence[int],
-                block_tables: Sequence[Sequence[int]]) -> l3.AttentionContext:
+                block_tables: Sequence[Sequence[int]], *,
+                staging: HostStaging | None = None) -> l3.AttentionContext:
         """AttentionContext for B sequences: sequence b's query_lens[b] new tokens sit at
         positions context_lens[b].. and its blocks are block_tables[b] (enough of them to hold
-        context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0."""
+        context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0.
+        Slots are worked out on the host with numpy, and everything goes to the device in
+        one pinned, non-blocking copy (staging: the runner's reusable pinned buffers)."""
         if not len(query_lens) == len(context_lens) == len(block_tables):
             raise ValueError(f"{len(query_lens)} query lengths, {len(context_lens)} context "
                              "lengths and "
                              f"{len(block_tables)} block tables: need one of each per sequence")
-        bs, slots = self.block_size, []
-        for q, c, table in zip(query_lens, context_lens, block_tables, strict=True):
-            if len(table) * bs < q + c:
-                raise ValueError(f"block table of {len(table)} blocks cannot hold {q + c} tokens")
-            slots.extend(table[p // bs] * bs + p % bs for p in range(c, c + q))
-        tables = torch.from_numpy(padded_table(block_tables)).to(self.device, non_blocking=True)
-        return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=tables,
-                                         device=self.device)
+        bs = self.block_size
+        table = padded_table(block_tables)
+        q = np.asarray(query_lens, dtype=np.int64).reshape(-1)
+        c = np.asarray(context_lens, dtype=np.int64).reshape(-1)
+        if q.size and (q.min() < 1 or c.min() < 0):
+            raise ValueError("query lengths must be >= 1 and context lengths >= 0: "
+                             f"{list(query_lens)}, {list(context_lens)}")
+        lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=len(block_tables))
+        short = np.flatnonzero(lens * bs < q + c)
+        if short.size:
+            b = int(short[0])
+            raise ValueError(f"block table of {lens[b]} blocks cannot hold {q[b] + c[b]} tokens")
+        if q.size and q.max() == 1:  # decode: one token per sequence at position c
+            rows, pos = np.arange(q.size), c
+        else:
+            rows = np.repeat(np.arange(q.size), q)
+            pos = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q) + np.repeat(c, q)
+        slots = table[rows, pos // bs] * bs + pos % bs if q.size else np.zeros(0, np.int64)
+        return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=table,
+                                         device=self.device, staging=staging)
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: l3.AttentionContext) -> None:
         """k, v (T, kv_heads, head_dim) -> their slots (ctx.slot_mapping), one scatter each."""
         self.k[layer].view(-1, *k.shape[1:]).index_copy_(0, ctx.slot_mapping, k)
         self.v[layer].view(-1, *v.shape[1:]).index_copy_(0, ctx.slot_mapping, v)
+
+    def slot_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's k and v as flat (slots, kv_heads, head_dim) views (what `write`
+        scatters into): layer 3's fused decode writes rotated k and v there in one kernel."""
+        k, v = self.k[layer], self.v[layer]
+        return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
 
     def read(self, layer: int, ctx: l3.AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather every sequence's blocks: two (B, kv_heads, max_seq_len, head_dim) tensors,

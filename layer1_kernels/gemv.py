@@ -1,0 +1,242 @@
+"""Skinny matrix products for decode: y = a @ W^T for a few rows (M <= 8 tokens), with the
+op before the product fused into the kernel's prologue.
+
+    gemv(x, w, bias=None)                          y = x @ w^T (+ bias)
+    gemv_rms_norm(x, w, norm_w, eps, residual)     h = x + residual; y = rms_norm(h) @ w^T
+                                                   returns (y, h): h is the new residual
+    gemv_silu_mul(gu, w)                           y = (silu(gate) * up) @ w^T, gu = [gate | up]
+
+Shapes: x (M, K), w (N, K) row-major (an nn.Linear weight, read in place), bias (N,),
+gu (M, 2K); y (M, N) in x's dtype. fp16/bf16/fp32, fp32 accumulation.
+
+Why a kernel of its own. At batch 1 a projection is a matrix-vector product: each weight
+byte is used once, so the only goal is streaming W at copy bandwidth. That needs every SM
+busy: program n owns BLOCK_N output columns (rows of W) and walks all of K in BLOCK_K steps,
+each step loading a (BLOCK_N, BLOCK_K) tile of W -- wide 16-byte loads, many in flight --
+and multiplying it by the activations' BLOCK_K values (which come from L2: every program
+reads the same row). A fp32 (BLOCK_N, BLOCK_K) accumulator is reduced over K once at the
+end. Small BLOCK_N gives N / BLOCK_N programs: 192 for Llama-3.2-1B's qkv (N = 3072) at 16.
+
+Why fuse the prologue. The op before each projection is elementwise on the activation row
+(RMSNorm with the residual add; SiLU-and-multiply), a few KB: its own launch costs more
+than its bytes. Each program recomputes it for the K values it reads (the norm's
+statistics need the whole row: a first pass over the row, from L2), and program 0 alone
+writes the new residual h. The arithmetic matches the unfused kernels': h rounded to the
+activation dtype, then round(h * rstd) * weight rounded (HF's LlamaRMSNorm); silu(g) * u in
+fp32, rounded once (layer 1's silu_and_mul).
+
+    FLOPs = 2 * M * N * K          bytes ~ N * K * w_itemsize (+ M * K activations)
+"""
+from __future__ import annotations
+
+import torch
+
+from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
+
+# isort: split
+import triton
+import triton.language as tl
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+#: Most rows (tokens) one call takes: the register tiles hold all of them.
+MAX_ROWS = 8
+_NONE, _RMS, _SILU = 0, 1, 2
+
+
+@triton.jit
+def _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
+              K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              WRITE_H, OUT_TY: tl.constexpr, EVEN_K: tl.constexpr):
+    """The (BLOCK_M, BLOCK_K) activations the product needs at columns k, in fp32."""
+    if EVEN_K:  # no column mask: the loads stay 16 bytes wide
+        mask = m_ok[:, None]
+    else:
+        mask = m_ok[:, None] & (k[None, :] < K)
+    if PROLOGUE == 2:  # silu(gate) * up, one rounding
+        g = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
+        u = tl.load(x_ptr + m[:, None] * stride_xm + K + k[None, :], mask=mask, other=0.0)
+        g = g.to(tl.float32)
+        a = (g / (1.0 + tl.exp(-g)) * u.to(tl.float32)).to(OUT_TY).to(tl.float32)
+    else:
+        a = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=mask, other=0.0)
+        if HAS_RESIDUAL:
+            r = tl.load(r_ptr + m[:, None] * stride_rm + k[None, :], mask=mask, other=0.0)
+            a = (a.to(tl.float32) + r.to(tl.float32)).to(OUT_TY)
+            if WRITE_H:
+                tl.store(h_ptr + m[:, None] * K + k[None, :], a, mask=mask)
+        a = a.to(tl.float32)
+        if PROLOGUE == 1:
+            if EVEN_K:
+                nw = tl.load(nw_ptr + k).to(tl.float32)
+            else:
+                nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+            a = (a * rstd[:, None]).to(OUT_TY).to(tl.float32) * nw[None, :]
+            a = a.to(OUT_TY).to(tl.float32)
+    return a
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
+                 M, N, stride_xm, stride_rm, stride_wn, stride_ym, eps,
+                 K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = n < N
+    m = tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    offs_k = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
+
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1:  # the norm's statistics: a pass over the whole (L2-resident) row
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                          k0 + offs_k, rstd, K, 0, HAS_RESIDUAL, False, OUT_TY, EVEN_K)
+            ss += tl.sum(h * h, 1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + offs_k
+        if EVEN_K:
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+        else:
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
+                      K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+        if BLOCK_M == 1:
+            acc += w.to(tl.float32) * a  # (BLOCK_N, BLOCK_K) * (1, BLOCK_K), reduced once below
+        else:
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * a[:, None, :], 2)
+    if BLOCK_M == 1:
+        out = tl.sum(acc, 1)[None, :]
+    else:
+        out = acc
+    if HAS_BIAS:
+        out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], out.to(OUT_TY),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+# ---- configs ----------------------------------------------------------------------------------
+#: (BLOCK_N, BLOCK_K, num_warps) per (N, K) the H100 sweep chose; others get _default_config.
+TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}
+
+
+def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
+    if interpreter.INTERPRETED:
+        return 4, 16, 1
+    block_k = min(512, triton.next_power_of_2(k))
+    block_n = 16 if rows == 1 else 8
+    return block_n, block_k, 4
+
+
+def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None):
+    M = x.shape[0]
+    N, K = w.shape
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    h = torch.empty((M, K), dtype=x.dtype, device=x.device) if residual is not None else None
+    if M == 0 or N == 0:
+        return y, h
+    block_n, block_k, warps = config or TUNED.get((N, K)) or _default_config(N, K, M)
+    block_m = triton.next_power_of_2(M)
+    if block_m > 1:  # the 3D product tile: keep it within the registers
+        block_k = min(block_k, max(16, 4096 // (block_m * block_n)))
+    r = residual if residual is not None else x
+    _gemv_kernel[(triton.cdiv(N, block_n),)](
+        x, r, x if h is None else h, x if norm_weight is None else norm_weight, w,
+        x if bias is None else bias, y,
+        M, N, x.stride(0), r.stride(0), w.stride(0), y.stride(0), float(eps),
+        K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
+        num_warps=warps,
+    )
+    return y, h
+
+
+def _check(name: str, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+           k: int) -> None:
+    if x.dim() != 2 or w.dim() != 2:
+        raise ValueError(f"{name}: x must be (M, K) and w (N, K), got {tuple(x.shape)} and "
+                         f"{tuple(w.shape)}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"{name}: takes 1..{MAX_ROWS} rows (decode tokens), got {x.shape[0]}; "
+                         "use a matmul for more")
+    if w.shape[1] != k:
+        raise ValueError(f"{name}: w {tuple(w.shape)} needs K = {k} columns")
+    if x.dtype not in _DTYPES or w.dtype != x.dtype:
+        raise ValueError(f"{name}: x and w must share a dtype in {_DTYPES}, got {x.dtype} and "
+                         f"{w.dtype}")
+    if x.stride(-1) != 1 or w.stride(-1) != 1:
+        raise ValueError(f"{name}: x and w must be contiguous in their last dimension")
+    if bias is not None and bias.shape != (w.shape[0],):
+        raise ValueError(f"{name}: bias must be ({w.shape[0]},), got {tuple(bias.shape)}")
+    for t in (w, bias):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name}: every tensor must be on {x.device}, got {t.device}")
+
+
+# ---- references (the unfused ops, eager torch) ------------------------------------------------
+def gemv_reference(x, w, bias=None):
+    return torch.nn.functional.linear(x, w, bias)
+
+
+def gemv_rms_norm_reference(x, w, norm_weight, eps, residual=None, bias=None):
+    h = x if residual is None else x + residual
+    hf = h.float()
+    y = norm_weight * (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out = torch.nn.functional.linear(y.to(x.dtype), w, bias)
+    return out, (h if residual is not None else None)
+
+
+def gemv_silu_mul_reference(gu, w, bias=None):
+    d = gu.shape[-1] // 2
+    a = (torch.nn.functional.silu(gu[:, :d].float()) * gu[:, d:].float()).to(gu.dtype)
+    return torch.nn.functional.linear(a, w, bias)
+
+
+# ---- public ops ---------------------------------------------------------------------------------
+def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+         impl: str = "auto", config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """x (M <= 8, K) @ w (N, K)^T (+ bias) -> (M, N). config: (BLOCK_N, BLOCK_K, warps)."""
+    _check("gemv", x, w, bias, x.shape[-1] if x.dim() == 2 else -1)
+    if not interpreter.use_triton(impl, x, "gemv"):
+        return gemv_reference(x, w, bias)
+    return _launch(x, w, bias, _NONE, config=config)[0]
+
+
+def gemv_rms_norm(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float,
+                  residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
+                  impl: str = "auto", config: tuple[int, int, int] | None = None):
+    """rms_norm(h = x (+ residual)) @ w^T (+ bias) -> (y (M, N), h (M, K) or None)."""
+    K = x.shape[-1] if x.dim() == 2 else -1
+    _check("gemv_rms_norm", x, w, bias, K)
+    if norm_weight.shape != (K,) or norm_weight.device != x.device:
+        raise ValueError(f"gemv_rms_norm: norm_weight must be ({K},) on {x.device}, got "
+                         f"{tuple(norm_weight.shape)} on {norm_weight.device}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                 or residual.device != x.device or residual.stride(-1) != 1):
+        raise ValueError("gemv_rms_norm: residual must match x (shape, dtype, device, "
+                         "contiguous last dim)")
+    if not interpreter.use_triton(impl, x, "gemv_rms_norm"):
+        return gemv_rms_norm_reference(x, w, norm_weight, eps, residual, bias)
+    return _launch(x, w, bias, _RMS, residual=residual, norm_weight=norm_weight.contiguous(),
+                   eps=eps, config=config)
+
+
+def gemv_silu_mul(gu: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
+                  impl: str = "auto", config: tuple[int, int, int] | None = None) -> torch.Tensor:
+    """(silu(gu[:, :K]) * gu[:, K:]) @ w (N, K)^T (+ bias) -> (M, N)."""
+    if gu.dim() != 2 or gu.shape[-1] % 2:
+        raise ValueError(f"gemv_silu_mul: gu must be (M, 2K), got {tuple(gu.shape)}")
+    _check("gemv_silu_mul", gu, w, bias, gu.shape[-1] // 2)
+    if not interpreter.use_triton(impl, gu, "gemv_silu_mul"):
+        return gemv_silu_mul_reference(gu, w, bias)
+    return _launch(gu, w, bias, _SILU, config=config)[0]

@@ -257,7 +257,7 @@ def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
                     scale: float | None = None, impl: str = "auto",
-                    config: dict | None = None) -> torch.Tensor:
+                    config: dict | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(q k^T * scale [+ causal mask]) v, FlashAttention-2 style (see module docstring).
 
     q (B, Hq, Nq, D), k/v (B, Hkv, Nk, D), Hq % Hkv == 0, D in {16, 32, 64, 128},
@@ -265,11 +265,20 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     Returns (B, Hq, Nq, D) in q's dtype. impl: "auto" | "triton" | "torch".
     config: tile sizes and launch shape ({"BLOCK_M", "BLOCK_N", "num_warps", "num_stages"})
     instead of the table's pick (for tuning sweeps; see _pick_config).
+    out: write the result here (q's shape, dtype and device; any strides, e.g. a (B, Nq, Hq, D)
+    buffer viewed with .transpose(1, 2)) and return it: a prefill writes its rows of the
+    token-major output in place, with no copy or concatenation afterwards.
     """
     _check(q, k, v, _DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype
+                            or out.device != q.device):
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
+                         f"{tuple(out.shape)} {out.dtype} {out.device}")
     if not interpreter.use_triton(impl, q, "flash_attention"):
-        return flash_attention_reference(q, k, v, causal=causal, scale=scale)
-    _check(q, k, v, _DTYPES)  # the kernel takes no fp64
+        ref = flash_attention_reference(q, k, v, causal=causal, scale=scale)
+        return ref if out is None else out.copy_(ref)
+    if q.dtype not in _DTYPES:  # the kernel takes no fp64 (the rest was checked above)
+        raise ValueError(f"unsupported dtype {q.dtype}: expected one of {_DTYPES}")
     B, Hq, Nq, D = q.shape
     Hkv, Nk = k.shape[1], k.shape[2]
     if D not in _HEAD_DIMS:
@@ -278,7 +287,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     interpreter.refuse_interpreted_bf16_dot(q.dtype)
     if B * Hq > 65535:  # grid axis 1 holds (batch, head) pairs; CUDA caps it at 65535
         raise ValueError(f"batch * query heads = {B * Hq} exceeds 65535; split the batch")
-    out = torch.empty((B, Hq, Nq, D), device=q.device, dtype=q.dtype)
+    if out is None:
+        out = torch.empty((B, Hq, Nq, D), device=q.device, dtype=q.dtype)
     if out.numel() == 0:
         return out
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)

@@ -246,15 +246,22 @@ def _triton_ops(impl: str) -> Ops:
         # which has fixed shapes and so can be captured in a CUDA graph.
         if ctx.max_query_len == 1 or windowed or head_dim not in _FLASH_HEAD_DIMS:
             return torch_attention(q, k, v, ctx, cache, layer, scale, window)
-        keys, values = _keys_values(k, v, ctx, cache, layer)
-        outs, start = [], 0
+        # Strided (1, H, n, D) views throughout: a prefill with nothing cached reads its own
+        # k/v rows (no padded copy), and each sequence's output lands in its rows of `out`.
+        fresh = cache is None or ctx.is_prefill
+        keys, values = (k, v) if fresh else cache.read(layer, ctx)
+        out, start = torch.empty_like(q), 0
+
+        def heads(x, rows):  # (n, H, D) rows -> (1, H, n, D) view
+            return x[rows].transpose(0, 1)[None]
         for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host, strict=True)):
-            qb = q[start:start + n_q].transpose(0, 1)[None]  # (1, Hq, n_q, D), strided view
-            ob = kernels.flash_attention(qb, keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv],
-                                      causal=True, scale=scale, impl=impl)
-            outs.append(ob[0].transpose(0, 1))
+            rows = slice(start, start + n_q)
+            kb, vb = ((heads(keys, rows), heads(values, rows)) if fresh
+                      else (keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv]))
+            kernels.flash_attention(heads(q, rows), kb, vb, causal=True, scale=scale, impl=impl,
+                                    out=heads(out, rows))
             start += n_q
-        return torch.cat(outs)
+        return out
 
     return Ops("triton", rms_norm, rope, silu_and_mul, attention,
                None if impl == "torch" else DecodeKernels(impl))

@@ -1,137 +1,253 @@
-"""`stack bench --layer 6`: the load generator against a server (started here, or --url),
-like `vllm bench serve`, beside the offline engine on the same workload.
+"""`stack bench --layer 6`: the load generator against a server in its own process (or --url),
+like `vllm bench serve`, beside the offline engine on the same workload and batch limits.
 
-For each arrival rate (Poisson; "inf" = a burst) it reports request and output-token
-throughput, TTFT / TPOT / ITL / E2EL mean, median and p99, and goodput under the SLOs; the
-offline `LLM.generate` over the same prompts and lengths gives the ratio HTTP / offline.
-Writes bench.json and latency_vs_load.png to $LLM_STACK_RESULTS/layer6 (default
-./results/layer6).
+Steps (each server alone on the machine, the client in this process):
+1. offline: layer 5's LLM over the same prompts: each prompt's prefill alone (time to its first
+   token, one at a time), then the whole workload (output tok/s);
+2. ours: `stack serve` as a subprocess with the same max_num_seqs and KV blocks; a low-load
+   pass (the same prompts one at a time: TTFT p50 against the prefill p50), then each arrival
+   rate (Poisson; "inf" = a burst);
+3. --peer transformers: `transformers serve` on the same weights, the same passes.
+It reports request and output-token throughput, TTFT / TPOT / ITL / E2EL mean, median and
+p99, goodput under the SLOs, HTTP / offline and ours / peer; it writes bench.json and
+latency_vs_load.png to --out (default $LLM_STACK_RESULTS/layer6, else ./results/layer6).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
+import signal
+import statistics
 import time
 from pathlib import Path
 
-from rich.console import Console
+import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 import layer5_parallel as l5
 
-from .loadgen import random_prompts, run_load, summarize
-from .server import start_server
+from .bench_dataset import DATASETS, BenchRequest, chat_dataset, random_dataset
+from .bench_launch import ServerProcess, free_port, our_server_command
+from .bench_peer import PEERS, SHAPES, model_dir, peer_available, peer_command
+from .bench_report import console, plot, print_report
+from .loadgen import run_load, summarize
 
-console = Console()
-if not console.is_terminal:
-    console = Console(width=160)
 
-
-def results_dir() -> Path:
-    path = Path(os.environ.get("LLM_STACK_RESULTS") or "results") / "layer6"
+def results_dir(out: str | None = None) -> Path:
+    path = Path(out) if out else Path(os.environ.get("LLM_STACK_RESULTS") or "results") / "layer6"
     path.mkdir(parents=True, exist_ok=True)
     return path
 
 
-def offline_throughput(llm, requests) -> float:
-    """Output tokens/s of the offline engine over the same prompts and lengths (warm)."""
-    params = [l5.SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in requests]
-    llm.generate([p for p, _ in requests[:4]], params[:4])  # warm-up
-    start = time.perf_counter()
-    outs = llm.generate([p for p, _ in requests], params)
-    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+def _params(r: BenchRequest, max_tokens: int | None = None) -> l5.SamplingParams:
+    return l5.SamplingParams(temperature=0, max_tokens=max_tokens or r.max_tokens,
+                             ignore_eos=r.ignore_eos, stop=list(r.stop))
 
 
-def load(url: str, model: str, requests, rate: float, concurrency: int | None, seed: int):
-    with Progress(TextColumn(f"[bold]rate {rate:g}/s"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as bar:
+def prefill_ms(llm, requests: list[BenchRequest]) -> list[float]:
+    """Each prompt alone through the offline engine: ms to its first token (max_tokens=1)."""
+    for r in requests[:2]:  # warm-up
+        llm.generate([r.prompt_ids], _params(r, 1))
+    times = []
+    for r in requests:
+        start = time.perf_counter()
+        llm.generate([r.prompt_ids], _params(r, 1))
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def offline_throughput(llm, requests: list[BenchRequest], repeats: int = 2) -> dict:
+    """Output tokens/s of the offline engine over the whole workload: the best of `repeats`
+    runs (the first also warms up every batch shape the workload reaches)."""
+    best = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        outs = llm.generate([r.prompt_ids for r in requests], [_params(r) for r in requests])
+        dt = time.perf_counter() - start
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        if best is None or tokens / dt > best["output_throughput"]:
+            best = {"output_throughput": tokens / dt, "output_tokens": tokens, "duration_s": dt}
+    return best
+
+
+def load(url: str, model: str, requests, label: str, rate: float, concurrency: int | None,
+         seed: int):
+    # a live bar on a terminal; one line per pass in a log
+    with Progress(TextColumn(f"[bold]{label}"), BarColumn(bar_width=30), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=True,
+                  disable=not console.is_terminal) as bar:
         task = bar.add_task("", total=len(requests))
-        return asyncio.run(run_load(url, model, requests, rate=rate, max_concurrency=concurrency,
-                                    seed=seed, on_done=lambda _: bar.advance(task)))
+        results, dt = asyncio.run(run_load(url, model, requests, rate=rate,
+                                           max_concurrency=concurrency, seed=seed,
+                                           on_done=lambda _: bar.advance(task)))
+    console.print(f"{label}: {sum(r.ok for r in results)}/{len(requests)} done in {dt:.1f} s")
+    return results, dt
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+def drive(name: str, url: str, model: str, requests, warmup, low, args) -> dict:
+    """Warm-up, the low-load pass (one request at a time) and every rate against one server."""
+    load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed)
+    results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed)
+    out = {"low_load": summarize(results, dt), "rows": []}
+    for rate in args.rates:
+        label = f"{name} burst" if rate == float("inf") else f"{name} rate {rate:g}/s"
+        results, dt = load(url, model, requests, label, rate,
+                           args.max_concurrency, args.seed)
+        out["rows"].append(dict(rate=str(rate), **summarize(
+            results, dt, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)))
+    return out
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    x = [r["request_throughput"] for r in rows]
-    for key, label in (("median_ttft_ms", "TTFT p50"), ("p99_ttft_ms", "TTFT p99"),
-                       ("median_tpot_ms", "TPOT p50"), ("median_e2el_ms", "E2EL p50")):
-        ax.plot(x, [r[key] for r in rows], marker="o", label=label)
-    ax.set_xlabel("achieved request rate (req/s)")
-    ax.set_ylabel("latency (ms)")
-    ax.set_yscale("log")
-    ax.set_title("layer 6: latency vs load")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="stack bench --layer 6",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--url", help="an existing server (default: start one per run)")
+    ap.add_argument("--model", default="course",
+                    help=f"course, a model directory, a name layer 3 knows, or {list(SHAPES)} "
+                         "(random weights written as a HF directory)")
+    ap.add_argument("--dataset", choices=DATASETS, default="random")
+    ap.add_argument("--num-prompts", type=int, default=48)
+    ap.add_argument("--input-len", type=int, default=64, help="random: mean; chat: cap")
+    ap.add_argument("--output-len", type=int, default=64, help="random: mean; chat: cap")
+    ap.add_argument("--rates", default="2,8,inf", help="comma-separated req/s; inf = burst")
+    ap.add_argument("--max-concurrency", type=int, default=None)
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="both engines' seat limit")
+    ap.add_argument("--low-load-prompts", type=int, default=16,
+                    help="prompts sent one at a time for TTFT vs prefill")
+    ap.add_argument("--peer", choices=PEERS, default=None, help="serve the same model with it too")
+    ap.add_argument("--device", default=None, help="for the peer (default: cuda if present)")
+    ap.add_argument("--slo-ttft-ms", type=float, default=500.0)
+    ap.add_argument("--slo-tpot-ms", type=float, default=100.0)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="CPU threads per engine process (a shared CPU: 1 avoids oversubscribed "
+                         "OpenMP spinning)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default=None, help="results folder")
+    args = ap.parse_args(argv)
+    try:
+        args.rates = [float(r) for r in args.rates.split(",")]
+    except ValueError:
+        ap.error(f"--rates wants numbers or inf, got {args.rates!r}")
+    if any(r <= 0 for r in args.rates):
+        ap.error("every rate must be > 0 (inf for a burst)")
+    if args.num_prompts < 1 or args.low_load_prompts < 1 or args.max_num_seqs < 1:
+        ap.error("--num-prompts, --low-load-prompts and --max-num-seqs must be >= 1")
+    if args.peer and args.url:
+        ap.error("--peer starts both servers itself: leave out --url")
+    return args
+
+
+def build_workload(args, tokenizer, vocab: int):
+    """(requests, warm-up requests, low-load requests) for --dataset."""
+    def make(n: int, seed: int):
+        if args.dataset == "chat":
+            return chat_dataset(n, tokenizer, max_input_len=args.input_len,
+                                max_output_len=args.output_len, seed=seed)
+        return random_dataset(n, args.input_len, args.output_len, vocab, tokenizer=tokenizer,
+                              seed=seed)
+    requests = make(args.num_prompts, args.seed)
+    low = [BenchRequest(**{**r.__dict__, "max_tokens": min(r.max_tokens, 4)})
+           for r in requests[:args.low_load_prompts]]
+    return requests, make(4, args.seed + 1), low
+
+
+def _sigterm(signum, frame) -> None:  # a service manager's stop: leave through the finally
+    raise KeyboardInterrupt
 
 
 def bench(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="stack bench --layer 6", description=__doc__.split("\n")[0])
-    ap.add_argument("--url", help="an existing server (default: start one here)")
-    ap.add_argument("--model", default="course")
-    ap.add_argument("--num-prompts", type=int, default=48)
-    ap.add_argument("--input-len", type=int, default=64)
-    ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--rates", default="2,8,inf", help="comma-separated req/s; inf = burst")
-    ap.add_argument("--max-concurrency", type=int, default=None)
-    ap.add_argument("--slo-ttft-ms", type=float, default=500.0)
-    ap.add_argument("--slo-tpot-ms", type=float, default=100.0)
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    rates = [float(r) for r in args.rates.split(",")]
-    # The offline engine below gets a KV pool of its own beside the server's: on a GPU each
-    # takes at most 40% of free memory, so both fit.
-    handle = None if args.url else start_server([args.model], max_num_seqs=64,
-                                                gpu_memory_utilization=0.4)
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _sigterm)
+    out_dir = results_dir(args.out)
+    env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.peer and (why := peer_available(args.peer)):
+        console.print(f"[red]error:[/] --peer {args.peer}: {why}")
+        return 2
+    # the model both servers read: the course model, a checkpoint, or random weights written once
+    served = str(model_dir(args.model, out_dir / "models")) if (
+        args.peer or args.model in SHAPES) else args.model
+    engine_model = l5.engine.executor.course_model_dir("target") if served == "course" else served
+    report: dict = {"config": {k: v for k, v in vars(args).items()}, "device": device,
+                    "servers": {}}
+    # 1. offline, alone; its KV pool size is the server's too (at most 40% of a GPU's memory)
+    llm = l5.LLM(engine_model, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4)
+    num_blocks = llm.block_manager.num_blocks
+    tokenizer = llm.model.tokenizer
+    requests, warmup, low = build_workload(args, tokenizer, llm.model.config.vocab_size)
+    if args.url is None:
+        console.print(f"offline engine: prefill of {len(low)} prompts, one at a time ...")
+        pre = prefill_ms(llm, low)
+        console.print(f"offline engine: {len(requests)} requests ...")
+        report["offline"] = {**offline_throughput(llm, requests),
+                             "prefill_ms_p50": statistics.median(pre), "prefill_ms": pre}
+    report["config"] |= {"num_blocks": num_blocks, "served_model": served,
+                         "mean_prompt_tokens": statistics.mean(len(r.prompt_ids)
+                                                               for r in requests),
+                         "mean_max_tokens": statistics.mean(r.max_tokens for r in requests)}
+    del llm
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    # 2. ours (and 3. the peer), each in its own process
     try:
-        url = args.url or handle.url
-        vocab = handle.engines[args.model].llm.model.config.vocab_size if handle else 4096
-        requests = random_prompts(args.num_prompts, args.input_len, args.output_len, vocab,
-                                  seed=args.seed)
-        load(url, args.model, requests[:4], float("inf"), None, args.seed)  # warm-up
-        rows = []
-        for rate in rates:
-            results, duration = load(url, args.model, requests, rate, args.max_concurrency,
-                                     args.seed)
-            rows.append(dict(rate=str(rate), **summarize(
-                results, duration, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)))
-        offline = None
-        if handle:
-            engine = handle.engines[args.model]
-            llm = l5.LLM(engine.llm.model, num_blocks=engine.llm.block_manager.num_blocks,
-                         max_num_seqs=64)
-            offline = offline_throughput(llm, requests)
-    finally:
-        if handle:
-            handle.stop()
-    table = Table(title=f"layer 6 load: {args.num_prompts} requests, ~{args.input_len} in / "
-                        f"~{args.output_len} out tokens")
-    for col in ("rate", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50 ms", "ITL p50 ms",
-                "E2EL p50 ms", "goodput", "failed"):
-        table.add_column(col, justify="right")
-    for r in rows:
-        table.add_row(r["rate"], f"{r['request_throughput']:.2f}",
-                      f"{r['output_throughput']:.0f}",
-                      f"{r['median_ttft_ms']:.0f} / {r['p99_ttft_ms']:.0f}",
-                      f"{r['median_tpot_ms']:.1f}", f"{r['median_itl_ms']:.1f}",
-                      f"{r['median_e2el_ms']:.0f}", f"{r['goodput']:.2f}", str(r["failed"]))
-    console.print(table)
-    burst = next((r for r in rows if r["rate"] == "inf"), rows[-1])
-    if offline:
-        console.print(f"offline engine, same workload: {offline:.0f} output tok/s; HTTP burst "
-                      f"{burst['output_throughput']:.0f} tok/s = "
-                      f"{burst['output_throughput'] / offline:.2f}x offline")
-    out = results_dir()
-    (out / "bench.json").write_text(json.dumps({"rows": rows, "offline_output_tok_s": offline},
-                                               indent=2, default=str))
-    plot(rows, out / "latency_vs_load.png")
-    console.print(f"wrote {out / 'bench.json'} and {out / 'latency_vs_load.png'}")
-    return 0 if all(r["failed"] == 0 for r in rows) else 1
+        if args.url:
+            report["servers"]["ours"] = drive("ours", args.url, args.model, requests, warmup,
+                                              low, args)
+        else:
+            port = free_port()
+            cmd = our_server_command(served, port, max_num_seqs=args.max_num_seqs,
+                                     num_blocks=num_blocks)
+            console.print("starting our server (stack serve) ...")
+            with ServerProcess(cmd, f"http://127.0.0.1:{port}", name="ours", env=env):
+                report["servers"]["ours"] = drive("ours", f"http://127.0.0.1:{port}", served,
+                                                  requests, warmup, low, args)
+        if args.peer:
+            port = free_port()
+            cmd, peer_env, name = peer_command(args.peer, Path(served), port, device=device)
+            console.print(f"starting {args.peer} serve ...")
+            with ServerProcess(cmd, f"http://127.0.0.1:{port}", name=args.peer,
+                               env=env | peer_env):
+                report["servers"][args.peer] = drive(args.peer, f"http://127.0.0.1:{port}",
+                                                     name, requests, warmup, low, args)
+    except KeyboardInterrupt:
+        console.print("interrupted: servers stopped")
+        return 130
+    except RuntimeError as e:
+        console.print(f"[red]error:[/] {e}")
+        return 1
+    report["ratios"] = ratios(report)
+    print_report(report, args)
+    (out_dir / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+    plot(report, out_dir / "latency_vs_load.png")
+    console.print(f"wrote {out_dir / 'bench.json'} and {out_dir / 'latency_vs_load.png'}")
+    failed = sum(r["failed"] for s in report["servers"].values() for r in s["rows"])
+    return 0 if failed == 0 else 1
+
+
+def ratios(report: dict) -> dict:
+    """HTTP / offline (burst throughput), TTFT p50 - prefill p50 at low load, ours / peer."""
+    ours, out = report["servers"]["ours"], {}
+    burst = next((r for r in ours["rows"] if r["rate"] == "inf"), ours["rows"][-1])
+    if "offline" in report:
+        off = report["offline"]
+        out["http_over_offline_throughput"] = burst["output_throughput"] / off["output_throughput"]
+        out["low_load_ttft_p50_ms"] = ours["low_load"]["median_ttft_ms"]
+        out["prefill_p50_ms"] = off["prefill_ms_p50"]
+        out["ttft_minus_prefill_ms"] = out["low_load_ttft_p50_ms"] - off["prefill_ms_p50"]
+    for peer, s in report["servers"].items():
+        if peer == "ours":
+            continue
+        out[f"ours_over_{peer}"] = [
+            {"rate": a["rate"], "output_throughput": a["output_throughput"] / b["output_throughput"]
+             if b["output_throughput"] else None,
+             "ttft_p50": a["median_ttft_ms"] / b["median_ttft_ms"],
+             "ttft_p99": a["p99_ttft_ms"] / b["p99_ttft_ms"]}
+            for a, b in zip(ours["rows"], s["rows"], strict=True)]
+        out[f"{peer}_low_load_ttft_p50_ms"] = s["low_load"]["median_ttft_ms"]
+    return out

@@ -1,8 +1,9 @@
 """A load generator for the OpenAI API, after `vllm bench serve`.
 
 Requests are sent at a Poisson rate (or all at once: rate inf, a burst), at most
-`max_concurrency` in flight, each a streamed /v1/completions with EOS ignored so its output
-length is what was asked. Per request it measures, as vLLM does: TTFT (send -> first text),
+`max_concurrency` in flight, each streamed and greedy: a /v1/completions with EOS ignored so its
+output length is what was asked (the random dataset), or a /v1/chat/completions (the chat
+dataset, bench_dataset.py). Per request it measures, as vLLM does: TTFT (send -> first text),
 ITL (gaps between streamed chunks), TPOT ((e2e - TTFT) / (output tokens - 1)), E2EL; overall,
 request and output-token throughput and goodput (requests/s meeting every SLO).
 """
@@ -16,6 +17,8 @@ from dataclasses import dataclass, field
 
 import httpx
 import numpy as np
+
+from .bench_dataset import BenchRequest, as_request
 
 
 @dataclass
@@ -44,13 +47,25 @@ def random_prompts(n: int, input_len: int, output_len: int, vocab: int, *, range
             for _ in range(n)]
 
 
-async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt, max_tokens: int
+def _text(chunk: dict) -> str:
+    """The new text in a streamed chunk: `text` (completions) or `delta.content` (chat)."""
+    out = ""
+    for c in chunk.get("choices") or ():
+        out += c.get("text") or (c.get("delta") or {}).get("content") or ""
+    return out
+
+
+async def one_request(client: httpx.AsyncClient, url: str, model: str,
+                      request: BenchRequest | tuple, max_tokens: int | None = None
                       ) -> RequestResult:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0, "ignore_eos": True, "stream_options": {"include_usage": True}}
-    start, last, res = time.perf_counter(), None, RequestResult(ok=False)
+    """Send one streamed request; TTFT at the first chunk with text. Output tokens come from
+    the usage the server reports, else one per text chunk."""
+    if max_tokens is not None:  # the older (prompt, max_tokens) call
+        request = (request, max_tokens)
+    req = as_request(request)
+    start, last, res, chunks = time.perf_counter(), None, RequestResult(ok=False), 0
     try:
-        async with client.stream("POST", url + "/v1/completions", json=body) as r:
+        async with client.stream("POST", url + req.endpoint, json=req.body(model)) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
@@ -59,41 +74,46 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str, prompt, m
                     continue
                 chunk, now = json.loads(line[6:]), time.perf_counter()
                 if "error" in chunk:
-                    res.error = chunk["error"]["message"]
+                    res.error = str(chunk["error"].get("message", chunk["error"]))
                     return res
                 if chunk.get("usage"):
-                    res.prompt_tokens = chunk["usage"]["prompt_tokens"]
-                    res.output_tokens = chunk["usage"]["completion_tokens"]
-                if any(c.get("text") for c in chunk.get("choices", [])):
+                    res.prompt_tokens = chunk["usage"].get("prompt_tokens", 0)
+                    res.output_tokens = chunk["usage"].get("completion_tokens", 0)
+                if _text(chunk):
+                    chunks += 1
                     if last is None:
                         res.ttft = now - start
                     else:
                         res.itls.append(now - last)
                     last = now
         res.e2e, res.ok = time.perf_counter() - start, True
+        res.output_tokens = res.output_tokens or chunks
+        res.prompt_tokens = res.prompt_tokens or len(req.prompt_ids)
+        if last is None:  # nothing streamed: the first token is the end
+            res.ttft = res.e2e
     except (httpx.HTTPError, json.JSONDecodeError) as e:
         res.error = f"{type(e).__name__}: {e}"
     return res
 
 
-async def run_load(url: str, model: str, requests: list[tuple[list[int], int]], *,
+async def run_load(url: str, model: str, requests: list[BenchRequest | tuple[list[int], int]], *,
                    rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
                    on_done=None) -> tuple[list[RequestResult], float]:
-    """Send `requests` (prompt, max_tokens) at `rate` req/s (inf: a burst); returns the
-    results in order and the wall time."""
+    """Send `requests` (BenchRequests, or (prompt ids, max_tokens) pairs) at `rate` req/s
+    (inf: a burst), at most max_concurrency at once; the results in order and the wall time."""
     rng = np.random.default_rng(seed)
     gate = asyncio.Semaphore(max_concurrency or len(requests))
     limits = httpx.Limits(max_connections=max_concurrency or len(requests) or 1)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600), limits=limits) as client:
-        async def go(prompt, max_tokens) -> RequestResult:
+        async def go(request) -> RequestResult:
             async with gate:
-                res = await one_request(client, url, model, prompt, max_tokens)
+                res = await one_request(client, url, model, request)
             if on_done:
                 on_done(res)
             return res
         start, tasks = time.perf_counter(), []
-        for prompt, max_tokens in requests:
-            tasks.append(asyncio.create_task(go(prompt, max_tokens)))
+        for request in requests:
+            tasks.append(asyncio.create_task(go(request)))
             if rate != float("inf"):
                 await asyncio.sleep(float(rng.exponential(1.0 / rate)))
         results = await asyncio.gather(*tasks)

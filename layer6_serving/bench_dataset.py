@@ -2,7 +2,7 @@
 cut from the course corpus, sent to /v1/chat/completions).
 
 chat: the course model was trained on Shakespeare's plays (layer 3's training/data.py); its
-three held-out validation plays ship here as `data/chat_corpus.json` (speeches, public domain;
+three held-out validation plays ship here as `chat_corpus.json` (speeches, public domain;
 rebuild with `python -m layer6_serving.bench_dataset PREPARED_DIR`). A conversation is 1 to
 `max_turns` consecutive speeches, alternating user / assistant and ending with a user turn; the
 reply asked for is as long as the next speech really was (clipped) and, as in vLLM's ShareGPT
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import layer5_parallel as l5
 
-CORPUS = Path(__file__).with_name("data") / "chat_corpus.json"
+CORPUS = Path(__file__).with_name("chat_corpus.json")  # package data, as grafana.json
 DATASETS = ("random", "chat")
 
 
@@ -131,7 +131,7 @@ def chat_dataset(n: int, tokenizer, *, max_turns: int = 6, max_input_len: int = 
 
 
 def build_corpus(prepared: Path, out: Path = CORPUS) -> dict:
-    """data/chat_corpus.json from a prepared corpus directory (layer 3's training/data.py
+    """chat_corpus.json from a prepared corpus directory (layer 3's training/data.py
     writes it: `python -m layer3_model.training.data --out DIR`): its validation plays."""
     text = (Path(prepared) / "val.txt").read_text(encoding="utf-8")
     plays, names = {}, sorted(l5.engine.executor.VALIDATION_PLAYS)  # split_plays' order

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from .decode_attention import padded_decode_attention
@@ -80,41 +81,62 @@ class AttentionContext:
         cls,
         query_lens: Sequence[int],
         context_lens: Sequence[int],
-        slot_mapping: Sequence[int] | torch.Tensor,
+        slot_mapping: Sequence[int] | np.ndarray | torch.Tensor,
         *,
-        block_tables: torch.Tensor | None = None,
+        block_tables: torch.Tensor | np.ndarray | None = None,
         device: torch.device | str | None = None,
+        staging: HostStaging | None = None,
     ) -> AttentionContext:
         """Context for B sequences, sequence b bringing query_lens[b] new tokens after
-        context_lens[b] tokens already in the cache. slot_mapping (T,) comes from the cache."""
-        if len(query_lens) != len(context_lens) or not query_lens:
+        context_lens[b] tokens already in the cache. slot_mapping (T,) comes from the cache
+        (host ints / a numpy array, or a tensor); block_tables a tensor, or a host (B, n)
+        array sent along with the rest. Every host index array goes to the device in one
+        copy from pinned memory that does not wait for the GPU (`staging`: reusable pinned
+        buffers, see HostStaging; else a fresh pinned tensor), so a step's inputs can be
+        prepared while the previous step still runs."""
+        q = np.asarray(query_lens, dtype=np.int64).reshape(-1)
+        c = np.asarray(context_lens, dtype=np.int64).reshape(-1)
+        if q.shape != c.shape or not q.size:
             raise ValueError(f"need one query length and one context length per sequence, got "
                              f"{len(query_lens)} and {len(context_lens)}")
-        if min(query_lens) < 1 or min(context_lens) < 0:
+        if q.min() < 1 or c.min() < 0:
             raise ValueError("query lengths must be >= 1 and context lengths >= 0: "
-                             f"{query_lens}, {context_lens}")
-        seq_lens = [q + c for q, c in zip(query_lens, context_lens, strict=True)]
-        positions = [c + i for q, c in zip(query_lens, context_lens, strict=True) for i in range(q)]
-        seq_ids = [b for b, q in enumerate(query_lens) for _ in range(q)]
-        offsets = [i for q in query_lens for i in range(q)]
-        starts = [0]
-        for q in query_lens:
-            starts.append(starts[-1] + q)
-        T = len(positions)
+                             f"{list(query_lens)}, {list(context_lens)}")
+        B = q.size
+        starts = np.zeros(B + 1, dtype=np.int64)
+        np.cumsum(q, out=starts[1:])
+        T = int(starts[-1])
+        if T == B:  # a decode step: one token per sequence, nothing to repeat
+            seq_ids, offsets, positions = np.arange(B, dtype=np.int64), np.zeros(B, np.int64), c
+        else:
+            seq_ids = np.repeat(np.arange(B, dtype=np.int64), q)
+            offsets = np.arange(T, dtype=np.int64) - np.repeat(starts[:-1], q)
+            positions = np.repeat(c, q) + offsets
+        seq_lens = q + c
         is_tensor = isinstance(slot_mapping, torch.Tensor)
         shape = tuple(slot_mapping.shape) if is_tensor else (len(slot_mapping),)
         if shape != (T,):
             raise ValueError(f"slot_mapping must hold one slot per new token ({T}), got {shape}")
-        # Every index list in one host tensor and one copy to the device (a decode step pays
+        host_tables = block_tables is not None and not isinstance(block_tables, torch.Tensor)
+        # Every index array in one host buffer and one copy to the device (a decode step pays
         # this every step; seven small copies cost seven transfers), then views of it.
-        host_slots = [] if is_tensor else list(slot_mapping)
-        parts = (positions, seq_ids, offsets, starts, list(query_lens), seq_lens, host_slots)
-        flat = torch.tensor([x for p in parts for x in p], dtype=torch.int64).to(device)
-        views = flat.split([len(p) for p in parts])
-        positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t, slots = views
+        parts = [positions, seq_ids, offsets, starts, q, seq_lens]
+        if not is_tensor:
+            parts.append(np.asarray(slot_mapping, dtype=np.int64).reshape(-1))
+        if host_tables:
+            tables_np = np.asarray(block_tables, dtype=np.int64)
+            parts.append(tables_np.reshape(-1))
+        flat = np.concatenate(parts)
+        on_device = to_device(flat, device, staging)
+        views = on_device.split([p.size for p in parts])
+        positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t = views[:6]
         if is_tensor:
             slots = slot_mapping.to(device=device, dtype=torch.int64)
-
+        else:
+            slots = views[6]
+        if host_tables:
+            block_tables = views[-1].view(tables_np.shape)
+        q_host, s_host = q.tolist(), seq_lens.tolist()
         return cls(
             positions=positions_t,
             slot_mapping=slots,
@@ -123,12 +145,80 @@ class AttentionContext:
             query_start_loc=starts_t,
             query_lens=qlens_t,
             seq_lens=seq_lens_t,
-            max_query_len=max(query_lens),
-            max_seq_len=max(seq_lens),
-            query_lens_host=tuple(query_lens),
-            seq_lens_host=tuple(seq_lens),
+            max_query_len=max(q_host),
+            max_seq_len=max(s_host),
+            query_lens_host=tuple(q_host),
+            seq_lens_host=tuple(s_host),
             block_tables=block_tables,
         )
+
+
+def to_device(host: np.ndarray, device: torch.device | str | None,
+              staging: HostStaging | None = None) -> torch.Tensor:
+    """A host array on `device`. To a GPU from pinned memory, non-blocking: a copy from
+    pageable memory waits for the GPU to finish its queued work first (a host sync). Without
+    `staging` the pinned tensor is fresh: PyTorch's pinned-memory cache does not hand it out
+    again before its copy has run."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cuda":
+        return torch.from_numpy(host).to(device)
+    if staging is not None:
+        return staging.to_device(host)
+    return torch.from_numpy(host).pin_memory().to(device, non_blocking=True)
+
+
+class HostStaging:
+    """Reusable pinned buffers for a step's host-to-device copies of int64 arrays (CUDA).
+
+    Arenas are used in turn, one per step (`next_step()`), each filled front to back by that
+    step's copies. A copy from pinned memory is queued on the stream behind the GPU's work
+    and reads the buffer only when it runs, so a buffer must not be rewritten before then:
+    the arena of step N is reused at step N + arenas, after waiting on the event recorded
+    behind its last copy (with two arenas and the engine's one step in flight, that copy
+    has long run: the wait costs nothing). Off CUDA it copies plainly."""
+
+    def __init__(self, device: torch.device | str, arenas: int = 2, capacity: int = 4096) -> None:
+        if arenas < 2:
+            raise ValueError(f"HostStaging needs >= 2 arenas (double buffering), got {arenas}")
+        self.device = torch.device(device)
+        self.pinned = self.device.type == "cuda"
+        self._bufs: list[torch.Tensor | None] = [None] * arenas
+        self._np: list[np.ndarray | None] = [None] * arenas
+        self._events: list[torch.cuda.Event | None] = [None] * arenas
+        self._retired: list[list[torch.Tensor]] = [[] for _ in range(arenas)]
+        self._capacity, self._arena, self._used = capacity, 0, 0
+
+    def next_step(self) -> None:
+        """Switch to the next arena; wait (if ever needed) until its earlier copies ran."""
+        self._arena = (self._arena + 1) % len(self._bufs)
+        self._used = 0
+        ev = self._events[self._arena]
+        if ev is not None:
+            ev.synchronize()
+            self._events[self._arena] = None
+        self._retired[self._arena].clear()
+
+    def to_device(self, host: np.ndarray) -> torch.Tensor:
+        """host (any shape, int64) -> a new device tensor of the same shape."""
+        if not self.pinned:
+            return torch.from_numpy(np.ascontiguousarray(host, dtype=np.int64)).to(self.device)
+        n, a = host.size, self._arena
+        buf = self._bufs[a]
+        if buf is None or self._used + n > buf.numel():  # grow: keep the old one until reuse
+            if buf is not None:
+                self._retired[a].append(buf)
+            size = max(self._capacity, 2 * n, 0 if buf is None else 2 * buf.numel())
+            buf = self._bufs[a] = torch.empty(size, dtype=torch.int64, pin_memory=True)
+            self._np[a] = buf.numpy()
+            self._used = 0
+        lo, hi = self._used, self._used + n
+        self._np[a][lo:hi] = host.reshape(-1)
+        self._used = hi
+        out = buf[lo:hi].to(self.device, non_blocking=True)
+        ev = self._events[a] or torch.cuda.Event()
+        ev.record()
+        self._events[a] = ev
+        return out.view(host.shape)
 
 
 class KVCache(Protocol):

@@ -1,0 +1,228 @@
+"""One stage of the pipelined engine: what it holds, how a step is cut, how stages hand off.
+
+Stage s of p holds a contiguous run of decoder layers (`pipeline.partition`: earlier stages
+take the extra ones), stage 0 also the embedding, the last stage also the final norm and LM
+head, and a paged KV cache for just its layers. Every stage's cache has the same number of
+blocks, so layer 4's block tables (made on rank 0) address every stage's cache alike.
+
+A step's B sequences are cut into m micro-batches of whole sequences with about equal token
+counts (`micro_batches`); micro-batch i leaves stage s as the serving path's residual stream,
+(x, residual) stacked as (2, T_i, H), and the last stage sends back fp32 logits. Every message
+is preceded by a small header (micro-batch, dtype, shape), checked before the payload is
+received: gloo aborts a process that receives more bytes than it posted (and corrupts one
+that receives fewer), so stages that disagree get a ValueError naming both shapes instead.
+"""
+from __future__ import annotations
+
+import itertools
+from bisect import bisect_left
+from dataclasses import replace
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import layer4_algorithms as engine
+
+from .pipeline import partition
+
+l3 = engine.executor
+HEADER_TAG = 1 << 20  # headers' tags: kept apart from the payloads' (tag = micro-batch)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def valid_pp_sizes(config: l3.ModelConfig) -> list[int]:
+    """Every stage needs at least one decoder layer: 1 .. num_hidden_layers."""
+    return list(range(1, config.num_hidden_layers + 1))
+
+
+def check_pp_size(config: l3.ModelConfig, stages: int) -> None:
+    layers = config.num_hidden_layers
+    if not 1 <= stages <= layers:
+        raise ValueError(f"pipeline_parallel_size={stages} does not fit a model of {layers} "
+                         f"decoder layers (each stage needs at least one); valid sizes: 1 to "
+                         f"{layers}")
+
+
+def stage_config(config: l3.ModelConfig, layers: range) -> l3.ModelConfig:
+    """The model's config with only this stage's layers (sizes the stage's KV cache)."""
+    return replace(config, num_hidden_layers=len(layers),
+                   layer_windows=tuple(config.layer_windows[layers.start:layers.stop]))
+
+
+class StageNet(nn.Module):
+    """Stage `stage` of `stages` cut out of a loaded LlamaModel (its modules, shared, not
+    copied): the serving path of LlamaModel.forward, one slice of it per stage."""
+
+    def __init__(self, net: nn.Module, stage: int, stages: int) -> None:
+        super().__init__()
+        self.stage, self.stages = stage, stages
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.layer_range = partition(net.config.num_hidden_layers, stages)[stage]
+        self.full_config = net.config
+        self.config = stage_config(net.config, self.layer_range)
+        self.ops = net.ops
+        self.embed = net.embed if self.first else None
+        self.layers = nn.ModuleList(net.layers[i] for i in self.layer_range)
+        self.norm = net.norm if self.last else None
+        self.lm_head = net.lm_head if self.last else None
+        self.register_buffer("cos", net.cos, persistent=False)
+        self.register_buffer("sin", net.sin, persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.layers[0].attn_norm.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.layers[0].attn_norm.weight.device
+
+    @property
+    def backend(self) -> str:
+        return self.ops.name
+
+    def forward(self, inp: torch.Tensor, ctx, cache, last_only: bool = False) -> torch.Tensor:
+        """Stage 0: token ids (T,); the others: the stream (2, T, H). Returns the stream for
+        the next stage, or (last stage) fp32 logits (T, V), (B, V) with last_only."""
+        if self.first:
+            x, residual = self.embed(inp), None
+        else:
+            x, residual = inp[0], inp[1]
+        for layer in self.layers:
+            x, residual = layer(x, residual, ctx, cache, self.ops, self.cos, self.sin)
+        if not self.last:
+            return torch.stack((x, residual))
+        if last_only:
+            rows = ctx.query_start_loc[1:] - 1
+            x, residual = x[rows], residual[rows]
+        x, _ = self.norm(x, self.ops, residual)
+        return self.lm_head(x).float()
+
+
+class StageKVCache(engine.PagedKVCache):
+    """Layer 4's paged cache over one stage's layers: the model's layer i is entry i - first."""
+
+    def __init__(self, first: int, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.first = first
+
+    @classmethod
+    def for_stage(cls, stage: StageNet, num_blocks: int, block_size: int) -> StageKVCache:
+        c = stage.config
+        return cls(stage.layer_range.start, c.num_hidden_layers, num_blocks, block_size,
+                   c.num_key_value_heads, c.head_dim, dtype=stage.dtype, device=stage.device)
+
+    def write(self, layer: int, k, v, ctx) -> None:
+        super().write(layer - self.first, k, v, ctx)
+
+    def read(self, layer: int, ctx):
+        return super().read(layer - self.first, ctx)
+
+    def decode_attention(self, layer: int, q, ctx, scale: float, window):
+        return super().decode_attention(layer - self.first, q, ctx, scale, window)
+
+
+# ---- cutting a step into micro-batches ----------------------------------------------------------
+def micro_batches(query_lens: tuple[int, ...], m: int) -> list[tuple[int, int]]:
+    """Sequence ranges [(b0, b1)] of at most m contiguous micro-batches (never an empty one),
+    cut where the running token count crosses k * T / m."""
+    B = len(query_lens)
+    m = max(1, min(m, B))
+    cum = list(itertools.accumulate(query_lens))
+    cuts = [0]
+    for k in range(1, m):
+        c = bisect_left(cum, cum[-1] * k / m) + 1  # first cut with >= k/m of the tokens before it
+        cuts.append(min(max(c, cuts[-1] + 1), B - (m - k)))
+    return list(zip(cuts, cuts[1:] + [B], strict=True))
+
+
+def micro_contexts(query_lens, seq_lens, slot_mapping: torch.Tensor,
+                   block_tables: torch.Tensor | None, bounds: list[tuple[int, int]],
+                   device: torch.device) -> list[tuple[int, int, l3.AttentionContext]]:
+    """(first token, end token, AttentionContext) of each micro-batch of a step."""
+    starts = [0, *itertools.accumulate(query_lens)]
+    out = []
+    for b0, b1 in bounds:
+        q = query_lens[b0:b1]
+        ctx = l3.AttentionContext.build(
+            q, [s - n for n, s in zip(q, seq_lens[b0:b1], strict=True)],
+            slot_mapping[starts[b0]:starts[b1]],
+            block_tables=None if block_tables is None else block_tables[b0:b1], device=device)
+        out.append((starts[b0], starts[b1], ctx))
+    return out
+
+
+# ---- hand-offs between stages --------------------------------------------------------------------
+def _wait(work, what: str, timeout_s: float) -> None:
+    try:
+        work.wait(timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as exc:
+        said = str(exc).strip().split(". ")[0]
+        raise RuntimeError(f"{what} failed or timed out (waits last at most {timeout_s:g} s; "
+                           f"a neighbouring stage died or ran another step): {said}") from exc
+
+
+def _header(tag: int, t: torch.Tensor) -> list[int]:
+    dtype = _DTYPES.index(t.dtype) if t.dtype in _DTYPES else len(_DTYPES)
+    shape = list(t.shape) + [0] * (3 - t.dim())
+    return [tag, dtype, t.dim(), *shape]
+
+
+def _p2p(pg, send: bool, t: torch.Tensor, peer: int, tag: int):
+    """isend/irecv over `pg` (an engine's own process group), or the default group if None."""
+    if pg is None:
+        return (dist.isend if send else dist.irecv)(t, peer, tag=tag)
+    return pg.send([t], peer, tag) if send else pg.recv([t], peer, tag)
+
+
+def send(pg, t: torch.Tensor, dst: int, tag: int) -> list[tuple]:
+    """Post header and payload to `dst`; returns (work, tensor) pairs to wait for later (the
+    tensors stay referenced until then)."""
+    t = t.contiguous()
+    head = torch.tensor(_header(tag, t), dtype=torch.int64, device=t.device)
+    return [(_p2p(pg, True, head, dst, HEADER_TAG + tag), head), (_p2p(pg, True, t, dst, tag), t)]
+
+
+def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
+         device: torch.device, timeout_s: float, what: str) -> torch.Tensor:
+    """Receive micro-batch `tag` of `shape` from `src` after checking its header."""
+    want = torch.empty(shape, dtype=dtype, device="meta")
+    head = torch.empty(3 + 3, dtype=torch.int64, device=device)
+    _wait(_p2p(pg, False, head, src, HEADER_TAG + tag), f"{what}: header from rank {src}",
+          timeout_s)
+    got, expected = head.tolist(), _header(tag, want)
+    if got != expected:
+        def words(h: list[int]) -> str:
+            dt = _DTYPES[h[1]] if h[1] < len(_DTYPES) else "another dtype"
+            return f"micro-batch {h[0]}, shape {tuple(h[3:3 + h[2]])}, {dt}"
+        raise ValueError(f"{what}: rank {src} sent ({words(got)}) but this stage expected "
+                         f"({words(expected)}): the stages disagree on the step")
+    out = torch.empty(shape, dtype=dtype, device=device)
+    _wait(_p2p(pg, False, out, src, tag), f"{what}: micro-batch {tag} from rank {src}", timeout_s)
+    return out
+
+
+def wait_sends(sends: list[tuple], timeout_s: float, what: str) -> None:
+    for work, _ in sends:
+        _wait(work, what, timeout_s)
+
+
+def pp_problems(config) -> list[str | None]:
+    """EngineConfig's checks of the pipeline fields (engine_config.py)."""
+    pp, m = config.pipeline_parallel_size, config.pp_micro_batches
+
+    def positive_int(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+    return [
+        None if positive_int(pp) else f"pipeline_parallel_size must be a positive int, got {pp!r}",
+        None if m is None or positive_int(m) else
+        f"pp_micro_batches must be a positive int or None, got {m!r}",
+        None if pp == 1 or config.tensor_parallel_size == 1 else
+        f"tensor_parallel_size={config.tensor_parallel_size} with pipeline_parallel_size={pp}: "
+        "tensor and pipeline parallelism together are not supported yet; use one of them",
+        None if pp == 1 or not config.cuda_graph else
+        "cuda_graph=True is not supported with pipeline_parallel_size > 1 (a graph would capture "
+        "the hand-offs between stages)",
+    ]

@@ -1,0 +1,155 @@
+"""Pipeline parallelism through the engine: PP=2 and PP=3 greedy output equals PP=1.
+
+A random qwen2-shaped model with 5 layers (cut 3+2 and 2+2+1) and kv_heads=2, gloo stages on
+the CPU, fp32. The workload makes layer 4 do everything it does: 16 prompts sharing a prefix
+(prefix caching), a KV pool too small for them all (preemption), a request with n=2 (its
+children share blocks: copy-on-write, forwarded to every stage), run twice (the second run
+hits the prefix cache). Micro-batches give a stage a different number of rows per matmul than
+one process, so a token may differ only where PP=1's own top two logits nearly tie (shown by
+the margin); logits of prompt + completion, one prefill through the stages, within 1e-4.
+"""
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+
+import layer5_parallel as l5
+from layer5_parallel import pp_stage
+
+l3 = l5.engine.executor
+
+MAX_TOKENS = 8
+NEAR_TIE = 1e-3
+LOGIT_ATOL = 1e-4
+ENGINE = dict(num_blocks=40, block_size=4, max_num_seqs=16)
+
+
+def random_config(layers: int = 5) -> l3.ModelConfig:
+    return l3.ModelConfig(model_type="qwen2", vocab_size=211, hidden_size=64, intermediate_size=90,
+                          num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=2,
+                          head_dim=8, qkv_bias=True, max_position_embeddings=128)
+
+
+def prompts(n: int = 16, seed: int = 0) -> list[list[int]]:
+    """A shared 9-token prefix (two whole blocks of 4 and one more) then 2..15 own tokens."""
+    g = torch.Generator().manual_seed(seed)
+    prefix = torch.randint(0, 211, (9,), generator=g).tolist()
+    lens = torch.randint(2, 16, (n,), generator=g).tolist()
+    return [prefix + torch.randint(0, 211, (k,), generator=g).tolist() for k in lens]
+
+
+def run(llm) -> dict:
+    ps = prompts()
+    params = [l5.SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                                n=2 if i == 3 else 1) for i in range(len(ps))]
+    first = llm.generate(ps, params)
+    stats = llm.stats
+    again = llm.generate(ps, params)
+    tokens = [[c.token_ids for c in o.outputs] for o in first]
+    assert tokens == [[c.token_ids for c in o.outputs] for o in again]  # each engine agrees
+    seqs = [p + t[0] for p, t in zip(ps, tokens, strict=True)]
+    return {"ids": ps, "tokens": tokens, "stats": stats, "again": llm.stats, "llm": llm,
+            "logits": llm.prompt_logits(seqs)}
+
+
+@pytest.fixture(scope="module")
+def model() -> l3.Model:
+    return l3.Model(l3.random_model(random_config(), seed=1, std=0.3))
+
+
+@pytest.fixture(scope="module")
+def ref(model):
+    return run(l5.LLM(model, **ENGINE))
+
+
+@pytest.fixture(scope="module", params=[2, 3])
+def pp(request, model):
+    with l5.LLM(model, pipeline_parallel_size=request.param, **ENGINE) as llm:
+        out = run(llm)
+        out["memory"] = llm.rank_memory()
+        out["busy"] = llm.runner.net.stage_busy()
+        yield out
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+
+
+def assert_same_or_near_tie(ref: dict, pp: dict) -> None:
+    for i, (a, b) in enumerate(zip(ref["tokens"], pp["tokens"], strict=True)):
+        for x, y in zip(a, b, strict=True):
+            if x == y:
+                continue
+            j = next(k for k in range(len(x)) if x[k] != y[k])
+            last = ref["llm"].prompt_logits([ref["ids"][i] + x[:j]])[0][-1]
+            margin = float(last[x[j]] - last[y[j]])
+            assert 0 <= margin < NEAR_TIE, (f"prompt {i} token {j}: PP chose {y[j]}, PP=1 chose "
+                                            f"{x[j]}, logit margin {margin:.2e} (not a near-tie)")
+
+
+def test_workload_exercises_prefix_cache_preemption_and_forks(ref, pp):
+    for r in (ref, pp):
+        assert r["stats"].preemptions > 0
+        assert r["again"].prefix_hit_rate > 0
+        assert len(r["tokens"][3]) == 2
+
+
+def test_pp_greedy_tokens_and_logits_match_pp1(ref, pp):
+    assert_same_or_near_tie(ref, pp)
+    for a, b in zip(ref["logits"], pp["logits"], strict=True):
+        torch.testing.assert_close(b, a, atol=LOGIT_ATOL, rtol=0)
+
+
+def test_each_stage_holds_its_layers_and_their_kv(ref, pp):
+    stages = len(pp["memory"])
+    layers = [len(r) for r in l5.partition(5, stages)]  # 3+2 or 2+2+1
+    per_layer_kv = ref["llm"].cache.nbytes // 5
+    assert [m["kv"] for m in pp["memory"]] == [n * per_layer_kv for n in layers]
+    full = sum(p.numel() * 4 for p in ref["llm"].model.net.parameters())
+    assert sum(m["weights"] for m in pp["memory"]) == full  # every weight on exactly one stage
+    assert all(row["busy_s"] > 0 for row in pp["busy"])  # every stage computed
+
+
+def test_stages_chained_in_one_process_equal_the_model():
+    """No processes: StageNets over their own StageKVCaches, run in order, give the model's
+    logits, for a prefill and then a decode step over the same paged blocks."""
+    net = l3.random_model(random_config(), seed=3, std=0.3)
+    full_cache = l5.engine.PagedKVCache.for_model(net.config, 8, 4, dtype=torch.float32)
+    stages = [pp_stage.StageNet(net, s, 3) for s in range(3)]
+    caches = [pp_stage.StageKVCache.for_stage(s, 8, 4) for s in stages]
+    tables = [[0, 1, 2], [3, 4]]
+    for qlens, clens, ids in (([7, 5], [0, 0], torch.arange(12) % 211),
+                              ([1, 1], [7, 5], torch.tensor([5, 9]))):
+        ctx = full_cache.context(qlens, clens, tables)
+        want = net(ids, ctx, full_cache)
+        x = ids
+        for stage, cache in zip(stages, caches, strict=True):
+            x = stage(x, ctx, cache)
+        torch.testing.assert_close(x, want, atol=1e-5, rtol=0)
+
+
+def test_micro_batches_cut_whole_sequences_by_tokens():
+    mb = pp_stage.micro_batches
+    assert mb((1, 1, 1, 1), 2) == [(0, 2), (2, 4)]
+    assert mb((10, 1, 1, 1), 2) == [(0, 1), (1, 4)]
+    assert mb((1, 1), 4) == [(0, 1), (1, 2)]  # never more micro-batches than sequences
+    assert mb((5, 5, 5, 1, 1, 1), 3) == [(0, 2), (2, 3), (3, 6)]
+    for lens in ((3,), (1, 20, 1, 1, 1), (4, 4, 4, 4, 4, 4, 4)):
+        for m in range(1, 9):
+            cut = mb(lens, m)
+            assert cut[0][0] == 0 and cut[-1][1] == len(lens)
+            assert all(a < b for a, b in cut)
+            assert all(c[1] == d[0] for c, d in zip(cut, cut[1:], strict=False))
+            assert len(cut) == min(m, len(lens))
+
+
+def test_bad_pipeline_sizes_are_named():
+    model = l3.Model(l3.random_model(random_config(), seed=1))
+    with pytest.raises(ValueError, match=r"valid sizes: 1 to 5"):
+        l5.LLM(model, pipeline_parallel_size=6, num_blocks=8)
+    with pytest.raises(ValueError, match="positive int"):
+        l5.LLM(model, pipeline_parallel_size=0)
+    with pytest.raises(ValueError, match="tensor and pipeline parallelism together"):
+        l5.LLM(model, pipeline_parallel_size=2, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="pp_micro_batches"):
+        l5.EngineConfig(pipeline_parallel_size=2, pp_micro_batches=0)
+    assert pp_stage.valid_pp_sizes(random_config()) == [1, 2, 3, 4, 5]

@@ -1,0 +1,69 @@
+"""A pipelined engine whose stage dies or sends a mismatched shape fails clearly, fast.
+
+Faults are injected into a stage worker (`_tp_faults`, a test hook): "die" exits at the first
+step, "shape" sends every micro-batch one row too long. Each hand-off carries a header that
+the receiver checks before taking the payload, so the receiving stage raises a ValueError
+naming both shapes (gloo itself would abort the receiver). Rank 0 must raise one RuntimeError
+naming what happened on each rank, well within the group's timeout, stop every stage and leave
+the process group; the engine then stays closed.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+
+import layer5_parallel as l5
+
+l3 = l5.engine.executor
+TIMEOUT_S = 30.0
+
+
+def tiny_model() -> l3.Model:
+    config = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=40,
+                            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, max_position_embeddings=64)
+    return l3.Model(l3.random_model(config, seed=2))
+
+
+def fail_once(stages: int, faults: dict[int, str], **kw) -> tuple[str, float]:
+    llm = l5.LLM(tiny_model(), pipeline_parallel_size=stages, num_blocks=16, block_size=4,
+                 tp_timeout_s=TIMEOUT_S, _tp_faults=faults, **kw)
+    params = l5.SamplingParams(temperature=0.0, max_tokens=3)
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        llm.generate([[1, 2, 3], [4, 5], [6]], params)
+    elapsed = time.monotonic() - start
+    # the group is closed for good: a forward through the stages says so at once
+    with pytest.raises(RuntimeError, match="is closed: pipeline-parallel pipeline step failed"):
+        llm.prompt_logits([[1, 2, 3]])
+    llm.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        llm.prompt_logits([[1, 2, 3]])
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    return str(info.value), elapsed
+
+
+def test_dead_stage_is_named_within_the_timeout():
+    msg, elapsed = fail_once(2, {1: "die"})
+    assert "rank 1" in msg and "code 3" in msg, msg
+    assert elapsed < TIMEOUT_S
+
+
+def test_last_stage_sending_a_wrong_shape_raises_on_rank0():
+    msg, elapsed = fail_once(2, {1: "shape"})
+    first = msg.splitlines()[0]
+    assert "rank 0" in first and "ValueError" in first and "rank 1 sent" in first, msg
+    assert "(2, 97)" in first or "(4, 97)" in first, msg  # the shapes, named
+    assert elapsed < TIMEOUT_S
+
+
+def test_middle_stage_sending_a_wrong_shape_is_caught_by_the_next_stage():
+    """Stage 1 of 3 sends too long a stream: stage 2 (a worker) raises; rank 0 reports it,
+    over layer 2's collectives for the step's broadcast this time."""
+    msg, elapsed = fail_once(3, {1: "shape"}, tp_backend="ours")
+    lines = msg.splitlines()
+    assert any(line.startswith("rank 2: ValueError") and "rank 1 sent" in line
+               for line in lines[1:]), msg
+    assert elapsed < TIMEOUT_S

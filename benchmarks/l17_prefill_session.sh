@@ -26,9 +26,9 @@ step() {  # step NAME SECONDS CMD...
 }
 step prefill_cold 45 python3 benchmarks/l17_bench.py prefill --out "$out"
 mv "$out/l17_prefill.json" "$out/l17_prefill_cold.json" 2>/dev/null
-step profile ${PROFILE_S:-110} python3 benchmarks/profile_prefill.py --json "$out/profile_prefill.json"
+step profile ${PROFILE_S:-110} python3 benchmarks/profile_prefill.py --json "$out/profile_prefill.json" ${PROFILE_ARGS:-}
 step pytest_flash ${PYTEST_S:-30} python3 -m pytest -q -p no:cacheprovider -x -m gpu \
-    tests/layer1/test_flash_attention.py tests/layer1/test_flash_config.py
+    tests/layer1/test_flash_attention.py tests/layer1/test_flash_config.py tests/layer3/test_prefill_attention.py
 tail -2 "$out/pytest_flash.log"
 step prefill 35 python3 benchmarks/l17_bench.py prefill --out "$out"
 nvidia-smi --query-gpu=clocks.sm,power.draw,temperature.gpu --format=csv,noheader | tee -a "$out/env.txt"

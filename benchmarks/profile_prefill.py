@@ -15,6 +15,7 @@ and the four GEMMs alone (their sum x layers is the matmul floor of the forward)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import statistics
@@ -114,20 +115,81 @@ def _sdpa_attention(base: Ops) -> Callable:
     return attention
 
 
+def _padded_attention(base: Ops) -> Callable:
+    """The prefill attention before 2026-11-25 (for a same-run before/after): k/v copied into
+    zero-padded (B, S, Hkv, D) buffers, one output per sequence, concatenated."""
+    from layer2_comm import kernels
+    from layer3_model.backends import _keys_values
+
+    def attention(q, k, v, ctx, cache, layer, scale, window):
+        if ctx.max_query_len == 1 or window is not None:
+            return base.attention(q, k, v, ctx, cache, layer, scale, window)
+        keys, values = _keys_values(k, v, ctx, cache, layer)
+        outs, start = [], 0
+        for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host,
+                                            strict=True)):
+            qb = q[start:start + n_q].transpose(0, 1)[None]
+            ob = kernels.flash_attention(qb, keys[b:b + 1, :, :n_kv],
+                                         values[b:b + 1, :, :n_kv], causal=True, scale=scale)
+            outs.append(ob[0].transpose(0, 1))
+            start += n_q
+        return torch.cat(outs)
+    return attention
+
+
 def variants() -> dict[str, Ops]:
-    """The triton op set, and copies with one op swapped for torch's."""
+    """The triton op set, and copies with one op swapped (torch's, SDPA, the old path)."""
     tri, ref = make_ops("triton"), make_ops("torch")
+    swap = dataclasses.replace
     return {
         "triton": tri,
-        "triton, attention=SDPA": Ops("triton", tri.rms_norm, tri.rope, tri.silu_and_mul,
-                                      _sdpa_attention(tri)),
-        "triton, norm=torch": Ops("triton", ref.rms_norm, tri.rope, tri.silu_and_mul,
-                                  tri.attention),
-        "triton, rope=torch": Ops("triton", tri.rms_norm, ref.rope, tri.silu_and_mul,
-                                  tri.attention),
-        "triton, silu=torch": Ops("triton", tri.rms_norm, tri.rope, ref.silu_and_mul,
-                                  tri.attention),
+        "triton, old padded attention": swap(tri, attention=_padded_attention(tri)),
+        "triton, attention=SDPA": swap(tri, attention=_sdpa_attention(tri)),
+        "triton, norm=torch": swap(tri, rms_norm=ref.rms_norm),
+        "triton, rope=torch": swap(tri, rope=ref.rope),
+        "triton, silu=torch": swap(tri, silu_and_mul=ref.silu_and_mul),
     }
+
+
+def host_costs(net: l3.LlamaModel, tokens: int = 16, calls: int = 200) -> dict[str, float]:
+    """Host microseconds per call of each op of a layer, at a size where the GPU's work is
+    shorter than the host's (so calls / wall time is the issue rate), and of whole forwards."""
+    dev, c = net.device, net.config
+    layer, ops = net.layers[0], net.ops
+    x = torch.randn(tokens, c.hidden_size, device=dev, dtype=net.dtype)
+    qkv = layer.attn.qkv(x)
+    q, k, v = layer.attn._qkv(x, ops)
+    gu = layer.mlp.gate_up(x)
+    cache = l3.ContiguousKVCache.for_model(c, 1, tokens, dtype=net.dtype, device=dev)
+    ctx = cache.context([tokens], [0])
+    ids = torch.randint(0, c.vocab_size, (tokens,), device=dev)
+    old = _padded_attention(ops)
+    cases = {
+        "rms_norm": lambda: ops.rms_norm(x, layer.attn_norm.weight, 1e-5),
+        "rms_norm + residual": lambda: ops.rms_norm(x, layer.attn_norm.weight, 1e-5, x),
+        "F.linear (qkv)": lambda: layer.attn.qkv(x),
+        "split + views (_qkv without matmul)": lambda: qkv.split([1, 1, qkv.shape[1] - 2], -1),
+        "rope": lambda: ops.rope(q, k, net.cos, net.sin, ctx.positions),
+        "cache.write": lambda: cache.write(0, k, v, ctx),
+        "attention (strided, out=)": lambda: ops.attention(q, k, v, ctx, cache, 0,
+                                                           layer.attn.scale, None),
+        "attention (old: padded + cat)": lambda: old(q, k, v, ctx, cache, 0, layer.attn.scale,
+                                                     None),
+        "silu_and_mul": lambda: ops.silu_and_mul(gu),
+        "one decoder layer": lambda: layer(x, x, ctx, cache, ops, net.cos, net.sin),
+        "whole forward": lambda: net(ids, ctx, cache, last_only=True),
+    }
+    out = {}
+    for name, fn in cases.items():
+        fn()
+        n = calls if "forward" not in name else 20
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        _sync()
+        out[name] = (time.perf_counter() - t0) / n * 1e6
+    return out
 
 
 def flash_sweep(tokens: int, shapes: dict[tuple[int, int, int], list[dict]]) -> list:
@@ -235,6 +297,9 @@ def main(argv: list[str] | None = None) -> dict:
         g = f"{graph:.3f} ms, MFU {flops / graph / 1e-3 / peak:.0%}" if isinstance(
             graph, float) else graph
         print(f"triton: host enqueue {host:.3f} ms per forward; one CUDA graph replay {g}")
+        result["host_us_per_call_T16"] = host_costs(net)
+        print("host us per call (T=16, GPU work shorter than the host's): " + ", ".join(
+            f"{k} {v:.0f}" for k, v in result["host_us_per_call_T16"].items()))
         for backend in ("triton", "torch"):
             net.ops = make_ops(backend)
             prof = kernel_table(fwd)

@@ -12,6 +12,7 @@ stop conditions on the host every token, is reported beside it.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -112,6 +113,39 @@ def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float
     return kernels.hardware.time_fn(
         lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats, device=dev
     ).median_s
+
+
+@torch.no_grad()
+def prefill_split(net: LlamaModel, tokens: int, *, repeats: int = 10) -> dict:
+    """Where an eager prefill's time goes (CUDA only): `host_enqueue_s`, the host's time to
+    issue one forward (the GPU idle at its start, no sync inside), and `graph_s`, the median
+    replay of the same forward captured as one CUDA graph: the GPU's time alone, without
+    launch gaps. An eager prefill whose enqueue time exceeds graph_s is host-bound: its
+    figure measures the CPU's Python and launch speed, not the kernels."""
+    dev = net.device
+    ids = torch.randint(0, net.config.vocab_size, (tokens,), device=dev)
+    cache = ContiguousKVCache.for_model(net.config, 1, tokens, dtype=net.dtype, device=dev)
+    ctx = cache.context([tokens], [0])
+
+    def fwd() -> torch.Tensor:
+        return net(ids, ctx, cache, last_only=True)
+    enqueue = []
+    for _ in range(repeats):
+        _sync(dev)
+        start = time.perf_counter()
+        fwd()
+        enqueue.append(time.perf_counter() - start)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fwd()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fwd()
+    replay = kernels.hardware.time_fn(graph.replay, warmup=2, repeats=repeats, device=dev)
+    del graph
+    return {"host_enqueue_s": statistics.median(enqueue), "graph_s": replay.median_s}
 
 
 def prefill_runs(net: LlamaModel, tokens: int, *, runs: int = 5, repeats: int = 10) -> list[float]:

@@ -25,9 +25,16 @@ def prefill_row(net: LlamaModel, tokens: int, backend: str, peak_flops: float,
     disturbed run shows as spread instead of as the figure."""
     secs = B.prefill_runs(net, tokens, runs=runs)
     med, flops = statistics.median(secs), B.prefill_flops(net, tokens)
-    return {"what": f"1B prefill {tokens} tokens, {backend} backend", "tokens_per_s": tokens / med,
-            "ms": med * 1e3, "runs_ms": [s * 1e3 for s in secs], "MFU": flops / med / peak_flops,
-            "MFU_min": flops / max(secs) / peak_flops, "MFU_max": flops / min(secs) / peak_flops}
+    row = {"what": f"1B prefill {tokens} tokens, {backend} backend", "tokens_per_s": tokens / med,
+           "ms": med * 1e3, "runs_ms": [s * 1e3 for s in secs], "MFU": flops / med / peak_flops,
+           "MFU_min": flops / max(secs) / peak_flops, "MFU_max": flops / min(secs) / peak_flops}
+    if net.device.type == "cuda":  # is the eager figure the GPU's or the host's?
+        split = B.prefill_split(net, tokens)
+        row.update(host_enqueue_ms=split["host_enqueue_s"] * 1e3,
+                   graph_ms=split["graph_s"] * 1e3,
+                   graph_MFU=flops / split["graph_s"] / peak_flops,
+                   host_bound=split["host_enqueue_s"] > split["graph_s"])
+    return row
 
 
 def annotate(rows: list[dict], info: dict) -> list[dict]:

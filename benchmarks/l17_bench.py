@@ -12,6 +12,7 @@ gap between the two runs. --smoke: a tiny model on the CPU (checks the code; no 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 from pathlib import Path
@@ -43,14 +44,29 @@ def _setup(smoke: bool) -> tuple[l3.LlamaModel, float, float]:
 
 
 def decode(net, bw: float, _peak: float, smoke: bool) -> dict:
+    """The fused decode path (the triton backend's default) and, from the same run, the
+    general path it replaces (ops.decode off: norm, cuBLAS, rope, scatters, SDPA)."""
     P, N = (128, 256) if not smoke else (8, 8)
     graph = not smoke
-    spt = L3B.best_of(lambda: L3B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N,
-                                                           cuda_graph=graph))
+
+    def seconds_per_token() -> float:
+        return L3B.best_of(lambda: L3B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N,
+                                                                cuda_graph=graph))
+    spt = seconds_per_token()
+    fused_ops = net.ops
+    net.ops = dataclasses.replace(fused_ops, decode=None)
+    try:
+        spt_unfused = seconds_per_token()
+    finally:
+        net.ops = fused_ops
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (P + N / 2)
     return {"what": "1B decode bs1, triton backend, CUDA graph", "tokens_per_s": 1 / spt,
             "ms_per_token": spt * 1e3, "bytes_per_token": moved, "MBU": moved / spt / bw,
-            "target_MBU": 0.8, "floor_ms": moved / bw * 1e3}
+            "target_MBU": 0.8, "floor_ms": moved / bw * 1e3,
+            "fused": fused_ops.decode is not None,
+            "unfused_tokens_per_s": 1 / spt_unfused, "unfused_ms_per_token": spt_unfused * 1e3,
+            "unfused_MBU": moved / spt_unfused / bw, "ratio": spt_unfused / spt,
+            "ratio_reference": "the same run's unfused decode path (ops.decode off)"}
 
 
 def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
@@ -81,7 +97,14 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("part", choices=sorted(PARTS))
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--gemv-tuned", type=Path, default=None,
+                    help="decode_kernels.json from benchmarks/decode_kernels_bench.py: use its "
+                         "best GEMV tiles per shape")
     args = ap.parse_args(argv)
+    if args.gemv_tuned is not None:
+        best = json.loads(args.gemv_tuned.read_text())["best"]
+        l3.comm.kernels.GEMV_TUNED.update(
+            {tuple(int(d) for d in k.split("x")): tuple(v) for k, v in best.items()})
     net, bw, peak = _setup(args.smoke)
     with torch.no_grad():
         result = PARTS[args.part](net, bw, peak, args.smoke)

@@ -23,6 +23,7 @@ import layer0_hardware as hardware  # the layer beneath, as a namespace for the 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .cupy_support import cupy_available
 from .flash_attention import flash_attention, flash_attention_reference
+from .gemv import TUNED as GEMV_TUNED
 from .gemv import (
     gemv,
     gemv_reference,
@@ -48,7 +49,7 @@ from .reduction import (
     reduce_sum_reference,
 )
 from .rope import apply_rope, rope_cache, rope_reference
-from .rope_cache import rope_cache_write, rope_cache_write_reference
+from .rope_kv_write import rope_cache_write, rope_cache_write_reference
 from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference, sgemm_source
 from .softmax import softmax, softmax_reference
 from .swiglu import silu_and_mul, silu_and_mul_reference
@@ -68,7 +69,7 @@ __all__ = [
     "flash_attention", "flash_attention_reference",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
-    "gemv", "gemv_reference", "gemv_rms_norm", "gemv_rms_norm_reference",
+    "gemv", "gemv_reference", "GEMV_TUNED", "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
     "paged_decode",
     # CuPy / CUDA C kernels

@@ -1,0 +1,121 @@
+"""Layer 1's decode kernels against torch references at small awkward sizes: the skinny GEMV
+and its fused prologues (gemv.py), RoPE fused with the cache write (rope_cache.py), and the
+split decode attention over a contiguous cache with its in-kernel merge (paged_decode.py).
+On a CPU they run through Triton's interpreter (fp32 / fp16: its bf16 casts truncate)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layer1_kernels import (
+    gemv,
+    gemv_reference,
+    gemv_rms_norm,
+    gemv_rms_norm_reference,
+    gemv_silu_mul,
+    gemv_silu_mul_reference,
+    paged_decode,
+    rope_cache,
+    rope_cache_write,
+)
+from layer1_kernels.interpreter import kernel_device
+
+DEV = kernel_device()
+DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [torch.float16])
+
+
+def rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def tol(dtype):
+    return 1e-5 if dtype == torch.float32 else 2e-2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 37, 50), (3, 20, 64), (8, 9, 33)])
+def test_gemv_and_prologues(dtype, m, n, k):
+    g = torch.Generator().manual_seed(m * 100 + n)
+    x, r = (torch.randn(m, k, generator=g).to(DEV, dtype) for _ in range(2))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    b = torch.randn(n, generator=g).to(DEV, dtype)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
+    assert rel(gemv(x, w, b, impl="triton"), gemv_reference(x, w, b)) < tol(dtype)
+    y, h = gemv_rms_norm(x, w, nw, 1e-6, r, impl="triton")
+    y_ref, h_ref = gemv_rms_norm_reference(x, w, nw, 1e-6, r)
+    assert torch.equal(h, h_ref) and rel(y, y_ref) < tol(dtype)  # the residual exactly
+    y, h = gemv_rms_norm(x, w, nw, 1e-6, None, b, impl="triton")
+    assert h is None and rel(y, gemv_rms_norm_reference(x, w, nw, 1e-6, None, b)[0]) < tol(dtype)
+    gu = torch.randn(m, 2 * k, generator=g).to(DEV, dtype)
+    assert rel(gemv_silu_mul(gu, w, impl="triton"), gemv_silu_mul_reference(gu, w)) < tol(dtype)
+
+
+def test_gemv_tiles_and_bad_input():
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 70, generator=g).to(DEV), torch.randn(45, 70, generator=g).to(DEV)
+    for cfg in [(4, 16, 1), (16, 32, 2), (8, 64, 4)]:  # ragged N and K tiles
+        assert rel(gemv(x, w, impl="triton", config=cfg), gemv_reference(x, w)) < 1e-5
+    with pytest.raises(ValueError, match="1..8 rows"):
+        gemv(torch.randn(9, 70).to(DEV), w)
+    with pytest.raises(ValueError, match="K = 70"):
+        gemv(x, torch.randn(4, 71).to(DEV))
+    with pytest.raises(ValueError, match="norm_weight"):
+        gemv_rms_norm(x, w, torch.ones(69).to(DEV), 1e-6)
+    with pytest.raises(ValueError, match="2K"):
+        gemv_silu_mul(torch.randn(1, 71).to(DEV), w)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_cache_write(dtype):
+    g = torch.Generator().manual_seed(2)
+    T, Hq, Hkv, D, slots = 3, 6, 2, 12, 10
+    qkv = torch.randn(T, (Hq + 2 * Hkv) * D, generator=g).to(DEV, dtype)
+    cos, sin = (t.to(DEV) for t in rope_cache(32, D))
+    pos = torch.tensor([4, 17, 0], device=DEV)
+    slot = torch.tensor([7, 2, 9], device=DEV)
+    outs = []
+    for impl in ("triton", "torch"):
+        buf = qkv.clone()
+        q, k, v = (t.view(T, -1, D) for t in buf.split([Hq * D, Hkv * D, Hkv * D], dim=-1))
+        kc = torch.full((slots, Hkv, D), 7.0).to(DEV, dtype)
+        vc = kc.clone()
+        rope_cache_write(q, k, v, cos, sin, pos, kc, vc, slot, impl=impl)
+        outs.append((buf, kc, vc))
+    (b1, k1, v1), (b2, k2, v2) = outs
+    assert rel(b1, b2) < tol(dtype) and rel(k1, k2) < tol(dtype) and torch.equal(v1, v2)
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[[7, 2, 9]] = False
+    assert (k1[untouched.to(DEV)] == 7).all()
+    with pytest.raises(ValueError, match="slots"):
+        rope_cache_write(q, k, v, cos, sin, pos, kc, vc, slot[:2])
+
+
+def _attn_ref(q, k, v, lens, scale, window):
+    out = torch.zeros_like(q, dtype=torch.float64)
+    B, Hq, D = q.shape
+    Hkv = k.shape[2]
+    for b in range(B):
+        n = int(lens[b])
+        lo = 0 if window is None else max(0, n - window)
+        kk, vv = k[b, lo:n].double(), v[b, lo:n].double()  # (n, Hkv, D)
+        for h in range(Hq):
+            s = (kk[:, h // (Hq // Hkv)] @ q[b, h].double()) * scale
+            out[b, h] = torch.softmax(s, 0) @ vv[:, h // (Hq // Hkv)]
+    return out
+
+
+@pytest.mark.parametrize("splits,fused,window", [(1, True, None), (3, True, None),
+                                                 (5, False, None), (4, True, 7)])
+def test_split_decode_attention_contiguous(splits, fused, window):
+    g = torch.Generator().manual_seed(splits)
+    B, Hq, Hkv, D, L = 3, 4, 2, 16, 45
+    q = torch.randn(B, Hq, D, generator=g).to(DEV)
+    k, v = (torch.randn(B, L, Hkv, D, generator=g).to(DEV) for _ in range(2))
+    lens = torch.tensor([45, 1, 20], device=DEV)
+    for _ in range(2):  # twice: the merge counters must be back at zero after a call
+        out = paged_decode(q, k, v, None, lens, 0.25, window, splits, fused_merge=fused)
+        assert rel(out, _attn_ref(q, k, v, lens, 0.25, window)) < 1e-5
+    rows = torch.tensor([[2], [0], [1]], device=DEV)  # sequence b in cache row rows[b]
+    out = paged_decode(q, k[[1, 2, 0]].contiguous(), v[[1, 2, 0]].contiguous(), rows, lens, 0.25,
+                       window, splits)
+    assert rel(out, _attn_ref(q, k, v, lens, 0.25, window)) < 1e-5

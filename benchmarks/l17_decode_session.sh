@@ -23,13 +23,13 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, sa
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 step decode 60 python3 benchmarks/l17_bench.py decode --out "$out"
 tail -1 "$out/decode.log"
-step kernels 110 python3 benchmarks/decode_kernels_bench.py --out "$out" ${quick:+--quick}
+step kernels 100 python3 benchmarks/decode_kernels_bench.py --out "$out" ${quick:+--quick}
 grep -v "^TUNED" "$out/kernels.log" | tail -14; grep "^TUNED" "$out/kernels.log"
 mkdir -p "$out/tuned"
 [ -f "$out/decode_kernels.json" ] && step tuned 45 python3 benchmarks/l17_bench.py decode \
     --out "$out/tuned" --gemv-tuned "$out/decode_kernels.json" && tail -1 "$out/tuned.log"
 step profile 30 python3 benchmarks/profile_decode.py
 head -22 "$out/profile.log"
-step tests 60 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/layer3/test_fused_decode.py \
+step tests 45 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/layer3/test_fused_decode.py \
     tests/layer1/test_gemv.py tests/layer4/test_paged_attention.py
 tail -4 "$out/tests.log"

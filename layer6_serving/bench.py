@@ -169,14 +169,14 @@ def bench(argv: list[str]) -> int:
     if args.peer and (why := peer_available(args.peer)):
         console.print(f"[red]error:[/] --peer {args.peer}: {why}")
         return 2
-    # the model both servers read: the course model, a checkpoint, or random weights written once
+    # the model both servers read: the course model's or a checkpoint's directory, or random
+    # weights written once. Served by path, so no chat stop string is added (fixed lengths).
     served = str(model_dir(args.model, out_dir / "models")) if (
-        args.peer or args.model in SHAPES) else args.model
-    engine_model = l5.engine.executor.course_model_dir("target") if served == "course" else served
+        args.peer or args.model in SHAPES or args.model == "course") else args.model
     report: dict = {"config": {k: v for k, v in vars(args).items()}, "device": device,
                     "servers": {}}
     # 1. offline, alone; its KV pool size is the server's too (at most 40% of a GPU's memory)
-    llm = l5.LLM(engine_model, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4)
+    llm = l5.LLM(served, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4)
     num_blocks = llm.block_manager.num_blocks
     tokenizer = llm.model.tokenizer
     requests, warmup, low = build_workload(args, tokenizer, llm.model.config.vocab_size)

@@ -6,12 +6,14 @@
         print(out.deltas[0].text, end="")
     final = await (await engine.generate(prompt, params)).collect()   # or all at once
 
-Why a thread and not the event loop: a step is a blocking forward pass (tens of ms); on the
-event loop it would stall every HTTP connection for that long. The engine lives in one
-thread (engine_loop.py) that nothing else touches; the event loop only enqueues commands
-and awaits per-request queues. `generate` checks the request before queueing it (ValueError:
-empty prompt, prompt + max_tokens over the context, more KV than the whole pool) and applies
-backpressure (EngineOverloaded when more than `max_waiting` requests wait for admission).
+Why not the event loop: a step is a blocking forward pass (tens of ms); on the event loop it
+would stall every HTTP connection for that long. The engine lives in one thread
+(engine_loop.py) that nothing else touches, or, with engine_process=True, in a process of
+its own (engine_process.py: no GIL shared with the HTTP work, what `stack serve` runs); the
+event loop only enqueues commands and awaits per-request queues. `generate` checks the
+request before queueing it (ValueError: empty prompt, prompt + max_tokens over the context,
+more KV than the whole pool) and applies backpressure (EngineOverloaded when more than
+`max_waiting` requests wait for admission).
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from pathlib import Path
 import layer5_parallel as l5
 
 from .engine_loop import EngineLoop
-from .engine_state import EngineSnapshot, Request
-from .streams import Delta, DeltaTracker, StreamOutput
+from .engine_process import EngineProcess
+from .engine_state import EngineInfo, EngineSnapshot, Request
+from .streams import DeltaTracker, StreamOutput, merge
 
 COURSE = "course"
 
@@ -52,30 +55,40 @@ class AsyncEngine:
     when above 1). max_waiting: admission-queue limit (backpressure). request_timeout:
     default seconds per request (None: none). policy: "fcfs" or "priority" (an engine built
     here then schedules by priority too). chat_stop: stop strings added to chat requests
-    (the course model ends a speech at a blank line)."""
+    (the course model ends a speech at a blank line). engine_process: build and run the
+    engine in a spawned process (`llm` is then None: `info` says what the server needs)."""
 
     def __init__(self, model: str | Path | l5.LLM = COURSE, *, name: str | None = None,
                  max_waiting: int = 512, request_timeout: float | None = None,
-                 policy: str = "fcfs", chat_stop: Seq[str] | None = None, **engine_kwargs) -> None:
+                 policy: str = "fcfs", chat_stop: Seq[str] | None = None,
+                 engine_process: bool = False, **engine_kwargs) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         self._owns_llm = not isinstance(model, l5.engine.LLM)
-        if self._owns_llm:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
-            if policy == "priority":
-                engine_kwargs.setdefault("scheduling", "priority")
-            self.llm = l5.LLM(resolve_model(model), **engine_kwargs)
-        else:
-            self.llm = model
+        if engine_process and not self._owns_llm:
+            raise ValueError("engine_process=True builds the engine in its own process: pass "
+                             "a model name or path, not a built LLM")
         self.name = name or (str(model) if self._owns_llm else "model")
+        if self._owns_llm and policy == "priority":
+            engine_kwargs.setdefault("scheduling", "priority")
+        self.loop: EngineLoop | EngineProcess
+        if engine_process:
+            self.llm = None
+            self.loop = EngineProcess(resolve_model(model), engine_kwargs,
+                                      priority=policy == "priority", name=self.name)
+            self.info = self.loop.info
+        else:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
+            self.llm = l5.LLM(resolve_model(model), **engine_kwargs) if self._owns_llm else model
+            self.info = EngineInfo.of(self.llm)
+            self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
         if chat_stop is None:
             chat_stop = l5.engine.executor.STOP_STRINGS if str(model) == COURSE else ()
         self.chat_stop = tuple(chat_stop)
         self.max_waiting, self.request_timeout = max_waiting, request_timeout
-        self.tokenizer = self.llm.model.tokenizer
-        self.max_model_len = self.llm.max_model_len
+        self.tokenizer = self.info.tokenizer
+        self.max_model_len = self.info.max_model_len
         self.created = int(time.time())
         self._ids = itertools.count()
-        self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
 
     # ---- facts about the model -----------------------------------------------------------------
     def token_text(self, token_id: int) -> str:
@@ -84,7 +97,18 @@ class AsyncEngine:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
-        return self.llm.model.encode(prompt)
+        """Text or token ids -> token ids (ValueError: empty, no tokenizer, ids out of range)."""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+            ids = self.tokenizer.encode(prompt)
+        else:
+            ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError("empty prompt: the model needs at least one token to condition on")
+        if max(ids) >= self.info.vocab_size or min(ids) < 0:
+            raise ValueError(f"prompt token ids must be in [0, {self.info.vocab_size})")
+        return ids
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The model's own chat template (tokenizer_config.json) -> prompt token ids."""
@@ -96,6 +120,11 @@ class AsyncEngine:
     def snapshot(self) -> EngineSnapshot:
         """The engine's state after its last turn (written by the engine thread)."""
         return self.loop.snapshot
+
+    @property
+    def alive(self) -> bool:
+        """The engine's loop (thread or process) is running."""
+        return self.loop.alive
 
     # ---- requests ------------------------------------------------------------------------------
     async def generate(self, prompt: str | Seq[int], params: l5.SamplingParams | None = None, *,
@@ -136,43 +165,48 @@ class AsyncEngine:
             raise ValueError(f"this model's context is {self.max_model_len} tokens; the prompt has "
                              f"{len(ids)} and max_tokens is {params.max_tokens} ({total} in all): "
                              f"shorten the prompt or lower max_tokens")
-        bm = self.llm.block_manager
-        if bm.blocks_for(total) > bm.num_blocks:
-            raise ValueError(f"{total} tokens need {bm.blocks_for(total)} KV blocks; the cache "
-                             f"holds {bm.num_blocks}: lower max_tokens")
-        if self.llm.speculator is not None and params.needs_logits_processing:
+        info = self.info
+        if info.blocks_for(total) > info.num_blocks:
+            raise ValueError(f"{total} tokens need {info.blocks_for(total)} KV blocks; the cache "
+                             f"holds {info.num_blocks}: lower max_tokens")
+        if info.speculative and params.needs_logits_processing:
             raise ValueError("logprobs, presence_penalty and frequency_penalty are not supported "
                              "by this model's speculative decoding: leave them out")
-        if params.n > self.llm.scheduler.max_num_seqs:
+        if params.n > info.max_num_seqs:
             raise ValueError(f"n={params.n} exceeds the server's max_num_seqs "
-                             f"{self.llm.scheduler.max_num_seqs}")
+                             f"{info.max_num_seqs}")
 
     def abort(self, request_id: str) -> None:
         """Stop a request (its KV blocks are freed before the engine's next step)."""
         self.loop.abort(request_id)
 
     def shutdown(self) -> None:
-        """Stop the engine thread (requests still in it get an error) and, for an engine this
-        object built, its engine (layer 5's: its tensor-parallel workers)."""
+        """Stop the engine thread or process (requests still in it get an error) and, for an
+        engine this object built, its engine (layer 5's: its tensor-parallel workers)."""
         self.loop.stop()
-        if self._owns_llm:
+        if self._owns_llm and self.llm is not None:
             self.llm.close()
 
 
 class RequestStream:
     """A request's async stream of StreamOutputs. Leaving it early (break, aclose, the task
-    being cancelled) aborts the request."""
+    being cancelled) aborts the request. Each item is everything that arrived since the last
+    read, merged (streams.merge): one engine step's deltas when the reader keeps up."""
 
     def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue,
                  prompt_tokens: int) -> None:
         self.engine, self.request_id, self._q = engine, request_id, q
         self.prompt_tokens = prompt_tokens
         self.finished = False
+        self._held: BaseException | None = None  # an error behind outputs: raised next time
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> StreamOutput:
+        if self._held is not None:
+            self.finished, err, self._held = True, self._held, None
+            raise err
         if self.finished:
             raise StopAsyncIteration
         try:
@@ -183,8 +217,16 @@ class RequestStream:
         if isinstance(item, BaseException):
             self.finished = True
             raise item
-        self.finished = item.finished
-        return item
+        items = [item]
+        while not item.finished and not self._q.empty():
+            item = self._q.get_nowait()
+            if isinstance(item, BaseException):
+                self._held = item
+                break
+            items.append(item)
+        out = merge(items)
+        self.finished = out.finished
+        return out
 
     async def aclose(self) -> None:
         if not self.finished:
@@ -200,18 +242,10 @@ class RequestStream:
     async def collect(self) -> StreamOutput:
         """Run the request to the end: one StreamOutput whose deltas hold each completion's
         whole output (index order)."""
-        merged: dict[int, Delta] = {}
-        last = None
+        outs = []
         async with self:
             async for out in self:
-                last = out
-                for d in out.deltas:
-                    lps = [] if d.logprobs is not None else None
-                    m = merged.setdefault(d.index, Delta(d.index, [], "", lps))
-                    m.token_ids += d.token_ids
-                    m.text += d.text
-                    if d.logprobs is not None and m.logprobs is not None:
-                        m.logprobs += d.logprobs
-                    m.finish_reason = d.finish_reason or m.finish_reason
-        return StreamOutput(self.request_id, [merged[i] for i in sorted(merged)], True,
-                            last.prompt_tokens, last.completion_tokens, last.metrics)
+                outs.append(out)
+        out = merge(outs)
+        out.deltas.sort(key=lambda d: d.index)
+        return out

@@ -74,7 +74,7 @@ def stream(client: openai.OpenAI, model: str, max_tokens: int) -> None:
 
 
 def burst(srv, model: str, concurrency: int, max_tokens: int) -> None:
-    vocab = srv.engines[model].llm.model.config.vocab_size
+    vocab = srv.engines[model].info.vocab_size
     reqs = random_prompts(concurrency, 32, max_tokens, vocab, seed=0)
     results, dt = asyncio.run(run_load(srv.url, model, reqs))
     s = summarize(results, dt)

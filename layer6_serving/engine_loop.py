@@ -4,7 +4,12 @@ Requests and aborts cross from the event loop(s) through a thread-safe command q
 thread, each turn:
 
     drain commands -> expire timed-out requests -> admit by priority -> one engine step
-    -> deliver each advanced request's deltas to its asyncio queue (call_soon_threadsafe)
+    -> collect each advanced request's deltas -> hand the turn's whole batch to the sink
+
+The sink is where a turn's outputs go, all at once (one message per step, not one per
+request): in-process (`LoopSink`), one call_soon_threadsafe per event loop per turn, which
+puts each item on its request's asyncio queue; in an engine process (engine_process.py),
+one pipe message per turn to the server process.
 
 An abort is applied before the next step, so a client that goes away holds its KV blocks
 for at most the step in flight. Admission: the engine orders only the requests it holds, so
@@ -33,12 +38,16 @@ from .streams import RequestMetricsSummary, StreamOutput
 
 
 class EngineLoop:
-    """Owns `llm` in a daemon thread. priority: order admission by (priority, arrival)
-    instead of arrival only. Listeners get on_step(EngineSnapshot) after every turn that did
-    something and on_finish(FinishedRequest) per request."""
+    """Owns `llm` in a daemon thread (start=False: the caller runs `run()` itself, as the
+    engine process does). priority: order admission by (priority, arrival) instead of
+    arrival only. Listeners get on_step(EngineSnapshot) after every turn that did something
+    and on_finish(FinishedRequest) per request. sink.flush([(request, item), ...]) gets each
+    turn's outputs (default: LoopSink, the requests' own asyncio queues)."""
 
-    def __init__(self, llm, *, priority: bool, name: str) -> None:
+    def __init__(self, llm, *, priority: bool, name: str, sink=None, start: bool = True) -> None:
         self.llm, self.priority = llm, priority
+        self.sink = sink or LoopSink()
+        self._outbox: list[tuple[Request, object]] = []
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
         self.pending: list[tuple[int, int, Request]] = []  # heap: waiting for admission
@@ -51,8 +60,9 @@ class EngineLoop:
         self._order = itertools.count()
         self._seen = {"q": 0, "h": 0, "p": 0, "a": 0, "pre": 0}
         self._stop = False
-        self.thread = threading.Thread(target=self._run, name=f"engine-{name}", daemon=True)
-        self.thread.start()
+        self.thread = threading.Thread(target=self.run, name=f"engine-{name}", daemon=True)
+        if start:
+            self.thread.start()
 
     # ---- from any thread -----------------------------------------------------------------------
     @property
@@ -68,21 +78,36 @@ class EngineLoop:
         self.commands.put(("abort", request_id))
         self.wake.set()
 
-    def stop(self, timeout: float = 10.0) -> None:
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def request_stop(self) -> None:
+        """End the loop after its current turn (requests still in it get an error)."""
         self._stop = True
         self.wake.set()
-        self.thread.join(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.request_stop()
+        if self.thread.is_alive():
+            self.thread.join(timeout)
 
     # ---- the thread ----------------------------------------------------------------------------
-    def _run(self) -> None:
+    def run(self) -> None:
         while not self._stop:
             try:
                 self._turn()
             except Exception as e:  # noqa: BLE001 - a bug here must not leave clients waiting
                 self._fail_all(EngineStepError(f"engine loop failed: {type(e).__name__}: {e}"))
                 time.sleep(0.01)  # should it fail again at once, do not spin
+            self._flush()
         for req in list(self.live.values()) + [r for _, _, r in self.pending]:
             self._drop(req, EngineStepError("the server is shutting down"))
+        self._flush()
+
+    def _flush(self) -> None:
+        batch, self._outbox = self._outbox, []
+        self.sink.flush(batch)
 
     def _turn(self) -> None:
         self.wake.clear()
@@ -215,10 +240,7 @@ class EngineLoop:
             pass
 
     def _post(self, req: Request, item) -> None:
-        try:
-            req.loop.call_soon_threadsafe(req.queue.put_nowait, item)
-        except RuntimeError:  # its event loop is closed: the client is long gone
-            pass
+        self._outbox.append((req, item))
 
     def _publish(self) -> None:
         """Refresh the snapshot from the engine and tell the listeners."""
@@ -240,3 +262,23 @@ class EngineLoop:
             self._seen = dict.fromkeys(self._seen, 0)
         for listener in self.listeners:
             listener.on_step(s)
+
+
+class LoopSink:
+    """In-process delivery: per turn, one call_soon_threadsafe per event loop (not one per
+    request), which puts every item on its request's asyncio queue."""
+
+    def flush(self, batch: list[tuple[Request, object]]) -> None:
+        by_loop: dict = {}
+        for req, item in batch:
+            by_loop.setdefault(req.loop, []).append((req.queue, item))
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(put_all, items)
+            except RuntimeError:  # its event loop is closed: the client is long gone
+                pass
+
+
+def put_all(items) -> None:
+    for q, item in items:
+        q.put_nowait(item)

@@ -1,5 +1,6 @@
 """What the engine loop tracks and reports: a request's state, the engine's snapshot after
-each turn, a finished request's timings, and the two ways a request can fail in the loop."""
+each turn, a finished request's timings, the two ways a request can fail in the loop, and
+the facts about an engine the server checks requests against (EngineInfo)."""
 from __future__ import annotations
 
 import asyncio
@@ -18,6 +19,30 @@ class EngineStepError(RuntimeError):
 
 
 @dataclass
+class EngineInfo:
+    """What the server side needs to know about an engine, wherever it runs: the tokenizer
+    (None: token ids only) and the limits requests are checked against up front."""
+
+    tokenizer: object
+    vocab_size: int
+    max_model_len: int
+    num_blocks: int
+    block_size: int
+    max_num_seqs: int
+    speculative: bool
+
+    @classmethod
+    def of(cls, llm) -> EngineInfo:
+        bm = llm.block_manager
+        return cls(llm.model.tokenizer, llm.model.config.vocab_size, llm.max_model_len,
+                   bm.num_blocks, bm.block_size, llm.scheduler.max_num_seqs,
+                   llm.speculator is not None)
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+
+@dataclass
 class Request:
     """A request as the loop tracks it (the fields after `queue` are the loop's own)."""
 
@@ -26,8 +51,8 @@ class Request:
     params: object  # layer 4's SamplingParams (penalties and logprobs included)
     priority: int
     deadline: float | None
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    loop: asyncio.AbstractEventLoop | None  # None in an engine process (the pipe delivers)
+    queue: asyncio.Queue | None
     tracker: DeltaTracker
     arrival: float = field(default_factory=time.perf_counter)
     order: int = 0

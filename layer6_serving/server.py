@@ -5,7 +5,8 @@ line (`serve_main`, i.e. `stack serve`).
         openai.OpenAI(base_url=srv.url + "/v1", api_key="x").completions.create(...)
 
 Several models share one server, each with its own engine (its own KV budget and engine
-thread); a request goes to the engine of the model it names.
+thread, or engine process with engine_process=True, as `stack serve` runs); a request goes
+to the engine of the model it names.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ ModelSpec = str | Path | Mapping | AsyncEngine
 def build_engines(models: Sequence[str | Path] | Mapping[str, ModelSpec], *,
                   tensor_parallel_size: int = 1, **engine_kwargs) -> dict[str, AsyncEngine]:
     """models: names/paths (served under that name), or name -> path | dict of AsyncEngine
-    arguments ({"model": path, "num_blocks": 256, ...}) | a ready AsyncEngine."""
+    arguments ({"model": path, "num_blocks": 256, ...}) | a ready AsyncEngine. engine_kwargs
+    go to each AsyncEngine (engine_process=True: each engine in its own process)."""
     specs = dict(models) if isinstance(models, Mapping) else {str(m): str(m) for m in models}
     if not specs:
         raise ValueError("no models to serve")
@@ -93,7 +95,8 @@ def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("cour
 
 
 def serve_main(argv: list[str]) -> int:
-    """`stack serve --model M [--model M2 ...] [--host H] [--port P] [--tp N] [--api-key K]`."""
+    """`stack serve --model M [--model M2 ...] [--host H] [--port P] [--tp N] [--api-key K]`.
+    Each model's engine runs in a process of its own (--engine-thread: a thread here)."""
     ap = argparse.ArgumentParser(prog="stack serve", description="OpenAI-compatible server")
     ap.add_argument("--model", action="append", help='"course" (default), a checkpoint '
                     "directory, or a name the model loader knows; repeat to serve several")
@@ -106,6 +109,8 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--max-waiting", type=int, default=512, help="queue limit before 429")
     ap.add_argument("--request-timeout", type=float, default=None, help="seconds per request")
     ap.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
+    ap.add_argument("--engine-thread", action="store_true", help="run each engine in a thread "
+                    "of the server process instead of a process of its own (slower: one GIL)")
     args = ap.parse_args(argv)
     kwargs = {k: v for k, v in (("num_blocks", args.num_blocks),
                                 ("max_num_seqs", args.max_num_seqs)) if v is not None}
@@ -113,8 +118,9 @@ def serve_main(argv: list[str]) -> int:
         handle = start_server(args.model or ["course"], host=args.host, port=args.port,
                               tensor_parallel_size=args.tp, api_key=args.api_key,
                               max_waiting=args.max_waiting, request_timeout=args.request_timeout,
-                              policy=args.policy, **kwargs)
-    except (ValueError, FileNotFoundError, OSError) as e:
+                              policy=args.policy, engine_process=not args.engine_thread,
+                              **kwargs)
+    except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}")
         return 2
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")

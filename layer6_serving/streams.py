@@ -73,6 +73,31 @@ class StreamOutput:
     metrics: RequestMetricsSummary | None = None
 
 
+def merge(outs: list[StreamOutput]) -> StreamOutput:
+    """Several consecutive StreamOutputs of one request as one: each completion's deltas
+    joined (index order of first appearance), counts and metrics from the last. A client
+    that reads slower than the engine steps gets what piled up in one piece, as vLLM's
+    output collector does, so a slow reader costs one chunk per read, not one per step."""
+    if len(outs) == 1:
+        return outs[0]
+    merged: dict[int, Delta] = {}
+    for out in outs:
+        for d in out.deltas:
+            m = merged.get(d.index)
+            if m is None:
+                lps = None if d.logprobs is None else list(d.logprobs)
+                merged[d.index] = Delta(d.index, list(d.token_ids), d.text, lps, d.finish_reason)
+                continue
+            m.token_ids += d.token_ids
+            m.text += d.text
+            if d.logprobs is not None and m.logprobs is not None:
+                m.logprobs += d.logprobs
+            m.finish_reason = d.finish_reason or m.finish_reason
+    last = outs[-1]
+    return StreamOutput(last.request_id, list(merged.values()), last.finished,
+                        last.prompt_tokens, last.completion_tokens, last.metrics)
+
+
 class DeltaTracker:
     """Per request: how much of each completion was sent (token ids, characters of its text).
     `update(outputs)` returns the deltas since the last call (engine thread). token_text:

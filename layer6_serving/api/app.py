@@ -3,9 +3,9 @@
     app = create_app({"course": AsyncEngine("course")}, api_key=None)
 
 Routes: /v1/models, /v1/completions, /v1/chat/completions (routes.py), GET /health (200
-while every engine's loop is alive, else 503), GET /metrics (Prometheus text). With an
-api_key, /v1/* needs `Authorization: Bearer <key>` (401 otherwise); /health and /metrics
-stay open, as in vLLM, for probes and scrapers.
+while every engine's loop, thread or process, is alive, else 503), GET /metrics (Prometheus
+text). With an api_key, /v1/* needs `Authorization: Bearer <key>` (401 otherwise); /health
+and /metrics stay open, as in vLLM, for probes and scrapers.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None) -
     @app.get("/health")
     async def health() -> JSONResponse:
         """200 with each engine's state while all engine loops run; 503 otherwise."""
-        state = {name: {"alive": e.loop.thread.is_alive(), "running": e.snapshot.running,
+        state = {name: {"alive": e.alive, "running": e.snapshot.running,
                         "waiting": e.snapshot.waiting, "kv_cache_usage": e.snapshot.kv_usage}
                  for name, e in engines.items()}
         ok = all(s["alive"] for s in state.values())

@@ -36,8 +36,8 @@ def _unsupported(req: _Sampling) -> None:
 def _params(req: _Sampling, engine: AsyncEngine, n_prompt: int, max_tokens: int | None,
             extra_stop: tuple[str, ...] = ()) -> l5.SamplingParams:
     if max_tokens is None:  # all the room the context and the KV pool leave
-        bm = engine.llm.block_manager
-        max_tokens = min(engine.max_model_len, bm.num_blocks * bm.block_size) - n_prompt
+        info = engine.info
+        max_tokens = min(engine.max_model_len, info.num_blocks * info.block_size) - n_prompt
         if max_tokens < 1:
             raise _bad(f"the prompt has {n_prompt} tokens: no room left in this model's "
                        f"{engine.max_model_len}-token context", "messages")
@@ -59,7 +59,9 @@ def _encode(engine: AsyncEngine, prompt, param: str) -> list[int]:
         raise _bad(str(e), param) from e
 
 
-def completion_args(req: CompletionRequest, engine: AsyncEngine) -> EngineArgs:
+def completion_args(req: CompletionRequest, engine: AsyncEngine) -> list[EngineArgs]:
+    """One EngineArgs per prompt: OpenAI's prompt is a string, token ids, or a list of
+    either (a batch: each prompt its own request, its n choices indexed after the last's)."""
     _unsupported(req)
     if req.echo:
         raise _bad("echo is not supported by this server", "echo")
@@ -68,16 +70,19 @@ def completion_args(req: CompletionRequest, engine: AsyncEngine) -> EngineArgs:
     if req.best_of is not None and req.best_of != req.n:
         raise _bad("best_of must equal n on this server", "best_of")
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise _bad("send one prompt per request (batched prompts are not supported)", "prompt")
-        prompt = prompt[0]
     if isinstance(prompt, list) and not prompt:
         raise _bad("the prompt is empty", "prompt")
-    ids = _encode(engine, prompt, "prompt")
-    params = _params(req, engine, len(ids), 16 if req.max_tokens is None else req.max_tokens)
-    return EngineArgs(ids, params, req.logprobs, req.presence_penalty, req.frequency_penalty,
-                      req.priority)
+    batch = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+    out = []
+    for i, p in enumerate(batch):
+        where = "prompt" if len(batch) == 1 else f"prompt.{i}"
+        if isinstance(p, list) and not p:
+            raise _bad(f"{where} is empty", where)
+        ids = _encode(engine, p, where)
+        params = _params(req, engine, len(ids), 16 if req.max_tokens is None else req.max_tokens)
+        out.append(EngineArgs(ids, params, req.logprobs, req.presence_penalty,
+                              req.frequency_penalty, req.priority))
+    return out
 
 
 def chat_args(req: ChatCompletionRequest, engine: AsyncEngine) -> EngineArgs:

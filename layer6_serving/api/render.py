@@ -13,6 +13,7 @@ spec_acceptance} on a whole response and on the last chunk before [DONE].
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 
@@ -59,6 +60,26 @@ def chat_logprobs(lps: list[TokenLogprob | None] | None) -> dict | None:
     content = [dict(one(lp.token, lp.logprob), top_logprobs=[one(t, v) for _, t, v in lp.top])
                for lp in lps if lp is not None]
     return {"content": content, "refusal": None}
+
+
+# ---- a batch of prompts ----------------------------------------------------------------------
+def reindex(out: StreamOutput, prompt: int, n: int) -> StreamOutput:
+    """Prompt `prompt`'s output with its choices numbered prompt-major (prompt * n + i), as
+    OpenAI numbers the choices of a batch."""
+    if not prompt:
+        return out
+    deltas = [dataclasses.replace(d, index=prompt * n + d.index) for d in out.deltas]
+    return dataclasses.replace(out, deltas=deltas)
+
+
+def join_batch(outs: list[StreamOutput], n: int) -> StreamOutput:
+    """A batch's whole outputs as one: every prompt's choices (prompt-major), usage summed
+    (each prompt counted once), the last one's metrics."""
+    if len(outs) == 1:
+        return outs[0]
+    deltas = [d for i, o in enumerate(outs) for d in reindex(o, i, n).deltas]
+    return StreamOutput(outs[0].request_id, deltas, True, sum(o.prompt_tokens for o in outs),
+                        sum(o.completion_tokens for o in outs), outs[-1].metrics)
 
 
 # ---- whole responses -------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from . import render
 from .errors import OpenAIError, from_exception
 from .params import EngineArgs, chat_args, completion_args
 from .protocol import ChatCompletionRequest, CompletionRequest
-from .sse import HEADERS, events, until_disconnect
+from .sse import HEADERS, batch_events, events, gather_all, until_disconnect
 
 
 def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
@@ -32,33 +32,41 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
             {"id": name, "object": "model", "created": e.created, "owned_by": "llm-stack",
              "max_model_len": e.max_model_len} for name, e in engines.items()]}
 
-    async def run(request: Request, engine: AsyncEngine, args: EngineArgs, *, chat: bool,
-                  stream: bool, include_usage: bool, model: str):
+    async def run(request: Request, engine: AsyncEngine, batch: list[EngineArgs], *,
+                  chat: bool, stream: bool, include_usage: bool, model: str):
+        streams = []
         try:
-            s = await engine.generate(args.prompt_ids, args.params, priority=args.priority,
-                                      logprobs=args.logprobs,
-                                      presence_penalty=args.presence_penalty,
-                                      frequency_penalty=args.frequency_penalty)
+            for args in batch:
+                streams.append(await engine.generate(
+                    args.prompt_ids, args.params, priority=args.priority, logprobs=args.logprobs,
+                    presence_penalty=args.presence_penalty,
+                    frequency_penalty=args.frequency_penalty))
         except Exception as e:  # noqa: BLE001 - bad input or backpressure: a 4xx
+            for s in streams:  # all of a batch or none of it
+                await s.aclose()
             err = from_exception(e)
             if err.status == 400 and err.param is None:
                 err.param = "messages" if chat else "prompt"
             return err.response()
         rid = render.new_id("chatcmpl" if chat else "cmpl")
+        n = batch[0].params.n
         if stream:
             maker = render.ChunkMaker(rid, model, chat, include_usage)
-            return StreamingResponse(events(s, maker, args.params.n),
-                                     media_type="text/event-stream", headers=HEADERS)
+            body = (events(streams[0], maker, n) if len(streams) == 1
+                    else batch_events(streams, maker, n))
+            return StreamingResponse(body, media_type="text/event-stream", headers=HEADERS)
         try:
-            out = await until_disconnect(request, s.collect())
+            outs = await until_disconnect(request, gather_all(streams))
         except Exception as e:  # noqa: BLE001 - timeout or engine failure, in OpenAI's shape
             return from_exception(e).response()
+        out = render.join_batch(outs, n)
         body = (render.chat_response if chat else render.completion_response)(rid, model, out)
         return JSONResponse(body)
 
     @router.post("/completions")
     async def completions(body: CompletionRequest, request: Request):
-        """OpenAI's (legacy) completions: a prompt in, n completions out."""
+        """OpenAI's (legacy) completions: a prompt (or a list of prompts) in, n completions
+        out per prompt."""
         engine = engine_for(body.model)
         include = bool(body.stream_options and body.stream_options.include_usage)
         return await run(request, engine, completion_args(body, engine), chat=False,

@@ -12,12 +12,15 @@ next step. A non-streamed request has no such listener: `until_disconnect` polls
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Awaitable
 
 from fastapi import Request
 
 from ..async_engine import RequestStream
+from ..streams import StreamOutput
+from . import render
 from .errors import from_exception
 from .render import ChunkMaker
 
@@ -46,6 +49,64 @@ async def events(stream: RequestStream, maker: ChunkMaker, n: int) -> AsyncItera
     finally:
         await stream.aclose()  # a no-op when finished; otherwise the client left: abort
     yield DONE
+
+
+async def batch_events(streams: list[RequestStream], maker: ChunkMaker, n: int
+                       ) -> AsyncIterator[bytes]:
+    """The SSE body of a batch of prompts: each prompt's chunks as they come (choices
+    numbered prompt-major), one usage chunk (or a closing chunk) after the last."""
+    q: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: RequestStream) -> None:
+        try:
+            async for out in stream:
+                q.put_nowait((i, out))
+        except Exception as e:  # noqa: BLE001 - handed to the writer below
+            q.put_nowait((i, e))
+        q.put_nowait((i, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    finals: dict[int, StreamOutput] = {}
+    try:
+        open_ = len(streams)
+        while open_:
+            i, item = await q.get()
+            if item is None:
+                open_ -= 1
+                continue
+            if isinstance(item, Exception):
+                raise item
+            if item.finished:
+                finals[i] = item
+            out = dataclasses.replace(render.reindex(item, i, n), finished=False)
+            payload = b"".join(frame(c) for c in maker.chunks(out))
+            if payload:
+                yield payload
+        last = render.join_batch([finals[i] for i in sorted(finals)], n)
+        yield b"".join(frame(c) for c in maker.chunks(dataclasses.replace(last, deltas=[])))
+    except (asyncio.CancelledError, GeneratorExit):
+        raise
+    except Exception as e:  # noqa: BLE001 - every failure reaches the client as an event
+        yield frame(from_exception(e).body())
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()
+    yield DONE
+
+
+async def gather_all(streams: list[RequestStream]) -> list[StreamOutput]:
+    """Every stream's whole output (a batch's requests run side by side); on failure or
+    cancellation the others are aborted too."""
+    tasks = [asyncio.ensure_future(s.collect()) for s in streams]
+    try:
+        return list(await asyncio.gather(*tasks))
+    finally:
+        for t in tasks:
+            t.cancel()
+        for s in streams:
+            await s.aclose()
 
 
 async def until_disconnect(request: Request, work: Awaitable, poll_s: float = 0.25):

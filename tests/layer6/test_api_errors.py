@@ -28,7 +28,8 @@ def error_of(r) -> dict:
     ({"model": "course", "prompt": "x", "max_tokens": "many"}, "max_tokens"),
     ({"model": "course"}, "prompt"),
     ({"model": "course", "prompt": "x", "echo": True}, "echo"),
-    ({"model": "course", "prompt": [[1, 2], [3]]}, "prompt"),
+    ({"model": "course", "prompt": [[1, 2], []]}, "prompt.1"),
+    ({"model": "course", "prompt": []}, "prompt"),
     ({"model": "course", "prompt": [10 ** 9]}, "prompt"),
     ({"model": "course", "prompt": "x", "logit_bias": {"1": 5}}, "logit_bias"),
 ])

@@ -228,3 +228,32 @@ def test_a_repeated_prompt_reports_cached_prompt_tokens(client, server):
     cached = again.model_extra["llm_stack"]["cached_prompt_tokens"]
     assert cached >= 16 and cached < again.usage.prompt_tokens  # whole blocks of 16 tokens
     assert metric(server, "prefix_cache_hit_rate") > 0
+
+
+def test_a_batch_of_prompts_gives_choices_prompt_major(client, server, offline):
+    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=8)
+    want = [o.outputs[0].text for o in offline.generate(PROMPTS[:2], sp)]
+    ids = [server.engines["course"].encode(p) for p in PROMPTS[:2]]
+    for prompt in (PROMPTS[:2], ids):  # a list of strings, a list of token-id lists
+        r = client.completions.create(model="course", prompt=prompt, max_tokens=8, n=2,
+                                      temperature=0)
+        assert [c.index for c in r.choices] == [0, 1, 2, 3]
+        assert [c.text for c in r.choices] == [want[0], want[0], want[1], want[1]]
+        assert r.usage.prompt_tokens == sum(map(len, ids))
+        assert r.usage.completion_tokens == 4 * 8
+
+
+def test_a_streamed_batch_of_prompts(client, offline):
+    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=8)
+    want = [o.outputs[0].text for o in offline.generate(PROMPTS, sp)]
+    chunks = list(client.completions.create(model="course", prompt=PROMPTS, max_tokens=8,
+                                            temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    texts, finishes = {}, {}
+    for c in chunks[:-1]:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            finishes[ch.index] = ch.finish_reason or finishes.get(ch.index)
+    assert [texts[i] for i in range(3)] == want
+    assert finishes == {0: "length", 1: "length", 2: "length"}
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24

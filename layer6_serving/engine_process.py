@@ -1,0 +1,333 @@
+"""The engine in its own process: vLLM's AsyncLLM / EngineCore split.
+
+    AsyncEngine("course", engine_process=True)     # stack serve does this by default
+
+Why: an engine step is mostly Python on the host (scheduling, sampling, detokenizing 64
+sequences), and so is serving them (asyncio, JSON, SSE, HTTP). In one process they share
+one GIL, and each step waits for the HTTP work of the step before: measured, the server
+reached a third of the offline engine's throughput. In two processes they overlap.
+
+    server process                                 engine process (spawned)
+    AsyncEngine.generate -> ("add", id, ids, ...) --pipe-->  EngineLoop (engine_loop.py,
+    RequestStream.aclose -> ("abort", id)        --pipe-->   the same code as in-process):
+    reader thread <-- ("step", items, snapshot, finished, dequeued) -- one message per turn
+      -> one call_soon_threadsafe per event loop puts each item on its request's queue
+
+The engine process builds layer 5's LLM itself (tensor_parallel_size > 1: its TP workers
+are its own children), sends the facts the server checks requests against (EngineInfo,
+with the tokenizer), then runs the loop. It dies with the server: it stops on "stop", and
+on end-of-file on the pipe (the server exited, even by SIGKILL); it ignores Ctrl-C (the
+server stops it). A dead engine process fails every open request with EngineStepError (an
+error event or a 500), /health turns 503 and new requests get a 500 naming the exit code.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+import weakref
+
+from .engine_loop import EngineLoop, put_all
+from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, Request
+from .streams import DeltaTracker
+
+log = logging.getLogger("layer6_serving")
+ERRORS = {e.__name__: e for e in (ValueError, TypeError, FileNotFoundError, OSError)}
+
+
+class EngineProcess:
+    """The server side of an engine process; the same surface as EngineLoop (submit, abort,
+    stop, snapshot, listeners, num_queued) plus `info` and `alive`. model / engine_kwargs:
+    what layer 5's LLM is built from, in the engine process."""
+
+    def __init__(self, model, engine_kwargs: dict, *, priority: bool, name: str,
+                 start_timeout: float = 900.0) -> None:
+        ctx = mp.get_context("spawn")
+        self.name = name
+        self.conn, child = ctx.Pipe()
+        # Not a daemon: a daemon may not start processes, and TP workers are its children.
+        self.proc = ctx.Process(target=engine_main, name=f"engine-{name}", daemon=False,
+                                args=(child, model, engine_kwargs, priority, name))
+        self.listeners: list = []
+        self.snapshot = EngineSnapshot()
+        self._requests: dict[str, Request] = {}  # open requests: their loop and queue
+        self._lock = threading.Lock()  # sends come from any thread
+        self._submitted = self._dequeued = 0
+        self._error: EngineStepError | None = None
+        self._closed = False
+        self.proc.start()
+        child.close()
+        try:
+            self.info: EngineInfo = self._handshake(start_timeout)
+        except BaseException:
+            self._closed = True
+            self._end_process(5.0)
+            raise
+        self.snapshot = EngineSnapshot(kv_blocks_total=self.info.num_blocks)
+        self.thread = threading.Thread(target=self._read, name=f"engine-{name}-reader",
+                                       daemon=True)
+        self.thread.start()
+        atexit.register(_stop_ref, weakref.ref(self))
+
+    def _handshake(self, timeout: float) -> EngineInfo:
+        deadline = time.monotonic() + timeout
+        while not self.conn.poll(0.1):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"the engine process for {self.name!r} exited with code "
+                                   f"{self.proc.exitcode} while loading the model (see its "
+                                   f"output above)")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the engine process for {self.name!r} did not load the "
+                                   f"model within {timeout:.0f} s")
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError) as e:
+            raise RuntimeError(f"the engine process for {self.name!r} died while loading "
+                               f"(exit code {self.proc.exitcode})") from e
+        if msg[0] == "error":
+            _, kind, message = msg
+            raise ERRORS.get(kind, RuntimeError)(
+                message if kind in ERRORS else f"{kind}: {message}")
+        return msg[1]
+
+    # ---- from any thread -----------------------------------------------------------------------
+    @property
+    def num_queued(self) -> int:
+        return self._submitted - self._dequeued
+
+    @property
+    def alive(self) -> bool:
+        return self._error is None and not self._closed and self.proc.is_alive()
+
+    def submit(self, req: Request) -> None:
+        if self._error is not None:
+            raise self._error
+        timeout = None if req.deadline is None else max(0.0, req.deadline - time.perf_counter())
+        self._requests[req.request_id] = req
+        with self._lock:
+            self._submitted += 1
+        try:
+            self._send(("add", req.request_id, req.prompt_ids, req.params, req.priority, timeout))
+        except EngineStepError:
+            self._requests.pop(req.request_id, None)
+            raise
+
+    def abort(self, request_id: str) -> None:
+        self._requests.pop(request_id, None)  # the engine posts nothing more for it
+        try:
+            self._send(("abort", request_id))
+        except EngineStepError:
+            pass  # a dead engine holds no blocks
+
+    def _inject(self, kind: str, arg: int) -> None:
+        """Tests only: ("step", n) fails the n-th next step; ("crash", code) ends the engine
+        process at once with that exit code."""
+        self._send(("fault", kind, arg))
+
+    def _send(self, msg) -> None:
+        try:
+            with self._lock:
+                self.conn.send(msg)
+        except (OSError, ValueError) as e:  # a closed or broken pipe
+            raise self._error or EngineStepError(
+                f"the engine process of {self.name!r} is not running") from e
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the engine process (its open requests get an error) and wait for it."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._send(("stop",))
+        except EngineStepError:
+            pass
+        self._end_process(timeout)
+        self.thread.join(5.0)
+        self._fail_all(EngineStepError("the server is shutting down"))
+        self.conn.close()
+
+    def _end_process(self, timeout: float) -> None:
+        self.proc.join(timeout)
+        for end in (self.proc.terminate, self.proc.kill):
+            if self.proc.is_alive():
+                end()
+                self.proc.join(5.0)
+
+    # ---- the reader thread ---------------------------------------------------------------------
+    def _read(self) -> None:
+        try:
+            while True:
+                msg = self.conn.recv()
+                if msg[0] == "bye":
+                    break
+                self._on_step(*msg[1:])
+        except (EOFError, OSError):
+            pass
+        except Exception:  # noqa: BLE001 - a bug here must not leave clients waiting
+            log.exception("engine %r: reading the engine process failed", self.name)
+        if not self._closed:
+            self.proc.join(1.0)
+            self._error = EngineStepError(
+                f"the engine process of {self.name!r} died (exit code {self.proc.exitcode}); "
+                f"restart the server")
+            log.error("%s", self._error)
+        self._fail_all(self._error or EngineStepError("the server is shutting down"))
+
+    def _on_step(self, items, snapshot, finished, dequeued: int) -> None:
+        self._dequeued = dequeued
+        if snapshot is not None:
+            self.snapshot = snapshot
+        for listener in self.listeners:  # metrics first: a client that sees its end sees them
+            for done in finished:
+                listener.on_finish(done)
+            if snapshot is not None:
+                listener.on_step(snapshot)
+        by_loop: dict = {}
+        for rid, item in items:
+            req = self._requests.get(rid)
+            if req is None:
+                continue  # aborted here already
+            if isinstance(item, BaseException) or item.finished:
+                self._requests.pop(rid, None)
+            by_loop.setdefault(req.loop, []).append((req.queue, item))
+        _post(by_loop)
+
+    def _fail_all(self, error: Exception) -> None:
+        reqs, self._requests = self._requests, {}
+        by_loop: dict = {}
+        for req in reqs.values():
+            by_loop.setdefault(req.loop, []).append((req.queue, error))
+        _post(by_loop)
+
+
+def _post(by_loop: dict) -> None:
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(put_all, items)
+        except RuntimeError:  # its event loop is closed: the client is long gone
+            pass
+
+
+def _stop_ref(ref) -> None:
+    engine = ref()
+    if engine is not None:
+        engine.stop()
+
+
+# ---- the engine process --------------------------------------------------------------------------
+class PipeSink:
+    """The engine process's side: collects each turn's snapshot (when it changed) and
+    finished requests (a listener), and sends them with the turn's items as one message."""
+
+    def __init__(self, conn, loop: EngineLoop | None = None) -> None:
+        self.conn, self.loop = conn, loop
+        self._last: EngineSnapshot | None = None
+        self._snap: EngineSnapshot | None = None
+        self._finished: list = []
+        self._dequeued = -1
+
+    def on_step(self, snapshot: EngineSnapshot) -> None:
+        if snapshot != self._last:
+            self._last = self._snap = dataclasses.replace(snapshot)
+
+    def on_finish(self, done) -> None:
+        self._finished.append(done)
+
+    def flush(self, batch) -> None:
+        dequeued = self.loop._dequeued
+        if not batch and self._snap is None and not self._finished and dequeued == self._dequeued:
+            return
+        msg = ("step", [(req.request_id, item) for req, item in batch], self._snap,
+               self._finished, dequeued)
+        self._snap, self._finished, self._dequeued = None, [], dequeued
+        try:
+            self.conn.send(msg)
+        except (OSError, ValueError):  # the server is gone: nobody to serve
+            self.loop.request_stop()
+
+
+def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> None:
+    """The engine process: build the engine, say what it is, run the loop until told to stop
+    or until the server goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
+    import layer5_parallel as l5
+
+    try:
+        llm = l5.LLM(model, **engine_kwargs)
+    except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
+        conn.send(("error", type(e).__name__, str(e)))
+        return
+    try:
+        sink = PipeSink(conn)
+        loop = EngineLoop(llm, priority=priority, name=name, sink=sink, start=False)
+        sink.loop = loop
+        loop.listeners.append(sink)
+        tok = llm.model.tokenizer
+
+        def token_text(t: int) -> str:
+            return "" if tok is None else tok.decode([t], skip_special_tokens=False)
+        _leave_a_core(llm)
+        conn.send(("ready", EngineInfo.of(llm)))
+        threading.Thread(target=_commands, args=(conn, loop, token_text), daemon=True,
+                         name="engine-commands").start()
+        if os.environ.get("L6_PROFILE"):
+            import cProfile
+            cProfile.runctx("loop.run()", globals(), locals(), os.environ["L6_PROFILE"])
+        else:
+            loop.run()
+    finally:
+        llm.close()
+    try:
+        conn.send(("bye",))
+    except (OSError, ValueError):
+        pass
+
+
+def _leave_a_core(llm) -> None:
+    """On a CPU engine, torch's threads would take every core, the server's included, and
+    spin against it: leave one to the server process (unless OMP_NUM_THREADS says)."""
+    if llm.model.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        import torch
+
+        torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
+
+
+def _commands(conn, loop: EngineLoop, token_text) -> None:
+    """The engine process's command reader: adds, aborts and stop from the server."""
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):  # the server exited: stop with it
+            msg = ("stop",)
+        kind = msg[0]
+        if kind == "add":
+            _, rid, ids, params, priority, timeout = msg
+            deadline = None if timeout is None else time.perf_counter() + timeout
+            loop.submit(Request(rid, ids, params, priority, deadline, None, None,
+                                DeltaTracker(token_text)))
+        elif kind == "abort":
+            loop.abort(msg[1])
+        elif kind == "fault":
+            _fault(loop, msg[1], msg[2])
+        elif kind == "stop":
+            loop.request_stop()
+            return
+
+
+def _fault(loop: EngineLoop, kind: str, arg: int) -> None:
+    if kind == "crash":
+        os._exit(arg)
+    real, calls = loop.llm.step, {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == arg:
+            loop.llm.step = real
+            raise RuntimeError("injected fault")
+        return real(*a, **k)
+    loop.llm.step = flaky

@@ -152,6 +152,7 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, Hq, stride_ob, strid
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown buffers: graphs captured earlier still use them
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor | None:
@@ -161,7 +162,9 @@ def _counters(device: torch.device, n: int) -> torch.Tensor | None:
     if buf is None or buf.numel() < n:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             return None
-        buf = torch.zeros(max(n, 1024), dtype=torch.int32, device=device)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.zeros(max(n, 16384), dtype=torch.int32, device=device)
         _COUNTERS[device] = buf
     return buf
 

@@ -56,7 +56,7 @@ def weights(n: int, k: int) -> list[torch.Tensor]:
 def sweep(quick: bool) -> dict:
     out = {}
     x = torch.randn(1, 8192 * 2, device="cuda", dtype=torch.bfloat16)
-    configs = [(bn, bk, w) for bn in (4, 8, 16, 32) for bk in (256, 512, 1024) for w in (4, 8)
+    configs = [(bn, bk, w) for bn in (2, 4, 8, 16) for bk in (512, 1024, 2048) for w in (4, 8)
                if bn * bk // (32 * w) <= 128]
     if quick:
         configs = [(8, 512, 4), (16, 512, 4), (16, 1024, 8)]
@@ -67,6 +67,8 @@ def sweep(quick: bool) -> dict:
         cublas = graph_us([lambda w=w: F.linear(xa, w) for w in ws])
         rows = []
         for cfg in configs:
+            if cfg[1] > k:
+                continue
             try:
                 us = graph_us([lambda w=w, c=cfg: K1.gemv(xa, w, config=c) for w in ws])
             except Exception as e:  # a config that does not compile: note it, go on

@@ -80,7 +80,7 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  M, N, stride_xm, stride_rm, stride_wn, stride_ym, eps,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,11 +91,13 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
 
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:  # the norm's statistics: a pass over the whole (L2-resident) row
+    if PROLOGUE == 1:  # the norm's statistics: a pass over the whole (L2-resident) row,
+        # in STATS_K-wide pieces (usually one: a single round trip to L2)
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        for k0 in range(0, K, STATS_K):
             h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                          k0 + offs_k, rstd, K, 0, HAS_RESIDUAL, False, OUT_TY, EVEN_K)
+                          k0 + tl.arange(0, STATS_K), rstd, K, 0, HAS_RESIDUAL, False, OUT_TY,
+                          K % STATS_K == 0)
             ss += tl.sum(h * h, 1)
         rstd = 1.0 / tl.sqrt(ss / K + eps)
 
@@ -133,9 +135,9 @@ TUNED: dict[tuple[int, int], tuple[int, int, int]] = {}
 def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
     if interpreter.INTERPRETED:
         return 4, 16, 1
-    block_k = min(512, triton.next_power_of_2(k))
-    block_n = 16 if rows == 1 else 8
-    return block_n, block_k, 4
+    # Untuned guess: many small programs, each loading a wide K tile at once (a loop step
+    # waits for its loads: few steps, many programs per SM keep enough bytes in flight).
+    return 4, min(2048, triton.next_power_of_2(k)), 4
 
 
 def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None):
@@ -156,7 +158,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         M, N, x.stride(0), r.stride(0), w.stride(0), y.stride(0), float(eps),
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        num_warps=warps,
+        STATS_K=max(16, min(triton.next_power_of_2(K), 8192 // block_m)), num_warps=warps,
     )
     return y, h
 

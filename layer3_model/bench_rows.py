@@ -49,13 +49,13 @@ def annotate(rows: list[dict], info: dict) -> list[dict]:
     for r in rows:
         what = r["what"]
         if what.startswith("course"):
-            ref = target if "draft" in what else None
-            _set(r, ref, "course target, same run" if ref else "the reference (draft over it)",
-                 None, NO_CPU_CEILING)
+            ref = target if "draft" in what else r
+            _set(r, ref, "course target, same run" if ref is not r
+                 else "this row: the reference (draft over it)", None, NO_CPU_CEILING)
         elif "prefill" in what:
-            ref = torch_prefill if "triton" in what else None
-            _set(r, ref, "torch-backend prefill, same run" if ref else "the reference",
-                 r.get("MFU"), None)
+            ref = torch_prefill if "triton" in what else r
+            _set(r, ref, "torch-backend prefill, same run" if ref is not r
+                 else "this row: the reference", r.get("MFU"), None)
         elif "W8A16" in what:
             _set(r, triton_bf16, "bf16 triton decode, same run", r.get("MBU"), None)
         else:  # batch-1 decode of the 1B shape: ours or transformers', against the fastest HF
@@ -69,20 +69,34 @@ def annotate(rows: list[dict], info: dict) -> list[dict]:
 
 
 def table(rows: list[dict]) -> Table:
-    """The console table: tokens/s, ms, ratio to the reference, roofline (prefill: median and
-    min-max over its runs)."""
-    t = Table(title="Layer 3 benchmarks (ratio: see ratio_reference in the JSON)")
-    for col in ("what", "tokens/s", "ms", "ratio", "of roofline"):
-        t.add_column(col)
+    """The console table, readable at 80 columns: tokens/s, ms, ratio to the reference ("ref"
+    on the reference rows), roofline (prefill: median, min-max over its runs, and the GPU-only
+    figure of one CUDA-graph replay). A roofline the run did not measure shows as "-" with its
+    note in the caption."""
+    t = Table(title="Layer 3 (ratio: see ratio_reference in the JSON)")
+    for col, justify in (("what", "left"), ("tok/s", "right"), ("ms", "right"),
+                         ("ratio", "right"), ("roofline", "left")):
+        t.add_column(col, justify=justify)
+    notes: list[str] = []
     for r in rows:
         ms = r.get("ms_per_token", r.get("ms"))
         kind = "MFU" if "MFU" in r else "MBU"
-        roof = "" if r.get("roofline_fraction") is None else f"{kind} {r['roofline_fraction']:.0%}"
+        if r.get("roofline_fraction") is None:
+            note = r.get("roofline_note", "not measured")
+            notes += [note] if note not in notes else []
+            roof = "-" + "*" * (notes.index(note) + 1)
+        else:
+            roof = f"{kind} {r['roofline_fraction']:.0%}"
         if "MFU_min" in r:
-            roof += f" ({r['MFU_min']:.0%}-{r['MFU_max']:.0%} over {len(r['runs_ms'])} runs)"
-        t.add_row(r["what"], f"{r['tokens_per_s']:,.1f}" if "tokens_per_s" in r else "",
-                  f"{ms:.3f}" if ms else "",
-                  f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "", roof)
+            roof += f" ({r['MFU_min'] * 100:.0f}-{r['MFU_max']:.0%}, {len(r['runs_ms'])} runs)"
+        if r.get("graph_MFU") is not None:
+            roof += f"\nGPU-only {r['graph_MFU']:.0%}" + (", host-bound" if r.get("host_bound")
+                                                          else "")
+        ratio = "ref" if r.get("is_reference") else (
+            f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-")
+        t.add_row(r["what"], f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
+                  f"{ms:.2f}" if ms else "", ratio, roof)
+    t.caption = "  ".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) or None
     return t
 
 
@@ -95,6 +109,7 @@ def _set(row: dict, ref: dict | None, reference: str, roofline: float | None,
     ok = ref is not None and "tokens_per_s" in row and "tokens_per_s" in ref
     row["ratio"] = row["tokens_per_s"] / ref["tokens_per_s"] if ok else None
     row["ratio_reference"] = reference
+    row["is_reference"] = ref is row  # its ratio is 1 by definition
     row["roofline_fraction"] = roofline
     if note:
         row["roofline_note"] = note

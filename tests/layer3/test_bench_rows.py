@@ -36,7 +36,8 @@ def test_annotate_gives_every_row_a_ratio_and_roofline():
     R.annotate(rows, {"copy_bandwidth": 3e12})
     for r in rows:
         assert {"ratio", "ratio_reference", "roofline_fraction"} <= r.keys()
-    assert rows[1]["ratio"] == 3.0 and rows[0]["ratio"] is None  # draft over target
+    assert rows[1]["ratio"] == 3.0 and rows[0]["ratio"] == 1.0  # draft over target
+    assert rows[0]["is_reference"] and not rows[1]["is_reference"]
     assert rows[1]["roofline_fraction"] is None and rows[1]["roofline_note"] == R.NO_CPU_CEILING
     assert rows[2]["ratio"] == 2.0 and rows[2]["roofline_fraction"] == 0.5  # vs transformers
     assert abs(rows[3]["ratio"] - 1.1) < 1e-9  # W8A16 over bf16
@@ -45,9 +46,23 @@ def test_annotate_gives_every_row_a_ratio_and_roofline():
     assert "5 runs" in _render(rows)
 
 
-def _render(rows: list[dict]) -> str:
+def test_table_reads_at_80_columns_with_a_ratio_and_roofline_per_row():
+    rows = [{"what": "course target, batch-1 decode, CPU (1 threads), fp32", "tokens_per_s": 200.0},
+            {"what": "course draft, batch-1 decode, CPU (1 threads), fp32", "tokens_per_s": 600.0},
+            {"what": "1B prefill 2048 tokens, torch backend", "tokens_per_s": 4e4, "MFU": 0.1,
+             "ms": 53.0},
+            {"what": "1B prefill 2048 tokens, triton backend", "tokens_per_s": 2e5, "MFU": 0.62,
+             "ms": 8.7, "MFU_min": 0.58, "MFU_max": 0.65, "runs_ms": [8.7] * 5,
+             "graph_MFU": 0.67, "host_bound": True}]
+    text = _render(R.annotate(rows, {}), width=80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "3.00x" in text and "5.00x" in text and text.count("ref") >= 2
+    assert "GPU-only 67%" in text and "* " + R.NO_CPU_CEILING[:20] in text.replace("\n", " ")
+
+
+def _render(rows: list[dict], width: int = 200) -> str:
     from rich.console import Console
 
-    console = Console(width=200, record=True)
+    console = Console(width=width, record=True)
     console.print(R.table(rows))
     return console.export_text()

@@ -6,7 +6,10 @@ tensor_parallel_size: ranks the model's heads, FFN and vocabulary are split over
 engine as it is). tp_backend: "torch" (torch.distributed: NCCL on GPUs, gloo on CPUs) or
 "ours" (layer 2's collectives from send/recv). tp_check: every torch collective first checks
 that all ranks pass the same shape. tp_timeout_s: the longest any wait between ranks lasts
-(startup, each collective, shutdown). tp_threads: CPU threads per rank (None: cores / ranks).
+(startup, each collective, shutdown). tp_threads: CPU threads per rank, rank 0 included
+(None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
+over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
+ep_model.py).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ class EngineConfig(engine.EngineConfig):
     tp_check: bool = False
     tp_timeout_s: float = 60.0
     tp_threads: int | None = None
+    enable_expert_parallel: bool = False
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
@@ -36,6 +40,8 @@ class EngineConfig(engine.EngineConfig):
             f"tp_timeout_s must be > 0, got {t!r}",
             None if threads is None or (isinstance(threads, int) and threads >= 1) else
             f"tp_threads must be an int >= 1 or None, got {threads!r}",
+            None if isinstance(self.enable_expert_parallel, bool) else
+            f"enable_expert_parallel must be a bool, got {self.enable_expert_parallel!r}",
             None if tp == 1 or not self.cuda_graph else
             "cuda_graph=True is not supported with tensor_parallel_size > 1 (a graph would capture "
             "the collectives)",

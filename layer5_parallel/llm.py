@@ -31,6 +31,7 @@ from torch import nn
 import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
+from .ep_model import check_expert_parallel
 from .tp import check_tp_size, shard_model, tp_config, weight_bytes
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
@@ -91,6 +92,8 @@ class LLM(engine.LLM):
         config = replace(config, **overrides) if overrides else config  # validates
         tp = config.tensor_parallel_size
         self.tensor_parallel_size, self.tp_group = tp, None
+        if config.enable_expert_parallel:
+            check_expert_parallel(model, tp)
         if tp == 1:  # layer 4's engine, untouched
             super().__init__(model, config, speculator=speculator)
             return
@@ -104,9 +107,11 @@ class LLM(engine.LLM):
             source = ("path", str(model), net.backend, net.dtype)
         self.tp_group = group = TPGroup.start(
             tp, source, device=net.device, comm_backend=config.tp_backend, check=config.tp_check,
-            timeout_s=config.tp_timeout_s, threads=config.tp_threads, faults=_tp_faults)
+            timeout_s=config.tp_timeout_s, threads=config.tp_threads, faults=_tp_faults,
+            expert_parallel=config.enable_expert_parallel)
         try:
-            shard = shard_model(net, 0, tp, group.comm)
+            shard = shard_model(net, 0, tp, group.comm,
+                                expert_parallel=config.enable_expert_parallel)
             with group.guard("checking the shards"):
                 _check_workers(group, net.config, tp)
             del net

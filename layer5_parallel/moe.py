@@ -103,8 +103,10 @@ def route(logits: torch.Tensor, k: int, capacity_factor: float | None) -> Routin
     T, E = logits.shape
     experts, gates = top_k_gates(logits, k)
     capacity = capacity_for(T, E, k, capacity_factor)
-    slot = torch.arange(k).expand(T, k)
-    token = torch.arange(T).unsqueeze(1).expand(T, k)
+    if capacity_factor is None:  # no limit: nothing to admit (and no host sync per expert)
+        return Routing(experts, gates, torch.ones_like(experts, dtype=torch.bool), capacity)
+    slot = torch.arange(k, device=logits.device).expand(T, k)
+    token = torch.arange(T, device=logits.device).unsqueeze(1).expand(T, k)
     order = (slot * T + token).flatten()  # slot 0 of every token first, then slot 1, ...
     kept = admit(experts.flatten(), order, E, capacity).view(T, k)
     return Routing(experts, gates, kept, capacity)

@@ -34,8 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import layer4_algorithms as engine
-
 from .tp_comm import TPComm
 
 
@@ -131,9 +129,12 @@ def _cols(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
     return t[:, a:b].contiguous()
 
 
-def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None):
-    """Rank `rank`'s shard of `net` (a layer-3 LlamaModel; left unchanged): a new LlamaModel
-    on `device` (default net's) whose config has this rank's head counts and FFN width."""
+def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
+                expert_parallel: bool = False):
+    """Rank `rank`'s shard of `net` (a layer-3 LlamaModel, or a subclass such as ep_model's
+    MoE model; left unchanged): a model of net's class on `device` (default net's) whose config
+    has this rank's head counts and FFN width. An MLP with a `tp_shard` method (an MoE layer)
+    shards itself: its experts split over the ranks (expert_parallel) or each expert's FFN."""
     c, device = net.config, torch.device(device or net.device)
     local = tp_config(c, world, rank)
     D, hq = c.head_dim, local.num_attention_heads
@@ -144,8 +145,10 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None):
     v_rows = slice(c.q_size + c.kv_size + k0 * D, c.q_size + c.kv_size + k1 * D)
     full = net.state_dict()
     state = {}
+    skip = ("embed.", "lm_head.", *(f"layers.{i}.mlp." for i, layer in enumerate(net.layers)
+                                     if hasattr(layer.mlp, "tp_shard")))
     for name, t in full.items():
-        if name.startswith(("embed.", "lm_head.")):
+        if name.startswith(skip):  # vocab-parallel below; MoE MLPs shard themselves
             continue
         if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
             t = torch.cat([t[q_rows], t[k_rows], t[v_rows]])  # q | k | v, this rank's heads
@@ -158,10 +161,16 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None):
             t = _cols(t, f0, f1)
         state[name] = t.to(device).clone()
     with torch.device("meta"):
-        shard = engine.executor.LlamaModel(local, backend=net.backend)
+        shard = type(net)(local, backend=net.backend)
     shard.load_state_dict(state, strict=False, assign=True)
-    for layer in shard.layers:  # row-parallel: the all-reduce after o_proj and down
-        for parent, name in ((layer.attn, "o_proj"), (layer.mlp, "down")):
+    for layer, whole in zip(shard.layers, net.layers, strict=True):
+        rows = [(layer.attn, "o_proj")]  # row-parallel: the all-reduce after o_proj and down
+        if hasattr(whole.mlp, "tp_shard"):
+            layer.mlp = whole.mlp.tp_shard(local, rank, world, comm,
+                                           expert_parallel=expert_parallel, device=device)
+        else:
+            rows.append((layer.mlp, "down"))
+        for parent, name in rows:
             lin = getattr(parent, name)
             setattr(parent, name, RowParallelLinear(lin.weight.data, None if lin.bias is None
                                                     else lin.bias.data, comm))

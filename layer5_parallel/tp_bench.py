@@ -146,3 +146,72 @@ def bench_tp(
         "predicted_step_ms": 1e3 * pred.step_s,
         "predicted_comm_ms": 1e3 * pred.tp_comm_s,
     }
+
+
+class _Timed:
+    """Wraps a model's forward to add up the seconds spent in it (rank 0's view)."""
+
+    def __init__(self, net) -> None:
+        self.net, self.inner, self.seconds = net, net.forward, 0.0
+        net.forward = self
+
+    def __call__(self, *args, **kw):
+        start = time.perf_counter()
+        try:
+            return self.inner(*args, **kw)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+
+def step_breakdown(
+    tp: int = 2,
+    *,
+    num_prompts: int = 8,
+    max_tokens: int = 16,
+    tp_threads: int | None = None,
+    rank0_threads: int | None = None,
+) -> dict:
+    """Where a CPU step goes, TP=1 vs TP=tp (course model, fp32, gloo): per step, rank 0's
+    engine host work (scheduling, sampling: step minus forward), the forward's compute, its
+    collectives (all-reduces + the logits' all-gather, waiting for the slower rank included)
+    and its control messages (the pipe message + the step's broadcast). tp_threads: threads
+    per rank (None: cores // tp); rank0_threads: override rank 0's afterwards (the old
+    behaviour kept all cores: pass os.cpu_count())."""
+    path = l3.course_model_dir("target")
+    prompts = workload(num_prompts, 4096, 8, 48, seed=1)
+    kw = dict(dtype="float32", num_blocks=sum(-(-(len(p) + max_tokens) // 16) for p in prompts) + 8)
+    rows = {}
+    threads_before = torch.get_num_threads()
+    for size in (1, tp):
+        llm = LLM(path, tensor_parallel_size=size, tp_threads=tp_threads, **kw)
+        try:
+            if size > 1 and rank0_threads:
+                torch.set_num_threads(rank0_threads)
+            _throughput(llm, prompts[:2], 2)  # warm-up
+            timer = _Timed(llm.runner.net)
+            group = llm.tp_group
+            comm = group.comm if group else None
+            c0 = dict(comm.seconds_by) if comm else {}
+            ctl0 = group.control_s if group else 0.0
+            steps0, el0 = llm.stats.steps, llm.stats.elapsed_s
+            tps, tokens = _throughput(llm, prompts, max_tokens)
+            steps, elapsed = llm.stats.steps - steps0, llm.stats.elapsed_s - el0
+            coll = ctl = 0.0
+            if comm:
+                d = {k: comm.seconds_by[k] - c0[k] for k in c0}
+                coll, ctl = d["all_reduce"] + d["all_gather"], d["broadcast"]
+                ctl += group.control_s - ctl0
+            ms = 1e3 / steps
+            rows[size] = {
+                "tok_s": tps, "steps": steps, "step_ms": elapsed * ms,
+                "host_ms": (elapsed - timer.seconds) * ms,
+                "compute_ms": (timer.seconds - coll - ctl) * ms,
+                "collectives_ms": coll * ms, "control_ms": ctl * ms,
+                "rank0_threads": torch.get_num_threads(), "tokens": tokens,
+            }
+        finally:
+            if size > 1:
+                llm.close()
+            torch.set_num_threads(threads_before)
+    same = rows[1].pop("tokens") == rows[tp].pop("tokens")
+    return {"tp": tp, "same_tokens": same, "tp1": rows[1], f"tp{tp}": rows[tp]}

@@ -13,11 +13,19 @@ Backends:
 `check=True` gives the torch backend the same guard: before each collective every rank
 all-gathers (numel, dtype) and raises ValueError on a mismatch (one more small collective).
 
-Both wait at most the process group's timeout (layer 2's `init(timeout_s=...)`).
+Both wait at most the process group's timeout.
+
+Process groups: each tensor-parallel engine owns one (`new_group`): its own TCPStore (rank 0
+hosts it on a port the OS picks) and its own gloo or NCCL backend object, outside
+torch.distributed's default group, so several TP engines live in one process (`stack serve`
+with two models). The "ours" backend is layer 2's collectives, which run over the default
+group (`init()`, env://): an engine on it takes that group, one such engine per process.
 """
 from __future__ import annotations
 
+import os
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -29,17 +37,59 @@ _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int
                 torch.int32: 4, torch.float64: 5}
 
 
-class TPComm:
-    """Collectives over the default process group (its rank and world size)."""
+def new_group(backend: str, rank: int, world: int, port: int, timeout_s: float,
+              store: dist.Store | None = None):
+    """A process group of its own (not torch.distributed's default): a gloo or NCCL backend
+    object over a TCPStore at 127.0.0.1:port (rank 0 passes the store it hosts). Blocks until
+    every rank has joined, at most timeout_s. Returns (group, store)."""
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=timeout)
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, world, timeout), store
+    if backend != "nccl":
+        raise ValueError(f"process group backend must be gloo or nccl, got {backend!r}")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # multicast off, as layer 2's init()
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(store, rank, world, opts), store
 
-    def __init__(self, backend: str = "torch", *, check: bool = False) -> None:
+
+def host_store(world: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0's TCPStore on a port the OS picks (store.port), waiting for no one yet."""
+    return dist.TCPStore("127.0.0.1", 0, world, is_master=True,
+                         timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+class TPComm:
+    """Collectives over `pg` (a group of its own, from new_group) or, when pg is None, over
+    torch.distributed's default group ("ours" always uses the default group: layer 2's)."""
+
+    def __init__(self, backend: str = "torch", *, check: bool = False, pg=None) -> None:
         if backend not in COMM_BACKENDS:
             raise ValueError(f"comm backend must be one of {COMM_BACKENDS}, got {backend!r}")
-        self.backend, self.check = backend, check
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        if backend == "ours" and pg is not None:
+            raise ValueError("the 'ours' backend runs layer 2's collectives over the default "
+                             "process group; it takes no group of its own")
+        self.backend, self.check, self.pg, self.closed = backend, check, pg, False
+        if pg is None:
+            self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        else:
+            self.rank, self.world = pg.rank(), pg.size()
         # counted for the reports: calls, bytes, and host seconds inside collectives (the
-        # time itself on gloo, which is synchronous; under NCCL only the time to queue them)
+        # time itself on gloo, which is synchronous; under NCCL only the time to queue them),
+        # in total and per collective
         self.calls, self.bytes, self.seconds = 0, 0, 0.0
+        self.seconds_by = {"all_reduce": 0.0, "all_gather": 0.0, "broadcast": 0.0}
+
+    def close(self) -> None:
+        """Drop this group (NCCL: abort its communicator); collectives fail afterwards."""
+        pg, self.closed = self.pg, True
+        if pg is not None and hasattr(pg, "abort") and not isinstance(pg, dist.ProcessGroupGloo):
+            try:
+                pg.abort()
+            except RuntimeError:
+                pass
 
     def _count(self, x: torch.Tensor) -> None:
         self.calls += 1
@@ -51,7 +101,10 @@ class TPComm:
         if x.is_cuda:
             mine = mine.to(x.device)
         every = [torch.empty_like(mine) for _ in range(self.world)]
-        dist.all_gather(every, mine)
+        if self.pg is None:
+            dist.all_gather(every, mine)
+        else:
+            self.pg.allgather([every], [mine]).wait()
         rows = [tuple(t.tolist()) for t in every]
         if len(set(rows)) > 1:
             detail = ", ".join(f"rank {r}: numel {n} dtype code {d}"
@@ -66,7 +119,10 @@ class TPComm:
             return engine.executor.comm.ring_all_reduce(x)
         if self.check:
             self._agree("all_reduce", x)
-        dist.all_reduce(x)
+        if self.pg is None:
+            dist.all_reduce(x)
+        else:
+            self.pg.allreduce([x]).wait()
         return x
 
     def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +134,10 @@ class TPComm:
         if self.check:
             self._agree("all_gather", x)
         out = x.new_empty((self.world, *x.shape))
-        dist.all_gather(list(out.unbind(0)), x)
+        if self.pg is None:
+            dist.all_gather(list(out.unbind(0)), x)
+        else:
+            self.pg.allgather([list(out.unbind(0))], [x]).wait()
         return out
 
     def _broadcast(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,24 +147,31 @@ class TPComm:
             return engine.executor.comm.broadcast_tree(x, 0)
         if self.check:
             self._agree("broadcast", x)
-        dist.broadcast(x, 0)
+        if self.pg is None:
+            dist.broadcast(x, 0)
+        else:
+            self.pg.broadcast(x, 0).wait()
         return x
 
-    def _timed(self, fn, x: torch.Tensor) -> torch.Tensor:
+    def _timed(self, name: str, fn, x: torch.Tensor) -> torch.Tensor:
+        if self.closed:
+            raise RuntimeError(f"{name}: this tensor-parallel group is closed")
         start = time.perf_counter()
         try:
             return fn(x)
         finally:
-            self.seconds += time.perf_counter() - start
+            dt = time.perf_counter() - start
+            self.seconds += dt
+            self.seconds_by[name] += dt
 
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place; returns x."""
-        return self._timed(self._all_reduce, x)
+        return self._timed("all_reduce", self._all_reduce, x)
 
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:
         """x (n, ...) on every rank -> (world, n, ...), rank r's x at [r]."""
-        return self._timed(self._all_gather, x)
+        return self._timed("all_gather", self._all_gather, x)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
-        return self._timed(self._broadcast, x)
+        return self._timed("broadcast", self._broadcast, x)

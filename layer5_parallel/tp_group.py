@@ -7,8 +7,13 @@ a collective times out — `failed()` turns it into one RuntimeError naming ever
 problem, stops the workers and leaves the process group, so nothing hangs and a new engine
 can start in this process afterwards.
 
-One group per process: torch.distributed has one default process group, so a second
-tensor-parallel engine in the same process has to wait until the first is closed.
+Each group owns its process group (tp_comm.new_group: its own TCPStore and gloo/NCCL backend,
+not torch.distributed's default group), so several TP engines live in one process. Only the
+"ours" backend (layer 2's collectives) takes the default group: one such engine at a time.
+
+Threads: every rank, rank 0 included, computes with `threads` CPU threads (default
+cores // world): rank 0 keeping all the cores while the workers take their share
+oversubscribes the CPU. Rank 0's count is restored when its last group shuts down.
 """
 from __future__ import annotations
 
@@ -22,10 +27,11 @@ import torch.multiprocessing as mp
 
 import layer4_algorithms as engine
 
-from .tp_comm import TPComm
+from .tp_comm import TPComm, host_store, new_group
 from .tp_worker import worker_main
 
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
+_threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
 
 
 class TPGroup:
@@ -37,47 +43,81 @@ class TPGroup:
         self.backend, self.timeout_s = backend, timeout_s
         self.world = len(procs) + 1
         self.error: str | None = None
+        self.label = "tensor-parallel"
+        self.store = None  # the TCPStore rank 0 hosts (own process group)
+        self.control_s = 0.0  # seconds rank 0 spent sending control messages (pipes)
+        self._threads_set = False
         # per worker: ("ready", full config, shard config, weight bytes)
         self.worker_info: list[tuple] = []
 
     @classmethod
     def start(cls, world: int, source: tuple, *, device: torch.device, comm_backend: str = "torch",
               check: bool = False, timeout_s: float = 60.0, threads: int | None = None,
-              faults: dict[int, str] | None = None) -> TPGroup:
-        if dist.is_available() and dist.is_initialized():
-            raise RuntimeError("this process is already in a torch.distributed process group "
-                               "(another tensor-parallel engine?); close() it before starting "
-                               "another")
+              faults: dict[int, str] | None = None, expert_parallel: bool = False,
+              worker=worker_main, label: str = "tensor-parallel") -> TPGroup:
+        """worker: the workers' entry point (worker_main's signature; pp_worker's for a
+        pipeline); label: how errors name the group."""
+        ours = comm_backend == "ours"
+        if ours and dist.is_available() and dist.is_initialized():
+            raise RuntimeError("tp_backend='ours' runs over torch.distributed's default process "
+                               "group and this process is already in one (another engine on "
+                               "'ours'?); close() it first, or use tp_backend='torch' (each "
+                               "engine its own group)")
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and torch.cuda.device_count() < world:
             raise ValueError(f"tensor_parallel_size={world} on CUDA needs {world} GPUs; "
                              f"{torch.cuda.device_count()} are visible")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
-        port = engine.executor.comm.free_port()
+        store = None if ours else host_store(world, timeout_s)
+        port = engine.executor.comm.free_port() if ours else store.port
         ctx = mp.get_context("spawn")
         procs, conns = [], []
         for rank in range(1, world):
             mine, theirs = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=worker_main, name=f"tp-rank{rank}", daemon=True,
+            p = ctx.Process(target=worker, name=f"tp-rank{rank}", daemon=True,
                             args=(rank, world, port, backend, comm_backend, check, timeout_s,
-                                  threads, source, theirs, (faults or {}).get(rank)))
+                                  threads, source, theirs, (faults or {}).get(rank)),
+                            kwargs={"expert_parallel": expert_parallel})
             p.start()
             theirs.close()
             procs.append(p)
             conns.append(mine)
         group = cls(procs, conns, None, backend, timeout_s)
+        group.store, group.label = store, label
+        group._set_threads(threads)
         with group.guard("starting the workers"):
-            _init_rank0(backend, world, port, timeout_s)
-            group.comm = TPComm(comm_backend, check=check)
+            if ours:
+                _init_rank0(backend, world, port, timeout_s)
+                group.comm = TPComm(comm_backend, check=check)
+            else:
+                pg, _ = new_group(backend, 0, world, port, timeout_s, store=store)
+                group.comm = TPComm(comm_backend, check=check, pg=pg)
             group.worker_info = group.gather("ready")
         return group
+
+    def _set_threads(self, threads: int) -> None:
+        """Rank 0 computes with `threads` too (the first live group saves the old count)."""
+        if _threads["live"] == 0:
+            _threads["saved"] = torch.get_num_threads()
+        _threads["live"] += 1
+        self._threads_set = True
+        torch.set_num_threads(threads)
+
+    def _restore_threads(self) -> None:
+        if self._threads_set:
+            self._threads_set = False
+            _threads["live"] -= 1
+            if _threads["live"] == 0 and _threads["saved"] is not None:
+                torch.set_num_threads(_threads["saved"])
 
     # ---- messages ------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
         """A control message to every worker (checked alive first: a dead one fails now)."""
+        start = time.perf_counter()
         self.check_alive()
         for c in self.conns:
             c.send(msg)
+        self.control_s += time.perf_counter() - start
 
     def gather(self, kind: str) -> list[tuple]:
         """Each worker's next reply, which must be of `kind`, within timeout_s."""
@@ -105,7 +145,7 @@ class TPGroup:
     def guard(self, what: str):
         """Run a block that talks to the workers; any exception in it -> failed()."""
         if self.error is not None:
-            raise RuntimeError(f"the tensor-parallel group is closed: {self.error}")
+            raise RuntimeError(f"the {self.label} group is closed: {self.error}")
         try:
             yield
         except BaseException as exc:
@@ -113,7 +153,7 @@ class TPGroup:
 
     def failed(self, what: str, exc: BaseException) -> RuntimeError:
         """Collect every worker's report (a short grace period), stop them all, leave the group."""
-        lines = [f"tensor-parallel {what} failed on rank 0: {type(exc).__name__}: {exc}"]
+        lines = [f"{self.label} {what} failed on rank 0: {type(exc).__name__}: {exc}"]
         deadline = time.monotonic() + GRACE_S
         for rank, (p, c) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
             report = None
@@ -155,7 +195,12 @@ class TPGroup:
             c.close()
         self.procs, self.conns = [], []
         self.error = self.error or "the engine was closed (llm.close())"
-        engine.executor.comm.destroy()
+        self._restore_threads()
+        if self.comm is not None and self.comm.pg is not None:  # our own group
+            self.comm.close()
+        elif self.store is None:  # "ours": the default group
+            engine.executor.comm.destroy()
+        self.store = None
 
 
 def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:

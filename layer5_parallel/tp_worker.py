@@ -27,8 +27,9 @@ import torch
 
 import layer4_algorithms as engine
 
+from .ep_model import model_class
 from .tp import shard_model, weight_bytes
-from .tp_comm import TPComm
+from .tp_comm import TPComm, new_group
 
 POLL_S = 1.0  # how often an idle worker checks that rank 0 is still alive
 
@@ -70,7 +71,7 @@ def load_full(source: tuple, device: torch.device):
         return l3.load(path, backend=backend, dtype=dtype, device=device).net
     _, config, state, backend = source
     with torch.device("meta"):
-        net = l3.LlamaModel(config, backend=backend)
+        net = model_class(config)(config, backend=backend)  # dense or MoE (ep_model)
     net.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False, assign=True)
     if config.tie_word_embeddings:
         net.lm_head.weight = net.embed.weight
@@ -80,22 +81,48 @@ def load_full(source: tuple, device: torch.device):
 
 def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
                 timeout_s: float, threads: int, source: tuple, conn: Connection,
-                fault: str | None = None) -> None:
+                fault: str | None = None, *, expert_parallel: bool = False) -> None:
     """Entry point of worker `rank`: join the group, shard, serve steps until ("stop",).
+    port: rank 0's TCPStore (its own group), or the default group's rendezvous ("ours").
     fault (tests only): "die" exits at the first step, "shape" all-reduces a wrong size."""
+
+    def body() -> None:
+        comm, device = join_group(rank, world, port, backend, comm_backend, check, timeout_s,
+                                  threads)
+        full = load_full(source, device)
+        shard = shard_model(full, rank, world, comm, device=device,
+                            expert_parallel=expert_parallel)
+        conn.send(("ready", full.config, shard.config, weight_bytes(shard)))
+        del full
+        _serve(shard, comm, conn, device, fault)
+
+    run_worker(conn, body)
+
+
+def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
+               timeout_s: float, threads: int) -> tuple[TPComm, torch.device]:
+    """A worker's start (any parallel form's): threads, device, and the group (its own, or the
+    default one for "ours") -> (comm, device)."""
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if comm_backend == "ours":
         engine.executor.comm.init(backend, timeout_s=timeout_s)
-        device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
-        comm = TPComm(comm_backend, check=check)
-        full = load_full(source, device)
-        shard = shard_model(full, rank, world, comm, device=device)
-        full_config = full.config
-        del full, source
-        conn.send(("ready", full_config, shard.config, weight_bytes(shard)))
-        _serve(shard, comm, conn, device, fault)
+        return TPComm(comm_backend, check=check), device
+    pg, store = new_group(backend, rank, world, port, timeout_s)
+    comm = TPComm(comm_backend, check=check, pg=pg)
+    comm.store = store  # kept alive as long as the group
+    return comm, device
+
+
+def run_worker(conn: Connection, body) -> None:
+    """Run a worker's body; on any exception send ("error", text) to rank 0 first. Either way
+    leave at once (os._exit: peers and rank 0 are done with us; skip the slow teardown)."""
+    try:
+        body()
     except BaseException as exc:  # report everything, then leave at once (see launch.py)
         try:
             conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
@@ -104,7 +131,7 @@ def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: st
         sys.stderr.flush()
         os._exit(1)
     sys.stdout.flush()
-    os._exit(0)  # peers and rank 0 are done with us; skip the slow interpreter teardown
+    os._exit(0)
 
 
 @torch.no_grad()

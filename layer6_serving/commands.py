@@ -1,9 +1,9 @@
 """Layer 6's commands for the `stack` CLI (entry point `llm_stack.layers` "6").
 
-`run`: starts a server for the course model on 127.0.0.1, drives it with the official
-`openai` client (a chat answer, a streamed completion timed at the client, a burst of
-concurrent streams, clients that disconnect mid-stream) and prints what it measured,
-including the server's own /metrics. `bench`: the load generator (bench.py).
+`run`: starts a server for the course model on 127.0.0.1 (its engine in a process of its
+own, as `stack serve` runs it), drives it with the official `openai` client (a chat answer,
+a streamed completion timed at the client, a burst of concurrent streams, clients that
+disconnect mid-stream) and prints what it measured, including the server's own /metrics. `bench`: the load generator (bench.py).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def run(argv: list[str]) -> int:
     ap.add_argument("--max-tokens", type=int, default=48)
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
-    with start_server([args.model], max_num_seqs=64) as srv:
+    with start_server([args.model], max_num_seqs=64, engine_process=True) as srv:
         console.print(f"[bold]server[/] {srv.url}/v1 up in {time.perf_counter() - t0:.1f} s "
                       f"(model {args.model!r})")
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key="none", max_retries=0)

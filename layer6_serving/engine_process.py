@@ -221,30 +221,32 @@ def _stop_ref(ref) -> None:
 
 # ---- the engine process --------------------------------------------------------------------------
 class PipeSink:
-    """The engine process's side: collects each turn's snapshot (when it changed) and
-    finished requests (a listener), and sends them with the turn's items as one message."""
+    """The engine process's side: each turn's items, the finished requests' timings (it is a
+    listener) and the snapshot (when it changed: taken at the end of the turn, token counts
+    included) go to the server as one message."""
 
     def __init__(self, conn, loop: EngineLoop | None = None) -> None:
         self.conn, self.loop = conn, loop
         self._last: EngineSnapshot | None = None
-        self._snap: EngineSnapshot | None = None
         self._finished: list = []
         self._dequeued = -1
 
     def on_step(self, snapshot: EngineSnapshot) -> None:
-        if snapshot != self._last:
-            self._last = self._snap = dataclasses.replace(snapshot)
+        pass  # read at the end of the turn instead
 
     def on_finish(self, done) -> None:
         self._finished.append(done)
 
     def flush(self, batch) -> None:
-        dequeued = self.loop._dequeued
-        if not batch and self._snap is None and not self._finished and dequeued == self._dequeued:
+        snap, dequeued = self.loop.snapshot, self.loop._dequeued
+        changed = snap != self._last
+        if not (batch or changed or self._finished or dequeued != self._dequeued):
             return
-        msg = ("step", [(req.request_id, item) for req, item in batch], self._snap,
-               self._finished, dequeued)
-        self._snap, self._finished, self._dequeued = None, [], dequeued
+        if changed:
+            self._last = dataclasses.replace(snap)
+        msg = ("step", [(req.request_id, item) for req, item in batch],
+               self._last if changed else None, self._finished, dequeued)
+        self._finished, self._dequeued = [], dequeued
         try:
             self.conn.send(msg)
         except (OSError, ValueError):  # the server is gone: nobody to serve
@@ -275,11 +277,7 @@ def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> 
         conn.send(("ready", EngineInfo.of(llm)))
         threading.Thread(target=_commands, args=(conn, loop, token_text), daemon=True,
                          name="engine-commands").start()
-        if os.environ.get("L6_PROFILE"):
-            import cProfile
-            cProfile.runctx("loop.run()", globals(), locals(), os.environ["L6_PROFILE"])
-        else:
-            loop.run()
+        loop.run()
     finally:
         llm.close()
     try:

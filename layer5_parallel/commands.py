@@ -2,7 +2,8 @@
 
 `run`: the course model generates through the engine at TP=1 (layer 4's engine, this process)
 and at TP=N (gloo ranks on a CPU, NCCL on GPUs); prints whether the greedy tokens agree, what
-each rank holds and the share of the step spent in collectives.
+each rank holds and the share of the step spent in collectives. `run --pp N`: the same for
+pipeline parallelism, with each stage's busy share against the bubble formula.
 `bench`: what this machine allows: TP=1 vs layer 4 on one workload, TP=N vs TP=1 with the
 planner's prediction beside the measurement, then the other layer-5 benchmarks (training
 parallelism) where present. `plan`: the planner (`stack plan --model M --gpus N`).
@@ -23,6 +24,7 @@ from rich.table import Table
 import layer4_algorithms as engine
 
 from . import planner
+from .pp_bench import bench_pp, format_pp
 from .tp_bench import bench_tp, bench_tp1_vs_layer4
 
 TITLE = "tensor, pipeline, data, expert and context parallelism; ZeRO; planner"
@@ -65,9 +67,13 @@ def run(argv: list[str] | None = None) -> int:
         default="torch",
         help="collectives: torch.distributed, or layer 2's own ring/tree",
     )
+    ap.add_argument("--pp", type=int, default=1,
+                    help="pipeline-parallel size: PP=N vs PP=1 instead of TP (course model: 2..6)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args(argv)
+    if args.pp != 1:
+        return _run_pp(args)
     if args.tp < 2:
         raise ValueError(f"--tp must be >= 2 to compare with TP=1, got {args.tp}")
     device = _device(args.device, args.tp)
@@ -100,6 +106,19 @@ def run(argv: list[str] | None = None) -> int:
             "communication without adding bandwidth: expect a slow-down here; on GPUs "
             "each rank brings its own HBM.[/]"
         )
+    return 0
+
+
+def _run_pp(args: argparse.Namespace) -> int:
+    """`stack run --layer 5 --pp N`: the pipelined engine vs one process (pp_bench.py)."""
+    if args.pp < 2:
+        raise ValueError(f"--pp must be >= 2 to compare with PP=1, got {args.pp}")
+    device = _device(args.device, args.pp)
+    console.print(f"[dim]course model (fp32) on {device}: PP=1 in this process vs PP={args.pp} "
+                  f"({'NCCL' if device.startswith('cuda') else 'gloo'} stages)[/]")
+    r = bench_pp(args.pp, device, num_prompts=args.prompts, max_tokens=args.max_tokens)
+    console.print(format_pp(r))
+    console.print(_memory_table(r["memory"]))
     return 0
 
 

@@ -10,12 +10,16 @@ that all ranks pass the same shape. tp_timeout_s: the longest any wait between r
 (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
 ep_model.py).
+pipeline_parallel_size: stages the layers are cut into (pp_engine.py; the tp_* knobs apply to
+its ranks too); pp_micro_batches: micro-batches each step is cut into (None: 2 * stages).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
 import layer4_algorithms as engine
+
+from .pp_stage import pp_problems
 
 TP_BACKENDS = ("torch", "ours")
 
@@ -28,6 +32,8 @@ class EngineConfig(engine.EngineConfig):
     tp_timeout_s: float = 60.0
     tp_threads: int | None = None
     enable_expert_parallel: bool = False
+    pipeline_parallel_size: int = 1
+    pp_micro_batches: int | None = None
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
@@ -42,6 +48,7 @@ class EngineConfig(engine.EngineConfig):
             f"tp_threads must be an int >= 1 or None, got {threads!r}",
             None if isinstance(self.enable_expert_parallel, bool) else
             f"enable_expert_parallel must be a bool, got {self.enable_expert_parallel!r}",
+            *pp_problems(self),
             None if tp == 1 or not self.cuda_graph else
             "cuda_graph=True is not supported with tensor_parallel_size > 1 (a graph would capture "
             "the collectives)",

@@ -32,6 +32,7 @@ import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
 from .ep_model import check_expert_parallel
+from .pp_engine import start_pipeline
 from .tp import check_tp_size, shard_model, tp_config, weight_bytes
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
@@ -94,6 +95,10 @@ class LLM(engine.LLM):
         self.tensor_parallel_size, self.tp_group = tp, None
         if config.enable_expert_parallel:
             check_expert_parallel(model, tp)
+        if config.pipeline_parallel_size > 1:  # layers cut into stages: pp_engine.py
+            start_pipeline(self, model, config, speculator, _tp_faults)
+            atexit.register(_close_ref, weakref.ref(self))
+            return
         if tp == 1:  # layer 4's engine, untouched
             super().__init__(model, config, speculator=speculator)
             return

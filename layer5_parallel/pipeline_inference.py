@@ -6,8 +6,9 @@ micro-batch i while stage s+1 works on i-1. Without a backward the schedule is j
 F0 F1 ... F(m-1) on every stage, and the bubble is the same (p-1)/(m+p-1) of the span, paid
 at the start (later stages wait) and at the end (earlier stages are done). Each request still
 crosses all p stages, so pipelining adds throughput, never latency: a lone request takes as
-long as on one device plus p-1 hand-offs. (This is a full forward with no KV cache — the
-scoring / prefill half of serving; layer 4's engine is not pipelined here.)
+long as on one device plus p-1 hand-offs. (This is a full forward with no KV cache, over the
+training path — the scoring half of serving. The engine itself, with a paged KV cache per
+stage, micro-batches of each step and layer 4's scheduler on rank 0, is pp_engine.py.)
 """
 from __future__ import annotations
 

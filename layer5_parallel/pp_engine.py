@@ -22,6 +22,7 @@ TPPagedKVCache forwards them).
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import torch
 from torch import nn
@@ -29,7 +30,7 @@ from torch import nn
 import layer4_algorithms as engine
 
 from . import pp_stage as S
-from .pp_worker import worker_main
+from .pp_worker import EVENTS, worker_main
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
 
@@ -46,6 +47,8 @@ class PPModel(nn.Module):
         self.shard, self.group, self.config = shard, group, shard.config
         self.micro_batches = micro_batches
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
+        self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
+        self.spans: deque = deque(maxlen=EVENTS)  # (start, end) of each forward, latest
 
     @property
     def dtype(self) -> torch.dtype:
@@ -74,7 +77,9 @@ class PPModel(nn.Module):
             for i, (t0, t1, mctx) in enumerate(parts):
                 c0 = time.perf_counter()
                 out = shard(input_ids[t0:t1], mctx, cache, last_only)
-                busy += time.perf_counter() - c0
+                c1 = time.perf_counter()
+                busy += c1 - c0
+                self.events.append(("F", i, c0, c1))
                 sends += S.send(pg, out, 1, i)
             vocab, last = shard.full_config.vocab_size, group.world - 1
             logits = [S.recv(pg, ((b1 - b0) if last_only else (t1 - t0), vocab), torch.float32,
@@ -84,21 +89,27 @@ class PPModel(nn.Module):
         st = self.stats
         st["forwards"] += 1
         st["micro_batches"] += len(bounds)
-        st["wall_s"] += time.perf_counter() - start
+        end = time.perf_counter()
+        st["wall_s"] += end - start
+        self.spans.append((start, end))
         st["busy_s"] += busy
         return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def stage_busy(self) -> list[dict]:
-        """Per stage since the last call: seconds computing vs the forwards' wall seconds (the
-        workers' figures come over the pipe). Resets the counters."""
+        """Per stage since the last call: seconds computing vs the forwards' wall seconds, and
+        the latest compute intervals ("events"; the workers' come over the pipe) and forward
+        spans. Resets the counters."""
         with self.group.guard("collecting timings"):
             self.group.send(("timings",))
-            workers = [m[1] for m in self.group.gather("timings")]
+            workers = [(m[1], m[2]) for m in self.group.gather("timings")]
         st = self.stats
-        rows = [{"stage": s, "busy_s": b, "wall_s": st["wall_s"], "forwards": st["forwards"],
-                 "micro_batches": st["micro_batches"]}
-                for s, b in enumerate([st["busy_s"], *workers])]
+        rows = [{"stage": s, "busy_s": b, "events": ev, "wall_s": st["wall_s"],
+                 "forwards": st["forwards"], "micro_batches": st["micro_batches"],
+                 "spans": list(self.spans)}
+                for s, (b, ev) in enumerate([(st["busy_s"], list(self.events)), *workers])]
         self.stats = dict.fromkeys(st, 0) | {"wall_s": 0.0, "busy_s": 0.0}
+        self.events.clear()
+        self.spans.clear()
         return rows
 
 

@@ -12,13 +12,15 @@ a paged KV cache of its layers, and answers rank 0's messages:
         micro-batch i in bounds: receive the stream from stage s-1, run the stage's layers, send
         the stream to stage s+1 — or, on the last stage, the logits to rank 0
     ("timings",)                       -> ("timings", seconds spent computing since the last
-                                          ask): the pipeline's overlap, measured
+                                          ask, the latest ("F", micro-batch, start, end)
+                                          intervals): the pipeline's overlap, measured
     ("stop",)                          leave
 """
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection
 
@@ -27,6 +29,8 @@ import torch
 from . import pp_stage as S
 from .tp import weight_bytes
 from .tp_worker import POLL_S, join_group, load_full, run_worker, unpack_step
+
+EVENTS = 4096  # compute intervals a stage keeps for "timings" (the latest ones)
 
 
 def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
@@ -50,7 +54,7 @@ def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: st
 @torch.no_grad()
 def _serve(stage: S.StageNet, comm, conn: Connection, device: torch.device, timeout_s: float,
            fault: str | None) -> None:
-    cache, parent, busy = None, parent_process(), 0.0
+    cache, parent, busy, events = None, parent_process(), 0.0, deque(maxlen=EVENTS)
     while True:
         if not conn.poll(POLL_S):
             if parent is not None and not parent.is_alive():
@@ -68,18 +72,21 @@ def _serve(stage: S.StageNet, comm, conn: Connection, device: torch.device, time
         elif kind == "step":
             if fault == "die":
                 os._exit(3)
-            busy += run_step(stage, comm, msg, cache if msg[4] else None, device, timeout_s, fault)
+            busy += run_step(stage, comm, msg, cache if msg[4] else None, device, timeout_s,
+                             events, fault)
         elif kind == "timings":
-            conn.send(("timings", busy))
+            conn.send(("timings", busy, list(events)))
             busy = 0.0
+            events.clear()
         else:
             raise ValueError(f"unknown message {kind!r} from rank 0")
 
 
 def run_step(stage: S.StageNet, comm, msg: tuple, cache, device: torch.device, timeout_s: float,
-             fault: str | None = None) -> float:
+             events: deque, fault: str | None = None) -> float:
     """One step on stage s >= 1: every micro-batch in, through the layers, out. Returns the
-    seconds spent computing (not waiting for a neighbour)."""
+    seconds spent computing (not waiting for a neighbour); appends ("F", i, start, end) per
+    micro-batch to events."""
     _, qlens, slens, _, _, last_only, bounds = msg
     _, ctx = unpack_step(msg[:6], comm, device)
     s, pg = stage.stage, comm.pg
@@ -91,7 +98,9 @@ def run_step(stage: S.StageNet, comm, msg: tuple, cache, device: torch.device, t
                      f"stage {s} receiving")
         start = time.perf_counter()
         out = stage(inp, mctx, cache, last_only)
-        busy += time.perf_counter() - start
+        end = time.perf_counter()
+        busy += end - start
+        events.append(("F", i, start, end))
         if fault == "shape":  # a stage whose output has one row too many
             out = torch.cat((out, out.narrow(-2, 0, 1)), dim=-2)
         sends += S.send(pg, out, 0 if stage.last else s + 1, i)

@@ -74,7 +74,7 @@ def offline_throughput(llm, requests: list[BenchRequest], repeats: int = 2) -> d
 
 
 def load(url: str, model: str, requests, label: str, rate: float, concurrency: int | None,
-         seed: int):
+         seed: int, dialect: str = "vllm"):
     # a live bar on a terminal; one line per pass in a log
     with Progress(TextColumn(f"[bold]{label}"), BarColumn(bar_width=30), MofNCompleteColumn(),
                   TimeElapsedColumn(), console=console, transient=True,
@@ -82,20 +82,23 @@ def load(url: str, model: str, requests, label: str, rate: float, concurrency: i
         task = bar.add_task("", total=len(requests))
         results, dt = asyncio.run(run_load(url, model, requests, rate=rate,
                                            max_concurrency=concurrency, seed=seed,
-                                           on_done=lambda _: bar.advance(task)))
+                                           on_done=lambda _: bar.advance(task),
+                                           dialect=dialect))
     console.print(f"{label}: {sum(r.ok for r in results)}/{len(requests)} done in {dt:.1f} s")
     return results, dt
 
 
-def drive(name: str, url: str, model: str, requests, warmup, low, args) -> dict:
+def drive(name: str, url: str, model: str, requests, warmup, low, args,
+          dialect: str = "vllm") -> dict:
     """Warm-up, the low-load pass (one request at a time) and every rate against one server."""
-    load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed)
-    results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed)
+    load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed, dialect)
+    results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed,
+                       dialect)
     out = {"low_load": summarize(results, dt), "rows": []}
     for rate in args.rates:
         label = f"{name} burst" if rate == float("inf") else f"{name} rate {rate:g}/s"
-        results, dt = load(url, model, requests, label, rate,
-                           args.max_concurrency, args.seed)
+        results, dt = load(url, model, requests, label, rate, args.max_concurrency, args.seed,
+                           dialect)
         out["rows"].append(dict(rate=str(rate), **summarize(
             results, dt, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)))
     return out
@@ -214,7 +217,8 @@ def bench(argv: list[str]) -> int:
             with ServerProcess(cmd, f"http://127.0.0.1:{port}", name=args.peer,
                                env=env | peer_env):
                 report["servers"][args.peer] = drive(args.peer, f"http://127.0.0.1:{port}",
-                                                     name, requests, warmup, low, args)
+                                                     name, requests, warmup, low, args,
+                                                     dialect=args.peer)
     except KeyboardInterrupt:
         console.print("interrupted: servers stopped")
         return 130
@@ -244,10 +248,14 @@ def ratios(report: dict) -> dict:
         if peer == "ours":
             continue
         out[f"ours_over_{peer}"] = [
-            {"rate": a["rate"], "output_throughput": a["output_throughput"] / b["output_throughput"]
-             if b["output_throughput"] else None,
-             "ttft_p50": a["median_ttft_ms"] / b["median_ttft_ms"],
-             "ttft_p99": a["p99_ttft_ms"] / b["p99_ttft_ms"]}
+            {"rate": a["rate"], "output_throughput": _ratio(a, b, "output_throughput"),
+             "ttft_p50": _ratio(a, b, "median_ttft_ms"), "ttft_p99": _ratio(a, b, "p99_ttft_ms")}
             for a, b in zip(ours["rows"], s["rows"], strict=True)]
         out[f"{peer}_low_load_ttft_p50_ms"] = s["low_load"]["median_ttft_ms"]
     return out
+
+
+def _ratio(a: dict, b: dict, key: str) -> float | None:
+    """a[key] / b[key]; None where either side measured nothing (all failed)."""
+    x, y = a[key], b[key]
+    return x / y if y and y == y and x == x else None

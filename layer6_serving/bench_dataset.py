@@ -23,6 +23,7 @@ import layer5_parallel as l5
 
 CORPUS = Path(__file__).with_name("chat_corpus.json")  # package data, as grafana.json
 DATASETS = ("random", "chat")
+DIALECTS = ("vllm", "transformers")  # request bodies: ours / vLLM's, transformers serve's
 
 
 @dataclass
@@ -39,18 +40,25 @@ class BenchRequest:
     def endpoint(self) -> str:
         return "/v1/chat/completions" if self.messages is not None else "/v1/completions"
 
-    def body(self, model: str) -> dict:
-        """The streamed, greedy request body (OpenAI's fields; ignore_eos is vLLM's)."""
-        body = {"model": model, "max_tokens": self.max_tokens, "stream": True,
-                "temperature": 0, "stream_options": {"include_usage": True}}
+    def body(self, model: str, dialect: str = "vllm") -> dict:
+        """The streamed, greedy request body: OpenAI's fields plus, for ignore_eos, vLLM's
+        field (our server's too) or, for `transformers serve` (which refuses unknown fields),
+        a generation_config without the model's EOS."""
+        if dialect not in DIALECTS:
+            raise ValueError(f"dialect must be one of {DIALECTS}, got {dialect!r}")
+        body = {"model": model, "max_tokens": self.max_tokens, "stream": True, "temperature": 0}
+        if dialect == "vllm":
+            body["stream_options"] = {"include_usage": True}
         if self.messages is not None:
             body["messages"] = self.messages
         else:
             body["prompt"] = self.prompt if self.prompt is not None else self.prompt_ids
         if self.stop:
             body["stop"] = list(self.stop)
-        if self.ignore_eos:
+        if self.ignore_eos and dialect == "vllm":
             body["ignore_eos"] = True
+        elif self.ignore_eos:  # a config of its own: no eos_token_id to stop at
+            body["generation_config"] = json.dumps({"do_sample": False})
         return body
 
 

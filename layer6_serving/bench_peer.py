@@ -9,8 +9,9 @@ sets the embedding size, so every sampled id decodes).
 
 `transformers serve` (checked on 5.17 and 5.23) takes the model as its positional
 FORCE_MODEL, answers /health, wants the request's "model" to be that same string, streams
-OpenAI chunks (usage on the last one; no [DONE]) and ignores fields it does not know
-(ignore_eos, stream_options). It needs fastapi, uvicorn, pydantic and openai.
+OpenAI chunks (usage on the last one; no [DONE]) and answers 422 to fields it does not know
+(vLLM's ignore_eos: the load generator's "transformers" dialect sends a generation_config
+without EOS instead). It needs fastapi, uvicorn, pydantic and openai.
 """
 from __future__ import annotations
 

@@ -13,8 +13,8 @@ if not console.is_terminal:  # piped or captured: still 80 columns
     console = Console(width=80)
 
 
-def _div(a: float, b: float) -> str:
-    return f"{a / b:.2f}x" if b else "-"
+def _x(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.2f}x"
 
 
 def print_report(report: dict, args) -> None:
@@ -36,6 +36,9 @@ def print_report(report: dict, args) -> None:
                       f"{r['median_tpot_ms']:.1f}", f"{r['median_itl_ms']:.1f}",
                       f"{r['median_e2el_ms']:.0f}", f"{r['goodput']:.2f}", str(r["failed"]))
         console.print(t)
+        errors = {r["first_error"] for r in s["rows"] if r.get("first_error")}
+        for e in sorted(errors):
+            console.print(f"[red]{name} failed[/]: {e}")
     console.print(f"rate: sent req/s; tok/s: output tokens/s; good: req/s with TTFT <= "
                   f"{args.slo_ttft_ms:g} and TPOT <= {args.slo_tpot_ms:g} ms")
     low = Table(title="low load: one request at a time", box=box.SIMPLE_HEAD, pad_edge=False)
@@ -62,8 +65,8 @@ def print_report(report: dict, args) -> None:
             peer = key.removeprefix("ours_over_")
             console.print(f"ours / {peer}: " + "; ".join(
                 f"{'burst' if r['rate'] == 'inf' else r['rate'].removesuffix('.0') + '/s'} "
-                f"tok/s {r['output_throughput']:.2f}x, TTFT p50 {r['ttft_p50']:.2f}x, "
-                f"p99 {r['ttft_p99']:.2f}x" for r in rows))
+                f"tok/s {_x(r['output_throughput'])}, TTFT p50 {_x(r['ttft_p50'])}, "
+                f"p99 {_x(r['ttft_p99'])}" for r in rows))
 
 
 def plot(report: dict, path: Path) -> None:

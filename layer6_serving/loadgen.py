@@ -56,8 +56,8 @@ def _text(chunk: dict) -> str:
 
 
 async def one_request(client: httpx.AsyncClient, url: str, model: str,
-                      request: BenchRequest | tuple, max_tokens: int | None = None
-                      ) -> RequestResult:
+                      request: BenchRequest | tuple, max_tokens: int | None = None, *,
+                      dialect: str = "vllm") -> RequestResult:
     """Send one streamed request; TTFT at the first chunk with text. Output tokens come from
     the usage the server reports, else one per text chunk."""
     if max_tokens is not None:  # the older (prompt, max_tokens) call
@@ -65,7 +65,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str,
     req = as_request(request)
     start, last, res, chunks = time.perf_counter(), None, RequestResult(ok=False), 0
     try:
-        async with client.stream("POST", url + req.endpoint, json=req.body(model)) as r:
+        async with client.stream("POST", url + req.endpoint, json=req.body(model, dialect)) as r:
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
@@ -98,7 +98,7 @@ async def one_request(client: httpx.AsyncClient, url: str, model: str,
 
 async def run_load(url: str, model: str, requests: list[BenchRequest | tuple[list[int], int]], *,
                    rate: float = float("inf"), max_concurrency: int | None = None, seed: int = 0,
-                   on_done=None) -> tuple[list[RequestResult], float]:
+                   on_done=None, dialect: str = "vllm") -> tuple[list[RequestResult], float]:
     """Send `requests` (BenchRequests, or (prompt ids, max_tokens) pairs) at `rate` req/s
     (inf: a burst), at most max_concurrency at once; the results in order and the wall time."""
     rng = np.random.default_rng(seed)
@@ -107,7 +107,7 @@ async def run_load(url: str, model: str, requests: list[BenchRequest | tuple[lis
     async with httpx.AsyncClient(timeout=httpx.Timeout(600), limits=limits) as client:
         async def go(request) -> RequestResult:
             async with gate:
-                res = await one_request(client, url, model, request)
+                res = await one_request(client, url, model, request, dialect=dialect)
             if on_done:
                 on_done(res)
             return res

@@ -74,6 +74,12 @@ def test_request_bodies():
     assert b["stream"] and b["temperature"] == 0 and b["stream_options"]["include_usage"]
     done = as_request(([5, 6, 7], 3))  # the older (ids, max_tokens) pair
     assert done.body("m")["prompt"] == [5, 6, 7] and done.body("m")["ignore_eos"]
+    # transformers serve refuses unknown fields: EOS is ignored through a generation_config
+    peer = done.body("m", "transformers")
+    assert "ignore_eos" not in peer and "stream_options" not in peer
+    assert json.loads(peer["generation_config"]) == {"do_sample": False}
+    with pytest.raises(ValueError, match="dialect"):
+        done.body("m", "sglang")
 
 
 def _sse(chunks: list[dict], done: bool) -> bytes:

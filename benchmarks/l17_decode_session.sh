@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Issue 17 item 1 (batch-1 decode >= 80 % MBU) on one GPU call, every step under `timeout`:
-#   decode   fused vs unfused decode (l17_bench.py decode), default GEMV tiles
+#   decode   fused decode (with / without PDL) vs the general path (l17_bench.py decode)
+#   tests    the GPU tests of the fused path, the decode kernels, the paged kernel, the engine
 #   kernels  GEMV tile sweep vs cuBLAS, fused prologues, split decode attention
 #            (decode_kernels_bench.py) -> decode_kernels.json
 #   tuned    the decode bench again with the sweep's tiles
 #   profile  kernels of one eager fused decode step (profile_decode.py)
-#   tests    the GPU tests of the fused path and the paged kernel
-# Usage: OUT=dir bash benchmarks/l17_decode_session.sh [quick]   (worst case ~280 s)
+#   paged    paged decode kernel vs SDPA at the layer-4 bench shapes (stack bench --only kernel)
+# Usage: OUT=dir bash benchmarks/l17_decode_session.sh   (worst case ~290 s)
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-quick=${1:-}
 step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, say how it ended
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS
@@ -21,15 +21,18 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, sa
     [ $rc = 0 ] || tail -6 "$out/$name.log"
 }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-step decode 60 python3 benchmarks/l17_bench.py decode --out "$out"
+step decode 70 python3 benchmarks/l17_bench.py decode --out "$out"
 tail -1 "$out/decode.log"
-step kernels 100 python3 benchmarks/decode_kernels_bench.py --out "$out" ${quick:+--quick}
-grep -v "^TUNED" "$out/kernels.log" | tail -14; grep "^TUNED" "$out/kernels.log"
+step tests 70 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/layer3/test_fused_decode.py \
+    tests/layer1/test_gemv.py tests/layer4/test_paged_attention.py tests/layer4/test_engine_gpu.py \
+    tests/layer4/test_cuda_graph_runner.py
+grep "^step\|passed\|failed" "$out/tests.log" | tail -16
+step kernels 40 python3 benchmarks/decode_kernels_bench.py --out "$out"
+grep -v "^TUNED" "$out/kernels.log" | tail -12; grep "^TUNED" "$out/kernels.log"
 mkdir -p "$out/tuned"
-[ -f "$out/decode_kernels.json" ] && step tuned 45 python3 benchmarks/l17_bench.py decode \
+[ -f "$out/decode_kernels.json" ] && step tuned 50 python3 benchmarks/l17_bench.py decode \
     --out "$out/tuned" --gemv-tuned "$out/decode_kernels.json" && tail -1 "$out/tuned.log"
-step profile 30 python3 benchmarks/profile_decode.py
-head -22 "$out/profile.log"
-step tests 45 python3 -m pytest -m gpu -q -p no:cacheprovider -x tests/layer3/test_fused_decode.py \
-    tests/layer1/test_gemv.py tests/layer4/test_paged_attention.py
-tail -4 "$out/tests.log"
+step profile 25 python3 benchmarks/profile_decode.py
+grep -v Warn "$out/profile.log" | head -9
+step paged 40 stack bench --layer 4 --only kernel
+grep -E "^ +[0-9]+ +[0-9]+ " "$out/paged.log" | head -14

@@ -29,6 +29,9 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 # isort: split
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from .gemv import pdl_launch
 
 _LOG2E = 1.4426950408889634
 
@@ -43,8 +46,10 @@ def _paged_decode_kernel(
     stride_tb, stride_tc, stride_ob, stride_oh, stride_od,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, WINDOWED: tl.constexpr, IDENTITY: tl.constexpr,
-    FUSED_MERGE: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, PDL: tl.constexpr,
 ):
+    if PDL:  # everything below reads what the kernels before wrote
+        gdc_wait()
     b = tl.program_id(0).to(tl.int64)
     h_kv = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
@@ -95,6 +100,8 @@ def _paged_decode_kernel(
         acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
         m_i = m_new
 
+    if PDL:
+        gdc_launch_dependents()
     seen = l_i > 0.0  # false for an empty part (or an empty sequence): its output is 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
     o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
@@ -212,6 +219,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=splits, WINDOWED=window is not None,
         IDENTITY=block_tables is None, FUSED_MERGE=counters is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **pdl_launch(q.device) if counters is not None or splits == 1 else {"PDL": False},
     )
     if splits > 1 and counters is None:
         _merge_splits_kernel[(B * Hq,)](

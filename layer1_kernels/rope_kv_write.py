@@ -26,7 +26,9 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 # isort: split
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .gemv import pdl_launch
 from .rope import _check as _check_rope
 from .rope import _rotate_heads, rope_reference
 
@@ -37,14 +39,19 @@ def _rope_cache_kernel(q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, pos_ptr, slot_ptr,
                        kc_stride_s, kc_stride_h, vc_stride_s, vc_stride_h, table_stride,
                        n_q_heads, n_k_heads,
                        HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-                       BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr):
+                       BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
+    # positions, slots and the tables are not written by the kernel before (the qkv GEMV):
+    # under PDL they are read before waiting for it.
     pos = tl.load(pos_ptr + t).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HALF
     cos = tl.load(cos_ptr + pos * table_stride + d, mask=d_mask, other=0.0).to(tl.float32)
     sin = tl.load(sin_ptr + pos * table_stride + d, mask=d_mask, other=0.0).to(tl.float32)
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
     _rotate_heads(q_ptr + t * q_stride_t, q_stride_h, n_q_heads, cos, sin, d, d_mask, HALF,
                   BLOCK_HQ)
     # k: rotate, store in place and into its slot; v: copy into its slot.
@@ -110,6 +117,6 @@ def rope_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         cos_c.stride(0), q.shape[1], Hkv,
         HALF=half, BLOCK_D=triton.next_power_of_2(half),
         BLOCK_HQ=triton.next_power_of_2(max(q.shape[1], 1)),
-        BLOCK_HK=triton.next_power_of_2(max(Hkv, 1)), num_warps=4,
+        BLOCK_HK=triton.next_power_of_2(max(Hkv, 1)), num_warps=4, **pdl_launch(q.device),
     )
     return q, k

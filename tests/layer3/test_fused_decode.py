@@ -100,21 +100,57 @@ def test_general_path_kept_for_prefill_and_large_batches(monkeypatch):
 
 @pytest.mark.gpu
 def test_fused_decode_1b_shape_gpu():
+    """1B shape, random bf16 weights. Teacher-forced (both fed the general path's greedy
+    tokens): the fused path's logits differ from the general path's by no more than the
+    torch backend's do (the same bf16 arithmetic in other kernels: the tolerance of bf16 over
+    16 layers), and pick the same token at every step whose top-2 margin exceeds that noise;
+    free-running greedy tokens are identical up to the first near-tie."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, plain = _pair(dict(l3.LLAMA_3_2_1B), torch.bfloat16, "cuda", "auto")
+    eager = l3.random_model(cfg, backend="torch", dtype=torch.bfloat16, device="cuda")
+    eager.load_state_dict(fused.state_dict())
     gen = torch.Generator().manual_seed(0)
-    prompt = [torch.randint(0, cfg.vocab_size, (33,), generator=gen).cuda()]
+    prompt = torch.randint(0, cfg.vocab_size, (33,), generator=gen).cuda()
+    nets = (fused, plain, eager)
     caches = [l3.ContiguousKVCache.for_model(cfg, 1, 64, dtype=torch.bfloat16, device="cuda")
-              for _ in range(2)]
+              for _ in nets]
+    steps, compared = 12, 0
     with torch.no_grad():
-        a = _decode(fused, caches[0], None, prompt, 12)
-        b = _decode(plain, caches[1], None, prompt, 12)
-    for x, y in zip(a, b, strict=True):
-        assert ((x - y).norm() / y.norm()).item() < 2e-2
-    assert [int(x.argmax()) for x in a] == [int(y.argmax()) for y in b]
-    # ... and through a CUDA graph, as the decode benchmark runs it
-    graph = l3.CudaGraphDecoder(fused, caches[0], 1)
-    tok, pos = a[0].argmax(-1), torch.tensor([34], device="cuda")
-    ref = fused(tok, caches[0].context([1], [34]), caches[0], last_only=True)
-    assert ((graph.step(tok, pos) - ref).norm() / ref.norm()).item() < 1e-3
+        for net, cache in zip(nets, caches, strict=True):
+            net(prompt, cache.context([33], [0]), cache, last_only=True)
+        tok = torch.tensor([7], device="cuda")
+        for i in range(steps):
+            a, b, c = (net(tok, cache.context([1], [33 + i]), cache, last_only=True)[0]
+                       for net, cache in zip(nets, caches, strict=True))
+            err, noise = ((a - b).norm() / b.norm()).item(), ((c - b).norm() / b.norm()).item()
+            print(f"step {i}: fused vs general {err:.2e}, torch backend vs general {noise:.2e}")
+            assert err < max(3e-2, 2 * noise)
+            top2 = b.topk(2).values
+            if (top2[0] - top2[1]).item() > 4 * (a - b).abs().max().item():
+                assert int(a.argmax()) == int(b.argmax())
+                compared += 1
+            tok = b.argmax().view(1)
+    assert compared >= steps // 3
+    # free-running greedy, and the fused step through a CUDA graph (as the benchmark runs it)
+    outs = []
+    for net in (fused, plain):
+        cache = l3.ContiguousKVCache.for_model(cfg, 1, 64, dtype=torch.bfloat16, device="cuda")
+        with torch.no_grad():
+            logits = net(prompt, cache.context([33], [0]), cache, last_only=True)
+            seq, margins = [], []
+            for i in range(steps):
+                tok = logits.argmax(-1)
+                seq.append(int(tok))
+                logits = net(tok, cache.context([1], [33 + i]), cache, last_only=True)
+                top2 = logits[0].topk(2).values
+                margins.append((top2[0] - top2[1]).item())
+        outs.append((seq, margins, cache))
+    (s_f, _, cache_f), (s_p, m_p, _) = outs
+    first_tie = next((i for i, m in enumerate(m_p) if m < 0.05), steps)
+    assert s_f[:first_tie + 1] == s_p[:first_tie + 1]
+    graph = l3.CudaGraphDecoder(fused, cache_f, 1)
+    tok, pos = torch.tensor([11], device="cuda"), torch.tensor([33 + steps], device="cuda")
+    ref = fused(tok, cache_f.context([1], [33 + steps]), cache_f, last_only=True)
+    got = graph.step(tok, pos)
+    assert ((got - ref).norm() / ref.norm()).item() < 1e-3

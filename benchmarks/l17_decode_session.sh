@@ -34,5 +34,5 @@ mkdir -p "$out/tuned"
     --out "$out/tuned" --gemv-tuned "$out/decode_kernels.json" && tail -1 "$out/tuned.log"
 step profile 25 python3 benchmarks/profile_decode.py
 grep -v Warn "$out/profile.log" | head -9
-step paged 40 stack bench --layer 4 --only kernel
+step paged 45 python3 -c "from layer4_algorithms.kv.bench_paged_attention import bench_paged_decode as b; b()"
 grep -E "^ +[0-9]+ +[0-9]+ " "$out/paged.log" | head -14

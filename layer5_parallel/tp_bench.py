@@ -170,13 +170,14 @@ def step_breakdown(
     max_tokens: int = 16,
     tp_threads: int | None = None,
     rank0_threads: int | None = None,
+    tp1_threads: int | None = None,
 ) -> dict:
     """Where a CPU step goes, TP=1 vs TP=tp (course model, fp32, gloo): per step, rank 0's
     engine host work (scheduling, sampling: step minus forward), the forward's compute, its
     collectives (all-reduces + the logits' all-gather, waiting for the slower rank included)
     and its control messages (the pipe message + the step's broadcast). tp_threads: threads
     per rank (None: cores // tp); rank0_threads: override rank 0's afterwards (the old
-    behaviour kept all cores: pass os.cpu_count())."""
+    behaviour kept all cores: pass os.cpu_count()); tp1_threads: TP=1's (None: as it is)."""
     path = l3.course_model_dir("target")
     prompts = workload(num_prompts, 4096, 8, 48, seed=1)
     kw = dict(dtype="float32", num_blocks=sum(-(-(len(p) + max_tokens) // 16) for p in prompts) + 8)
@@ -187,15 +188,16 @@ def step_breakdown(
         try:
             if size > 1 and rank0_threads:
                 torch.set_num_threads(rank0_threads)
+            if size == 1 and tp1_threads:
+                torch.set_num_threads(tp1_threads)
             _throughput(llm, prompts[:2], 2)  # warm-up
             timer = _Timed(llm.runner.net)
             group = llm.tp_group
             comm = group.comm if group else None
             c0 = dict(comm.seconds_by) if comm else {}
             ctl0 = group.control_s if group else 0.0
-            steps0, el0 = llm.stats.steps, llm.stats.elapsed_s
             tps, tokens = _throughput(llm, prompts, max_tokens)
-            steps, elapsed = llm.stats.steps - steps0, llm.stats.elapsed_s - el0
+            steps, elapsed = llm.stats.steps, llm.stats.elapsed_s  # generate() resets them
             coll = ctl = 0.0
             if comm:
                 d = {k: comm.seconds_by[k] - c0[k] for k in c0}

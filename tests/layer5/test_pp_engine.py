@@ -109,6 +109,21 @@ def test_each_stage_holds_its_layers_and_their_kv(ref, pp):
     assert all(row["busy_s"] > 0 for row in pp["busy"])  # every stage computed
 
 
+def test_speculative_decoding_through_the_stages(model):
+    """n-gram speculation: the verify step needs the logits of every drafted token (not only
+    the last), which come back from the last stage per micro-batch; greedy output unchanged."""
+    base = torch.randint(0, 211, (6,), generator=torch.Generator().manual_seed(5)).tolist()
+    ps = [base * 3 + [i] for i in range(6)]  # repetitive: prompt lookup proposes drafts
+    params = l5.SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    ref = l5.LLM(model, **ENGINE)
+    want = [[o.outputs[0].token_ids] for o in ref.generate(ps, params)]
+    with l5.LLM(model, pipeline_parallel_size=2, speculative=dict(method="ngram", k=3),
+                **ENGINE) as llm:
+        got = [[o.outputs[0].token_ids] for o in llm.generate(ps, params)]
+        assert llm.stats.spec_proposed > 0
+    assert_same_or_near_tie({"llm": ref, "ids": ps, "tokens": want}, {"tokens": got})
+
+
 def test_stages_chained_in_one_process_equal_the_model():
     """No processes: StageNets over their own StageKVCaches, run in order, give the model's
     logits, for a prefill and then a decode step over the same paged blocks."""

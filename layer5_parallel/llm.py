@@ -76,6 +76,13 @@ class TPPagedKVCache(engine.PagedKVCache):
         self.__dict__.update(inner.__dict__)
         self.group = group
 
+    def context(self, *args, **kw):
+        """Layer 4's step context; a closed group says so first (before layer 4 checks the step
+        a failed one left behind)."""
+        if self.group.error is not None:
+            raise RuntimeError(f"the {self.group.label} group is closed: {self.group.error}")
+        return super().context(*args, **kw)
+
     def copy_blocks(self, pairs) -> None:
         if pairs:
             with self.group.guard("copy-on-write"):

@@ -91,7 +91,10 @@ def load(url: str, model: str, requests, label: str, rate: float, concurrency: i
 def drive(name: str, url: str, model: str, requests, warmup, low, args,
           dialect: str = "vllm") -> dict:
     """Warm-up, the low-load pass (one request at a time) and every rate against one server."""
-    load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed, dialect)
+    results, _ = load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed,
+                      dialect)
+    if not any(r.ok for r in results):  # no use loading a server that answers nothing
+        raise RuntimeError(f"{name} failed every warm-up request: {results[0].error}")
     results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed,
                        dialect)
     out = {"low_load": summarize(results, dt), "rows": []}
@@ -163,7 +166,14 @@ def _sigterm(signum, frame) -> None:  # a service manager's stop: leave through 
 
 def bench(argv: list[str]) -> int:
     args = parse_args(argv)
-    signal.signal(signal.SIGTERM, _sigterm)
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    try:
+        return _bench(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _bench(args: argparse.Namespace) -> int:
     out_dir = results_dir(args.out)
     env = {"OMP_NUM_THREADS": str(args.threads)} if args.threads else {}
     if args.threads:
@@ -182,6 +192,7 @@ def bench(argv: list[str]) -> int:
     llm = l5.LLM(served, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4)
     num_blocks = llm.block_manager.num_blocks
     tokenizer = llm.model.tokenizer
+    dtype = str(next(llm.model.net.parameters()).dtype).removeprefix("torch.")
     requests, warmup, low = build_workload(args, tokenizer, llm.model.config.vocab_size)
     if args.url is None:
         console.print(f"offline engine: prefill of {len(low)} prompts, one at a time ...")
@@ -189,7 +200,7 @@ def bench(argv: list[str]) -> int:
         console.print(f"offline engine: {len(requests)} requests ...")
         report["offline"] = {**offline_throughput(llm, requests),
                              "prefill_ms_p50": statistics.median(pre), "prefill_ms": pre}
-    report["config"] |= {"num_blocks": num_blocks, "served_model": served,
+    report["config"] |= {"num_blocks": num_blocks, "served_model": served, "dtype": dtype,
                          "mean_prompt_tokens": statistics.mean(len(r.prompt_ids)
                                                                for r in requests),
                          "mean_max_tokens": statistics.mean(r.max_tokens for r in requests)}
@@ -212,15 +223,18 @@ def bench(argv: list[str]) -> int:
                                                   requests, warmup, low, args)
         if args.peer:
             port = free_port()
-            cmd, peer_env, name = peer_command(args.peer, Path(served), port, device=device)
+            cmd, peer_env, name = peer_command(args.peer, Path(served), port, device=device,
+                                               dtype=dtype)
             console.print(f"starting {args.peer} serve ...")
             with ServerProcess(cmd, f"http://127.0.0.1:{port}", name=args.peer,
                                env=env | peer_env):
                 report["servers"][args.peer] = drive(args.peer, f"http://127.0.0.1:{port}",
                                                      name, requests, warmup, low, args,
                                                      dialect=args.peer)
-    except KeyboardInterrupt:
-        console.print("interrupted: servers stopped")
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a timeout): keep what was measured
+        report["interrupted"] = True
+        (out_dir / "bench.json").write_text(json.dumps(report, indent=2, default=str))
+        console.print(f"interrupted: servers stopped; partial results in {out_dir / 'bench.json'}")
         return 130
     except RuntimeError as e:
         console.print(f"[red]error:[/] {e}")

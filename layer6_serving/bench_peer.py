@@ -72,15 +72,16 @@ def peer_available(peer: str) -> str | None:
     return None
 
 
-def peer_command(peer: str, path: Path, port: int, *, device: str,
+def peer_command(peer: str, path: Path, port: int, *, device: str, dtype: str = "auto",
                  continuous_batching: bool = True) -> tuple[list[str], dict[str, str], str]:
     """(command, extra environment, the request's model name) for the peer on
-    127.0.0.1:port. Continuous batching on: the peer's own engine, as ours is one."""
+    127.0.0.1:port, in our engine's dtype. Continuous batching on: the peer's own engine
+    (paged KV cache), as ours is one."""
     if peer != "transformers":
         raise ValueError(f"unknown peer {peer!r} (known: {', '.join(PEERS)})")
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(path),
            "--host", "127.0.0.1", "--port", str(port), "--device", device,
-           "--log-level", "warning"]
+           "--dtype", dtype, "--log-level", "warning"]
     cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
     # offline: no update check against PyPI, no hub look-ups
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",

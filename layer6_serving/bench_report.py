@@ -63,10 +63,10 @@ def print_report(report: dict, args) -> None:
     for key, rows in ratios.items():
         if key.startswith("ours_over_"):
             peer = key.removeprefix("ours_over_")
-            console.print(f"ours / {peer}: " + "; ".join(
-                f"{'burst' if r['rate'] == 'inf' else r['rate'].removesuffix('.0') + '/s'} "
-                f"tok/s {_x(r['output_throughput'])}, TTFT p50 {_x(r['ttft_p50'])}, "
-                f"p99 {_x(r['ttft_p99'])}" for r in rows))
+            for r in rows:
+                rate = "burst" if r["rate"] == "inf" else r["rate"].removesuffix(".0") + "/s"
+                console.print(f"ours / {peer} at {rate}: output tok/s {_x(r['output_throughput'])}"
+                              f", TTFT p50 {_x(r['ttft_p50'])}, TTFT p99 {_x(r['ttft_p99'])}")
 
 
 def plot(report: dict, path: Path) -> None:

@@ -103,6 +103,7 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
+    ap.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (stages)")
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model")
     ap.add_argument("--max-num-seqs", type=int, default=None)
@@ -113,7 +114,9 @@ def serve_main(argv: list[str]) -> int:
                     "of the server process instead of a process of its own (slower: one GIL)")
     args = ap.parse_args(argv)
     kwargs = {k: v for k, v in (("num_blocks", args.num_blocks),
-                                ("max_num_seqs", args.max_num_seqs)) if v is not None}
+                                ("max_num_seqs", args.max_num_seqs),
+                                ("pipeline_parallel_size", args.pp if args.pp != 1 else None))
+              if v is not None}
     try:
         handle = start_server(args.model or ["course"], host=args.host, port=args.port,
                               tensor_parallel_size=args.tp, api_key=args.api_key,

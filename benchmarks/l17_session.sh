@@ -40,7 +40,7 @@ grep -A12 "^ step batch" "$out/profile_engine.log"
 step kernel 60 stack bench --layer 4 --only kernel
 grep -v "Warning\|sdpa(q" "$out/kernel.log" | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
 step spec 80 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 1
-grep "geometric-mean\|DIFFER" "$out/spec.log"
+grep -A12 "geometric-mean\|DIFFER" "$out/spec.log"
 step pytest_gpu 45 python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/layer4/test_speculative_graph.py tests/layer4/test_cuda_graph_runner.py
 tail -3 "$out/pytest_gpu.log"

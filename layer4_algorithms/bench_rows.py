@@ -26,6 +26,10 @@ def annotate(rows: list[dict], info: dict) -> list[dict]:
                    "mean TTFT without the prefix cache / with it, this run")
             _roofline(r, None, "TTFT: no roofline defined")
             continue
+        if r["what"].endswith(", prefix cache off"):  # the reference of the row above
+            _ratio(r, 1.0, "this row: the reference (TTFT without the prefix cache)")
+            _roofline(r, None, "TTFT: no roofline defined")
+            continue
         ref = hf.get(r["device"])
         if "ratio" not in r:
             value = (r["tokens_per_s"] / ref["tokens_per_s"]

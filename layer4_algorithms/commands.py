@@ -52,6 +52,37 @@ def _ms(s: float | None) -> str:
     return "" if s is None else f"{s * 1e3:,.1f}"
 
 
+def bench_table(rows: list[dict]) -> Table:
+    """Every row's figure, its ratio to the reference named in the JSON, and its roofline
+    fraction, readable at 80 columns: an unmeasured roofline shows as "-*" with its note in
+    the caption; TTFT, preemptions and other details go to the notes column. Speculative
+    decoding shows its geometric means (the per-prompt rows are in format_bench's table)."""
+    table = Table(title="Layer 4 (ratio: see ratio_reference in the JSON)")
+    for col, justify in (("what", "left"), ("tok/s", "right"), ("ratio", "right"),
+                         ("roofline", "right"), ("notes", "left")):
+        table.add_column(col, justify=justify)
+    notes: list[str] = []
+    for r in rows:
+        if r["what"].startswith("speculative") and ", prompt " in r["what"]:
+            continue  # per prompt: in the speculative table above and the JSON
+        if r.get("roofline_fraction") is None:
+            note = r.get("roofline_note", "not measured")
+            notes += [note] if note not in notes else []
+            roof = "-" + "*" * (notes.index(note) + 1)
+        else:
+            roof = f"{r['roofline_fraction']:.0%}"
+        extra = [f"TTFT {_ms(r['mean_ttft_s'])} ms"] if r.get("mean_ttft_s") is not None else []
+        extra += [f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
+                  for k in ("preemptions", "prefix_hit_rate", "steps", "same_outputs",
+                            "matches_greedy", "acceptance_rate") if r.get(k) is not None]
+        table.add_row(f"{r['device']}: {r['what']}",
+                      f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
+                      f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-", roof,
+                      ", ".join(extra))
+    table.caption = "  ".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) or None
+    return table
+
+
 def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="stack run --layer 4",
                                  description="the engine serves the course model")
@@ -269,22 +300,8 @@ def _gpu(rows: list[dict], args: argparse.Namespace, info: dict) -> None:
 
 def _print(rows: list[dict], info: dict, name: str = "bench.json") -> None:
     rows = annotate(rows, info)  # ratio to a reference of this run, roofline fraction; kernel/spec
-    table = Table(title="Layer 4 benchmarks (output tokens/s; TTFT in ms)")
-    for col in ("what", "tokens/s", "s", "ratio (JSON: ratio_reference)", "of roofline",
-                "mean TTFT", "preempt", "notes"):
-        table.add_column(col)
-    for r in rows:
-        vs = f"{r['ratio']:.2f}x" if r.get("ratio") is not None else ""
-        notes = ", ".join(f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
-                          for k in ("prefix_hit_rate", "ttft_speedup", "same_outputs",
-                                    "steps") if k in r)
-        table.add_row(f"{r['device']}: {r['what']}",
-                      f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
-                      f"{r['seconds']:.2f}" if "seconds" in r else "", vs,
-                      f"{r['roofline_fraction']:.0%}" if r.get("roofline_fraction") else "",
-                      _ms(r.get("mean_ttft_s")), str(r.get("preemptions", "")), notes)
     if rows:
-        console.print(table)
+        (console if console.is_terminal else Console(width=80)).print(bench_table(rows))
     for k, v in info.items():
         if k not in ("speculative", "paged_decode_kernel"):  # printed as tables above
             console.print(f"{k}: {v}")

@@ -137,11 +137,13 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
 
 
 def format_bench(result: dict) -> str:
-    """A small text table of bench_speculative's result."""
-    lines = [f"speculative decoding, batch 1 greedy, {result['new_tokens']} new tokens, device "
-             f"{result['device']}, {result['threads']} thread(s), {result['dtype']}, "
-             f"{result.get('clock', 'wall')} clock, median of "
-             f"{result['repeats']}"]
+    """A small text table of bench_speculative's result, at most 80 columns wide."""
+    lines = [f"speculative decoding, batch 1 greedy, {result['new_tokens']} new tokens, "
+             f"{result['device']},",
+             f"{result['threads']} thread(s), {result['dtype']}, "
+             f"{result.get('clock', 'wall')} clock, median of {result['repeats']}; per config: "
+             "tok/s, speed-up,",
+             "acceptance, tokens per verify round, ms proposing + verifying per round"]
     for name, p in result["prompts"].items():
         lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "
                      f"draft alone {p['draft_tokens_per_s']:.1f} tok/s")
@@ -149,13 +151,11 @@ def format_bench(result: dict) -> str:
             cfg = f"{e['method']} k={e['k']}"
             if e["stop_below"] is not None:
                 cfg += f" stop<{e['stop_below']}"
-            lines.append(f"    {cfg:20s} {e['tokens_per_s']:6.1f} tok/s  x{e['speedup']:.2f}  "
-                         "accept "
-                         f"{e['acceptance_rate']:.2f}  tokens/round "
-                         f"{e['mean_tokens_per_round']:.2f}  "
-                         f"{e['propose_ms_per_round']:.2f} ms propose + "
-                         f"{e['verify_ms_per_round']:.2f} ms verify"
-                         + ("" if e["matches_greedy"] else "  (TOKENS DIFFER FROM GREEDY)"))
-    lines.append("  geometric-mean speed-up over the prompts: " + ", ".join(
-        f"{k}: x{v:.2f}" for k, v in result["summary"].items()))
+            lines.append(f"    {cfg:17s}{e['tokens_per_s']:7.1f} x{e['speedup']:.2f} "
+                         f"acc {e['acceptance_rate']:.2f} tok/rnd "
+                         f"{e['mean_tokens_per_round']:.2f} "
+                         f"{e['propose_ms_per_round']:.2f}+{e['verify_ms_per_round']:.2f} ms"
+                         + ("" if e["matches_greedy"] else " DIFFERS FROM GREEDY"))
+    lines.append("  geometric-mean speed-up over the prompts:")
+    lines += [f"    {k}: x{v:.2f}" for k, v in result["summary"].items()]
     return "\n".join(lines)

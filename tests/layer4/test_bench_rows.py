@@ -52,4 +52,27 @@ def test_spec_json_has_rows_on_cpu(tmp_path, monkeypatch, capsys):
         assert r["roofline_fraction"] is None and r["roofline_note"]
     assert all(r["matches_greedy"] for r in rows if "matches_greedy" in r)
     assert any(r.get("roofline_note") == NO_CPU_CEILING for r in rows)
-    assert "speculative draft k=2" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    table = [line for line in out.splitlines() if not line.startswith("wrote ")]  # a tmp path
+    assert "draft k=2" in out and max(len(line) for line in table) <= 80
+
+
+def test_table_reads_at_80_columns_with_ratio_and_roofline_per_row():
+    from rich.console import Console
+
+    rows = annotate([{"what": "ours, continuous batching, max_num_seqs=256", "device": "cuda",
+                      "tokens_per_s": 18000.0, "roofline_fraction": 0.28, "preemptions": 0},
+                     {"what": "transformers generate, padded batches of 64", "device": "cuda",
+                      "tokens_per_s": 1000.0, "roofline_fraction": 0.02},
+                     {"what": "8 requests sharing a 256-token prefix (+16 own), prefix cache ON",
+                      "device": "cpu", "mean_ttft_s": 0.1},
+                     {"what": "8 requests sharing a 256-token prefix (+16 own), prefix cache off",
+                      "device": "cpu", "mean_ttft_s": 0.3}],
+                    {"paged_decode_kernel": [_kernel_result()]})
+    assert rows[3]["ratio"] == 1.0  # the prefix-off row is its ON row's reference
+    console = Console(width=80, record=True)
+    console.print(commands.bench_table(rows))
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for figure in ("18.00x", "28%", "3.00x", "1.00x", "0.50x", "17%", "TTFT 100.0 ms", "-*"):
+        assert figure in text, figure

@@ -2,15 +2,21 @@
 
     python benchmarks/profile_engine.py [--seqs 256] [--steps 20] [--profile-steps 10]
                                         [--json out.json] [--no-to-end]
+                                        [--async-scheduling auto|on|off] [--unfinished]
 
 Llama-3.2-1B's shape with random bf16 weights, nano-vllm's workload: `--seqs` requests,
 prompts and outputs uniform in [--min-len, --max-len] tokens (EOS ignored, greedy). All
 prompts are admitted and prefilled first; then decode-only steps (CUDA graphs) are timed:
-wall time per step and each host stage (schedule, context, sample, postprocess, outputs).
-Then `--profile-steps` steps run under torch.profiler, each inside its own record_function
-range: per step, GPU busy time (the union of kernel and memcpy intervals inside the step's
+wall time per step and each host stage (schedule, context, sample, postprocess, outputs;
+under async scheduling `_complete` includes the wait for the previous step's tokens).
+Steps are driven as generate() drives them (`step(unfinished=False)`; --unfinished: every
+request's output each step, as layer 6's loop asks). Then `--profile-steps` steps run under
+torch.profiler, each inside its own record_function range and with no sync between them:
+per step, GPU busy time (the union of kernel and memcpy intervals inside the step's
 wall-clock window) against wall time gives the GPU-idle fraction -- the host time the GPU
-waits for (the step ends in one host sync, so its kernels finish inside its window). Last,
+waits for -- and the same over the whole window of steps (`window_gpu_idle_fraction`; with
+async scheduling a step's kernels run during the next step's window, so the window figure
+is the one to read). Last,
 unless --no-to-end, the workload runs to completion and every decode pass is counted by
 batch size as replayed from a CUDA graph or run eagerly (the graph coverage).
 Prints a short table; --json writes the same figures. --smoke: a tiny model on the CPU
@@ -62,9 +68,9 @@ def count_coverage() -> None:
         _REPLAYED[0] = True
         return run(self, *a, **k)
 
-    def counted_forward(self, group):
+    def counted_forward(self, group, *a, **k):
         _REPLAYED[0] = False
-        result = forward(self, group)
+        result = forward(self, group, *a, **k)
         if all(s.query_len == 1 for s in group):
             COVERAGE[len(group)]["graph" if _REPLAYED[0] else "eager"] += 1
         return result
@@ -90,7 +96,8 @@ def idle_per_step(events, prefix: str = "engine_step#") -> list[dict]:
     # the step ranges also appear on the GPU track (user annotations spanning their kernels):
     # neither a kernel nor a second step
     gpu = [(e.time_range.start, e.time_range.end) for e in events
-           if e.device_type == DeviceType.CUDA and not e.name.startswith(prefix)]
+           if e.device_type == DeviceType.CUDA and not e.name.startswith(prefix)
+           and e.name != "engine_drain"]
     steps = sorted((e for e in events
                     if e.name.startswith(prefix) and e.device_type == DeviceType.CPU),
                    key=lambda e: e.time_range.start)
@@ -105,6 +112,25 @@ def idle_per_step(events, prefix: str = "engine_step#") -> list[dict]:
     return out
 
 
+def window_idle(events, steps: list[dict], prefix: str = "engine_step#") -> dict:
+    """GPU busy vs wall over all profiled steps at once, from the first step's start to the
+    end of the GPU work they queued (the drain after them): with async scheduling a step's
+    kernels run while the host is in the next step's range."""
+    gpu = [(e.time_range.start, e.time_range.end) for e in events
+           if e.device_type == DeviceType.CUDA and not e.name.startswith(prefix)
+           and e.name != "engine_drain"]
+    marks = [e for e in events if e.device_type == DeviceType.CPU
+             and (e.name.startswith(prefix) or e.name == "engine_drain")]
+    if not gpu or not marks:
+        return {"wall_ms": None, "gpu_busy_ms": None, "gpu_idle_fraction": None,
+                "steps": len(steps)}
+    lo = min(e.time_range.start for e in marks)
+    hi = max(e.time_range.end for e in marks)
+    busy = union_within(gpu, lo, hi)
+    return {"wall_ms": (hi - lo) / 1e3, "gpu_busy_ms": busy / 1e3,
+            "gpu_idle_fraction": 1 - busy / max(hi - lo, 1e-9), "steps": len(steps)}
+
+
 def build(args: argparse.Namespace) -> tuple[LLM, str]:
     shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
     if args.smoke:
@@ -113,8 +139,9 @@ def build(args: argparse.Namespace) -> tuple[LLM, str]:
         dev, dtype = "cpu", torch.float32
     net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", dtype=dtype,
                           device=dev)
+    mode = {"auto": None, "on": True, "off": False}[args.async_scheduling]
     llm = LLM(l3.Model(net, None), max_num_seqs=args.seqs, block_size=16,
-              max_num_batched_tokens=8192, cuda_graph=True,
+              max_num_batched_tokens=8192, cuda_graph=True, async_scheduling=mode,
               max_model_len=2 * args.max_len + 64, num_blocks=None if dev == "cuda" else 40000)
     rng = random.Random(0)
     for i in range(args.seqs):  # nano-vllm's workload: prompt and output lengths uniform
@@ -136,12 +163,18 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--no-to-end", dest="to_end", action="store_false",
                     help="skip running the workload to completion (graph coverage)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--async-scheduling", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.async_scheduling (auto: on for CUDA)")
+    ap.add_argument("--unfinished", action="store_true",
+                    help="step() returns every request's output (layer 6's way)")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny model on the CPU: checks the script runs")
     args = ap.parse_args(argv)
     wrapped = [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
-               (PC.PagedKVCache, "context"), (MR.ModelRunner, "sample"),
-               (MR.ModelRunner, "execute"), (E.LLM, "_outputs")]
+               (PC.PagedKVCache, "context"), (MR.ModelRunner, "input_ids"),
+               (MR.ModelRunner, "sample"), (MR.ModelRunner, "sample_tokens"),
+               (MR.ModelRunner, "execute"), (E.LLM, "_launch"), (E.LLM, "_complete"),
+               (E.LLM, "_outputs")]
     originals = [(c, n, getattr(c, n)) for c, n in
                  wrapped + [(CG.CudaGraphRunner, "run"), (MR.ModelRunner, "_forward")]]
     for cls, name in wrapped:
@@ -160,16 +193,21 @@ def _profile(args: argparse.Namespace) -> dict:
     llm, dev = build(args)
     sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
     sched = llm.scheduler
+
+    def step() -> None:
+        llm.step(unfinished=args.unfinished)
+
     while sched.waiting or any(s.num_uncomputed_tokens > 1 for s in sched.running):
-        llm.step()
-    print(f"{len(sched.running)} sequences decoding after {llm.stats.steps} steps")
+        step()
+    print(f"{len(sched.running)} sequences decoding after {llm.stats.steps} steps "
+          f"(async_scheduling={llm.config.async_scheduling})")
     for _ in range(3):
-        llm.step()
+        step()
     sync()
     STAGES.clear()
     t0 = time.perf_counter()
     for _ in range(args.steps):
-        llm.step()
+        step()
     sync()
     wall = (time.perf_counter() - t0) / args.steps
     print(f"wall {wall * 1e3:.2f} ms per decode step at batch {len(sched.running)}")
@@ -179,22 +217,31 @@ def _profile(args: argparse.Namespace) -> dict:
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     batches = []
     with profile(activities=activities) as prof:
-        for i in range(args.profile_steps):
+        for i in range(args.profile_steps):  # no sync between steps: the overlap is measured
             batches.append(len(sched.running))
             with record_function(f"engine_step#{i}"):
-                llm.step()
-                sync()
-    steps = idle_per_step(prof.events())
+                step()
+        with record_function("engine_drain"):
+            sync()
+    events = prof.events()
+    steps = idle_per_step(events)
     for s, b in zip(steps, batches, strict=False):
         s["batch"] = b
     _print_steps(steps)
+    window = window_idle(events, steps)
+    if window["gpu_idle_fraction"] is not None:
+        print(f"window of {len(steps)} steps: {window['wall_ms']:.2f} ms wall, "
+              f"{window['gpu_busy_ms']:.2f} ms GPU busy, "
+              f"GPU idle {window['gpu_idle_fraction']:.0%}")
     kernels = _top_kernels(prof, args.profile_steps)
     if args.to_end:
         while llm.has_unfinished():
-            llm.step()
+            step()
     coverage = {b: dict(c) for b, c in sorted(COVERAGE.items())}
     _print_coverage(coverage)
     result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+              "async_scheduling": llm.config.async_scheduling,
+              "unfinished_outputs": args.unfinished, "window": window,
               "seqs": args.seqs, "lengths": [args.min_len, args.max_len],
               "wall_ms_per_step": wall * 1e3, "stages_ms_per_step": stages, "steps": steps,
               "mean_gpu_idle_fraction": _mean([s["gpu_idle_fraction"] for s in steps]),

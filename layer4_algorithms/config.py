@@ -72,7 +72,12 @@ class EngineConfig:
     (request priority, arrival); preemption takes the lowest priority). Runner: cuda_graph
     (decode steps replayed from CUDA graphs, CUDA only), attn_bytes_limit (padded attention
     scores per forward pass before a step is split). speculative: a SpecConfig or its dict,
-    or None."""
+    or None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its
+    decode inputs taken from step N's tokens on the device; step N's tokens read one step
+    later; see engine.py). None: on for a CUDA model without speculative decoding, else off;
+    True with speculative decoding is an error (verification needs the tokens on the host).
+    Outputs are the same either way; while a request with penalties or logprobs is live the
+    engine runs its steps synchronously."""
 
     backend: str = "torch"
     dtype: str | torch.dtype | None = None
@@ -90,6 +95,7 @@ class EngineConfig:
     cuda_graph: bool = False
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
     speculative: SpecConfig | dict | None = None
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         self.speculative = SpecConfig.of(self.speculative)
@@ -121,6 +127,11 @@ class EngineConfig:
             positive("max_num_seqs"), positive("max_num_batched_tokens"),
             positive("max_model_len", True), positive("attn_bytes_limit"),
             flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
+            None if self.async_scheduling is None or isinstance(self.async_scheduling, bool) else
+            f"async_scheduling must be True, False or None, got {self.async_scheduling!r}",
+            None if not (self.async_scheduling and self.speculative is not None) else
+            "async_scheduling=True does not work with speculative decoding (verification reads "
+            "the tokens on the host every step): leave it None or False",
             None if self.scheduling in POLICIES else
             f"unknown scheduling policy {self.scheduling!r}: expected one of {', '.join(POLICIES)}",
         ]

@@ -140,10 +140,12 @@ class CudaGraphRunner:
 
     @torch.no_grad()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
-            seq_lens: torch.Tensor) -> torch.Tensor:
+            seq_lens: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
         """One decode step: input_ids, positions, seq_lens (B,) (seq_lens[b] = positions[b] + 1),
         block_tables (B, n) with n <= max_blocks_per_seq, already holding the new token's block.
-        Writes each new token's k, v into its slot; returns a copy of the fp32 logits (B, V)."""
+        Writes each new token's k, v into its slot; returns a copy of the fp32 logits (B, V),
+        or with copy=False a view of the output buffer, which the next run overwrites (the
+        engine samples it first, in stream order: no (B, V) copy per step)."""
         B = input_ids.shape[0]
         if input_ids.dim() != 1 or positions.shape != (B,) or seq_lens.shape != (B,) \
                 or block_tables.dim() != 2 or block_tables.shape[0] != B:
@@ -171,4 +173,4 @@ class CudaGraphRunner:
             self.graphs[bucket].replay()
         else:
             self._step(bucket)
-        return self.logits[:B].clone()
+        return self.logits[:B].clone() if copy else self.logits[:B]

@@ -19,13 +19,23 @@ to append per sequence (accepted drafts + one) and records them in `counts` (Spe
 the only place speculation is counted; `LLM.stats` reads it); the scheduler rolls the KV
 back past the accepted ones (BlockManager.truncate) and calls `release(seq)` when a
 sequence gives up its row (finish, abort, preemption).
+
+Async scheduling (config.async_scheduling; SGLang's overlap scheduler, vLLM's async
+scheduling): a step launches its GPU work and returns without waiting for its tokens. The
+next `step()` schedules and launches step N+1 first, while the GPU still runs step N (a
+decoding sequence's input is step N's sampled token, gathered on the device), and only then
+reads step N's tokens (one host sync, behind work already queued), appends them, checks
+stops and builds outputs. A sequence that finishes at step N has been scheduled for step
+N+1 too: that token is discarded (its KV slot was its own; the blocks are freed at once,
+and the GPU runs steps in order, so nobody reuses them before that write). One whose step-N
+token reaches max_tokens is not scheduled again. Greedy outputs are the synchronous engine's.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -82,6 +92,7 @@ class LLM(EngineStatsMixin):
         if speculator is None and self.config.speculative is not None:
             speculator = EngineSpeculator.from_config(self.config, self.model)
         self.speculator = speculator
+        self.config = replace(self.config, async_scheduling=self._async_flag(self.config))
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0
         release = (speculator.release,) if speculator is not None else ()
         self.scheduler = Scheduler(self.block_manager, self.config,
@@ -90,6 +101,8 @@ class LLM(EngineStatsMixin):
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
+        self._inflight: _Launched | None = None  # async scheduling: the step on the GPU
+        self._host_sampling = 0  # live requests with penalties / logprobs: steps run sync
         self.closed = False
         self.reset_stats()
 
@@ -106,6 +119,17 @@ class LLM(EngineStatsMixin):
                 device=net.device, gpu_memory_utilization=config.gpu_memory_utilization)
         return replace(config, max_model_len=max_model_len, num_blocks=num_blocks,
                        kv_cache_bytes=None)
+
+    def _async_flag(self, config: EngineConfig) -> bool:
+        """config.async_scheduling resolved: None -> on for a CUDA model without a speculator."""
+        if self.speculator is not None:
+            if config.async_scheduling:
+                raise ValueError("async_scheduling=True does not work with speculative decoding "
+                                 "(verification reads the tokens on the host every step)")
+            return False
+        if config.async_scheduling is None:
+            return self.model.net.device.type == "cuda"
+        return config.async_scheduling
 
     def make_cache(self) -> PagedKVCache:
         """The paged KV pool, shaped by the model's config (per-rank heads under layer 5)."""
@@ -141,6 +165,7 @@ class LLM(EngineStatsMixin):
         seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
+        self._host_sampling += params.needs_logits_processing
         return rid
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
@@ -165,12 +190,15 @@ class LLM(EngineStatsMixin):
             return None
         self.scheduler.abort(request_id)
         prompt, seqs = self._requests.pop(request_id)
+        self._host_sampling -= seqs[0].params.needs_logits_processing
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
         return RequestOutput.of(request_id, prompt, seqs, time.perf_counter())
 
     def has_unfinished(self) -> bool:
+        """True while a request is waiting or running. (Under async scheduling a step may
+        still be on the GPU when this is False: its tokens all belong to finished requests.)"""
         return self.scheduler.has_unfinished()
 
     def close(self) -> None:
@@ -186,41 +214,108 @@ class LLM(EngineStatsMixin):
     # ---- the step --------------------------------------------------------------------------
     def step(self, *, unfinished: bool = True) -> list[RequestOutput]:
         """Run one step. Returns outputs of the requests it advanced (finished ones included;
-        unfinished=False: only the requests that finished in it)."""
+        unfinished=False: only the requests that finished in it). Under async scheduling the
+        step launched here is read by the next call: the outputs are the previous step's."""
         start = time.perf_counter()
+        prev, self._inflight = self._inflight, None
+        sync = not self.config.async_scheduling or self._host_sampling > 0
+        advanced: set[str] = set()
+        finished: list[Sequence] = []
+        if prev is not None and sync:  # a synchronous step needs every token on the host
+            self._complete(prev, advanced, finished)
+            prev = None
         out = self.scheduler.schedule()
-        if not out.scheduled:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError(
-                    f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting "
-                    f"and {len(self.scheduler.running)} running sequences (a bug: requests are "
-                    f"checked to fit when added)")
-            return []
+        if out.scheduled:
+            launched = self._launch(out, prev, sync)
+        elif prev is None and not advanced and self.scheduler.has_unfinished():
+            raise RuntimeError(
+                f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting "
+                f"and {len(self.scheduler.running)} running sequences (a bug: requests are "
+                f"checked to fit when added)")
+        else:
+            launched = None
+        if prev is not None:  # step N's tokens, read while the GPU runs step N+1
+            self._complete(prev, advanced, finished)
+        if launched is not None:
+            if launched.tokens is None:
+                self._complete(launched, advanced, finished)
+            else:
+                self._inflight = launched
+        now = time.perf_counter()
+        self._stats.elapsed_s += now - start
+        if not unfinished:  # only the requests that finished: no output for the others
+            advanced = {q.request_id for q in finished}
+        return self._outputs(advanced, unfinished, now)
+
+    def _launch(self, out: SchedulerOutput, prev: _Launched | None, sync: bool) -> _Launched:
+        """Run the scheduled step and sample it. sync: the tokens come back as a list (one
+        host sync; penalties, logprobs and speculation take this path), else they stay on the
+        device and are copied back without waiting (read by `_complete`)."""
         if self.speculator is not None:
             self.speculator.propose(out)
-        logits = self.runner.execute(out)
+        if prev is None:
+            logits = self.runner.execute(out)
+        else:  # decoding sequences' inputs are prev's tokens, still on the device
+            logits = self.runner.execute(out, prev.device_tokens)
         row_ids, who, spec = [], [], []
+        rows = logits.row
         for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
-            if logits.row[i] is None:
+            if rows[i] is None:
                 continue
             if s.spec_token_ids:
                 spec.append((s, logits.spec[i]))
                 continue
-            seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
-            row_ids += [logits.row[i]] * len(seqs)  # parallel-sampling children share the row
-            who += seqs
-        tokens = sample_rows(self.runner, logits.rows_of(row_ids), who)
-        sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
-        if spec:
-            verified = self.speculator.verify(spec)
-            count_speculation(spec, verified)
-            sampled.update(verified)
-        self.scheduler.postprocess(out, sampled)
-        now = time.perf_counter()
+            if s.seq.pending_forks:
+                seqs = [s.seq] + self._fork(s, out)
+                row_ids += [rows[i]] * len(seqs)  # parallel-sampling children share the row
+                who += seqs
+            else:
+                row_ids.append(rows[i])
+                who.append(s.seq)
         self._stats.steps += 1
-        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
-        self._stats.elapsed_s += now - start
-        return self._outputs({s.seq.request_id for s in out.scheduled}, unfinished, now)
+        self._stats.batched_tokens += sum(s.num_new_tokens + len(s.spec_token_ids)
+                                          for s in out.scheduled)
+        launched = _Launched(out, who)
+        if sync:
+            launched.sampled = dict(zip((q.seq_id for q in who),
+                                        ([t] for t in sample_rows(
+                                            self.runner, logits.rows_of(row_ids), who)),
+                                        strict=True))
+            if spec:
+                verified = self.speculator.verify(spec)
+                count_speculation(spec, verified)
+                launched.sampled.update(verified)
+            return launched
+        tokens = self.runner.sample_tokens(logits.rows_of(row_ids), [q.params for q in who],
+                                           [q.generator for q in who])
+        launched.device_tokens = tokens
+        if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
+            launched.tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            launched.tokens.copy_(tokens, non_blocking=True)
+            launched.event = torch.cuda.Event()
+            launched.event.record()
+        else:
+            launched.tokens = tokens
+        for j, q in enumerate(who):
+            q.num_pending += 1
+            q.pending_index = j
+        return launched
+
+    def _complete(self, launched: _Launched, advanced: set[str],
+                  finished: list[Sequence]) -> None:
+        """Read a launched step's tokens (waiting for them if still on the GPU), append them,
+        free what finished; adds the requests it advanced and the sequences it finished."""
+        sampled = launched.sampled
+        if sampled is None:
+            if launched.event is not None:
+                launched.event.synchronize()
+            who = launched.who
+            for q in who:
+                q.num_pending -= 1
+            sampled = dict(zip((q.seq_id for q in who), ([t] for t in launched.tokens.tolist()),
+                               strict=True))
+        finished += self.scheduler.postprocess(launched.out, sampled)
+        advanced.update(s.seq.request_id for s in launched.out.scheduled)
 
     def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
         p = parent.seq
@@ -248,9 +343,21 @@ class LLM(EngineStatsMixin):
             o = RequestOutput.of(rid, prompt, seqs, now)
             if o.finished:
                 del self._requests[rid]
+                self._host_sampling -= seqs[0].params.needs_logits_processing
                 self._count_finished(o)
             outs.append(o)
         return outs
+
+    def drain(self) -> list[RequestOutput]:
+        """Wait for the step still on the GPU (async scheduling) and apply it: returns the
+        outputs of the requests it finished. generate() calls it when nothing is left."""
+        prev, self._inflight = self._inflight, None
+        if prev is None:
+            return []
+        advanced: set[str] = set()
+        finished: list[Sequence] = []
+        self._complete(prev, advanced, finished)
+        return self._outputs({q.request_id for q in finished}, False, time.perf_counter())
 
     # ---- the loop --------------------------------------------------------------------------
     def generate(self, prompts: str | Seq[int] | Seq[str | Seq[int]],
@@ -282,7 +389,23 @@ class LLM(EngineStatsMixin):
                     done[o.request_id] = o
                 if bar:
                     bar.update(len(done), self.stats)
+            if not self.has_unfinished():  # what is still on the GPU only finishes nothing
+                self.drain()
         finally:
             if bar:
                 bar.close()
         return [done[rid] for rid in ids]
+
+
+@dataclass
+class _Launched:
+    """A step on its way: what was scheduled, who samples (in row order), and the tokens:
+    `sampled` (seq_id -> tokens) when read synchronously, else `tokens` (a pinned host copy
+    of `device_tokens` in flight until `event`; on a CPU the tensor itself)."""
+
+    out: SchedulerOutput
+    who: list[Sequence]
+    sampled: dict[int, list[int]] | None = None
+    device_tokens: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None

@@ -12,15 +12,23 @@ B * Hq * max_query_len * max_seq_len floats. A step with 256 decodes and one 102
 would pad all 256 to 1024 queries. `plan_passes` keeps that bounded: a step whose padded
 scores would exceed attn_bytes_limit runs as several passes (the decodes together, where
 the paged decode kernel takes over, then the chunks in groups).
+
+No step copies to the host until its tokens are read: the step's index arrays go to the
+device from reusable pinned buffers without waiting for the GPU (layer 3's HostStaging),
+`sample_tokens` leaves the tokens on the device, and under async scheduling a decoding
+sequence's input token is taken from the previous step's sampled-token tensor on the device
+(`execute(out, prev_tokens)`), so the host can prepare step N+1 while the GPU runs step N.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import layer3_model as l3
+from layer3_model.attention_context import HostStaging
 
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
@@ -41,6 +49,7 @@ class ModelRunner:
         self.config = config
         self.attn_bytes_limit = config.attn_bytes_limit
         self.device = net.device
+        self.staging = HostStaging(self.device)  # pinned, double-buffered: one arena per step
         self.graph = None
         if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
             max_blocks = -(-config.resolved_max_model_len // cache.block_size)
@@ -75,17 +84,21 @@ class ModelRunner:
 
     # ---- running ----------------------------------------------------------------------------
     @torch.no_grad()
-    def execute(self, out: SchedulerOutput) -> StepLogits:
+    def execute(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> StepLogits:
         """Run the step. Returns its logits: one fp32 row per sampling sequence (the last input
         token's) in one tensor, and for speculating sequences their (1 + len(spec_token_ids), V)
         rows; indexing the result by scheduled position gives a sequence's rows (None for a
-        prefill chunk that does not reach the end)."""
+        prefill chunk that does not reach the end). prev_tokens: the previous step's sampled
+        tokens on the device, where a ScheduledSeq with `pending` >= 0 finds its input token.
+        The returned logits may view a CUDA graph's output buffer: sample them before the next
+        execute (the engine does)."""
+        self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
         rows: list[int | None] = [None] * len(out.scheduled)
         spec: dict[int, torch.Tensor] = {}
         parts, offset = [], 0
         for group in self.plan_passes(out.scheduled):
-            last, spec_rows = self._forward([out.scheduled[i] for i in group])
+            last, spec_rows = self._forward([out.scheduled[i] for i in group], prev_tokens)
             for j, i in enumerate(group):
                 if out.scheduled[i].samples:
                     rows[i] = offset + j
@@ -95,21 +108,50 @@ class ModelRunner:
             offset += last.shape[0]
         if not parts:
             return StepLogits(torch.empty(0, 0), rows, spec)
-        return StepLogits(parts[0] if len(parts) == 1 else torch.cat(parts), rows, spec)
+        return StepLogits(parts[0] if len(parts) == 1 else torch.cat(parts), rows, spec,
+                          self.staging)
 
-    def _forward(self, group: list[ScheduledSeq]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def input_ids(self, group: list[ScheduledSeq],
+                  prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        """The pass's input ids (T,) on the device: host ids in one pinned copy; a sequence's
+        token still on the device (`pending`) gathered from prev_tokens there."""
+        ids, src, dst = [], [], []
+        for s in group:
+            if s.pending >= 0:  # one input token: the previous step's sample, not on the host
+                dst.append(len(ids))
+                src.append(s.pending)
+                ids.append(0)
+            elif s.num_new_tokens == 1 and not s.spec_token_ids:
+                ids.append(s.seq.token_ids[s.context_len])
+            else:
+                ids += s.input_ids
+        if not dst:
+            return self.staging.to_device(np.array(ids, dtype=np.int64))
+        if prev_tokens is None:
+            raise RuntimeError("a scheduled sequence's input token is on the device, but the "
+                               "previous step's tokens were not given (execute(out, prev_tokens))")
+        T = len(ids)
+        if len(dst) == T:  # a decode step of sequences that all decoded last step
+            return prev_tokens[self.staging.to_device(np.array(src, dtype=np.int64))]
+        packed = self.staging.to_device(np.array(ids + src + dst, dtype=np.int64))
+        out, src_t, dst_t = packed[:T], packed[T:T + len(src)], packed[T + len(src):]
+        out[dst_t] = prev_tokens[src_t]
+        return out
+
+    def _forward(self, group: list[ScheduledSeq], prev_tokens: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
         speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
         drafts."""
-        pinned = self.device.type == "cuda"  # a pinned source: the copy need not wait for the GPU
-        ids = torch.tensor([t for s in group for t in s.input_ids], dtype=torch.int64,
-                           pin_memory=pinned).to(self.device, non_blocking=pinned)
+        ids = self.input_ids(group, prev_tokens)
         ctx = self.cache.context([s.query_len for s in group], [s.context_len for s in group],
-                                 [s.seq.block_table for s in group])
+                                 [s.seq.block_table for s in group], staging=self.staging)
         speculating = any(s.spec_token_ids for s in group)
         graphable = ctx.max_query_len == 1 and self.graph is not None
         if graphable and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
-            return self.graph.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens), {}  # (B, V)
+            # (B, V), a view of the graph's output: sampled before the next replay
+            return self.graph.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens,
+                                  copy=False), {}
         logits = self.net(ids, ctx, self.cache, last_only=not speculating)  # (B, V) or (T, V)
         if not speculating:
             return logits, {}
@@ -128,18 +170,24 @@ class ModelRunner:
         argmax, the rest by layer 3's sampler with each sequence's own generator. One host sync."""
         if not len(params):
             return []
+        return self.sample_tokens(logits, params, generators).tolist()
+
+    def sample_tokens(self, logits: torch.Tensor | Sequence[torch.Tensor],
+                      params: Sequence[l3.SamplingParams],
+                      generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+        """`sample`, the tokens left on the logits' device (N,) int64: no host sync."""
         x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):  # the common case: no gather, no scatter
-            return x.argmax(dim=-1).tolist()
+            return x.argmax(dim=-1)
         out = torch.empty(len(params), dtype=torch.int64, device=x.device)
         other = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:
-            idx = torch.tensor(greedy, device=x.device)
+            idx = self.staging.to_device(np.array(greedy, dtype=np.int64))
             out[idx] = x[idx].argmax(dim=-1)
-        idx = torch.tensor(other, device=x.device)
+        idx = self.staging.to_device(np.array(other, dtype=np.int64))
         out[idx] = l3.sample(x[idx], [params[i] for i in other], [generators[i] for i in other])
-        return out.tolist()
+        return out
 
     def sample_processed(self, logits: torch.Tensor, params: Sequence[l3.SamplingParams],
                          generators: Sequence[torch.Generator | None],
@@ -161,6 +209,7 @@ class StepLogits:
     last: torch.Tensor
     row: list[int | None]
     spec: dict[int, torch.Tensor]
+    staging: HostStaging | None = None  # for rows_of's index copy (pinned, non-blocking)
 
     def __len__(self) -> int:
         return len(self.row)
@@ -176,6 +225,9 @@ class StepLogits:
 
     def rows_of(self, row_ids: list[int]) -> torch.Tensor:
         """(len(row_ids), V): `last` itself when row_ids is every row in order (no copy)."""
-        if row_ids == list(range(self.last.shape[0])):
+        if len(row_ids) == self.last.shape[0] and row_ids == list(range(len(row_ids))):
             return self.last
-        return self.last[torch.tensor(row_ids, dtype=torch.long, device=self.last.device)]
+        host = np.array(row_ids, dtype=np.int64)
+        if self.staging is not None and self.staging.device.type == self.last.device.type:
+            return self.last[self.staging.to_device(host)]
+        return self.last[torch.from_numpy(host).to(self.last.device)]

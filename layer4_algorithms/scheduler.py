@@ -15,9 +15,14 @@ max_num_seqs sequences. `schedule()` fills it in FCFS order:
    blocks allow (after cached prefix blocks are matched); the first that does not fit stops
    admission (FCFS: nobody overtakes it), and nothing is admitted in a step that preempted.
 
-The engine runs the step and then calls `postprocess` with the sampled tokens, which
-advances each sequence's KV state, appends tokens, registers full blocks in the prefix cache,
-and frees finished sequences. Policy "static" is the baseline for benchmarks: a new batch of
+A scheduled sequence's num_computed_tokens is advanced at once (its KV will be computed by
+the time anything reads it: the GPU runs steps in order). The engine runs the step and then
+calls `postprocess` with the sampled tokens, which appends them, registers full blocks in
+the prefix cache, and frees finished sequences. Under async scheduling (engine.py) the next
+step is scheduled before that: a sequence whose sampled token is still on the device
+(`num_pending`) decodes it next (ScheduledSeq.pending: where the runner finds it), and one
+that this token brings to max_tokens is left out (it is finished, whatever the token).
+Policy "static" is the baseline for benchmarks: a new batch of
 up to max_num_seqs sequences is admitted only once the previous batch has entirely finished.
 Policy "priority" (vLLM's convention: lower priority value = sooner) replaces arrival order by
 (priority, arrival) everywhere: the waiting queue is kept in that order (a preempted sequence
@@ -54,6 +59,9 @@ class ScheduledSeq:
     context_len: int
     num_lookahead: int = 0
     spec_token_ids: list[int] = field(default_factory=list)
+    # >= 0: the one input token is still on the device, row `pending` of the previous step's
+    # sampled tokens (async scheduling); -1: every input token is on the host
+    pending: int = -1
 
     @property
     def query_len(self) -> int:
@@ -158,11 +166,18 @@ class Scheduler:
         budget = self.max_num_batched_tokens
         if self.policy == "priority":  # then running[-1], the victim, is the lowest priority
             self.running.sort(key=priority_key)
+        lookahead = self.num_lookahead_slots
+        scheduled = out.scheduled
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
-            n = min(seq.num_uncomputed_tokens, budget)
-            k = self._lookahead(seq, budget - n) if seq.num_uncomputed_tokens == 1 else 0
+            pending = seq.num_pending
+            if pending and len(seq.output_ids) + pending >= seq.params.max_tokens:
+                i += 1  # its token on the device finishes it (length, or EOS / stop)
+                continue
+            left = seq.num_uncomputed_tokens
+            n = left if left < budget else budget
+            k = self._lookahead(seq, budget - n) if lookahead and left == 1 else 0
             copies = self.bm.allocate_slots(seq, n + k)
             if copies is None and k:  # no room to speculate: a plain step
                 k = 0
@@ -176,8 +191,11 @@ class Scheduler:
                 copies = self.bm.allocate_slots(seq, n)
             if copies is None:
                 break
-            out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens, num_lookahead=k))
-            out.copies += copies
+            scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens, k, [],
+                                          seq.pending_index if pending else -1))
+            seq.num_computed_tokens += n
+            if copies:
+                out.copies += copies
             budget -= n + k
             i += 1
         if not out.preempted:
@@ -218,6 +236,7 @@ class Scheduler:
             seq.first_scheduled_time = seq.first_scheduled_time or time.perf_counter()
             self.running.append(seq)
             out.scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens))
+            seq.num_computed_tokens += n
             budget -= n
             seats += want
             if self.policy == "static" and seq.num_preemptions == 0:
@@ -235,29 +254,41 @@ class Scheduler:
         parent.seq.pending_forks = 0
 
     def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]]) -> list[Sequence]:
-        """After the step: KV of the scheduled tokens is now computed; append each sampled
-        sequence's tokens (seq_id -> tokens: one, or accepted drafts + one with speculation;
-        EOS, stop strings and max_tokens may cut them); free finished sequences, roll back
-        rejected speculative slots, register newly full blocks. Returns the finished ones."""
+        """After the step: append each sampled sequence's tokens (seq_id -> tokens: one, or
+        accepted drafts + one with speculation; EOS, stop strings and max_tokens may cut
+        them); free finished sequences, roll back rejected speculative slots, register newly
+        full blocks. Returns the finished ones. Under async scheduling the next step is
+        already scheduled: a sequence may have been preempted since (its token still counts)
+        or may finish now although that step computes one more token for it (discarded)."""
         finished = []
         now = time.perf_counter()
+        bs, caching, running = self.bm.block_size, self.bm.enable_prefix_caching, \
+            SequenceStatus.RUNNING
         for s in out.scheduled:
             seq = s.seq
-            if seq.is_finished:  # aborted since it was scheduled
+            if seq.status is SequenceStatus.FINISHED:  # aborted since it was scheduled
                 continue
-            seq.num_computed_tokens += s.num_new_tokens
-            tokens = sampled.get(seq.seq_id, [])
-            for j, t in enumerate(tokens):
-                if seq.append_token(t, now):
-                    break
-                if j < len(tokens) - 1:  # an accepted draft: its k, v (written this step) are valid
-                    seq.num_computed_tokens += 1
+            tokens = sampled.get(seq.seq_id)
+            if tokens:
+                if len(tokens) == 1:
+                    seq.append_token(tokens[0], now)
+                else:
+                    for j, t in enumerate(tokens):
+                        if seq.append_token(t, now):
+                            break
+                        if j < len(tokens) - 1:  # an accepted draft: its k, v are valid
+                            seq.num_computed_tokens += 1
             if seq.finish_reason is not None:
                 self._finish(seq)
                 finished.append(seq)
                 continue
-            self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
-            self.bm.commit(seq)
+            if seq.status is not running:  # preempted after this step was scheduled
+                continue
+            if s.num_lookahead:
+                self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
+            if caching and min(seq.num_computed_tokens // bs,
+                               len(seq.block_table)) > len(seq.block_hashes):
+                self.bm.commit(seq)
         return finished
 
     # ---- bookkeeping ---------------------------------------------------------------------------
@@ -284,5 +315,7 @@ class Scheduler:
     def _finish(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING and seq in self.waiting:
+            self.waiting.remove(seq)  # preempted, then finished by a token still in flight
         self._release(seq)
         seq.status = SequenceStatus.FINISHED

@@ -13,6 +13,11 @@ A step computes the next tokens token_ids[num_computed : num_computed + q]. Whil
 is being prefilled (in chunks) num_computed < num_prompt_tokens; once it is running a
 decode, num_computed == len(token_ids) - 1: the newest sampled token is the next input.
 Preemption by recomputation sets num_computed back to 0 and keeps the tokens.
+
+Under async scheduling (engine.py) a step is scheduled before the previous one's tokens
+reach the host: num_pending counts sampled tokens still on the device (they count in
+num_tokens, not in token_ids), and num_computed_tokens is advanced when a step is
+scheduled, so the next schedule sees where the sequence will be once the GPU catches up.
 """
 from __future__ import annotations
 
@@ -69,6 +74,8 @@ class Sequence:
         self.num_cached_tokens = 0  # prompt tokens served by the prefix cache at first admission
         self.num_preemptions = 0
         self.row: int | None = None
+        self.num_pending = 0  # sampled tokens not yet on the host (async scheduling)
+        self.pending_index = -1  # the newest one's row in its step's token tensor
         self.pending_forks = params.n - 1 if index == 0 else 0
         self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
@@ -93,7 +100,8 @@ class Sequence:
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        """Tokens so far, those still on the device (num_pending) included."""
+        return len(self.token_ids) + self.num_pending
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -106,7 +114,7 @@ class Sequence:
     @property
     def num_uncomputed_tokens(self) -> int:
         """Tokens still to feed through the model before the next one can be sampled."""
-        return len(self.token_ids) - self.num_computed_tokens
+        return len(self.token_ids) + self.num_pending - self.num_computed_tokens
 
     def append_token(self, token: int, now: float | None = None) -> bool:
         """Add one sampled token; True when the sequence is finished by it (EOS unless

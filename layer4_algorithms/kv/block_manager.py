@@ -180,6 +180,10 @@ class BlockManager:
         Returns the copy-on-write pairs (src, dst) to copy before writing, or None (nothing
         changed) when the pool is too small. Runs for every sequence every step: the write
         range is worked out once."""
+        if num_new_tokens == 1:  # a decode: usually its slot is in its own last block already
+            table, i = seq.block_table, seq.num_computed_tokens // self.block_size
+            if i < len(table) and self.ref_counts[table[i]] == 1:
+                return []
         need, shared = self._write_plan(seq, num_new_tokens)
         if max(need - len(seq.block_table), 0) + len(shared) > self.num_free_blocks:
             return None

@@ -113,7 +113,7 @@ def test_graph_runner_path_gives_the_same_outputs(tiny_model):
                                        capture=False)
     calls = []
     run = llm.runner.graph.run
-    llm.runner.graph.run = lambda *a: (calls.append(a[0].shape[0]), run(*a))[1]
+    llm.runner.graph.run = lambda *a, **k: (calls.append(a[0].shape[0]), run(*a, **k))[1]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     assert calls and max(calls) > 1 and llm.stats.preemptions > 0
     assert_no_leak(llm)

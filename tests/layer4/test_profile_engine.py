@@ -7,6 +7,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_engine.py"
 
 
@@ -23,13 +25,17 @@ def test_union_within_clips_and_merges():
     assert pe.union_within([], 0, 10) == 0
 
 
-def test_smoke_writes_steps_and_coverage(tmp_path):
+@pytest.mark.parametrize("mode", ["off", "on"])
+def test_smoke_writes_steps_and_coverage(tmp_path, mode):
     pe = _load()
     out = tmp_path / "pe.json"
     result = pe.main(["--smoke", "--seqs", "3", "--min-len", "4", "--max-len", "12",
-                      "--steps", "1", "--profile-steps", "2", "--json", str(out)])
+                      "--steps", "1", "--profile-steps", "2", "--json", str(out),
+                      "--async-scheduling", mode])
     saved = json.loads(out.read_text())
     assert saved["seqs"] == 3 and len(saved["steps"]) == 2
+    assert saved["async_scheduling"] is (mode == "on")
+    assert saved["window"]["gpu_idle_fraction"] is None  # no GPU
     assert all(s["wall_ms"] > 0 and s["gpu_idle_fraction"] is None for s in saved["steps"])
     # on the CPU every decode pass is eager; run to the end, each sequence's last token counted
     assert saved["eager_decode_passes"] == saved["decode_passes"] > 0

@@ -1,0 +1,204 @@
+"""Async scheduling (EngineConfig.async_scheduling): step N+1 is scheduled and launched before
+step N's tokens are read. On a CPU it gains nothing, but the same path runs (inputs gathered
+from the previous step's token tensor, outputs one step late, finished sequences' extra
+token discarded), so every test here compares it with the synchronous engine: identical
+outputs, no leaked blocks, whatever the batch, chunking, pool, stops, aborts."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from layer4_algorithms import LLM, EngineConfig, SamplingParams
+from layer4_algorithms import model_runner as MR
+
+from .l4_helpers import assert_no_leak, greedy, random_prompts
+
+
+@pytest.fixture
+def overlap_calls(monkeypatch):
+    """Counts executes that took their inputs from the previous step's device tokens."""
+    calls = []
+    execute = MR.ModelRunner.execute
+
+    def spy(self, out, prev_tokens=None):
+        if prev_tokens is not None:
+            calls.append(sum(s.pending >= 0 for s in out.scheduled))
+        return execute(self, out, prev_tokens)
+    monkeypatch.setattr(MR.ModelRunner, "execute", spy)
+    return calls
+
+
+def run_both(model, prompts, params, **kw):
+    """(sync outputs, async outputs, the async engine) for the same requests."""
+    outs = []
+    for mode in (False, True):
+        llm = LLM(model, async_scheduling=mode, **kw)
+        assert llm.config.async_scheduling is mode
+        outs.append(llm.generate(prompts, params))
+        assert_no_leak(llm)
+        assert llm._inflight is None  # generate drained the step left on the device
+    return outs[0], outs[1], llm
+
+
+def tokens(outs):
+    return [[c.token_ids for c in o.outputs] for o in outs]
+
+
+@pytest.mark.parametrize("lengths, budget, bs", [
+    ([5], 64, 4), ([3, 17, 9], 7, 4), ([1, 2, 30, 11, 4, 8, 19], 13, 3),
+    ([6] * 13, 16, 16)])
+def test_greedy_outputs_match_the_synchronous_engine(tiny_model, overlap_calls, lengths, budget,
+                                                     bs):
+    prompts = random_prompts(lengths, seed=len(lengths))
+    params = [greedy(m) for m in [7, 1, 12, 3, 9, 2, 15, 5, 8, 4, 6, 11, 10][:len(lengths)]]
+    want, got, llm = run_both(tiny_model, prompts, params, block_size=bs, num_blocks=200,
+                              max_num_batched_tokens=budget, max_num_seqs=5)
+    assert tokens(got) == tokens(want)
+    assert overlap_calls and max(overlap_calls) > 0  # the overlap path really ran
+    ref = [o.token_ids for o in tiny_model.generate_outputs(prompts, params)]
+    assert [t[0] for t in tokens(got)] == ref
+
+
+def test_preemption_under_a_tiny_pool(tiny_model, overlap_calls):
+    prompts = random_prompts([9, 14, 5, 11, 7, 3], seed=3)
+    params = [greedy(m) for m in (20, 15, 25, 9, 18, 12)]
+    want, got, llm = run_both(tiny_model, prompts, params, block_size=4, num_blocks=16,
+                              max_num_batched_tokens=12, max_num_seqs=6)
+    assert tokens(got) == tokens(want)
+    assert llm.stats.preemptions > 0 and overlap_calls
+
+
+@pytest.mark.parametrize("policy", ["static", "priority"])
+def test_other_policies_and_prefix_cache_hits(tiny_model, policy):
+    shared = random_prompts([12], seed=5)[0]
+    prompts = [shared + p for p in random_prompts([3, 1, 6, 2, 9], seed=6)]
+    params = [greedy(m) for m in (6, 9, 3, 12, 5)]
+    want, got, llm = run_both(tiny_model, prompts, params, block_size=4, num_blocks=64,
+                              max_num_seqs=3, scheduling=policy)
+    assert tokens(got) == tokens(want)
+    assert llm.stats.prefix_hit_rate > 0
+
+
+def test_stop_strings_eos_and_max_tokens_on_the_course_model(course_model, overlap_calls):
+    prompts = ["ROMEO.\n", "JULIET.\nO Romeo", "First Citizen:\n", "KING", "A"]
+    params = [SamplingParams(temperature=0.0, max_tokens=40, stop=["\n\n"]),
+              SamplingParams(temperature=0.0, max_tokens=25, stop=["the", "e"]),
+              SamplingParams(temperature=0.0, max_tokens=1),
+              SamplingParams(temperature=0.0, max_tokens=60),
+              SamplingParams(temperature=0.0, max_tokens=33, stop=[","])]
+    want, got, _ = run_both(course_model, prompts, params, num_blocks=256, max_num_seqs=4,
+                            max_num_batched_tokens=32)
+    for w, g in zip(want, got, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        assert g.outputs[0].text == w.outputs[0].text
+        assert g.outputs[0].finish_reason == w.outputs[0].finish_reason
+    assert {o.outputs[0].finish_reason for o in got} >= {"stop", "length"}
+    assert overlap_calls
+
+
+def test_eos_is_not_emitted_and_the_extra_token_is_discarded(tiny_model):
+    """eos_token_id 1 without ignore_eos: sequences end at different steps, each after
+    the engine has already scheduled one more step for it."""
+    prompts = random_prompts([4, 8, 2, 6, 10, 3, 7], seed=11) + random_prompts([3, 5, 7, 9], seed=1)
+    params = [SamplingParams(temperature=0.0, max_tokens=40)] * len(prompts)
+    want, got, _ = run_both(tiny_model, prompts, params, block_size=4, num_blocks=200,
+                            max_num_seqs=4)
+    assert tokens(got) == tokens(want)
+    reasons = [o.outputs[0].finish_reason for o in got]
+    assert reasons == [o.outputs[0].finish_reason for o in want] and reasons.count("eos") >= 2
+
+
+def test_parallel_sampling_and_seeded_sampling_match(tiny_model):
+    prompts = random_prompts([5, 9, 3], seed=2)
+    params = [SamplingParams(temperature=0.9, max_tokens=8, n=3, seed=7, ignore_eos=True),
+              SamplingParams(temperature=0.7, top_k=5, max_tokens=11, seed=1, ignore_eos=True),
+              greedy(6)]
+    want, got, _ = run_both(tiny_model, prompts, params, block_size=4, num_blocks=100,
+                            max_num_seqs=6)
+    assert tokens(got) == tokens(want)
+    assert len(got[0].outputs) == 3
+
+
+def test_penalties_and_logprobs_run_synchronously_with_the_same_outputs(tiny_model):
+    prompts = random_prompts([6, 4, 9], seed=4)
+    params = [greedy(10, frequency_penalty=0.8), greedy(7, logprobs=2), greedy(12)]
+    want, got, _ = run_both(tiny_model, prompts, params, block_size=4, num_blocks=100)
+    assert tokens(got) == tokens(want)
+    assert [t.logprob for t in got[1].outputs[0].logprobs] == pytest.approx(
+        [t.logprob for t in want[1].outputs[0].logprobs])
+
+
+def test_step_by_step_with_aborts_and_late_arrivals(tiny_model):
+    """The online loop (layer 6): requests arrive while others run, some are aborted. The
+    survivors' outputs equal the synchronous engine's; an aborted one's tokens are a prefix
+    of its full greedy output; nothing leaks."""
+    prompts = random_prompts([7, 3, 12, 5, 9, 4], seed=9)
+    full = [o.token_ids for o in tiny_model.generate_outputs(prompts, [greedy(14)] * 6)]
+    for mode in (False, True):
+        llm = LLM(tiny_model, block_size=4, num_blocks=60, max_num_seqs=3,
+                  max_num_batched_tokens=10, async_scheduling=mode)
+        done, step = {}, 0
+        llm.add_request(prompts[0], greedy(14), request_id="0")
+        llm.add_request(prompts[1], greedy(14), request_id="1")
+        while llm.has_unfinished() or step < 4:
+            if step == 2:
+                for i in (2, 3, 4):
+                    llm.add_request(prompts[i], greedy(14), request_id=str(i))
+            if step == 5:
+                out = llm.abort("3")
+                assert out is not None and out.outputs[0].finish_reason == "abort"
+                done["3"] = out
+                llm.add_request(prompts[5], greedy(14), request_id="5")
+            if step == 7:
+                done["1"] = llm.abort("1") or done.get("1")
+            for o in llm.step():
+                if o.finished:
+                    done[o.request_id] = o
+            step += 1
+            assert step < 200
+        assert_no_leak(llm)
+        for rid in ("0", "2", "4", "5"):
+            assert done[rid].outputs[0].token_ids == full[int(rid)], (mode, rid)
+        for rid in ("1", "3"):
+            got = done[rid].outputs[0].token_ids
+            assert got == full[int(rid)][:len(got)]
+
+
+def test_streamed_outputs_grow_and_end_as_in_generate(tiny_model):
+    prompts = random_prompts([5, 8], seed=13)
+    llm = LLM(tiny_model, block_size=4, num_blocks=60, async_scheduling=True)
+    for i, p in enumerate(prompts):
+        llm.add_request(p, greedy(9 + i), request_id=str(i))
+    seen = {"0": [], "1": []}
+    while llm.has_unfinished():
+        for o in llm.step():
+            toks = o.outputs[0].token_ids
+            assert toks[:len(seen[o.request_id])] == seen[o.request_id]  # never taken back
+            seen[o.request_id] = toks
+    want = [o.token_ids for o in tiny_model.generate_outputs(prompts, [greedy(9), greedy(10)])]
+    assert [seen["0"], seen["1"]] == want
+
+
+def test_the_flag_resolves_and_rejects_what_it_cannot_do(tiny_model):
+    assert LLM(tiny_model, num_blocks=32).config.async_scheduling is False  # a CPU model
+    assert LLM(tiny_model, num_blocks=32, async_scheduling=True).config.async_scheduling
+    with pytest.raises(ValueError, match="async_scheduling"):
+        EngineConfig(async_scheduling="yes")
+    with pytest.raises(ValueError, match="speculative"):
+        EngineConfig(async_scheduling=True, speculative=dict(method="ngram", k=2))
+    spec = LLM(tiny_model, num_blocks=64, speculative=dict(method="ngram", k=2))
+    assert spec.config.async_scheduling is False
+
+
+def test_pinned_staging_double_buffers_and_copies_right():
+    """HostStaging on the CPU copies plainly; the values and shapes survive either way."""
+    import numpy as np
+
+    from layer3_model.attention_context import HostStaging
+    st = HostStaging("cpu")
+    with pytest.raises(ValueError, match="arenas"):
+        HostStaging("cpu", arenas=1)
+    for n in (1, 5, 5000):
+        st.next_step()
+        a = np.arange(n, dtype=np.int64).reshape(-1, 1)
+        assert torch.equal(st.to_device(a), torch.arange(n).view(-1, 1))

@@ -65,7 +65,7 @@ class TPGroup:
                                "engine its own group)")
         backend = "nccl" if device.type == "cuda" else "gloo"
         if backend == "nccl" and torch.cuda.device_count() < world:
-            raise ValueError(f"tensor_parallel_size={world} on CUDA needs {world} GPUs; "
+            raise ValueError(f"{label} size {world} on CUDA needs {world} GPUs (one per rank); "
                              f"{torch.cuda.device_count()} are visible")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
         store = None if ours else host_store(world, timeout_s)

@@ -1,0 +1,39 @@
+"""Pipeline parallelism on GPUs: one GPU per stage (NCCL). With fewer GPUs than stages the
+engine refuses at once, naming how many it needs; on two GPUs PP=2 gives PP=1's greedy tokens
+(fp32, near-ties aside, shown by the margin)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import layer5_parallel as l5
+
+l3 = l5.engine.executor
+PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",
+           "MACBETH.\nIs this a dagger", "PORTIA.\nThe quality of mercy", "OTHELLO.\n", "IAGO.\n"]
+PARAMS = l5.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.mark.gpu
+def test_more_stages_than_gpus_is_refused_clearly():
+    n = torch.cuda.device_count()
+    with pytest.raises(ValueError, match=rf"pipeline-parallel size {n + 1} on CUDA needs {n + 1} "
+                                         rf"GPUs \(one per rank\); {n} are visible"):
+        l5.LLM(l3.course_model_dir("target"), device="cuda", dtype="float32", num_blocks=64,
+               pipeline_parallel_size=n + 1)
+
+
+@pytest.mark.multigpu
+def test_pp2_nccl_matches_pp1():
+    path = l3.course_model_dir("target")
+    ref = l5.LLM(path, device="cuda", dtype="float32", num_blocks=256)
+    want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, PARAMS)]
+    with l5.LLM(path, device="cuda", dtype="float32", num_blocks=256,
+                pipeline_parallel_size=2) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
+    for i, (a, b) in enumerate(zip(want, got, strict=True)):
+        if a != b:
+            j = next(k for k in range(len(a)) if a[k] != b[k])
+            ids = ref.model.encode(PROMPTS[i]) + a[:j]
+            last = ref.prompt_logits([ids])[0][-1]
+            assert float(last[a[j]] - last[b[j]]) < 1e-3, f"prompt {i} token {j}: not a near-tie"

@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import threading
 import time
@@ -223,13 +224,17 @@ def _stop_ref(ref) -> None:
 class PipeSink:
     """The engine process's side: each turn's items, the finished requests' timings (it is a
     listener) and the snapshot (when it changed: taken at the end of the turn, token counts
-    included) go to the server as one message."""
+    included) go to the server as one message. A thread of its own writes them: a pipe
+    whose reader is busy blocks its writer, and the engine must not wait for the server."""
 
     def __init__(self, conn, loop: EngineLoop | None = None) -> None:
         self.conn, self.loop = conn, loop
         self._last: EngineSnapshot | None = None
         self._finished: list = []
         self._dequeued = -1
+        self._out: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._write, name="engine-sender", daemon=True)
+        self.thread.start()
 
     def on_step(self, snapshot: EngineSnapshot) -> None:
         pass  # read at the end of the turn instead
@@ -244,13 +249,24 @@ class PipeSink:
             return
         if changed:
             self._last = dataclasses.replace(snap)
-        msg = ("step", [(req.request_id, item) for req, item in batch],
-               self._last if changed else None, self._finished, dequeued)
+        self._out.put(("step", [(req.request_id, item) for req, item in batch],
+                       self._last if changed else None, self._finished, dequeued))
         self._finished, self._dequeued = [], dequeued
-        try:
-            self.conn.send(msg)
-        except (OSError, ValueError):  # the server is gone: nobody to serve
-            self.loop.request_stop()
+
+    def close(self, last=None) -> None:
+        """Send what is queued, then `last` (if any), and end the writer."""
+        if last is not None:
+            self._out.put(last)
+        self._out.put(None)
+        self.thread.join(10.0)
+
+    def _write(self) -> None:
+        while (msg := self._out.get()) is not None:
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):  # the server is gone: nobody to serve
+                self.loop.request_stop()
+                return
 
 
 def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> None:
@@ -278,12 +294,9 @@ def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> 
         threading.Thread(target=_commands, args=(conn, loop, token_text), daemon=True,
                          name="engine-commands").start()
         loop.run()
+        sink.close(("bye",))
     finally:
         llm.close()
-    try:
-        conn.send(("bye",))
-    except (OSError, ValueError):
-        pass
 
 
 def _leave_a_core(llm) -> None:

@@ -77,7 +77,7 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         """OpenAI's chat completions through the model's own chat template."""
         engine = engine_for(body.model)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await run(request, engine, chat_args(body, engine), chat=True,
+        return await run(request, engine, [chat_args(body, engine)], chat=True,
                          stream=body.stream, include_usage=include, model=body.model)
 
     return router

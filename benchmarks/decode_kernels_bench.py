@@ -155,11 +155,64 @@ def attention() -> list[dict]:
     return rows
 
 
+def paged_sweep(budget_s: float = 60.0) -> list[dict]:
+    """Layer 4's paged decode kernel at its bench's shapes (Hq 32, Hkv 8, D 64, pages of 16,
+    bf16, blocks shuffled) against SDPA on contiguous K/V, both under CUDA-graph replay (20
+    calls per graph), over launch configs and split counts; stops after budget_s."""
+    import time
+
+    from triton.testing import do_bench
+
+    from layer4_algorithms.kv.bench_paged_attention import _case, _time_sdpa
+    from layer4_algorithms.kv.paged_attention import pick_num_splits
+    t0, rows = time.time(), []
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    cfgs = [(64, 4, 2), (32, 4, 2), (64, 4, 3), (128, 4, 2), (128, 8, 2), (64, 8, 3)]
+    for B in (1, 4, 8, 32):
+        for N in (1024, 4096, 16384):
+            if time.time() - t0 > budget_s:
+                return rows
+            c = _case(B, N, 32, 8, 64, 16, torch.bfloat16, gen)
+            _, backend, ref, sdpa_fn = _time_sdpa(c["q"], c["k"], c["v"], 0.125, do_bench)
+            sdpa = graph_us([sdpa_fn] * 20)
+            auto = pick_num_splits(B, 8, c["tables"].shape[1] * 16, c["q"].device)
+            row = {"batch": B, "context": N, "sdpa_graph_us": sdpa, "auto_splits": auto,
+                   "results": []}
+            for splits in sorted({auto, max(1, auto // 2), min(64, auto * 2)}):
+                for bn, warps, stages in cfgs:
+                    cfg = {"BLOCK_N": bn, "num_warps": warps, "num_stages": stages}
+
+                    def call(cfg=cfg, splits=splits, c=c):
+                        return K1.paged_decode(c["q"], c["k_cache"], c["v_cache"], c["tables"],
+                                               c["seq_lens"], 0.125, None, splits, config=cfg)
+                    err = (call().float() - ref.float()).abs().max().item()
+                    us = graph_us([call] * 20)
+                    row["results"].append({"splits": splits, "config": cfg, "us": us,
+                                           "ratio": sdpa / us, "max_abs_diff": err})
+            best = max(row["results"], key=lambda r: r["ratio"])
+            dflt = next(r for r in row["results"] if r["splits"] == auto
+                        and r["config"] == {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2})
+            row["best"], row["default"] = best, dflt
+            rows.append(row)
+            print(f"paged B={B:2d} N={N:5d}: SDPA {sdpa:6.1f} us ({backend}); default "
+                  f"{dflt['us']:6.1f} us = {dflt['ratio']:.2f}x ({auto} splits); best "
+                  f"{best['us']:6.1f} us = {best['ratio']:.2f}x {best['splits']} splits "
+                  f"{tuple(best['config'].values())}", flush=True)
+            del c
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--paged-only", action="store_true", help="only the paged-kernel sweep")
     args = ap.parse_args()
+    if args.paged_only:
+        rows = paged_sweep(35.0)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "paged_sweep.json").write_text(json.dumps(rows, indent=1, default=str))
+        return
     torch.manual_seed(0)
     result = {"device": torch.cuda.get_device_name()}
     with torch.no_grad():

@@ -43,7 +43,7 @@ def _setup(smoke: bool) -> tuple[l3.LlamaModel, float, float]:
     return net, c.memory_bandwidth, c.flops["bf16"]
 
 
-def decode(net, bw: float, _peak: float, smoke: bool) -> dict:
+def decode(net, bw: float, _peak: float, smoke: bool, fused_only: bool = False) -> dict:
     """The fused decode path (the triton backend's default) and, from the same run, the
     general path it replaces (ops.decode off: norm, cuBLAS, rope, scatters, SDPA)."""
     P, N = (128, 256) if not smoke else (8, 8)
@@ -53,6 +53,10 @@ def decode(net, bw: float, _peak: float, smoke: bool) -> dict:
         return L3B.best_of(lambda: L3B.decode_seconds_per_token(net, prompt_len=P, new_tokens=N,
                                                                 cuda_graph=graph))
     spt = seconds_per_token()
+    if fused_only:
+        moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (P + N / 2)
+        return {"what": "1B decode bs1, triton backend, CUDA graph", "tokens_per_s": 1 / spt,
+                "ms_per_token": spt * 1e3, "MBU": moved / spt / bw, "floor_ms": moved / bw * 1e3}
     l3.comm.kernels.set_decode_pdl(False)  # the fused kernels without programmatic launch
     try:
         spt_no_pdl = seconds_per_token()
@@ -118,6 +122,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gemv-tuned", type=Path, default=None,
                     help="decode_kernels.json from benchmarks/decode_kernels_bench.py: use its "
                          "best GEMV tiles per shape")
+    ap.add_argument("--fused-only", action="store_true",
+                    help="decode: time only the fused path (no PDL-off / unfused comparison)")
     args = ap.parse_args(argv)
     if args.gemv_tuned is not None:
         best = json.loads(args.gemv_tuned.read_text())["best"]
@@ -125,7 +131,10 @@ def main(argv: list[str] | None = None) -> dict:
             {tuple(int(d) for d in k.split("x")): tuple(v) for k, v in best.items()})
     net, bw, peak = _setup(args.smoke)
     with torch.no_grad():
-        result = PARTS[args.part](net, bw, peak, args.smoke)
+        if args.part == "decode":
+            result = decode(net, bw, peak, args.smoke, args.fused_only)
+        else:
+            result = PARTS[args.part](net, bw, peak, args.smoke)
     result.update(device=torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
                   copy_bandwidth=bw, bf16_flops=peak, torch=torch.__version__)
     args.out.mkdir(parents=True, exist_ok=True)

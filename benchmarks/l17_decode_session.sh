@@ -6,7 +6,7 @@
 #            (decode_kernels_bench.py) -> decode_kernels.json
 #   tuned    the decode bench again with the sweep's tiles
 #   profile  kernels of one eager fused decode step (profile_decode.py)
-#   paged    paged decode kernel vs SDPA at the layer-4 bench shapes (stack bench --only kernel)
+#   paged    paged decode kernel vs SDPA at the layer-4 bench shapes, graph replay, configs
 # Usage: OUT=dir bash benchmarks/l17_decode_session.sh   (worst case ~290 s)
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
@@ -23,16 +23,17 @@ step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, sa
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 step decode 70 python3 benchmarks/l17_bench.py decode --out "$out"
 tail -1 "$out/decode.log"
-step tests 70 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/layer3/test_fused_decode.py \
-    tests/layer1/test_gemv.py tests/layer4/test_paged_attention.py tests/layer4/test_engine_gpu.py \
-    tests/layer4/test_cuda_graph_runner.py
+step tests 80 python3 -m pytest -m gpu -q -s -p no:cacheprovider tests/layer3/test_fused_decode.py \
+    tests/layer1/test_gemv.py tests/layer4/test_paged_attention.py \
+    tests/layer4/test_cuda_graph_runner.py tests/layer4/test_engine_gpu.py
 grep "^step\|passed\|failed" "$out/tests.log" | tail -16
 step kernels 40 python3 benchmarks/decode_kernels_bench.py --out "$out"
 grep -v "^TUNED" "$out/kernels.log" | tail -12; grep "^TUNED" "$out/kernels.log"
 mkdir -p "$out/tuned"
-[ -f "$out/decode_kernels.json" ] && step tuned 50 python3 benchmarks/l17_bench.py decode \
-    --out "$out/tuned" --gemv-tuned "$out/decode_kernels.json" && tail -1 "$out/tuned.log"
+[ -f "$out/decode_kernels.json" ] && step tuned 35 python3 benchmarks/l17_bench.py decode \
+    --fused-only --out "$out/tuned" --gemv-tuned "$out/decode_kernels.json" \
+    && tail -1 "$out/tuned.log"
 step profile 25 python3 benchmarks/profile_decode.py
 grep -v Warn "$out/profile.log" | head -9
-step paged 45 python3 -c "from layer4_algorithms.kv.bench_paged_attention import bench_paged_decode as b; b()"
-grep -E "^ +[0-9]+ +[0-9]+ " "$out/paged.log" | head -14
+step paged 50 python3 benchmarks/decode_kernels_bench.py --paged-only --out "$out"
+grep "^paged" "$out/paged.log"

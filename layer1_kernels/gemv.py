@@ -29,6 +29,8 @@ fp32, rounded once (layer 1's silu_and_mul).
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
@@ -78,16 +80,22 @@ def _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rst
 
 @triton.jit
 def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN_K: tl.constexpr):
+    # (one return, after an if/else: Triton's compiler does not stop at a return inside a
+    # constexpr branch, the interpreter does)
     if EVEN_K:
-        return tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
-    return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+    else:
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+    return w
 
 
 @triton.jit
 def _mac(acc, w, a, BLOCK_M: tl.constexpr):
     if BLOCK_M == 1:  # (BLOCK_N, BLOCK_K) * (1, BLOCK_K): reduced over K once, at the end
-        return acc + w.to(tl.float32) * a
-    return acc + tl.sum(w.to(tl.float32)[None, :, :] * a[:, None, :], 2)
+        acc = acc + w.to(tl.float32) * a
+    else:
+        acc = acc + tl.sum(w.to(tl.float32)[None, :, :] * a[:, None, :], 2)
+    return acc
 
 
 @triton.jit
@@ -159,10 +167,15 @@ def set_pdl(on: bool) -> None:
     _PDL["on"] = bool(on)
 
 
+@functools.cache
+def _has_pdl(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def pdl_launch(device: torch.device) -> dict:
     """Launch keywords for a decode kernel: PDL=True plus launch_pdl where available."""
     on = (_PDL["on"] and not interpreter.INTERPRETED and device.type == "cuda"
-          and torch.cuda.get_device_capability(device)[0] >= 9)
+          and _has_pdl(device.index if device.index is not None else torch.cuda.current_device()))
     return {"PDL": True, "launch_pdl": True} if on else {"PDL": False}
 
 

@@ -46,7 +46,7 @@ def _paged_decode_kernel(
     stride_tb, stride_tc, stride_ob, stride_oh, stride_od,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, WINDOWED: tl.constexpr, IDENTITY: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, PDL: tl.constexpr,
+    FUSED_MERGE: tl.constexpr, PDL: tl.constexpr, BLOCK_S: tl.constexpr,
 ):
     if PDL:  # everything below reads what the kernels before wrote
         gdc_wait()
@@ -117,23 +117,25 @@ def _paged_decode_kernel(
             tl.debug_barrier()  # every thread's partial stores precede the ticket (release)
             counter = count_ptr + b * tl.num_programs(1) + h_kv
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:  # the last part in: merge them all
-                top = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
-                for s_i in range(NUM_SPLITS):
-                    top = tl.maximum(top, tl.load(part_lse_ptr + row0 + s_i, mask=head_ok,
-                                                  other=float("-inf"), cache_modifier=".cg"))
-                top = tl.where(top == float("-inf"), 0.0, top)  # every part empty: output 0
-                total = tl.zeros((BLOCK_G,), dtype=tl.float32)
-                merged = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
-                for s_i in range(NUM_SPLITS):
-                    w = tl.math.exp2(tl.load(part_lse_ptr + row0 + s_i, mask=head_ok,
-                                             other=float("-inf"), cache_modifier=".cg") - top)
-                    po = tl.load(part_o_ptr + (row0 + s_i)[:, None] * HEAD_DIM + offs_d[None, :],
-                                 mask=head_ok[:, None], other=0.0, cache_modifier=".cg")
-                    merged += po * w[:, None]
-                    total += w
-                merged = merged / tl.where(total > 0.0, total, 1.0)[:, None]
-                tl.store(o_ptrs, merged.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
+            if ticket == NUM_SPLITS - 1:  # the last part in: merge them all, a head at a
+                # time, each head's parts loaded at once (one round trip, not NUM_SPLITS)
+                offs_s = tl.arange(0, BLOCK_S)
+                s_ok = offs_s < NUM_SPLITS
+                for g in range(kv_group):
+                    head = h_kv * kv_group + g
+                    first = (b * kv_group * tl.num_programs(1) + head) * NUM_SPLITS
+                    lse_s = tl.load(part_lse_ptr + first + offs_s, mask=s_ok,
+                                    other=float("-inf"), cache_modifier=".cg")
+                    top = tl.max(lse_s, 0)
+                    top = tl.where(top == float("-inf"), 0.0, top)  # all parts empty: output 0
+                    w = tl.math.exp2(lse_s - top)
+                    po = tl.load(part_o_ptr + (first + offs_s)[:, None] * HEAD_DIM
+                                 + offs_d[None, :], mask=s_ok[:, None], other=0.0,
+                                 cache_modifier=".cg")
+                    total = tl.sum(w, 0)
+                    merged = tl.sum(po * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
+                    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od,
+                             merged.to(out_ptr.dtype.element_ty))
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
@@ -218,6 +220,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         HEAD_DIM=D, PAGE=page, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=splits, WINDOWED=window is not None,
         IDENTITY=block_tables is None, FUSED_MERGE=counters is not None,
+        BLOCK_S=triton.next_power_of_2(splits),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch(q.device) if counters is not None or splits == 1 else {"PDL": False},
     )

@@ -5,8 +5,9 @@ and at TP=N (gloo ranks on a CPU, NCCL on GPUs); prints whether the greedy token
 each rank holds and the share of the step spent in collectives. `run --pp N`: the same for
 pipeline parallelism, with each stage's busy share against the bubble formula.
 `bench`: what this machine allows: TP=1 vs layer 4 on one workload, TP=N vs TP=1 with the
-planner's prediction beside the measurement, then the other layer-5 benchmarks (training
-parallelism) where present. `plan`: the planner (`stack plan --model M --gpus N`).
+planner's prediction beside the measurement, PP=2 vs PP=1 (its overlap against the bubble,
+a timeline PNG), then the other layer-5 benchmarks (training parallelism) where present.
+`plan`: the planner (`stack plan --model M --gpus N`).
 """
 
 from __future__ import annotations
@@ -160,6 +161,12 @@ def bench(argv: list[str] | None = None) -> int:
         f"{r['comm_share']:.0%} in collectives; planner's decode step "
         f"{r['predicted_step_ms']:.2f} ms (of it comm {r['predicted_comm_ms']:.2f} ms)"
     )
+    pp_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
+    console.rule(f"PP=2 vs PP=1 ({pp_device})")
+    r = bench_pp(2, pp_device, num_prompts=8 if args.quick else 16, max_tokens=16,
+                 timeline=results_dir() / "pp_engine_p2.png")
+    results["pp"] = {k: v for k, v in r.items() if k != "memory"}
+    console.print(format_pp(r))
     if not args.no_training:
         results.update(_other_benches(args.quick))
     out = results_dir() / "bench.json"

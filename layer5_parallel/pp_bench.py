@@ -81,7 +81,7 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
     idle = [1 - r["busy_s"] / wall for r in rows]
     lanes = [r["events"] for r in rows]
     if timeline is not None:
-        t0 = rows[0]["spans"][-3][0]
+        t0 = rows[0]["spans"][-min(3, len(rows[0]["spans"]))][0]
         plot_timeline([[e for e in lane if e[2] >= t0] for lane in lanes], timeline,
                       f"PP={stages}, last 3 decode steps ({m:.0f} micro-batches each)",
                       [f"stage {s}" for s in range(stages)])

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel import pp_stage
+from layer5_parallel import commands, pp_stage
 
 l3 = l5.engine.executor
 
@@ -168,3 +168,11 @@ def test_bad_pipeline_sizes_are_named():
     with pytest.raises(ValueError, match="pp_micro_batches"):
         l5.EngineConfig(pipeline_parallel_size=2, pp_micro_batches=0)
     assert pp_stage.valid_pp_sizes(random_config()) == [1, 2, 3, 4, 5]
+
+
+def test_run_with_more_stages_than_layers_is_one_line_and_exit_2(capsys):
+    run_command = l3.comm.kernels.hardware.run_command
+    assert run_command(commands.run, ["--pp", "7", "--device", "cpu"]) == 2  # course: 6 layers
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "valid sizes: 1 to 6" in err[0], err
+    assert run_command(commands.run, ["--pp", "0", "--device", "cpu"]) == 2

@@ -8,6 +8,8 @@
   per capacity factor, the busiest expert's load over the mean (max/mean, averaged over
   layers, and the worst layer) and the fraction of assignments dropped; and whether the EP
   forward on N ranks gave the single-process logits.
+* "engine": an MoE model through layer 4's engine, TP=1 vs expert-parallel on N ranks
+  (ep_engine_bench.py).
 Random weights route far from uniformly; trained routers are pushed toward balance by an
 auxiliary loss, so these numbers are an upper end, not a forecast for a trained model.
 """
@@ -21,6 +23,7 @@ import torch.nn.functional as F
 
 import layer4_algorithms as engine
 
+from .ep_engine_bench import bench_moe_engine, format_moe_engine
 from .moe_model import MIXTRAL_TINY, QWEN_MOE_TINY, ExpertParallelModel, MoETransformer
 from .ring_attention import causal_work, ring_attention, shard_sequence
 
@@ -111,7 +114,7 @@ def bench_expert_context(world: int = 2, seq_lens: tuple[int, ...] = (512, 2048)
                          work_max_over_min_balanced=max(balanced) / min(balanced)))
     ep_same = comm.launch(_ep_rank, world, 0, 5, 16, backend="gloo", timeout_s=timeout_s)
     return dict(ring=ring, moe=moe_imbalance(), ep_equal_single_process=all(map(all, ep_same)),
-                world=world, device="cpu (gloo ranks)")
+                engine=bench_moe_engine(world), world=world, device="cpu (gloo ranks)")
 
 
 def format_expert_context(result: dict) -> str:
@@ -130,4 +133,6 @@ def format_expert_context(result: dict) -> str:
         lines.append(f"{m['model']:<42} {cf:>5} {m['max_over_mean']:9.2f} {m['worst_layer']:6.2f}"
                      f" {m['dropped']:8.1%}")
     lines.append(f"EP forward equals single-process: {result['ep_equal_single_process']}")
+    if "engine" in result:
+        lines += ["", format_moe_engine(result["engine"])]
     return "\n".join(lines)

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
+from layer5_parallel.ep_engine_bench import bench_moe_engine, format_moe_engine
 from layer5_parallel.ep_model import (
     MoEMLP,
     expert_load,
@@ -181,3 +182,10 @@ def test_moe_engine_on_gpu_matches_recompute_and_cpu():
     cpu = run(l5.LLM(l3.Model(random_moe_model(config, seed=1)), num_blocks=64, block_size=8), ps)
     assert_same_or_near_tie(cpu, gpu)
     assert sum(sum(s.tokens_per_expert) for s in gpu["load"]["layers"]) > 0
+
+
+def test_moe_engine_bench_runs_and_agrees():
+    r = bench_moe_engine(2, num_prompts=4, max_tokens=4, hidden=64)
+    assert r["same_tokens"] and r["same_load"], r
+    assert r["weights_per_rank"][0] < r["weights_tp1"] and 0 <= r["comm_share"] <= 1
+    assert "EP=2" in format_moe_engine(r)

@@ -9,7 +9,8 @@ Expert parallelism in a model (`ExpertParallelModel`): the batch's sequences are
 the ranks (attention is data-parallel: it needs whole sequences, and its weights are small
 and replicated), and every MoE layer is an `ExpertParallelMoE` over the same ranks, holding
 E/N of that layer's experts. DeepSeek-V3 and vLLM's "DP attention + EP" serve MoE models this
-way. Not done here: running it inside layer 4's engine (paged KV, continuous batching).
+way. Through layer 4's engine (paged KV, continuous batching), with attention TP-sharded and
+the experts split over the same ranks, the MoE model is ep_model.py's (a layer-3-style model).
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ that all ranks pass the same shape. tp_timeout_s: the longest any wait between r
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
 ep_model.py).
 pipeline_parallel_size: stages the layers are cut into (pp_engine.py; the tp_* knobs apply to
-its ranks too); pp_micro_batches: micro-batches each step is cut into (None: 2 * stages).
+its ranks too); pp_micro_batches: micro-batches each step is cut into (None: stages).
 """
 from __future__ import annotations
 

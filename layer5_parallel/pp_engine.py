@@ -135,7 +135,7 @@ def start_pipeline(llm, model, config, speculator, faults: dict[int, str] | None
         shard = S.StageNet(net, 0, stages)
         with group.guard("checking the stages"):
             _check_stages(group, net.config, stages)
-        micro = config.pp_micro_batches or 2 * stages
+        micro = config.pp_micro_batches or stages
         wrapped = l3.Model(PPModel(shard, group, micro), full.tokenizer)
         del net, full
         engine.LLM.__init__(llm, wrapped, config, speculator=speculator)

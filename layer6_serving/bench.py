@@ -35,6 +35,10 @@ from .bench_peer import PEERS, SHAPES, model_dir, peer_available, peer_command
 from .bench_report import console, plot, print_report
 from .loadgen import run_load, summarize
 
+# The offline engine's share of GPU memory for weights + KV; its KV pool (blocks) is then the
+# server's and the peer's.
+KV_FRACTION = 0.4
+
 
 def results_dir(out: str | None = None) -> Path:
     path = Path(out) if out else Path(os.environ.get("LLM_STACK_RESULTS") or "results") / "layer6"
@@ -89,19 +93,28 @@ def load(url: str, model: str, requests, label: str, rate: float, concurrency: i
 
 
 def drive(name: str, url: str, model: str, requests, warmup, low, args,
-          dialect: str = "vllm") -> dict:
-    """Warm-up, the low-load pass (one request at a time) and every rate against one server."""
+          dialect: str = "vllm", server: ServerProcess | None = None) -> dict:
+    """Warm-up, the low-load pass (one request at a time) and every rate against one server
+    (RuntimeError with its log if `server` dies on the way)."""
+    def check(label: str) -> None:
+        if server is not None and not server.alive:
+            raise RuntimeError(f"{name} exited (code {server.proc.returncode}) during the "
+                               f"{label} pass:\n{server.log_tail()}")
+
     results, _ = load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed,
                       dialect)
+    check("warm-up")
     if not any(r.ok for r in results):  # no use loading a server that answers nothing
         raise RuntimeError(f"{name} failed every warm-up request: {results[0].error}")
     results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed,
                        dialect)
+    check("low-load")
     out = {"low_load": summarize(results, dt), "rows": []}
     for rate in args.rates:
         label = f"{name} burst" if rate == float("inf") else f"{name} rate {rate:g}/s"
         results, dt = load(url, model, requests, label, rate, args.max_concurrency, args.seed,
                            dialect)
+        check(label)
         out["rows"].append(dict(rate=str(rate), **summarize(
             results, dt, slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)))
     return out
@@ -189,8 +202,10 @@ def _bench(args: argparse.Namespace) -> int:
     report: dict = {"config": {k: v for k, v in vars(args).items()}, "device": device,
                     "servers": {}}
     # 1. offline, alone; its KV pool size is the server's too (at most 40% of a GPU's memory)
-    llm = l5.LLM(served, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=0.4)
+    llm = l5.LLM(served, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=KV_FRACTION)
     num_blocks = llm.block_manager.num_blocks
+    kv = {"block_size": llm.config.block_size, "num_blocks": num_blocks,
+          "max_batch_tokens": llm.config.max_num_batched_tokens}
     tokenizer = llm.model.tokenizer
     dtype = str(next(llm.model.net.parameters()).dtype).removeprefix("torch.")
     requests, warmup, low = build_workload(args, tokenizer, llm.model.config.vocab_size)
@@ -200,10 +215,11 @@ def _bench(args: argparse.Namespace) -> int:
         console.print(f"offline engine: {len(requests)} requests ...")
         report["offline"] = {**offline_throughput(llm, requests),
                              "prefill_ms_p50": statistics.median(pre), "prefill_ms": pre}
-    report["config"] |= {"num_blocks": num_blocks, "served_model": served, "dtype": dtype,
+    report["config"] |= {"kv": kv, "num_blocks": num_blocks, "served_model": served, "dtype": dtype,
                          "mean_prompt_tokens": statistics.mean(len(r.prompt_ids)
                                                                for r in requests),
                          "mean_max_tokens": statistics.mean(r.max_tokens for r in requests)}
+    llm.close()
     del llm
     gc.collect()
     if torch.cuda.is_available():
@@ -218,25 +234,27 @@ def _bench(args: argparse.Namespace) -> int:
             cmd = our_server_command(served, port, max_num_seqs=args.max_num_seqs,
                                      num_blocks=num_blocks)
             console.print("starting our server (stack serve) ...")
-            with ServerProcess(cmd, f"http://127.0.0.1:{port}", name="ours", env=env):
-                report["servers"]["ours"] = drive("ours", f"http://127.0.0.1:{port}", served,
-                                                  requests, warmup, low, args)
+            with ServerProcess(cmd, f"http://127.0.0.1:{port}", name="ours", env=env) as srv:
+                report["servers"]["ours"] = drive("ours", srv.url, served, requests, warmup,
+                                                  low, args, server=srv)
         if args.peer:
             port = free_port()
             cmd, peer_env, name = peer_command(args.peer, Path(served), port, device=device,
-                                               dtype=dtype)
+                                               dtype=dtype, kv=kv)
             console.print(f"starting {args.peer} serve ...")
             with ServerProcess(cmd, f"http://127.0.0.1:{port}", name=args.peer,
-                               env=env | peer_env):
-                report["servers"][args.peer] = drive(args.peer, f"http://127.0.0.1:{port}",
-                                                     name, requests, warmup, low, args,
-                                                     dialect=args.peer)
+                               env=env | peer_env) as srv:
+                report["servers"][args.peer] = drive(args.peer, srv.url, name, requests,
+                                                     warmup, low, args, dialect=args.peer,
+                                                     server=srv)
     except KeyboardInterrupt:  # Ctrl-C or SIGTERM (a timeout): keep what was measured
         report["interrupted"] = True
         (out_dir / "bench.json").write_text(json.dumps(report, indent=2, default=str))
         console.print(f"interrupted: servers stopped; partial results in {out_dir / 'bench.json'}")
         return 130
     except RuntimeError as e:
+        report["error"] = str(e)
+        (out_dir / "bench.json").write_text(json.dumps(report, indent=2, default=str))
         console.print(f"[red]error:[/] {e}")
         return 1
     report["ratios"] = ratios(report)

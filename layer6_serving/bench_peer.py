@@ -73,16 +73,23 @@ def peer_available(peer: str) -> str | None:
 
 
 def peer_command(peer: str, path: Path, port: int, *, device: str, dtype: str = "auto",
-                 continuous_batching: bool = True) -> tuple[list[str], dict[str, str], str]:
+                 kv: dict[str, int] | None = None, continuous_batching: bool = True
+                 ) -> tuple[list[str], dict[str, str], str]:
     """(command, extra environment, the request's model name) for the peer on
     127.0.0.1:port, in our engine's dtype. Continuous batching on: the peer's own engine
-    (paged KV cache), as ours is one."""
+    (paged KV cache), as ours is one. kv: our engine's {block_size, num_blocks,
+    max_batch_tokens}, given to the peer as its own, so both have the same KV pool and token
+    budget per step (its default, 0.9 of the memory its own process has not taken, sees no
+    other process: on a shared CPU the kernel killed it for memory)."""
     if peer != "transformers":
         raise ValueError(f"unknown peer {peer!r} (known: {', '.join(PEERS)})")
     cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", str(path),
            "--host", "127.0.0.1", "--port", str(port), "--device", device,
            "--dtype", dtype, "--log-level", "warning"]
     cmd.append("--continuous-batching" if continuous_batching else "--no-continuous-batching")
+    if kv:
+        cmd += ["--cb-block-size", str(kv["block_size"]), "--cb-num-blocks",
+                str(kv["num_blocks"]), "--cb-max-batch-tokens", str(kv["max_batch_tokens"])]
     # offline: no update check against PyPI, no hub look-ups
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false"}

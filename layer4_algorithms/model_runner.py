@@ -94,16 +94,20 @@ class ModelRunner:
         execute (the engine does)."""
         self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
-        rows: list[int | None] = [None] * len(out.scheduled)
+        scheduled = out.scheduled
+        rows: list[int | None] = [None] * len(scheduled)
         spec: dict[int, torch.Tensor] = {}
         parts, offset = [], 0
-        for group in self.plan_passes(out.scheduled):
-            last, spec_rows = self._forward([out.scheduled[i] for i in group], prev_tokens)
+        decode = all(s.num_new_tokens == 1 and not s.spec_token_ids for s in scheduled)
+        for group in [list(range(len(scheduled)))] if decode else self.plan_passes(scheduled):
+            members = scheduled if decode else [scheduled[i] for i in group]
+            last, spec_rows = self._forward(members, prev_tokens)
             for j, i in enumerate(group):
-                if out.scheduled[i].samples:
+                s = scheduled[i]
+                if s.context_len + s.num_new_tokens == s.seq.num_tokens:  # s.samples
                     rows[i] = offset + j
-                if j in spec_rows:
-                    spec[i] = spec_rows[j]
+            for j, r in spec_rows.items():
+                spec[group[j]] = r
             parts.append(last)
             offset += last.shape[0]
         if not parts:
@@ -144,9 +148,10 @@ class ModelRunner:
         speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
         drafts."""
         ids = self.input_ids(group, prev_tokens)
-        ctx = self.cache.context([s.query_len for s in group], [s.context_len for s in group],
+        qlens = [s.num_new_tokens + len(s.spec_token_ids) for s in group]
+        ctx = self.cache.context(qlens, [s.context_len for s in group],
                                  [s.seq.block_table for s in group], staging=self.staging)
-        speculating = any(s.spec_token_ids for s in group)
+        speculating = ctx.num_tokens > len(group) and any(s.spec_token_ids for s in group)
         graphable = ctx.max_query_len == 1 and self.graph is not None
         if graphable and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
             # (B, V), a view of the graph's output: sampled before the next replay

@@ -265,7 +265,8 @@ def _spec(args: argparse.Namespace) -> dict:
         ["cpu"] + (["cuda"] if args.gpu and torch.cuda.is_available() else [])
     for device in devices:
         result = bench_speculative(repeats=args.spec_repeats, device=device,
-                                   threads=1 if device == "cpu" else None)
+                                   threads=1 if device == "cpu" else None,
+                                   hybrid_ks=(3, 4, 6))
         console.print(format_bench(result))
         results[device] = result
     return results

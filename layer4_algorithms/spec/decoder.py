@@ -40,7 +40,7 @@ from layer3_model import (
 )
 
 from .proposal import Proposal
-from .proposers import DraftModelProposer, NgramProposer, Proposer
+from .proposers import DraftModelProposer, NgramProposer, NgramThenDraftProposer, Proposer
 from .sampling import accept_proposals, verify_input_ids, verify_logits
 
 
@@ -123,14 +123,18 @@ class SpeculativeDecoder:
     NgramProposer(min_n, max_n)), or any Proposer. k: tokens proposed per round (at most).
     stop_below: a draft stops a sequence's proposal early once its guess had probability
     below this (DraftModelProposer's dynamic draft length); None: always k.
+    ngram_first (with a draft): look the continuation up in the sequence first and run the
+    draft only where the lookup finds nothing (NgramThenDraftProposer).
     `generate(prompts, params) -> list[Generation]`; `stats` (SpecStats) after each call.
     """
 
     def __init__(self, target: Model, proposer: Model | Proposer | str = "ngram", k: int = 4, *,
-                 ngram: tuple[int, int] = (1, 4), stop_below: float | None = None) -> None:
+                 ngram: tuple[int, int] = (1, 4), stop_below: float | None = None,
+                 ngram_first: bool = False) -> None:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens proposed per round) must be an int >= 1, got {k!r}")
         self.target, self.k, self.stop_below = target, k, stop_below
+        self.ngram_first = ngram_first
         self.draft: Model | None = None
         if isinstance(proposer, str):
             if proposer != "ngram":
@@ -144,6 +148,8 @@ class SpeculativeDecoder:
                                  f"target's ({target.config.vocab_size}): they must share a "
                                  "tokenizer")
             self.draft, proposer = proposer, None
+        if ngram_first and self.draft is None:
+            raise ValueError("ngram_first needs a draft model to fall back on")
         self.proposer: Proposer | None = proposer
         self.stats = SpecStats()
 
@@ -186,6 +192,8 @@ class SpeculativeDecoder:
         proposer = self.proposer or DraftModelProposer(  # graphs: captured before timing starts
             self.draft.net, B, max_len, stop_below=self.stop_below,
             cuda_graph=self.draft.device.type == "cuda")
+        if self.ngram_first:
+            proposer = NgramThenDraftProposer(proposer)
         self.stats = stats = SpecStats(sequences=B,
                                        prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
 

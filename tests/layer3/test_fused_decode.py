@@ -100,11 +100,13 @@ def test_general_path_kept_for_prefill_and_large_batches(monkeypatch):
 
 @pytest.mark.gpu
 def test_fused_decode_1b_shape_gpu():
-    """1B shape, random bf16 weights. Teacher-forced (both fed the general path's greedy
-    tokens): the fused path's logits differ from the general path's by no more than the
-    torch backend's do (the same bf16 arithmetic in other kernels: the tolerance of bf16 over
-    16 layers), and pick the same token at every step whose top-2 margin exceeds that noise;
-    free-running greedy tokens are identical up to the first near-tie."""
+    """1B shape, random bf16 weights. Teacher-forced (all fed the general path's greedy
+    tokens), the fused path's logits differ from the general path's by no more than the torch
+    backend's do (the same bf16 model in other kernels: bf16's noise over 16 layers; measured
+    on an H100, 2026-11-24: fused 1.9-2.4e-2, torch backend 2.3-2.6e-2, relative), and pick
+    the same token wherever the general path's top-2 margin exceeds twice the largest logit
+    difference. Free-running greedy tokens are identical up to the first step whose margin is
+    below that (random weights have near-ties: a trained model's margins are far wider)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, plain = _pair(dict(l3.LLAMA_3_2_1B), torch.bfloat16, "cuda", "auto")
@@ -115,7 +117,7 @@ def test_fused_decode_1b_shape_gpu():
     nets = (fused, plain, eager)
     caches = [l3.ContiguousKVCache.for_model(cfg, 1, 64, dtype=torch.bfloat16, device="cuda")
               for _ in nets]
-    steps, compared = 12, 0
+    steps, worst = 12, 0.0
     with torch.no_grad():
         for net, cache in zip(nets, caches, strict=True):
             net(prompt, cache.context([33], [0]), cache, last_only=True)
@@ -124,33 +126,46 @@ def test_fused_decode_1b_shape_gpu():
             a, b, c = (net(tok, cache.context([1], [33 + i]), cache, last_only=True)[0]
                        for net, cache in zip(nets, caches, strict=True))
             err, noise = ((a - b).norm() / b.norm()).item(), ((c - b).norm() / b.norm()).item()
-            print(f"step {i}: fused vs general {err:.2e}, torch backend vs general {noise:.2e}")
-            assert err < max(3e-2, 2 * noise)
+            diff = (a - b).abs().max().item()
             top2 = b.topk(2).values
-            if (top2[0] - top2[1]).item() > 4 * (a - b).abs().max().item():
+            margin = (top2[0] - top2[1]).item()
+            print(f"step {i}: fused vs general {err:.2e}, torch backend vs general {noise:.2e}, "
+                  f"max |diff| {diff:.3f}, top-2 margin {margin:.3f}")
+            assert err < max(3e-2, 1.5 * noise)
+            if margin > 2 * diff:
                 assert int(a.argmax()) == int(b.argmax())
-                compared += 1
+            worst = max(worst, diff)
             tok = b.argmax().view(1)
-    assert compared >= steps // 3
-    # free-running greedy, and the fused step through a CUDA graph (as the benchmark runs it)
-    outs = []
+    seqs = []
     for net in (fused, plain):
         cache = l3.ContiguousKVCache.for_model(cfg, 1, 64, dtype=torch.bfloat16, device="cuda")
         with torch.no_grad():
             logits = net(prompt, cache.context([33], [0]), cache, last_only=True)
-            seq, margins = [], []
+            seq = []
             for i in range(steps):
-                tok = logits.argmax(-1)
-                seq.append(int(tok))
-                logits = net(tok, cache.context([1], [33 + i]), cache, last_only=True)
                 top2 = logits[0].topk(2).values
-                margins.append((top2[0] - top2[1]).item())
-        outs.append((seq, margins, cache))
-    (s_f, _, cache_f), (s_p, m_p, _) = outs
-    first_tie = next((i for i, m in enumerate(m_p) if m < 0.05), steps)
-    assert s_f[:first_tie + 1] == s_p[:first_tie + 1]
-    graph = l3.CudaGraphDecoder(fused, cache_f, 1)
-    tok, pos = torch.tensor([11], device="cuda"), torch.tensor([33 + steps], device="cuda")
-    ref = fused(tok, cache_f.context([1], [33 + steps]), cache_f, last_only=True)
-    got = graph.step(tok, pos)
-    assert ((got - ref).norm() / ref.norm()).item() < 1e-3
+                seq.append((int(logits.argmax()), (top2[0] - top2[1]).item()))
+                logits = net(logits.argmax(-1), cache.context([1], [33 + i]), cache,
+                             last_only=True)
+        seqs.append(seq)
+    for (tok_f, _), (tok_p, margin) in zip(*seqs, strict=True):
+        if margin <= 2 * worst:  # a near-tie: the two paths may part here
+            break
+        assert tok_f == tok_p
+
+
+@pytest.mark.gpu
+def test_fused_decode_under_cuda_graph_gpu():
+    """The fused step replayed from a CUDA graph (as the decode benchmark runs it, PDL edges
+    included) gives the eager fused step's logits."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg, fused, _ = _pair(dict(TINY, vocab_size=512), torch.bfloat16, "cuda", "auto")
+    cache = l3.ContiguousKVCache.for_model(cfg, 2, 48, dtype=torch.bfloat16, device="cuda")
+    with torch.no_grad():
+        fused(torch.randint(0, 512, (10,), device="cuda"), cache.context([4, 6], [0, 0]), cache)
+        graph = l3.CudaGraphDecoder(fused, cache, 2)
+        tok, pos = torch.tensor([3, 9], device="cuda"), torch.tensor([4, 6], device="cuda")
+        got = graph.step(tok, pos)
+        want = fused(tok, cache.context([1, 1], [4, 6]), cache, last_only=True)
+    assert ((got - want).norm() / want.norm()).item() < 1e-2

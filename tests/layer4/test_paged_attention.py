@@ -182,7 +182,7 @@ def test_split_count_and_cost_model():
     cpu = torch.device("cpu")
     assert pick_num_splits(1, 8, 16, cpu) == 1  # short context: one part
     assert pick_num_splits(1, 1, 4096, cpu) == 8  # "one SM": 8 programs wanted
-    assert pick_num_splits(1, 1, 1024, cpu) == 4  # ... but no part under 256 tokens
+    assert pick_num_splits(1, 1, 512, cpu) == 4  # ... but no part under 128 tokens
     assert pick_num_splits(64, 8, 4096, cpu) == 1
     nbytes, flops = decode_bytes_and_flops(2, 100, 32, 8, 64, 2)
     assert nbytes == 2 * 2 * 32 * 64 * 2 + 2 * 2 * 100 * 8 * 64 * 2

@@ -7,9 +7,10 @@ scheduler, block manager, prefix cache, sampling — over a model that is a thin
 (same number of blocks everywhere, so the one set of block tables serves every stage):
 
     runner.execute(step) -> PPModel.forward(ids, ctx, cache)
-        1. control message to each stage (pipe): query/seq lengths, flags, micro-batch bounds
+        1. control message to each stage (pipe): query/seq lengths, flags, micro-batch cuts
         2. broadcast ids | slot_mapping | block_tables                    (all stages)
-        3. the step's sequences cut into m micro-batches (pp_stage.micro_batches);
+        3. the step's tokens cut into m micro-batches (pp_stage.micro_batches; a long prefill
+           chunk too, its later pieces reading the earlier ones' KV);
            rank 0 runs stage 0 on micro-batch 0, sends its stream on, runs micro-batch 1 while
            stage 1 runs micro-batch 0, ... ; the last stage sends each micro-batch's logits back
         4. logits (concatenated in sequence order) -> layer 4 samples on rank 0
@@ -67,28 +68,32 @@ class PPModel(nn.Module):
         group, shard, dev = self.group, self.shard, self.device
         with group.guard("pipeline step"):
             start = time.perf_counter()
-            bounds = S.micro_batches(ctx.query_lens_host, self.micro_batches)
-            group.send(step_message(ctx, cache is not None, last_only) + (bounds,))
+            cuts = S.micro_batches(ctx.query_lens_host, self.micro_batches,
+                                   split=cache is not None)
+            group.send(step_message(ctx, cache is not None, last_only) + (cuts,))
             group.comm.broadcast(pack_step(input_ids, ctx))
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
-                                     ctx.block_tables, bounds, dev)
+                                     ctx.block_tables, cuts, dev)
             pg, timeout = getattr(group.comm, "pg", None), group.timeout_s
             sends, busy = [], 0.0
-            for i, (t0, t1, mctx) in enumerate(parts):
+            for i, (t0, t1, mctx, _) in enumerate(parts):
                 c0 = time.perf_counter()
                 out = shard(input_ids[t0:t1], mctx, cache, last_only)
                 c1 = time.perf_counter()
                 busy += c1 - c0
                 self.events.append(("F", i, c0, c1))
                 sends += S.send(pg, out, 1, i)
-            vocab, last = shard.full_config.vocab_size, group.world - 1
-            logits = [S.recv(pg, ((b1 - b0) if last_only else (t1 - t0), vocab), torch.float32,
-                             last, i, dev, timeout, "rank 0 receiving logits")
-                      for i, ((t0, t1, _), (b0, b1)) in enumerate(zip(parts, bounds, strict=True))]
+            vocab, last, logits = shard.full_config.vocab_size, group.world - 1, []
+            for i, (t0, t1, mctx, final) in enumerate(parts):
+                rows = mctx.num_seqs if last_only else t1 - t0
+                x = S.recv(pg, (rows, vocab), torch.float32, last, i, dev, timeout,
+                           "rank 0 receiving logits")
+                # last_only: a sequence cut across micro-batches samples from its last piece
+                logits.append(x if not last_only or len(final) == rows else x[final])
             S.wait_sends(sends, timeout, "rank 0 sending")
         st = self.stats
         st["forwards"] += 1
-        st["micro_batches"] += len(bounds)
+        st["micro_batches"] += len(cuts)
         end = time.perf_counter()
         st["wall_s"] += end - start
         self.spans.append((start, end))

@@ -5,8 +5,9 @@ take the extra ones), stage 0 also the embedding, the last stage also the final 
 head, and a paged KV cache for just its layers. Every stage's cache has the same number of
 blocks, so layer 4's block tables (made on rank 0) address every stage's cache alike.
 
-A step's B sequences are cut into m micro-batches of whole sequences with about equal token
-counts (`micro_batches`); micro-batch i leaves stage s as the serving path's residual stream,
+A step's flat tokens are cut into m micro-batches of about equal token counts
+(`micro_batches`; a long prefill chunk may be cut too); micro-batch i leaves stage s as the
+serving path's residual stream,
 (x, residual) stacked as (2, T_i, H), and the last stage sends back fp32 logits. Every message
 is preceded by a small header (micro-batch, dtype, shape), checked before the payload is
 received: gloo aborts a process that receives more bytes than it posted (and corrupts one
@@ -124,32 +125,52 @@ class StageKVCache(engine.PagedKVCache):
 
 
 # ---- cutting a step into micro-batches ----------------------------------------------------------
-def micro_batches(query_lens: tuple[int, ...], m: int) -> list[tuple[int, int]]:
-    """Sequence ranges [(b0, b1)] of at most m contiguous micro-batches (never an empty one),
-    cut where the running token count crosses k * T / m."""
+def micro_batches(query_lens, m: int, *, split: bool = False) -> list[tuple[int, int]]:
+    """Token ranges [(t0, t1)] of the step's flat tokens: at most m contiguous micro-batches,
+    none empty, about T/m tokens each. split=False cuts only between sequences; split=True
+    anywhere, so one long prefill chunk is pipelined too: a sequence's later piece reads the
+    earlier piece's KV, already written, since every stage runs micro-batch i before i + 1.
+    (Without a cache — scoring a prompt — a piece would have no KV to read: no split.)"""
+    starts = [0, *itertools.accumulate(query_lens)]
+    T = starts[-1]
+    if split:
+        m = max(1, min(m, T))
+        cuts = [0, *(round(T * k / m) for k in range(1, m)), T]
+        return list(zip(cuts, cuts[1:], strict=False))
     B = len(query_lens)
     m = max(1, min(m, B))
-    cum = list(itertools.accumulate(query_lens))
-    cuts = [0]
+    seq_cuts = [0]
     for k in range(1, m):
-        c = bisect_left(cum, cum[-1] * k / m) + 1  # first cut with >= k/m of the tokens before it
-        cuts.append(min(max(c, cuts[-1] + 1), B - (m - k)))
-    return list(zip(cuts, cuts[1:] + [B], strict=True))
+        c = bisect_left(starts, T * k / m)  # first sequence boundary with >= k/m of the tokens
+        seq_cuts.append(min(max(c, seq_cuts[-1] + 1), B - (m - k)))
+    cuts = [starts[c] for c in seq_cuts] + [T]
+    return list(zip(cuts, cuts[1:], strict=False))
+
+
+def pieces(query_lens, t0: int, t1: int) -> list[tuple[int, int, int]]:
+    """The sequences' parts in tokens [t0, t1): (sequence b, first, end) of its new tokens."""
+    out, start = [], 0
+    for b, q in enumerate(query_lens):
+        lo, hi = max(t0, start), min(t1, start + q)
+        if lo < hi:
+            out.append((b, lo - start, hi - start))
+        start += q
+    return out
 
 
 def micro_contexts(query_lens, seq_lens, slot_mapping: torch.Tensor,
-                   block_tables: torch.Tensor | None, bounds: list[tuple[int, int]],
-                   device: torch.device) -> list[tuple[int, int, l3.AttentionContext]]:
-    """(first token, end token, AttentionContext) of each micro-batch of a step."""
-    starts = [0, *itertools.accumulate(query_lens)]
+                   block_tables: torch.Tensor | None, cuts: list[tuple[int, int]],
+                   device: torch.device) -> list[tuple[int, int, l3.AttentionContext, list[int]]]:
+    """Per micro-batch: (first token, end token, its AttentionContext, which of its pieces end
+    their sequence — the rows a last_only step keeps)."""
     out = []
-    for b0, b1 in bounds:
-        q = query_lens[b0:b1]
+    for t0, t1 in cuts:
+        ps = pieces(query_lens, t0, t1)
         ctx = l3.AttentionContext.build(
-            q, [s - n for n, s in zip(q, seq_lens[b0:b1], strict=True)],
-            slot_mapping[starts[b0]:starts[b1]],
-            block_tables=None if block_tables is None else block_tables[b0:b1], device=device)
-        out.append((starts[b0], starts[b1], ctx))
+            [e - f for _, f, e in ps], [seq_lens[b] - query_lens[b] + f for b, f, _ in ps],
+            slot_mapping[t0:t1], device=device,
+            block_tables=None if block_tables is None else block_tables[ps[0][0]:ps[-1][0] + 1])
+        out.append((t0, t1, ctx, [j for j, (b, _, e) in enumerate(ps) if e == query_lens[b]]))
     return out
 
 

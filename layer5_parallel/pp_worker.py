@@ -7,10 +7,10 @@ a paged KV cache of its layers, and answers rank 0's messages:
 
     ("init", num_blocks, block_size)   make the stage's cache -> ("cache", kv_bytes)
     ("copy", pairs)                    copy-on-write block copies (every stage: same blocks)
-    ("step", query_lens, seq_lens, max_blocks, has_cache, last_only, bounds)
+    ("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts)
         receive the step's ids | slots | block tables (the broadcast TP uses too), then for each
-        micro-batch i in bounds: receive the stream from stage s-1, run the stage's layers, send
-        the stream to stage s+1 — or, on the last stage, the logits to rank 0
+        micro-batch i (tokens cuts[i]): receive the stream from stage s-1, run the stage's
+        layers, send the stream to stage s+1 — or, on the last stage, the logits to rank 0
     ("timings",)                       -> ("timings", seconds spent computing since the last
                                           ask, the latest ("F", micro-batch, start, end)
                                           intervals): the pipeline's overlap, measured
@@ -87,13 +87,13 @@ def run_step(stage: S.StageNet, comm, msg: tuple, cache, device: torch.device, t
     """One step on stage s >= 1: every micro-batch in, through the layers, out. Returns the
     seconds spent computing (not waiting for a neighbour); appends ("F", i, start, end) per
     micro-batch to events."""
-    _, qlens, slens, _, _, last_only, bounds = msg
+    _, qlens, slens, _, _, last_only, cuts = msg
     _, ctx = unpack_step(msg[:6], comm, device)
     s, pg = stage.stage, comm.pg
     hidden = stage.full_config.hidden_size
-    parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, bounds, device)
+    parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, cuts, device)
     sends, busy = [], 0.0
-    for i, (t0, t1, mctx) in enumerate(parts):
+    for i, (t0, t1, mctx, _) in enumerate(parts):
         inp = S.recv(pg, (2, t1 - t0, hidden), stage.dtype, s - 1, i, device, timeout_s,
                      f"stage {s} receiving")
         start = time.perf_counter()

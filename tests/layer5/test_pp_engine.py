@@ -142,19 +142,48 @@ def test_stages_chained_in_one_process_equal_the_model():
         torch.testing.assert_close(x, want, atol=1e-5, rtol=0)
 
 
-def test_micro_batches_cut_whole_sequences_by_tokens():
+def test_micro_batches_cut_the_tokens_evenly():
     mb = pp_stage.micro_batches
     assert mb((1, 1, 1, 1), 2) == [(0, 2), (2, 4)]
-    assert mb((10, 1, 1, 1), 2) == [(0, 1), (1, 4)]
-    assert mb((1, 1), 4) == [(0, 1), (1, 2)]  # never more micro-batches than sequences
-    assert mb((5, 5, 5, 1, 1, 1), 3) == [(0, 2), (2, 3), (3, 6)]
+    assert mb((10, 1, 1, 1), 2) == [(0, 10), (10, 13)]  # whole sequences
+    assert mb((10, 1, 1, 1), 2, split=True) == [(0, 6), (6, 13)]  # the prefill cut too
+    assert mb((1, 1), 4) == [(0, 1), (1, 2)]  # never an empty micro-batch
+    assert mb((5, 5, 5, 1, 1, 1), 3) == [(0, 10), (10, 15), (15, 18)]
+    assert pp_stage.pieces((10, 1, 1, 1), 6, 13) == [(0, 6, 10), (1, 0, 1), (2, 0, 1), (3, 0, 1)]
     for lens in ((3,), (1, 20, 1, 1, 1), (4, 4, 4, 4, 4, 4, 4)):
         for m in range(1, 9):
-            cut = mb(lens, m)
-            assert cut[0][0] == 0 and cut[-1][1] == len(lens)
-            assert all(a < b for a, b in cut)
-            assert all(c[1] == d[0] for c, d in zip(cut, cut[1:], strict=False))
-            assert len(cut) == min(m, len(lens))
+            for split in (False, True):
+                cut = mb(lens, m, split=split)
+                assert cut[0][0] == 0 and cut[-1][1] == sum(lens)
+                assert all(a < b for a, b in cut)
+                assert all(c[1] == d[0] for c, d in zip(cut, cut[1:], strict=False))
+                assert len(cut) == min(m, sum(lens) if split else len(lens))
+
+
+def test_a_prefill_cut_across_micro_batches_equals_the_model():
+    """No processes: a 13-token prompt and a 4-token one, cut into 3 micro-batches (the long
+    one across all three), run micro-batch by micro-batch through 3 StageNets over their own
+    caches: the last-token logits equal the model's, and so does the next decode step."""
+    net = l3.random_model(random_config(), seed=4, std=0.3)
+    full_cache = l5.engine.PagedKVCache.for_model(net.config, 8, 4, dtype=torch.float32)
+    stages = [pp_stage.StageNet(net, s, 3) for s in range(3)]
+    caches = [pp_stage.StageKVCache.for_stage(s, 8, 4) for s in stages]
+    tables = [[0, 1, 2, 3], [4, 5]]
+    for qlens, clens, ids in (([13, 4], [0, 0], (torch.arange(17) * 7) % 211),
+                              ([1, 1], [13, 4], torch.tensor([5, 9]))):
+        ctx = full_cache.context(qlens, clens, tables)
+        want = net(ids, ctx, full_cache, last_only=True)
+        cuts = pp_stage.micro_batches(qlens, 3, split=True)
+        parts = pp_stage.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
+                                        ctx.block_tables, cuts, torch.device("cpu"))
+        rows = []
+        for t0, t1, mctx, final in parts:
+            x = ids[t0:t1]
+            for stage, cache in zip(stages, caches, strict=True):
+                x = stage(x, mctx, cache, last_only=True)
+            rows.append(x[final])
+        # the later pieces read the earlier ones' keys from the cache: fp32 sum-order noise only
+        torch.testing.assert_close(torch.cat(rows), want, atol=LOGIT_ATOL, rtol=0)
 
 
 def test_bad_pipeline_sizes_are_named():

@@ -3,7 +3,8 @@
 `run`: starts a server for the course model on 127.0.0.1 (its engine in a process of its
 own, as `stack serve` runs it), drives it with the official `openai` client (a chat answer,
 a streamed completion timed at the client, a burst of concurrent streams, clients that
-disconnect mid-stream) and prints what it measured, including the server's own /metrics. `bench`: the load generator (bench.py).
+disconnect mid-stream) and prints what it measured, including the server's own /metrics.
+`bench`: the load generator (bench.py).
 """
 from __future__ import annotations
 

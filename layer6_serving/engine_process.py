@@ -35,7 +35,7 @@ import weakref
 
 from .engine_loop import EngineLoop, put_all
 from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, Request
-from .streams import DeltaTracker
+from .streams import DeltaTracker, pack, unpack
 
 log = logging.getLogger("layer6_serving")
 ERRORS = {e.__name__: e for e in (ValueError, TypeError, FileNotFoundError, OSError)}
@@ -193,6 +193,8 @@ class EngineProcess:
             req = self._requests.get(rid)
             if req is None:
                 continue  # aborted here already
+            if not isinstance(item, BaseException):
+                item = unpack(item)
             if isinstance(item, BaseException) or item.finished:
                 self._requests.pop(rid, None)
             by_loop.setdefault(req.loop, []).append((req.queue, item))
@@ -249,7 +251,9 @@ class PipeSink:
             return
         if changed:
             self._last = dataclasses.replace(snap)
-        self._out.put(("step", [(req.request_id, item) for req, item in batch],
+        items = [(req.request_id, item if isinstance(item, BaseException) else pack(item))
+                 for req, item in batch]
+        self._out.put(("step", items,
                        self._last if changed else None, self._finished, dequeued))
         self._finished, self._dequeued = [], dequeued
 

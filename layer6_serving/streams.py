@@ -73,6 +73,20 @@ class StreamOutput:
     metrics: RequestMetricsSummary | None = None
 
 
+def pack(out: StreamOutput) -> tuple:
+    """A StreamOutput as plain tuples: pickled 10x faster than the dataclasses (the engine
+    process sends every request's output every step)."""
+    return (out.request_id, [(d.index, d.token_ids, d.text, d.logprobs, d.finish_reason)
+                             for d in out.deltas],
+            out.finished, out.prompt_tokens, out.completion_tokens, out.metrics)
+
+
+def unpack(t: tuple) -> StreamOutput:
+    rid, deltas, finished, prompt_tokens, completion_tokens, metrics = t
+    return StreamOutput(rid, [Delta(*d) for d in deltas], finished, prompt_tokens,
+                        completion_tokens, metrics)
+
+
 def merge(outs: list[StreamOutput]) -> StreamOutput:
     """Several consecutive StreamOutputs of one request as one: each completion's deltas
     joined (index order of first appearance), counts and metrics from the last. A client

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import os
 import signal
 import statistics
@@ -35,9 +36,18 @@ from .bench_peer import PEERS, SHAPES, model_dir, peer_available, peer_command
 from .bench_report import console, plot, print_report
 from .loadgen import run_load, summarize
 
-# The offline engine's share of GPU memory for weights + KV; its KV pool (blocks) is then the
-# server's and the peer's.
-KV_FRACTION = 0.4
+
+def kv_blocks(args: argparse.Namespace, block_size: int) -> int:
+    """The one KV pool all engines get (--num-blocks, else): every seat can hold its longest
+    sequence (chat: the caps; random: lengths up to 1.5x the means, re-encoded text up to 2x
+    as long), plus one block per seat, so no engine preempts and none takes a GPU's worth."""
+    if args.num_blocks:
+        return args.num_blocks
+    if args.dataset == "chat":
+        longest = args.input_len + args.output_len
+    else:
+        longest = 3 * args.input_len + math.ceil(1.5 * args.output_len)
+    return args.max_num_seqs * (math.ceil(longest / block_size) + 1)
 
 
 def results_dir(out: str | None = None) -> Path:
@@ -121,19 +131,23 @@ def drive(name: str, url: str, model: str, requests, warmup, low, args,
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="stack bench --layer 6",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="stack bench --layer 6",
+        description="Load-test the OpenAI server in its own process (like `vllm bench serve`) "
+                    "beside the offline engine and, with --peer, transformers serve.")
     ap.add_argument("--url", help="an existing server (default: start one per run)")
     ap.add_argument("--model", default="course",
-                    help=f"course, a model directory, a name layer 3 knows, or {list(SHAPES)} "
-                         "(random weights written as a HF directory)")
+                    help="course, a model directory, a name layer 3 knows, or "
+                         f"{', '.join(SHAPES)} (random weights written as a HF directory)")
     ap.add_argument("--dataset", choices=DATASETS, default="random")
     ap.add_argument("--num-prompts", type=int, default=48)
     ap.add_argument("--input-len", type=int, default=64, help="random: mean; chat: cap")
     ap.add_argument("--output-len", type=int, default=64, help="random: mean; chat: cap")
     ap.add_argument("--rates", default="2,8,inf", help="comma-separated req/s; inf = burst")
     ap.add_argument("--max-concurrency", type=int, default=None)
-    ap.add_argument("--max-num-seqs", type=int, default=64, help="both engines' seat limit")
+    ap.add_argument("--max-num-seqs", type=int, default=64, help="every engine's seat limit")
+    ap.add_argument("--num-blocks", type=int, default=None,
+                    help="every engine's KV blocks (default: enough for every seat)")
     ap.add_argument("--low-load-prompts", type=int, default=16,
                     help="prompts sent one at a time for TTFT vs prefill")
     ap.add_argument("--peer", choices=PEERS, default=None, help="serve the same model with it too")
@@ -152,8 +166,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         ap.error(f"--rates wants numbers or inf, got {args.rates!r}")
     if any(r <= 0 for r in args.rates):
         ap.error("every rate must be > 0 (inf for a burst)")
-    if args.num_prompts < 1 or args.low_load_prompts < 1 or args.max_num_seqs < 1:
-        ap.error("--num-prompts, --low-load-prompts and --max-num-seqs must be >= 1")
+    if min(args.num_prompts, args.low_load_prompts, args.max_num_seqs, args.num_blocks or 1) < 1:
+        ap.error("--num-prompts, --low-load-prompts, --max-num-seqs, --num-blocks must be >= 1")
     if args.peer and args.url:
         ap.error("--peer starts both servers itself: leave out --url")
     return args
@@ -201,8 +215,9 @@ def _bench(args: argparse.Namespace) -> int:
         args.peer or args.model in SHAPES or args.model == "course") else args.model
     report: dict = {"config": {k: v for k, v in vars(args).items()}, "device": device,
                     "servers": {}}
-    # 1. offline, alone; its KV pool size is the server's too (at most 40% of a GPU's memory)
-    llm = l5.LLM(served, max_num_seqs=args.max_num_seqs, gpu_memory_utilization=KV_FRACTION)
+    # 1. offline, alone; its KV pool and seats are the servers' too
+    llm = l5.LLM(served, max_num_seqs=args.max_num_seqs,
+                 num_blocks=kv_blocks(args, l5.EngineConfig().block_size))
     num_blocks = llm.block_manager.num_blocks
     kv = {"block_size": llm.config.block_size, "num_blocks": num_blocks,
           "max_batch_tokens": llm.config.max_num_batched_tokens}

@@ -7,8 +7,8 @@ blocks, so layer 4's block tables (made on rank 0) address every stage's cache a
 
 A step's flat tokens are cut into m micro-batches of about equal token counts
 (`micro_batches`; a long prefill chunk may be cut too); micro-batch i leaves stage s as the
-serving path's residual stream,
-(x, residual) stacked as (2, T_i, H), and the last stage sends back fp32 logits. Every message
+serving path's residual stream, (x, residual) stacked as (2, T_i, H), and the last stage sends
+back fp32 logits. Every message
 is preceded by a small header (micro-batch, dtype, shape), checked before the payload is
 received: gloo aborts a process that receives more bytes than it posted (and corrupts one
 that receives fewer), so stages that disagree get a ValueError naming both shapes instead.

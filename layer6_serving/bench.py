@@ -220,7 +220,8 @@ def _bench(args: argparse.Namespace) -> int:
                  num_blocks=kv_blocks(args, l5.EngineConfig().block_size))
     num_blocks = llm.block_manager.num_blocks
     kv = {"block_size": llm.config.block_size, "num_blocks": num_blocks,
-          "max_batch_tokens": llm.config.max_num_batched_tokens}
+          "max_batch_tokens": llm.config.max_num_batched_tokens,
+          "cuda_graph": bool(llm.config.cuda_graph)}
     tokenizer = llm.model.tokenizer
     dtype = str(next(llm.model.net.parameters()).dtype).removeprefix("torch.")
     requests, warmup, low = build_workload(args, tokenizer, llm.model.config.vocab_size)

@@ -90,6 +90,9 @@ def peer_command(peer: str, path: Path, port: int, *, device: str, dtype: str = 
     if kv:
         cmd += ["--cb-block-size", str(kv["block_size"]), "--cb-num-blocks",
                 str(kv["num_blocks"]), "--cb-max-batch-tokens", str(kv["max_batch_tokens"])]
+        if device.startswith("cuda"):  # CUDA graphs where ours has them, none where not
+            cmd.append("--cb-use-cuda-graph" if kv.get("cuda_graph") else
+                       "--no-cb-use-cuda-graph")
     # offline: no update check against PyPI, no hub look-ups
     env = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
            "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1", "TOKENIZERS_PARALLELISM": "false"}

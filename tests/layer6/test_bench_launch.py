@@ -112,3 +112,21 @@ def test_bench_with_the_transformers_peer(tmp_path):
     ratio = report["ratios"]["ours_over_transformers"]
     assert [r["rate"] for r in ratio] == ["50.0", "inf"]
     assert all(r["output_throughput"] > 0 and r["ttft_p50"] > 0 for r in ratio)
+
+
+def test_peer_command_gets_our_kv_pool_and_the_same_directory(tmp_path):
+    from layer6_serving.bench_peer import model_dir, peer_command
+
+    path = model_dir("course", tmp_path)
+    assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
+    kv = {"block_size": 16, "num_blocks": 777, "max_batch_tokens": 2048, "cuda_graph": False}
+    cmd, env, name = peer_command("transformers", path, 4321, device="cuda", dtype="bfloat16",
+                                  kv=kv)
+    assert name == str(path) and str(path) in cmd and env["HF_HUB_OFFLINE"] == "1"
+    def flag(name: str) -> str:
+        return cmd[cmd.index(name) + 1]
+    assert flag("--port") == "4321" and flag("--cb-num-blocks") == "777"
+    assert flag("--cb-block-size") == "16" and flag("--dtype") == "bfloat16"
+    assert "--continuous-batching" in cmd and "--no-cb-use-cuda-graph" in cmd
+    with pytest.raises(ValueError, match="Hugging Face directory"):
+        model_dir(str(tmp_path / "nothing"), tmp_path)

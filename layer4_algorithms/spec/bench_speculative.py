@@ -59,8 +59,9 @@ def _greedy_rate(model: Model, prompt: str, params: SamplingParams, clock: str =
 
 def _spec_row(target: Model, proposer, k: int, stop_below: float | None, prompt: str,
               params: SamplingParams, repeats: int, reference: list[int],
-              clock: str = "wall", ngram_first: bool = False) -> dict:
-    dec = SpeculativeDecoder(target, proposer, k, stop_below=stop_below, ngram_first=ngram_first)
+              clock: str = "wall", ngram_first: bool = False, adaptive_k: bool = False) -> dict:
+    dec = SpeculativeDecoder(target, proposer, k, stop_below=stop_below, ngram_first=ngram_first,
+                             adaptive_k=adaptive_k)
     same = True
 
     def once() -> float:
@@ -88,14 +89,16 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                       ks: Sequence[int] = (2, 3, 4, 5, 6),
                       dynamic: Sequence[tuple[int, float]] = ((3, 0.4), (4, 0.3)),
                       ngram_ks: Sequence[int] = (2, 4, 6),
-                      hybrid_ks: Sequence[int] = (), prompts: dict[str, str] | None = None,
+                      hybrid_ks: Sequence[int] = (), adaptive: Sequence[tuple[str, int]] = (),
+                      prompts: dict[str, str] | None = None,
                       copy_prompt: str = COPY_PROMPT, new_tokens: int = 128, repeats: int = 3,
                       threads: int | None = 1, device: str = "cpu", dtype: str = "float32",
                       clock: str = "wall") -> dict:
     """Batch-1 greedy decode tokens/s, per prompt: the target alone (layer 3's generate), the
     draft alone, target + draft for each fixed k in ks and each (k, stop_below) in dynamic,
     n-gram lookup for each k in ngram_ks (on every prompt and on a copy-heavy one), and
-    "ngram+draft" (lookup first, the draft where it finds nothing) for each k in hybrid_ks.
+    "ngram+draft" (lookup first, the draft where it finds nothing) for each k in hybrid_ks,
+    and each (method, k) in adaptive with adaptive_k (k the most a round proposes).
     Defaults: the course target and draft. Each row: tokens/s (median of `repeats`), its
     speed-up over the same prompt's baseline, acceptance rate, tokens per verify round, ms
     proposing and verifying per round, and whether the tokens equal plain greedy's.
@@ -115,7 +118,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                     "new_tokens": new_tokens, "repeats": repeats, "prompts": {}, "summary": {}}
     configs = ([("draft", k, None) for k in ks] + [("draft", k, sb) for k, sb in dynamic]
                + [("ngram", k, None) for k in ngram_ks]
-               + [("ngram+draft", k, None) for k in hybrid_ks])
+               + [("ngram+draft", k, None) for k in hybrid_ks]
+               + [(f"{m} adaptive", k, None) for m, k in adaptive])
     for name, prompt in [*prompts.items(), ("copy", copy_prompt)]:
         draft_rates = _rates(lambda m=draft, p=prompt: _greedy_rate(m, p, params, clock), repeats)
         rates = _rates(lambda m=target, p=prompt: _greedy_rate(m, p, params, clock), repeats)
@@ -123,10 +127,12 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
         b = statistics.median(rates)
         rows = []
         for method, k, sb in configs:
-            if name == "copy" and method == "draft":
+            base = method.removesuffix(" adaptive")
+            if name == "copy" and base == "draft":
                 continue
-            row = _spec_row(target, "ngram" if method == "ngram" else draft, k, sb, prompt,
-                            params, repeats, ref, clock, ngram_first=method == "ngram+draft")
+            row = _spec_row(target, "ngram" if base == "ngram" else draft, k, sb, prompt,
+                            params, repeats, ref, clock, ngram_first=base == "ngram+draft",
+                            adaptive_k=method.endswith(" adaptive"))
             rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
         result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,
                                    "draft_tokens_per_s": statistics.median(draft_rates),
@@ -151,7 +157,8 @@ def format_bench(result: dict) -> str:
         lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "
                      f"draft alone {p['draft_tokens_per_s']:.1f} tok/s")
         for e in p["rows"]:
-            cfg = f"{e['method']} k={e['k']}"
+            adaptive = e["method"].endswith(" adaptive")  # "k<=K": k adapts, at most K
+            cfg = f"{e['method'].removesuffix(' adaptive')} k{'<=' if adaptive else '='}{e['k']}"
             if e["stop_below"] is not None:
                 cfg += f" stop<{e['stop_below']}"
             lines.append(f"    {cfg:17s}{e['tokens_per_s']:7.1f} x{e['speedup']:.2f} "

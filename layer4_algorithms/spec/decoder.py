@@ -102,6 +102,7 @@ class _Seq:
         self.rule = FinishRule(params, eos_ids, decoder)
         self.out = Generation(prompt_ids=prompt_ids, token_ids=self.rule.token_ids)
         self.cached = 0
+        self.k: int | None = None  # this sequence's proposal length under adaptive k
 
     @property
     def finished(self) -> bool:
@@ -125,16 +126,19 @@ class SpeculativeDecoder:
     below this (DraftModelProposer's dynamic draft length); None: always k.
     ngram_first (with a draft): look the continuation up in the sequence first and run the
     draft only where the lookup finds nothing (NgramThenDraftProposer).
+    adaptive_k: each sequence's k follows its measured acceptance, between 1 and k (the
+    schedule of transformers' assisted generation): +1 after a round that accepted every
+    guess, -1 after one that rejected any.
     `generate(prompts, params) -> list[Generation]`; `stats` (SpecStats) after each call.
     """
 
     def __init__(self, target: Model, proposer: Model | Proposer | str = "ngram", k: int = 4, *,
                  ngram: tuple[int, int] = (1, 4), stop_below: float | None = None,
-                 ngram_first: bool = False) -> None:
+                 ngram_first: bool = False, adaptive_k: bool = False) -> None:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens proposed per round) must be an int >= 1, got {k!r}")
         self.target, self.k, self.stop_below = target, k, stop_below
-        self.ngram_first = ngram_first
+        self.ngram_first, self.adaptive_k = ngram_first, adaptive_k
         self.draft: Model | None = None
         if isinstance(proposer, str):
             if proposer != "ngram":
@@ -218,6 +222,14 @@ class SpeculativeDecoder:
         stats.draft_steps = getattr(proposer, "steps", 0)
         return [s.out for s in seqs]
 
+    def _k(self, s: _Seq) -> int:
+        """Tokens to propose for s this round: k, or its adapted k (starting at k)."""
+        if not self.adaptive_k:
+            return self.k
+        if s.k is None:
+            s.k = self.k
+        return s.k
+
     def _round(self, active: list[_Seq], cache: ContiguousKVCache, proposer: Proposer) -> None:
         """propose -> verify -> accept -> roll back, for every active sequence at once."""
         t, stats = self.target, self.stats
@@ -225,7 +237,7 @@ class SpeculativeDecoder:
         gens = [s.gen for s in active]
         rows = [s.row for s in active]
         # never propose past max_tokens: n accepted + 1 emitted <= tokens still allowed
-        ks = [min(self.k, s.params.max_tokens - len(s.out.token_ids) - 1) for s in active]
+        ks = [min(self._k(s), s.params.max_tokens - len(s.out.token_ids) - 1) for s in active]
         t0 = time.perf_counter()
         proposal = proposer.propose([s.tokens for s in active], rows, ks, params, gens)
         proposal = Proposal(proposal.tokens.to(t.device, torch.int64),
@@ -240,6 +252,10 @@ class SpeculativeDecoder:
         stats.verify_s += time.perf_counter() - t1
         stats.propose_s += t1 - t0
         n_acc = acc.num_accepted.tolist()
+        if self.adaptive_k:
+            for s, n, kb in zip(active, n_acc, proposal.num_tokens.tolist(), strict=True):
+                if kb > 0:  # a round that proposed nothing says nothing about acceptance
+                    s.k = min(self.k, s.k + 1) if n == kb else max(1, s.k - 1)
         for s, emitted, n in zip(active, acc.emitted(), n_acc, strict=True):
             s.cached += 1 + n  # rollback: the rejected guesses' slots are simply overwritten later
             before = len(s.out.token_ids)

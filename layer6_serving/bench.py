@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import math
 import os
 import signal
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -113,9 +115,13 @@ def drive(name: str, url: str, model: str, requests, warmup, low, args,
 
     results, _ = load(url, model, warmup, f"{name} warm-up", float("inf"), None, args.seed,
                       dialect)
-    check("warm-up")
     if not any(r.ok for r in results):  # no use loading a server that answers nothing
+        if server is not None:  # a crash first shows as a dropped connection: let it land
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.proc.wait(2.0)
+        check("warm-up")
         raise RuntimeError(f"{name} failed every warm-up request: {results[0].error}")
+    check("warm-up")
     results, dt = load(url, model, low, f"{name} one at a time", float("inf"), 1, args.seed,
                        dialect)
     check("low-load")

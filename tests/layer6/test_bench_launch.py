@@ -130,3 +130,30 @@ def test_peer_command_gets_our_kv_pool_and_the_same_directory(tmp_path):
     assert "--continuous-batching" in cmd and "--no-cb-use-cuda-graph" in cmd
     with pytest.raises(ValueError, match="Hugging Face directory"):
         model_dir(str(tmp_path / "nothing"), tmp_path)
+
+
+DYING = """
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def do_POST(self):
+        print("dying on a request", flush=True); os._exit(3)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_server_that_dies_under_load_stops_the_run_with_its_log():
+    import argparse
+
+    from layer6_serving.bench import drive
+    from layer6_serving.bench_dataset import BenchRequest
+
+    port = free_port()
+    args = argparse.Namespace(seed=0, rates=[float("inf")], max_concurrency=None,
+                              slo_ttft_ms=None, slo_tpot_ms=None)
+    reqs = [BenchRequest(prompt_ids=[1, 2], max_tokens=2, prompt="x")]
+    with ServerProcess([sys.executable, "-c", DYING, str(port)], f"http://127.0.0.1:{port}",
+                       start_timeout=60) as srv:
+        with pytest.raises(RuntimeError, match=r"exited \(code 3\) during the warm-up[\s\S]*dying"):
+            drive("ours", srv.url, "m", reqs, reqs, reqs, args, server=srv)

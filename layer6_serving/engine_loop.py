@@ -116,7 +116,9 @@ class EngineLoop:
         self._admit()
         if not self.llm.has_unfinished():
             self._publish()
-            self.wake.wait(0.05 if self.pending or self.live else 1.0)
+            # output the sink could not hand over yet: come back for it soon
+            idle = 0.002 if getattr(self.sink, "backlog", None) else 1.0
+            self.wake.wait(0.05 if self.pending or self.live else idle)
             return
         try:
             outs = self.llm.step()

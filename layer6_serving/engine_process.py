@@ -27,8 +27,9 @@ import dataclasses
 import logging
 import multiprocessing as mp
 import os
-import queue
+import pickle
 import signal
+import struct
 import threading
 import time
 import weakref
@@ -50,10 +51,12 @@ class EngineProcess:
                  start_timeout: float = 900.0) -> None:
         ctx = mp.get_context("spawn")
         self.name = name
-        self.conn, child = ctx.Pipe()
+        # Two one-way pipes: commands down, turns up (the engine writes without blocking).
+        commands, self.conn = ctx.Pipe(duplex=False)
+        self.outputs, turns = ctx.Pipe(duplex=False)
         # Not a daemon: a daemon may not start processes, and TP workers are its children.
         self.proc = ctx.Process(target=engine_main, name=f"engine-{name}", daemon=False,
-                                args=(child, model, engine_kwargs, priority, name))
+                                args=(commands, turns, model, engine_kwargs, priority, name))
         self.listeners: list = []
         self.snapshot = EngineSnapshot()
         self._requests: dict[str, Request] = {}  # open requests: their loop and queue
@@ -62,7 +65,8 @@ class EngineProcess:
         self._error: EngineStepError | None = None
         self._closed = False
         self.proc.start()
-        child.close()
+        commands.close()
+        turns.close()
         try:
             self.info: EngineInfo = self._handshake(start_timeout)
         except BaseException:
@@ -77,7 +81,7 @@ class EngineProcess:
 
     def _handshake(self, timeout: float) -> EngineInfo:
         deadline = time.monotonic() + timeout
-        while not self.conn.poll(0.1):
+        while not self.outputs.poll(0.1):
             if not self.proc.is_alive():
                 raise RuntimeError(f"the engine process for {self.name!r} exited with code "
                                    f"{self.proc.exitcode} while loading the model (see its "
@@ -86,7 +90,7 @@ class EngineProcess:
                 raise RuntimeError(f"the engine process for {self.name!r} did not load the "
                                    f"model within {timeout:.0f} s")
         try:
-            msg = self.conn.recv()
+            msg = self.outputs.recv()
         except (EOFError, OSError) as e:
             raise RuntimeError(f"the engine process for {self.name!r} died while loading "
                                f"(exit code {self.proc.exitcode})") from e
@@ -151,6 +155,7 @@ class EngineProcess:
         self.thread.join(5.0)
         self._fail_all(EngineStepError("the server is shutting down"))
         self.conn.close()
+        self.outputs.close()
 
     def _end_process(self, timeout: float) -> None:
         self.proc.join(timeout)
@@ -163,7 +168,7 @@ class EngineProcess:
     def _read(self) -> None:
         try:
             while True:
-                msg = self.conn.recv()
+                msg = self.outputs.recv()
                 if msg[0] == "bye":
                     break
                 self._on_step(*msg[1:])
@@ -226,17 +231,18 @@ def _stop_ref(ref) -> None:
 class PipeSink:
     """The engine process's side: each turn's items, the finished requests' timings (it is a
     listener) and the snapshot (when it changed: taken at the end of the turn, token counts
-    included) go to the server as one message. A thread of its own writes them: a pipe
-    whose reader is busy blocks its writer, and the engine must not wait for the server."""
+    included) go to the server as one message. Written without blocking: a pipe whose
+    reader is busy would block its writer, and the engine must not wait for the server;
+    what the pipe cannot take yet waits in `backlog` and goes with the next turn."""
 
     def __init__(self, conn, loop: EngineLoop | None = None) -> None:
         self.conn, self.loop = conn, loop
         self._last: EngineSnapshot | None = None
         self._finished: list = []
         self._dequeued = -1
-        self._out: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._write, name="engine-sender", daemon=True)
-        self.thread.start()
+        self.backlog = bytearray()
+        self._fd = conn.fileno()
+        os.set_blocking(self._fd, False)
 
     def on_step(self, snapshot: EngineSnapshot) -> None:
         pass  # read at the end of the turn instead
@@ -247,33 +253,41 @@ class PipeSink:
     def flush(self, batch) -> None:
         snap, dequeued = self.loop.snapshot, self.loop._dequeued
         changed = snap != self._last
-        if not (batch or changed or self._finished or dequeued != self._dequeued):
-            return
-        if changed:
-            self._last = dataclasses.replace(snap)
-        items = [(req.request_id, item if isinstance(item, BaseException) else pack(item))
-                 for req, item in batch]
-        self._out.put(("step", items,
-                       self._last if changed else None, self._finished, dequeued))
-        self._finished, self._dequeued = [], dequeued
+        if batch or changed or self._finished or dequeued != self._dequeued:
+            if changed:
+                self._last = dataclasses.replace(snap)
+            items = [(req.request_id, item if isinstance(item, BaseException) else pack(item))
+                     for req, item in batch]
+            self._queue(("step", items, self._last if changed else None, self._finished,
+                         dequeued))
+            self._finished, self._dequeued = [], dequeued
+        self._drain()
 
-    def close(self, last=None) -> None:
-        """Send what is queued, then `last` (if any), and end the writer."""
-        if last is not None:
-            self._out.put(last)
-        self._out.put(None)
-        self.thread.join(10.0)
+    def _queue(self, msg) -> None:
+        """Frame as multiprocessing's Connection does (its recv() reads it): length, pickle."""
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        self.backlog += struct.pack("!i", len(data)) + data
 
-    def _write(self) -> None:
-        while (msg := self._out.get()) is not None:
+    def _drain(self) -> None:
+        while self.backlog:
             try:
-                self.conn.send(msg)
-            except (OSError, ValueError):  # the server is gone: nobody to serve
+                n = os.write(self._fd, self.backlog)
+            except BlockingIOError:
+                return
+            except OSError:  # the server is gone: nobody to serve
+                self.backlog.clear()
                 self.loop.request_stop()
                 return
+            del self.backlog[:n]
+
+    def close(self, last) -> None:
+        """Send what waits, then `last`, blocking now (bounded: the server reads to the end)."""
+        self._queue(last)
+        os.set_blocking(self._fd, True)
+        self._drain()
 
 
-def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> None:
+def engine_main(commands, turns, model, engine_kwargs: dict, priority: bool, name: str) -> None:
     """The engine process: build the engine, say what it is, run the loop until told to stop
     or until the server goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
@@ -282,20 +296,20 @@ def engine_main(conn, model, engine_kwargs: dict, priority: bool, name: str) -> 
     try:
         llm = l5.LLM(model, **engine_kwargs)
     except BaseException as e:  # noqa: BLE001 - reported to the server, which raises it
-        conn.send(("error", type(e).__name__, str(e)))
+        turns.send(("error", type(e).__name__, str(e)))
         return
     try:
-        sink = PipeSink(conn)
-        loop = EngineLoop(llm, priority=priority, name=name, sink=sink, start=False)
-        sink.loop = loop
-        loop.listeners.append(sink)
         tok = llm.model.tokenizer
 
         def token_text(t: int) -> str:
             return "" if tok is None else tok.decode([t], skip_special_tokens=False)
         _leave_a_core(llm)
-        conn.send(("ready", EngineInfo.of(llm)))
-        threading.Thread(target=_commands, args=(conn, loop, token_text), daemon=True,
+        turns.send(("ready", EngineInfo.of(llm)))
+        sink = PipeSink(turns)
+        loop = EngineLoop(llm, priority=priority, name=name, sink=sink, start=False)
+        sink.loop = loop
+        loop.listeners.append(sink)
+        threading.Thread(target=_commands, args=(commands, loop, token_text), daemon=True,
                          name="engine-commands").start()
         loop.run()
         sink.close(("bye",))

@@ -8,8 +8,8 @@ from layer3_model import bench_rows as R
 from layer3_model.config import ModelConfig
 from layer3_model.weights import random_model
 
-TINY = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-            num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+TINY = dict(model_type="llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
             max_position_embeddings=64, rms_norm_eps=1e-5, rope_theta=10000.0)
 
 

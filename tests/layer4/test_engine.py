@@ -43,11 +43,11 @@ def test_a_long_prompt_is_prefilled_in_chunks_beside_decodes(tiny_model, referen
     mixed = []
     original = llm.runner.execute
 
-    def spy(out):
+    def spy(out, *a):
         prefill = any(s.num_new_tokens > 1 for s in out.scheduled)
         if prefill and any(s.context_len > 0 and s.num_new_tokens == 1 for s in out.scheduled):
             mixed.append(len(llm.runner.plan_passes(out.scheduled)))
-        return original(out)
+        return original(out, *a)
 
     llm.runner.execute = spy
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
@@ -107,7 +107,7 @@ def test_parallel_sampling_shares_prompt_blocks_copies_on_write_and_is_seeded(ti
     llm = LLM(tiny_model, block_size=4, num_blocks=32)
     copies = []
     original = llm.runner.execute
-    llm.runner.execute = lambda out: (copies.extend(out.copies), original(out))[1]
+    llm.runner.execute = lambda out, *a: (copies.extend(out.copies), original(out, *a))[1]
     llm.add_request(prompt, params, request_id="r")
     llm.step()  # prefill, then fork into 3
     seqs = llm._requests["r"][1]

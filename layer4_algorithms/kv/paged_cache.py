@@ -109,13 +109,13 @@ class PagedKVCache:
                              "lengths and "
                              f"{len(block_tables)} block tables: need one of each per sequence")
         bs = self.block_size
-        table = padded_table(block_tables)
+        lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+        table = padded_table(block_tables, lens)
         q = np.asarray(query_lens, dtype=np.int64).reshape(-1)
         c = np.asarray(context_lens, dtype=np.int64).reshape(-1)
         if q.size and (q.min() < 1 or c.min() < 0):
             raise ValueError("query lengths must be >= 1 and context lengths >= 0: "
                              f"{list(query_lens)}, {list(context_lens)}")
-        lens = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=len(block_tables))
         short = np.flatnonzero(lens * bs < q + c)
         if short.size:
             b = int(short[0])
@@ -171,11 +171,12 @@ class PagedKVCache:
                                       scale, window)
 
 
-def padded_table(rows: Sequence[Sequence[int]]) -> np.ndarray:
+def padded_table(rows: Sequence[Sequence[int]], lens: np.ndarray | None = None) -> np.ndarray:
     """Block tables of different lengths -> one (B, longest) int64 array padded with 0.
     Built through numpy in one pass (a step of 256 sequences pays this every step: a list of
-    padded Python lists costs ~5x more)."""
-    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    padded Python lists costs ~5x more). lens: the rows' lengths, if already known."""
+    if lens is None:
+        lens = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     table = np.zeros((len(rows), int(lens.max(initial=0))), dtype=np.int64)
     table[np.arange(table.shape[1])[None, :] < lens[:, None]] = np.fromiter(
         itertools.chain.from_iterable(rows), dtype=np.int64, count=int(lens.sum()))

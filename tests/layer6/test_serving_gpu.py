@@ -41,3 +41,17 @@ def test_burst_of_128_streams_completes_on_gpu(gpu_server):
     assert report["completed"] == 128 and report["failed"] == 0
     print(f"\nGPU burst: {report['output_throughput']:.0f} out tok/s, TTFT p50 "
           f"{report['median_ttft_ms']:.1f} ms, TPOT p50 {report['median_tpot_ms']:.2f} ms")
+
+
+def test_engine_process_on_gpu_gives_the_offline_text(gpu_server):
+    """`stack serve`'s layout: the engine (CUDA) in its own process, the server here."""
+    engine = gpu_server.engines["course"]
+    offline = l6.parallel.LLM(engine.llm.model, num_blocks=256)
+    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=32)
+    want = [o.outputs[0].text for o in offline.generate(PROMPTS, sp)]
+    with l6.start_server(["course"], device="cuda", max_num_seqs=64, num_blocks=512,
+                         engine_process=True) as srv:
+        assert srv.engines["course"].llm is None and srv.engines["course"].alive
+        r = httpx.post(srv.url + "/v1/completions", timeout=60, json={
+            "model": "course", "prompt": PROMPTS, "max_tokens": 32, "temperature": 0})
+        assert [c["text"] for c in r.json()["choices"]] == want

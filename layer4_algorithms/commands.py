@@ -75,7 +75,8 @@ def bench_table(rows: list[dict]) -> Table:
         extra += [f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
                   for k in ("preemptions", "prefix_hit_rate", "steps", "same_outputs",
                             "matches_greedy", "acceptance_rate") if r.get(k) is not None]
-        table.add_row(f"{r['device']}: {r['what']}",
+        what = r["what"].replace(", geometric mean over the prompts", " (geomean)")
+        table.add_row(f"{r['device']}: {what}",
                       f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
                       f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-", roof,
                       ", ".join(extra))
@@ -209,6 +210,9 @@ def bench(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-spec", dest="spec", action="store_false",
                     help="skip speculative decoding")
     ap.add_argument("--spec-repeats", type=int, default=3)
+    ap.add_argument("--spec-clock", choices=("wall", "cpu"), default="wall",
+                    help="speculation's clock: cpu = tokens per second of the bench thread's "
+                         "CPU time (steadier on a shared, loaded CPU)")
     ap.add_argument("--spec-devices", default="auto",
                     help="comma list (cpu,cuda); auto: the CPU and any GPU")
     ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
@@ -266,7 +270,8 @@ def _spec(args: argparse.Namespace) -> dict:
     for device in devices:
         result = bench_speculative(repeats=args.spec_repeats, device=device,
                                    threads=1 if device == "cpu" else None,
-                                   hybrid_ks=(3, 4, 6))
+                                   hybrid_ks=(3, 4, 6),
+                                   clock=args.spec_clock if device == "cpu" else "wall")
         console.print(format_bench(result))
         results[device] = result
     return results

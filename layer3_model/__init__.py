@@ -40,7 +40,7 @@ already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pic
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
-from .attention_context import AttentionContext, ContiguousKVCache, KVCache
+from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
 from .backends import BACKENDS, Ops, make_ops
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
@@ -94,7 +94,7 @@ __all__ = [
     "Tokenizer", "IncrementalDecoder",
     # the network, its kernels and the KV-cache seam
     "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
-    "AttentionContext", "KVCache", "ContiguousKVCache",
+    "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling
     "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
     # when a completion ends (EOS, stop strings, max_tokens) and what text may stream yet

@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 import layer3_model as l3
-from layer3_model.attention_context import HostStaging
 
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
@@ -49,7 +48,7 @@ class ModelRunner:
         self.config = config
         self.attn_bytes_limit = config.attn_bytes_limit
         self.device = net.device
-        self.staging = HostStaging(self.device)  # pinned, double-buffered: one arena per step
+        self.staging = l3.HostStaging(self.device)  # pinned, double-buffered: one arena per step
         self.graph = None
         if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
             max_blocks = -(-config.resolved_max_model_len // cache.block_size)
@@ -214,7 +213,7 @@ class StepLogits:
     last: torch.Tensor
     row: list[int | None]
     spec: dict[int, torch.Tensor]
-    staging: HostStaging | None = None  # for rows_of's index copy (pinned, non-blocking)
+    staging: l3.HostStaging | None = None  # for rows_of's index copy (pinned, non-blocking)
 
     def __len__(self) -> int:
         return len(self.row)

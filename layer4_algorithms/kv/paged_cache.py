@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 import layer3_model as l3
-from layer3_model.attention_context import HostStaging
 
 from .paged_attention import paged_decode_attention
 
@@ -98,7 +97,7 @@ class PagedKVCache:
 
     def context(self, query_lens: Sequence[int], context_lens: Sequence[int],
                 block_tables: Sequence[Sequence[int]], *,
-                staging: HostStaging | None = None) -> l3.AttentionContext:
+                staging: l3.HostStaging | None = None) -> l3.AttentionContext:
         """AttentionContext for B sequences: sequence b's query_lens[b] new tokens sit at
         positions context_lens[b].. and its blocks are block_tables[b] (enough of them to hold
         context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0.

@@ -194,10 +194,10 @@ def test_pinned_staging_double_buffers_and_copies_right():
     """HostStaging on the CPU copies plainly; the values and shapes survive either way."""
     import numpy as np
 
-    from layer3_model.attention_context import HostStaging
-    st = HostStaging("cpu")
+    import layer3_model as l3
+    st = l3.HostStaging("cpu")
     with pytest.raises(ValueError, match="arenas"):
-        HostStaging("cpu", arenas=1)
+        l3.HostStaging("cpu", arenas=1)
     for n in (1, 5, 5000):
         st.next_step()
         a = np.arange(n, dtype=np.int64).reshape(-1, 1)

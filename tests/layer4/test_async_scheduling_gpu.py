@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import layer3_model as l3
-from layer3_model.attention_context import HostStaging
 from layer4_algorithms import LLM, SamplingParams
 
 from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
@@ -44,7 +43,7 @@ def test_async_equals_sync_on_cuda(cuda_model, cuda_graph, block_size, budget, b
 
 
 def test_staging_copies_right_and_reuses_arenas():
-    st = HostStaging("cuda", arenas=2, capacity=8)
+    st = l3.HostStaging("cuda", arenas=2, capacity=8)
     got = []
     for step in range(6):
         st.next_step()

@@ -17,6 +17,10 @@ Reference counts let sequences share blocks:
   whose first blocks match shares them and skips their prefill. Full blocks never change,
   so sharing them needs no copy-on-write.
 
+A sequence's block_table list only ever grows in place (appends); every other change (copy-on-
+write, truncation, freeing, admission, fork) gives it a new list, so the runner can mirror the
+tables in one array and copy only what was appended (model_runner.BlockTableMirror).
+
 A block whose count drops to 0 goes back to the pool: to the free list if it holds nothing
 reusable, else to an LRU list of evictable cached blocks, which keep their contents until
 the pool runs dry and the least recently used one is taken (its hash forgotten).
@@ -188,6 +192,8 @@ class BlockManager:
         if max(need - len(seq.block_table), 0) + len(shared) > self.num_free_blocks:
             return None
         copies = []
+        if shared:  # a new list: tables only grow in place (the runner mirrors them)
+            seq.block_table = list(seq.block_table)
         for i in shared:
             old, new = seq.block_table[i], self._take()
             copies.append((old, new))
@@ -214,9 +220,12 @@ class BlockManager:
         """seq's KV is valid for its first num_tokens tokens only (speculative rollback): keep
         ceil(num_tokens / block_size) blocks, free the rest (they hold rejected slots only)."""
         keep = self.blocks_for(num_tokens)
+        if keep >= len(seq.block_table):
+            del seq.block_hashes[num_tokens // self.block_size:]
+            return
         for b in reversed(seq.block_table[keep:]):
             self._unref(b)
-        del seq.block_table[keep:]
+        seq.block_table = seq.block_table[:keep]  # a new list (tables only grow in place)
         del seq.block_hashes[num_tokens // self.block_size:]
 
     # ---- reference counting -----------------------------------------------------------------

@@ -97,19 +97,24 @@ class PagedKVCache:
 
     def context(self, query_lens: Sequence[int], context_lens: Sequence[int],
                 block_tables: Sequence[Sequence[int]], *,
-                staging: l3.HostStaging | None = None) -> l3.AttentionContext:
+                staging: l3.HostStaging | None = None,
+                table: tuple[np.ndarray, np.ndarray] | None = None) -> l3.AttentionContext:
         """AttentionContext for B sequences: sequence b's query_lens[b] new tokens sit at
         positions context_lens[b].. and its blocks are block_tables[b] (enough of them to hold
         context + query tokens). ctx.block_tables: (B, max_blocks) int64, padded with 0.
         Slots are worked out on the host with numpy, and everything goes to the device in
-        one pinned, non-blocking copy (staging: the runner's reusable pinned buffers)."""
+        one pinned, non-blocking copy (staging: the runner's reusable pinned buffers).
+        table: block_tables already padded, with their lengths (the runner's mirror)."""
         if not len(query_lens) == len(context_lens) == len(block_tables):
             raise ValueError(f"{len(query_lens)} query lengths, {len(context_lens)} context "
                              "lengths and "
                              f"{len(block_tables)} block tables: need one of each per sequence")
         bs = self.block_size
-        lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
-        table = padded_table(block_tables, lens)
+        if table is not None:
+            table, lens = table
+        else:
+            lens = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+            table = padded_table(block_tables, lens)
         q = np.asarray(query_lens, dtype=np.int64).reshape(-1)
         c = np.asarray(context_lens, dtype=np.int64).reshape(-1)
         if q.size and (q.min() < 1 or c.min() < 0):

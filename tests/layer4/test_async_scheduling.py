@@ -5,6 +5,7 @@ token discarded), so every test here compares it with the synchronous engine: id
 outputs, no leaked blocks, whatever the batch, chunking, pool, stops, aborts."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,8 +193,6 @@ def test_the_flag_resolves_and_rejects_what_it_cannot_do(tiny_model):
 
 def test_pinned_staging_double_buffers_and_copies_right():
     """HostStaging on the CPU copies plainly; the values and shapes survive either way."""
-    import numpy as np
-
     import layer3_model as l3
     st = l3.HostStaging("cpu")
     with pytest.raises(ValueError, match="arenas"):
@@ -202,3 +201,39 @@ def test_pinned_staging_double_buffers_and_copies_right():
         st.next_step()
         a = np.arange(n, dtype=np.int64).reshape(-1, 1)
         assert torch.equal(st.to_device(a), torch.arange(n).view(-1, 1))
+
+
+@pytest.fixture
+def checked_mirror(monkeypatch):
+    """Every step's mirrored block table is checked against the one built from the lists."""
+    from layer4_algorithms.kv import padded_table
+    gather, checks = MR.BlockTableMirror.gather, []
+
+    def checked(self, seqs):
+        got = gather(self, seqs)
+        if got is not None:
+            want = padded_table([q.block_table for q in seqs])
+            assert np.array_equal(got[0], want) and got[1].tolist() == [
+                len(q.block_table) for q in seqs]
+            checks.append(len(seqs))
+        return got
+    monkeypatch.setattr(MR.BlockTableMirror, "gather", checked)
+    return checks
+
+
+@pytest.mark.parametrize("mode", [False, True])
+def test_block_table_mirror_follows_cow_preemption_prefix_hits_and_rollback(tiny_model, mode,
+                                                                            checked_mirror):
+    shared = random_prompts([9], seed=21)[0]
+    prompts = [shared + p for p in random_prompts([2, 5, 1, 7, 3, 4], seed=22)]
+    params = [SamplingParams(temperature=0.9, seed=5, n=3, max_tokens=10, ignore_eos=True),
+              greedy(14), greedy(6), greedy(11), greedy(9), greedy(13)]
+    llm = LLM(tiny_model, block_size=4, num_blocks=14, max_num_seqs=6,
+              max_num_batched_tokens=10, async_scheduling=mode)
+    llm.generate(prompts, params)
+    assert llm.stats.preemptions > 0 and checked_mirror
+    assert_no_leak(llm)
+    spec = LLM(tiny_model, block_size=4, num_blocks=60, speculative=dict(method="ngram", k=3))
+    spec.generate(prompts[1:], params[1:])  # rejected drafts: tables truncated
+    assert spec.stats.spec_proposed > spec.stats.spec_accepted
+    assert_no_leak(spec)

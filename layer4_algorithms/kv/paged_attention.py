@@ -125,7 +125,11 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fp16/bf16/fp32, D in 16..256, power of two.
     """
     _check(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
-    if not l3.use_triton(impl, q, "paged_decode_attention"):
+    # "auto" serves every model: a head dim or dtype the kernel lacks (a tiny test model's
+    # D=8) takes the reference; impl="triton" asks for the kernel and gets the error below.
+    kernel_takes = q.shape[-1] in _HEAD_DIMS and q.dtype in _DTYPES
+    if not l3.use_triton(impl, q, "paged_decode_attention") or (impl == "auto"
+                                                                 and not kernel_takes):
         return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
                                                 window)
     B, Hq, D = q.shape

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The session's closing device calls on one H100, each under 10 minutes:
+#   bash benchmarks/final_session.sh tests   # pytest -m gpu, every layer + labs (-v: a timeout
+#                                            # still shows where it stopped), then layer 6's bench
+#   bash benchmarks/final_session.sh perf    # issue 17's table (l17_session.sh), layer 5 extras
+# Carry .whl (fastapi, uvicorn, openai, ...). Logs and JSON packed into $OUT/session.tgz.
+set -uo pipefail
+out=${OUT:-gpu-out}; mkdir -p "$out/logs"
+export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/logs/results LLM_STACK_CACHE=/tmp/llm-stack-cache
+if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/site
+fi
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/logs/install.log" 2>&1 \
+    || { cat "$out/logs/install.log"; exit 1; }
+step() {  # step NAME SECONDS CMD...: run with a limit, log to logs/NAME.log, say how it ended
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
+}
+case ${1:-tests} in
+tests)
+    step pytest_gpu 370 python3 -m pytest -m gpu -v -rfE -p no:cacheprovider --timeout 90 \
+        --durations=25 --continue-on-collection-errors tests/layer0 tests/layer1 tests/layer2 \
+        tests/layer3 tests/layer4 tests/layer5 tests/layer6 tests/labs tests/test_cli.py
+    grep -E "FAILED|ERROR|Timeout|passed|failed" "$out/logs/pytest_gpu.log" | tail -25
+    step bench_layer6 175 stack bench --layer 6 --num-prompts 192 --input-len 128 \
+        --output-len 128 --rates inf --low-load-prompts 8 --peer transformers --out "$out/logs/layer6"
+    rm -rf "$out/logs/layer6/models"
+    grep -v '^ *$' "$out/logs/bench_layer6.log" | tail -22 ;;
+perf)
+    OUT=$out/logs bash benchmarks/l17_session.sh 2>&1 | tail -45 ;;
+esac
+tar czf "$out/session.tgz" -C "$out" logs && rm -rf "$out/logs"

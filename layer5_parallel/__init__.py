@@ -1,7 +1,10 @@
-"""Layer 5 — parallelism (being built).
+"""Layer 5 — parallelism: the engine over several ranks, and training over several ranks.
 
-Will hold tensor, pipeline, data, expert and sequence parallelism, ZeRO sharding and a
-planner that picks a layout for a model and a set of GPUs.
+Serving: `LLM(model, tensor_parallel_size=N, pipeline_parallel_size=P,
+enable_expert_parallel=...)` is layer 4's engine with the model sharded (tp.py, pp_engine.py,
+ep_model.py). Training: pipeline schedules, DDP, ZeRO-1/2/3, activation checkpointing, ring
+attention and sequence parallelism, each checked against one process. `stack plan` picks a
+layout for a model and a set of GPUs (planner.py).
 
 Re-exported from layer 4 for layer 6: the engine API (`LLM`, `SamplingParams`, outputs).
 """
@@ -24,6 +27,14 @@ from .engine_config import EngineConfig
 
 # expert and context parallelism (moe, expert_parallel, ring_attention, sequence_parallel)
 from .ep_cp_bench import bench_expert_context, format_expert_context, moe_imbalance
+from .ep_model import (  # an MoE model through the engine (expert-parallel under TP)
+    MoELlamaModel,
+    MoEModelConfig,
+    expert_load,
+    moe_config,
+    random_moe_model,
+    reset_expert_load,
+)
 from .expert_parallel import ExpertParallelMoE, expert_ranges
 from .llm import LLM, TPModel
 from .megatron_fg import (  # lab 5, exercise 1 (the TP engine's own layers are in tp.py)
@@ -51,6 +62,7 @@ from .pipeline import (
 )
 from .pipeline_inference import pipeline_forward
 from .pipeline_schedules import bubble_fraction, gpipe, one_f_one_b, simulate
+from .pp_bench import bench_pp, format_pp
 from .ring_attention import (
     attention_block,
     causal_work,
@@ -75,7 +87,7 @@ __all__ = [
     "EngineConfig", "shard_model", "tp_config", "valid_tp_sizes", "TPComm", "TPModel",
     # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements
     "pipeline_step", "PipelineResult", "partition", "stage_params", "bubble_stats",
-    "pipeline_forward", "keep_stage",
+    "pipeline_forward", "keep_stage", "bench_pp", "format_pp",
     "gpipe", "one_f_one_b", "simulate", "bubble_fraction", "plot_timeline", "plot_rank_timelines",
     "DistributedDataParallel", "overlap_fraction", "replica_share",
     "ZeroTrainer", "checkpointed_loss", "ActivationMeter", "MemoryRow", "tensor_bytes",
@@ -85,6 +97,8 @@ __all__ = [
     "MoEBlock", "MoEStats", "Routing", "route", "ExpertParallelMoE", "expert_ranges",
     "MoEConfig", "MoETransformer", "ExpertParallelModel", "MIXTRAL_TINY", "QWEN_MOE_TINY",
     "bench_expert_context", "format_expert_context", "moe_imbalance",
+    "MoELlamaModel", "MoEModelConfig", "moe_config", "random_moe_model", "expert_load",
+    "reset_expert_load",
     # context parallelism
     "ring_attention", "ring_attention_simulated", "attention_block", "merge_partial",
     "shard_sequence", "unshard_sequence", "chunk_positions", "causal_work",

@@ -31,7 +31,7 @@ from torch import nn
 import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
-from .ep_model import check_expert_parallel
+from .ep_model import MoEModelConfig, check_expert_parallel
 from .pp_engine import start_pipeline
 from .tp import check_tp_size, shard_model, tp_config, weight_bytes
 from .tp_group import TPGroup
@@ -102,6 +102,10 @@ class LLM(engine.LLM):
         self.tensor_parallel_size, self.tp_group = tp, None
         if config.enable_expert_parallel:
             check_expert_parallel(model, tp)
+        if config.cuda_graph and isinstance(getattr(getattr(model, "net", None), "config", None),
+                                            MoEModelConfig):  # routing reads counts on the host
+            raise ValueError("cuda_graph=True cannot capture an MoE model (its routing syncs "
+                             "with the host every layer); use cuda_graph=False")
         if config.pipeline_parallel_size > 1:  # layers cut into stages: pp_engine.py
             start_pipeline(self, model, config, speculator, _tp_faults)
             atexit.register(_close_ref, weakref.ref(self))

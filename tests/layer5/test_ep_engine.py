@@ -169,6 +169,8 @@ def test_expert_parallel_bad_input():
         l5.LLM(model, tensor_parallel_size=8, enable_expert_parallel=True, num_blocks=8)
     with pytest.raises(ValueError, match="enable_expert_parallel must be a bool"):
         l5.EngineConfig(enable_expert_parallel="yes")
+    with pytest.raises(ValueError, match="cannot capture an MoE model"):
+        l5.LLM(model, cuda_graph=True, num_blocks=8)
 
 
 @pytest.mark.gpu

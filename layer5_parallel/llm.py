@@ -26,13 +26,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
 from .ep_model import MoEModelConfig, check_expert_parallel
 from .pp_engine import start_pipeline
+from .rank0_model import RankZeroModel
 from .tp import check_tp_size, shard_model, tp_config, weight_bytes
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
@@ -40,25 +40,9 @@ from .tp_worker import pack_step, step_message
 l3 = engine.executor
 
 
-class TPModel(nn.Module):
+class TPModel(RankZeroModel):
     """Rank 0's model: announces each forward to the workers, then runs its own shard.
     Same forward signature as layer 3's LlamaModel; config is rank 0's per-rank config."""
-
-    def __init__(self, shard: nn.Module, group: TPGroup) -> None:
-        super().__init__()
-        self.shard, self.group, self.config = shard, group, shard.config
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shard.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.shard.device
-
-    @property
-    def backend(self) -> str:
-        return self.shard.backend
 
     def forward(self, input_ids: torch.Tensor, ctx, cache=None, *,
                 last_only: bool = False) -> torch.Tensor:

@@ -26,42 +26,29 @@ import time
 from collections import deque
 
 import torch
-from torch import nn
 
 import layer4_algorithms as engine
 
 from . import pp_stage as S
 from .pp_worker import EVENTS, worker_main
+from .rank0_model import RankZeroModel
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
 
 l3 = engine.executor
 
 
-class PPModel(nn.Module):
+class PPModel(RankZeroModel):
     """Rank 0's model: stage 0 here (`shard`), the other stages on the workers. LlamaModel's
     forward signature; config is stage 0's (its layer count sizes rank 0's KV cache).
     stats: forwards, their wall seconds, and seconds stage 0 computed inside them."""
 
     def __init__(self, shard: S.StageNet, group: TPGroup, micro_batches: int) -> None:
-        super().__init__()
-        self.shard, self.group, self.config = shard, group, shard.config
+        super().__init__(shard, group)
         self.micro_batches = micro_batches
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
         self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
         self.spans: deque = deque(maxlen=EVENTS)  # (start, end) of each forward, latest
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.shard.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.shard.device
-
-    @property
-    def backend(self) -> str:
-        return self.shard.backend
 
     def forward(self, input_ids: torch.Tensor, ctx, cache=None, *,
                 last_only: bool = False) -> torch.Tensor:

@@ -28,7 +28,7 @@ import torch
 
 from . import pp_stage as S
 from .tp import weight_bytes
-from .tp_worker import POLL_S, join_group, load_full, run_worker, unpack_step
+from .tp_worker import join_group, load_full, next_message, run_worker, unpack_step
 
 EVENTS = 4096  # compute intervals a stage keeps for "timings" (the latest ones)
 
@@ -56,11 +56,7 @@ def _serve(stage: S.StageNet, comm, conn: Connection, device: torch.device, time
            fault: str | None) -> None:
     cache, parent, busy, events = None, parent_process(), 0.0, deque(maxlen=EVENTS)
     while True:
-        if not conn.poll(POLL_S):
-            if parent is not None and not parent.is_alive():
-                raise RuntimeError("rank 0 died; this stage stops")
-            continue
-        msg = conn.recv()
+        msg = next_message(conn, parent, "stage")
         kind = msg[0]
         if kind == "stop":
             return

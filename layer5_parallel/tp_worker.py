@@ -134,15 +134,20 @@ def run_worker(conn: Connection, body) -> None:
     os._exit(0)
 
 
+def next_message(conn: Connection, parent, who: str) -> tuple:
+    """Rank 0's next control message; while none comes, check every POLL_S that rank 0 (the
+    parent process) still lives: a worker whose engine died stops instead of idling forever."""
+    while not conn.poll(POLL_S):
+        if parent is not None and not parent.is_alive():
+            raise RuntimeError(f"rank 0 died; this {who} stops")
+    return conn.recv()
+
+
 @torch.no_grad()
 def _serve(shard, comm: TPComm, conn: Connection, device: torch.device, fault: str | None) -> None:
     cache, parent = None, parent_process()
     while True:
-        if not conn.poll(POLL_S):
-            if parent is not None and not parent.is_alive():
-                raise RuntimeError("rank 0 died; this worker stops")
-            continue
-        msg = conn.recv()
+        msg = next_message(conn, parent, "worker")
         kind = msg[0]
         if kind == "stop":
             return

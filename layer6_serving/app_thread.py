@@ -14,7 +14,11 @@ import uvicorn
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     """A listening, non-blocking socket on host:port (port 0: the OS picks a free one)."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it Nagle holds an SSE chunk behind the unacknowledged headers until the
+    # client's delayed ACK (~40 ms) on a keep-alive connection.
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET,
+                         socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

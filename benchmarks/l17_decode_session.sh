@@ -12,14 +12,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-step() {  # step NAME SECONDS CMD...: run with a limit, log to $out/NAME.log, say how it ended
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
-    [ $rc = 0 ] || tail -6 "$out/$name.log"
-}
+logs=$out; . "$(dirname "$0")/session_lib.sh"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 step decode 70 python3 benchmarks/l17_bench.py decode --out "$out"
 tail -1 "$out/decode.log"

@@ -9,21 +9,13 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/install.log" 2>&1 \
-    || { cat "$out/install.log"; exit 1; }
+logs=$out; . "$(dirname "$0")/session_lib.sh"
+install_stack
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.draw,temperature.gpu \
     --format=csv,noheader; lscpu | grep "Model name"; nproc; uptime; } 2>&1 | tee "$out/env.txt"
 timeout 40 python3 -c 'import layer3_model as l3; c = l3.load_ceilings("cuda"); bf = c.flops["bf16"]
 print(f"ceilings: {c.memory_bandwidth / 1e12:.2f} TB/s copy, bf16 {bf / 1e12:.0f} TFLOP/s")' 2>&1 \
     | tail -1 | tee -a "$out/env.txt"
-step() {  # step NAME SECONDS CMD...
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
-    [ $rc = 0 ] || tail -4 "$out/$name.log"
-}
 step prefill_cold 45 python3 benchmarks/l17_bench.py prefill --out "$out"
 mv "$out/l17_prefill.json" "$out/l17_prefill_cold.json" 2>/dev/null
 step profile ${PROFILE_S:-110} python3 benchmarks/profile_prefill.py --json "$out/profile_prefill.json" ${PROFILE_ARGS:-}

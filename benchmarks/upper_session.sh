@@ -9,25 +9,13 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out/logs"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/logs/results LLM_STACK_CACHE=/tmp/llm-stack-cache
-if [ -d .whl ]; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-        --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site
-fi
-python3 -m pip install -q --no-deps --no-build-isolation -e . >"$out/logs/install.log" 2>&1 \
-    || { cat "$out/logs/install.log"; exit 1; }
+logs=$out/logs; . "$(dirname "$0")/session_lib.sh"
+install_stack
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, triton, transformers, fastapi
 print("torch", torch.__version__, "triton", triton.__version__, "transformers",
       transformers.__version__, "fastapi", fastapi.__version__)'; } 2>&1 | tee "$out/logs/env.txt"
 
-step() {  # step NAME SECONDS CMD...: run with a limit, log to logs/NAME.log, say how it ended
-    local name=$1 limit=$2; shift 2
-    local t0=$SECONDS
-    timeout "$limit" "$@" >"$out/logs/$name.log" 2>&1
-    local rc=$?
-    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
-}
 case ${1:-tests} in
 tests)
     step pytest_gpu 480 python3 -m pytest -m gpu -q -p no:cacheprovider --timeout 120 \

@@ -1,0 +1,24 @@
+# Shared by the device-session scripts (sourced, not run): every step of a session has its own
+# time limit, so one hang cannot eat the call, and its output goes to a log beside the JSON.
+#   logs=DIR; . benchmarks/session_lib.sh
+#   install_stack            # carried wheels (.whl/, if any) on PYTHONPATH, then this repo
+#   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended
+install_stack() {
+    if [ -d .whl ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl || exit 1
+        export PYTHONPATH=/tmp/site
+    fi
+    python3 -m pip install -q --no-deps --no-build-isolation -e . >"$logs/install.log" 2>&1 \
+        || { cat "$logs/install.log"; exit 1; }
+}
+
+step() {
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+    local rc=$?
+    echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
+    [ $rc = 0 ] || tail -"${STEP_TAIL:-4}" "$logs/$name.log"
+    return 0
+}

@@ -29,6 +29,10 @@ stops and builds outputs. A sequence that finishes at step N has been scheduled 
 N+1 too: that token is discarded (its KV slot was its own; the blocks are freed at once,
 and the GPU runs steps in order, so nobody reuses them before that write). One whose step-N
 token reaches max_tokens is not scheduled again. Greedy outputs are the synchronous engine's.
+A step that only samples first tokens (prefills reaching their prompt's end, no decode to
+overlap) is read by the next call *before* it schedules anything, and that call returns at
+once: the first tokens go out without waiting for another step's launch (at low load that
+launch was pure time-to-first-token); the call after it launches with the tokens on the host.
 """
 from __future__ import annotations
 
@@ -212,15 +216,26 @@ class LLM(EngineStatsMixin):
         self.close()
 
     # ---- the step --------------------------------------------------------------------------
-    def step(self, *, unfinished: bool = True) -> list[RequestOutput]:
+    def step(self, *, unfinished: bool = True, delta: bool = False) -> list[RequestOutput]:
         """Run one step. Returns outputs of the requests it advanced (finished ones included;
         unfinished=False: only the requests that finished in it). Under async scheduling the
-        step launched here is read by the next call: the outputs are the previous step's."""
+        step launched here is read by the next call: the outputs are the previous step's.
+        delta=True: each completion holds only what is new since its last delta output
+        (RequestOutput.of), not a copy of everything so far: what a server streaming many
+        requests wants; a caller uses one mode for a request's whole life."""
         start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         sync = not self.config.async_scheduling or self._host_sampling > 0
         advanced: set[str] = set()
         finished: list[Sequence] = []
+        if prev is not None and not sync and prev.first_only:
+            # nothing to overlap but a launch that would delay the first tokens: read them now
+            self._complete(prev, advanced, finished)
+            now = time.perf_counter()
+            self._stats.elapsed_s += now - start
+            if not unfinished:
+                advanced = {q.request_id for q in finished}
+            return self._outputs(advanced, unfinished, now, delta)
         if prev is not None and sync:  # a synchronous step needs every token on the host
             self._complete(prev, advanced, finished)
             prev = None
@@ -245,7 +260,7 @@ class LLM(EngineStatsMixin):
         self._stats.elapsed_s += now - start
         if not unfinished:  # only the requests that finished: no output for the others
             advanced = {q.request_id for q in finished}
-        return self._outputs(advanced, unfinished, now)
+        return self._outputs(advanced, unfinished, now, delta)
 
     def _launch(self, out: SchedulerOutput, prev: _Launched | None, sync: bool) -> _Launched:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
@@ -289,6 +304,8 @@ class LLM(EngineStatsMixin):
         tokens = self.runner.sample_tokens(logits.rows_of(row_ids), [q.params for q in who],
                                            [q.generator for q in who])
         launched.device_tokens = tokens
+        # every sampled row is a first token (no sequence here is decoding)
+        launched.first_only = bool(who) and all(q.num_tokens == q.num_prompt_tokens for q in who)
         if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
             launched.tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             launched.tokens.copy_(tokens, non_blocking=True)
@@ -325,8 +342,8 @@ class LLM(EngineStatsMixin):
         self._requests[p.request_id][1].extend(children)
         return children
 
-    def _outputs(self, request_ids: set[str], unfinished: bool,
-                 now: float) -> list[RequestOutput]:
+    def _outputs(self, request_ids: set[str], unfinished: bool, now: float,
+                 delta: bool = False) -> list[RequestOutput]:
         def wanted(rid: str) -> bool:  # building an output copies every token list: only if asked
             if rid not in self._requests:
                 return False
@@ -340,7 +357,7 @@ class LLM(EngineStatsMixin):
         outs = []
         for rid in sorted(filter(wanted, request_ids), key=order):
             prompt, seqs = self._requests[rid]
-            o = RequestOutput.of(rid, prompt, seqs, now)
+            o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
             if o.finished:
                 del self._requests[rid]
                 self._host_sampling -= seqs[0].params.needs_logits_processing
@@ -409,3 +426,4 @@ class _Launched:
     device_tokens: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     event: torch.cuda.Event | None = None
+    first_only: bool = False  # only first tokens sampled: the next step() reads it first

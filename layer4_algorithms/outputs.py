@@ -73,7 +73,11 @@ class RequestOutput:
     metrics: RequestMetrics
 
     @classmethod
-    def of(cls, request_id: str, prompt, seqs: list[Sequence], now: float) -> RequestOutput:
+    def of(cls, request_id: str, prompt, seqs: list[Sequence], now: float, *,
+           delta: bool = False) -> RequestOutput:
+        """delta: each completion carries only what is new since its last delta output (token
+        ids, released text, logprobs; vLLM's RequestOutputKind.DELTA), and prompt_token_ids
+        only in the request's first one: no copy of what the caller already has."""
         seqs = sorted(seqs, key=lambda s: s.index)
         first = seqs[0]
         finished = all(s.finish_reason is not None for s in seqs) and first.pending_forks == 0
@@ -89,10 +93,25 @@ class RequestOutput:
             tpot=sum(tpots) / len(tpots) if tpots else None,
             spec_proposed=sum(s.spec_proposed for s in seqs),
             spec_accepted=sum(s.spec_accepted for s in seqs))
+        if delta:
+            outs = [_delta(s) for s in seqs]
+            prompt_ids = [] if first.delta_started else list(first.prompt_ids)
+            first.delta_started = True
+            return cls(request_id, prompt, prompt_ids, outs, finished, metrics)
         outs = [CompletionOutput(s.index, list(s.output_ids), s.safe_text, s.finish_reason,
                                  None if s.logprobs is None else s.logprobs[:len(s.output_ids)])
                 for s in seqs]
         return cls(request_id, prompt, list(first.prompt_ids), outs, finished, metrics)
+
+
+def _delta(s: Sequence) -> CompletionOutput:
+    """What `s` gained since its last delta output; moves its cursors."""
+    n_tok, end = len(s.output_ids), s.finish.emitted  # released text (all once finished)
+    lps = None if s.logprobs is None else s.logprobs[s.delta_tokens:n_tok]
+    out = CompletionOutput(s.index, s.output_ids[s.delta_tokens:],
+                           s.finish.text[s.delta_chars:end], s.finish_reason, lps)
+    s.delta_tokens, s.delta_chars = n_tok, end
+    return out
 
 
 @dataclass

@@ -75,6 +75,9 @@ class Sequence:
         self.num_preemptions = 0
         self.row: int | None = None
         self.num_pending = 0  # sampled tokens not yet on the host (async scheduling)
+        # delta outputs (LLM.step(delta=True)): output tokens and text characters handed out
+        self.delta_tokens = self.delta_chars = 0
+        self.delta_started = False  # a delta output of its request went out (the prompt with it)
         self.pending_index = -1  # the newest one's row in its step's token tensor
         self.pending_forks = params.n - 1 if index == 0 else 0
         self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"

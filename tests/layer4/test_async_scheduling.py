@@ -180,6 +180,34 @@ def test_streamed_outputs_grow_and_end_as_in_generate(tiny_model):
     assert [seen["0"], seen["1"]] == want
 
 
+def test_first_tokens_come_back_before_the_next_launch(tiny_model, overlap_calls):
+    """A step that only samples first tokens is read before anything else is launched: a lone
+    request's first token comes out of the call after its prefill, with one step launched;
+    decodes then overlap again; the tokens are the synchronous engine's."""
+    prompts = random_prompts([6, 11, 3], seed=21)
+    want = [o.token_ids for o in tiny_model.generate_outputs(prompts, [greedy(6)] * 3)]
+    llm = LLM(tiny_model, block_size=4, num_blocks=60, async_scheduling=True)
+    llm.add_request(prompts[0], greedy(6), request_id="0")
+    assert llm.step() == []  # the prefill is launched, its token still on the device
+    outs = llm.step()
+    assert [len(o.outputs[0].token_ids) for o in outs] == [1]
+    assert llm.stats.steps == 1 and llm._inflight is None  # nothing launched in between
+    seen = {"0": outs[0].outputs[0].token_ids}
+    step = 0
+    while llm.has_unfinished():
+        if step == 1:  # two prefills at once, while "0" decodes: a mixed step overlaps
+            llm.add_request(prompts[1], greedy(6), request_id="1")
+            llm.add_request(prompts[2], greedy(6), request_id="2")
+        for o in llm.step():
+            seen[o.request_id] = o.outputs[0].token_ids
+        step += 1
+        assert step < 100
+    llm.drain()
+    assert_no_leak(llm)
+    assert [seen[r] for r in "012"] == want
+    assert overlap_calls and max(overlap_calls) > 0
+
+
 def test_the_flag_resolves_and_rejects_what_it_cannot_do(tiny_model):
     assert LLM(tiny_model, num_blocks=32).config.async_scheduling is False  # a CPU model
     assert LLM(tiny_model, num_blocks=32, async_scheduling=True).config.async_scheduling

@@ -116,12 +116,15 @@ class EngineLoop:
         self._admit()
         if not self.llm.has_unfinished():
             self._publish()
+            # hand the idle state over now, not after the wait: the next request would
+            # otherwise carry this turn's flush on its way to the engine
+            self._flush()
             # output the sink could not hand over yet: come back for it soon
             idle = 0.002 if getattr(self.sink, "backlog", None) else 1.0
             self.wake.wait(0.05 if self.pending or self.live else idle)
             return
         try:
-            outs = self.llm.step()
+            outs = self.llm.step(delta=True)  # only the new tokens: no copy of whole outputs
         except Exception as e:  # noqa: BLE001 - reported to every request, the loop lives on
             self._fail_all(EngineStepError(f"engine step failed: {type(e).__name__}: {e}"))
             return
@@ -182,7 +185,7 @@ class EngineLoop:
         if req is None:
             return
         now = time.perf_counter()
-        deltas = req.tracker.update(out.outputs)
+        deltas = req.tracker.update(out.outputs, delta=True)
         new = sum(len(d.token_ids) for d in deltas)
         if new:
             if req.last_token_time is not None:

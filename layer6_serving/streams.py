@@ -123,24 +123,27 @@ class DeltaTracker:
         self.sent_chars: dict[int, int] = {}
         self.done: set[int] = set()
 
-    def update(self, outputs) -> list[Delta]:
+    def update(self, outputs, delta: bool = False) -> list[Delta]:
         """outputs: layer 4's CompletionOutputs (text: what the FinishRule released so far;
-        logprobs: one per token id, or None when not asked for)."""
+        logprobs: one per token id, or None when not asked for). delta: they are already
+        deltas (LLM.step(delta=True): only what is new), taken as they are."""
         deltas = []
         for c in outputs:
             if c.index in self.done:
                 continue
-            n_tok, n_chr = self.sent_tokens.get(c.index, 0), self.sent_chars.get(c.index, 0)
-            ids, text = list(c.token_ids[n_tok:]), c.text[n_chr:]
+            if delta:
+                ids, text, new_lps = c.token_ids, c.text, c.logprobs
+            else:
+                n_tok, n_chr = self.sent_tokens.get(c.index, 0), self.sent_chars.get(c.index, 0)
+                ids, text = list(c.token_ids[n_tok:]), c.text[n_chr:]
+                new_lps = None if c.logprobs is None else c.logprobs[n_tok:len(c.token_ids)]
+                self.sent_tokens[c.index], self.sent_chars[c.index] = len(c.token_ids), len(c.text)
             finished = c.finish_reason is not None
             if not ids and not text and not finished:
                 continue
-            lps = None
-            if c.logprobs is not None:
-                lps = [self._logprob(lp) for lp in c.logprobs[n_tok:len(c.token_ids)]]
+            lps = None if new_lps is None else [self._logprob(lp) for lp in new_lps]
             reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason) if finished else None
             deltas.append(Delta(c.index, ids, text, lps, reason))
-            self.sent_tokens[c.index], self.sent_chars[c.index] = len(c.token_ids), len(c.text)
             if finished:
                 self.done.add(c.index)
         return deltas

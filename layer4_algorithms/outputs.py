@@ -78,21 +78,29 @@ class RequestOutput:
         """delta: each completion carries only what is new since its last delta output (token
         ids, released text, logprobs; vLLM's RequestOutputKind.DELTA), and prompt_token_ids
         only in the request's first one: no copy of what the caller already has."""
-        seqs = sorted(seqs, key=lambda s: s.index)
+        if len(seqs) > 1:
+            seqs = sorted(seqs, key=lambda s: s.index)
         first = seqs[0]
-        finished = all(s.finish_reason is not None for s in seqs) and first.pending_forks == 0
-        tpots = [(s.last_token_time - s.first_token_time) / (len(s.output_ids) - 1)
-                 for s in seqs if len(s.output_ids) > 1]
-        token_times = [s.first_token_time for s in seqs if s.first_token_time is not None]
+        # one pass (built for every running request every step): counts, TPOTs, first token
+        finished = first.pending_forks == 0
+        tpots, first_token, preemptions, proposed, accepted = [], None, 0, 0, 0
+        for s in seqs:
+            finished = finished and s.finish_reason is not None
+            n_out = len(s.output_ids)
+            if n_out > 1:
+                tpots.append((s.last_token_time - s.first_token_time) / (n_out - 1))
+            t = s.first_token_time
+            if t is not None and (first_token is None or t < first_token):
+                first_token = t
+            preemptions += s.num_preemptions
+            proposed += s.spec_proposed
+            accepted += s.spec_accepted
         metrics = RequestMetrics(
             arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=min(token_times,
-                                 default=None), finished_time=now if finished else None,
+            first_token_time=first_token, finished_time=now if finished else None,
             num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
-            num_preemptions=sum(s.num_preemptions for s in seqs),
-            tpot=sum(tpots) / len(tpots) if tpots else None,
-            spec_proposed=sum(s.spec_proposed for s in seqs),
-            spec_accepted=sum(s.spec_accepted for s in seqs))
+            num_preemptions=preemptions, tpot=sum(tpots) / len(tpots) if tpots else None,
+            spec_proposed=proposed, spec_accepted=accepted)
         if delta:
             outs = [_delta(s) for s in seqs]
             prompt_ids = [] if first.delta_started else list(first.prompt_ids)

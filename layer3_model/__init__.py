@@ -55,7 +55,7 @@ from .registry import resolve as resolve_model
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
 from .shapes import LLAMA_3_2_1B
 from .stopping import FinishRule
-from .tokenizer import IncrementalDecoder, Tokenizer
+from .tokenizer import IncrementalDecoder, Tokenizer, encode_prompt
 from .training import (
     CHAT_TEMPLATE,
     SPECIAL_TOKENS,
@@ -91,7 +91,7 @@ __all__ = [
     # configuration, weights, tokenizer
     "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES",
     "load_model", "read_safetensors", "save_weights", "random_model",
-    "Tokenizer", "IncrementalDecoder",
+    "Tokenizer", "IncrementalDecoder", "encode_prompt",
     # the network, its kernels and the KV-cache seam
     "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",

@@ -30,7 +30,7 @@ from .model import LlamaModel
 from .registry import SHAPES, resolve
 from .sampling import SamplingParams, make_generator, sample
 from .stopping import FinishRule
-from .tokenizer import IncrementalDecoder, Tokenizer
+from .tokenizer import IncrementalDecoder, Tokenizer, encode_prompt
 from .weights import load_model, random_model
 
 
@@ -112,17 +112,7 @@ class Model:
         return self.net.device
 
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("empty prompt: the model needs at least one token to condition on")
-        if max(ids) >= self.config.vocab_size or min(ids) < 0:
-            raise ValueError(f"prompt token ids must be in [0, {self.config.vocab_size})")
-        return ids
+        return encode_prompt(prompt, self.tokenizer, self.config.vocab_size)
 
     def generate(self, prompts: str | Sequence[str | Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[str]:

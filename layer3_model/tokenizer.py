@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
@@ -146,3 +147,21 @@ class IncrementalDecoder:
         self.text += delta
         self.prefix = self.read = len(self.ids)
         return delta
+
+
+def encode_prompt(prompt: str | Sequence[int], tokenizer: Tokenizer | None,
+                  vocab_size: int) -> list[int]:
+    """A prompt (text, or token ids) -> token ids, checked: ValueError for text without a
+    tokenizer, an empty prompt, or an id outside [0, vocab_size). Layer 3's Model.encode and
+    layer 6's server (which holds a tokenizer but no model) both use it."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
+        ids = tokenizer.encode(prompt)
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("empty prompt: the model needs at least one token to condition on")
+    if max(ids) >= vocab_size or min(ids) < 0:
+        raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+    return ids

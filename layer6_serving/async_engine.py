@@ -98,17 +98,7 @@ class AsyncEngine:
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """Text or token ids -> token ids (ValueError: empty, no tokenizer, ids out of range)."""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise ValueError("this model has no tokenizer: pass prompts as lists of token ids")
-            ids = self.tokenizer.encode(prompt)
-        else:
-            ids = [int(t) for t in prompt]
-        if not ids:
-            raise ValueError("empty prompt: the model needs at least one token to condition on")
-        if max(ids) >= self.info.vocab_size or min(ids) < 0:
-            raise ValueError(f"prompt token ids must be in [0, {self.info.vocab_size})")
-        return ids
+        return l5.engine.executor.encode_prompt(prompt, self.tokenizer, self.info.vocab_size)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The model's own chat template (tokenizer_config.json) -> prompt token ids."""

@@ -42,6 +42,7 @@ import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_r
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
 from .backends import BACKENDS, Ops, make_ops
+from .bench_rows import unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder
@@ -85,7 +86,7 @@ load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
 
 __all__ = [
     # load and generate
-    "load", "Model", "Generation", "GenerationStats", "benchmark_decode",
+    "load", "Model", "Generation", "GenerationStats", "benchmark_decode", "unmeasured_roofline",
     # model names (course, smollm2, smollm2-shape, hub ids), the cache, GGUF files
     "resolve_model", "model_cache_dir", "models_main", "load_gguf", "gguf_config",
     # configuration, weights, tokenizer

@@ -68,6 +68,16 @@ def annotate(rows: list[dict], info: dict) -> list[dict]:
     return rows
 
 
+def unmeasured_roofline(row: dict, notes: list[str]) -> str | None:
+    """'-*', '-**', ... for a row whose roofline fraction was not measured (its reason joins
+    `notes`, printed under the table with as many stars); None when it was measured."""
+    if row.get("roofline_fraction") is not None:
+        return None
+    note = row.get("roofline_note", "not measured")
+    notes += [note] if note not in notes else []
+    return "-" + "*" * (notes.index(note) + 1)
+
+
 def table(rows: list[dict]) -> Table:
     """The console table, readable at 80 columns: tokens/s, ms, ratio to the reference ("ref"
     on the reference rows), roofline (prefill: median, min-max over its runs, and the GPU-only
@@ -81,12 +91,7 @@ def table(rows: list[dict]) -> Table:
     for r in rows:
         ms = r.get("ms_per_token", r.get("ms"))
         kind = "MFU" if "MFU" in r else "MBU"
-        if r.get("roofline_fraction") is None:
-            note = r.get("roofline_note", "not measured")
-            notes += [note] if note not in notes else []
-            roof = "-" + "*" * (notes.index(note) + 1)
-        else:
-            roof = f"{kind} {r['roofline_fraction']:.0%}"
+        roof = unmeasured_roofline(r, notes) or f"{kind} {r['roofline_fraction']:.0%}"
         if "MFU_min" in r:
             roof += f" ({r['MFU_min'] * 100:.0f}-{r['MFU_max']:.0%}, {len(r['runs_ms'])} runs)"
         if r.get("graph_MFU") is not None:

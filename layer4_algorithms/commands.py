@@ -65,12 +65,7 @@ def bench_table(rows: list[dict]) -> Table:
     for r in rows:
         if r["what"].startswith("speculative") and ", prompt " in r["what"]:
             continue  # per prompt: in the speculative table above and the JSON
-        if r.get("roofline_fraction") is None:
-            note = r.get("roofline_note", "not measured")
-            notes += [note] if note not in notes else []
-            roof = "-" + "*" * (notes.index(note) + 1)
-        else:
-            roof = f"{r['roofline_fraction']:.0%}"
+        roof = l3.unmeasured_roofline(r, notes) or f"{r['roofline_fraction']:.0%}"
         extra = [f"TTFT {_ms(r['mean_ttft_s'])} ms"] if r.get("mean_ttft_s") is not None else []
         extra += [f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
                   for k in ("preemptions", "prefix_hit_rate", "steps", "same_outputs",

@@ -118,9 +118,7 @@ class LLM(engine.LLM):
             wrapped = l3.Model(TPModel(shard, group), full.tokenizer)
             del full
             super().__init__(wrapped, config, speculator=speculator)
-            with group.guard("making the KV caches"):
-                group.send(("init", self.cache.num_blocks, self.cache.block_size))
-                self.worker_kv_bytes = [m[1] for m in group.gather("cache")]
+            self.worker_kv_bytes = group.make_caches(self.cache)
         except BaseException:
             self.close()
             raise

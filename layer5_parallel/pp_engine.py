@@ -131,9 +131,7 @@ def start_pipeline(llm, model, config, speculator, faults: dict[int, str] | None
         wrapped = l3.Model(PPModel(shard, group, micro), full.tokenizer)
         del net, full
         engine.LLM.__init__(llm, wrapped, config, speculator=speculator)
-        with group.guard("making the KV caches"):
-            group.send(("init", llm.cache.num_blocks, llm.cache.block_size))
-            llm.worker_kv_bytes = [m[1] for m in group.gather("cache")]
+        llm.worker_kv_bytes = group.make_caches(llm.cache)
     except BaseException:
         llm.close()
         raise

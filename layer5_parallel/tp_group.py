@@ -119,6 +119,13 @@ class TPGroup:
             c.send(msg)
         self.control_s += time.perf_counter() - start
 
+    def make_caches(self, cache) -> list[int]:
+        """Each worker makes its paged KV cache with rank 0's block count and size (one set of
+        block tables serves every rank); returns each worker's cache bytes."""
+        with self.guard("making the KV caches"):
+            self.send(("init", cache.num_blocks, cache.block_size))
+            return [m[1] for m in self.gather("cache")]
+
     def gather(self, kind: str) -> list[tuple]:
         """Each worker's next reply, which must be of `kind`, within timeout_s."""
         deadline, out = time.monotonic() + self.timeout_s, []

@@ -274,14 +274,20 @@ class LoopSink:
     request), which puts every item on its request's asyncio queue."""
 
     def flush(self, batch: list[tuple[Request, object]]) -> None:
-        by_loop: dict = {}
-        for req, item in batch:
-            by_loop.setdefault(req.loop, []).append((req.queue, item))
-        for loop, items in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(put_all, items)
-            except RuntimeError:  # its event loop is closed: the client is long gone
-                pass
+        deliver(batch)
+
+
+def deliver(batch) -> None:
+    """(request, item) pairs -> each item on its request's asyncio queue, with one
+    call_soon_threadsafe per event loop (the thread and process front ends both use it)."""
+    by_loop: dict = {}
+    for req, item in batch:
+        by_loop.setdefault(req.loop, []).append((req.queue, item))
+    for loop, items in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(put_all, items)
+        except RuntimeError:  # its event loop is closed: the client is long gone
+            pass
 
 
 def put_all(items) -> None:

@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 
-from .engine_loop import EngineLoop, put_all
+from .engine_loop import EngineLoop, deliver
 from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, Request
 from .streams import DeltaTracker, pack, unpack
 
@@ -193,7 +193,7 @@ class EngineProcess:
                 listener.on_finish(done)
             if snapshot is not None:
                 listener.on_step(snapshot)
-        by_loop: dict = {}
+        batch = []
         for rid, item in items:
             req = self._requests.get(rid)
             if req is None:
@@ -202,23 +202,12 @@ class EngineProcess:
                 item = unpack(item)
             if isinstance(item, BaseException) or item.finished:
                 self._requests.pop(rid, None)
-            by_loop.setdefault(req.loop, []).append((req.queue, item))
-        _post(by_loop)
+            batch.append((req, item))
+        deliver(batch)
 
     def _fail_all(self, error: Exception) -> None:
         reqs, self._requests = self._requests, {}
-        by_loop: dict = {}
-        for req in reqs.values():
-            by_loop.setdefault(req.loop, []).append((req.queue, error))
-        _post(by_loop)
-
-
-def _post(by_loop: dict) -> None:
-    for loop, items in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(put_all, items)
-        except RuntimeError:  # its event loop is closed: the client is long gone
-            pass
+        deliver((req, error) for req in reqs.values())
 
 
 def _stop_ref(ref) -> None:

@@ -231,11 +231,7 @@ class LLM(EngineStatsMixin):
         if prev is not None and not sync and prev.first_only:
             # nothing to overlap but a launch that would delay the first tokens: read them now
             self._complete(prev, advanced, finished)
-            now = time.perf_counter()
-            self._stats.elapsed_s += now - start
-            if not unfinished:
-                advanced = {q.request_id for q in finished}
-            return self._outputs(advanced, unfinished, now, delta)
+            return self._end_step(start, advanced, finished, unfinished, delta)
         if prev is not None and sync:  # a synchronous step needs every token on the host
             self._complete(prev, advanced, finished)
             prev = None
@@ -256,6 +252,10 @@ class LLM(EngineStatsMixin):
                 self._complete(launched, advanced, finished)
             else:
                 self._inflight = launched
+        return self._end_step(start, advanced, finished, unfinished, delta)
+
+    def _end_step(self, start: float, advanced: set[str], finished: list[Sequence],
+                  unfinished: bool, delta: bool) -> list[RequestOutput]:
         now = time.perf_counter()
         self._stats.elapsed_s += now - start
         if not unfinished:  # only the requests that finished: no output for the others
@@ -292,10 +292,8 @@ class LLM(EngineStatsMixin):
                                           for s in out.scheduled)
         launched = _Launched(out, who)
         if sync:
-            launched.sampled = dict(zip((q.seq_id for q in who),
-                                        ([t] for t in sample_rows(
-                                            self.runner, logits.rows_of(row_ids), who)),
-                                        strict=True))
+            tokens = sample_rows(self.runner, logits.rows_of(row_ids), who)
+            launched.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
             if spec:
                 verified = self.speculator.verify(spec)
                 count_speculation(spec, verified)
@@ -329,8 +327,8 @@ class LLM(EngineStatsMixin):
             who = launched.who
             for q in who:
                 q.num_pending -= 1
-            sampled = dict(zip((q.seq_id for q in who), ([t] for t in launched.tokens.tolist()),
-                               strict=True))
+            tokens = launched.tokens.tolist()
+            sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         finished += self.scheduler.postprocess(launched.out, sampled)
         advanced.update(s.seq.request_id for s in launched.out.scheduled)
 

@@ -42,8 +42,10 @@ def plot_timeline(lanes: Sequence[Sequence[tuple[str, int, float, float]]], path
     ax.set_xlim(0, (t1 - t0) * 1e3)
     ax.set_title(title, fontsize=12)
     ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, ["forward", "backward"], loc="upper left", fontsize=9,
+    used = [k for k in COLORS if any(e[0] == k for lane in lanes for e in lane)]  # inference: F
+    handles = [plt.Rectangle((0, 0), 1, 1, color=COLORS[k]) for k in used]
+    labels = [{"F": "forward", "B": "backward"}.get(k, k) for k in used]
+    ax.legend(handles, labels, loc="upper left", fontsize=9,
               bbox_to_anchor=(1.005, 1.0), frameon=False)  # outside, clear of the title
     fig.tight_layout()
     path = Path(path)

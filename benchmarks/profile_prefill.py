@@ -192,6 +192,136 @@ def host_costs(net: l3.LlamaModel, tokens: int = 16, calls: int = 200) -> dict[s
     return out
 
 
+def host_speed_ms() -> float:
+    """A fixed pure-Python loop (ms): the host's interpreter speed, to compare runs and hosts."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(200_000):
+        acc += i & 7
+    return (time.perf_counter() - t0) * 1e3
+
+
+def cprofile_forward(fn: Callable[[], object], n: int = 5, top: int = 25) -> list[dict]:
+    """cProfile over n forwards (synced before each): the functions with the most own time,
+    as us per forward and calls per forward (cProfile's own overhead inflates them alike)."""
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    for _ in range(n):
+        _sync()
+        prof.enable()
+        fn()
+        prof.disable()
+    _sync()
+    stats = pstats.Stats(prof).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    rows = [{"fn": f"{k[2]} ({k[0].rsplit('/', 2)[-2:][-1]}:{k[1]})", "calls": v[1] / n,
+             "own_us": v[2] / n * 1e6, "cum_us": v[3] / n * 1e6} for k, v in stats.items()]
+    rows.sort(key=lambda r: -r["own_us"])
+    total = sum(r["own_us"] for r in rows)
+    return [{"total_own_us": total}] + rows[:top]
+
+
+def launch_census(fn: Callable[[], object]) -> dict:
+    """torch.profiler CPU side of one forward: driver/runtime launch calls (how many, host us
+    each) and the ops with the most self CPU time."""
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    fn()
+    _sync()
+    with profile(activities=acts) as prof:
+        fn()
+        _sync()
+    ev = prof.key_averages()
+    launches = [e for e in ev if "LaunchKernel" in e.key or e.key in ("cudaLaunchKernelExC",
+                                                                      "cuLaunchKernelEx")]
+    ops = sorted((e for e in ev if e.self_cpu_time_total > 0),
+                 key=lambda e: -e.self_cpu_time_total)
+    return {"launch_calls": {e.key: {"count": e.count, "us_each": e.cpu_time_total / e.count}
+                             for e in launches},
+            "launches_total": sum(e.count for e in launches),
+            "top_self_cpu": [{"op": e.key[:80], "count": e.count,
+                              "self_us": e.self_cpu_time_total} for e in ops[:20]]}
+
+
+def launch_paths(net: l3.LlamaModel, tokens: int = 16, calls: int = 300 if CUDA else 3
+                 ) -> dict[str, float]:
+    """Host us per call of one launch through each path, at a size whose GPU work is shorter
+    than the host's: layer 1's wrapper vs the bare Triton launch vs torch ops, and the
+    per-call costs of module calls and views that a layer makes many of."""
+    from layer1_kernels import norms as nm
+    dev, c = net.device, net.config
+    x = torch.randn(tokens, c.hidden_size, device=dev, dtype=net.dtype)
+    y = torch.empty_like(x)
+    w = net.layers[0].attn_norm.weight
+    lin = net.layers[0].attn.o_proj
+    ident = torch.nn.Identity()
+    blk = triton_next_pow2(c.hidden_size)
+
+    def bare_norm():
+        nm._norm_kernel[(tokens,)](x, x, x, w, x, y, c.hidden_size, 1e-5, IS_RMS=True,
+                                   HAS_RESIDUAL=False, HAS_BIAS=False, BLOCK=blk, N_CHUNKS=1,
+                                   num_warps=8)
+    cases = {
+        "kernels.rms_norm (wrapper)": lambda: nm.rms_norm(x, w, eps=1e-5),
+        "bare _norm_kernel[grid]": bare_norm,
+        "torch x + x": lambda: x + x,
+        "torch.empty_like": lambda: torch.empty_like(x),
+        "F.linear (o_proj weights)": lambda: F.linear(x, lin.weight),
+        "nn.Linear module call": lambda: lin(x),
+        "nn.Identity module call": lambda: ident(x),
+        "3 views (x[a:b].transpose(0,1)[None])": lambda: x[0:8].transpose(0, 1)[None],
+        "torch.cuda.current_stream()": lambda: torch.cuda.current_stream() if CUDA else None,
+    }
+    out = {}
+    for name, fn in cases.items():
+        fn()
+        _sync()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        _sync()
+        out[name] = (time.perf_counter() - t0) / calls * 1e6
+    return out
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
+    """Where the host's time goes in one prefill forward (issue 17 item 3): enqueue ms,
+    Python speed, cProfile, launch census, launch paths, op costs at T=16."""
+    res = {"host_speed_ms": host_speed_ms(), "host_enqueue_ms": host_ms(fwd),
+           "layers": net.config.num_hidden_layers}
+    res["cprofile"] = cprofile_forward(fwd)
+    res["census"] = launch_census(fwd)
+    res["launch_paths_us"] = launch_paths(net)
+    res["host_us_per_call_T16"] = host_costs(net)
+    res["host_speed_ms_end"] = host_speed_ms()
+    return res
+
+
+def print_host_profile(h: dict) -> None:
+    n = h["layers"]
+    print(f"host: python loop {h['host_speed_ms']:.1f} ms (end {h['host_speed_ms_end']:.1f}); "
+          f"enqueue {h['host_enqueue_ms']:.3f} ms per forward = "
+          f"{h['host_enqueue_ms'] / n * 1e3:.0f} us per layer")
+    cen = h["census"]
+    print(f"launch calls per forward: {cen['launches_total']} "
+          f"({cen['launches_total'] / n:.1f} per layer): " + ", ".join(
+              f"{k} {v['count']}x {v['us_each']:.1f} us" for k, v in cen["launch_calls"].items()))
+    print("top self CPU (torch.profiler, 1 forward): " + "; ".join(
+        f"{r['op'][:40]} {r['count']}x {r['self_us']:.0f}us" for r in cen["top_self_cpu"][:12]))
+    cp = h["cprofile"]
+    print(f"cProfile (per forward, own time total {cp[0]['total_own_us']:.0f} us):")
+    for r in cp[1:]:
+        print(f"  {r['own_us']:7.0f} us own {r['cum_us']:8.0f} cum {r['calls']:6.0f}x  "
+              f"{r['fn'][:70]}")
+    print("launch paths, host us per call (T=16): " + ", ".join(
+        f"{k} {v:.1f}" for k, v in h["launch_paths_us"].items()))
+    print("ops, host us per call (T=16): " + ", ".join(
+        f"{k} {v:.0f}" for k, v in h["host_us_per_call_T16"].items()))
+
+
 def flash_sweep(tokens: int, shapes: dict[tuple[int, int, int], list[dict]]) -> list:
     """Layer 1's kernel alone, in the serving path's layout: q a strided (1, Hq, T, D) view of
     the fused qkv output, k/v (1, Hkv, T, D) views of the padded (1, T, Hkv, D) buffers."""
@@ -263,6 +393,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--host-only", action="store_true",
+                    help="only where the host's time goes (enqueue, cProfile, launch census, "
+                         "launch paths); no kernel tables, variants or sweeps")
     args = ap.parse_args(argv)
     shape, dtype, dev = dict(l3.LLAMA_3_2_1B), torch.bfloat16, "cuda"
     if args.smoke or not CUDA:
@@ -282,6 +415,17 @@ def main(argv: list[str] | None = None) -> dict:
 
     result: dict = {"tokens": T, "flops": flops, "peak_flops": peak, "profiles": {},
                     "variants": {}}
+    if args.host_only:
+        with torch.no_grad():
+            for _ in range(3):  # JIT and allocator warm-up at this shape
+                fwd()
+            _sync()
+            result["host"] = host_profile(net, fwd)
+            print_host_profile(result["host"])
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return result
     with torch.no_grad():
         for name, ops in variants().items():
             net.ops = ops

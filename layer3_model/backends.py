@@ -55,6 +55,9 @@ class Ops:
     silu_and_mul: Callable
     attention: Callable
     decode: DecodeKernels | None = None  # fused small-batch decode (triton backend)
+    # rope_write(q, k, v, cos, sin, ctx, cache, layer) -> bool: RoPE and the cache write in
+    # one launch (prefill / general path); False when it did nothing (rope + write instead)
+    rope_write: Callable | None = None
 
 
 # ---- the torch reference ops -----------------------------------------------------------
@@ -263,8 +266,21 @@ def _triton_ops(impl: str) -> Ops:
             start += n_q
         return out
 
+    def rope_write(q, k, v, cos, sin, ctx: AttentionContext, cache, layer: int) -> bool:
+        """Rotate q, k in place and write k, v at ctx.slot_mapping in one launch (layer 1's
+        rope_cache_write: what apply_rope + cache.write leave, bit for bit) where the cache
+        has flat slot views of k's dtype and the kernel runs here; else False, nothing done."""
+        views = _slot_views(cache, layer)
+        if (views is None or views[0].dtype != k.dtype
+                or not kernels.use_triton(impl, q, "rope_cache_write")):
+            return False
+        kernels.rope_cache_write(q, k, v, cos, sin, ctx.positions, *views, ctx.slot_mapping,
+                                 impl=impl)
+        return True
+
     return Ops("triton", rms_norm, rope, silu_and_mul, attention,
-               None if impl == "torch" else DecodeKernels(impl))
+               None if impl == "torch" else DecodeKernels(impl),
+               None if impl == "torch" else rope_write)
 
 
 def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:

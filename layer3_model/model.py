@@ -84,9 +84,12 @@ class Attention(nn.Module):
                 cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Serving: x (T, H) flat new tokens -> (T, H)."""
         q, k, v = self._qkv(x, ops)
-        q, k = ops.rope(q, k, cos, sin, ctx.positions)
-        if cache is not None:
-            cache.write(self.layer, k, v, ctx)
+        fused = (cache is not None and ops.rope_write is not None
+                 and ops.rope_write(q, k, v, cos, sin, ctx, cache, self.layer))
+        if not fused:  # one launch saved per kernel fused above (host time, issue 17)
+            q, k = ops.rope(q, k, cos, sin, ctx.positions)
+            if cache is not None:
+                cache.write(self.layer, k, v, ctx)
         o = ops.attention(q, k, v, ctx, cache, self.layer, self.scale, self.window)
         return self.o_proj(o.reshape(x.shape[0], self.n_heads * self.head_dim))
 

@@ -292,6 +292,13 @@ def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
     Python speed, cProfile, launch census, launch paths, op costs at T=16."""
     res = {"host_speed_ms": host_speed_ms(), "host_enqueue_ms": host_ms(fwd),
            "layers": net.config.num_hidden_layers}
+    ops = net.ops
+    try:  # the same forward with RoPE and the cache write as two ops again (before/after)
+        net.ops = dataclasses.replace(ops, rope_write=None)
+        fwd()
+        res["host_enqueue_ms_unfused_rope_write"] = host_ms(fwd)
+    finally:
+        net.ops = ops
     res["cprofile"] = cprofile_forward(fwd)
     res["census"] = launch_census(fwd)
     res["launch_paths_us"] = launch_paths(net)
@@ -304,7 +311,8 @@ def print_host_profile(h: dict) -> None:
     n = h["layers"]
     print(f"host: python loop {h['host_speed_ms']:.1f} ms (end {h['host_speed_ms_end']:.1f}); "
           f"enqueue {h['host_enqueue_ms']:.3f} ms per forward = "
-          f"{h['host_enqueue_ms'] / n * 1e3:.0f} us per layer")
+          f"{h['host_enqueue_ms'] / n * 1e3:.0f} us per layer (rope + cache write unfused: "
+          f"{h['host_enqueue_ms_unfused_rope_write']:.3f} ms)")
     cen = h["census"]
     print(f"launch calls per forward: {cen['launches_total']} "
           f"({cen['launches_total'] / n:.1f} per layer): " + ", ".join(

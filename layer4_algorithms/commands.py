@@ -210,6 +210,11 @@ def bench(argv: list[str] | None = None) -> int:
                          "CPU time (steadier on a shared, loaded CPU)")
     ap.add_argument("--spec-devices", default="auto",
                     help="comma list (cpu,cuda); auto: the CPU and any GPU")
+    ap.add_argument("--spec-ks", default="2,3,4,5,6", help="draft k values (comma list)")
+    ap.add_argument("--spec-dynamic", default="3:0.4,4:0.3",
+                    help="draft k:stop_below pairs (comma list; '' for none)")
+    ap.add_argument("--spec-ngram-ks", default="2,4,6", help="n-gram k values")
+    ap.add_argument("--spec-hybrid-ks", default="3,4,6", help="n-gram-then-draft k values")
     ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
                     help="run one part of the benchmark")
     args = ap.parse_args(argv)
@@ -262,11 +267,20 @@ def _spec(args: argparse.Namespace) -> dict:
     results = {}
     devices = args.spec_devices.split(",") if args.spec_devices != "auto" else \
         ["cpu"] + (["cuda"] if args.gpu and torch.cuda.is_available() else [])
-    for device in devices:
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+
+    dynamic = tuple((int(k), float(sb)) for k, sb in
+                    (pair.split(":") for pair in args.spec_dynamic.split(",") if pair.strip()))
+    for device in devices:  # progress lines as rows finish: a run cut off still shows its pace
         result = bench_speculative(repeats=args.spec_repeats, device=device,
                                    threads=1 if device == "cpu" else None,
-                                   hybrid_ks=(3, 4, 6),
-                                   clock=args.spec_clock if device == "cpu" else "wall")
+                                   ks=ints(args.spec_ks), dynamic=dynamic,
+                                   ngram_ks=ints(args.spec_ngram_ks),
+                                   hybrid_ks=ints(args.spec_hybrid_ks),
+                                   clock=args.spec_clock if device == "cpu" else "wall",
+                                   progress=lambda line: print(line, flush=True))
         console.print(format_bench(result))
         results[device] = result
     return results

@@ -93,7 +93,7 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                       prompts: dict[str, str] | None = None,
                       copy_prompt: str = COPY_PROMPT, new_tokens: int = 128, repeats: int = 3,
                       threads: int | None = 1, device: str = "cpu", dtype: str = "float32",
-                      clock: str = "wall") -> dict:
+                      clock: str = "wall", progress: Callable[[str], None] | None = None) -> dict:
     """Batch-1 greedy decode tokens/s, per prompt: the target alone (layer 3's generate), the
     draft alone, target + draft for each fixed k in ks and each (k, stop_below) in dynamic,
     n-gram lookup for each k in ngram_ks (on every prompt and on a copy-heavy one), and
@@ -104,13 +104,22 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
     proposing and verifying per round, and whether the tokens equal plain greedy's.
     `summary` holds the geometric-mean speed-up of each configuration over the prompts.
     clock: "wall" (decode tokens/s) or "cpu" (tokens per second of this thread's CPU time,
-    whole call: the steadier figure on a loaded shared CPU; see _rate)."""
+    whole call: the steadier figure on a loaded shared CPU; see _rate).
+    progress: called with a line as each part finishes (its row and the seconds since the
+    start), so a run cut off by a time limit still shows how far it got and at what pace."""
     if clock not in ("wall", "cpu"):
         raise ValueError(f"clock must be 'wall' or 'cpu', got {clock!r}")
+    start = time.perf_counter()
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(f"[{time.perf_counter() - start:6.1f} s] {line}")
+
     if threads is not None:
         torch.set_num_threads(threads)
     target = load(target_dir or course_model_dir("target"), device=device, dtype=dtype)
     draft = load(draft_dir or course_model_dir("draft"), device=device, dtype=dtype)
+    say(f"{device}: target and draft loaded")
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     prompts = dict(prompts or PROMPTS)
     result: dict = {"device": str(target.device), "threads": torch.get_num_threads(),
@@ -125,6 +134,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
         rates = _rates(lambda m=target, p=prompt: _greedy_rate(m, p, params, clock), repeats)
         ref = target.generate_outputs([prompt], params)[0].token_ids
         b = statistics.median(rates)
+        say(f"prompt {name}: target alone {b:.1f} tok/s, draft alone "
+            f"{statistics.median(draft_rates):.1f} tok/s")
         rows = []
         for method, k, sb in configs:
             base = method.removesuffix(" adaptive")
@@ -134,6 +145,7 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                             params, repeats, ref, clock, ngram_first=base == "ngram+draft",
                             adaptive_k=method.endswith(" adaptive"))
             rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
+            say(f"  {name} {_row_line(rows[-1])}")
         result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,
                                    "draft_tokens_per_s": statistics.median(draft_rates),
                                    "rows": rows}
@@ -143,6 +155,18 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
         result["summary"][f"{method} k={k}" + (f" stop_below={sb}" if sb is not None else "")] = \
             statistics.geometric_mean(ups)
     return result
+
+
+def _row_line(e: dict) -> str:
+    """One configuration's figures on one line (format_bench's and the progress lines)."""
+    adaptive = e["method"].endswith(" adaptive")  # "k<=K": k adapts, at most K
+    cfg = f"{e['method'].removesuffix(' adaptive')} k{'<=' if adaptive else '='}{e['k']}"
+    if e["stop_below"] is not None:
+        cfg += f" stop<{e['stop_below']}"
+    return (f"{cfg:17s}{e['tokens_per_s']:7.1f} x{e['speedup']:.2f} "
+            f"acc {e['acceptance_rate']:.2f} tok/rnd {e['mean_tokens_per_round']:.2f} "
+            f"{e['propose_ms_per_round']:.2f}+{e['verify_ms_per_round']:.2f} ms"
+            + ("" if e["matches_greedy"] else " DIFFERS FROM GREEDY"))
 
 
 def format_bench(result: dict) -> str:
@@ -156,16 +180,7 @@ def format_bench(result: dict) -> str:
     for name, p in result["prompts"].items():
         lines.append(f"  prompt {name}: target alone {p['target_tokens_per_s']:.1f} tok/s, "
                      f"draft alone {p['draft_tokens_per_s']:.1f} tok/s")
-        for e in p["rows"]:
-            adaptive = e["method"].endswith(" adaptive")  # "k<=K": k adapts, at most K
-            cfg = f"{e['method'].removesuffix(' adaptive')} k{'<=' if adaptive else '='}{e['k']}"
-            if e["stop_below"] is not None:
-                cfg += f" stop<{e['stop_below']}"
-            lines.append(f"    {cfg:17s}{e['tokens_per_s']:7.1f} x{e['speedup']:.2f} "
-                         f"acc {e['acceptance_rate']:.2f} tok/rnd "
-                         f"{e['mean_tokens_per_round']:.2f} "
-                         f"{e['propose_ms_per_round']:.2f}+{e['verify_ms_per_round']:.2f} ms"
-                         + ("" if e["matches_greedy"] else " DIFFERS FROM GREEDY"))
+        lines += [f"    {_row_line(e)}" for e in p["rows"]]
     lines.append("  geometric-mean speed-up over the prompts:")
     lines += [f"    {k}: x{v:.2f}" for k, v in result["summary"].items()]
     return "\n".join(lines)

@@ -1,51 +1,206 @@
 """Where a batch-1 decode step of Llama-3.2-1B's shape (random bf16 weights) spends GPU time.
 
-    python benchmarks/profile_decode.py [--backend triton] [--unfused]
+    python benchmarks/profile_decode.py [--eager] [--unfused] [--variants] [--sweep] [--json F]
 
-Profiles a few eager decode steps with torch.profiler and prints the kernels by total GPU
-time and the launches per step, so the gap between the step time and weights / copy
-bandwidth can be attributed (small kernels vs slow GEMVs). The triton backend takes its fused
-decode path (backends.DecodeKernels); --unfused turns it off (the general path)."""
+Default: the step as the decode benchmark runs it (CudaGraphDecoder replay, then argmax),
+profiled with torch.profiler; the kernels of each step (graph replay included) are read from
+the trace in order and grouped by (kernel, grid): per step count, mean time, achieved TB/s for
+the GEMVs, and the mean idle gap before each (launch latency / dependency wait). The step's
+span minus its kernels' busy time is the idle time the GPU spends between kernels.
+--eager profiles eager steps instead; --unfused the general path (ops.decode off).
+--variants times the benchmark's decode (tok/s, MBU) with the fused path's options toggled:
+RoPE in the qkv GEMV epilogue, and PDL's early trigger. --sweep times the qkv (+RoPE) and
+o_proj GEMV tiles under graph replay (weights rotated past L2)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import layer3_model as l3
+from layer3_model import bench as L3B
 from layer3_model.shapes import LLAMA_3_2_1B
 
+K1 = l3.comm.kernels
 ap = argparse.ArgumentParser()
 ap.add_argument("--backend", default="triton")
 ap.add_argument("--steps", type=int, default=5)
+ap.add_argument("--eager", action="store_true", help="profile eager steps (no CUDA graph)")
 ap.add_argument("--unfused", action="store_true", help="the general decode path")
+ap.add_argument("--variants", action="store_true", help="time the fused path's options")
+ap.add_argument("--sweep", action="store_true", help="qkv / o_proj GEMV tile sweep")
+ap.add_argument("--early", action="store_true", help="PDL early trigger on for the profile")
+ap.add_argument("--no-fuse-rope", action="store_true", help="RoPE in its own kernel")
+ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
-net = l3.random_model(l3.ModelConfig.from_dict(LLAMA_3_2_1B), backend=args.backend,
-                      dtype=torch.bfloat16, device="cuda")
-if args.unfused:
-    net.ops = dataclasses.replace(net.ops, decode=None)
-cache = l3.ContiguousKVCache.for_model(net.config, 1, 256, dtype=net.dtype, device="cuda")
-with torch.no_grad():
-    net(torch.randint(0, 1000, (128,), device="cuda"), cache.context([128], [0]), cache,
-        last_only=True)
-    tok = torch.tensor([5], device="cuda")
-    for i in range(3):
-        net(tok, cache.context([1], [128 + i]), cache, last_only=True)
-    torch.cuda.synchronize()
+cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
+net = l3.random_model(cfg, backend=args.backend, dtype=torch.bfloat16, device="cuda")
+BW = l3.load_ceilings("cuda").memory_bandwidth
+fused_ops = net.ops
+result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
+
+
+def set_variant(fuse_rope: bool, early: bool) -> None:
+    dk = fused_ops.decode
+    net.ops = (fused_ops if dk is None else
+               dataclasses.replace(fused_ops, decode=dataclasses.replace(dk, fuse_rope=fuse_rope)))
+    K1.set_decode_pdl(True, early=early)
+
+
+def shape_labels() -> dict:
+    """grid size -> projection name, from the tiles the GEMVs launch with (batch 1)."""
+    c = cfg
+    shapes = {"qkv": (c.q_size + 2 * c.kv_size, c.hidden_size),
+              "o_proj": (c.hidden_size, c.q_size),
+              "gate_up": (2 * c.intermediate_size, c.hidden_size),
+              "down": (c.hidden_size, c.intermediate_size),
+              "lm_head": (c.vocab_size, c.hidden_size)}
+    gemv_mod = sys.modules["layer1_kernels.gemv"]
+    rope_mod = sys.modules["layer1_kernels.gemv_rope"]
+    labels = {}
+    for name, (n, k) in shapes.items():
+        bn = (gemv_mod.TUNED.get((n, k)) or gemv_mod._default_config(n, k, 1))[0]
+        labels[("_gemv_kernel", math.ceil(n / bn))] = (name, n * k * 2)
+        if name == "qkv":
+            bp = (rope_mod.TUNED.get((n, k)) or rope_mod._default_config(k))[0]
+            labels[("_gemv_rope_kernel", math.ceil(n / 2 / bp))] = ("qkv+rope", n * k * 2)
+    return labels
+
+
+def trace_kernels(fn, steps: int) -> list[dict]:
+    """The GPU kernels / copies fn() runs, `steps` times, in start order (from the trace)."""
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for i in range(args.steps):
-            net(tok, cache.context([1], [128 + i]), cache, last_only=True)
+        for _ in range(steps):
+            fn()
         torch.cuda.synchronize()
-rows = sorted(prof.key_averages(), key=lambda e: -getattr(e, "self_device_time_total", 0))
-total = sum(getattr(e, "self_device_time_total", 0) for e in rows)
-n_kernels = sum(e.count for e in rows if getattr(e, "self_device_time_total", 0) > 0)
-path = "unfused" if args.unfused or net.ops.decode is None else "fused"
-print(f"backend {args.backend} ({path} decode): {total / args.steps / 1e3:.3f} ms of kernel "
-      f"time per step, {n_kernels / args.steps:.0f} kernels per step")
-for e in rows[:25]:
-    t = getattr(e, "self_device_time_total", 0)
-    if t:
-        print(f"{t / args.steps:9.1f} us/step  {e.count / args.steps:6.1f}x  "
-              f"{t / e.count:8.2f} us each  {e.key[:90]}")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    ev = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    return sorted(ev, key=lambda e: e["ts"])
+
+
+def profile_step() -> None:
+    cache = l3.ContiguousKVCache.for_model(cfg, 1, 385, dtype=net.dtype, device="cuda")
+    with torch.no_grad():
+        net(torch.randint(0, 1000, (128,), device="cuda"), cache.context([128], [0]), cache,
+            last_only=True)
+        tok, pos = torch.tensor([5], device="cuda"), torch.tensor([128], device="cuda")
+        if args.eager:
+            def step():
+                net(tok, cache.context([1], [int(pos)]), cache, last_only=True).argmax(-1)
+        else:
+            graph = l3.CudaGraphDecoder(net, cache, 1)
+
+            def step():
+                graph.step(tok, pos).argmax(-1)
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+        ev = trace_kernels(step, args.steps)
+    n = len(ev) // args.steps
+    path = "unfused" if net.ops.decode is None else (
+        "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
+    print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
+          f"{sys.modules['layer1_kernels.gemv'].pdl_early()}): {n} kernels/copies per step")
+    labels = shape_labels()
+    groups: dict = defaultdict(lambda: {"us": [], "gap": []})
+    spans, busy = [], []
+    for s in range(args.steps):
+        step_ev = ev[s * n:(s + 1) * n]
+        spans.append(step_ev[-1]["ts"] + step_ev[-1]["dur"] - step_ev[0]["ts"])
+        busy.append(sum(e["dur"] for e in step_ev))
+        prev_end = None
+        for e in step_ev:
+            grid = e.get("args", {}).get("grid", [0])
+            key = (e["name"][:40], grid[0] if isinstance(grid, list) else grid)
+            groups[key]["us"].append(e["dur"])
+            if prev_end is not None:
+                groups[key]["gap"].append(e["ts"] - prev_end)
+            prev_end = max(prev_end or 0, e["ts"] + e["dur"])
+    span, work = statistics.median(spans), statistics.median(busy)
+    print(f"step span {span:.1f} us (first kernel start .. last end), kernels busy {work:.1f} us, "
+          f"idle between kernels {span - work:.1f} us")
+    rows = []
+    for (name, grid), g in sorted(groups.items(), key=lambda kv: -sum(kv[1]["us"])):
+        label, nbytes = labels.get((name.split("(")[0].strip(), grid), (name, None))
+        per_step = len(g["us"]) / args.steps
+        mean = statistics.mean(g["us"])
+        gap = statistics.mean(g["gap"]) if g["gap"] else 0.0
+        tbps = nbytes / mean / 1e6 if nbytes else None
+        rows.append({"kernel": label, "grid": grid, "per_step": per_step, "mean_us": mean,
+                     "us_per_step": mean * per_step, "gap_before_us": gap, "TBps": tbps})
+        print(f"{mean * per_step:8.1f} us/step {per_step:5.1f}x {mean:7.2f} us each, gap before "
+              f"{gap:5.2f} us" + (f", {tbps:.2f} TB/s" if tbps else "") + f"  {label} [{grid}]")
+    result["profile"] = {"span_us": span, "busy_us": work, "kernels": rows}
+
+
+def variants() -> None:
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    result["variants"] = []
+    for fuse_rope, early in ((False, False), (True, False), (False, True), (True, True)):
+        set_variant(fuse_rope, early)
+        spt = L3B.best_of(lambda: L3B.decode_seconds_per_token(net, prompt_len=128,
+                                                               new_tokens=256))
+        row = {"fuse_rope": fuse_rope, "pdl_early": early, "tokens_per_s": 1 / spt,
+               "ms_per_token": spt * 1e3, "MBU": moved / spt / BW}
+        result["variants"].append(row)
+        print(f"variant rope-in-qkv={fuse_rope!s:5} pdl-early={early!s:5}: {1 / spt:7.1f} tok/s, "
+              f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
+
+
+def sweep() -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from decode_kernels_bench import graph_us, weights
+    c = cfg
+    n_qkv, k = c.q_size + 2 * c.kv_size, c.hidden_size
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    nw = torch.ones(k, device="cuda", dtype=torch.bfloat16)
+    kc = torch.zeros(64, c.num_key_value_heads, c.head_dim, device="cuda", dtype=torch.bfloat16)
+    pos = torch.tensor([7], device="cuda")
+    cos, sin = net.cos, net.sin
+    heads = (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+    out = result.setdefault("sweep", {})
+    for early in (False, True):
+        K1.set_decode_pdl(True, early=early)
+        ws = weights(n_qkv, k)
+        for cfg_ in [(1, 2048, 8), (1, 2048, 4), (2, 1024, 4)]:
+            us = graph_us([lambda w=w, c_=cfg_: K1.gemv_rms_norm_rope(
+                x, w, nw, 1e-5, x, None, cos, sin, pos, kc, kc, pos, *heads, config=c_)
+                for w in ws])
+            out[f"qkv_rope {cfg_} early={early}"] = us
+            print(f"qkv+rope {cfg_} early={early}: {us:.2f} us, "
+                  f"{n_qkv * k * 2 / us / 1e6:.2f} TB/s")
+        ws = weights(c.hidden_size, c.q_size)
+        for cfg_ in [(2, 2048, 8), (1, 2048, 4), (4, 1024, 8)]:
+            us = graph_us([lambda w=w, c_=cfg_: K1.gemv(x, w, config=c_) for w in ws])
+            out[f"o_proj {cfg_} early={early}"] = us
+            print(f"o_proj {cfg_} early={early}: {us:.2f} us, "
+                  f"{c.hidden_size * c.q_size * 2 / us / 1e6:.2f} TB/s")
+        del ws
+    K1.set_decode_pdl(True, early=False)
+
+
+if args.unfused:
+    net.ops = dataclasses.replace(fused_ops, decode=None)
+else:
+    set_variant(not args.no_fuse_rope, args.early)
+profile_step()
+if args.variants:
+    variants()
+if args.sweep:
+    sweep()
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump(result, f, indent=1, default=str)

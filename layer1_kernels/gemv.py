@@ -104,9 +104,9 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                 PDL: tl.constexpr):
+                 PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
-    OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
+    OUT_TY: tl.constexpr = x_ptr.dtype.element_ty  # activations' rounding (y may be fp32)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     m = tl.arange(0, BLOCK_M)
@@ -118,6 +118,8 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # launch (PDL) it is requested before waiting for that kernel's results.
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
     if PDL:
+        if PDL_EARLY:  # let the next kernel launch now: its weight prefetch overlaps ours
+            gdc_launch_dependents()
         gdc_wait()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:  # the norm's statistics: a pass over the whole (L2-resident) row,
@@ -143,7 +145,7 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
                       K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
         acc = _mac(acc, w, a, BLOCK_M)
-    if PDL:  # the next kernel may start launching (it waits for this one before its reads)
+    if PDL and not PDL_EARLY:  # the next kernel may launch (it waits for us before its reads)
         gdc_launch_dependents()
     if BLOCK_M == 1:
         out = tl.sum(acc, 1)[None, :]
@@ -151,8 +153,9 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         out = acc
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :], out.to(OUT_TY),
-             mask=m_ok[:, None] & n_ok[None, :])
+    # rounded to the activations' dtype even into a fp32 y (the logits: what .float() gives)
+    tl.store(y_ptr + m[:, None] * stride_ym + n[None, :],
+             out.to(OUT_TY).to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 # ---- programmatic dependent launch --------------------------------------------------------------
@@ -160,11 +163,21 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: the kernel before it drains, loading what does not depend on it (weights), and waits
 #: (griddepcontrol.wait) before reading that kernel's results. Every PDL kernel waits before it
 #: exits, so the chain of dependencies stays transitive. set_pdl(False) turns it off.
-_PDL = {"on": True}
+#: early: the GEMVs trigger their dependents right after their first weight tile is requested
+#: instead of after their K loop, so the next kernel's programs launch (and prefetch their
+#: weights) while this one still streams; safe because no kernel reads anything another
+#: kernel of the step writes before its own griddepcontrol.wait.
+_PDL = {"on": True, "early": False}
 
 
-def set_pdl(on: bool) -> None:
+def set_pdl(on: bool, *, early: bool | None = None) -> None:
     _PDL["on"] = bool(on)
+    if early is not None:
+        _PDL["early"] = bool(early)
+
+
+def pdl_early() -> bool:
+    return _PDL["early"]
 
 
 @functools.cache
@@ -199,10 +212,11 @@ def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
     return 4, min(2048, triton.next_power_of_2(k)), 4
 
 
-def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None):
+def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None,
+            out_dtype=None):
     M = x.shape[0]
     N, K = w.shape
-    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    y = torch.empty((M, N), dtype=out_dtype or x.dtype, device=x.device)
     h = torch.empty((M, K), dtype=x.dtype, device=x.device) if residual is not None else None
     if M == 0 or N == 0:
         return y, h
@@ -218,7 +232,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(triton.next_power_of_2(K), 8192 // block_m)), num_warps=warps,
-        **pdl_launch(x.device),
+        PDL_EARLY=_PDL["early"], **pdl_launch(x.device),
     )
     return y, h
 
@@ -276,8 +290,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,
 
 def gemv_rms_norm(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, eps: float,
                   residual: torch.Tensor | None = None, bias: torch.Tensor | None = None, *,
-                  impl: str = "auto", config: tuple[int, int, int] | None = None):
-    """rms_norm(h = x (+ residual)) @ w^T (+ bias) -> (y (M, N), h (M, K) or None)."""
+                  impl: str = "auto", config: tuple[int, int, int] | None = None,
+                  out_dtype: torch.dtype | None = None):
+    """rms_norm(h = x (+ residual)) @ w^T (+ bias) -> (y (M, N), h (M, K) or None).
+    out_dtype (e.g. fp32 logits): y rounded to x's dtype, then stored as out_dtype (what
+    `.to(out_dtype)` of the x-dtype result gives, without its own kernel)."""
     K = x.shape[-1] if x.dim() == 2 else -1
     _check("gemv_rms_norm", x, w, bias, K)
     if norm_weight.shape != (K,) or norm_weight.device != x.device:
@@ -287,10 +304,13 @@ def gemv_rms_norm(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, e
                                  or residual.device != x.device or residual.stride(-1) != 1):
         raise ValueError("gemv_rms_norm: residual must match x (shape, dtype, device, "
                          "contiguous last dim)")
+    if out_dtype is not None and out_dtype not in _DTYPES:
+        raise ValueError(f"gemv_rms_norm: out_dtype must be one of {_DTYPES}, got {out_dtype}")
     if not interpreter.use_triton(impl, x, "gemv_rms_norm"):
-        return gemv_rms_norm_reference(x, w, norm_weight, eps, residual, bias)
+        y, h = gemv_rms_norm_reference(x, w, norm_weight, eps, residual, bias)
+        return (y if out_dtype is None else y.to(out_dtype)), h
     return _launch(x, w, bias, _RMS, residual=residual, norm_weight=norm_weight.contiguous(),
-                   eps=eps, config=config)
+                   eps=eps, config=config, out_dtype=out_dtype)
 
 
 def gemv_silu_mul(gu: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *,

@@ -25,12 +25,13 @@ torch and triton op sets alike; see attention_context.KVCache.
 The triton op set also brings `decode`: fused kernels for small decode steps (at most
 DecodeKernels.max_tokens tokens, one per sequence), which the model uses instead of the ops
 above when `decode.applies(...)` (see LlamaModel.forward): per layer
-    qkv = gemv(rms_norm(x + residual))       one launch: the norm is the GEMV's prologue
-    rope(q, k) + write k, v to the cache      one launch
+    qkv = gemv(rms_norm(x + residual))       one launch: the norm is the GEMV's prologue,
+      rope(q, k) + write k, v to the cache      RoPE and the cache write its epilogue
     o = split-context decode attention        one launch (its parts merged in it)
     x = gemv(o) ; gu = gemv(rms_norm(x + residual)) ; x = gemv(silu(gate) * up)
-six launches where the general path takes ~14. Prefill, the torch and compile backends,
-quantized or Qwen3 (q/k-norm) layers and larger batches keep the general path.
+five launches where the general path takes ~14 (fuse_rope=False: six). Prefill, the torch
+and compile backends, quantized or Qwen3 (q/k-norm) layers and larger batches keep the
+general path.
 """
 from __future__ import annotations
 
@@ -177,6 +178,7 @@ class DecodeKernels:
     """The triton backend's fused decode kernels, bound to an impl ("auto" / "triton")."""
     impl: str
     max_tokens: int = 8  # layer 1's gemv takes up to 8 rows (gemv.MAX_ROWS)
+    fuse_rope: bool = True  # RoPE + the cache write in the qkv GEMV's epilogue (one launch)
 
     def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:
         """True when this step can take the fused path: a decode step (one new token per
@@ -198,10 +200,21 @@ class DecodeKernels:
                                       layer.mlp.down)]
         return all(type(m) is torch.nn.Linear and m.weight.dtype == x.dtype for m in linears)
 
-    def norm_linear(self, x, residual, norm, linear):
-        """rms_norm(x + residual) @ W^T -> (y, new residual); residual None: (y, x)."""
+    def norm_linear(self, x, residual, norm, linear, out_dtype=None):
+        """rms_norm(x + residual) @ W^T -> (y, new residual); residual None: (y, x).
+        out_dtype: y stored as it (rounded to x's dtype first), e.g. fp32 logits."""
         y, h = kernels.gemv_rms_norm(x, linear.weight, norm.weight, norm.eps, residual,
-                                     linear.bias, impl=self.impl)
+                                     linear.bias, impl=self.impl, out_dtype=out_dtype)
+        return y, (x if residual is None else h)
+
+    def norm_qkv_rope_write(self, x, residual, norm, linear, heads: tuple[int, int, int],
+                            cos, sin, ctx, cache, layer: int):
+        """norm_linear of the qkv projection with RoPE on q, k and k, v written to the
+        cache; heads = (q heads, kv heads, head_dim). Returns (qkv (T, N), new residual)."""
+        k_slots, v_slots = _slot_views(cache, layer)
+        y, h = kernels.gemv_rms_norm_rope(x, linear.weight, norm.weight, norm.eps, residual,
+                                          linear.bias, cos, sin, ctx.positions, k_slots,
+                                          v_slots, ctx.slot_mapping, *heads, impl=self.impl)
         return y, (x if residual is None else h)
 
     def linear(self, x, linear):

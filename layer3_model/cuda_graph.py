@@ -39,21 +39,31 @@ class CudaGraphDecoder:
         last = cache.max_len - 1
         ctx = cache.context([1] * B, [last] * B)
         # Static shapes: attention spans every slot of a row, masked by the device-side seq_lens.
+        # positions, slot_mapping and seq_lens: rows of one buffer, so the graph derives the
+        # last two from the first in one kernel (a step copies only ids and positions in).
+        io = torch.stack([ctx.positions, ctx.slot_mapping, ctx.seq_lens])
         self.ctx = dataclasses.replace(
-            ctx, max_seq_len=cache.max_len, seq_lens_host=(cache.max_len,) * B
+            ctx, positions=io[0], slot_mapping=io[1], seq_lens=io[2],
+            max_seq_len=cache.max_len, seq_lens_host=(cache.max_len,) * B
         )
+        self._io = io
+        self._offsets = torch.stack([torch.arange(B, device=io.device) * cache.max_len,
+                                     torch.ones(B, dtype=io.dtype, device=io.device)])
         self.input_ids = torch.zeros(B, dtype=torch.int64, device=model.device)
-        self._row_base = torch.arange(B, device=model.device) * cache.max_len
+
+        def forward() -> torch.Tensor:
+            torch.add(self._offsets, io[0], out=io[1:])  # slots = row * max_len + pos; pos + 1
+            return model(self.input_ids, self.ctx, cache, last_only=True)
 
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side), torch.no_grad():  # compile Triton kernels, warm allocators
             for _ in range(warmup):
-                model(self.input_ids, self.ctx, cache, last_only=True)
+                forward()
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits = model(self.input_ids, self.ctx, cache, last_only=True)
+            self.logits = forward()
 
     @torch.no_grad()
     def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -62,10 +72,7 @@ class CudaGraphDecoder:
         if input_ids.shape != (self.batch_size,) or positions.shape != (self.batch_size,):
             raise ValueError(f"input_ids and positions must be ({self.batch_size},), got "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
-        positions = positions.to(self.ctx.positions.device, torch.int64)
         self.input_ids.copy_(input_ids)
-        self.ctx.positions.copy_(positions)
-        self.ctx.slot_mapping.copy_(self._row_base + positions)
-        self.ctx.seq_lens.copy_(positions + 1)
+        self.ctx.positions.copy_(positions)  # (slots and seq_lens: computed in the graph)
         self.graph.replay()
         return self.logits.clone()

@@ -99,10 +99,17 @@ class Attention(nn.Module):
         """Decode step through the fused kernels (dk: Ops.decode): the norm in the qkv GEMV,
         RoPE with the cache write, split attention, o_proj. Returns (out, new residual)."""
         T, D = x.shape[0], self.head_dim
-        qkv, residual = dk.norm_linear(x, residual, norm, self.qkv)
-        q, k, v = qkv.split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D], dim=-1)
-        q, k, v = (t.view(T, -1, D) for t in (q, k, v))
-        dk.rope_write(q, k, v, cos, sin, ctx, cache, self.layer)
+        if dk.fuse_rope:  # RoPE and the cache write in the qkv GEMV's epilogue
+            qkv, residual = dk.norm_qkv_rope_write(x, residual, norm, self.qkv,
+                                                   (self.n_heads, self.n_kv_heads, D), cos, sin,
+                                                   ctx, cache, self.layer)
+            q = qkv[:, :self.n_heads * D].view(T, self.n_heads, D)
+        else:
+            qkv, residual = dk.norm_linear(x, residual, norm, self.qkv)
+            q, k, v = qkv.split([self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D],
+                                dim=-1)
+            q, k, v = (t.view(T, -1, D) for t in (q, k, v))
+            dk.rope_write(q, k, v, cos, sin, ctx, cache, self.layer)
         o = dk.attention(q, ctx, cache, self.layer, self.scale, self.window)
         return dk.linear(o.reshape(T, self.n_heads * D), self.o_proj), residual
 
@@ -155,7 +162,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(x, ops), residual
 
     def decode_fused(self, x, residual, ctx, cache, dk, cos, sin):
-        """forward's decode step through the fused kernels (dk: Ops.decode): six launches."""
+        """forward's decode step through the fused kernels (dk: Ops.decode): five launches."""
         x, residual = self.attn.decode_fused(x, residual, self.attn_norm, ctx, cache, dk, cos, sin)
         gu, residual = dk.norm_linear(x, residual, self.mlp_norm, self.mlp.gate_up)
         return dk.silu_linear(gu, self.mlp.down), residual
@@ -257,8 +264,9 @@ class LlamaModel(nn.Module):
             # sequence's last token, so last_only changes nothing.
             for layer in self.layers:
                 x, residual = layer.decode_fused(x, residual, ctx, cache, dk, self.cos, self.sin)
-            logits, _ = dk.norm_linear(x, residual, self.norm, self.lm_head)
-            return logits.float()
+            logits, _ = dk.norm_linear(x, residual, self.norm, self.lm_head,
+                                       out_dtype=torch.float32)  # = .float(), no own kernel
+            return logits
         for layer in self.layers:
             x, residual = layer(x, residual, ctx, cache, self.ops, self.cos, self.sin)
         if last_only:  # only the logits that pick the next token: skip (T - B) rows of lm_head

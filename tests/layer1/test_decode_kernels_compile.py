@@ -18,8 +18,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import importlib
 # (import_module: the package's `gemv` and `paged_decode` names are the functions)
-G, P, R = (importlib.import_module(f"layer1_kernels.{m}")
-           for m in ("gemv", "paged_decode", "rope_kv_write"))
+G, P, R, GR = (importlib.import_module(f"layer1_kernels.{m}")
+               for m in ("gemv", "paged_decode", "rope_kv_write", "gemv_rope"))
 
 def compile_(fn, consts, ptrs, opts):
     sig, cx = {}, {}
@@ -42,14 +42,21 @@ CASES = [(1, True, 1, 2, 2048, 2048, True), (0, False, 1, 2, 2048, 2048, True),
          (2, False, 8, 4, 128, 8192, False)]
 for pro, res, bm, bn, bk, k, pdl in CASES:
     compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm,
-             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm), PDL=pdl), {},
-             {"num_warps": 4, "launch_pdl": pdl})
+             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm), PDL=pdl,
+             PDL_EARLY=pdl and bm == 1), {}, {"num_warps": 4, "launch_pdl": pdl})
+rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
+for res, bm, bp, bk, early in [(True, 1, 1, 2048, False), (False, 1, 1, 2048, True),
+                               (True, 4, 2, 256, False)]:
+    compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
+             PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
+             EVEN_K=True, STATS_K=8192 // bm, PDL=True, PDL_EARLY=early), rope_ptrs,
+             {"num_warps": 8, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
-for ident, fused, splits in [(True, True, 4), (False, True, 64), (False, False, 1)]:
+for ident, fused, heads_first in [(True, True, False), (False, True, True), (False, False, False)]:
     compile_(P._paged_decode_kernel, dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16,
-             BLOCK_N=64, NUM_SPLITS=splits, WINDOWED=False, IDENTITY=ident, FUSED_MERGE=fused,
-             PDL=True, BLOCK_S=triton.next_power_of_2(splits)), ptrs,
+             BLOCK_N=64, WINDOWED=False, IDENTITY=ident, FUSED_MERGE=fused,
+             PDL=True, MERGE_G=4, MERGE_S=16, HEADS_FIRST=heads_first), ptrs,
              {"num_warps": 4, "num_stages": 2, "launch_pdl": True})
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),
          {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"},

@@ -12,6 +12,8 @@ from layer1_kernels import (
     gemv_reference,
     gemv_rms_norm,
     gemv_rms_norm_reference,
+    gemv_rms_norm_rope,
+    gemv_rms_norm_rope_reference,
     gemv_silu_mul,
     gemv_silu_mul_reference,
     paged_decode,
@@ -88,6 +90,66 @@ def test_rope_cache_write(dtype):
     assert (k1[untouched.to(DEV)] == 7).all()
     with pytest.raises(ValueError, match="slots"):
         rope_cache_write(q, k, v, cos, sin, pos, kc, vc, slot[:2])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,hq,hkv,d,k,cfg", [(1, 6, 2, 12, 50, None), (3, 4, 1, 16, 33, None),
+                                             (2, 3, 3, 10, 40, (8, 16, 1)),
+                                             (1, 5, 1, 8, 24, (1, 32, 2))])
+def test_gemv_rms_norm_rope_matches_unfused(dtype, m, hq, hkv, d, k, cfg):
+    """The qkv GEMV with RoPE + cache write in its epilogue, at awkward head counts, head dims
+    (half not a power of two) and pair tiles that straddle heads: the same qkv row, cache
+    rows and residual as gemv_rms_norm then rope_cache_write (layer 1's kernels, bit for bit),
+    and within rounding of the torch references; other cache rows untouched."""
+    g = torch.Generator().manual_seed(m * 10 + d)
+    n = (hq + 2 * hkv) * d
+    x, r = (torch.randn(m, k, generator=g).to(DEV, dtype) for _ in range(2))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    b = torch.randn(n, generator=g).to(DEV, dtype)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
+    cos, sin = (t.to(DEV) for t in rope_cache(32, d))
+    pos = torch.tensor([4, 17, 0][:m], device=DEV)
+    slot = torch.tensor([7, 2, 9][:m], device=DEV)
+
+    def caches():
+        return (torch.full((10, hkv, d), 7.0).to(DEV, dtype),
+                torch.full((10, hkv, d), 5.0).to(DEV, dtype))
+    kc, vc = caches()
+    y, h = gemv_rms_norm_rope(x, w, nw, 1e-6, r, b, cos, sin, pos, kc, vc, slot, hq, hkv, d,
+                              impl="triton", config=cfg)
+    # unfused layer-1 kernels
+    y2, h2 = gemv_rms_norm(x, w, nw, 1e-6, r, b, impl="triton")
+    kc2, vc2 = caches()
+    q2, k2, v2 = (t.view(m, -1, d) for t in y2.split([hq * d, hkv * d, hkv * d], dim=-1))
+    rope_cache_write(q2, k2, v2, cos, sin, pos, kc2, vc2, slot, impl="triton")
+    if cfg is None:  # the same K tiling as the plain GEMV: the same sums, so the same bits
+        assert torch.equal(y, y2) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(h, h2)
+    kc3, vc3 = caches()
+    y3, h3 = gemv_rms_norm_rope_reference(x, w, nw, 1e-6, r, b, cos, sin, pos, kc3, vc3, slot,
+                                          hq, hkv, d)
+    assert torch.equal(h, h3)
+    assert rel(y, y3) < tol(dtype) and rel(kc, kc3) < tol(dtype) and rel(vc, vc3) < tol(dtype)
+    untouched = torch.ones(10, dtype=torch.bool, device=DEV)
+    untouched[slot] = False
+    assert (kc[untouched] == 7).all() and (vc[untouched] == 5).all()
+
+
+def test_gemv_rms_norm_rope_bad_input():
+    x, w, nw = torch.randn(1, 16).to(DEV), torch.randn(40, 16).to(DEV), torch.ones(16).to(DEV)
+    cos, sin = (t.to(DEV) for t in rope_cache(8, 8))
+    kc = torch.zeros(4, 1, 8).to(DEV)
+    pos = torch.zeros(1, dtype=torch.int64, device=DEV)
+    with pytest.raises(ValueError, match="head_dim"):  # 40 rows != (3 + 2) * 8
+        gemv_rms_norm_rope(x, w, nw, 1e-6, None, None, cos, sin, pos, kc, kc, pos, 4, 1, 8)
+    with pytest.raises(ValueError, match="slots"):
+        gemv_rms_norm_rope(x, w, nw, 1e-6, None, None, cos, sin, pos, kc, kc, pos[:0], 3, 1, 8)
+    with pytest.raises(ValueError, match="k_cache"):
+        gemv_rms_norm_rope(x, w, nw, 1e-6, None, None, cos, sin, pos, kc[:, :, :4], kc, pos,
+                           3, 1, 8)
+    with pytest.raises(ValueError, match="powers of two"):
+        gemv_rms_norm_rope(x, w, nw, 1e-6, None, None, cos, sin, pos, kc, kc, pos, 3, 1, 8,
+                           config=(3, 16, 1))
 
 
 def _attn_ref(q, k, v, lens, scale, window):

@@ -29,13 +29,15 @@ def _pair(config: dict, dtype, device, impl: str):
 
 
 def _count_fused(monkeypatch) -> list:
+    """Calls of the fused path's norm + GEMV kernels (with or without the RoPE epilogue)."""
     calls = []
-    original = backends.DecodeKernels.norm_linear
+    for name in ("norm_linear", "norm_qkv_rope_write"):
+        original = getattr(backends.DecodeKernels, name)
 
-    def counted(self, *a, **kw):
-        calls.append(1)
-        return original(self, *a, **kw)
-    monkeypatch.setattr(backends.DecodeKernels, "norm_linear", counted)
+        def counted(self, *a, _original=original, **kw):
+            calls.append(1)
+            return _original(self, *a, **kw)
+        monkeypatch.setattr(backends.DecodeKernels, name, counted)
     return calls
 
 
@@ -55,11 +57,14 @@ def _decode(net, cache, context, prompt, steps: int, tables=None):
     return out
 
 
-@pytest.mark.parametrize("batch,paged", [(1, False), (3, True), (2, False)])
-def test_fused_decode_matches_general_path_interpreted(batch, paged, monkeypatch):
+@pytest.mark.parametrize("batch,paged,fuse_rope", [(1, False, True), (3, True, True),
+                                                    (2, False, True), (2, False, False)])
+def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
+    fused.ops = dataclasses.replace(
+        fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope))
     gen = torch.Generator().manual_seed(batch)
     prompt = [torch.randint(0, 97, (n,), generator=gen) for n in (5, 9, 2)[:batch]]
     if paged:

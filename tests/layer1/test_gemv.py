@@ -122,9 +122,13 @@ def test_gemv_rms_norm_rope_matches_unfused(dtype, m, hq, hkv, d, k, cfg):
     kc2, vc2 = caches()
     q2, k2, v2 = (t.view(m, -1, d) for t in y2.split([hq * d, hkv * d, hkv * d], dim=-1))
     rope_cache_write(q2, k2, v2, cos, sin, pos, kc2, vc2, slot, impl="triton")
-    if cfg is None:  # the same K tiling as the plain GEMV: the same sums, so the same bits
+    if cfg is None and DEV.type == "cpu":  # the same K tiles summed in the same order (the
+        # compiled kernels' in-tile reduction order depends on the tile's layout)
         assert torch.equal(y, y2) and torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert rel(y, y2) < tol(dtype) and rel(kc, kc2) < tol(dtype) and rel(vc, vc2) < tol(dtype)
     assert torch.equal(h, h2)
+    _, k_new, v_new = (t.view(m, -1, d) for t in y.split([hq * d, hkv * d, hkv * d], dim=-1))
+    assert torch.equal(kc[slot], k_new) and torch.equal(vc[slot], v_new)  # what it returns
     kc3, vc3 = caches()
     y3, h3 = gemv_rms_norm_rope_reference(x, w, nw, 1e-6, r, b, cos, sin, pos, kc3, vc3, slot,
                                           hq, hkv, d)

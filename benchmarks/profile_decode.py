@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import defaultdict
 
 import torch
@@ -120,15 +121,17 @@ def profile_step() -> None:
     for s in range(args.steps):
         step_ev = ev[s * n:(s + 1) * n]
         spans.append(step_ev[-1]["ts"] + step_ev[-1]["dur"] - step_ev[0]["ts"])
-        busy.append(sum(e["dur"] for e in step_ev))
-        prev_end = None
+        prev_end, covered = None, 0.0  # (PDL overlaps kernels: count covered time once)
         for e in step_ev:
             grid = e.get("args", {}).get("grid", [0])
             key = (e["name"][:40], grid[0] if isinstance(grid, list) else grid)
             groups[key]["us"].append(e["dur"])
+            end = e["ts"] + e["dur"]
             if prev_end is not None:
                 groups[key]["gap"].append(e["ts"] - prev_end)
-            prev_end = max(prev_end or 0, e["ts"] + e["dur"])
+            covered += max(0.0, end - max(e["ts"], prev_end if prev_end is not None else 0.0))
+            prev_end = max(prev_end or 0.0, end)
+        busy.append(covered)
     span, work = statistics.median(spans), statistics.median(busy)
     print(f"step span {span:.1f} us (first kernel start .. last end), kernels busy {work:.1f} us, "
           f"idle between kernels {span - work:.1f} us")
@@ -158,6 +161,52 @@ def variants() -> None:
         result["variants"].append(row)
         print(f"variant rope-in-qkv={fuse_rope!s:5} pdl-early={early!s:5}: {1 / spt:7.1f} tok/s, "
               f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
+
+
+def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 256) -> float:
+    """decode_seconds_per_token's loop with step_greedy (argmax in the graph, no logits
+    copy); splits_min: backends.MIN_SPLIT_TOKENS for the attention split count."""
+    old = l3.backends.MIN_SPLIT_TOKENS
+    if splits_min is not None:
+        l3.backends.MIN_SPLIT_TOKENS = splits_min
+    try:
+        cache = l3.ContiguousKVCache.for_model(cfg, 1, 128 + new_tokens + 1, dtype=net.dtype,
+                                               device="cuda")
+        prompt = torch.randint(0, cfg.vocab_size, (128,), device="cuda")
+        tok = net(prompt, cache.context([128], [0]), cache, last_only=True).argmax(-1)
+        pos = torch.tensor([128], device="cuda")
+        graph = l3.CudaGraphDecoder(net, cache, 1)
+        for _ in range(3):
+            graph.step_greedy(tok, pos)
+        best = float("inf")
+        for _ in range(3):
+            t = tok
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for i in range(new_tokens):
+                t = graph.step_greedy(t, pos + i)
+            torch.cuda.synchronize()
+            best = min(best, (time.perf_counter() - start) / new_tokens)
+        return best
+    finally:
+        l3.backends.MIN_SPLIT_TOKENS = old
+
+
+def more_variants() -> None:
+    """step_greedy instead of step + argmax, and the attention's split size, (rope in qkv)."""
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    for early in (False, True):
+        set_variant(True, early)
+        for splits_min in (128, 32, 64, 256, 1024):
+            if early and splits_min != 128:
+                continue
+            with torch.no_grad():
+                spt = greedy_seconds_per_token(splits_min)
+            result.setdefault("greedy_variants", []).append(
+                {"pdl_early": early, "min_split_tokens": splits_min, "tokens_per_s": 1 / spt,
+                 "MBU": moved / spt / BW})
+            print(f"step_greedy early={early!s:5} min_split_tokens={splits_min:4}: "
+                  f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
 
 
 def sweep() -> None:
@@ -199,6 +248,7 @@ else:
 profile_step()
 if args.variants:
     variants()
+    more_variants()
 if args.sweep:
     sweep()
 if args.json:

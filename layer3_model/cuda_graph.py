@@ -20,7 +20,8 @@ from .model import LlamaModel
 
 class CudaGraphDecoder:
     """Decode steps of `batch_size` sequences, one token each, in cache rows 0..B-1, replayed
-    from a CUDA graph. step(input_ids (B,), positions (B,)) -> fp32 logits (B, V)."""
+    from a CUDA graph. step(input_ids (B,), positions (B,)) -> fp32 logits (B, V);
+    step_greedy(...) -> the argmax tokens (B,), taken inside the graph (no logits copy)."""
 
     def __init__(self, model: LlamaModel, cache: ContiguousKVCache, batch_size: int | None = None,
                  *, warmup: int = 2) -> None:
@@ -64,15 +65,26 @@ class CudaGraphDecoder:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph), torch.no_grad():
             self.logits = forward()
+            self.next_ids = self.logits.argmax(-1)  # greedy decoding's pick, in the graph
 
-    @torch.no_grad()
-    def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Token b at position positions[b] of sequence b (cache row b): writes its k, v at
-        that slot, attends to positions <= it, returns a copy of the logits (B, V)."""
+    def _replay(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         if input_ids.shape != (self.batch_size,) or positions.shape != (self.batch_size,):
             raise ValueError(f"input_ids and positions must be ({self.batch_size},), got "
                              f"{tuple(input_ids.shape)} and {tuple(positions.shape)}")
         self.input_ids.copy_(input_ids)
         self.ctx.positions.copy_(positions)  # (slots and seq_lens: computed in the graph)
         self.graph.replay()
+
+    @torch.no_grad()
+    def step(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Token b at position positions[b] of sequence b (cache row b): writes its k, v at
+        that slot, attends to positions <= it, returns a copy of the logits (B, V)."""
+        self._replay(input_ids, positions)
         return self.logits.clone()
+
+    @torch.no_grad()
+    def step_greedy(self, input_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """step, returning the logits' argmax (B,) int64 (a copy) instead of the logits: what
+        `step(...).argmax(-1)` gives, without copying the (B, V) logits out of the graph."""
+        self._replay(input_ids, positions)
+        return self.next_ids.clone()

@@ -38,6 +38,9 @@ ap.add_argument("--steps", type=int, default=5)
 ap.add_argument("--eager", action="store_true", help="profile eager steps (no CUDA graph)")
 ap.add_argument("--unfused", action="store_true", help="the general decode path")
 ap.add_argument("--variants", action="store_true", help="time the fused path's options")
+ap.add_argument("--more-variants", action="store_true",
+                help="time step_greedy and attention split sizes")
+ap.add_argument("--no-profile", action="store_true", help="skip the profile")
 ap.add_argument("--sweep", action="store_true", help="qkv / o_proj GEMV tile sweep")
 ap.add_argument("--early", action="store_true", help="PDL early trigger on for the profile")
 ap.add_argument("--no-fuse-rope", action="store_true", help="RoPE in its own kernel")
@@ -245,9 +248,11 @@ if args.unfused:
     net.ops = dataclasses.replace(fused_ops, decode=None)
 else:
     set_variant(not args.no_fuse_rope, args.early)
-profile_step()
+if not args.no_profile:
+    profile_step()
 if args.variants:
     variants()
+if args.more_variants:
     more_variants()
 if args.sweep:
     sweep()

@@ -172,5 +172,13 @@ def test_fused_decode_under_cuda_graph_gpu():
         graph = l3.CudaGraphDecoder(fused, cache, 2)
         tok, pos = torch.tensor([3, 9], device="cuda"), torch.tensor([4, 6], device="cuda")
         got = graph.step(tok, pos)
+        assert torch.equal(graph.step_greedy(tok, pos), got.argmax(-1))  # argmax in the graph
         want = fused(tok, cache.context([1, 1], [4, 6]), cache, last_only=True)
+        # PDL's early trigger (dependents launch while a GEMV streams) changes no result
+        l3.comm.kernels.set_decode_pdl(True, early=True)
+        try:
+            early = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
+        finally:
+            l3.comm.kernels.set_decode_pdl(True, early=False)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+    assert torch.equal(early, got)

@@ -22,7 +22,7 @@ import layer0_hardware as hardware  # the layer beneath, as a namespace for the 
 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .cupy_support import cupy_available
-from .flash_attention import flash_attention, flash_attention_reference
+from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
 from .gemv import TUNED as GEMV_TUNED
 from .gemv import (
     gemv,
@@ -68,7 +68,7 @@ __all__ = [
     "rope_cache", "apply_rope", "rope_reference",
     "silu_and_mul", "silu_and_mul_reference",
     "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
-    "flash_attention", "flash_attention_reference",
+    "flash_attention", "flash_attention_reference", "flash_attention_tokens",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",

@@ -291,16 +291,74 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
         out = torch.empty((B, Hq, Nq, D), device=q.device, dtype=q.dtype)
     if out.numel() == 0:
         return out
+    cfg = None if config is None else _checked(config)
+    _launch(q, k, v, out, B, Hq, Hkv, Nq, Nk, D, q.stride(), k.stride(), v.stride(),
+            out.stride(), causal, scale, cfg)
+    return out
+
+
+def _launch(q, k, v, out, B, Hq, Hkv, Nq, Nk, D, sq, sk, sv, so, causal, scale, cfg) -> None:
+    """The kernel over (B, H, N, D) strides sq, sk, sv, so (checked inputs; cfg None: the
+    table's pick)."""
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if not scale > 0:  # the running max assumes scaling keeps the order of the scores
         raise ValueError(f"scale must be positive; got {scale}")
-    cfg = _pick_config(Nq, D, q.dtype, bool(causal)) if config is None else _checked(config)
+    cfg = _pick_config(Nq, D, q.dtype, bool(causal)) if cfg is None else cfg
     grid = (triton.cdiv(Nq, cfg["BLOCK_M"]), B * Hq)
     _flash_fwd_kernel[grid](
-        q, k, v, out, scale * _LOG2E, Nq, Nk, Hq, Hq // Hkv,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        q, k, v, out, scale * _LOG2E, Nq, Nk, Hq, Hq // Hkv, *sq, *sk, *sv, *so,
         HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=bool(causal),
         PRECISION="ieee" if interpreter.INTERPRETED else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+
+
+def _token_major(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(Nq, H, D) strides as the kernel's (batch, head, row, dim) strides of one sequence."""
+    s_n, s_h, s_d = t.stride()
+    return 0, s_h, s_n, s_d
+
+
+def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           out: torch.Tensor, *, causal: bool = True,
+                           scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+    """flash_attention for ONE sequence in the model's token-major layout, written into out:
+    q and out (Nq, Hq, D), k and v (Nk, Hkv, D), any strides (rows of a fused qkv output,
+    a cache row). The kernel reads the 3-D strides as they are: none of the per-call
+    (1, H, N, D) views the 4-D entry needs (a prefill layer's host time, issue 17).
+    Same checks, errors and numbers as flash_attention(q.transpose(0, 1)[None], ...)."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (N, H, D); got shape {tuple(t.shape)}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
+                         f"{tuple(out.shape)} {out.dtype} {out.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    (Nq, Hq, D), (Nk, Hkv, Dk) = q.shape, k.shape
+    if D != Dk:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in head dim")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
+    if Nk == 0:
+        raise ValueError("k and v hold no keys (Nk == 0)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    if not interpreter.use_triton(impl, q, "flash_attention"):
+        ref = flash_attention_reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
+                                        v.transpose(0, 1)[None], causal=causal, scale=scale)
+        return out.copy_(ref[0].transpose(0, 1))
+    if q.dtype not in _DTYPES:
+        raise ValueError(f"unsupported dtype {q.dtype}: expected one of {_DTYPES}")
+    if D not in _HEAD_DIMS:
+        raise ValueError(f"head dim {D} unsupported by the Triton kernel: "
+                         f"expected one of {_HEAD_DIMS}")
+    interpreter.refuse_interpreted_bf16_dot(q.dtype)
+    if Hq > 65535:
+        raise ValueError(f"query heads = {Hq} exceeds 65535")
+    if Nq:
+        _launch(q, k, v, out, 1, Hq, Hkv, Nq, Nk, D, _token_major(q), _token_major(k),
+                _token_major(v), _token_major(out), causal, scale, None)
     return out

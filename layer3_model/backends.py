@@ -262,20 +262,22 @@ def _triton_ops(impl: str) -> Ops:
         # which has fixed shapes and so can be captured in a CUDA graph.
         if ctx.max_query_len == 1 or windowed or head_dim not in _FLASH_HEAD_DIMS:
             return torch_attention(q, k, v, ctx, cache, layer, scale, window)
-        # Strided (1, H, n, D) views throughout: a prefill with nothing cached reads its own
-        # k/v rows (no padded copy), and each sequence's output lands in its rows of `out`.
+        # Token-major (n, H, D) rows throughout, read by the kernel through their strides: a
+        # prefill with nothing cached reads its own k/v rows (no padded copy), and each
+        # sequence's output lands in its rows of `out` (no views per call: host time).
         fresh = cache is None or ctx.is_prefill
+        out = torch.empty_like(q)
+        if fresh and len(ctx.query_lens_host) == 1:  # one prompt: all rows are its own
+            return kernels.flash_attention_tokens(q, k, v, out, scale=scale, impl=impl)
         keys, values = (k, v) if fresh else cache.read(layer, ctx)
-        out, start = torch.empty_like(q), 0
-
-        def heads(x, rows):  # (n, H, D) rows -> (1, H, n, D) view
-            return x[rows].transpose(0, 1)[None]
+        start = 0
         for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host, strict=True)):
             rows = slice(start, start + n_q)
-            kb, vb = ((heads(keys, rows), heads(values, rows)) if fresh
-                      else (keys[b:b + 1, :, :n_kv], values[b:b + 1, :, :n_kv]))
-            kernels.flash_attention(heads(q, rows), kb, vb, causal=True, scale=scale, impl=impl,
-                                    out=heads(out, rows))
+            if fresh:
+                kb, vb = keys[rows], values[rows]
+            else:  # (B, Hkv, S, D) cache views -> this sequence's (n_kv, Hkv, D)
+                kb, vb = keys[b, :, :n_kv].transpose(0, 1), values[b, :, :n_kv].transpose(0, 1)
+            kernels.flash_attention_tokens(q[rows], kb, vb, out[rows], scale=scale, impl=impl)
             start += n_q
         return out
 

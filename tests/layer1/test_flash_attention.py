@@ -7,7 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from layer1_kernels.flash_attention import flash_attention, flash_attention_reference
+from layer1_kernels.flash_attention import (
+    flash_attention,
+    flash_attention_reference,
+    flash_attention_tokens,
+)
 
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -112,7 +116,76 @@ def test_bad_inputs_raise() -> None:
             flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), impl="triton")
 
 
+# --- the token-major entry (one sequence, strided rows of a fused qkv, as the model holds it)
+
+def fused_rows(hq: int, hkv: int, nq: int, nk: int, d: int, seed: int, device: str = "cpu",
+               dtype: torch.dtype = torch.float32):
+    """q (nq, hq, d) and k, v (nk, hkv, d) as strided views into fused qkv-like rows (the
+    queries are the last nq positions), and an output buffer with gaps between its rows."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows = torch.randn(nk, (hq + 2 * hkv) * d, generator=gen, device=device).to(dtype)
+    q = rows[nk - nq:, :hq * d].view(nq, hq, d)
+    k = rows[:, hq * d:(hq + hkv) * d].view(nk, hkv, d)
+    v = rows[:, (hq + hkv) * d:].view(nk, hkv, d)
+    out = torch.full((nq, hq, 2 * d), float("nan"), device=device, dtype=dtype)[..., :d]
+    return q, k, v, out
+
+
+def four_d(t: torch.Tensor) -> torch.Tensor:
+    return t.transpose(0, 1)[None]
+
+
+@pytest.mark.parametrize("hq,hkv,nq,nk,d", [(4, 2, 37, 37, 64), (4, 1, 5, 70, 32),
+                                            (2, 2, 1, 33, 16)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.interpreter
+def test_tokens_entry_matches_float64(hq, hkv, nq, nk, d, causal) -> None:
+    q, k, v, out = fused_rows(hq, hkv, nq, nk, d, seed=nq + nk)
+    got = flash_attention_tokens(q, k, v, out, causal=causal, impl="triton")
+    assert got.data_ptr() == out.data_ptr() and torch.isfinite(out).all()
+    ref = exact(four_d(q), four_d(k), four_d(v), causal)[0].transpose(0, 1)
+    assert rel_err(out, ref) < 1e-5
+    # the torch impl and the 4-D entry give the same numbers
+    alt = torch.empty_like(q)
+    flash_attention_tokens(q, k, v, alt, causal=causal, impl="torch")
+    assert rel_err(alt, ref) < 1e-5
+    four = flash_attention(four_d(q), four_d(k), four_d(v), causal=causal, impl="triton")
+    assert torch.equal(four[0].transpose(0, 1), out)
+
+
+@pytest.mark.interpreter
+def test_tokens_entry_bad_inputs_raise() -> None:
+    q, k, v, out = fused_rows(4, 2, 8, 8, 16, seed=3)
+    with pytest.raises(ValueError, match="3-D"):
+        flash_attention_tokens(four_d(q), k, v, out)
+    with pytest.raises(ValueError, match="out must match q"):
+        flash_attention_tokens(q, k, v, out[:4])
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        flash_attention_tokens(q[:, :3], k, v, out[:, :3])
+    with pytest.raises(ValueError, match="shapes differ"):
+        flash_attention_tokens(q, k, v[:4], out)
+    with pytest.raises(ValueError, match="no keys"):
+        flash_attention_tokens(q, k[:0], v[:0], out)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        flash_attention_tokens(q, k.half(), v, out, impl="triton")
+    with pytest.raises(ValueError, match="scale must be positive"):
+        flash_attention_tokens(q, k, v, out, scale=0.0, impl="triton")
+
+
 # --- GPU ------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,nq,nk,d", [(32, 8, 2048, 2048, 64), (8, 2, 1000, 1000, 128),
+                                            (8, 4, 77, 1300, 64)])
+def test_gpu_tokens_entry_matches_4d(hq, hkv, nq, nk, d) -> None:
+    """The model's layout (strided fused-qkv rows) gives the 4-D entry's numbers, bf16."""
+    q, k, v, out = fused_rows(hq, hkv, nq, nk, d, seed=d, device="cuda", dtype=torch.bfloat16)
+    flash_attention_tokens(q, k, v, out, causal=True)
+    four = flash_attention(four_d(q), four_d(k), four_d(v), causal=True)
+    assert torch.equal(four[0].transpose(0, 1), out)
+    ref = flash_attention_reference(four_d(q), four_d(k), four_d(v), causal=True)
+    assert rel_err(out, ref[0].transpose(0, 1).float()) < 1e-2
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

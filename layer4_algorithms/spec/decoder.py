@@ -155,6 +155,7 @@ class SpeculativeDecoder:
         if ngram_first and self.draft is None:
             raise ValueError("ngram_first needs a draft model to fall back on")
         self.proposer: Proposer | None = proposer
+        self._draft_prop: DraftModelProposer | None = None
         self.stats = SpecStats()
 
     def _prepare(self, prompts, params) -> list[_Seq]:
@@ -193,9 +194,7 @@ class SpeculativeDecoder:
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
         cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype,
                                             device=t.device)
-        proposer = self.proposer or DraftModelProposer(  # graphs: captured before timing starts
-            self.draft.net, B, max_len, stop_below=self.stop_below,
-            cuda_graph=self.draft.device.type == "cuda")
+        proposer = self.proposer or self._draft_proposer(B, max_len)
         if self.ngram_first:
             proposer = NgramThenDraftProposer(proposer)
         self.stats = stats = SpecStats(sequences=B,
@@ -221,6 +220,20 @@ class SpeculativeDecoder:
         stats.generated_tokens = sum(len(s.out.token_ids) for s in seqs)
         stats.draft_steps = getattr(proposer, "steps", 0)
         return [s.out for s in seqs]
+
+    def _draft_proposer(self, batch: int, max_len: int) -> DraftModelProposer:
+        """The draft's proposer for a call of `batch` rows x max_len: built (and its CUDA
+        graphs captured) before timing starts, kept for the next call of the same shape with
+        every row released (nothing of the last call's draft cache is reused)."""
+        prop = self._draft_prop
+        if prop is None or (len(prop.cached), prop.max_len) != (batch, max_len):
+            prop = self._draft_prop = DraftModelProposer(
+                self.draft.net, batch, max_len, stop_below=self.stop_below,
+                cuda_graph=self.draft.device.type == "cuda")
+        for row in range(batch):
+            prop.release(row)
+        prop.steps = prop.graph_steps = prop.lean_steps = 0  # counts are per call
+        return prop
 
     def _k(self, s: _Seq) -> int:
         """Tokens to propose for s this round: k, or its adapted k (starting at k)."""

@@ -23,6 +23,7 @@ import torch
 
 from layer3_model import ContiguousKVCache, CudaGraphDecoder, LlamaModel, SamplingParams
 
+from .draft_step import LeanDecodeStep
 from .proposal import Proposal
 from .sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
 
@@ -91,14 +92,22 @@ class DraftModelProposer:
     rejected, cost no further draft steps. The rule looks only at the draft, never at the
     target, so the rejection sampling stays exact. None: always propose k.
 
-    cuda_graph (on a CUDA device; SpeculativeDecoder turns it on there): a round's
-    single-token draft steps (all but its first, which feeds the catch-up tokens) replay a
-    CUDA graph (layer 3's CudaGraphDecoder) when the live rows are cache rows 0..n-1: the
-    small draft is launch-bound on a GPU, ~150 launches a step. Graphs only change what the
-    draft guesses by rounding, never the output: the target verifies every guess."""
+    Single-token steps: a round's steps after its first, and its first where every row
+    catches up on the same number m <= LEAN_CHUNK of tokens (1 after a rejection, 2 after a
+    full accept; fed one at a time) skip the serving forward:
+    * cuda_graph (on a CUDA device; SpeculativeDecoder turns it on there): replayed from a
+      CUDA graph (layer 3's CudaGraphDecoder) when the live rows are cache rows 0..n-1: the
+      small draft is launch-bound on a GPU, ~150 launches a step;
+    * lean (elsewhere): LeanDecodeStep (draft_step.py), the same network in ~25 ops a layer,
+      a third of the serving forward's CPU time at one row.
+    Both change what the draft guesses by rounding at most, never the output: the target
+    verifies every guess. A longer catch-up (the prompt) is one serving forward."""
+
+    LEAN_CHUNK = 4  # a longer catch-up (the prompt) is one serving forward: cheaper than steps
 
     def __init__(self, net: LlamaModel, max_seqs: int, max_len: int, *,
-                 stop_below: float | None = None, cuda_graph: bool = False) -> None:
+                 stop_below: float | None = None, cuda_graph: bool = False,
+                 lean: bool = True) -> None:
         if stop_below is not None and not 0.0 <= stop_below < 1.0:
             raise ValueError(f"stop_below must be in [0, 1) or None, got {stop_below!r}")
         self.net, self.stop_below = net, stop_below
@@ -109,6 +118,9 @@ class DraftModelProposer:
         self.max_len = max_len
         self.steps = 0  # draft forward passes run (for cost accounting)
         self.graph_steps = 0  # of which replayed from a CUDA graph
+        self.lean_steps = 0  # of which LeanDecodeStep's
+        self._lean = LeanDecodeStep(net, self.cache) if lean and \
+            LeanDecodeStep.unsupported(net) is None else None
         self.cuda_graph = cuda_graph and net.device.type == "cuda"
         self._graphs: dict[int, CudaGraphDecoder] = {}
         self.graph_error: str | None = None
@@ -118,18 +130,34 @@ class DraftModelProposer:
             except RuntimeError as err:  # not capturable here: eager steps, and say why
                 self.cuda_graph, self.graph_error = False, f"{type(err).__name__}: {err}"
 
-    def _graph_step(self, cache_rows: list[int], ids: torch.Tensor,
-                    positions: list[int]) -> torch.Tensor | None:
-        """(n, V) logits of one single-token step replayed from the graph of n rows, or None
-        (run it eagerly) when graphs are off or the rows are not cache rows 0..n-1."""
-        n = len(cache_rows)
-        if not self.cuda_graph or cache_rows != list(range(n)):
+    def _token_steps(self, cache_rows: list[int], chunks: list[list[int]],
+                     context: list[int]) -> torch.Tensor | None:
+        """(n, V) logits after feeding row i its chunk through single-token steps, all
+        chunks of one length m <= LEAN_CHUNK: replayed from the CUDA graph of n rows where
+        one runs (cache rows 0..n-1), else LeanDecodeStep; None: run the serving forward."""
+        n, m = len(cache_rows), len(chunks[0])
+        if m > self.LEAN_CHUNK or any(len(x) != m for x in chunks):
             return None
-        if n not in self._graphs:
+        graph = self.cuda_graph and cache_rows == list(range(n))
+        if not graph and self._lean is None:
+            return None
+        if graph and n not in self._graphs:
             self._graphs[n] = CudaGraphDecoder(self.net, self.cache, n)
-        self.graph_steps += 1
-        pos = torch.tensor(positions, dtype=torch.int64, device=ids.device)
-        return self._graphs[n].step(ids, pos)
+        dev = self.net.device
+        for i in range(m):
+            ids = torch.tensor([x[i] for x in chunks], dtype=torch.int64, device=dev)
+            positions = [c + i for c in context]
+            if graph:
+                pos = torch.tensor(positions, dtype=torch.int64, device=dev)
+                logits = self._graphs[n].step(ids, pos)
+            else:
+                logits = self._lean.step(ids, cache_rows, positions)
+        if graph:
+            self.graph_steps += m
+        else:
+            self.lean_steps += m
+        self.steps += m - 1  # the caller counts one
+        return logits
 
     def rollback(self, row: int, length: int) -> None:
         """Keep only the first `length` cached tokens of a row (later slots get overwritten)."""
@@ -165,7 +193,7 @@ class DraftModelProposer:
             if max(c + len(x) for c, x in zip(context, chunks, strict=True)) > self.max_len:
                 raise ValueError(f"draft cache rows hold {self.max_len} tokens: sequence too long")
             ids = torch.tensor([t for x in chunks for t in x], device=dev)
-            logits = None if j == 0 else self._graph_step([rows[b] for b in live], ids, context)
+            logits = self._token_steps([rows[b] for b in live], chunks, context)
             if logits is None:
                 ctx = self.cache.context([len(x) for x in chunks], context,
                                          rows=[rows[b] for b in live])

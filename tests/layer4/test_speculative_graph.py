@@ -1,5 +1,5 @@
 """The draft's single-token steps replayed from a CUDA graph (issue 17, item 4): the same
-guesses as the eager draft after rejections and full accepts, and greedy speculation still
+guesses as the eager serving forward after rejections and full accepts, and greedy speculation still
 emits plain greedy's tokens. GPU tests; on a CPU the option is a no-op (checked here too)."""
 from __future__ import annotations
 
@@ -33,10 +33,12 @@ def test_cuda_graph_is_a_no_op_on_the_cpu():
 @pytest.mark.gpu
 def test_graph_draft_guesses_like_the_eager_draft():
     draft = l3.load(l3.course_model_dir("draft"), device="cuda", dtype="float32")
-    eager = _rounds(draft, DraftModelProposer(draft.net, 1, 128))
+    eager = _rounds(draft, DraftModelProposer(draft.net, 1, 128, lean=False))
     graphed = DraftModelProposer(draft.net, 1, 128, cuda_graph=True)
     assert _rounds(draft, graphed) == eager
-    assert graphed.graph_steps == 5 * 3  # every step but each round's first
+    # every step but the prompt's; a round's catch-up of 1 token (after a rejection) or 2
+    # (after a full accept) is fed as graph steps too: 3 + (1+3) + (2+3) + (1+3) + (2+3)
+    assert graphed.graph_steps == 3 + 4 + 5 + 4 + 5 and graphed.lean_steps == 0
 
 
 @pytest.mark.gpu

@@ -14,13 +14,24 @@ over BLOCK_N keys at a time, partial results (o, lse) per part).
 The merge. With more than one part, each program writes its partial result, then takes a
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
-all parts back and writes the lse-weighted mean, then resets the counter to 0 for the next
-call. That saves the second launch flash-decoding usually needs (~2-3 us each on a GPU,
-x layers per token). The counters live in a buffer kept per device, zero between calls;
-when one must be allocated while a CUDA graph is being captured (nothing is allocated
-there before the first eager call), the separate merge kernel is used instead.
+all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, not a head
+at a time) and writes the lse-weighted mean, then resets the counter to 0 for the next call.
+That saves the second launch flash-decoding usually needs (~2-3 us each on a GPU, x layers
+per token). The counters and the partial results live in buffers kept per device (the
+counters zero between calls); when one must grow while a CUDA graph is being captured, the
+partials get a fresh tensor of the graph's and the merge a separate kernel. Calls on one
+device must therefore run one after another (one stream, or graphs replayed in turn), as a
+model's layers do.
+
+The launch. At small shapes the host costs more than the kernel (a decode step at batch 1
+moves ~2 MB per layer: ~2 us on an H100), so a call does little besides the launch: the
+split count is a runtime argument (one compiled kernel serves every count), and after the
+first call of a shape the compiled kernel is launched directly (`_LAUNCHES`, keyed by what
+Triton specializes on), skipping the JIT's per-call argument binding and cache lookup.
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -36,22 +47,27 @@ from .gemv import pdl_launch
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "max_blocks", "num_splits", "stride_tb"],
+            do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])  # gathers, not rows
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-    qk_scale, window, kv_group, max_blocks,
+    qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits,
     stride_qb, stride_qh, stride_qd,
     stride_kblk, stride_ktok, stride_kh, stride_kd,
     stride_vblk, stride_vtok, stride_vh, stride_vd,
     stride_tb, stride_tc, stride_ob, stride_oh, stride_od,
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, WINDOWED: tl.constexpr, IDENTITY: tl.constexpr,
-    FUSED_MERGE: tl.constexpr, PDL: tl.constexpr, BLOCK_S: tl.constexpr,
+    WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
+    PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     if PDL:  # everything below reads what the kernels before wrote
         gdc_wait()
-    b = tl.program_id(0).to(tl.int64)
-    h_kv = tl.program_id(1).to(tl.int64)
+    if HEADS_FIRST:  # neighbouring programs: the kv heads of one sequence (same cache rows)
+        h_kv = tl.program_id(0).to(tl.int64)
+        b = tl.program_id(1).to(tl.int64)
+    else:
+        b = tl.program_id(0).to(tl.int64)
+        h_kv = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
     # This sequence's visible keys [lo, hi) and this program's part of them [start, end).
@@ -60,7 +76,7 @@ def _paged_decode_kernel(
     lo = hi * 0
     if WINDOWED:
         lo = tl.maximum(hi - window, 0)
-    part = tl.cdiv(tl.cdiv(hi - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    part = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
     start = lo + split * part
     end = tl.minimum(start + part, hi)
 
@@ -104,39 +120,57 @@ def _paged_decode_kernel(
         gdc_launch_dependents()
     seen = l_i > 0.0  # false for an empty part (or an empty sequence): its output is 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
-    if NUM_SPLITS == 1:
+    if num_splits == 1:
+        o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
-    else:  # partial results, contiguous (B, Hq, NUM_SPLITS, D) and (B, Hq, NUM_SPLITS)
-        row0 = (b * kv_group * tl.num_programs(1) + heads) * NUM_SPLITS
-        rows = row0 + split
+    else:  # partial results, contiguous (B, Hq, num_splits, D) and (B, Hq, num_splits)
+        head0 = (b * num_kv_heads + h_kv) * kv_group  # this kv head's first query head
+        rows = (head0 + offs_g) * num_splits + split
         tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], o, mask=head_ok[:, None])
         lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + rows, lse, mask=head_ok)
         if FUSED_MERGE:
             tl.debug_barrier()  # every thread's partial stores precede the ticket (release)
-            counter = count_ptr + b * tl.num_programs(1) + h_kv
+            counter = count_ptr + b * num_kv_heads + h_kv
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:  # the last part in: merge them all, a head at a
-                # time, each head's parts loaded at once (one round trip, not NUM_SPLITS)
-                offs_s = tl.arange(0, BLOCK_S)
-                s_ok = offs_s < NUM_SPLITS
-                for g in range(kv_group):
-                    head = h_kv * kv_group + g
-                    first = (b * kv_group * tl.num_programs(1) + head) * NUM_SPLITS
-                    lse_s = tl.load(part_lse_ptr + first + offs_s, mask=s_ok,
-                                    other=float("-inf"), cache_modifier=".cg")
-                    top = tl.max(lse_s, 0)
-                    top = tl.where(top == float("-inf"), 0.0, top)  # all parts empty: output 0
-                    w = tl.math.exp2(lse_s - top)
-                    po = tl.load(part_o_ptr + (first + offs_s)[:, None] * HEAD_DIM
-                                 + offs_d[None, :], mask=s_ok[:, None], other=0.0,
-                                 cache_modifier=".cg")
-                    total = tl.sum(w, 0)
-                    merged = tl.sum(po * w[:, None], 0) / tl.where(total > 0.0, total, 1.0)
-                    tl.store(out_ptr + b * stride_ob + head * stride_oh + offs_d * stride_od,
-                             merged.to(out_ptr.dtype.element_ty))
+            if ticket == num_splits - 1:  # the last part in: merge them all
+                _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, kv_group, num_splits,
+                             b * stride_ob + h_kv * kv_group * stride_oh, stride_oh, stride_od,
+                             HEAD_DIM, MERGE_G, MERGE_S)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next call
+
+
+@triton.jit
+def _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, n_heads, num_splits, out_offset,
+                 stride_oh, stride_od,
+                 HEAD_DIM: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr):
+    """out[head0 + g] = the lse-weighted mean of its num_splits partial results, for the
+    n_heads heads from head0 at once: (MERGE_G, MERGE_S, D) parts a round trip, combined
+    with a running max (as the softmax itself), so no second pass over the lse values."""
+    offs_g = tl.arange(0, MERGE_G)
+    offs_s = tl.arange(0, MERGE_S)
+    offs_d = tl.arange(0, HEAD_DIM)
+    g_ok = offs_g < n_heads
+    first = (head0 + offs_g) * num_splits  # (MERGE_G,) each head's part 0
+    m = tl.full((MERGE_G,), float("-inf"), dtype=tl.float32)
+    total = tl.zeros((MERGE_G,), dtype=tl.float32)
+    acc = tl.zeros((MERGE_G, HEAD_DIM), dtype=tl.float32)
+    for s0 in range(0, num_splits, MERGE_S):
+        ok = g_ok[:, None] & ((s0 + offs_s) < num_splits)[None, :]
+        rows = first[:, None] + s0 + offs_s[None, :]  # (MERGE_G, MERGE_S)
+        lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        po = tl.load(part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
+                     mask=ok[:, :, None], other=0.0, cache_modifier=".cg")
+        m_new = tl.maximum(m, tl.max(lse, 1))
+        top = tl.where(m_new == float("-inf"), 0.0, m_new)  # no part seen a key yet: weights 0
+        alpha = tl.math.exp2(m - top)
+        w = tl.math.exp2(lse - top[:, None])
+        total = total * alpha + tl.sum(w, 1)
+        acc = acc * alpha[:, None] + tl.sum(po * w[:, :, None], 1)
+        m = m_new
+    merged = acc / tl.where(total > 0.0, total, 1.0)[:, None]  # every part empty: output 0
+    tl.store(out_ptr + out_offset + offs_g[:, None] * stride_oh + offs_d[None, :] * stride_od,
+             merged.to(out_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
 @triton.jit
@@ -160,8 +194,14 @@ def _merge_splits_kernel(part_o_ptr, part_lse_ptr, out_ptr, Hq, stride_ob, strid
              out.to(out_ptr.dtype.element_ty))
 
 
+# ---- per-device buffers ------------------------------------------------------------------------
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+_PARTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 _RETIRED: list[torch.Tensor] = []  # outgrown buffers: graphs captured earlier still use them
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
 def _counters(device: torch.device, n: int) -> torch.Tensor | None:
@@ -169,7 +209,7 @@ def _counters(device: torch.device, n: int) -> torch.Tensor | None:
     graph if the buffer would have to grow (an allocation there belongs to the graph)."""
     buf = _COUNTERS.get(device)
     if buf is None or buf.numel() < n:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        if _capturing(device):
             return None
         if buf is not None:
             _RETIRED.append(buf)
@@ -178,6 +218,27 @@ def _counters(device: torch.device, n: int) -> torch.Tensor | None:
     return buf
 
 
+def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp32 room for `rows` partial results (o: rows x head_dim, lse: rows), kept per device
+    (allocating them each call costs the host more than a small call's kernel). While a graph
+    is being captured and the kept ones are too small: fresh ones, the graph's own."""
+    need = max(rows * head_dim, 1)
+    kept = _PARTS.get(device)
+    if kept is not None and kept[0].numel() >= need and kept[1].numel() >= rows:
+        return kept
+    if _capturing(device):
+        return (torch.empty(need, dtype=torch.float32, device=device),
+                torch.empty(max(rows, 1), dtype=torch.float32, device=device))
+    if kept is not None:
+        _RETIRED.extend(kept)
+    size = max(need, 1 << 16)
+    kept = (torch.empty(size, dtype=torch.float32, device=device),
+            torch.empty(max(size // head_dim, rows, 1), dtype=torch.float32, device=device))
+    _PARTS[device] = kept
+    return kept
+
+
+# ---- configs -----------------------------------------------------------------------------------
 def default_config(head_dim: int, dtype: torch.dtype) -> dict:
     """Tokens per loop step and launch shape (not autotuned: decode shapes change every step)."""
     if interpreter.INTERPRETED:
@@ -187,44 +248,81 @@ def default_config(head_dim: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
+def _merge_tile(group: int, head_dim: int) -> tuple[int, int]:
+    """(MERGE_G, MERGE_S): all G heads, and as many parts as keep the tile at 4096 floats."""
+    g = max(2, triton.next_power_of_2(group))
+    return g, max(2, min(64, 4096 // (g * head_dim)))
+
+
+# ---- launch ------------------------------------------------------------------------------------
+#: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
+#: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
+#: q and caches take this path), so a hit may launch the kernel directly.
+_LAUNCHES: dict[tuple, object] = {}
+_DIRECT = {"on": True}  # False: every call through the JIT (the sweep compares the two)
+
+
+@functools.cache
+def _stream_getter():
+    from triton.runtime import driver
+    return driver.active.get_current_stream, driver.active.get_current_device
+
+
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor | None, seq_lens: torch.Tensor, scale: float,
                  window: int | None, num_splits: int, *, fused_merge: bool = True,
-                 config: dict | None = None) -> torch.Tensor:
+                 config: dict | None = None, heads_first: bool = False) -> torch.Tensor:
     """Launch the kernel (arguments checked by the caller: layer 4's paged_decode_attention,
-    layer 3's triton backend). Returns (B, Hq, D)."""
+    layer 3's triton backend). Returns (B, Hq, D). heads_first: the grid's fastest axis walks
+    a sequence's kv heads (needs B <= 65535)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
-    out = torch.empty((B, Hq, D), device=q.device, dtype=q.dtype)
+    dev = q.device
+    out = torch.empty((B, Hq, D), device=dev, dtype=q.dtype)
     max_blocks = 1 if block_tables is None else block_tables.shape[1]
-    if out.numel() == 0 or max_blocks == 0 or page == 0:
+    if B == 0 or Hq == 0 or max_blocks == 0 or page == 0:
         return out.zero_()
     splits = num_splits
-    counters = None
-    if splits > 1:
-        part_o = torch.empty((B, Hq, splits, D), device=q.device, dtype=torch.float32)
-        part_lse = torch.empty((B, Hq, splits), device=q.device, dtype=torch.float32)
-        if fused_merge:
-            counters = _counters(q.device, B * Hkv)
-    else:
-        part_o = part_lse = out  # unused
-    tables = block_tables if block_tables is not None else seq_lens  # unused when IDENTITY
-    t_strides = block_tables.stride() if block_tables is not None else (0, 0)
     group = Hq // Hkv
+    part_o, part_lse = _parts(dev, B * Hq * splits if splits > 1 else 0, D)
+    # (one split takes them too, unused: the same compiled kernel serves every split count)
+    counters = _counters(dev, B * Hkv) if fused_merge else None
+    fused = counters is not None
     cfg = config or default_config(D, q.dtype)
-    _paged_decode_kernel[(B, Hkv, splits)](
-        q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
-        counters if counters is not None else seq_lens,
-        float(scale) * _LOG2E, int(window or 0), group, max_blocks,
-        *q.stride(), *k_cache.stride(), *v_cache.stride(), *t_strides, *out.stride(),
-        HEAD_DIM=D, PAGE=page, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=cfg["BLOCK_N"], NUM_SPLITS=splits, WINDOWED=window is not None,
-        IDENTITY=block_tables is None, FUSED_MERGE=counters is not None,
-        BLOCK_S=triton.next_power_of_2(splits),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-        **pdl_launch(q.device) if counters is not None or splits == 1 else {"PDL": False},
-    )
-    if splits > 1 and counters is None:
+    pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
+    heads_first = heads_first and B <= 65535
+    grid = (Hkv, B, splits) if heads_first else (B, Hkv, splits)
+    identity = block_tables is None
+    tables = seq_lens if identity else block_tables  # unused when IDENTITY
+    t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
+    merge_g, merge_s = _merge_tile(group, D)
+    args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
+            counters if fused else seq_lens,
+            float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
+            *q.stride(), *k_cache.stride(), *v_cache.stride(), t_stride_b, t_stride_c,
+            *out.stride(),
+            D, page, max(16, triton.next_power_of_2(group)), cfg["BLOCK_N"],
+            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first)
+    key = None
+    if _DIRECT["on"] and not interpreter.INTERPRETED:
+        # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
+        if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0:
+            key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
+                   k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
+                   window is not None, identity, fused, pdl["PDL"], heads_first,
+                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"])
+    kernel = _LAUNCHES.get(key) if key is not None else None
+    if kernel is not None and triton.knobs.runtime.launch_enter_hook is None:
+        get_stream, get_device = _stream_getter()
+        kernel.run(grid[0], grid[1], grid[2], get_stream(get_device()), kernel.function,
+                   kernel.packed_metadata, None, None, None, *args)
+    else:
+        kernel = _paged_decode_kernel[grid](*args, num_warps=cfg["num_warps"],
+                                            num_stages=cfg["num_stages"],
+                                            **({"launch_pdl": True} if pdl["PDL"] else {}))
+        if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
+            _LAUNCHES[key] = kernel
+    if splits > 1 and not fused:
         _merge_splits_kernel[(B * Hq,)](
             part_o, part_lse, out, Hq, *out.stride(),
             HEAD_DIM=D, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),

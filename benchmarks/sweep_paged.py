@@ -1,0 +1,276 @@
+"""Sweep the paged decode kernel's launch configs and split counts on a GPU (issue 17):
+the 12 shapes `stack bench --layer 4 --only kernel` lists (batch 1/4/8/32 x context
+1k/4k/16k, every sequence at the full context, int32 tables) and one engine-like shape
+(batch 256, contexts uniform in 100..1124 as the nano-vllm workload's first decode steps,
+int64 tables 132 wide as the CUDA-graph runner's), Llama-3.2-1B heads (32 q, 8 kv, D 64),
+bf16, pages of 16, blocks shuffled across the cache.
+
+Per shape: every (BLOCK_N, warps, stages, grid order) x split count under CUDA-graph replay
+(what the engine pays, as the bench's graph column), SDPA's best backend/layout under the
+same replay, then eager do_bench (L2 flushed, as the bench's first column) of the best
+config launched directly, through the JIT, and through layer 4's wrapper, plus each path's
+host cost per call (calls back to back, one sync). Prints a compact table, the best config
+per shape, and writes OUT/sweep_paged.json.
+
+    python benchmarks/sweep_paged.py --out DIR [--budget-s 75] [--quick]
+"""
+# ruff: noqa: B023  (every lambda is timed inside its own loop iteration)
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+import triton
+
+pd = importlib.import_module("layer1_kernels.paged_decode")  # the package's name is the function
+HQ, HKV, D, PAGE = 32, 8, 64, 16
+# the engine's shape first, then the bench's small shapes (the worst ratios) before the big ones
+SHAPES = [(256, "engine"), (1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096), (32, 1024),
+          (8, 4096), (1, 16384), (4, 16384), (32, 4096), (8, 16384), (32, 16384)]
+CONFIGS = [(64, 2, 2, False), (64, 4, 2, False), (64, 4, 3, False), (128, 4, 1, False),
+           (128, 4, 2, False), (128, 4, 3, False), (128, 8, 2, False), (256, 4, 2, False),
+           (256, 8, 1, False), (256, 8, 2, False), (64, 4, 2, True), (128, 4, 2, True),
+           (256, 8, 2, True)]
+T0 = time.perf_counter()
+DEV, DTYPE = "cuda", torch.bfloat16  # a CPU smoke run swaps them
+ENGINE_LENS, ENGINE_WIDTH = (100, 1125), 2112  # max_model_len 2 * 1024 + 64
+
+
+def log(*a):
+    print(f"[{time.perf_counter() - T0:5.1f}s]", *a, flush=True)
+
+
+def case(B: int, n, gen: torch.Generator) -> dict:
+    if n == "engine":
+        lens = torch.randint(*ENGINE_LENS, (B,), generator=gen, device=DEV)
+        width, idx = ENGINE_WIDTH // PAGE, torch.int64
+    else:
+        lens = torch.full((B,), n, device=DEV)
+        width, idx = n // PAGE, torch.int32
+    need = (lens + PAGE - 1) // PAGE
+    total = int(need.sum())
+    perm = torch.randperm(total, generator=gen, device=DEV)
+    tables = torch.zeros(B, width, dtype=torch.int64, device=DEV)
+    start = 0
+    for b, k in enumerate(need.tolist()):  # each sequence's blocks, shuffled across the cache
+        tables[b, :k] = perm[start:start + k]
+        start += k
+    kc = torch.randn(total, PAGE, HKV, D, generator=gen, device=DEV, dtype=DTYPE)
+    vc = torch.randn_like(kc)
+    q = torch.randn(B, HQ, D, generator=gen, device=DEV, dtype=DTYPE)
+    c = dict(q=q, k=kc, v=vc, t=tables.to(idx), n=lens.to(idx), kv_bytes=int(lens.sum()) * HKV
+             * D * 2 * 2 + 2 * B * HQ * D * 2, max_ctx=width * PAGE)
+    if n != "engine":  # contiguous copies for SDPA
+        c["kd"], c["vd"] = (x[tables].reshape(B, -1, HKV, D)[:, :n].transpose(1, 2).contiguous()
+                            for x in (kc, vc))
+    return c
+
+
+def split_options(B: int, max_ctx: int) -> list[int]:
+    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+            if s == 1 or (max_ctx // s >= 64 and B * HKV * s <= 132 * 48)]
+
+
+def cfg_dict(c) -> dict:
+    return {"BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2]}
+
+
+def ours(c: dict, cfg, splits: int):
+    return lambda: pd.paged_decode(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125, None, splits,
+                                   config=cfg_dict(cfg), heads_first=cfg[3])
+
+
+def graph_us(fn, est_us: float = 20.0) -> float:
+    calls = 20 if est_us < 50 else 5
+    replays = max(3, min(20, int(3000 / (calls * max(est_us, 1.0)))))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(replays):
+        g.replay()
+    b.record()
+    b.synchronize()
+    del g
+    return a.elapsed_time(b) * 1e3 / (calls * replays)
+
+
+def host_us(fn, calls: int = 300) -> float:
+    """Host time per call: calls back to back (the GPU is faster at these shapes), one sync."""
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) * 1e6 / calls
+
+
+def sdpa_fns(c: dict) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q, k, v = c["q"], c["kd"], c["vd"]
+    B = q.shape[0]
+    f = torch.nn.functional.scaled_dot_product_attention
+    lay = {"gqa": lambda: f(q[:, :, None], k, v, scale=0.125, enable_gqa=True),
+           "rows": lambda: f(q.view(B, HKV, HQ // HKV, D), k, v, scale=0.125)}
+    out = {}
+    for be in (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+               SDPBackend.EFFICIENT_ATTENTION):
+        for name, fn in lay.items():
+            def call(fn=fn, be=be):
+                with sdpa_kernel(be):
+                    return fn()
+            try:
+                call()
+            except RuntimeError:
+                continue
+            out[f"{be.name.lower().removesuffix('_attention')}/{name}"] = call
+    return out
+
+
+def precompile(cases: dict) -> None:
+    """Compile every config for both index dtypes at once (Triton's async compile mode on a
+    thread pool: LLVM and ptxas run outside the GIL), instead of one by one at first call."""
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    real = pd._paged_decode_kernel
+
+    class Warm:
+        def __getitem__(self, grid):
+            return lambda *a, **kw: real.warmup(*a, grid=grid, **kw)
+
+    pd._paged_decode_kernel = Warm()
+    try:
+        with AsyncCompileMode(ThreadPoolExecutor(14)):
+            for c in cases.values():
+                for cfg in CONFIGS:
+                    ours(c, cfg, 2)()
+    finally:
+        pd._paged_decode_kernel = real
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--budget-s", type=float, default=75.0,
+                    help="stop sweeping new shapes after this many seconds")
+    ap.add_argument("--quick", action="store_true", help="4 configs, 3 shapes (a smoke run)")
+    args = ap.parse_args(argv)
+    from triton.testing import do_bench
+
+    def bench_us(fn) -> float:  # as the bench's first column: median, L2 flushed
+        return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
+    configs = CONFIGS[:4] if args.quick else CONFIGS
+    shapes = SHAPES[:3] if args.quick else SHAPES
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    reps = {"int32": case(1, 1024, gen), "int64": case(2, "engine", gen)}
+    try:
+        precompile(reps)
+        log("precompiled", len(configs), "configs x 2 index dtypes")
+    except Exception as err:  # noqa: BLE001  (then each compiles at its first call)
+        log("precompile failed:", type(err).__name__, str(err)[:200])
+    results, rows = [], []
+    for B, n in shapes:
+        if time.perf_counter() - T0 > args.budget_s:
+            log("budget spent: skipping", (B, n))
+            continue
+        c = case(B, n, gen)
+        row = dict(batch=B, context=n, kv_bytes=c["kv_bytes"])
+        ref = None
+        if "kd" in c:
+            fns = sdpa_fns(c)
+            ref = next(iter(fns.values()))().reshape(B, HQ, D).float()
+            times = {k: graph_us(f) for k, f in fns.items()}
+            best = min(times, key=times.get)
+            row.update(sdpa=best, sdpa_graph_us=times[best],
+                       sdpa_bench_us=bench_us(fns[best]))
+        pa = importlib.import_module("layer4_algorithms.kv.paged_attention")
+        auto = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device)
+        sweep = []
+        est = max(2.0, c["kv_bytes"] / 2.5e6)  # us at 2.5 TB/s: sizes the replay count
+        for cfg in configs:
+            for s in split_options(B, c["max_ctx"]):
+                fn = ours(c, cfg, s)
+                try:
+                    out = fn().float()
+                    err = (out - ref).abs().max().item() if ref is not None else float("nan")
+                    us = graph_us(fn, est)
+                except Exception as e:  # noqa: BLE001  (a config that does not fit: say so)
+                    log("config failed", cfg, s, type(e).__name__, str(e)[:120])
+                    continue
+                sweep.append(dict(cfg=list(cfg), splits=s, graph_us=us, err=err))
+        sweep.sort(key=lambda r: r["graph_us"])
+        top = sweep[0]
+        cfg, s = tuple(top["cfg"]), top["splits"]
+        row.update(best=top, auto_splits=auto, top5=sweep[:5],
+                   by_splits={str(k): min(r["graph_us"] for r in sweep if r["splits"] == k)
+                              for k in sorted({r["splits"] for r in sweep})},
+                   by_cfg={str(k): min(r["graph_us"] for r in sweep if tuple(r["cfg"]) == k)
+                           for k in configs},
+                   max_err=max(r["err"] for r in sweep) if ref is not None else None)
+        # eager (L2 flushed) and host cost: direct launch, JIT launch, layer 4's wrapper
+        fn = ours(c, cfg, s)
+        if s > 1:  # the same with the merge as a second kernel
+            row["graph_unfused_us"] = graph_us(lambda: pd.paged_decode(
+                c["q"], c["k"], c["v"], c["t"], c["n"], 0.125, None, s, config=cfg_dict(cfg),
+                heads_first=cfg[3], fused_merge=False), est)
+
+        def wrapper():
+            return pa.paged_decode_attention(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125)
+        pd._DIRECT["on"] = True
+        row["bench_direct_us"] = bench_us(fn)
+        row["host_direct_us"] = host_us(fn) if B <= 8 else None
+        pd._DIRECT["on"] = False
+        row["bench_jit_us"] = bench_us(fn)
+        row["host_jit_us"] = host_us(fn) if B <= 8 else None
+        pd._DIRECT["on"] = True
+        row["bench_wrapper_us"] = bench_us(wrapper)
+        row["host_wrapper_us"] = host_us(wrapper) if B <= 8 else None
+        row["graph_wrapper_us"] = graph_us(wrapper, est)
+        if "kd" in c and B <= 8:
+            row["host_sdpa_us"] = host_us(sdpa_fns(c)[row["sdpa"]])
+        row["tbps_best"] = c["kv_bytes"] / top["graph_us"] / 1e6
+        rows.append(row)
+        g = row.get("sdpa_graph_us")
+        log(f"B={B:<3} n={n!s:<6} best {cfg} s={s:<2} graph {top['graph_us']:7.1f} us "
+            f"({row['tbps_best']:.2f} TB/s) sdpa {g or float('nan'):7.1f} "
+            f"ratio {(g or float('nan')) / top['graph_us']:.2f} | auto s={auto} | eager direct "
+            f"{row['bench_direct_us']:.1f} jit {row['bench_jit_us']:.1f} wrapper "
+            f"{row['bench_wrapper_us']:.1f} sdpa {row.get('sdpa_bench_us', float('nan')):.1f} | "
+            f"host d/j/w/sdpa {row['host_direct_us']} {row['host_jit_us']} "
+            f"{row['host_wrapper_us']} {row.get('host_sdpa_us')} | err {row['max_err']}")
+        log("   by splits:", {k: round(v, 1) for k, v in row["by_splits"].items()})
+        log("   by cfg:", {k: round(v, 1) for k, v in row["by_cfg"].items()})
+        results.append(row)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / "sweep_paged.json").write_text(json.dumps(
+            {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+             "triton": triton.__version__, "rows": results}, indent=1, default=str))
+    print("\nbatch context | best (BLOCK_N, warps, stages, heads_first) splits | graph us "
+          "| sdpa graph | ratio | TB/s")
+    for r in results:
+        b = r["best"]
+        g = r.get("sdpa_graph_us") or math.nan
+        print(f"{r['batch']:5} {r['context']!s:>7} | {tuple(b['cfg'])!s:<22} {b['splits']:>3} | "
+              f"{b['graph_us']:7.1f} | {g:7.1f} | {g / b['graph_us']:.2f} | {r['tbps_best']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

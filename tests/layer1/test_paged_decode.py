@@ -1,0 +1,189 @@
+"""layer1_kernels.paged_decode against a float64 attention computed one sequence at a time:
+the interpreter on a CPU, the compiled kernel on a GPU (pytest -m gpu), and an ahead-of-time
+compile for sm_90 (the interpreter accepts code the compiler rejects).
+
+Awkward sizes throughout: odd batches, GQA groups 1, 3, 4 and 5, lengths that are not
+multiples of a page or of BLOCK_N, more parts than a sequence has keys, split counts past
+one merge tile (MERGE_S parts a round trip), sliding windows, NaN in every slot a query
+must not read."""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from layer1_kernels import interpreter
+
+pd = importlib.import_module("layer1_kernels.paged_decode")  # the package's name is the function
+
+DEV = "cpu" if interpreter.INTERPRETED else "cuda"
+
+
+def make(lens, hq, hkv, d, page, *, dtype=torch.float32, seed=0, window=None):
+    """Paged cache with each sequence's blocks shuffled, NaN outside the visible keys."""
+    g = torch.Generator().manual_seed(seed)
+    per = [max(1, math.ceil(n / page)) for n in lens]
+    nblocks = sum(per) + 2
+    ids = torch.randperm(nblocks, generator=g)
+    tables = torch.full((len(lens), max(per)), int(ids[-1]), dtype=torch.int32)
+    k = torch.full((nblocks, page, hkv, d), float("nan"))
+    v = torch.full_like(k, float("nan"))
+    used = 0
+    for b, (n, p) in enumerate(zip(lens, per, strict=True)):
+        tables[b, :p] = ids[used:used + p]
+        used += p
+        j = torch.arange(0 if window is None else max(0, n - window), n)
+        k[tables[b, j // page].long(), j % page] = torch.randn(len(j), hkv, d, generator=g)
+        v[tables[b, j // page].long(), j % page] = torch.randn(len(j), hkv, d, generator=g)
+    q = torch.randn(len(lens), hq, d, generator=g)
+    return (q.to(DEV, dtype), k.to(DEV, dtype), v.to(DEV, dtype), tables.to(DEV),
+            torch.tensor(lens, dtype=torch.int64, device=DEV))
+
+
+def reference(q, k, v, tables, lens, scale, window):
+    q, k, v, tables = q.double().cpu(), k.double().cpu(), v.double().cpu(), tables.cpu().long()
+    B, Hq, D = q.shape
+    page, group = k.shape[1], Hq // k.shape[2]
+    out = torch.zeros(B, Hq, D, dtype=torch.float64)
+    for b, n in enumerate(lens.tolist()):
+        j = torch.arange(0 if window is None else max(0, n - window), n)
+        if len(j) == 0:
+            continue
+        kk, vv = k[tables[b, j // page], j % page], v[tables[b, j // page], j % page]
+        for h in range(Hq):
+            out[b, h] = torch.softmax(kk[:, h // group] @ q[b, h] * scale, 0) @ vv[:, h // group]
+    return out
+
+
+def rel(a, ref):
+    return ((a.double().cpu() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+CASES = [  # lens, hq, hkv, d, page, window
+    ([37, 1, 22], 4, 4, 16, 8, None),           # MHA, a 1-token sequence
+    ([50, 17, 33, 9, 64], 12, 4, 32, 16, None),  # group 3, B = 5
+    ([70, 33], 10, 2, 16, 32, 9),                # group 5, window shorter than a page
+    ([45, 12, 29], 8, 2, 64, 8, 20),             # window across pages
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("lens,hq,hkv,d,page,window", CASES)
+@pytest.mark.parametrize("splits,fused,heads_first", [(1, True, False), (3, True, True),
+                                                      (4, False, False), (7, True, False)])
+def test_matches_float64(lens, hq, hkv, d, page, window, splits, fused, heads_first):
+    q, k, v, t, n = make(lens, hq, hkv, d, page, seed=len(lens) + splits, window=window)
+    ref = reference(q, k, v, t, n, 0.3, window)
+    for _ in range(2):  # twice: the merge counters must be back at zero after a call
+        out = pd.paged_decode(q, k, v, t, n, 0.3, window, splits, fused_merge=fused,
+                              heads_first=heads_first)
+        assert out.shape == q.shape and torch.isfinite(out).all()
+        assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_more_parts_than_one_merge_tile_and_than_keys():
+    """40 parts: past one (MERGE_G, MERGE_S, D) merge tile, and most parts of the short
+    sequences are empty (lse -inf): they drop out; an empty sequence gives 0."""
+    q, k, v, t, n = make([300, 5, 0, 77], 8, 2, 64, 4, seed=3)
+    assert pd._merge_tile(4, 64)[1] < 40
+    ref = reference(q, k, v, t, n, 0.25, None)
+    for fused in (True, False):
+        out = pd.paged_decode(q, k, v, t, n, 0.25, None, 40, fused_merge=fused)
+        assert torch.isfinite(out).all() and (out[2] == 0).all()
+        assert rel(out, ref) < 1e-5
+
+
+@pytest.mark.interpreter
+def test_buffers_are_kept_and_grow():
+    """The partial-result buffers are reused across calls and replaced (the old ones kept
+    alive for captured graphs) when a call needs more."""
+    q, k, v, t, n = make([40, 9], 4, 2, 16, 8, seed=4)
+    pd.paged_decode(q, k, v, t, n, 0.25, None, 2)
+    kept = pd._PARTS[q.device]
+    pd.paged_decode(q, k, v, t, n, 0.25, None, 3)
+    assert pd._PARTS[q.device] is kept
+    big = pd._parts(q.device, kept[1].numel() + 1, 16)
+    assert big[1].numel() > kept[1].numel() and any(r is kept[0] for r in pd._RETIRED)
+    out = pd.paged_decode(q, k, v, t, n, 0.25, None, 3)
+    assert rel(out, reference(q, k, v, t, n, 0.25, None)) < 1e-5
+
+
+COMPILE = r'''
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+import importlib
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+P = importlib.import_module("layer1_kernels.paged_decode")
+fn = P._paged_decode_kernel
+ptrs = {"tables_ptr": "*i32", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
+        "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
+for ident, fused, hf, bn, warps, stages in [(True, True, False, 64, 4, 2),
+                                             (False, True, True, 128, 4, 2),
+                                             (False, False, False, 256, 8, 3)]:
+    consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16, BLOCK_N=bn, WINDOWED=True,
+                  IDENTITY=ident, FUSED_MERGE=fused, PDL=True, MERGE_G=4, MERGE_S=16,
+                  HEADS_FIRST=hf)
+    sig, cx = {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in consts:
+            sig[n] = "constexpr"; cx[(i,)] = consts[n]
+        else:
+            sig[n] = ptrs.get(n, "*bf16" if n.endswith("_ptr") else
+                              "fp32" if n == "qk_scale" else "i32")
+    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx),
+                   target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": warps, "num_stages": stages, "launch_pdl": True})
+print("compiled")
+'''
+
+
+def test_compiles_for_sm90():
+    root = Path(__file__).resolve().parents[2]
+    try:
+        run = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("compiling the paged decode kernel took over 600 s")
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+
+
+# ---- GPU ---------------------------------------------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("config", [None, {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2},
+                                    {"BLOCK_N": 256, "num_warps": 8, "num_stages": 1}])
+def test_gpu_configs_and_direct_launch(dtype, config):
+    """Every config the heuristics may pick, JIT-launched and then directly launched (the
+    second call of a shape), against float64, at 1 and many parts, both grid orders."""
+    lens = [1000, 3, 517, 129, 2048, 64, 700]
+    q, k, v, t, n = make(lens, 32, 8, 64, 16, dtype=dtype, seed=11)
+    ref = reference(q, k, v, t, n, 0.125, None)
+    for splits in (1, 5, 33):
+        for hf in (False, True):
+            outs = [pd.paged_decode(q, k, v, t, n, 0.125, None, splits, config=config,
+                                    heads_first=hf) for _ in range(3)]
+            for out in outs:
+                assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
+            assert torch.equal(outs[0], outs[2])  # the direct launch computes what the JIT did
+
+
+@pytest.mark.gpu
+def test_gpu_misaligned_q_takes_the_jit_and_stays_right():
+    lens = [300, 45]
+    q, k, v, t, n = make(lens, 8, 2, 64, 16, dtype=torch.bfloat16, seed=2)
+    wide = torch.zeros(2, 8 * 64 + 1, dtype=q.dtype, device=q.device)
+    wide[:, 1:] = q.reshape(2, -1)
+    qm = wide[:, 1:].view(2, 8, 64)  # 2 bytes past a 16-byte boundary
+    ref = reference(q, k, v, t, n, 0.125, None)
+    for _ in range(2):
+        assert rel(pd.paged_decode(qm, k, v, t, n, 0.125, None, 3), ref) < 1e-2
+        assert rel(pd.paged_decode(q, k, v, t, n, 0.125, None, 3), ref) < 1e-2

@@ -47,6 +47,8 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
+from .host import cdiv
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
 _LOG2E = 1.4426950408889634
@@ -304,7 +306,7 @@ def _launch(q, k, v, out, B, Hq, Hkv, Nq, Nk, D, sq, sk, sv, so, causal, scale, 
     if not scale > 0:  # the running max assumes scaling keeps the order of the scores
         raise ValueError(f"scale must be positive; got {scale}")
     cfg = _pick_config(Nq, D, q.dtype, bool(causal)) if cfg is None else cfg
-    grid = (triton.cdiv(Nq, cfg["BLOCK_M"]), B * Hq)
+    grid = (cdiv(Nq, cfg["BLOCK_M"]), B * Hq)
     _flash_fwd_kernel[grid](
         q, k, v, out, scale * _LOG2E, Nq, Nk, Hq, Hq // Hkv, *sq, *sk, *sv, *so,
         HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=bool(causal),

@@ -27,6 +27,8 @@ of E[x^2] - E[x]^2 when |mean| >> std.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
@@ -34,6 +36,8 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 # isort: split
 import triton
 import triton.language as tl
+
+from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Widest row kept whole in registers (16384 fp32 over 16 warps = 32 values per thread).
@@ -176,6 +180,14 @@ def _check(name: str, x: torch.Tensor, params: dict[str, torch.Tensor | None],
             )
 
 
+@functools.cache
+def _launch_config(hidden: int, max_block: int) -> tuple[int, int, int]:
+    """(BLOCK, N_CHUNKS, num_warps) for rows of `hidden` (computed once per width)."""
+    block = min(next_pow2(hidden), next_pow2(max_block))
+    num_warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
+    return block, cdiv(hidden, block), num_warps
+
+
 def _norm_triton(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
     residual: torch.Tensor | None, is_rms: bool, max_block: int = MAX_FUSED_COLS,
@@ -188,9 +200,7 @@ def _norm_triton(
     h = None if residual is None else torch.empty_like(xc)
     rows = xc.numel() // hidden
     if rows > 0:
-        block = min(triton.next_power_of_2(hidden), triton.next_power_of_2(max_block))
-        n_chunks = triton.cdiv(hidden, block)
-        num_warps = 16 if block >= 8192 else 8 if block >= 2048 else 4
+        block, n_chunks, num_warps = _launch_config(hidden, max_block)
         # Absent optional tensors: pass x, never dereferenced (the constexpr flags prune them).
         _norm_kernel[(rows,)](
             xc, xc if rc is None else rc, xc if h is None else h, weight.contiguous(),

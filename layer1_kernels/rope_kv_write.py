@@ -29,6 +29,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .gemv import pdl_launch
+from .host import next_pow2
 from .rope import _check as _check_rope
 from .rope import _rotate_heads, rope_reference
 
@@ -115,8 +116,8 @@ def rope_cache_write(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: tor
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         cos_c.stride(0), q.shape[1], Hkv,
-        HALF=half, BLOCK_D=triton.next_power_of_2(half),
-        BLOCK_HQ=triton.next_power_of_2(max(q.shape[1], 1)),
-        BLOCK_HK=triton.next_power_of_2(max(Hkv, 1)), num_warps=4, **pdl_launch(q.device),
+        HALF=half, BLOCK_D=next_pow2(half),  # plain-Python pow2: host time (host.py)
+        BLOCK_HQ=next_pow2(max(q.shape[1], 1)),
+        BLOCK_HK=next_pow2(max(Hkv, 1)), num_warps=4, **pdl_launch(q.device),
     )
     return q, k

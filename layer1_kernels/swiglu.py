@@ -27,6 +27,8 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
+from .host import cdiv
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Output columns per program: 1024 (8 per thread at 4 warps) streams well and leaves
 #: enough programs (tokens * d / 1024) to fill the GPU even for a single token.
@@ -71,6 +73,6 @@ def silu_and_mul(x: torch.Tensor, *, impl: str = "auto") -> torch.Tensor:
     if y.numel() == 0:
         return y
     tokens = y.numel() // d
-    grid = (tokens, triton.cdiv(d, BLOCK))
+    grid = (tokens, cdiv(d, BLOCK))
     _silu_and_mul_kernel[grid](xc, y, d, BLOCK=BLOCK, num_warps=4)
     return y

@@ -248,10 +248,17 @@ def default_config(head_dim: int, dtype: torch.dtype) -> dict:
     return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
-def _merge_tile(group: int, head_dim: int) -> tuple[int, int]:
-    """(MERGE_G, MERGE_S): all G heads, and as many parts as keep the tile at 4096 floats."""
-    g = max(2, triton.next_power_of_2(group))
-    return g, max(2, min(64, 4096 // (g * head_dim)))
+def _pow2(n: int) -> int:  # triton.next_power_of_2 costs microseconds per host call in 3.6
+    return 1 << (n - 1).bit_length() if n > 1 else 1
+
+
+@functools.cache
+def _tiles(group: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
+    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and as
+    many parts as keep its tile at 4096 floats."""
+    g = max(2, _pow2(group))
+    return max(16, _pow2(group)), g, max(2, min(64, 4096 // (g * head_dim)))
 
 
 # ---- launch ------------------------------------------------------------------------------------
@@ -295,13 +302,13 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     identity = block_tables is None
     tables = seq_lens if identity else block_tables  # unused when IDENTITY
     t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
-    merge_g, merge_s = _merge_tile(group, D)
+    block_g, merge_g, merge_s = _tiles(group, D)
     args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
             counters if fused else seq_lens,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
             *q.stride(), *k_cache.stride(), *v_cache.stride(), t_stride_b, t_stride_c,
             *out.stride(),
-            D, page, max(16, triton.next_power_of_2(group)), cfg["BLOCK_N"],
+            D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:

@@ -51,9 +51,6 @@ import torch
 
 import layer3_model as l3  # first: importing it sets TRITON_INTERPRET on a machine without CUDA
 
-# isort: split
-import triton
-
 from .paged_attention_reference import (  # re-exported: the kernel's reference and cost model
     _check,
     decode_bytes_and_flops,
@@ -90,8 +87,8 @@ def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
     allows.)"""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
-    wanted = triton.cdiv(_PROGRAMS_PER_SM * sms, batch * kv_heads)
-    return max(1, min(wanted, triton.cdiv(max_context, _MIN_SPLIT_TOKENS), _MAX_SPLITS))
+    wanted = -(-_PROGRAMS_PER_SM * sms // (batch * kv_heads))  # (not triton.cdiv: slow on host)
+    return max(1, min(wanted, -(-max_context // _MIN_SPLIT_TOKENS), _MAX_SPLITS))
 
 
 def _config(head_dim: int, dtype: torch.dtype) -> dict | None:

@@ -143,6 +143,18 @@ def sdpa_fns(c: dict) -> dict:
     return out
 
 
+def old_graph_us(path: str, c: dict, splits: int, est: float) -> float:
+    """The kernel file at `path` (an earlier version, loaded as a module of layer1_kernels)
+    under graph replay, with the config layer 4 gave it then (BLOCK_N 128, 4 warps, 2 stages)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("layer1_kernels._old_paged_decode", path)
+    old = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(old)
+    cfg = {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
+    return graph_us(lambda: old.paged_decode(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125, None,
+                                             splits, config=cfg), est)
+
+
 def precompile(cases: dict) -> None:
     """Compile every config for both index dtypes at once (Triton's async compile mode on a
     thread pool: LLVM and ptxas run outside the GIL), instead of one by one at first call."""
@@ -170,6 +182,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0,
                     help="stop sweeping new shapes after this many seconds")
     ap.add_argument("--quick", action="store_true", help="4 configs, 3 shapes (a smoke run)")
+    ap.add_argument("--old", default=None,
+                    help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
+                         " > FILE): timed at the engine shape with its own config, as 'before'")
     args = ap.parse_args(argv)
     from triton.testing import do_bench
 
@@ -246,6 +261,10 @@ def main(argv=None) -> int:
         if "kd" in c and B <= 8:
             row["host_sdpa_us"] = host_us(sdpa_fns(c)[row["sdpa"]])
         row["tbps_best"] = c["kv_bytes"] / top["graph_us"] / 1e6
+        if args.old and n == "engine":
+            row["old_graph_us"] = old_graph_us(args.old, c, auto, est)
+            log(f"   old kernel (layer 4's old config, {auto} split): {row['old_graph_us']:.1f} us "
+                f"= {c['kv_bytes'] / row['old_graph_us'] / 1e6:.2f} TB/s")
         rows.append(row)
         g = row.get("sdpa_graph_us")
         log(f"B={B:<3} n={n!s:<6} best {cfg} s={s:<2} graph {top['graph_us']:7.1f} us "

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator, Awaitable
 
 from fastapi import Request
@@ -22,14 +21,10 @@ from ..async_engine import RequestStream
 from ..streams import StreamOutput
 from . import render
 from .errors import from_exception
-from .render import ChunkMaker
+from .render import ChunkMaker, frame
 
 DONE = b"data: [DONE]\n\n"
 HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def frame(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
 
 
 async def events(stream: RequestStream, maker: ChunkMaker, n: int) -> AsyncIterator[bytes]:
@@ -39,7 +34,7 @@ async def events(stream: RequestStream, maker: ChunkMaker, n: int) -> AsyncItera
             for c in maker.role(n):
                 yield frame(c)
         async for out in stream:
-            payload = b"".join(frame(c) for c in maker.chunks(out))
+            payload = maker.payload(out)
             if payload:
                 yield payload
     except (asyncio.CancelledError, GeneratorExit):
@@ -79,7 +74,7 @@ async def batch_events(streams: list[RequestStream], maker: ChunkMaker, n: int
             if item.finished:
                 finals[i] = item
             out = dataclasses.replace(render.reindex(item, i, n), finished=False)
-            payload = b"".join(frame(c) for c in maker.chunks(out))
+            payload = maker.payload(out)
             if payload:
                 yield payload
         last = render.join_batch([finals[i] for i in sorted(finals)], n)

@@ -24,8 +24,9 @@ The seam for layer 4: attention reads and writes keys and values only through a 
 paged cache with block tables plugs in without changing the model.
 
 Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`), W8A16
-quantization (`quantize_model`, `perplexity`) and `CudaGraphDecoder` (decode step
-replayed from a CUDA graph).
+quantization (`quantize_model`, `perplexity`), `CudaGraphDecoder` (decode step
+replayed from a CUDA graph) and `CudaGraphPrefill` (batch-1 prefill replayed from a CUDA
+graph per prompt-length bucket).
 
 The layer beneath is `comm` (layer 2, as a namespace: `comm.ring_all_reduce`); layer 1's
 kernels are `comm.kernels` and layer 0 is `comm.kernels.hardware`. This package's own files
@@ -50,6 +51,7 @@ from .generate import Generation, GenerationStats, Model, benchmark_decode, load
 from .gguf_load import gguf_config, load_gguf
 from .model import LlamaModel, causal_lm_loss
 from .models_command import models_main
+from .prefill_graph import CudaGraphPrefill
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
 from .registry import cache_dir as model_cache_dir
 from .registry import resolve as resolve_model
@@ -104,6 +106,7 @@ __all__ = [
     "LLAMA_3_2_1B",
     # quantization and CUDA graphs
     "quantize_model", "Int8Linear", "perplexity", "weight_bytes", "CudaGraphDecoder",
+    "CudaGraphPrefill",
     # the course model: corpus, tokenizer, training (python -m layer3_model.training.train)
     "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",

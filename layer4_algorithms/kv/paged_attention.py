@@ -121,14 +121,39 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     the parts in the same launch (layer 1's paged_decode); False: a second merge kernel.
     fp16/bf16/fp32, D in 16..256, power of two.
     """
+    # A call like one seen before (same shapes, dtypes, devices, options) was checked then:
+    # its plan is kept, so a decode step's host time is mostly the launch itself.
+    key = (q.shape, k_cache.shape, v_cache.shape, block_tables.shape, seq_lens.shape, q.dtype,
+           k_cache.dtype, v_cache.dtype, block_tables.dtype, seq_lens.dtype, q.device,
+           k_cache.device, v_cache.device, block_tables.device, seq_lens.device, scale, window,
+           impl, num_splits)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _plan(q, k_cache, v_cache, block_tables, seq_lens, scale, window, impl, num_splits)
+        if len(_PLANS) > 4096:  # bounded: a long run meets each batch size's shapes once
+            _PLANS.clear()
+        _PLANS[key] = plan
+    if plan is _REFERENCE:
+        return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                                window)
+    splits, config = plan
+    return _kernels.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window,
+                                 splits, fused_merge=fused_merge, config=config)
+
+
+_PLANS: dict[tuple, object] = {}
+_REFERENCE = object()  # plan: the torch reference
+
+
+def _plan(q, k_cache, v_cache, block_tables, seq_lens, scale, window, impl, num_splits):
+    """Check a call's arguments; its plan: _REFERENCE, or (split count, launch config)."""
     _check(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
     # "auto" serves every model: a head dim or dtype the kernel lacks (a tiny test model's
     # D=8) takes the reference; impl="triton" asks for the kernel and gets the error below.
     kernel_takes = q.shape[-1] in _HEAD_DIMS and q.dtype in _DTYPES
     if not l3.use_triton(impl, q, "paged_decode_attention") or (impl == "auto"
                                                                  and not kernel_takes):
-        return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                                window)
+        return _REFERENCE
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     if q.dtype not in _DTYPES:
@@ -146,5 +171,4 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         splits = pick_num_splits(B, Hkv, max_blocks * page, q.device)
     if not 1 <= splits <= 65535:
         raise ValueError(f"num_splits must be in [1, 65535]; got {splits}")
-    return _kernels.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window,
-                                 splits, fused_merge=fused_merge, config=_config(D, q.dtype))
+    return splits, _config(D, q.dtype)

@@ -7,13 +7,14 @@ a separate cache write). A draft proposes k tokens a round, so that overhead is 
 times for each target pass. `LeanDecodeStep` runs the same network, one token per row, in
 ~25 tensor ops a layer: F.rms_norm, one merged qkv linear, RoPE on q and k together, the
 new k, v copied into the draft's ContiguousKVCache, SDPA with the GQA groups folded into
-the query length (no repeat, no mask at one row), o_proj, the merged gate/up, SiLU * up, down.
+the query length (no repeat, no mask at one row), o_proj, the merged gate/up, SiLU * up, down
+(the big ones optionally from fp16 copies: `half`).
 
 It computes what the serving forward computes, up to float rounding (the order of a few
 adds and the RoPE formula), and writes the same cache slots, so the two can take turns on
 one cache (the forward feeds prompts and catch-up chunks). Only the draft runs it: the
 target verifies every guess, so rounding changes a guess at most, never the output.
-Configs it does not cover (Qwen3's q/k norms, sliding windows) say so in `supports`.
+Configs it does not cover (Qwen3's q/k norms, sliding windows): `unsupported` says why.
 """
 from __future__ import annotations
 
@@ -27,9 +28,17 @@ from layer3_model import ContiguousKVCache, LlamaModel
 
 class LeanDecodeStep:
     """step(ids (B,), rows, positions) -> fp32 logits (B, V): token b at position
-    positions[b] of cache row rows[b]; its k, v land in that slot of `cache`."""
+    positions[b] of cache row rows[b]; its k, v land in that slot of `cache`.
 
-    def __init__(self, net: LlamaModel, cache: ContiguousKVCache) -> None:
+    half: fp16 copies of an fp32 model's three largest projections (gate_up, down and the
+    lm_head, 80 % of the course draft's bytes), used by the step (activations cast around
+    them). On a CPU each target pass (44 MB for the course target) evicts the draft from
+    the caches, so a draft step streams its weights from memory: half the bytes cut it from
+    ~1.0 to ~0.7 ms in the speculation loop (same guesses on the course pair's prompts).
+    The q/k/v and o projections stay fp32: at 160 x 224 fp16 is no faster there."""
+
+    def __init__(self, net: LlamaModel, cache: ContiguousKVCache, *,
+                 half: bool = False) -> None:
         why = self.unsupported(net)
         if why:
             raise ValueError(f"LeanDecodeStep does not cover this model: {why}")
@@ -38,10 +47,14 @@ class LeanDecodeStep:
         self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         self.eps, self.hidden = c.rms_norm_eps, c.hidden_size
         self.scale = 1.0 / c.head_dim ** 0.5
+        def big(w: torch.Tensor | None) -> torch.Tensor | None:
+            return w.detach().half() if half and w is not None and w.dtype == torch.float32 \
+                else w
         self.layers = [(lay.attn_norm.weight, lay.attn.qkv.weight, lay.attn.qkv.bias,
                         lay.attn.o_proj.weight, lay.attn.o_proj.bias, lay.mlp_norm.weight,
-                        lay.mlp.gate_up.weight, lay.mlp.gate_up.bias, lay.mlp.down.weight,
-                        lay.mlp.down.bias) for lay in net.layers]
+                        big(lay.mlp.gate_up.weight), big(lay.mlp.gate_up.bias),
+                        big(lay.mlp.down.weight), big(lay.mlp.down.bias)) for lay in net.layers]
+        self.lm_head = big(net.lm_head.weight)
         # rotate_half(x) * sin == roll(x, D/2) * [-sin | sin]: RoPE in three ops on q and k
         # together; tables (positions, D) in the model's dtype.
         self.cos = torch.cat([net.cos, net.cos], -1).to(net.dtype)
@@ -102,7 +115,7 @@ class LeanDecodeStep:
             x = F.linear(o.reshape(B, hq * d), wo, bo)
             residual = residual + x
             h = F.rms_norm(residual, (self.hidden,), mn, self.eps)
-            gate, up = F.linear(h, wgu, bgu).chunk(2, -1)
-            x = F.linear(F.silu(gate) * up, wd, bd)
+            gate, up = F.linear(h.to(wgu.dtype), wgu, bgu).float().chunk(2, -1)
+            x = F.linear((F.silu(gate) * up).to(wd.dtype), wd, bd).float()
         h = F.rms_norm(residual + x, (self.hidden,), net.norm.weight, self.eps)
-        return F.linear(h, net.lm_head.weight).float()
+        return F.linear(h.to(self.lm_head.dtype), self.lm_head).float()

@@ -99,7 +99,8 @@ class DraftModelProposer:
       CUDA graph (layer 3's CudaGraphDecoder) when the live rows are cache rows 0..n-1: the
       small draft is launch-bound on a GPU, ~150 launches a step;
     * lean (elsewhere): LeanDecodeStep (draft_step.py), the same network in ~25 ops a layer,
-      a third of the serving forward's CPU time at one row.
+      a third of the serving forward's CPU time at one row; on a CPU its big projections
+      read fp16 copies (half the bytes: the target's pass evicts the draft from the caches).
     Both change what the draft guesses by rounding at most, never the output: the target
     verifies every guess. A longer catch-up (the prompt) is one serving forward."""
 
@@ -119,7 +120,7 @@ class DraftModelProposer:
         self.steps = 0  # draft forward passes run (for cost accounting)
         self.graph_steps = 0  # of which replayed from a CUDA graph
         self.lean_steps = 0  # of which LeanDecodeStep's
-        self._lean = LeanDecodeStep(net, self.cache) if lean and \
+        self._lean = LeanDecodeStep(net, self.cache, half=net.device.type == "cpu") if lean and \
             LeanDecodeStep.unsupported(net) is None else None
         self.cuda_graph = cuda_graph and net.device.type == "cuda"
         self._graphs: dict[int, CudaGraphDecoder] = {}

@@ -50,6 +50,21 @@ def test_lean_step_matches_the_serving_forward(kw):
             torch.testing.assert_close(caches[1].v, caches[0].v, rtol=1e-6, atol=1e-6)
 
 
+def test_lean_step_with_half_weights_is_close_and_writes_fp32_cache():
+    net = l3.random_model(_config(qkv_bias=True, mlp_bias=True), seed=3, std=0.2)
+    caches = [l3.ContiguousKVCache.for_model(net.config, 2, 40, dtype=net.dtype) for _ in "ab"]
+    half = LeanDecodeStep(net, caches[1], half=True)
+    assert half.lm_head.dtype == torch.float16 and caches[1].k.dtype == torch.float32
+    gen = torch.Generator().manual_seed(1)
+    with torch.inference_mode():
+        for pos in range(12):
+            ids = torch.randint(0, 203, (2,), generator=gen)
+            ref = net(ids, caches[0].context([1, 1], [pos, pos]), caches[0], last_only=True)
+            out = half.step(ids, [0, 1], [pos, pos])
+            assert out.dtype == torch.float32
+            torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+
+
 def test_lean_step_refuses_what_it_does_not_cover():
     for kw, why in ((dict(qk_norm=True), "q/k RMSNorm"),
                     (dict(layer_windows=(None, 8, None)), "sliding-window")):

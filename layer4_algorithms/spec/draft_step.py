@@ -77,20 +77,27 @@ class LeanDecodeStep:
     @torch.inference_mode()
     def step(self, ids: torch.Tensor, rows: Sequence[int],
              positions: Sequence[int]) -> torch.Tensor:
-        B, cache, net = len(rows), self.cache, self.net
-        hq, hkv, d = self.hq, self.hkv, self.d
+        B, cache = len(rows), self.cache
         n = max(positions) + 1
         if n > cache.max_len:
             raise ValueError(f"position {n - 1} past the draft cache's {cache.max_len} slots")
         dev = ids.device
         pos = torch.tensor(positions, dtype=torch.int64, device=dev)
         slots = torch.tensor(rows, dtype=torch.int64, device=dev) * cache.max_len + pos
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, D)
         identity = list(rows) == list(range(B))
         row_idx = None if identity else torch.tensor(rows, dtype=torch.int64, device=dev)
         mask = None
         if B > 1 and min(positions) + 1 < n:  # rows of unequal length: hide later slots
             mask = (torch.arange(n, device=dev)[None, :] <= pos[:, None])[:, None, None, :]
+        return self.forward(ids, pos, slots, n, mask, row_idx)
+
+    def forward(self, ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, n: int,
+                mask: torch.Tensor | None, row_idx: torch.Tensor | None) -> torch.Tensor:
+        """The step on device tensors: attention over the first n slots of cache rows row_idx
+        (None: rows 0..B-1), mask (B, 1, 1, n) bool or None. No host reads: capturable."""
+        B, cache, net = ids.shape[0], self.cache, self.net
+        hq, hkv, d, dt = self.hq, self.hkv, self.d, net.dtype
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]  # (B, 1, D)
         x = F.embedding(ids, net.embed.weight)  # (B, H)
         residual = None
         for i, (an, wqkv, bqkv, wo, bo, mn, wgu, bgu, wd, bd) in enumerate(self.layers):
@@ -115,7 +122,49 @@ class LeanDecodeStep:
             x = F.linear(o.reshape(B, hq * d), wo, bo)
             residual = residual + x
             h = F.rms_norm(residual, (self.hidden,), mn, self.eps)
-            gate, up = F.linear(h.to(wgu.dtype), wgu, bgu).float().chunk(2, -1)
-            x = F.linear((F.silu(gate) * up).to(wd.dtype), wd, bd).float()
+            gate, up = F.linear(h.to(wgu.dtype), wgu, bgu).to(dt).chunk(2, -1)
+            x = F.linear((F.silu(gate) * up).to(wd.dtype), wd, bd).to(dt)
         h = F.rms_norm(residual + x, (self.hidden,), net.norm.weight, self.eps)
         return F.linear(h.to(self.lm_head.dtype), self.lm_head).float()
+
+
+class LeanGraphStep:
+    """LeanDecodeStep for cache rows 0..B-1 replayed from a CUDA graph: static input
+    buffers, attention over every slot of the rows masked by position (shapes that do not
+    change with the sequence). ~55 kernels a step for the course draft where a captured
+    serving forward (layer 3's CudaGraphDecoder) replays ~150: on a GPU the small draft is
+    launch- and latency-bound, so fewer, fused kernels are the whole cost.
+    step(ids (B,), positions (B,) device tensor) -> fp32 logits (B, V) (a copy)."""
+
+    def __init__(self, lean: LeanDecodeStep, batch: int, *, warmup: int = 2) -> None:
+        cache, dev = lean.cache, lean.net.device
+        if dev.type != "cuda":
+            raise RuntimeError(f"CUDA graphs need a CUDA device; the draft is on {dev}")
+        if not 1 <= batch <= cache.batch:
+            raise ValueError(f"batch {batch} must be in [1, {cache.batch}] (the cache's rows)")
+        self.lean, self.batch = lean, batch
+        self.ids = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.pos = torch.full((batch,), cache.max_len - 1, dtype=torch.int64, device=dev)
+        self._row_base = torch.arange(batch, device=dev) * cache.max_len
+        self._slots = torch.arange(cache.max_len, device=dev)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():  # warm allocators and kernels
+            for _ in range(warmup):
+                self._run()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph), torch.inference_mode():
+            self.logits = self._run()
+
+    def _run(self) -> torch.Tensor:
+        mask = (self._slots[None, :] <= self.pos[:, None])[:, None, None, :]
+        return self.lean.forward(self.ids, self.pos, self._row_base + self.pos,
+                                 self.lean.cache.max_len, mask, None)
+
+    @torch.inference_mode()
+    def step(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.ids.copy_(ids)
+        self.pos.copy_(positions)
+        self.graph.replay()
+        return self.logits.clone()

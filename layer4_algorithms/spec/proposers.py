@@ -23,7 +23,7 @@ import torch
 
 from layer3_model import ContiguousKVCache, CudaGraphDecoder, LlamaModel, SamplingParams
 
-from .draft_step import LeanDecodeStep
+from .draft_step import LeanDecodeStep, LeanGraphStep
 from .proposal import Proposal
 from .sampling import Generators, draw_uniforms, processed_probs, sample_from_probs
 
@@ -96,8 +96,9 @@ class DraftModelProposer:
     catches up on the same number m <= LEAN_CHUNK of tokens (1 after a rejection, 2 after a
     full accept; fed one at a time) skip the serving forward:
     * cuda_graph (on a CUDA device; SpeculativeDecoder turns it on there): replayed from a
-      CUDA graph (layer 3's CudaGraphDecoder) when the live rows are cache rows 0..n-1: the
-      small draft is launch-bound on a GPU, ~150 launches a step;
+      CUDA graph when the live rows are cache rows 0..n-1 (the small draft is launch-bound
+      on a GPU): the lean step's (LeanGraphStep, ~55 kernels) or, where it does not cover
+      the draft or lean=False, the serving forward's (layer 3's CudaGraphDecoder, ~150);
     * lean (elsewhere): LeanDecodeStep (draft_step.py), the same network in ~25 ops a layer,
       a third of the serving forward's CPU time at one row; on a CPU its big projections
       read fp16 copies (half the bytes: the target's pass evicts the draft from the caches).
@@ -123,13 +124,23 @@ class DraftModelProposer:
         self._lean = LeanDecodeStep(net, self.cache, half=net.device.type == "cpu") if lean and \
             LeanDecodeStep.unsupported(net) is None else None
         self.cuda_graph = cuda_graph and net.device.type == "cuda"
-        self._graphs: dict[int, CudaGraphDecoder] = {}
+        self._graphs: dict[int, CudaGraphDecoder | LeanGraphStep] = {}
         self.graph_error: str | None = None
         if self.cuda_graph:  # captured now, outside any timed decode loop (more rows: lazily)
             try:
-                self._graphs[max_seqs] = CudaGraphDecoder(net, self.cache, max_seqs)
+                self._graphs[max_seqs] = self._capture(max_seqs)
             except RuntimeError as err:  # not capturable here: eager steps, and say why
                 self.cuda_graph, self.graph_error = False, f"{type(err).__name__}: {err}"
+
+    def _capture(self, n: int) -> CudaGraphDecoder | LeanGraphStep:
+        """The CUDA graph of an n-row single-token step: the lean step's where it covers the
+        draft (a third of the kernels), else the serving forward's."""
+        if self._lean is not None:
+            try:
+                return LeanGraphStep(self._lean, n)
+            except RuntimeError as err:  # not capturable here: the serving forward's graph
+                self.graph_error = f"lean graph: {type(err).__name__}: {err}"
+        return CudaGraphDecoder(self.net, self.cache, n)
 
     def _token_steps(self, cache_rows: list[int], chunks: list[list[int]],
                      context: list[int]) -> torch.Tensor | None:
@@ -143,7 +154,7 @@ class DraftModelProposer:
         if not graph and self._lean is None:
             return None
         if graph and n not in self._graphs:
-            self._graphs[n] = CudaGraphDecoder(self.net, self.cache, n)
+            self._graphs[n] = self._capture(n)
         dev = self.net.device
         for i in range(m):
             ids = torch.tensor([x[i] for x in chunks], dtype=torch.int64, device=dev)

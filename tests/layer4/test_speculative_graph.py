@@ -39,6 +39,7 @@ def test_graph_draft_guesses_like_the_eager_draft():
     # every step but the prompt's; a round's catch-up of 1 token (after a rejection) or 2
     # (after a full accept) is fed as graph steps too: 3 + (1+3) + (2+3) + (1+3) + (2+3)
     assert graphed.graph_steps == 3 + 4 + 5 + 4 + 5 and graphed.lean_steps == 0
+    assert graphed.graph_error is None  # the lean step's graph was captured
 
 
 @pytest.mark.gpu
@@ -49,3 +50,27 @@ def test_greedy_speculation_with_graph_draft_equals_plain_greedy():
     ref = target.generate_outputs([PROMPT], params)[0].token_ids
     for k in (2, 4):
         assert SpeculativeDecoder(target, draft, k).generate([PROMPT], params)[0].token_ids == ref
+
+
+@pytest.mark.gpu
+def test_lean_graph_step_matches_the_serving_forward():
+    """LeanGraphStep (the draft's captured lean step) against layer 3's forward, 3 rows at
+    different positions, the cache's unwritten slots full of garbage."""
+    import torch
+
+    from layer4_algorithms.spec.draft_step import LeanDecodeStep, LeanGraphStep
+
+    draft = l3.load(l3.course_model_dir("draft"), device="cuda", dtype="float32")
+    caches = [l3.ContiguousKVCache.for_model(draft.config, 3, 64, dtype=torch.float32,
+                                             device="cuda") for _ in "ab"]
+    caches[0].k.normal_()  # the same garbage in both caches' unwritten slots
+    caches[0].v.normal_()
+    caches[1].k.copy_(caches[0].k)
+    caches[1].v.copy_(caches[0].v)
+    graph = LeanGraphStep(LeanDecodeStep(draft.net, caches[1]), 3)
+    with torch.inference_mode():
+        for pos in ([0, 9, 3], [1, 10, 4], [2, 11, 63]):
+            ids = torch.tensor([5, 77, 4000], device="cuda")
+            ref = draft.net(ids, caches[0].context([1] * 3, pos), caches[0], last_only=True)
+            out = graph.step(ids, torch.tensor(pos, device="cuda"))
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

@@ -50,6 +50,41 @@ def test_lean_step_matches_the_serving_forward(kw):
             torch.testing.assert_close(caches[1].v, caches[0].v, rtol=1e-6, atol=1e-6)
 
 
+def test_static_forward_over_every_slot_matches_the_serving_forward():
+    """What LeanGraphStep captures: attention over all max_len slots of rows 0..B-1, later
+    slots masked by position (stale values there must not leak in)."""
+    net = l3.random_model(_config(num_attention_heads=4, num_key_value_heads=2), seed=5,
+                          std=0.2)
+    caches = [l3.ContiguousKVCache.for_model(net.config, 3, 32, dtype=net.dtype) for _ in "ab"]
+    caches[0].k.normal_()  # the same garbage in both caches' unwritten slots
+    caches[0].v.normal_()
+    caches[1].k.copy_(caches[0].k)
+    caches[1].v.copy_(caches[0].v)
+    lean = LeanDecodeStep(net, caches[1])
+    gen = torch.Generator().manual_seed(2)
+    slots = torch.arange(32)
+    with torch.inference_mode():
+        for pos in ([0, 5, 2], [1, 6, 3], [2, 7, 4]):
+            ids = torch.randint(0, 203, (3,), generator=gen)
+            p = torch.tensor(pos)
+            ref = net(ids, caches[0].context([1] * 3, pos), caches[0], last_only=True)
+            mask = (slots[None, :] <= p[:, None])[:, None, None, :]
+            out = lean.forward(ids, p, torch.arange(3) * 32 + p, 32, mask, None)
+            torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_lean_step_in_bf16_is_close():
+    net = l3.random_model(_config(), seed=4, std=0.2, dtype=torch.bfloat16)
+    caches = [l3.ContiguousKVCache.for_model(net.config, 1, 24, dtype=net.dtype) for _ in "ab"]
+    lean = LeanDecodeStep(net, caches[1], half=True)  # half: only for an fp32 model
+    assert lean.lm_head.dtype == torch.bfloat16
+    with torch.inference_mode():
+        for pos in range(6):
+            ids = torch.tensor([pos * 31 % 203])
+            ref = net(ids, caches[0].context([1], [pos]), caches[0], last_only=True)
+            torch.testing.assert_close(lean.step(ids, [0], [pos]), ref, rtol=5e-2, atol=1e-1)
+
+
 def test_lean_step_with_half_weights_is_close_and_writes_fp32_cache():
     net = l3.random_model(_config(qkv_bias=True, mlp_bias=True), seed=3, std=0.2)
     caches = [l3.ContiguousKVCache.for_model(net.config, 2, 40, dtype=net.dtype) for _ in "ab"]

@@ -215,6 +215,8 @@ def bench(argv: list[str] | None = None) -> int:
                     help="draft k:stop_below pairs (comma list; '' for none)")
     ap.add_argument("--spec-ngram-ks", default="2,4,6", help="n-gram k values")
     ap.add_argument("--spec-hybrid-ks", default="3,4,6", help="n-gram-then-draft k values")
+    ap.add_argument("--spec-serving-draft", dest="spec_lean", action="store_false",
+                    help="draft steps through layer 3's serving forward (not the lean step)")
     ap.add_argument("--only", choices=("all", "throughput", "kernel", "spec"), default="all",
                     help="run one part of the benchmark")
     args = ap.parse_args(argv)
@@ -280,7 +282,8 @@ def _spec(args: argparse.Namespace) -> dict:
                                    ngram_ks=ints(args.spec_ngram_ks),
                                    hybrid_ks=ints(args.spec_hybrid_ks),
                                    clock=args.spec_clock if device == "cpu" else "wall",
-                                   progress=lambda line: print(line, flush=True))
+                                   progress=lambda line: print(line, flush=True),
+                                   lean_draft=args.spec_lean)
         console.print(format_bench(result))
         results[device] = result
     return results

@@ -59,9 +59,10 @@ def _greedy_rate(model: Model, prompt: str, params: SamplingParams, clock: str =
 
 def _spec_row(target: Model, proposer, k: int, stop_below: float | None, prompt: str,
               params: SamplingParams, repeats: int, reference: list[int],
-              clock: str = "wall", ngram_first: bool = False, adaptive_k: bool = False) -> dict:
+              clock: str = "wall", ngram_first: bool = False, adaptive_k: bool = False,
+              lean_draft: bool = True) -> dict:
     dec = SpeculativeDecoder(target, proposer, k, stop_below=stop_below, ngram_first=ngram_first,
-                             adaptive_k=adaptive_k)
+                             adaptive_k=adaptive_k, lean_draft=lean_draft)
     same = True
 
     def once() -> float:
@@ -93,7 +94,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                       prompts: dict[str, str] | None = None,
                       copy_prompt: str = COPY_PROMPT, new_tokens: int = 128, repeats: int = 3,
                       threads: int | None = 1, device: str = "cpu", dtype: str = "float32",
-                      clock: str = "wall", progress: Callable[[str], None] | None = None) -> dict:
+                      clock: str = "wall", progress: Callable[[str], None] | None = None,
+                      lean_draft: bool = True) -> dict:
     """Batch-1 greedy decode tokens/s, per prompt: the target alone (layer 3's generate), the
     draft alone, target + draft for each fixed k in ks and each (k, stop_below) in dynamic,
     n-gram lookup for each k in ngram_ks (on every prompt and on a copy-heavy one), and
@@ -105,6 +107,8 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
     `summary` holds the geometric-mean speed-up of each configuration over the prompts.
     clock: "wall" (decode tokens/s) or "cpu" (tokens per second of this thread's CPU time,
     whole call: the steadier figure on a loaded shared CPU; see _rate).
+    lean_draft: False runs the draft's steps through layer 3's serving forward (the path
+    before LeanDecodeStep), for before/after figures from one machine.
     progress: called with a line as each part finishes (its row and the seconds since the
     start), so a run cut off by a time limit still shows how far it got and at what pace."""
     if clock not in ("wall", "cpu"):
@@ -123,7 +127,7 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     prompts = dict(prompts or PROMPTS)
     result: dict = {"device": str(target.device), "threads": torch.get_num_threads(),
-                    "dtype": dtype, "clock": clock,
+                    "dtype": dtype, "clock": clock, "lean_draft": lean_draft,
                     "new_tokens": new_tokens, "repeats": repeats, "prompts": {}, "summary": {}}
     configs = ([("draft", k, None) for k in ks] + [("draft", k, sb) for k, sb in dynamic]
                + [("ngram", k, None) for k in ngram_ks]
@@ -143,7 +147,7 @@ def bench_speculative(target_dir: str | Path | None = None, draft_dir: str | Pat
                 continue
             row = _spec_row(target, "ngram" if base == "ngram" else draft, k, sb, prompt,
                             params, repeats, ref, clock, ngram_first=base == "ngram+draft",
-                            adaptive_k=method.endswith(" adaptive"))
+                            adaptive_k=method.endswith(" adaptive"), lean_draft=lean_draft)
             rows.append({"method": method, **row, "speedup": row["tokens_per_s"] / b})
             say(f"  {name} {_row_line(rows[-1])}")
         result["prompts"][name] = {"target_tokens_per_s": b, "target_runs": rates,

@@ -129,16 +129,19 @@ class SpeculativeDecoder:
     adaptive_k: each sequence's k follows its measured acceptance, between 1 and k (the
     schedule of transformers' assisted generation): +1 after a round that accepted every
     guess, -1 after one that rejected any.
+    lean_draft: the draft's single-token steps through LeanDecodeStep (and its CUDA graph);
+    False: through layer 3's serving forward (the slower path, kept for comparison).
     `generate(prompts, params) -> list[Generation]`; `stats` (SpecStats) after each call.
     """
 
     def __init__(self, target: Model, proposer: Model | Proposer | str = "ngram", k: int = 4, *,
                  ngram: tuple[int, int] = (1, 4), stop_below: float | None = None,
-                 ngram_first: bool = False, adaptive_k: bool = False) -> None:
+                 ngram_first: bool = False, adaptive_k: bool = False,
+                 lean_draft: bool = True) -> None:
         if not isinstance(k, int) or k < 1:
             raise ValueError(f"k (tokens proposed per round) must be an int >= 1, got {k!r}")
         self.target, self.k, self.stop_below = target, k, stop_below
-        self.ngram_first, self.adaptive_k = ngram_first, adaptive_k
+        self.ngram_first, self.adaptive_k, self.lean_draft = ngram_first, adaptive_k, lean_draft
         self.draft: Model | None = None
         if isinstance(proposer, str):
             if proposer != "ngram":
@@ -229,7 +232,7 @@ class SpeculativeDecoder:
         if prop is None or (len(prop.cached), prop.max_len) != (batch, max_len):
             prop = self._draft_prop = DraftModelProposer(
                 self.draft.net, batch, max_len, stop_below=self.stop_below,
-                cuda_graph=self.draft.device.type == "cuda")
+                cuda_graph=self.draft.device.type == "cuda", lean=self.lean_draft)
         for row in range(batch):
             prop.release(row)
         prop.steps = prop.graph_steps = prop.lean_steps = 0  # counts are per call

@@ -34,7 +34,7 @@ from .engine_state import (
     Request,
     RequestTimeoutError,
 )
-from .streams import RequestMetricsSummary, StreamOutput
+from .streams import RequestMetricsSummary, unpack
 
 
 class EngineLoop:
@@ -47,6 +47,7 @@ class EngineLoop:
     def __init__(self, llm, *, priority: bool, name: str, sink=None, start: bool = True) -> None:
         self.llm, self.priority = llm, priority
         self.sink = sink or LoopSink()
+        self.packed = getattr(self.sink, "packed", False)  # items as streams.pack makes them
         self._outbox: list[tuple[Request, object]] = []
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
         self.wake = threading.Event()
@@ -121,7 +122,7 @@ class EngineLoop:
             self._flush()
             # output the sink could not hand over yet: come back for it soon
             idle = 0.002 if getattr(self.sink, "backlog", None) else 1.0
-            self.wake.wait(0.05 if self.pending or self.live else idle)
+            self._wait(0.05 if self.pending or self.live else idle)
             return
         try:
             outs = self.llm.step(delta=True)  # only the new tokens: no copy of whole outputs
@@ -133,6 +134,10 @@ class EngineLoop:
         for o in outs:
             self._deliver(o)
 
+    def _wait(self, timeout: float) -> None:
+        """Idle: until a command arrives (submit, abort and stop set `wake`) or `timeout`."""
+        self.wake.wait(timeout)
+
     def _drain(self) -> None:
         while True:
             try:
@@ -140,13 +145,20 @@ class EngineLoop:
             except queue.Empty:
                 return
             if kind == "add":
-                arg.order = next(self._order)
-                key = arg.priority if self.priority else 0
-                heapq.heappush(self.pending, (key, arg.order, arg))
-            elif arg in self.live:
-                self._abort(self.live[arg], None)
+                self._queue(arg)
             else:
-                self._remove_pending(arg)
+                self._cancel(arg)
+
+    def _queue(self, req: Request) -> None:
+        """A submitted request joins the admission heap."""
+        req.order = next(self._order)
+        heapq.heappush(self.pending, (req.priority if self.priority else 0, req.order, req))
+
+    def _cancel(self, request_id: str) -> None:
+        if request_id in self.live:
+            self._abort(self.live[request_id], None)
+        else:
+            self._remove_pending(request_id)
 
     def _remove_pending(self, request_id: str) -> None:
         for i, (_, _, r) in enumerate(self.pending):
@@ -184,19 +196,19 @@ class EngineLoop:
         req = self.live.get(out.request_id)
         if req is None:
             return
-        now = time.perf_counter()
-        deltas = req.tracker.update(out.outputs, delta=True)
-        new = sum(len(d.token_ids) for d in deltas)
+        deltas, new = req.tracker.packed(out.outputs)
         if new:
+            now = time.perf_counter()
             if req.last_token_time is not None:
                 req.itls.append(now - req.last_token_time)
             req.last_token_time = now
             req.completion_tokens += new
             self.snapshot.generation_tokens += new
-        summary = self._summary(req, out) if out.finished else None
         if deltas or out.finished:
-            self._post(req, StreamOutput(req.request_id, deltas, out.finished, req.prompt_tokens,
-                                         req.completion_tokens, summary))
+            item = (req.request_id, deltas, out.finished, req.prompt_tokens,
+                    req.completion_tokens, self._summary(req, out) if out.finished else None)
+            # packed as it goes down a pipe (streams.pack's form) when the sink sends it on
+            self._post(req, item if self.packed else unpack(item))
         if out.finished:
             self._close(req, out.metrics, out.outputs[0].finish_reason)
 

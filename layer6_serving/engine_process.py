@@ -23,7 +23,7 @@ error event or a 500), /health turns 503 and new requests get a 500 naming the e
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import copy
 import logging
 import multiprocessing as mp
 import os
@@ -36,7 +36,7 @@ import weakref
 
 from .engine_loop import EngineLoop, deliver
 from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, Request
-from .streams import DeltaTracker, pack, unpack
+from .streams import DeltaTracker, unpack
 
 log = logging.getLogger("layer6_serving")
 ERRORS = {e.__name__: e for e in (ValueError, TypeError, FileNotFoundError, OSError)}
@@ -224,6 +224,8 @@ class PipeSink:
     reader is busy would block its writer, and the engine must not wait for the server;
     what the pipe cannot take yet waits in `backlog` and goes with the next turn."""
 
+    packed = True  # the loop hands over outputs as streams.pack makes them
+
     def __init__(self, conn, loop: EngineLoop | None = None) -> None:
         self.conn, self.loop = conn, loop
         self._last: EngineSnapshot | None = None
@@ -244,9 +246,8 @@ class PipeSink:
         changed = snap != self._last
         if batch or changed or self._finished or dequeued != self._dequeued:
             if changed:
-                self._last = dataclasses.replace(snap)
-            items = [(req.request_id, item if isinstance(item, BaseException) else pack(item))
-                     for req, item in batch]
+                self._last = copy.copy(snap)
+            items = [(req.request_id, item) for req, item in batch]  # outputs come packed
             self._queue(("step", items, self._last if changed else None, self._finished,
                          dequeued))
             self._finished, self._dequeued = [], dequeued
@@ -295,11 +296,9 @@ def engine_main(commands, turns, model, engine_kwargs: dict, priority: bool, nam
         _leave_a_core(llm)
         turns.send(("ready", EngineInfo.of(llm)))
         sink = PipeSink(turns)
-        loop = EngineLoop(llm, priority=priority, name=name, sink=sink, start=False)
+        loop = PipeLoop(llm, commands, token_text, priority=priority, name=name, sink=sink)
         sink.loop = loop
         loop.listeners.append(sink)
-        threading.Thread(target=_commands, args=(commands, loop, token_text), daemon=True,
-                         name="engine-commands").start()
         loop.run()
         sink.close(("bye",))
     finally:
@@ -315,26 +314,47 @@ def _leave_a_core(llm) -> None:
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
 
 
-def _commands(conn, loop: EngineLoop, token_text) -> None:
-    """The engine process's command reader: adds, aborts and stop from the server."""
-    while True:
+class PipeLoop(EngineLoop):
+    """The engine process's loop: its commands (add, abort, stop, fault) come down the pipe
+    and this loop's own thread reads them, between steps and, when idle, by waiting on the
+    pipe itself. No reader thread hands them over: that cost a GIL handoff and an Event
+    wake-up per request (an add reaching an idle engine now starts its prefill at once) and
+    took the GIL from the stepping thread whenever a command came in mid-step. End of file
+    on the pipe (the server exited, even by SIGKILL) stops the loop."""
+
+    def __init__(self, llm, conn, token_text, **kwargs) -> None:
+        super().__init__(llm, start=False, **kwargs)
+        self.conn, self.token_text = conn, token_text
+
+    def _wait(self, timeout: float) -> None:
         try:
-            msg = conn.recv()
-        except (EOFError, OSError):  # the server exited: stop with it
-            msg = ("stop",)
+            self.conn.poll(timeout)  # wakes as soon as a command (or end of file) arrives
+        except (OSError, ValueError):
+            self.request_stop()
+
+    def _drain(self) -> None:
+        conn = self.conn
+        try:
+            while not self._stop and conn.poll(0):
+                self._command(conn.recv())
+        except (EOFError, OSError, ValueError):  # the server exited: stop with it
+            self.request_stop()
+        super()._drain()
+
+    def _command(self, msg) -> None:
         kind = msg[0]
         if kind == "add":
             _, rid, ids, params, priority, timeout = msg
             deadline = None if timeout is None else time.perf_counter() + timeout
-            loop.submit(Request(rid, ids, params, priority, deadline, None, None,
-                                DeltaTracker(token_text)))
+            self._submitted += 1
+            self._queue(Request(rid, ids, params, priority, deadline, None, None,
+                                DeltaTracker(self.token_text)))
         elif kind == "abort":
-            loop.abort(msg[1])
+            self._cancel(msg[1])
         elif kind == "fault":
-            _fault(loop, msg[1], msg[2])
+            _fault(self, msg[1], msg[2])
         elif kind == "stop":
-            loop.request_stop()
-            return
+            self.request_stop()
 
 
 def _fault(loop: EngineLoop, kind: str, arg: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Layer 4's finish reasons -> OpenAI's ("eos" is a stop; "abort" is ours: the client left).
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
@@ -112,6 +113,14 @@ def merge(outs: list[StreamOutput]) -> StreamOutput:
                         last.prompt_tokens, last.completion_tokens, last.metrics)
 
 
+class _Slice(NamedTuple):  # the part of a CompletionOutput not sent yet
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list | None
+    finish_reason: str | None
+
+
 class DeltaTracker:
     """Per request: how much of each completion was sent (token ids, characters of its text).
     `update(outputs)` returns the deltas since the last call (engine thread). token_text:
@@ -127,26 +136,35 @@ class DeltaTracker:
         """outputs: layer 4's CompletionOutputs (text: what the FinishRule released so far;
         logprobs: one per token id, or None when not asked for). delta: they are already
         deltas (LLM.step(delta=True): only what is new), taken as they are."""
-        deltas = []
+        if not delta:
+            outputs = [self._since_last(c) for c in outputs if c.index not in self.done]
+        return [Delta(*d) for d in self.packed(outputs)[0]]
+
+    def packed(self, outputs) -> tuple[list[tuple], int]:
+        """update(outputs, delta=True) as plain tuples, pack()'s form of a Delta (what the
+        engine process sends: no objects built per request per step only to be taken apart
+        again for the pipe), and how many new token ids they hold."""
+        deltas, new = [], 0
         for c in outputs:
             if c.index in self.done:
                 continue
-            if delta:
-                ids, text, new_lps = c.token_ids, c.text, c.logprobs
-            else:
-                n_tok, n_chr = self.sent_tokens.get(c.index, 0), self.sent_chars.get(c.index, 0)
-                ids, text = list(c.token_ids[n_tok:]), c.text[n_chr:]
-                new_lps = None if c.logprobs is None else c.logprobs[n_tok:len(c.token_ids)]
-                self.sent_tokens[c.index], self.sent_chars[c.index] = len(c.token_ids), len(c.text)
-            finished = c.finish_reason is not None
+            ids, text, finished = c.token_ids, c.text, c.finish_reason is not None
             if not ids and not text and not finished:
                 continue
-            lps = None if new_lps is None else [self._logprob(lp) for lp in new_lps]
+            lps = None if c.logprobs is None else [self._logprob(lp) for lp in c.logprobs]
             reason = FINISH_REASONS.get(c.finish_reason, c.finish_reason) if finished else None
-            deltas.append(Delta(c.index, ids, text, lps, reason))
+            deltas.append((c.index, ids, text, lps, reason))
+            new += len(ids)
             if finished:
                 self.done.add(c.index)
-        return deltas
+        return deltas, new
+
+    def _since_last(self, c) -> _Slice:
+        """A whole CompletionOutput -> what is new in it since the last call."""
+        n_tok, n_chr = self.sent_tokens.get(c.index, 0), self.sent_chars.get(c.index, 0)
+        self.sent_tokens[c.index], self.sent_chars[c.index] = len(c.token_ids), len(c.text)
+        lps = None if c.logprobs is None else c.logprobs[n_tok:len(c.token_ids)]
+        return _Slice(c.index, list(c.token_ids[n_tok:]), c.text[n_chr:], lps, c.finish_reason)
 
     def _logprob(self, lp) -> TokenLogprob:
         """Layer 4's TokenLogprobs (ids) -> ours (ids and their text)."""

@@ -35,8 +35,6 @@ def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None) -
     app.state.engines, app.state.metrics = engines, metrics
 
     async def check_key(request: Request) -> None:
-        if api_key is None:
-            return
         given = request.headers.get("authorization", "")
         scheme, _, token = given.partition(" ")
         if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
@@ -44,7 +42,9 @@ def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None) -
             raise OpenAIError(401, "Incorrect API key provided: send 'Authorization: Bearer "
                               "<key>' with the server's --api-key.", code="invalid_api_key")
 
-    app.include_router(build_router(engines), dependencies=[Depends(check_key)])
+    # no key: no dependency for FastAPI to resolve on every request
+    app.include_router(build_router(engines),
+                       dependencies=[Depends(check_key)] if api_key is not None else [])
 
     @app.get("/health")
     async def health() -> JSONResponse:

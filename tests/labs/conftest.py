@@ -6,6 +6,10 @@
 - `@pytest.mark.points(n)` gives a test its weight.
 - With LLM_STACK_GRADE_RESULTS set, every collected test is written to that JSON file as
   pending, then rewritten as each finishes: a run cut off part-way still says what it did.
+- Where test_grader.py's test_reference_earns_full_marks[N] is selected, lab N's tests are
+  not also run in this process: that test runs each of them on the reference (through
+  `stack grade`'s subprocess) and fails naming any that did not pass. Run alone
+  (`pytest tests/labs/test_lab2.py`), a lab's tests run here as usual.
 """
 from __future__ import annotations
 
@@ -67,6 +71,18 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
         return load_submission(Path(submission), reference)
     except Exception as exc:  # a broken submission fails its tests, not the grader
         pytest.fail(f"could not import the submission {submission}: {type(exc).__name__}: {exc}")
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k have deselected what they will
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    graded = {f"test_lab{item.callspec.params['lab']}" for item in items
+              if getattr(item, "originalname", None) == "test_reference_earns_full_marks"}
+    here = Path(__file__).parent
+    twice = [item for item in items if item.path.parent == here and item.path.stem in graded]
+    if twice:
+        config.hook.pytest_deselected(items=twice)
+        dropped = set(twice)
+        items[:] = [item for item in items if item not in dropped]
 
 
 def _points(item: pytest.Item) -> float:

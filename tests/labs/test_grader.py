@@ -15,6 +15,15 @@ from layer7_app.grading import available_labs, grade_lab, print_report, reason
 LABS = sorted(available_labs())
 
 
+@pytest.fixture(autouse=True)
+def lean_grading_runs(monkeypatch):
+    """Each grade_lab() here starts a pytest subprocess, which needs only pytest-timeout of
+    the installed plugins; not autoloading the rest (hypothesis, schemathesis, anyio,
+    benchmark: ~2 s of imports, seen 2026-11-25) saves that in each of the ~20 runs."""
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    monkeypatch.setenv("PYTEST_PLUGINS", "pytest_timeout")
+
+
 def test_there_is_a_lab_per_built_layer():
     assert {0, 1, 2, 3, 4, 5, 6, 7} <= set(LABS)
 

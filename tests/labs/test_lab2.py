@@ -56,6 +56,13 @@ from layer2_comm import launch
 REFERENCE = "layer2_comm"
 
 CALL_LIMIT_S = 20.0  # one graded call (milliseconds when right): longer is a hang
+# test_grader's deadlock check sets this variable (the spawned ranks inherit it) to see the
+# watchdog fire without waiting the full limit; read at each use, so both sides agree.
+CALL_LIMIT_ENV = "LLM_STACK_LAB2_CALL_LIMIT_S"
+
+
+def call_limit_s() -> float:
+    return float(os.environ.get(CALL_LIMIT_ENV) or CALL_LIMIT_S)
 STUCK_EXIT = 75  # a rank's exit code when its watchdog stopped it
 STUCK = "STUCK "  # how a stopped rank marks its progress file
 LAUNCH_TIMEOUT_S = 240.0  # start-up under load plus every case; a normal run takes 2-20 s
@@ -219,13 +226,13 @@ def _mark_progress(text: str) -> None:
 
 
 def _watchdog(case: str) -> threading.Timer:
-    """Stops this rank if one graded call runs past CALL_LIMIT_S (a deadlock, an endless
+    """Stops this rank if one graded call runs past call_limit_s() (a deadlock, an endless
     loop). The timer thread runs while the main one waits in gloo (which lets go of the GIL)."""
     def stop() -> None:
         _mark_progress(STUCK + case)
         os._exit(STUCK_EXIT)  # the main thread is stuck: nothing else would end the rank
 
-    timer = threading.Timer(CALL_LIMIT_S, stop)
+    timer = threading.Timer(call_limit_s(), stop)
     timer.daemon = True
     timer.start()
     return timer
@@ -378,7 +385,7 @@ def _explain(text: str, exercise: str, world: int, seed: int, progress_dir: Path
     """launch()'s report, cut to what a student needs, with the reason on the first line."""
     head = f"{exercise} on {world} gloo ranks (seed {seed})"
     if any(p.startswith(STUCK) for p in _progress_of(progress_dir, world).values()):
-        return (f"{head}: a call did not return within {CALL_LIMIT_S:g} s, so the ranks were "
+        return (f"{head}: a call did not return within {call_limit_s():g} s, so the ranks were "
                 f"stopped ({_where(progress_dir, world)}): {HANG_ADVICE}\n\n{text}")
     blocks = re.split(r"\n(?=rank)", text)
     errors = [b for b in blocks if re.match(r"rank \d+ (raised|died|returned)", b)]

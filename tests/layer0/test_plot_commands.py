@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import layer0_hardware
 from layer0_hardware import (
@@ -29,6 +31,15 @@ def test_public_api_is_exactly_the_contract():
     assert set(layer0_hardware.__all__) == EXPECTED_API
     assert len(layer0_hardware.__all__) == len(EXPECTED_API)
     assert all(hasattr(layer0_hardware, name) for name in EXPECTED_API)
+
+
+def test_importing_the_layers_leaves_matplotlib_until_a_plot_is_drawn():
+    """Each spawned rank, engine process and CLI run imports these packages: matplotlib
+    (~0.3 s) is loaded by plot_roofline's first use, not by the import."""
+    probe = ("import sys, layer2_comm; assert 'matplotlib' not in sys.modules; "
+             "from layer0_hardware import plot_roofline; assert 'matplotlib' in sys.modules")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_plot_roofline_writes_png(tmp_path):

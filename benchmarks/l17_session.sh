@@ -31,8 +31,13 @@ step profile_engine 90 python3 benchmarks/profile_engine.py --seqs 256 --steps 1
 grep -A12 "^ step batch" "$out/profile_engine.log"
 step kernel 60 stack bench --layer 4 --only kernel
 grep -v "Warning\|sdpa(q" "$out/kernel.log" | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
-step spec 80 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 1
-grep -A12 "geometric-mean\|DIFFER" "$out/spec.log"
+# spec: the configurations that matter on the GPU. The full default set (13 configurations x 4
+# prompts, ~110 generate calls) printed nothing until its table at the end and needed 60-90 s
+# (60 s with the lean draft graph on 2026-11-25): the 80 s limit cut it off with an empty log.
+# Progress lines now print per row; this set takes ~30 s.
+step spec 80 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 1 \
+    --spec-ks 3,6 --spec-dynamic '' --spec-ngram-ks 4,6 --spec-hybrid-ks 6
+grep -A8 "geometric-mean\|DIFFER" "$out/spec.log"
 step pytest_gpu 45 python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/layer4/test_speculative_graph.py tests/layer4/test_cuda_graph_runner.py
 tail -3 "$out/pytest_gpu.log"

@@ -86,10 +86,23 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
     one graph replay) and, on a GPU, the same prefill replayed from its bucket's CUDA graph
     (layer 3's CudaGraphPrefill), five runs after its capture."""
     tokens = 2048 if not smoke else 32
+    loop_before = python_loop_ms()
     row = {**prefill_row(net, tokens, "triton", peak), "target_MFU": 0.6}
+    # the host's interpreter speed around the eager runs: the eager figure follows it when
+    # host_bound (the same machine's loop time has moved 2x within a minute)
+    row["host_python_loop_ms"] = [loop_before, python_loop_ms()]
     if not smoke:
         row.update(bucket_graph_prefill(net, tokens, peak))
     return row
+
+
+def python_loop_ms() -> float:
+    """A fixed pure-Python loop (200k iterations), ms: how fast this host runs Python now."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(200_000):
+        acc += i & 7
+    return (time.perf_counter() - t0) * 1e3
 
 
 def bucket_graph_prefill(net, tokens: int, peak: float, runs: int = 5) -> dict:

@@ -2,6 +2,8 @@
 starter exercises raise NotImplementedError by design)."""
 from __future__ import annotations
 
+import asyncio
+import os
 from pathlib import Path
 
 import pytest
@@ -14,22 +16,53 @@ NotebookClient = pytest.importorskip("nbclient").NotebookClient
 NOTEBOOKS = sorted(
     nb for lab in available_labs().values() for nb in lab.directory.glob("lab*.ipynb")
 )
+# Notebooks executed at once, each in its own kernel with its own results and cache folders
+# (servers bind port 0, ranks take free ports). Much of a notebook's time is one busy thread
+# (lab 4, 6, 7 set torch to one thread) or waiting on a kernel or ranks to start: two at a
+# time keep a 2-core CI machine busy.
+AT_ONCE = 2
 
 
 def test_every_lab_has_a_notebook():
     assert {nb.parent for nb in NOTEBOOKS} == {lab.directory for lab in available_labs().values()}
 
 
-@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_runs_top_to_bottom(notebook: Path, monkeypatch, tmp_path):
-    monkeypatch.setenv("LLM_STACK_LAB_REFERENCE", "1")  # the notebook imports the answers
-    monkeypatch.setenv("LLM_STACK_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("LLM_STACK_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+async def _execute(notebook: Path, tmp: Path) -> list[dict]:
+    """Run one notebook; returns the error outputs of its cells (nbclient raises on most)."""
+    env = {**os.environ, "LLM_STACK_LAB_REFERENCE": "1",  # the notebook imports the answers
+           "LLM_STACK_RESULTS": str(tmp / "results"), "LLM_STACK_CACHE": str(tmp / "cache"),
+           "MPLBACKEND": "Agg"}
     nb = nbformat.read(notebook, as_version=4)
-    client = NotebookClient(
-        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}
-    )
-    client.execute()
-    errors = [o for cell in nb.cells for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-    assert not errors
+    client = NotebookClient(nb, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(notebook.parent)}})
+    await client.async_execute(env=env)
+    return [o for cell in nb.cells for o in cell.get("outputs", [])
+            if o.get("output_type") == "error"]
+
+
+@pytest.fixture(scope="module")
+def executed(request: pytest.FixtureRequest, tmp_path_factory) -> dict:
+    """The selected notebooks, run AT_ONCE at a time when the first of their tests starts:
+    notebook -> its error outputs, or the exception its run raised."""
+    wanted = [item.callspec.params["notebook"] for item in request.session.items
+              if getattr(item, "originalname", None) == "test_notebook_runs_top_to_bottom"]
+
+    async def run_all() -> list:
+        gate = asyncio.Semaphore(AT_ONCE)
+
+        async def one(notebook: Path):
+            async with gate:
+                return await _execute(notebook, tmp_path_factory.mktemp(notebook.stem))
+
+        return await asyncio.gather(*(one(nb) for nb in wanted), return_exceptions=True)
+
+    return dict(zip(wanted, asyncio.run(run_all()), strict=True))
+
+
+@pytest.mark.timeout(1200)  # the first test waits for every selected notebook
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_runs_top_to_bottom(notebook: Path, executed: dict):
+    outcome = executed[notebook]
+    if isinstance(outcome, BaseException):
+        raise outcome
+    assert not outcome

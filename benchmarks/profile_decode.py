@@ -2,7 +2,8 @@
 
     python benchmarks/profile_decode.py [--eager] [--unfused] [--variants] [--sweep] [--json F]
 
-Default: the step as the decode benchmark runs it (CudaGraphDecoder replay, then argmax),
+Default: the step as the decode benchmark runs it (CudaGraphDecoder.step_greedy: the replay,
+argmax inside it),
 profiled with torch.profiler; the kernels of each step (graph replay included) are read from
 the trace in order and grouped by (kernel, grid): per step count, mean time, achieved TB/s for
 the GEMVs, and the mean idle gap before each (launch latency / dependency wait). The step's
@@ -41,6 +42,8 @@ ap.add_argument("--variants", action="store_true", help="time the fused path's o
 ap.add_argument("--more-variants", action="store_true",
                 help="time step_greedy and attention split sizes")
 ap.add_argument("--no-profile", action="store_true", help="skip the profile")
+ap.add_argument("--tiles", action="store_true",
+                help="end-to-end tok/s with other gate_up / down GEMV tiles (gemv.TUNED)")
 ap.add_argument("--sweep", action="store_true", help="qkv / o_proj GEMV tile sweep")
 ap.add_argument("--early", action="store_true", help="PDL early trigger on for the profile")
 ap.add_argument("--no-fuse-rope", action="store_true", help="RoPE in its own kernel")
@@ -105,10 +108,10 @@ def profile_step() -> None:
             def step():
                 net(tok, cache.context([1], [int(pos)]), cache, last_only=True).argmax(-1)
         else:
-            graph = l3.CudaGraphDecoder(net, cache, 1)
+            graph = l3.CudaGraphDecoder(net, cache, 1, greedy=True)
 
-            def step():
-                graph.step(tok, pos).argmax(-1)
+            def step():  # as the decode benchmark: the greedy pick inside the graph
+                graph.step_greedy(tok, pos)
         for _ in range(3):
             step()
         torch.cuda.synchronize()
@@ -178,7 +181,7 @@ def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 25
         prompt = torch.randint(0, cfg.vocab_size, (128,), device="cuda")
         tok = net(prompt, cache.context([128], [0]), cache, last_only=True).argmax(-1)
         pos = torch.tensor([128], device="cuda")
-        graph = l3.CudaGraphDecoder(net, cache, 1)
+        graph = l3.CudaGraphDecoder(net, cache, 1, greedy=True)
         for _ in range(3):
             graph.step_greedy(tok, pos)
         best = float("inf")
@@ -210,6 +213,31 @@ def more_variants() -> None:
                  "MBU": moved / spt / BW})
             print(f"step_greedy early={early!s:5} min_split_tokens={splits_min:4}: "
                   f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
+
+
+def tiles() -> None:
+    """The whole step timed (step_greedy) with one projection's tile changed at a time."""
+    tuned = sys.modules["layer1_kernels.gemv"].TUNED
+    c = cfg
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    shapes = {"down": (c.hidden_size, c.intermediate_size),
+              "gate_up": (2 * c.intermediate_size, c.hidden_size)}
+    trials = [("down", None), ("down", (4, 2048, 8)), ("down", (2, 2048, 4)),
+              ("down", (16, 1024, 8)), ("gate_up", (4, 1024, 4)), ("gate_up", (2, 2048, 8))]
+    for name, tile in trials:
+        key = shapes[name]
+        old = tuned[key]
+        if tile is not None:
+            tuned[key] = tile
+        try:
+            with torch.no_grad():
+                spt = greedy_seconds_per_token()
+        finally:
+            tuned[key] = old
+        result.setdefault("tiles", []).append({"proj": name, "tile": tile or old,
+                                               "tokens_per_s": 1 / spt, "MBU": moved / spt / BW})
+        print(f"tiles {name} {tile or old}{' (now)' if tile is None else ''}: {1 / spt:7.1f} "
+              f"tok/s, MBU {moved / spt / BW:.3f}")
 
 
 def sweep() -> None:
@@ -254,6 +282,8 @@ if args.variants:
     variants()
 if args.more_variants:
     more_variants()
+if args.tiles:
+    tiles()
 if args.sweep:
     sweep()
 if args.json:

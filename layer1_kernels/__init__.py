@@ -21,6 +21,7 @@ ceilings and the results directory as `kernels.hardware.time_fn` and so on.
 import layer0_hardware as hardware  # the layer beneath, as a namespace for the layers above
 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
+from .argmax import argmax, argmax_reference
 from .cupy_support import cupy_available
 from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
 from .gemv import TUNED as GEMV_TUNED
@@ -75,7 +76,7 @@ __all__ = [
     "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
-    "paged_decode",
+    "paged_decode", "argmax", "argmax_reference",
     # CuPy / CUDA C kernels
     "reduce_sum", "reduce_sum_reference",
     "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",

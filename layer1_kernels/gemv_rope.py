@@ -80,6 +80,14 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # weights first (they do not depend on the kernel before), as in gemv._gemv_kernel
     w_lo = _w_tile(lo_rows, offs_k, j_ok, K, EVEN_K)
     w_hi = _w_tile(hi_rows, offs_k, j_ok, K, EVEN_K)
+    # ... and the epilogue's positions, slots and cos/sin (no kernel of the step writes them:
+    # loaded here, they arrive during the K loop instead of adding two round trips after it)
+    mask = m_ok[:, None] & j_ok[None, :]
+    pos = tl.load(pos_ptr + m, mask=m_ok, other=0).to(tl.int64)
+    slot = tl.load(slot_ptr + m, mask=m_ok, other=0).to(tl.int64)[:, None]
+    tab = pos[:, None] * table_stride + i[None, :]
+    c = tl.load(cos_ptr + tab, mask=mask, other=0.0).to(tl.float32)
+    s = tl.load(sin_ptr + tab, mask=mask, other=0.0).to(tl.float32)
     if PDL:
         if PDL_EARLY:
             gdc_launch_dependents()
@@ -126,11 +134,6 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # the qkv row as the unfused GEMV stores it, then rope.py's fp32 rotation of q and k heads
     lo = lo.to(OUT_TY).to(tl.float32)
     hi = hi.to(OUT_TY).to(tl.float32)
-    mask = m_ok[:, None] & j_ok[None, :]
-    pos = tl.load(pos_ptr + m, mask=m_ok, other=0).to(tl.int64)
-    tab = pos[:, None] * table_stride + i[None, :]
-    c = tl.load(cos_ptr + tab, mask=mask, other=0.0).to(tl.float32)
-    s = tl.load(sin_ptr + tab, mask=mask, other=0.0).to(tl.float32)
     rot = (head < NQ + NKV)[None, :]
     o_lo = tl.where(rot, lo * c - hi * s, lo).to(OUT_TY)
     o_hi = tl.where(rot, hi * c + lo * s, hi).to(OUT_TY)
@@ -138,7 +141,6 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     tl.store(y_row + n_lo[None, :], o_lo, mask=mask)
     tl.store(y_row + n_hi[None, :], o_hi, mask=mask)
     # k heads to k_cache, v heads to v_cache, at the token's slot
-    slot = tl.load(slot_ptr + m, mask=m_ok, other=0).to(tl.int64)[:, None]
     is_k = ((head >= NQ) & (head < NQ + NKV))[None, :]
     kdst = kc_ptr + slot * kc_stride_s + (head - NQ)[None, :] * kc_stride_h + i[None, :]
     tl.store(kdst, o_lo, mask=mask & is_k)

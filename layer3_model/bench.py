@@ -84,21 +84,21 @@ def decode_seconds_per_token(net: LlamaModel, *, prompt_len: int = 128, new_toke
     )
     logits = net(prompt, cache.context([prompt_len], [0]), cache, last_only=True)
     token, position = logits.argmax(-1), torch.tensor([prompt_len], device=dev)
-    if cuda_graph:
-        graph = CudaGraphDecoder(net, cache, 1)
+    if cuda_graph:  # the greedy pick inside the graph (step_greedy: no logits copy)
+        graph = CudaGraphDecoder(net, cache, 1, greedy=True)
 
         def step(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-            return graph.step(tok, pos)
+            return graph.step_greedy(tok, pos)
     else:
         def step(tok: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
             ctx = cache.context([1], [int(pos)])  # eager: host ints build the context (one sync)
-            return net(tok, ctx, cache, last_only=True)
+            return net(tok, ctx, cache, last_only=True).argmax(-1)
     for _ in range(3):  # warm-up at the first positions (rewritten by the timed loop)
         step(token, position)
     _sync(dev)
     start = time.perf_counter()
     for i in range(new_tokens):
-        token = step(token, position + i).argmax(-1)
+        token = step(token, position + i)
     _sync(dev)
     return (time.perf_counter() - start) / new_tokens
 

@@ -18,8 +18,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import importlib
 # (import_module: the package's `gemv` and `paged_decode` names are the functions)
-G, P, R, GR = (importlib.import_module(f"layer1_kernels.{m}")
-               for m in ("gemv", "paged_decode", "rope_kv_write", "gemv_rope"))
+G, P, R, GR, A = (importlib.import_module(f"layer1_kernels.{m}")
+                  for m in ("gemv", "paged_decode", "rope_kv_write", "gemv_rope", "argmax"))
 
 def compile_(fn, consts, ptrs, opts):
     sig, cx = {}, {}
@@ -61,6 +61,9 @@ for ident, fused, heads_first in [(True, True, False), (False, True, True), (Fal
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),
          {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"},
          {"num_warps": 4, "launch_pdl": True})
+compile_(A._argmax_kernel, dict(BLOCK=4096, PIECES=32, PDL=True),
+         {"x_ptr": "*fp32", "out_ptr": "*i64", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
+          "count_ptr": "*i32"}, {"num_warps": 4, "launch_pdl": True})
 print("compiled")
 '''
 

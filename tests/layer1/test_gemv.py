@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from layer1_kernels import (
+    argmax,
     gemv,
     gemv_reference,
     gemv_rms_norm,
@@ -185,3 +186,22 @@ def test_split_decode_attention_contiguous(splits, fused, window):
     out = paged_decode(q, k[[1, 2, 0]].contiguous(), v[[1, 2, 0]].contiguous(), rows, lens, 0.25,
                        window, splits)
     assert rel(out, _attn_ref(q, k, v, lens, 0.25, window)) < 1e-5
+
+
+@pytest.mark.parametrize("m,n,block", [(1, 5000, 256), (3, 777, 64), (2, 16, 16), (1, 1, 16)])
+def test_argmax_matches_torch(m, n, block):
+    """The split argmax (pieces + last-in reduction) against torch.argmax: ties go to the first
+    index (across pieces too), NaN counts as the largest; twice (the counters reset)."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(m, n, generator=g).to(DEV)
+    for _ in range(2):
+        assert torch.equal(argmax(x, impl="triton", block=block), torch.argmax(x, -1))
+    if n > 300:
+        x[:, 3] = x[:, 300] = 50.0  # a tie in two pieces: the first wins
+        assert torch.equal(argmax(x, impl="triton", block=block), torch.argmax(x, -1))
+        x[0, 200] = float("nan")
+        assert int(argmax(x, impl="triton", block=block)[0]) == 200
+    half = x.to(DTYPES[-1])
+    assert torch.equal(argmax(half, impl="triton", block=block), torch.argmax(half, -1))
+    with pytest.raises(ValueError, match="argmax"):
+        argmax(x[0])

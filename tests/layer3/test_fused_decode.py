@@ -169,10 +169,12 @@ def test_fused_decode_under_cuda_graph_gpu():
     cache = l3.ContiguousKVCache.for_model(cfg, 2, 48, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():
         fused(torch.randint(0, 512, (10,), device="cuda"), cache.context([4, 6], [0, 0]), cache)
-        graph = l3.CudaGraphDecoder(fused, cache, 2)
+        graph = l3.CudaGraphDecoder(fused, cache, 2, greedy=True)
         tok, pos = torch.tensor([3, 9], device="cuda"), torch.tensor([4, 6], device="cuda")
         got = graph.step(tok, pos)
-        assert torch.equal(graph.step_greedy(tok, pos), got.argmax(-1))  # argmax in the graph
+        assert torch.equal(graph.step_greedy(tok, pos), got.argmax(-1))  # layer 1's argmax
+        with pytest.raises(ValueError, match="greedy=True"):
+            l3.CudaGraphDecoder(fused, cache, 2).step_greedy(tok, pos)
         want = fused(tok, cache.context([1, 1], [4, 6]), cache, last_only=True)
         # PDL's early trigger (dependents launch while a GEMV streams) changes no result
         l3.comm.kernels.set_decode_pdl(True, early=True)

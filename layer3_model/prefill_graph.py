@@ -5,8 +5,8 @@ host their enqueue takes as long as the GPU work, so the measured time follows t
 speed. Replaying the forward from a CUDA graph takes one launch. A graph fixes every shape,
 so a prompt of n tokens runs in the smallest bucket >= n, padded at the end: causal
 attention keeps the n real tokens blind to the padding, so their outputs are the same
-arithmetic as an eager prefill of n tokens (bit for bit when n == bucket; at n < bucket a
-GEMM of another height may pick another cuBLAS kernel: a last-bit difference). The padding
+arithmetic as an eager prefill of n tokens (the same kernels when n == bucket; at n < bucket
+a GEMM of another height may pick another cuBLAS kernel: last-bit differences). The padding
 writes k, v into the row's slots n..bucket-1, which a later decode step overwrites before
 any step reads them (attention reads positions < seq_len). vLLM captures its piecewise graphs
 the same way, per padded token count.

@@ -124,7 +124,26 @@ def bucket_graph_prefill(net, tokens: int, peak: float, runs: int = 5) -> dict:
         graphs.prefill(ids)
         enqueue.append(time.perf_counter() - t0)
     flops, med = L3B.prefill_flops(net, tokens), statistics.median(secs)
-    return {"bucket_graph_ms": med * 1e3, "bucket_graph_runs_ms": [s * 1e3 for s in secs],
+    # the graph's logits against the eager forward's, and the eager forward with RoPE and
+    # the cache write unfused (as before today) against the fused one: same numbers?
+    eager_cache = l3.ContiguousKVCache.for_model(net.config, 1, tokens, dtype=net.dtype,
+                                                 device=net.device)
+    ctx = eager_cache.context([tokens], [0])
+    eager = net(ids, ctx, eager_cache, last_only=True)[0]
+    fused_ops = net.ops
+    net.ops = dataclasses.replace(fused_ops, rope_write=None)
+    try:
+        unfused = net(ids, ctx, eager_cache, last_only=True)[0]
+    finally:
+        net.ops = fused_ops
+    graphed = graphs.prefill(ids)
+
+    def same(a, b) -> dict:
+        return {"equal": bool(torch.equal(a, b)), "argmax_equal": bool(a.argmax() == b.argmax()),
+                "rel_diff": float((a - b).norm() / b.norm())}
+    return {"bucket_graph_vs_eager": same(graphed, eager),
+            "eager_fused_vs_unfused_rope_write": same(eager, unfused),
+            "bucket_graph_ms": med * 1e3, "bucket_graph_runs_ms": [s * 1e3 for s in secs],
             "bucket_graph_MFU": flops / med / peak,
             "bucket_graph_MFU_min": flops / max(secs) / peak,
             "bucket_graph_MFU_max": flops / min(secs) / peak,

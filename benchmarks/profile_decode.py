@@ -218,22 +218,25 @@ def more_variants() -> None:
 def tiles() -> None:
     """The whole step timed (step_greedy) with one projection's tile changed at a time."""
     tuned = sys.modules["layer1_kernels.gemv"].TUNED
+    rope_tuned = sys.modules["layer1_kernels.gemv_rope"].TUNED
     c = cfg
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
     shapes = {"down": (c.hidden_size, c.intermediate_size),
               "gate_up": (2 * c.intermediate_size, c.hidden_size)}
-    trials = [("down", None), ("down", (4, 2048, 8)), ("down", (2, 2048, 4)),
-              ("down", (16, 1024, 8)), ("gate_up", (4, 1024, 4)), ("gate_up", (2, 2048, 8))]
+    shapes["qkv+rope"] = (c.q_size + 2 * c.kv_size, c.hidden_size)
+    trials = [("down", None), ("qkv+rope", (1, 2048, 8)), ("down", (4, 2048, 8)),
+              ("down", (2, 2048, 4)), ("gate_up", (4, 1024, 4)), ("down", (16, 1024, 8)),
+              ("gate_up", (2, 2048, 8))]
     for name, tile in trials:
-        key = shapes[name]
-        old = tuned[key]
+        key, table = shapes[name], (rope_tuned if name == "qkv+rope" else tuned)
+        old = table[key]
         if tile is not None:
-            tuned[key] = tile
+            table[key] = tile
         try:
             with torch.no_grad():
                 spt = greedy_seconds_per_token()
         finally:
-            tuned[key] = old
+            table[key] = old
         result.setdefault("tiles", []).append({"proj": name, "tile": tile or old,
                                                "tokens_per_s": 1 / spt, "MBU": moved / spt / BW})
         print(f"tiles {name} {tile or old}{' (now)' if tile is None else ''}: {1 / spt:7.1f} "

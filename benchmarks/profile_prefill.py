@@ -372,6 +372,27 @@ def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
     return res
 
 
+def host_ab(net: l3.LlamaModel, fwd: Callable[[], object], rounds: int = 7) -> dict:
+    """Enqueue ms before / after today's host cuts, interleaved (before, after, before, ...)
+    so a host that speeds up or slows down during the run moves both alike; with the
+    Python-loop time of each round."""
+    with before_host_cuts(net):
+        fwd()  # JIT of the before path
+    fwd()
+    _sync()
+    before, after, loop = [], [], []
+    for _ in range(rounds):
+        loop.append(host_speed_ms())
+        with before_host_cuts(net):
+            before.append(host_ms(fwd, repeats=3))
+        after.append(host_ms(fwd, repeats=3))
+    return {"before_ms": before, "after_ms": after, "python_loop_ms": loop,
+            "before_median_ms": statistics.median(before),
+            "after_median_ms": statistics.median(after),
+            "after_over_before": statistics.median(a / b for a, b in zip(after, before,
+                                                                         strict=True))}
+
+
 def print_host_profile(h: dict) -> None:
     n = h["layers"]
     print(f"host: python loop {h['host_speed_ms']:.1f} ms (end {h['host_speed_ms_end']:.1f}); "
@@ -469,6 +490,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--json", default=None)
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--no-sweep", action="store_true")
+    ap.add_argument("--host-ab", action="store_true",
+                    help="only the interleaved before/after of today's host cuts (enqueue)")
     ap.add_argument("--host-only", action="store_true",
                     help="only where the host's time goes (enqueue, cProfile, launch census, "
                          "launch paths); no kernel tables, variants or sweeps")
@@ -491,6 +514,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     result: dict = {"tokens": T, "flops": flops, "peak_flops": peak, "profiles": {},
                     "variants": {}}
+    if args.host_ab:
+        with torch.no_grad():
+            for _ in range(3):
+                fwd()
+            result["host_ab"] = ab = host_ab(net, fwd)
+        print(f"host cuts, interleaved x{len(ab['before_ms'])}: enqueue before "
+              f"{ab['before_median_ms']:.3f} ms, after {ab['after_median_ms']:.3f} ms "
+              f"(after/before per round, median {ab['after_over_before']:.2f}); python loop "
+              f"{min(ab['python_loop_ms']):.1f}-{max(ab['python_loop_ms']):.1f} ms")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+        return result
     if args.host_only:
         with torch.no_grad():
             for _ in range(3):  # JIT and allocator warm-up at this shape

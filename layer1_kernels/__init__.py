@@ -42,7 +42,7 @@ from .matmul import matmul, matmul_reference
 from .matmul_fp8 import matmul_fp8, matmul_fp8_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .nvcc import compile_check, nvcc_available
-from .paged_decode import paged_decode
+from .paged_decode import paged_decode, paged_decode_splits
 from .reduction import (
     cupy_row_rms,
     cupy_row_rms_reference,
@@ -76,7 +76,7 @@ __all__ = [
     "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
-    "paged_decode", "argmax", "argmax_reference",
+    "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # CuPy / CUDA C kernels
     "reduce_sum", "reduce_sum_reference",
     "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",

@@ -239,13 +239,47 @@ def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor
 
 
 # ---- configs -----------------------------------------------------------------------------------
-def default_config(head_dim: int, dtype: torch.dtype) -> dict:
-    """Tokens per loop step and launch shape (not autotuned: decode shapes change every step)."""
+# Chosen from benchmarks/sweep_paged.py on an H100 (2026-11-25; Hq 32, Hkv 8, D 64, bf16, pages
+# of 16; CUDA-graph replay): batch 1-32 x contexts 1k-16k and a batch-256 engine-like step.
+#: programs per SM a split count aims for: the best split count put 256-1024 programs on the
+#: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024), batch 32 (256 programs) ran best unsplit.
+PROGRAMS_PER_SM = 4
+#: no split from this many programs per SM on (batch 32 x 8 kv heads: 1.94, one part was 2-3 %
+#: faster than two at every context; batch 8: 0.48, eight parts 1.5-15 % faster than four).
+SPLIT_BELOW = 1.5
+MIN_SPLIT_TOKENS = 128  # a part shorter than this spends more on its partial than it saves
+MAX_SPLITS = 64
+
+
+def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
+    """How many parts to cut each context into (host ints only: the lengths stay on the
+    device). A power of two, so that parts are whole multiples of the kernel's BLOCK_N: a
+    count of 6 at 1k keys cuts parts of 171, rounded up to 256: four parts, not six."""
+    programs = batch * kv_heads
+    if programs >= SPLIT_BELOW * sm_count:
+        return 1
+    wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // MIN_SPLIT_TOKENS,
+                 MAX_SPLITS)
+    return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
+
+
+@functools.cache
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
+    """Tokens per loop step and launch shape (not autotuned: decode shapes change every step).
+    16-bit, D <= 64 (the sweep): 128 keys a step; split (short parts, latency-bound) without
+    software pipelining, unsplit (long loops, bandwidth-bound) with two stages. Within 3 % of
+    the sweep's best config at every shape but batch 1-8 x 1k (within 10 %)."""
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
     if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in smem
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
+        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1 if splits > 1 else 2}
 
 
 def _pow2(n: int) -> int:  # triton.next_power_of_2 costs microseconds per host call in 3.6
@@ -277,11 +311,15 @@ def _stream_getter():
 
 def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor | None, seq_lens: torch.Tensor, scale: float,
-                 window: int | None, num_splits: int, *, fused_merge: bool = True,
-                 config: dict | None = None, heads_first: bool = False) -> torch.Tensor:
+                 window: int | None, num_splits: int | None = None, *,
+                 fused_merge: bool = True, config: dict | None = None,
+                 heads_first: bool = True) -> torch.Tensor:
     """Launch the kernel (arguments checked by the caller: layer 4's paged_decode_attention,
-    layer 3's triton backend). Returns (B, Hq, D). heads_first: the grid's fastest axis walks
-    a sequence's kv heads (needs B <= 65535)."""
+    layer 3's triton backend). Returns (B, Hq, D). num_splits None: paged_decode_splits from
+    the table's capacity; config None: default_config. heads_first: neighbouring programs
+    are a sequence's kv heads, which read the same cache rows (a token's heads are adjacent)
+    at about the same time: never slower in the sweep, 2-4 % faster where K/V come from DRAM
+    (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -290,12 +328,16 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if B == 0 or Hq == 0 or max_blocks == 0 or page == 0:
         return out.zero_()
     splits = num_splits
+    if splits is None:
+        sms = 1 if dev.type != "cuda" else _sm_count(
+            dev.index if dev.index is not None else torch.cuda.current_device())
+        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms)
     group = Hq // Hkv
     part_o, part_lse = _parts(dev, B * Hq * splits if splits > 1 else 0, D)
     # (one split takes them too, unused: the same compiled kernel serves every split count)
     counters = _counters(dev, B * Hkv) if fused_merge else None
     fused = counters is not None
-    cfg = config or default_config(D, q.dtype)
+    cfg = config or default_config(D, q.dtype, splits)
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     heads_first = heads_first and B <= 65535
     grid = (Hkv, B, splits) if heads_first else (B, Hkv, splits)

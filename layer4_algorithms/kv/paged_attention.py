@@ -65,12 +65,6 @@ __all__ = ["paged_decode_attention", "paged_decode_attention_reference", "pick_n
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _HEAD_DIMS = (16, 32, 64, 128, 256)
-# A split shorter than this spends more on its partial result than it saves. 128 since the
-# merge moved into the kernel: H100 sweep under graph replay (2026-11-24), where this bound
-# decides (batch 1-8, contexts 1-4k) twice the parts of 256 ran 1.1-1.4x faster.
-_MIN_SPLIT_TOKENS = 128
-_MAX_SPLITS = 64
-_PROGRAMS_PER_SM = 8  # (sequence, kv head, part) programs per SM the split count aims for
 
 
 # ---- host side -------------------------------------------------------------------------------
@@ -80,24 +74,13 @@ def _sm_count(device_index: int) -> int:
 
 
 def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """How many parts to cut each context into: enough (sequence, kv head, part) programs for
-    ~8 per SM, but no part shorter than _MIN_SPLIT_TOKENS tokens. Host ints only.
-    (H100 sweep, 2026-11-23: at batch 128 two parts beat one by 10-20 % at every context, which
-    4 programs per SM did not choose; batch 32 wants 2-5, batch 1-4 as many as the context
-    allows.)"""
+    """How many parts to cut each context into: layer 1's paged_decode_splits (a power of two
+    putting ~4 programs on each SM, no part under 128 keys, none while the batch alone gives
+    1.5 programs per SM; from the H100 sweep of 2026-11-25) for this device's SM count (1 off
+    a GPU). Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
-    wanted = -(-_PROGRAMS_PER_SM * sms // (batch * kv_heads))  # (not triton.cdiv: slow on host)
-    return max(1, min(wanted, -(-max_context // _MIN_SPLIT_TOKENS), _MAX_SPLITS))
-
-
-def _config(head_dim: int, dtype: torch.dtype) -> dict | None:
-    """Launch config for the paged kernel; None: layer 1's default. 128 keys a step for 16-bit
-    D <= 64: the H100 sweep (graph replay, 2026-11-24; Hq 32, Hkv 8, D 64, pages of 16) ran it
-    1.0-1.2x faster than 64 at every batch (1-8) and context (1k-16k) it measured."""
-    if l3.INTERPRETED or dtype == torch.float32 or head_dim > 64:
-        return None
-    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2}
+    return _kernels.paged_decode_splits(batch, kv_heads, max_context, sms)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -171,4 +154,4 @@ def _plan(q, k_cache, v_cache, block_tables, seq_lens, scale, window, impl, num_
         splits = pick_num_splits(B, Hkv, max_blocks * page, q.device)
     if not 1 <= splits <= 65535:
         raise ValueError(f"num_splits must be in [1, 65535]; got {splits}")
-    return splits, _config(D, q.dtype)
+    return splits, None  # layer 1's default_config for this split count

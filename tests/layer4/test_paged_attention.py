@@ -10,6 +10,7 @@ import math
 import pytest
 import torch
 
+import layer3_model as l3
 from layer4_algorithms.kv.paged_attention import (
     decode_bytes_and_flops,
     paged_decode_attention,
@@ -181,9 +182,14 @@ def test_auto_runs_the_reference_on_cpu_and_bad_inputs_are_named():
 def test_split_count_and_cost_model():
     cpu = torch.device("cpu")
     assert pick_num_splits(1, 8, 16, cpu) == 1  # short context: one part
-    assert pick_num_splits(1, 1, 4096, cpu) == 8  # "one SM": 8 programs wanted
-    assert pick_num_splits(1, 1, 512, cpu) == 4  # ... but no part under 128 tokens
+    assert pick_num_splits(1, 1, 4096, cpu) == 4  # "one SM": 4 programs wanted
+    assert pick_num_splits(1, 1, 384, cpu) == 2  # ... but no part under 128 tokens (a power of 2)
     assert pick_num_splits(64, 8, 4096, cpu) == 1
+    splits = l3.comm.kernels.paged_decode_splits  # on an H100's 132 SMs: the sweep's picks
+    assert [splits(b, 8, n, 132) for b, n in [(1, 1024), (4, 1024), (8, 1024), (1, 4096),
+                                              (4, 4096), (1, 16384), (4, 16384), (8, 16384)]] \
+        == [8, 8, 8, 32, 16, 64, 16, 8]
+    assert splits(32, 8, 4096, 132) == splits(256, 8, 2112, 132) == 1  # >= 1.5 programs per SM
     nbytes, flops = decode_bytes_and_flops(2, 100, 32, 8, 64, 2)
     assert nbytes == 2 * 2 * 32 * 64 * 2 + 2 * 2 * 100 * 8 * 64 * 2
     assert flops == 4 * 2 * 100 * 32 * 64

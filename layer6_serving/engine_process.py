@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import copy
+import gc
 import logging
 import multiprocessing as mp
 import os
@@ -294,6 +295,10 @@ def engine_main(commands, turns, model, engine_kwargs: dict, priority: bool, nam
         def token_text(t: int) -> str:
             return "" if tok is None else tok.decode([t], skip_special_tokens=False)
         _leave_a_core(llm)
+        # the model, tokenizer and caches live as long as the process: out of the garbage
+        # collector's way, so its full passes during serving only walk what serving allocates
+        gc.collect()
+        gc.freeze()
         turns.send(("ready", EngineInfo.of(llm)))
         sink = PipeSink(turns)
         loop = PipeLoop(llm, commands, token_text, priority=priority, name=name, sink=sink)
@@ -306,12 +311,20 @@ def engine_main(commands, turns, model, engine_kwargs: dict, priority: bool, nam
 
 
 def _leave_a_core(llm) -> None:
-    """On a CPU engine, torch's threads would take every core, the server's included, and
-    spin against it: leave one to the server process (unless OMP_NUM_THREADS says)."""
-    if llm.model.device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        import torch
+    """Torch's CPU threads. On a CPU engine they would take every core, the server's
+    included, and spin against it: leave one to the server process. On a GPU engine the
+    host side of a step is Python and small tensors, which gain nothing from a thread pool,
+    while the pool's threads spin after every parallel region on the cores the server and
+    its clients need: one thread (vLLM sets its engine processes the same way). Either
+    way OMP_NUM_THREADS, when set, decides."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    import torch
 
+    if llm.model.device.type == "cpu":
         torch.set_num_threads(max(1, min(torch.get_num_threads(), (os.cpu_count() or 2) - 1)))
+    else:
+        torch.set_num_threads(1)
 
 
 class PipeLoop(EngineLoop):

@@ -55,7 +55,8 @@ def test_greedy_speculation_with_graph_draft_equals_plain_greedy():
 @pytest.mark.gpu
 def test_lean_graph_step_matches_the_serving_forward():
     """LeanGraphStep (the draft's captured lean step) against layer 3's forward, 3 rows at
-    different positions, the cache's unwritten slots full of garbage."""
+    different positions, the cache's unwritten slots full of garbage; then the eager lean
+    step on rows out of order."""
     import torch
 
     from layer4_algorithms.spec.draft_step import LeanDecodeStep, LeanGraphStep
@@ -74,3 +75,9 @@ def test_lean_graph_step_matches_the_serving_forward():
             ref = draft.net(ids, caches[0].context([1] * 3, pos), caches[0], last_only=True)
             out = graph.step(ids, torch.tensor(pos, device="cuda"))
             torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+        # the eager lean step on the GPU (the engine's draft: rows in any order)
+        ids = torch.tensor([9, 1234], device="cuda")
+        ref = draft.net(ids, caches[0].context([1, 1], [12, 3], rows=[1, 0]), caches[0],
+                        last_only=True)
+        out = graph.lean.step(ids, [1, 0], [12, 3])
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)

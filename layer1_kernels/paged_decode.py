@@ -14,14 +14,14 @@ over BLOCK_N keys at a time, partial results (o, lse) per part).
 The merge. With more than one part, each program writes its partial result, then takes a
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
-all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, not a head
-at a time) and writes the lse-weighted mean, then resets the counter to 0 for the next call.
-That saves the second launch flash-decoding usually needs (~2-3 us each on a GPU, x layers
-per token). The counters and the partial results live in buffers kept per device (the
-counters zero between calls); when one must grow while a CUDA graph is being captured, the
-partials get a fresh tensor of the graph's and the merge a separate kernel. Calls on one
-device must therefore run one after another (one stream, or graphs replayed in turn), as a
-model's layers do.
+all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, up to 64
+parts, not a head at a time) and writes the lse-weighted mean, then resets the counter to 0
+for the next call. That saves the second launch flash-decoding usually needs (~2-3 us each
+on a GPU, x layers per token). The counters and the partial results live in buffers kept
+per device (the counters zero between calls); when one must grow while a CUDA graph is
+being captured, the partials get a fresh tensor of the graph's and the merge a separate
+kernel. Calls on one device must therefore run one after another (one stream, or graphs
+replayed in turn), as a model's layers do.
 
 The launch. At small shapes the host costs more than the kernel (a decode step at batch 1
 moves ~2 MB per layer: ~2 us on an H100), so a call does little besides the launch: the
@@ -287,12 +287,15 @@ def _pow2(n: int) -> int:  # triton.next_power_of_2 costs microseconds per host 
 
 
 @functools.cache
-def _tiles(group: int, head_dim: int) -> tuple[int, int, int]:
+def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
-    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and as
-    many parts as keep its tile at 4096 floats."""
+    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and
+    16, 32 or 64 parts a round trip (all of them up to 64: the merge is the launch's tail),
+    within 16384 floats. (The merge tile does not raise the kernel's register count: ptxas
+    gives 255 for the main loop at BLOCK_N 128 either way.)"""
     g = max(2, _pow2(group))
-    return max(16, _pow2(group)), g, max(2, min(64, 4096 // (g * head_dim)))
+    return max(16, _pow2(group)), g, max(2, min(max(16, _pow2(splits)), 64,
+                                                16384 // (g * head_dim)))
 
 
 # ---- launch ------------------------------------------------------------------------------------
@@ -344,7 +347,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     identity = block_tables is None
     tables = seq_lens if identity else block_tables  # unused when IDENTITY
     t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
-    block_g, merge_g, merge_s = _tiles(group, D)
+    block_g, merge_g, merge_s = _tiles(group, D, splits)
     args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
             counters if fused else seq_lens,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
@@ -359,7 +362,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first,
-                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"])
+                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s)
     kernel = _LAUNCHES.get(key) if key is not None else None
     if kernel is not None and triton.knobs.runtime.launch_enter_hook is None:
         get_stream, get_device = _stream_getter()

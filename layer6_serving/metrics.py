@@ -77,30 +77,40 @@ class _Listener:
     def __init__(self, metrics: ServingMetrics, model: str) -> None:
         self.m, self.model = metrics, model
         self.seen = dict.fromkeys((a for a, _ in self.COUNTED), 0)
+        self._children: dict[str, object] = {}
+
+    def _c(self, name: str):
+        """The metric's series for this model, looked up once (on_step runs every engine
+        step, on_finish once per ITL): created on first use, as labels() would."""
+        child = self._children.get(name)
+        if child is None:
+            child = self._children[name] = getattr(self.m, name).labels(self.model)
+        return child
 
     def on_step(self, s: EngineSnapshot) -> None:
-        m, lab = self.m, self.model
-        m.running.labels(lab).set(s.running)
-        m.waiting.labels(lab).set(s.waiting)
-        m.kv_usage.labels(lab).set(s.kv_usage)
-        m.kv_used.labels(lab).set(s.kv_blocks_used)
+        c = self._c
+        c("running").set(s.running)
+        c("waiting").set(s.waiting)
+        c("kv_usage").set(s.kv_usage)
+        c("kv_used").set(s.kv_blocks_used)
         if s.prefix_queried_tokens:
-            m.prefix_rate.labels(lab).set(s.prefix_hit_tokens / s.prefix_queried_tokens)
+            c("prefix_rate").set(s.prefix_hit_tokens / s.prefix_queried_tokens)
         if s.spec_acceptance is not None:
-            m.spec_rate.labels(lab).set(s.spec_acceptance)
+            c("spec_rate").set(s.spec_acceptance)
         for attr, name in self.COUNTED:
             cur = getattr(s, attr)
             if cur > self.seen[attr]:
-                getattr(m, name).labels(lab).inc(cur - self.seen[attr])
+                c(name).inc(cur - self.seen[attr])
             self.seen[attr] = cur
 
     def on_finish(self, r: FinishedRequest) -> None:
-        m, lab = self.m, self.model
+        m, lab, c = self.m, self.model, self._c
         if r.ttft_s is not None:
-            m.ttft.labels(lab).observe(r.ttft_s)
+            c("ttft").observe(r.ttft_s)
         if r.queue_s is not None:
-            m.queue.labels(lab).observe(r.queue_s)
-        m.e2e.labels(lab).observe(r.e2e_s)
+            c("queue").observe(r.queue_s)
+        c("e2e").observe(r.e2e_s)
+        itl = c("itl")
         for gap in r.itls:
-            m.itl.labels(lab).observe(gap)
+            itl.observe(gap)
         m.success.labels(lab, r.finish_reason or "unknown").inc()

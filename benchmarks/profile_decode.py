@@ -42,6 +42,8 @@ ap.add_argument("--variants", action="store_true", help="time the fused path's o
 ap.add_argument("--more-variants", action="store_true",
                 help="time step_greedy and attention split sizes")
 ap.add_argument("--no-profile", action="store_true", help="skip the profile")
+ap.add_argument("--attention", action="store_true",
+                help="end-to-end tok/s with other attention split sizes / kernel configs")
 ap.add_argument("--tiles", action="store_true",
                 help="end-to-end tok/s with other gate_up / down GEMV tiles (gemv.TUNED)")
 ap.add_argument("--sweep", action="store_true", help="qkv / o_proj GEMV tile sweep")
@@ -169,6 +171,25 @@ def variants() -> None:
               f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
 
 
+def attention_variants() -> None:
+    """The whole step (step_greedy) with layer 3's attention split size and kernel config."""
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    b64 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+    for splits_min, config in ((None, None), (128, None), (None, b64), (128, b64)):
+        l3.backends.ATTENTION_CONFIG = config
+        try:
+            with torch.no_grad():
+                spt = greedy_seconds_per_token(splits_min)
+        finally:
+            l3.backends.ATTENTION_CONFIG = None
+        splits_min = splits_min or l3.backends.MIN_SPLIT_TOKENS
+        result.setdefault("attention", []).append(
+            {"min_split_tokens": splits_min, "config": config, "tokens_per_s": 1 / spt,
+             "MBU": moved / spt / BW})
+        print(f"attention min_split_tokens={splits_min} config={config or 'default'}: "
+              f"{1 / spt:7.1f} tok/s, MBU {moved / spt / BW:.3f}")
+
+
 def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 256) -> float:
     """decode_seconds_per_token's loop with step_greedy (argmax in the graph, no logits
     copy); splits_min: backends.MIN_SPLIT_TOKENS for the attention split count."""
@@ -224,9 +245,9 @@ def tiles() -> None:
     shapes = {"down": (c.hidden_size, c.intermediate_size),
               "gate_up": (2 * c.intermediate_size, c.hidden_size)}
     shapes["qkv+rope"] = (c.q_size + 2 * c.kv_size, c.hidden_size)
-    trials = [("down", None), ("qkv+rope", (1, 2048, 8)), ("down", (4, 2048, 8)),
-              ("down", (2, 2048, 4)), ("gate_up", (4, 1024, 4)), ("down", (16, 1024, 8)),
-              ("gate_up", (2, 2048, 8))]
+    trials = ([] if args.attention else [("down", None)]) + [  # (--attention: the baseline)
+        ("qkv+rope", (1, 2048, 8)), ("down", (4, 2048, 8)), ("down", (2, 2048, 4)),
+        ("gate_up", (4, 1024, 4)), ("down", (16, 1024, 8)), ("gate_up", (2, 2048, 8))]
     for name, tile in trials:
         key, table = shapes[name], (rope_tuned if name == "qkv+rope" else tuned)
         old = table[key]
@@ -285,6 +306,8 @@ if args.variants:
     variants()
 if args.more_variants:
     more_variants()
+if args.attention:
+    attention_variants()
 if args.tiles:
     tiles()
 if args.sweep:

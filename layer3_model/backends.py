@@ -147,8 +147,11 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
 
 
 # ---- fused small-batch decode (layer 1's gemv, rope_cache_write, paged_decode) -------------
+#: layer 1's paged_decode config for the contiguous cache's decode (None: its default_config)
+ATTENTION_CONFIG: dict | None = None
 #: Fewest key positions one part of a split decode attention takes (its merge is in-kernel).
-MIN_SPLIT_TOKENS = 64  # H100, 1B decode at 128-384 keys: 64 -> 918.8 tok/s, 128 -> 904.7
+#: H100, 1B decode at 128-384 keys (64 keys a kernel step): 64 -> 918.8 tok/s, 128 -> 904.7
+MIN_SPLIT_TOKENS = 64
 _MAX_SPLITS = 64
 _DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -237,7 +240,7 @@ class DecodeKernels:
         k, v = cache.k[layer], cache.v[layer]  # (batch, max_len, kv_heads, D): page = max_len
         splits = _num_splits(q.shape[0], k.shape[2], cache.max_len, q.device)
         return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
-                                    splits)
+                                    splits, config=ATTENTION_CONFIG)
 
 
 # ---- layer 1's kernels -------------------------------------------------------------------

@@ -155,6 +155,46 @@ def old_graph_us(path: str, c: dict, splits: int, est: float) -> float:
                                              splits, config=cfg), est)
 
 
+def old_splits(B: int, max_ctx: int) -> int:
+    """layer 4's split rule before this sweep: ~8 programs per SM, parts >= 128 keys."""
+    return max(1, min(-(-8 * 132 // (B * HKV)), -(-max_ctx // 128), 64))
+
+
+def defaults(args, do_bench) -> int:
+    """Before/after at a few shapes: the wrapper's own picks vs the old kernel's, and SDPA."""
+    pa = importlib.import_module("layer4_algorithms.kv.paged_attention")
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    rows = []
+    for item in args.defaults.split(","):
+        b, n = item.split(":")
+        B, n = int(b), (n if n == "engine" else int(n))
+        c = case(B, n, gen)
+        est = max(2.0, c["kv_bytes"] / 2.5e6)
+
+        def new():
+            return pa.paged_decode_attention(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125)
+        row = dict(batch=B, context=n, splits=pa.pick_num_splits(B, HKV, c["max_ctx"],
+                                                                 c["q"].device),
+                   new_graph_us=graph_us(new, est),
+                   new_bench_us=do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3)
+        if args.old:
+            row["old_splits"] = old_splits(B, c["max_ctx"])
+            row["old_graph_us"] = old_graph_us(args.old, c, row["old_splits"], est)
+        if "kd" in c:
+            fns = sdpa_fns(c)
+            times = {k: graph_us(f) for k, f in fns.items()}
+            best = min(times, key=times.get)
+            row.update(sdpa=best, sdpa_graph_us=times[best], sdpa_bench_us=do_bench(
+                fns[best], warmup=5, rep=25, return_mode="median") * 1e3)
+        row["new_tbps"] = c["kv_bytes"] / row["new_graph_us"] / 1e6
+        rows.append(row)
+        log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
+                     for k, v in row.items()))
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "defaults_paged.json").write_text(json.dumps(rows, indent=1, default=str))
+    return 0
+
+
 def precompile(cases: dict) -> None:
     """Compile every config for both index dtypes at once (Triton's async compile mode on a
     thread pool: LLVM and ptxas run outside the GIL), instead of one by one at first call."""
@@ -185,8 +225,13 @@ def main(argv=None) -> int:
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
+    ap.add_argument("--defaults", default=None, metavar="B:CTX,...",
+                    help="no sweep: time layer 4's wrapper with its own picks (and --old with "
+                         "the old picks, and SDPA) at these shapes, e.g. 256:engine,1:16384")
     args = ap.parse_args(argv)
     from triton.testing import do_bench
+    if args.defaults:
+        return defaults(args, do_bench)
 
     def bench_us(fn) -> float:  # as the bench's first column: median, L2 flushed
         return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3

@@ -14,7 +14,7 @@ over BLOCK_N keys at a time, partial results (o, lse) per part).
 The merge. With more than one part, each program writes its partial result, then takes a
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
-all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, up to 64
+all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, up to 32
 parts, not a head at a time) and writes the lse-weighted mean, then resets the counter to 0
 for the next call. That saves the second launch flash-decoding usually needs (~2-3 us each
 on a GPU, x layers per token). The counters and the partial results live in buffers kept
@@ -290,12 +290,12 @@ def _pow2(n: int) -> int:  # triton.next_power_of_2 costs microseconds per host 
 def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
     smallest tensor-core tile); for the merge all G heads (padded to a power of two) and
-    16, 32 or 64 parts a round trip (all of them up to 64: the merge is the launch's tail),
-    within 16384 floats. (The merge tile does not raise the kernel's register count: ptxas
-    gives 255 for the main loop at BLOCK_N 128 either way.)"""
+    16 or 32 parts a round trip (the merge is the launch's tail), within 8192 floats: ptxas
+    (sm_90, BLOCK_N 128, 4 warps, D 64, G 4) gives 119-120 registers a thread with 16 or 32
+    (4 programs an SM), 209 with 64 (2 an SM)."""
     g = max(2, _pow2(group))
-    return max(16, _pow2(group)), g, max(2, min(max(16, _pow2(splits)), 64,
-                                                16384 // (g * head_dim)))
+    return max(16, _pow2(group)), g, max(2, min(max(16, _pow2(splits)), 32,
+                                                8192 // (g * head_dim)))
 
 
 # ---- launch ------------------------------------------------------------------------------------

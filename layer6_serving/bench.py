@@ -4,9 +4,10 @@ like `vllm bench serve`, beside the offline engine on the same workload and batc
 Steps (each server alone on the machine, the client in this process):
 1. offline: layer 5's LLM over the same prompts: each prompt's prefill alone (time to its first
    token, one at a time), then the whole workload (output tok/s);
-2. ours: `stack serve` as a subprocess with the same max_num_seqs and KV blocks; a low-load
-   pass (the same prompts one at a time: TTFT p50 against the prefill p50), then each arrival
-   rate (Poisson; "inf" = a burst);
+2. ours: `stack serve` as a subprocess with the same max_num_seqs and KV blocks; a warm-up
+   burst that fills every seat (short replies, every batch size met), a low-load pass (the
+   same prompts one at a time: TTFT p50 against the prefill p50), then each arrival rate
+   (Poisson; "inf" = a burst);
 3. --peer transformers: `transformers serve` on the same weights, the same passes.
 It reports request and output-token throughput, TTFT / TPOT / ITL / E2EL mean, median and
 p99, goodput under the SLOs, HTTP / offline and ours / peer; it writes bench.json and
@@ -190,7 +191,13 @@ def build_workload(args, tokenizer, vocab: int):
     requests = make(args.num_prompts, args.seed)
     low = [BenchRequest(**{**r.__dict__, "max_tokens": min(r.max_tokens, 4)})
            for r in requests[:args.low_load_prompts]]
-    return requests, make(4, args.seed + 1), low
+    # a burst that fills every seat with short replies of different lengths (4..19 tokens):
+    # each server meets every batch size before it is measured, as the offline engine's
+    # first, unmeasured run over the workload does for it (a first use of a shape warms
+    # kernels and allocator in the step it happens in)
+    warmup = [BenchRequest(**{**r.__dict__, "max_tokens": min(r.max_tokens, 4 + i % 16)})
+              for i, r in enumerate(make(max(4, args.max_num_seqs), args.seed + 1))]
+    return requests, warmup, low
 
 
 def _sigterm(signum, frame) -> None:  # a service manager's stop: leave through the finally

@@ -306,6 +306,14 @@ _LAUNCHES: dict[tuple, object] = {}
 _DIRECT = {"on": True}  # False: every call through the JIT (the sweep compares the two)
 
 
+def _hooked() -> bool:
+    """True when launch hooks are set (a profiler's): the JIT path calls them. Triton 3.6
+    keeps them as HookChains, empty unless something added a hook; earlier ones as None."""
+    r = triton.knobs.runtime
+    return any(h is not None and getattr(h, "calls", True)
+               for h in (r.launch_enter_hook, r.launch_exit_hook))
+
+
 @functools.cache
 def _stream_getter():
     from triton.runtime import driver
@@ -363,12 +371,16 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s)
-    kernel = _LAUNCHES.get(key) if key is not None else None
-    if kernel is not None and triton.knobs.runtime.launch_enter_hook is None:
+    kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
+    if kernel is not None:
         get_stream, get_device = _stream_getter()
-        kernel.run(grid[0], grid[1], grid[2], get_stream(get_device()), kernel.function,
-                   kernel.packed_metadata, None, None, None, *args)
-    else:
+        try:  # the launcher parses its arguments before launching: a failure launched nothing
+            kernel.run(grid[0], grid[1], grid[2], get_stream(get_device()), kernel.function,
+                       kernel.packed_metadata, None, None, None, *args)
+        except (TypeError, ValueError, SystemError):  # a Triton whose launcher differs
+            _DIRECT["on"] = False
+            kernel = None
+    if kernel is None:
         kernel = _paged_decode_kernel[grid](*args, num_warps=cfg["num_warps"],
                                             num_stages=cfg["num_stages"],
                                             **({"launch_pdl": True} if pdl["PDL"] else {}))

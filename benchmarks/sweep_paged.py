@@ -177,6 +177,13 @@ def defaults(args, do_bench) -> int:
                                                                  c["q"].device),
                    new_graph_us=graph_us(new, est),
                    new_bench_us=do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3)
+        if B <= 8:  # host cost per call, direct launch vs the JIT (and the same output)
+            row["host_direct_us"] = host_us(new)
+            a = new()
+            pd._DIRECT["on"] = False
+            row["host_jit_us"] = host_us(new)
+            row["direct_equals_jit"] = bool(torch.equal(a, new()))
+            pd._DIRECT["on"] = True
         if args.old:
             row["old_splits"] = old_splits(B, c["max_ctx"])
             row["old_graph_us"] = old_graph_us(args.old, c, row["old_splits"], est)

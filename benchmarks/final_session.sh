@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The session's closing device calls on one H100, each under 10 minutes:
 #   bash benchmarks/final_session.sh tests   # pytest -m gpu, every layer + labs (-v: a timeout
-#                                            # still shows where it stopped), then layer 6's bench
-#   bash benchmarks/final_session.sh perf    # issue 17's table (l17_session.sh), layer 5 extras
+#                                            # still shows where it stopped; ~450 s on an H100)
+#   bash benchmarks/final_session.sh perf    # issue 17's table (l17_session.sh), then layer 6's
+#                                            # bench beside transformers serve
 # Carry .whl (fastapi, uvicorn, openai, ...). Logs and JSON packed into $OUT/session.tgz.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out/logs"
@@ -11,15 +12,15 @@ logs=$out/logs; . "$(dirname "$0")/session_lib.sh"
 install_stack
 case ${1:-tests} in
 tests)
-    step pytest_gpu 370 python3 -m pytest -m gpu -v -rfE -p no:cacheprovider --timeout 90 \
+    step pytest_gpu 540 python3 -m pytest -m gpu -v -rfE -p no:cacheprovider --timeout 90 \
         --durations=25 --continue-on-collection-errors tests/layer0 tests/layer1 tests/layer2 \
         tests/layer3 tests/layer4 tests/layer5 tests/layer6 tests/labs tests/test_cli.py
-    grep -E "FAILED|ERROR|Timeout|passed|failed" "$out/logs/pytest_gpu.log" | tail -25
-    step bench_layer6 175 stack bench --layer 6 --num-prompts 192 --input-len 128 \
+    grep -E "FAILED|ERROR|Timeout|passed|failed" "$out/logs/pytest_gpu.log" | tail -25 ;;
+perf)
+    OUT=$out/logs bash benchmarks/l17_session.sh 2>&1 | tail -32
+    step bench_layer6 160 stack bench --layer 6 --num-prompts 192 --input-len 128 \
         --output-len 128 --rates inf --low-load-prompts 8 --peer transformers --out "$out/logs/layer6"
     rm -rf "$out/logs/layer6/models"
     grep -v '^ *$' "$out/logs/bench_layer6.log" | tail -22 ;;
-perf)
-    OUT=$out/logs bash benchmarks/l17_session.sh 2>&1 | tail -45 ;;
 esac
 tar czf "$out/session.tgz" -C "$out" logs && rm -rf "$out/logs"

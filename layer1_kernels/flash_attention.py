@@ -223,14 +223,19 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dtypes: tuple) -> 
     (B, Hq, _, D), (Bk, Hkv, Nk, Dk) = q.shape, k.shape
     if B != Bk or D != Dk:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or head dim")
+    _check_common(q, k, v, Hq, Hkv, Nk)
+    if q.dtype not in dtypes:
+        raise ValueError(f"unsupported dtype {q.dtype}: expected one of {dtypes}")
+
+
+def _check_common(q, k, v, Hq: int, Hkv: int, Nk: int) -> None:
+    """The checks both layouts share: GQA head counts, keys present, one dtype, one device."""
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
     if Nk == 0:
         raise ValueError("k and v hold no keys (Nk == 0)")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.dtype not in dtypes:
-        raise ValueError(f"unsupported dtype {q.dtype}: expected one of {dtypes}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
 
@@ -340,14 +345,7 @@ def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     (Nq, Hq, D), (Nk, Hkv, Dk) = q.shape, k.shape
     if D != Dk:
         raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in head dim")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of kv heads ({Hkv})")
-    if Nk == 0:
-        raise ValueError("k and v hold no keys (Nk == 0)")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
-    if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
+    _check_common(q, k, v, Hq, Hkv, Nk)
     if not interpreter.use_triton(impl, q, "flash_attention"):
         ref = flash_attention_reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                         v.transpose(0, 1)[None], causal=causal, scale=scale)

@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .gemv import pdl_launch
+from .host import cdiv, next_pow2
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _RETIRED: list[torch.Tensor] = []  # outgrown counters: graphs captured earlier still use them
@@ -92,13 +93,13 @@ def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.T
     out = torch.empty(M, dtype=torch.int64, device=x.device)
     if M == 0:
         return out
-    block = min(block, max(16, triton.next_power_of_2(N)))
-    pieces = triton.cdiv(N, block)
+    block = min(block, max(16, next_pow2(N)))
+    pieces = cdiv(N, block)
     part_v = torch.empty(M * pieces, dtype=torch.float32, device=x.device)
     part_i = torch.empty(M * pieces, dtype=torch.int32, device=x.device)
     _argmax_kernel[(M, pieces)](
         x, out, part_v, part_i, _counters(x.device, M), N, x.stride(0), pieces,
-        BLOCK=block, PIECES=max(2, triton.next_power_of_2(pieces)),
+        BLOCK=block, PIECES=max(2, next_pow2(pieces)),
         num_warps=1 if interpreter.INTERPRETED else 4, **pdl_launch(x.device),
     )
     return out

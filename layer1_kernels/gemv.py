@@ -40,6 +40,8 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from .host import cdiv, next_pow2
+
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Most rows (tokens) one call takes: the register tiles hold all of them.
 MAX_ROWS = 8
@@ -209,7 +211,7 @@ def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
         return 4, 16, 1
     # Untuned guess: many small programs, each loading a wide K tile at once (a loop step
     # waits for its loads: few steps, many programs per SM keep enough bytes in flight).
-    return 4, min(2048, triton.next_power_of_2(k)), 4
+    return 4, min(2048, next_pow2(k)), 4
 
 
 def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None,
@@ -221,17 +223,17 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
     if M == 0 or N == 0:
         return y, h
     block_n, block_k, warps = config or TUNED.get((N, K)) or _default_config(N, K, M)
-    block_m = triton.next_power_of_2(M)
+    block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tile: keep it within the registers
         block_k = min(block_k, max(16, 4096 // (block_m * block_n)))
     r = residual if residual is not None else x
-    _gemv_kernel[(triton.cdiv(N, block_n),)](
+    _gemv_kernel[(cdiv(N, block_n),)](
         x, r, x if h is None else h, x if norm_weight is None else norm_weight, w,
         x if bias is None else bias, y,
         M, N, x.stride(0), r.stride(0), w.stride(0), y.stride(0), float(eps),
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        STATS_K=max(16, min(triton.next_power_of_2(K), 8192 // block_m)), num_warps=warps,
+        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), num_warps=warps,
         PDL_EARLY=_PDL["early"], **pdl_launch(x.device),
     )
     return y, h

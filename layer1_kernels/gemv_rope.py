@@ -39,6 +39,7 @@ from .gemv import (
     pdl_early,
     pdl_launch,
 )
+from .host import cdiv, next_pow2
 from .rope_kv_write import rope_cache_write_reference
 
 #: (BLOCK_P pairs, BLOCK_K, warps) per (N, K); else _default_config. Llama-3.2-1B's qkv, H100
@@ -50,7 +51,7 @@ TUNED: dict[tuple[int, int], tuple[int, int, int]] = {(3072, 2048): (2, 1024, 4)
 def _default_config(k: int) -> tuple[int, int, int]:
     if interpreter.INTERPRETED:
         return 2, 16, 1
-    return 2, min(2048, triton.next_power_of_2(k)), 4
+    return 2, min(2048, next_pow2(k)), 4
 
 
 @triton.jit
@@ -212,12 +213,12 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty_like(x) if residual is not None else None
     block_p, block_k, warps = config or TUNED.get((N, K)) or _default_config(K)
-    block_m = triton.next_power_of_2(M)
+    block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tiles (two of them): keep them within the registers
         block_k = min(block_k, max(16, 2048 // (block_m * block_p)))
     r = residual if residual is not None else x
     cos_c, sin_c = cos.contiguous(), sin.contiguous()
-    _gemv_rope_kernel[(triton.cdiv(N // 2, block_p),)](
+    _gemv_rope_kernel[(cdiv(N // 2, block_p),)](
         x, r, x if h is None else h, norm_weight.contiguous(), w,
         x if bias is None else bias, y, cos_c, sin_c, positions, slots, k_cache, v_cache,
         M, x.stride(0), r.stride(0), w.stride(0), y.stride(0), cos_c.stride(0),
@@ -225,7 +226,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         K=K, N_PAIRS=N // 2, HALF=half, HEAD_D=head_dim, NQ=n_q_heads, NKV=n_kv_heads,
         PROLOGUE=1, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        STATS_K=max(16, min(triton.next_power_of_2(K), 8192 // block_m)), num_warps=warps,
+        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), num_warps=warps,
         PDL_EARLY=pdl_early(), **pdl_launch(x.device),
     )
     return y, h

@@ -43,6 +43,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .gemv import pdl_launch
+from .host import next_pow2
 
 _LOG2E = 1.4426950408889634
 
@@ -282,10 +283,6 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
     return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1 if splits > 1 else 2}
 
 
-def _pow2(n: int) -> int:  # triton.next_power_of_2 costs microseconds per host call in 3.6
-    return 1 << (n - 1).bit_length() if n > 1 else 1
-
-
 @functools.cache
 def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
@@ -293,8 +290,8 @@ def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
     16 or 32 parts a round trip (the merge is the launch's tail), within 8192 floats: ptxas
     (sm_90, BLOCK_N 128, 4 warps, D 64, G 4) gives 119-120 registers a thread with 16 or 32
     (4 programs an SM), 209 with 64 (2 an SM)."""
-    g = max(2, _pow2(group))
-    return max(16, _pow2(group)), g, max(2, min(max(16, _pow2(splits)), 32,
+    g = max(2, next_pow2(group))
+    return max(16, next_pow2(group)), g, max(2, min(max(16, next_pow2(splits)), 32,
                                                 8192 // (g * head_dim)))
 
 
@@ -389,7 +386,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if splits > 1 and not fused:
         _merge_splits_kernel[(B * Hq,)](
             part_o, part_lse, out, Hq, *out.stride(),
-            HEAD_DIM=D, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
+            HEAD_DIM=D, NUM_SPLITS=splits, BLOCK_S=next_pow2(splits),
             num_warps=1 if interpreter.INTERPRETED else 2,
         )
     return out

@@ -132,7 +132,7 @@ def drive(name: str, url: str, model: str, requests, warmup, low, args,
         # a burst runs --repeats times and keeps its best pass, the statistic the offline
         # engine gets (a host whose speed drifts within a minute moves both sides alike)
         passes = []
-        for _ in range(getattr(args, "repeats", 1) if rate == float("inf") else 1):
+        for _ in range(args.repeats if rate == float("inf") else 1):
             results, dt = load(url, model, requests, label, rate, args.max_concurrency,
                                args.seed, dialect)
             check(label)

@@ -150,7 +150,7 @@ def test_a_server_that_dies_under_load_stops_the_run_with_its_log():
     from layer6_serving.bench_dataset import BenchRequest
 
     port = free_port()
-    args = argparse.Namespace(seed=0, rates=[float("inf")], max_concurrency=None,
+    args = argparse.Namespace(seed=0, rates=[float("inf")], max_concurrency=None, repeats=1,
                               slo_ttft_ms=None, slo_tpot_ms=None)
     reqs = [BenchRequest(prompt_ids=[1, 2], max_tokens=2, prompt="x")]
     with ServerProcess([sys.executable, "-c", DYING, str(port)], f"http://127.0.0.1:{port}",

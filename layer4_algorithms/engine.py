@@ -48,6 +48,7 @@ import layer3_model as l3
 
 from .config import EngineConfig
 from .engine_sampling import check_params, count_speculation, sample_rows
+from .sampling_guard import normalize
 from .engine_stats import EngineStatsMixin
 from .kv import BlockManager, PagedKVCache, blocks_for_budget
 from .model_runner import ModelRunner
@@ -160,7 +161,7 @@ class LLM(EngineStatsMixin):
             raise RuntimeError("the engine is closed")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ValueError(f"priority must be an int, got {priority!r}")
-        params = params if params is not None else SamplingParams()
+        params = normalize(params if params is not None else SamplingParams())
         check_params(params, self.speculator is not None)
         ids = self.model.encode(prompt)
         rid = str(next(self._request_ids)) if request_id is None else str(request_id)
@@ -294,6 +295,7 @@ class LLM(EngineStatsMixin):
         if sync:
             tokens = sample_rows(self.runner, logits.rows_of(row_ids), who)
             launched.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
+            launched.bad = self.runner.last_bad
             if spec:
                 verified = self.speculator.verify(spec)
                 count_speculation(spec, verified)
@@ -302,11 +304,16 @@ class LLM(EngineStatsMixin):
         tokens = self.runner.sample_tokens(logits.rows_of(row_ids), [q.params for q in who],
                                            [q.generator for q in who])
         launched.device_tokens = tokens
+        launched.bad = self.runner.last_bad
         # every sampled row is a first token (no sequence here is decoding)
         launched.first_only = bool(who) and all(q.num_tokens == q.num_prompt_tokens for q in who)
         if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
             launched.tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             launched.tokens.copy_(tokens, non_blocking=True)
+            if launched.bad is not None:  # with the tokens, behind the same event
+                bad, launched.bad = launched.bad, torch.empty(launched.bad.shape,
+                                                              dtype=torch.bool, pin_memory=True)
+                launched.bad.copy_(bad, non_blocking=True)
             launched.event = torch.cuda.Event()
             launched.event.record()
         else:
@@ -329,8 +336,24 @@ class LLM(EngineStatsMixin):
                 q.num_pending -= 1
             tokens = launched.tokens.tolist()
             sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
+        void = self._void_rows(launched, sampled)
         finished += self.scheduler.postprocess(launched.out, sampled)
+        for rid in void:  # the request's other completions end with it
+            finished += self.scheduler.abort(rid)
         advanced.update(s.seq.request_id for s in launched.out.scheduled)
+
+    def _void_rows(self, launched: _Launched, sampled: dict[int, list[int]]) -> set[str]:
+        """Sequences whose row could not be sampled (sampling_guard.py) get no token and
+        finish with reason "error": postprocess frees them. Returns their request ids."""
+        if launched.bad is None:
+            return set()
+        void = set()
+        for q, bad in zip(launched.who, launched.bad.tolist(), strict=True):
+            if bad and q.finish_reason is None:
+                sampled.pop(q.seq_id, None)
+                q.finish_reason = "error"
+                void.add(q.request_id)
+        return void
 
     def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
         p = parent.seq
@@ -425,3 +448,4 @@ class _Launched:
     tokens: torch.Tensor | None = None
     event: torch.cuda.Event | None = None
     first_only: bool = False  # only first tokens sampled: the next step() reads it first
+    bad: torch.Tensor | None = None  # (len(who),) bool: rows sampling could not draw (void)

@@ -33,6 +33,7 @@ from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
 from .kv import PagedKVCache
 from .logits_processing import TokenLogprobs, sample_processed
+from .sampling_guard import sample_guarded
 from .scheduler import ScheduledSeq, SchedulerOutput
 
 
@@ -52,6 +53,7 @@ class ModelRunner:
         max_blocks = -(-config.resolved_max_model_len // cache.block_size)
         self.tables = BlockTableMirror(config.max_num_seqs, max_blocks + 1)
         self.graph = None
+        self.last_bad: torch.Tensor | None = None  # the last sample_tokens call's void rows
         if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
             self.graph = CudaGraphRunner(net, cache, config.max_num_seqs, max_blocks)
 
@@ -182,8 +184,11 @@ class ModelRunner:
     def sample_tokens(self, logits: torch.Tensor | Sequence[torch.Tensor],
                       params: Sequence[l3.SamplingParams],
                       generators: Sequence[torch.Generator | None]) -> torch.Tensor:
-        """`sample`, the tokens left on the logits' device (N,) int64: no host sync."""
+        """`sample`, the tokens left on the logits' device (N,) int64: no host sync.
+        `last_bad` is then None (every row greedy) or (N,) bool on the device: rows whose
+        probabilities were not a distribution (sampling_guard.py); their tokens are void."""
         x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
+        self.last_bad = None
         greedy = [i for i, p in enumerate(params) if p.greedy]
         if len(greedy) == len(params):  # the common case: no gather, no scatter
             return x.argmax(dim=-1)
@@ -193,7 +198,11 @@ class ModelRunner:
             idx = self.staging.to_device(np.array(greedy, dtype=np.int64))
             out[idx] = x[idx].argmax(dim=-1)
         idx = self.staging.to_device(np.array(other, dtype=np.int64))
-        out[idx] = l3.sample(x[idx], [params[i] for i in other], [generators[i] for i in other])
+        # a row whose probabilities go bad is flagged, not raised: the others keep their tokens
+        out[idx], bad = sample_guarded(x[idx], [params[i] for i in other],
+                                       [generators[i] for i in other])
+        self.last_bad = torch.zeros(len(params), dtype=torch.bool, device=x.device)
+        self.last_bad[idx] = bad
         return out
 
     def sample_processed(self, logits: torch.Tensor, params: Sequence[l3.SamplingParams],

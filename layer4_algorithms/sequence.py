@@ -80,7 +80,7 @@ class Sequence:
         self.delta_started = False  # a delta output of its request went out (the prompt with it)
         self.pending_index = -1  # the newest one's row in its step's token tensor
         self.pending_forks = params.n - 1 if index == 0 else 0
-        self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort"
+        self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort" | "error"
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None

@@ -33,6 +33,7 @@ from .engine_state import (
     FinishedRequest,
     Request,
     RequestTimeoutError,
+    SamplingError,
 )
 from .streams import RequestMetricsSummary, unpack
 
@@ -204,11 +205,18 @@ class EngineLoop:
             req.last_token_time = now
             req.completion_tokens += new
             self.snapshot.generation_tokens += new
-        if deltas or out.finished:
-            item = (req.request_id, deltas, out.finished, req.prompt_tokens,
-                    req.completion_tokens, self._summary(req, out) if out.finished else None)
+        # a request sampling could not draw (nan / inf probabilities) ends with its own error
+        failed = out.finished and any(c.finish_reason == "error" for c in out.outputs)
+        if deltas or (out.finished and not failed):
+            done = out.finished and not failed
+            item = (req.request_id, deltas, done, req.prompt_tokens,
+                    req.completion_tokens, self._summary(req, out) if done else None)
             # packed as it goes down a pipe (streams.pack's form) when the sink sends it on
             self._post(req, item if self.packed else unpack(item))
+        if failed:
+            self._post(req, SamplingError(
+                f"request {req.request_id}: sampling failed (its probabilities were not finite: "
+                f"the model produced nan / inf for it); the other requests were not affected"))
         if out.finished:
             self._close(req, out.metrics, out.outputs[0].finish_reason)
 

@@ -18,6 +18,10 @@ class EngineStepError(RuntimeError):
     """The engine failed in a step; every request it was running was aborted."""
 
 
+class SamplingError(EngineStepError):
+    """This request's row could not be sampled (nan / inf probabilities); it alone ended."""
+
+
 @dataclass
 class EngineInfo:
     """What the server side needs to know about an engine, wherever it runs: the tokenizer

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import EngineOverloaded
-from ..engine_state import EngineStepError, RequestTimeoutError
+from ..engine_state import EngineStepError, RequestTimeoutError, SamplingError
 
 log = logging.getLogger("layer6_serving")
 
@@ -54,6 +54,8 @@ def from_exception(e: BaseException) -> OpenAIError:
                            headers={"Retry-After": str(e.retry_after)})
     if isinstance(e, RequestTimeoutError):
         return OpenAIError(408, str(e), code="timeout")
+    if isinstance(e, SamplingError):
+        return OpenAIError(500, str(e), code="sampling_error")
     if isinstance(e, EngineStepError):
         return OpenAIError(500, str(e), code="engine_error")
     log.exception("unexpected error", exc_info=e)

@@ -15,10 +15,22 @@ CuPy / CUDA C kernels (need a CUDA GPU): a shared-memory + warp-shuffle reductio
 ElementwiseKernel and a ReductionKernel, and an SGEMM progression from naive to
 vectorized, double-buffered tiles. Plus CUDA graphs and streams demonstrations.
 
-The layer beneath is `hardware` (layer 0, as a namespace): the layers above reach timing,
-ceilings and the results directory as `kernels.hardware.time_fn` and so on.
+The layer beneath is `hardware` (layer 0, as a namespace). Layer 0's tools that every layer
+above uses (timing, ceilings, datasheets, the results directory, system info, the CLI's error
+wrapper) are re-exported here by name, and each layer above passes them on the same way, so no
+layer reaches them through a chain of namespaces.
 """
 import layer0_hardware as hardware  # the layer beneath, as a namespace for the layers above
+from layer0_hardware import (  # layer 0's tools, passed up by name for the layers above
+    DATASHEETS,
+    Ceilings,
+    Timing,
+    load_ceilings,
+    results_dir,
+    run_command,
+    system_info,
+    time_fn,
+)
 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .argmax import argmax, argmax_reference
@@ -83,6 +95,8 @@ __all__ = [
     "sgemm", "sgemm_reference", "sgemm_source", "SGEMM_VERSIONS",
     # CUDA graphs and streams
     "cuda_graph_demo", "stream_overlap_demo",
-    # the layer beneath (layer 0), as a namespace
+    # the layer beneath (layer 0), as a namespace, and its tools passed up by name
     "hardware",
+    "time_fn", "Timing", "load_ceilings", "Ceilings", "DATASHEETS", "results_dir", "system_info",
+    "run_command",
 ]

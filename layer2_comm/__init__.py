@@ -20,9 +20,20 @@ nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), co
 communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
 
 The layer beneath is `kernels` (layer 1, as a namespace): layer 3 writes `kernels.rms_norm`,
-`kernels.flash_attention`, and `kernels.hardware.time_fn` for layer 0's timing.
+`kernels.flash_attention`. Layer 0's tools (`time_fn`, `load_ceilings`, `results_dir`,
+`run_command`, ...) come up from layer 1 by name and are passed on by name.
 """
 import layer1_kernels as kernels  # the layer beneath, as a namespace: kernels.rms_norm
+from layer1_kernels import (  # layer 0's tools, passed up by name for the layers above
+    DATASHEETS,
+    Ceilings,
+    Timing,
+    load_ceilings,
+    results_dir,
+    run_command,
+    system_info,
+    time_fn,
+)
 
 from .all_to_all import all_to_all
 from .bench_bandwidth import ping_pong, sweep
@@ -47,6 +58,8 @@ __all__ = [
     # cost model, bandwidth sweeps, overlap, raw NCCL
     "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
     "sweep", "ping_pong", "overlap_demo", "nccl_example",
-    # the layer beneath (layer 1, with layer 0 as kernels.hardware), as a namespace
+    # the layer beneath (layer 1), as a namespace, and layer 0's tools passed up by name
     "kernels",
+    "time_fn", "Timing", "load_ceilings", "Ceilings", "DATASHEETS", "results_dir", "system_info",
+    "run_command",
 ]

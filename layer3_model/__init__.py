@@ -28,18 +28,29 @@ quantization (`quantize_model`, `perplexity`), `CudaGraphDecoder` (decode step
 replayed from a CUDA graph) and `CudaGraphPrefill` (batch-1 prefill replayed from a CUDA
 graph per prompt-length bucket).
 
-The layer beneath is `comm` (layer 2, as a namespace: `comm.ring_all_reduce`); layer 1's
-kernels are `comm.kernels` and layer 0 is `comm.kernels.hardware`. This package's own files
-write `from layer2_comm import kernels` and call `kernels.rms_norm`, `kernels.hardware.time_fn`.
+The layer beneath is `comm` (layer 2, as a namespace: `comm.ring_all_reduce`). This package's
+own files write `from layer2_comm import kernels` and call `kernels.rms_norm` (one hop: layer 2
+relays layer 1), and take layer 0's tools by name (`from layer2_comm import time_fn`).
 
 For layer 4 (its paged-attention kernel and benchmarks), re-exported from below:
-`INTERPRETED` (Triton runs through its CPU interpreter here; importing this package has
-already set TRITON_INTERPRET, so kernels defined after `import layer3_model` pick it up),
-`kernel_device`, `use_triton(impl, tensor, op)` (the impl="auto"|"triton"|"torch" choice),
-`refuse_interpreted_bf16_dot` (layer 1's), `time_fn`, `Timing`, `load_ceilings`, `Ceilings`
-(layer 0's).
+`comm` (layer 2's collectives, which layer 4 passes on to layer 5), `INTERPRETED` (Triton runs
+through its CPU interpreter here; importing this package has already set TRITON_INTERPRET, so
+kernels defined after `import layer3_model` pick it up), `kernel_device`, `use_triton(impl,
+tensor, op)` (the impl="auto"|"triton"|"torch" choice), `refuse_interpreted_bf16_dot` and the
+paged decode kernel `paged_decode`, `paged_decode_splits` (layer 1's); `time_fn`, `Timing`,
+`load_ceilings`, `Ceilings`, `DATASHEETS`, `results_dir`, `system_info`, `run_command` (layer 0's).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
+from layer2_comm import (  # layer 0's tools, passed up by name for the layers above
+    DATASHEETS,
+    Ceilings,
+    Timing,
+    load_ceilings,
+    results_dir,
+    run_command,
+    system_info,
+    time_fn,
+)
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
 from .backends import BACKENDS, Ops, make_ops
@@ -79,12 +90,11 @@ from .training import SIZES as COURSE_SIZES
 from .training import prepare as prepare_corpus
 from .weights import load_model, random_model, read_safetensors, save_weights
 
-# For layer 4 (see above): layer 1's Triton plumbing and layer 0's timing and ceilings.
-_kernels, _hardware = comm.kernels, comm.kernels.hardware
-INTERPRETED, kernel_device = _kernels.INTERPRETED, _kernels.kernel_device
-use_triton, refuse_interpreted_bf16_dot = _kernels.use_triton, _kernels.refuse_interpreted_bf16_dot
-time_fn, Timing = _hardware.time_fn, _hardware.Timing
-load_ceilings, Ceilings = _hardware.load_ceilings, _hardware.Ceilings
+# For layer 4 (see above): layer 1's Triton plumbing and paged decode kernel, one hop down.
+INTERPRETED, kernel_device = comm.kernels.INTERPRETED, comm.kernels.kernel_device
+use_triton = comm.kernels.use_triton
+refuse_interpreted_bf16_dot = comm.kernels.refuse_interpreted_bf16_dot
+paged_decode, paged_decode_splits = comm.kernels.paged_decode, comm.kernels.paged_decode_splits
 
 __all__ = [
     # load and generate
@@ -112,8 +122,11 @@ __all__ = [
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",
     "COURSE_SIZES", "course_config", "new_model", "hf_config", "save_hf", "load_hf",
     "course_model_dir", "COURSE_MODEL_SIZES",
-    # from the layers below, for layer 4
+    # from the layers below, for layer 4: layer 2's collectives, layer 1's Triton plumbing and
+    # paged decode kernel, layer 0's tools
     "comm",
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
-    "time_fn", "Timing", "load_ceilings", "Ceilings",
+    "paged_decode", "paged_decode_splits",
+    "time_fn", "Timing", "load_ceilings", "Ceilings", "DATASHEETS", "results_dir", "system_info",
+    "run_command",
 ]

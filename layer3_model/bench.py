@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from layer2_comm import kernels
+from layer2_comm import time_fn
 
 from .attention_context import ContiguousKVCache
 from .cuda_graph import CudaGraphDecoder
@@ -110,7 +110,7 @@ def prefill_seconds(net: LlamaModel, tokens: int, *, repeats: int = 10) -> float
     ids = torch.randint(0, net.config.vocab_size, (tokens,), device=dev)
     cache = ContiguousKVCache.for_model(net.config, 1, tokens, dtype=net.dtype, device=dev)
     ctx = cache.context([tokens], [0])
-    return kernels.hardware.time_fn(
+    return time_fn(
         lambda: net(ids, ctx, cache, last_only=True), warmup=2, repeats=repeats, device=dev
     ).median_s
 
@@ -143,7 +143,7 @@ def prefill_split(net: LlamaModel, tokens: int, *, repeats: int = 10) -> dict:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fwd()
-    replay = kernels.hardware.time_fn(graph.replay, warmup=2, repeats=repeats, device=dev)
+    replay = time_fn(graph.replay, warmup=2, repeats=repeats, device=dev)
     del graph
     return {"host_enqueue_s": statistics.median(enqueue), "graph_s": replay.median_s}
 

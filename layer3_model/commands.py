@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from layer2_comm import kernels
+from layer2_comm import load_ceilings, results_dir, system_info
 
 from . import bench as B
 from . import bench_rows as R
@@ -105,7 +105,7 @@ def _course_quality(data_dir: Path, max_tokens: int) -> dict:
 
 
 def _gpu(rows: list[dict], args: argparse.Namespace) -> dict:
-    ceilings = kernels.hardware.load_ceilings("cuda")
+    ceilings = load_ceilings("cuda")
     bw, peak = ceilings.memory_bandwidth, ceilings.flops["bf16"]
     cfg = ModelConfig.from_dict(LLAMA_3_2_1B)
     P, N = args.prompt_len, args.new_tokens
@@ -189,9 +189,9 @@ def bench(argv: list[str] | None = None) -> int:
     console.print(R.table(R.annotate(rows, info)))  # ratio to a reference, roofline fraction
     for k, v in info.items():
         console.print(f"{k}: {v:.3g}" if isinstance(v, float) else f"{k}: {v}")
-    out = kernels.hardware.results_dir(3) / "bench.json"
+    out = results_dir(3) / "bench.json"
     record = {"date": datetime.now(timezone.utc).isoformat(),
-              "system": kernels.hardware.system_info(), "rows": rows, "info": info}
+              "system": system_info(), "rows": rows, "info": info}
     out.write_text(json.dumps(record, indent=1, default=str))
     console.print(f"wrote {out}")
     return 0

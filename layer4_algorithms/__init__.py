@@ -24,9 +24,17 @@ Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `
 continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
 speculative accept/reject rule).
 """
-# the layer beneath, as a namespace: executor.LlamaModel, executor.comm
+# the layer beneath, as a namespace: executor.LlamaModel
 import layer3_model as executor
-from layer3_model import SamplingParams  # one SamplingParams for layers 3 and up (n: layer 4)
+
+# SamplingParams, and passed up by name for layer 5: layer 2's collectives (`comm`), layer 0's tools
+from layer3_model import (
+    DATASHEETS,
+    SamplingParams,  # one SamplingParams for layers 3 and up (n: layer 4)
+    comm,
+    load_ceilings,
+    run_command,
+)
 
 from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
@@ -67,8 +75,9 @@ from .spec import (
 )
 
 __all__ = [
-    # the layer beneath (layer 3, and through it executor.comm = layer 2)
-    "executor",
+    # the layer beneath (layer 3), and for layer 5: layer 2's collectives (`comm`) and layer 0's
+    # datasheets, ceilings and CLI wrapper
+    "executor", "comm", "DATASHEETS", "load_ceilings", "run_command",
     # the engine
     "LLM", "EngineConfig", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics",
     "EngineStats",

@@ -44,8 +44,8 @@ REQUESTS = [  # (prompt, max_tokens, n): the first four share the scene's openin
 
 
 def results_dir() -> Path:
-    """Layer 0's convention ($LLM_STACK_RESULTS/layer4), reached through the namespaces."""
-    return l3.comm.kernels.hardware.results_dir(4)
+    """Layer 0's convention ($LLM_STACK_RESULTS/layer4), passed up by name."""
+    return l3.results_dir(4)
 
 
 def _ms(s: float | None) -> str:

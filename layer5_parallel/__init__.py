@@ -15,6 +15,7 @@ from layer4_algorithms import (  # re-exported for layer 6
     RequestMetrics,
     RequestOutput,
     SamplingParams,
+    run_command,
 )
 
 # training parallelism: pipeline (GPipe, 1F1B), DDP, ZeRO-1/2/3, activation checkpointing
@@ -80,9 +81,21 @@ from .tp_comm import TPComm
 from .train_bench import bench_training, format_training, zero_table
 from .zero import ZeroTrainer
 
+# For layer 6, from the layers beneath, one hop each: the prompt encoder, the course model and
+# its stop strings and plays (layer 3), random weights of a real model's shape for benchmarks
+# (layer 3), a free TCP port (layer 2).
+encode_prompt, course_model_dir = engine.executor.encode_prompt, engine.executor.course_model_dir
+STOP_STRINGS, VALIDATION_PLAYS = engine.executor.STOP_STRINGS, engine.executor.VALIDATION_PLAYS
+ModelConfig, random_model, save_hf = (
+    engine.executor.ModelConfig, engine.executor.random_model, engine.executor.save_hf)
+free_port = engine.comm.free_port
+
 __all__ = [
     "engine",
     "LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "RequestMetrics", "EngineStats",
+    # from the layers beneath, for layer 6
+    "encode_prompt", "course_model_dir", "STOP_STRINGS", "VALIDATION_PLAYS",
+    "ModelConfig", "random_model", "save_hf", "free_port", "run_command",
     # tensor parallelism
     "EngineConfig", "shard_model", "tp_config", "valid_tp_sizes", "TPComm", "TPModel",
     # training parallelism (pipeline, DDP, ZeRO, checkpointing) and its measurements

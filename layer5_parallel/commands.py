@@ -32,7 +32,6 @@ TITLE = "tensor, pipeline, data, expert and context parallelism; ZeRO; planner"
 console = Console()
 if not console.is_terminal:
     console = Console(width=160)
-hardware = engine.executor.comm.kernels.hardware
 
 
 def _mib(x: float) -> str:
@@ -200,7 +199,7 @@ def _other_benches(quick: bool) -> dict:
 def plan(argv: list[str] | None = None) -> int:
     """`stack plan`: the user's mistakes -> one line and exit 2 (layer 0's rule; --device here
     names a GPU model, not a device of this machine, so it skips run_command's device check)."""
-    return hardware.run_command(lambda _: _plan(list(argv or [])), [])
+    return engine.run_command(lambda _: _plan(list(argv or [])), [])
 
 
 def _plan(argv: list[str]) -> int:

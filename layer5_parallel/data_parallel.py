@@ -148,7 +148,7 @@ class DistributedDataParallel(nn.Module):
 
 
 def _ring_all_reduce(buffer: torch.Tensor, done: list[float]) -> None:
-    engine.executor.comm.ring_all_reduce(buffer, "sum")
+    engine.comm.ring_all_reduce(buffer, "sum")
     done.append(time.perf_counter())
 
 

@@ -27,7 +27,7 @@ from .ep_engine_bench import bench_moe_engine, format_moe_engine
 from .moe_model import MIXTRAL_TINY, QWEN_MOE_TINY, ExpertParallelModel, MoETransformer
 from .ring_attention import causal_work, ring_attention, shard_sequence
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 def _ring_rank(seq_lens: list[int], heads: int, kv_heads: int, dim: int, repeats: int) -> list:

@@ -24,7 +24,7 @@ import layer4_algorithms as engine
 
 from .moe import MoEBlock, MoEStats, admit, capacity_for, swiglu, top_k_gates
 
-comm = engine.executor.comm  # layer 2: all_to_all, ring_all_gather, ring_all_reduce
+comm = engine.comm  # layer 2: all_to_all, ring_all_gather, ring_all_reduce
 
 
 def expert_ranges(num_experts: int, world: int) -> list[tuple[int, int]]:

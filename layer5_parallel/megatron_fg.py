@@ -16,7 +16,7 @@ its slice's contribution to dL/dx, and x's gradient is their sum. g sits after t
 linear. Bias: a column-parallel bias is sharded like its outputs; a row-parallel bias is added
 once, after g (added before, it would be summed N times).
 
-The all-reduce here is layer 2's ring (`executor.comm.ring_all_reduce`), in place on a copy.
+The all-reduce here is layer 2's ring (`engine.comm.ring_all_reduce`), in place on a copy.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch
 
 import layer4_algorithms as engine
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 def _all_reduce(x: torch.Tensor) -> torch.Tensor:

@@ -26,7 +26,7 @@ import layer4_algorithms as engine
 from .expert_parallel import ExpertParallelMoE
 from .moe import MoEBlock, MoEStats, stats_of, swiglu
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,7 @@ import layer4_algorithms as engine
 from .tp import valid_tp_sizes
 
 l3 = engine.executor
-comm = l3.comm
-hardware = comm.kernels.hardware
+comm = engine.comm
 LLAMA_3_8B = dict(
     l3.LLAMA_3_2_1B,
     hidden_size=4096,
@@ -118,13 +117,13 @@ def hardware_for(device: str) -> Hardware:
     """A named GPU's datasheet (NVLink between SXM parts, PCIe otherwise), or "cpu": this
     machine's measured ceilings (layer 0; measured now if not cached) and loopback links."""
     if device == "cpu":
-        c = hardware.load_ceilings("cpu")
+        c = engine.load_ceilings("cpu")
         link = comm.AlphaBeta.from_link(*LINKS["loopback"])
         flops = {4: c.flops["fp32"], 2: c.flops.get("bf16", c.flops["fp32"])}
         return Hardware(c.device_name, c.memory_bandwidth, flops, 64 * 2**30, link, shared=True)
     if device not in DEVICES:
         raise ValueError(f"unknown --device {device!r}: one of {', '.join([*DEVICES, 'cpu'])}")
-    spec = next(s for s in hardware.DATASHEETS if s.name == DEVICES[device])
+    spec = next(s for s in engine.DATASHEETS if s.name == DEVICES[device])
     link = LINKS["nvlink" if "NVLink" in spec.interconnect.split(";")[0] else "pcie"]
     flops = {4: spec.peak_flops["fp32"], 2: spec.peak_flops["bf16"]}
     return Hardware(

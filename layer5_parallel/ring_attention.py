@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 import layer4_algorithms as engine
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 def chunk_positions(seq_len: int, world: int) -> list[torch.Tensor]:

@@ -26,7 +26,7 @@ from torch import nn
 
 import layer4_algorithms as engine
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 def _rows(total: int) -> list[tuple[int, int]]:

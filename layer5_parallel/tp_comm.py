@@ -116,7 +116,7 @@ class TPComm:
         """Sum x over the ranks, in place; returns x."""
         self._count(x)
         if self.backend == "ours":
-            return engine.executor.comm.ring_all_reduce(x)
+            return engine.comm.ring_all_reduce(x)
         if self.check:
             self._agree("all_reduce", x)
         if self.pg is None:
@@ -130,7 +130,7 @@ class TPComm:
         self._count(x)
         x = x.contiguous()
         if self.backend == "ours":
-            return engine.executor.comm.ring_all_gather(x).view(self.world, *x.shape)
+            return engine.comm.ring_all_gather(x).view(self.world, *x.shape)
         if self.check:
             self._agree("all_gather", x)
         out = x.new_empty((self.world, *x.shape))
@@ -144,7 +144,7 @@ class TPComm:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         self._count(x)
         if self.backend == "ours":
-            return engine.executor.comm.broadcast_tree(x, 0)
+            return engine.comm.broadcast_tree(x, 0)
         if self.check:
             self._agree("broadcast", x)
         if self.pg is None:

@@ -69,7 +69,7 @@ class TPGroup:
                              f"{torch.cuda.device_count()} are visible")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
         store = None if ours else host_store(world, timeout_s)
-        port = engine.executor.comm.free_port() if ours else store.port
+        port = engine.comm.free_port() if ours else store.port
         ctx = mp.get_context("spawn")
         procs, conns = [], []
         for rank in range(1, world):
@@ -206,7 +206,7 @@ class TPGroup:
         if self.comm is not None and self.comm.pg is not None:  # our own group
             self.comm.close()
         elif self.store is None:  # "ours": the default group
-            engine.executor.comm.destroy()
+            engine.comm.destroy()
         self.store = None
 
 
@@ -217,7 +217,7 @@ def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:
     os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
-        engine.executor.comm.init(backend, timeout_s=timeout_s)
+        engine.comm.init(backend, timeout_s=timeout_s)
     finally:
         for k, v in saved.items():
             if v is None:

@@ -110,7 +110,7 @@ def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if comm_backend == "ours":
-        engine.executor.comm.init(backend, timeout_s=timeout_s)
+        engine.comm.init(backend, timeout_s=timeout_s)
         return TPComm(comm_backend, check=check), device
     pg, store = new_group(backend, rank, world, port, timeout_s)
     comm = TPComm(comm_backend, check=check, pg=pg)

@@ -55,7 +55,7 @@ def bench_pipeline(stages: int = 2, micro: tuple[int, ...] = (2, 4, 8), rows_per
                    timeout_s: float = 300.0) -> list[dict]:
     """Measured vs ideal bubble for GPipe and 1F1B at each micro-batch count."""
     cases = [(s, m) for s in ("gpipe", "1f1b") for m in micro]
-    per_rank = engine.executor.comm.launch(_pipeline_rank, stages, cases, rows_per_micro,
+    per_rank = engine.comm.launch(_pipeline_rank, stages, cases, rows_per_micro,
                                            seq_len, backend="gloo", timeout_s=timeout_s)
     rows = []
     for k, (sched, m) in enumerate(cases):
@@ -108,7 +108,7 @@ def bench_ddp(world: int = 2, bucket_sizes: tuple[int, ...] = (1 << 30, 1 << 20,
               rows: int = 4, seq_len: int = 64, repeats: int = 3,
               timeout_s: float = 300.0) -> list[dict]:
     """DDP with one bucket (no overlap possible) vs smaller buckets (overlapped)."""
-    per_rank = engine.executor.comm.launch(_ddp_rank, world, list(bucket_sizes), rows, seq_len,
+    per_rank = engine.comm.launch(_ddp_rank, world, list(bucket_sizes), rows, seq_len,
                                            repeats, backend="gloo", timeout_s=timeout_s)
     out = []
     for k in range(len(bucket_sizes)):
@@ -139,7 +139,7 @@ def _zero_rank(steps: int) -> list[dict]:
 
 def bench_zero(world: int = 2, steps: int = 2, timeout_s: float = 300.0) -> list[dict]:
     """Rank 0's bytes under ZeRO-0..3 (fp32 Adam) next to the formula, plus checkpointing."""
-    per_rank = engine.executor.comm.launch(_zero_rank, world, steps, backend="gloo",
+    per_rank = engine.comm.launch(_zero_rank, world, steps, backend="gloo",
                                            timeout_s=timeout_s)
     rows = [dict(part="zero", world=world, **r,
                  states=r["params"] + r["grads"] + r["optimizer"],

@@ -18,7 +18,7 @@ Shards: each unit's parameters are laid out in one flat buffer, padded to a mult
 and the parameters become views of it; shard r is the buffer's r-th 1/N slice. The
 optimizer (torch.optim.Adam) steps on shard views, so updating a shard updates the model's
 parameters in place. Collectives are layer 2's ring all-reduce, reduce-scatter and
-all-gather (`executor.comm`), each with the process group's timeout.
+all-gather (`engine.comm`), each with the process group's timeout.
 
 Each rank's loss is its slice's summed token cross-entropy / the global token count, so the
 summed gradients are exactly the full batch's (uneven slices included); the stages agree
@@ -35,7 +35,7 @@ import layer4_algorithms as engine
 from . import train_adapter as A
 from .memory import ActivationMeter, MemoryRow, optimizer_state_bytes, tensor_bytes, zero_formula
 
-comm = engine.executor.comm
+comm = engine.comm
 
 
 class FlatUnit:

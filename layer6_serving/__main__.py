@@ -2,9 +2,9 @@
 the openai client."""
 import sys
 
-import layer5_parallel as parallel
+from layer5_parallel import run_command
 
 from .commands import run
 
 # A user's mistake: one line and exit code 2 (layer 0's rule, relayed up the stack).
-sys.exit(parallel.engine.executor.comm.kernels.hardware.run_command(run, sys.argv[1:]))
+sys.exit(run_command(run, sys.argv[1:]))

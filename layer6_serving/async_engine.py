@@ -45,7 +45,7 @@ class EngineOverloaded(Exception):
 def resolve_model(model: str | Path) -> str | Path:
     """"course" -> the course model's directory; anything else goes to the loader as is."""
     if str(model) == COURSE:
-        return l5.engine.executor.course_model_dir("target")
+        return l5.course_model_dir("target")
     return model
 
 
@@ -82,7 +82,7 @@ class AsyncEngine:
             self.info = EngineInfo.of(self.llm)
             self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
         if chat_stop is None:
-            chat_stop = l5.engine.executor.STOP_STRINGS if str(model) == COURSE else ()
+            chat_stop = l5.STOP_STRINGS if str(model) == COURSE else ()
         self.chat_stop = tuple(chat_stop)
         self.max_waiting, self.request_timeout = max_waiting, request_timeout
         self.tokenizer = self.info.tokenizer
@@ -98,7 +98,7 @@ class AsyncEngine:
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
         """Text or token ids -> token ids (ValueError: empty, no tokenizer, ids out of range)."""
-        return l5.engine.executor.encode_prompt(prompt, self.tokenizer, self.info.vocab_size)
+        return l5.encode_prompt(prompt, self.tokenizer, self.info.vocab_size)
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The model's own chat template (tokenizer_config.json) -> prompt token ids."""

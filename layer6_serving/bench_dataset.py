@@ -142,7 +142,7 @@ def build_corpus(prepared: Path, out: Path = CORPUS) -> dict:
     """chat_corpus.json from a prepared corpus directory (layer 3's training/data.py
     writes it: `python -m layer3_model.training.data --out DIR`): its validation plays."""
     text = (Path(prepared) / "val.txt").read_text(encoding="utf-8")
-    plays, names = {}, sorted(l5.engine.executor.VALIDATION_PLAYS)  # split_plays' order
+    plays, names = {}, sorted(l5.VALIDATION_PLAYS)  # split_plays' order
     for i, play in enumerate(text.split("\n\n\n")):
         speeches = []
         for block in play.strip("\n").split("\n\n"):

@@ -31,7 +31,7 @@ _SERVE = "import sys; from layer6_serving import serve_main; sys.exit(serve_main
 
 def free_port() -> int:
     """A TCP port free on 127.0.0.1 now (layer 2's)."""
-    return l5.engine.executor.comm.free_port()
+    return l5.free_port()
 
 
 def our_server_command(model: str, port: int, *, max_num_seqs: int, num_blocks: int | None,

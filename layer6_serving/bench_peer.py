@@ -37,7 +37,7 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def model_dir(model: str, work: Path) -> Path:
     """A Hugging Face directory for `model`: "course" (the shipped course model), a directory
     that is one, or a name in SHAPES (random weights, written once under `work`)."""
-    x = l5.engine.executor
+    x = l5
     if model == "course":
         return x.course_model_dir("target")
     if model in SHAPES:

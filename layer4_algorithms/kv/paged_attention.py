@@ -57,7 +57,6 @@ from .paged_attention_reference import (  # re-exported: the kernel's reference 
     paged_decode_attention_reference,
 )
 
-_kernels = l3.comm.kernels  # layer 1, through layers 3 and 2: the kernel itself (paged_decode.py)
 
 __all__ = ["paged_decode_attention", "paged_decode_attention_reference", "pick_num_splits",
            "decode_bytes_and_flops"]
@@ -80,7 +79,7 @@ def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
     a GPU). Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
-    return _kernels.paged_decode_splits(batch, kv_heads, max_context, sms)
+    return l3.paged_decode_splits(batch, kv_heads, max_context, sms)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -120,7 +119,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         return paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale,
                                                 window)
     splits, config = plan
-    return _kernels.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window,
+    return l3.paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, window,
                                  splits, fused_merge=fused_merge, config=config)
 
 

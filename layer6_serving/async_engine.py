@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Sequence as Seq
@@ -97,13 +98,36 @@ class AsyncEngine:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
 
     def encode(self, prompt: str | Seq[int]) -> list[int]:
-        """Text or token ids -> token ids (ValueError: empty, no tokenizer, ids out of range)."""
+        """Text or token ids -> token ids (ValueError: empty, no tokenizer, ids out of range,
+        text longer than the context can hold)."""
+        if isinstance(prompt, str):
+            self.check_chars(len(prompt))
         return l5.encode_prompt(prompt, self.tokenizer, self.info.vocab_size)
+
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """The longest text that could still fit the context: max_model_len tokens of the
+        vocabulary's longest token, twice over (a normalizer may fold characters). Longer
+        text is refused before it is tokenized: tokenizing megabytes only to refuse them
+        is work a client could make the server do at will."""
+        longest = 64  # no vocabulary to read: a generous guess
+        vocab = getattr(getattr(self.tokenizer, "tok", None), "get_vocab", None)
+        if vocab is not None:
+            longest = max((len(t) for t in vocab(with_added_tokens=True)), default=longest)
+        return 2 * self.max_model_len * max(1, longest)
+
+    def check_chars(self, num_chars: int) -> None:
+        """ValueError when text of num_chars characters cannot fit the context."""
+        if num_chars > self.max_prompt_chars:
+            raise ValueError(f"the prompt has {num_chars} characters: more than this model's "
+                             f"{self.max_model_len}-token context can hold (at most "
+                             f"{self.max_prompt_chars} characters)")
 
     def encode_chat(self, messages: list[dict]) -> list[int]:
         """The model's own chat template (tokenizer_config.json) -> prompt token ids."""
         if self.tokenizer is None:
             raise ValueError(f"model {self.name!r} has no tokenizer: chat needs one")
+        self.check_chars(sum(len(str(m.get("content") or "")) for m in messages))
         return self.tokenizer.encode_chat(messages)
 
     @property

@@ -18,6 +18,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from .api import create_app
+from .api.limits import MAX_BODY_BYTES
 from .app_thread import AppThread, bind, run_until_interrupted
 from .async_engine import AsyncEngine
 
@@ -79,14 +80,16 @@ class ServerHandle:
 
 def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("course",), *,
                  host: str = "127.0.0.1", port: int = 0, tensor_parallel_size: int = 1,
-                 api_key: str | None = None, **engine_kwargs) -> ServerHandle:
+                 api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 **engine_kwargs) -> ServerHandle:
     """Build an engine per model, serve them with uvicorn in a background thread, and return
     once the server accepts requests. port=0 picks a free port."""
     engines = build_engines(models, tensor_parallel_size=tensor_parallel_size, **engine_kwargs)
     owned = [e for name, e in engines.items()
              if not (isinstance(models, Mapping) and isinstance(models[name], AsyncEngine))]
     try:
-        return ServerHandle(create_app(engines, api_key=api_key), engines,
+        app = create_app(engines, api_key=api_key, max_body_bytes=max_body_bytes)
+        return ServerHandle(app, engines,
                             bind(host, port), owned)
     except BaseException:
         for e in owned:
@@ -108,6 +111,8 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model")
     ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--max-waiting", type=int, default=512, help="queue limit before 429")
+    ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
+                    help="largest request body accepted (413 above it)")
     ap.add_argument("--request-timeout", type=float, default=None, help="seconds per request")
     ap.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
     ap.add_argument("--engine-thread", action="store_true", help="run each engine in a thread "
@@ -120,6 +125,7 @@ def serve_main(argv: list[str]) -> int:
     try:
         handle = start_server(args.model or ["course"], host=args.host, port=args.port,
                               tensor_parallel_size=args.tp, api_key=args.api_key,
+                              max_body_bytes=args.max_body_bytes,
                               max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                               policy=args.policy, engine_process=not args.engine_thread,
                               **kwargs)

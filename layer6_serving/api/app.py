@@ -19,16 +19,20 @@ from ..async_engine import AsyncEngine
 from ..metrics import ServingMetrics
 from . import errors
 from .errors import OpenAIError
+from .limits import MAX_BODY_BYTES, BodyLimit
 from .routes import build_router
 
 
-def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None) -> FastAPI:
-    """The OpenAI-compatible app serving `engines` (model name -> engine)."""
+def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None,
+               max_body_bytes: int = MAX_BODY_BYTES) -> FastAPI:
+    """The OpenAI-compatible app serving `engines` (model name -> engine). Request bodies over
+    max_body_bytes are refused (413) before they are read (limits.py)."""
     if not engines:
         raise ValueError("create_app needs at least one engine")
     app = FastAPI(title="llm-stack", version="0.1.0",
                   description="OpenAI-compatible server over llm-stack's engine (layer 6).")
     errors.install(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     metrics = ServingMetrics()
     for name, engine in engines.items():
         engine.loop.listeners.append(metrics.listener(name))

@@ -21,8 +21,8 @@ from ..engine_state import EngineStepError, RequestTimeoutError, SamplingError
 log = logging.getLogger("layer6_serving")
 
 TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 408: "timeout_error", 429: "rate_limit_exceeded",
-         500: "server_error", 503: "server_error"}
+         405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+         429: "rate_limit_exceeded", 500: "server_error", 503: "server_error"}
 
 
 class OpenAIError(Exception):
@@ -39,8 +39,11 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": kind, "param": self.param,
                           "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    def response(self, *, close: bool = False) -> JSONResponse:
+        headers = dict(self.headers or {})
+        if close:  # the body was not read: the connection cannot carry another request
+            headers["Connection"] = "close"
+        return JSONResponse(self.body(), status_code=self.status, headers=headers or None)
 
 
 def from_exception(e: BaseException) -> OpenAIError:
@@ -62,18 +65,30 @@ def from_exception(e: BaseException) -> OpenAIError:
     return OpenAIError(500, f"internal error: {type(e).__name__}: {e}", code="internal_error")
 
 
+def _field_path(loc) -> str:
+    """('body', 'prompt', 'list[str]', 1) -> "prompt.1": the field, not pydantic's union arm."""
+    return ".".join(str(p) for p in loc if p != "body" and not (isinstance(p, str) and "[" in p))
+
+
 def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-    errors = exc.errors()
+    errors = list(exc.errors())
+    # a union's arms each report: the arm that matched the type says what is wrong
+    def rank(e) -> tuple[bool, int]:  # a value's own problem first, then the deepest path
+        msg = str(e.get("msg", ""))
+        generic = msg.startswith("Input should be a valid") and "unicode" not in msg
+        return generic, -len(_field_path(e.get("loc", ())).split("."))
+    errors.sort(key=rank)
+    lines = dict.fromkeys(f"{_field_path(e.get('loc', ())) or 'body'}: {e.get('msg', 'invalid')}"
+                          for e in errors)
     first = errors[0] if errors else {}
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    message = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ()) if p != 'body') or 'body'}: "
-                        f"{e.get('msg', 'invalid')}" for e in errors[:5])
-    return OpenAIError(400, message or "invalid request", param=".".join(loc) or None,
+    return OpenAIError(400, "; ".join(list(lines)[:3]) or "invalid request",
+                       param=_field_path(first.get("loc", ())) or None,
                        code="invalid_request").response()
 
 
 def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed",
+            413: "body_too_large"}.get(exc.status_code)
     err = OpenAIError(exc.status_code, str(exc.detail), code=code,
                       headers=getattr(exc, "headers", None))
     return err.response()

@@ -96,6 +96,10 @@ def chat_args(req: ChatCompletionRequest, engine: AsyncEngine) -> EngineArgs:
     messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
                 for m in req.messages]
     try:
+        engine.check_chars(sum(len(m["content"]) for m in messages))
+    except ValueError as e:
+        raise _bad(str(e), "messages") from e
+    try:
         ids = engine.encode_chat(messages)
     except Exception as e:  # noqa: BLE001 - a template error is about the messages sent
         raise _bad(f"the chat template could not render these messages: {e}", "messages") from e

@@ -8,9 +8,11 @@ extensions: `top_k` and `priority` (lower runs first under the priority policy).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from .limits import MAX_BATCH, MAX_MESSAGES, MAX_STOP, Name, StopString, Text
 
 
 class StreamOptions(BaseModel):
@@ -22,22 +24,22 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    model: str
+    model: Name
     n: int = Field(1, ge=1, le=16)
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=2**31)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stop: str | list[str] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
-    priority: int = 0
-    user: str | None = None
+    priority: int = Field(0, ge=-2**31, le=2**31)
+    user: Name | None = None
 
     def stop_list(self) -> list[str]:
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -47,10 +49,11 @@ class _Sampling(BaseModel):
 class CompletionRequest(_Sampling):
     """POST /v1/completions. prompt: a string or token ids (one prompt per request)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: (Text | Annotated[list[Text], Field(max_length=MAX_BATCH)] | list[int]
+             | Annotated[list[list[int]], Field(max_length=MAX_BATCH)])
     logprobs: int | None = Field(None, ge=0, le=20)
     echo: bool = False
-    suffix: str | None = None
+    suffix: Text | None = None
     best_of: int | None = Field(None, ge=1)
 
 
@@ -58,15 +61,15 @@ class ContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    content: Text | list[ContentPart] | None = None
+    name: Name | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -77,7 +80,7 @@ class ChatMessage(BaseModel):
 class ChatCompletionRequest(_Sampling):
     """POST /v1/chat/completions: messages through the model's own chat template."""
 
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)

@@ -5,6 +5,8 @@ SSE (sse.py), a plain one waits for the whole output (and is aborted if its clie
 """
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
@@ -69,7 +71,9 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         out per prompt."""
         engine = engine_for(body.model)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await run(request, engine, completion_args(body, engine), chat=False,
+        # tokenizing (and a chat template) is CPU work: off the event loop, which serves others
+        args = await asyncio.to_thread(completion_args, body, engine)
+        return await run(request, engine, args, chat=False,
                          stream=body.stream, include_usage=include, model=body.model)
 
     @router.post("/chat/completions")
@@ -77,7 +81,8 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         """OpenAI's chat completions through the model's own chat template."""
         engine = engine_for(body.model)
         include = bool(body.stream_options and body.stream_options.include_usage)
-        return await run(request, engine, [chat_args(body, engine)], chat=True,
+        args = await asyncio.to_thread(chat_args, body, engine)
+        return await run(request, engine, [args], chat=True,
                          stream=body.stream, include_usage=include, model=body.model)
 
     return router

@@ -1,0 +1,167 @@
+"""Input one client sends cannot hurt the server or the other clients: lone surrogates are a
+400 naming the field (the model too), bodies over the limit a 413 before they are read, stop
+lists and strings are bounded, text too long for any context is refused before it is
+tokenized, a 4xx keeps the keep-alive connection, and a hostile request in the middle of 16
+streams leaves all 16 exactly as they are without it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+
+import httpx
+import pytest
+
+SHAPE = {"message", "type", "param", "code"}
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def post(server, path, body, **kw):
+    return httpx.post(server.url + path, json=body, timeout=60, **kw)
+
+
+def error_of(r) -> dict:
+    err = r.json()["error"]
+    assert set(err) == SHAPE and err["message"]
+    return err
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", {"model": "course", "prompt": "x\udfffy"}, "prompt"),
+    ("/v1/completions", {"model": "course", "prompt": ["ok", "x\ud800"]}, "prompt.1"),
+    ("/v1/completions", {"model": "\ud800", "prompt": "x"}, "model"),
+    ("/v1/completions", {"model": "course", "prompt": "x", "stop": ["\udc00"]}, "stop.0"),
+    ("/v1/completions", {"model": "course", "prompt": "x", "user": "\udc00"}, "user"),
+    ("/v1/chat/completions", {"model": "\udfff", "messages": MSG}, "model"),
+    ("/v1/chat/completions", {"model": "course", "messages": [
+        {"role": "user", "content": "a\ud800"}]}, "messages.0.content"),
+    ("/v1/chat/completions", {"model": "course", "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]},
+     "messages.0.content.0.text"),
+    ("/v1/chat/completions", {"model": "course", "messages": [
+        {"role": "user", "content": "x", "name": "\ud800"}]}, "messages.0.name"),
+])
+def test_lone_surrogates_are_400_naming_the_field(server, path, body, param):
+    # json.dumps escapes them as \\udfff, as a hostile client would send them
+    r = httpx.post(server.url + path, content=json.dumps(body),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert error_of(r)["param"] == param
+
+
+def test_bounds_on_stop_and_lists(server):
+    for body, param in (({"stop": ["s"] * 17}, "stop"), ({"stop": ["x" * 300]}, "stop.0"),
+                        ({"stop": "x" * 300}, "stop"), ({"priority": 2**40}, "priority"),
+                        ({"prompt": ["a"] * 65}, "prompt")):
+        r = post(server, "/v1/completions", {"model": "course", "prompt": "x", **body})
+        assert r.status_code == 400 and error_of(r)["param"] == param, (body, r.text)
+
+
+def test_text_too_long_for_any_context_is_refused_before_tokenizing(server):
+    engine = server.engines["course"]
+    calls = []
+    real = engine.tokenizer.tok.encode
+    big = "w" * (engine.max_prompt_chars + 1)
+    try:
+        engine.tokenizer.tok.encode = lambda *a, **k: calls.append(1) or real(*a, **k)
+        for path, body in (("/v1/completions", {"prompt": big}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user",
+                                                                    "content": big}]})):
+            r = post(server, path, {"model": "course", **body})
+            assert r.status_code == 400 and "characters" in error_of(r)["message"], r.text
+    finally:
+        engine.tokenizer.tok.encode = real
+    assert not calls
+
+
+def test_body_limit_413_from_the_header_and_while_reading(server):
+    big = b'{"model": "course", "prompt": "' + b"x" * (5 * 1024 * 1024) + b'"}'
+    r = httpx.post(server.url + "/v1/completions", content=big,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and error_of(r)["code"] == "body_too_large"
+
+    def chunks():  # no Content-Length: the server counts as it reads
+        for i in range(0, len(big), 1 << 16):
+            yield big[i:i + (1 << 16)]
+    r = httpx.post(server.url + "/v1/completions", content=chunks(),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 413 and error_of(r)["code"] == "body_too_large"
+    assert httpx.get(server.url + "/health").status_code == 200
+
+
+def _raw(sock: socket.socket, body: bytes) -> bytes:
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                 b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += sock.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    n = int([ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")][0]
+            .split(b":")[1])
+    while len(rest) < n:
+        rest += sock.recv(65536)
+    return head.split(b"\r\n")[0]
+
+
+def test_keep_alive_survives_a_4xx(server):
+    with socket.create_connection((server.host, server.port), timeout=30) as s:
+        assert b" 400 " in _raw(s, json.dumps({"model": "course", "prompt": "x\udfffy"}).encode())
+        assert b" 404 " in _raw(s, b'{"model": "nope", "prompt": "x"}')
+        assert b" 200 " in _raw(s, b'{"model": "course", "prompt": "x", "max_tokens": 2}')
+
+
+def test_vanishing_temperature_is_greedy_over_http(server):
+    base = {"model": "course", "prompt": "ROMEO.\n", "max_tokens": 8}
+    ref = post(server, "/v1/completions", {**base, "temperature": 0}).json()
+    for extra in ({"temperature": 1e-40}, {"temperature": 5e-324}, {"top_p": 5e-324},
+                  {"temperature": 1e-300, "top_p": 1e-300}):
+        r = post(server, "/v1/completions", {**base, **extra})
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == ref["choices"][0]["text"], extra
+    for extra in ({"temperature": float("nan")}, {"top_p": float("inf")},
+                  {"presence_penalty": float("-inf")}):
+        r = httpx.post(server.url + "/v1/completions", content=json.dumps({**base, **extra}),
+                       headers={"content-type": "application/json"})
+        assert r.status_code == 400, (extra, r.text)
+
+
+async def _stream(client, body) -> str:
+    text = ""
+    async with client.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                text += chunk["choices"][0]["text"]
+    return text
+
+
+HOSTILE = [{"temperature": 1e-40}, {"top_p": 5e-324}, {"prompt": "x\udfffy"},
+           {"stop": ["z" * 1000] * 4000}, {"temperature": 5e-324, "stream": True}]
+
+
+def test_hostile_requests_amid_16_streams(server):
+    bodies = [{"model": "course", "prompt": f"ROMEO {i}.\n", "max_tokens": 24, "seed": i,
+               "temperature": 0.9, "ignore_eos": True} for i in range(16)]
+
+    async def main(hostile: bool):
+        async with httpx.AsyncClient(base_url=server.url, timeout=120) as c:
+            tasks = [asyncio.ensure_future(_stream(c, b)) for b in bodies]
+            statuses = []
+            if hostile:
+                await asyncio.sleep(0.2)  # the streams are running
+                for h in HOSTILE:
+                    r = await c.post("/v1/completions", content=json.dumps(
+                        {"model": "course", "prompt": "a", "max_tokens": 4, **h}),
+                        headers={"content-type": "application/json"})
+                    statuses.append(r.status_code)
+            return await asyncio.gather(*tasks), statuses
+
+    ref, _ = asyncio.run(main(False))
+    t0 = time.perf_counter()
+    got, statuses = asyncio.run(main(True))
+    assert all(s < 500 for s in statuses), statuses
+    assert got == ref and all(len(t) > 0 for t in got)
+    assert time.perf_counter() - t0 < 60

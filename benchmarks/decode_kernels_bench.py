@@ -163,7 +163,7 @@ def paged_sweep(budget_s: float = 60.0) -> list[dict]:
 
     from triton.testing import do_bench
 
-    from layer4_algorithms.kv.bench_paged_attention import _case, _time_sdpa
+    from layer4_algorithms.bench.paged_attention import _case, _time_sdpa
     from layer4_algorithms.kv.paged_attention import pick_num_splits
     t0, rows = time.time(), []
     gen = torch.Generator(device="cuda").manual_seed(0)

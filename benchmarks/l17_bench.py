@@ -25,7 +25,7 @@ from layer3_model import bench as L3B
 from layer3_model.bench_rows import prefill_row
 from layer3_model.prefill_graph import CudaGraphPrefill
 from layer4_algorithms import LLM
-from layer4_algorithms import bench_engine as L4B
+from layer4_algorithms.bench import engine as L4B
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=512)

@@ -30,7 +30,7 @@ profile)  # where the time goes: engine decode steps, the paged kernel's split c
     cat "$out/profile_engine256.log"
     step profile_engine64 120 python3 benchmarks/profile_engine.py --seqs 64
     head -12 "$out/profile_engine64.log"
-    step kernel_sweep 150 python3 -c "from layer4_algorithms.kv.bench_paged_attention import bench_paged_decode as b; b(batches=(1, 4, 32, 128), contexts=(512, 1024, 4096, 16384), splits=(None, 1, 2, 4, 8, 16, 32, 64))"
+    step kernel_sweep 150 python3 -c "from layer4_algorithms.bench.paged_attention import bench_paged_decode as b; b(batches=(1, 4, 32, 128), contexts=(512, 1024, 4096, 16384), splits=(None, 1, 2, 4, 8, 16, 32, 64))"
     grep -v "Warning\|sdpa(q" "$out/kernel_sweep.log"
     step profile_decode 100 python3 benchmarks/profile_decode.py --backend triton
     cat "$out/profile_decode.log" ;;

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import argparse
 
-from layer7_app.router import bench, bench_autoscale
+from layer7_app.bench import autoscale as bench_autoscale
+from layer7_app.bench import router as bench
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()

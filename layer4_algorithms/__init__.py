@@ -70,7 +70,6 @@ from .spec import (
     SpeculativeDecoder,
     Speculator,
     accept_proposals,
-    bench_speculative,
     rejection_sample,
 )
 
@@ -90,7 +89,7 @@ __all__ = [
     # speculative decoding
     "SpeculativeDecoder", "SpecStats", "SpecConfig", "SpecCounts", "EngineSpeculator",
     "NgramProposer",
-    "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals", "bench_speculative",
+    "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals",
     # the core algorithms at teaching size (lab 4)
     "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",
 ]

@@ -4,7 +4,7 @@ import sys
 
 from layer5_parallel import run_command
 
-from .commands import run
+from .bench.commands import run
 
 # A user's mistake: one line and exit code 2 (layer 0's rule, relayed up the stack).
 sys.exit(run_command(run, sys.argv[1:]))

@@ -1,8 +1,8 @@
 """The KV cache, paged: which block holds which tokens (`BlockManager`: ref counts,
 copy-on-write, the hash-chained prefix cache), the tensors (`PagedKVCache`: layer 3's KVCache
 protocol over blocks) and the decode kernel that reads K/V through block tables
-(`paged_decode_attention`, with its torch reference). `bench_paged_attention.py` times the
-kernel against SDPA (imported on demand: `stack bench --layer 4 --only kernel`)."""
+(`paged_decode_attention`, with its torch reference). `layer4_algorithms.bench.paged_attention`
+times the kernel against SDPA (`stack bench --layer 4 --only kernel`)."""
 from .block_manager import BlockManager, PrefixCacheStats
 from .paged_attention import (
     decode_bytes_and_flops,

@@ -57,7 +57,6 @@ from .paged_attention_reference import (  # re-exported: the kernel's reference 
     paged_decode_attention_reference,
 )
 
-
 __all__ = ["paged_decode_attention", "paged_decode_attention_reference", "pick_num_splits",
            "decode_bytes_and_flops"]
 

@@ -3,10 +3,9 @@
 proposal.py (`Proposal`: what a proposer returns) <- sampling.py (exact rejection sampling,
 the verify batch) <- proposers.py (`NgramProposer`, `DraftModelProposer`) <- decoder.py
 (`SpeculativeDecoder` over layer 3's contiguous cache) and engine_hook.py (`EngineSpeculator`
-inside LLM's step over the paged cache; the `Speculator` protocol; `SpecCounts`);
-bench_speculative.py measures the speed-up. Arrows point at what a module imports.
+inside LLM's step over the paged cache; the `Speculator` protocol; `SpecCounts`). Arrows point
+at what a module imports; `layer4_algorithms.bench.speculative` measures the speed-up.
 """
-from .bench_speculative import bench_speculative, format_bench
 from .decoder import SpecStats, SpeculativeDecoder
 from .engine_hook import EngineSpeculator, SpecCounts, Speculator
 from .proposal import Proposal
@@ -25,5 +24,4 @@ __all__ = [
     "accept_proposals", "rejection_sample", "greedy_accept", "Acceptance",
     "verify_input_ids", "verify_logits",
     "SpeculativeDecoder", "SpecStats", "EngineSpeculator", "SpecCounts", "Speculator",
-    "bench_speculative", "format_bench",
 ]

@@ -3,7 +3,7 @@
 policies.py (round_robin, least_loaded, prefix_aware), replicas.py (health and load),
 proxy.py (forwarding, streaming pass-through, failover), app.py (the FastAPI app and
 `start_router`), autoscale.py (start/stop local replicas on queue depth), main.py
-(`stack route`), bench.py (prefix_aware vs round_robin on a multi-turn workload).
+(`stack route`). Its benchmarks are in `layer7_app.bench`.
 """
 from .app import RouterHandle, create_router_app, start_router
 from .autoscale import Autoscaler

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from layer4_algorithms import commands
-from layer4_algorithms.bench_rows import NO_CPU_CEILING, annotate
-from layer4_algorithms.spec import bench_speculative
+from layer4_algorithms.bench import commands
+from layer4_algorithms.bench.rows import NO_CPU_CEILING, annotate
+from layer4_algorithms.bench.speculative import bench_speculative
 
 FIELDS = ("what", "device", "ratio", "ratio_reference", "roofline_fraction")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from layer4_algorithms.spec import bench_speculative
+from layer4_algorithms.bench.speculative import bench_speculative
 
 
 def test_cpu_clock_rates():
@@ -33,7 +33,7 @@ def test_progress_lines_and_serving_draft():
 
 
 def test_cli_configurations_reach_the_bench(monkeypatch):
-    from layer4_algorithms import commands
+    from layer4_algorithms.bench import commands
 
     seen = {}
 

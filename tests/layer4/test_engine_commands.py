@@ -8,7 +8,7 @@ from importlib.metadata import entry_points
 import pytest
 
 from layer4_algorithms import LLM, commands
-from layer4_algorithms import bench_engine as B
+from layer4_algorithms.bench import engine as B
 
 from .l4_helpers import assert_no_leak
 
@@ -22,7 +22,7 @@ def test_run_serves_the_course_model_and_reports(capsys):
 
 def test_entry_point_is_registered():
     eps = {ep.name: ep.value for ep in entry_points(group="llm_stack.layers")}
-    assert eps.get("4") == "layer4_algorithms.commands" and commands.TITLE
+    assert eps.get("4") == "layer4_algorithms.bench.commands" and commands.TITLE
 
 
 def test_bench_pieces_on_a_tiny_workload(tiny_model):

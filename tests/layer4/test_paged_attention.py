@@ -261,7 +261,7 @@ def test_bench_runs_its_code_on_cpu(monkeypatch, capsys):
     with a fake timer, so the lead's GPU run does not find a typo."""
     import triton.testing
 
-    from layer4_algorithms.kv import bench_paged_attention as bench
+    from layer4_algorithms.bench import paged_attention as bench
 
     monkeypatch.setattr(bench, "_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -286,7 +286,7 @@ def test_bench_graph_columns_say_why_empty_on_cpu(monkeypatch):
     their do_bench figures."""
     import triton.testing
 
-    from layer4_algorithms.kv import bench_paged_attention as bench
+    from layer4_algorithms.bench import paged_attention as bench
 
     monkeypatch.setattr(bench, "_DEVICE", "cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

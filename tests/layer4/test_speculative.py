@@ -175,7 +175,7 @@ def test_bad_arguments_are_named(target):
 
 
 def test_bench_speculative_reports_rates_and_acceptance():
-    from layer4_algorithms.spec.bench_speculative import bench_speculative, format_bench
+    from layer4_algorithms.bench.speculative import bench_speculative, format_bench
 
     r = bench_speculative(ks=(2,), dynamic=((3, 0.4),), ngram_ks=(2,),
                           prompts={"romeo": "ROMEO.\n"},

@@ -8,14 +8,14 @@ import httpx
 import pytest
 
 import layer6_serving as l6
-from layer6_serving.bench_dataset import (
+from layer6_serving.bench.dataset import (
     BenchRequest,
     as_request,
     chat_dataset,
     load_corpus,
     random_dataset,
 )
-from layer6_serving.loadgen import one_request, run_load, summarize
+from layer6_serving.bench.loadgen import one_request, run_load, summarize
 
 
 @pytest.fixture(scope="module")

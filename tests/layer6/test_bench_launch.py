@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from layer6_serving.bench import bench
-from layer6_serving.bench_launch import ServerProcess, free_port
-from layer6_serving.bench_peer import peer_available
+from layer6_serving.bench.launch import ServerProcess, free_port
+from layer6_serving.bench.peer import peer_available
+from layer6_serving.bench.serving import bench
 
 # A tiny health server that also starts a grandchild: stop() must end both.
 SERVER = """
@@ -115,7 +115,7 @@ def test_bench_with_the_transformers_peer(tmp_path):
 
 
 def test_peer_command_gets_our_kv_pool_and_the_same_directory(tmp_path):
-    from layer6_serving.bench_peer import model_dir, peer_command
+    from layer6_serving.bench.peer import model_dir, peer_command
 
     path = model_dir("course", tmp_path)
     assert (path / "model.safetensors").is_file() and (path / "tokenizer.json").is_file()
@@ -146,8 +146,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 def test_a_server_that_dies_under_load_stops_the_run_with_its_log():
     import argparse
 
-    from layer6_serving.bench import drive
-    from layer6_serving.bench_dataset import BenchRequest
+    from layer6_serving.bench.dataset import BenchRequest
+    from layer6_serving.bench.serving import drive
 
     port = free_port()
     args = argparse.Namespace(seed=0, rates=[float("inf")], max_concurrency=None, repeats=1,

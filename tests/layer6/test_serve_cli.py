@@ -24,7 +24,7 @@ def test_serve_with_a_missing_model_fails_cleanly(tmp_path, capsys):
 
 def test_layer_6_is_registered_for_the_cli():
     eps = {ep.name: ep.value for ep in entry_points(group="llm_stack.layers")}
-    assert eps.get("6") == "layer6_serving.commands"
+    assert eps.get("6") == "layer6_serving.bench.commands"
 
 
 def test_grafana_dashboard_uses_only_exported_metrics():

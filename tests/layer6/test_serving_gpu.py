@@ -33,7 +33,7 @@ def test_greedy_over_http_equals_offline_on_gpu(gpu_server):
 
 def test_burst_of_128_streams_completes_on_gpu(gpu_server):
     vocab = gpu_server.engines["course"].llm.model.config.vocab_size
-    from layer6_serving.loadgen import random_prompts, run_load, summarize
+    from layer6_serving.bench.loadgen import random_prompts, run_load, summarize
 
     reqs = random_prompts(128, 64, 64, vocab)
     results, dt = asyncio.run(run_load(gpu_server.url, "course", reqs))

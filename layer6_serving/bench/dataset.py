@@ -3,7 +3,7 @@ cut from the course corpus, sent to /v1/chat/completions).
 
 chat: the course model was trained on Shakespeare's plays (layer 3's training/data.py); its
 three held-out validation plays ship here as `chat_corpus.json` (speeches, public domain;
-rebuild with `python -m layer6_serving.bench_dataset PREPARED_DIR`). A conversation is 1 to
+rebuild with `python -m layer6_serving.bench.dataset PREPARED_DIR`). A conversation is 1 to
 `max_turns` consecutive speeches, alternating user / assistant and ending with a user turn; the
 reply asked for is as long as the next speech really was (clipped) and, as in vLLM's ShareGPT
 runs, EOS is ignored so every server produces exactly that many tokens: prompt and output
@@ -101,7 +101,7 @@ def load_corpus(path: Path = CORPUS) -> list[list[tuple[str, str]]]:
     """The plays as lists of (speaker, speech)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path} is missing: rebuild it with `python -m "
-                                "layer6_serving.bench_dataset PREPARED_DIR`")
+                                "layer6_serving.bench.dataset PREPARED_DIR`")
     plays = json.loads(Path(path).read_text(encoding="utf-8"))["plays"]
     return [[(s, t) for s, t in speeches] for speeches in plays.values()]
 
@@ -160,5 +160,5 @@ def build_corpus(prepared: Path, out: Path = CORPUS) -> dict:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m layer6_serving.bench_dataset PREPARED_DIR")
+        sys.exit("usage: python -m layer6_serving.bench.dataset PREPARED_DIR")
     print(build_corpus(Path(sys.argv[1])))

@@ -22,10 +22,10 @@ from rich.table import Table
 
 import layer3_model as l3
 
-from . import bench_engine as B
-from .bench_rows import annotate
-from .engine import LLM
-from .spec import bench_speculative, format_bench
+from ..engine import LLM
+from . import engine as B
+from .rows import annotate
+from .speculative import bench_speculative, format_bench
 
 TITLE = "paged KV cache, prefix caching, continuous batching"
 console = Console()
@@ -257,7 +257,7 @@ def _kernel() -> list[dict]:
         console.print("paged decode kernel: no CUDA GPU here, skipped (the CPU runs the torch "
                       "reference)")
         return []
-    from .kv.bench_paged_attention import bench_paged_decode
+    from .paged_attention import bench_paged_decode
     console.print("[bold]paged decode attention[/] vs SDPA over contiguous K/V, bf16, 32/8 heads, "
                   "D 64")
     return bench_paged_decode()

@@ -1,6 +1,6 @@
 """prefix_aware vs round_robin on a multi-turn chat workload (CPU is enough to see it).
 
-    python -m layer7_app.router.bench [--replicas 2] [--conversations 6] [--turns 4]
+    python -m layer7_app.bench.router [--replicas 2] [--conversations 6] [--turns 4]
 
 C conversations run at once, each T turns in a row: every turn sends the whole history so
 far (a long shared system prompt, the earlier turns and their replies, a new question) and
@@ -22,7 +22,7 @@ import httpx
 
 import layer6_serving as l6
 
-from .app import start_router
+from ..router.app import start_router
 
 SYSTEM = ("Thou art a player upon a stage in Verona; answer in the manner of the play, "
           "briefly, as the scene requires. ") * 4
@@ -100,7 +100,7 @@ def bench_routing(replicas: int = 2, conversations: int = 6, turns: int = 4,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m layer7_app.router.bench")
+    ap = argparse.ArgumentParser(prog="python -m layer7_app.bench.router")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--turns", type=int, default=4)

@@ -2,7 +2,7 @@
 tables free? The target: paged decode at >= 0.9x the speed of contiguous SDPA decode at equal
 context, and as close to layer 0's copy bandwidth as SDPA gets.
 
-    python -c "from layer4_algorithms.kv.bench_paged_attention import bench_paged_decode as b; b()"
+    python -c "from layer4_algorithms.bench.paged_attention import bench_paged_decode as b; b()"
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import layer3_model as l3
 # isort: split
 import triton
 
-from .paged_attention import decode_bytes_and_flops, paged_decode_attention, pick_num_splits
+from ..kv.paged_attention import decode_bytes_and_flops, paged_decode_attention, pick_num_splits
 
 _DEVICE = "cuda"  # a CPU smoke test of this file's code swaps it (and the timer) out
 GRAPH_SKIPPED = "CUDA-graph replay timing needs a CUDA device: skipped"

@@ -33,11 +33,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 import layer5_parallel as l5
 
-from .bench_dataset import DATASETS, BenchRequest, chat_dataset, random_dataset
-from .bench_launch import ServerProcess, free_port, our_server_command
-from .bench_peer import PEERS, SHAPES, model_dir, peer_available, peer_command
-from .bench_report import console, plot, print_report
+from .dataset import DATASETS, BenchRequest, chat_dataset, random_dataset
+from .launch import ServerProcess, free_port, our_server_command
 from .loadgen import run_load, summarize
+from .peer import PEERS, SHAPES, model_dir, peer_available, peer_command
+from .report import console, plot, print_report
 
 
 def kv_blocks(args: argparse.Namespace, block_size: int) -> int:

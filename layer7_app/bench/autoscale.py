@@ -1,6 +1,6 @@
 """The autoscaler under a load ramp, on CPU: replicas and TTFT as concurrency rises and falls.
 
-    python -m layer7_app.router.bench_autoscale [--max-replicas 3]
+    python -m layer7_app.bench.autoscale [--max-replicas 3]
 
 Phases of c concurrent clients (each sends `per_client` streamed completions in a row), with
 the router autoscaling course-model replicas between 1 and --max-replicas on requests in
@@ -16,8 +16,8 @@ import time
 
 import httpx
 
-from .app import start_router
-from .autoscale import Autoscaler
+from ..router.app import start_router
+from ..router.autoscale import Autoscaler
 
 RAMP = (1, 4, 8, 8, 2, 0)
 
@@ -60,7 +60,7 @@ def bench_autoscale(max_replicas: int = 3, per_client: int = 3, idle_s: float = 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m layer7_app.router.bench_autoscale")
+    ap = argparse.ArgumentParser(prog="python -m layer7_app.bench.autoscale")
     ap.add_argument("--max-replicas", type=int, default=3)
     args = ap.parse_args(argv)
     out = bench_autoscale(args.max_replicas)

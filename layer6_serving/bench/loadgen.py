@@ -3,7 +3,7 @@
 Requests are sent at a Poisson rate (or all at once: rate inf, a burst), at most
 `max_concurrency` in flight, each streamed and greedy: a /v1/completions with EOS ignored so its
 output length is what was asked (the random dataset), or a /v1/chat/completions (the chat
-dataset, bench_dataset.py). Per request it measures, as vLLM does: TTFT (send -> first text),
+dataset, dataset.py). Per request it measures, as vLLM does: TTFT (send -> first text),
 ITL (gaps between streamed chunks), TPOT ((e2e - TTFT) / (output tokens - 1)), E2EL; overall,
 request and output-token throughput and goodput (requests/s meeting every SLO).
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import numpy as np
 
-from .bench_dataset import BenchRequest, as_request
+from .dataset import BenchRequest, as_request
 
 
 @dataclass

@@ -18,7 +18,7 @@ import torch
 
 from layer3_model import Model, SamplingParams, course_model_dir, load
 
-from .decoder import SpeculativeDecoder
+from ..spec.decoder import SpeculativeDecoder
 
 PROMPTS = {
     "hamlet": "HAMLET.\nTo be, or not to be, that is the question.\n\nHORATIO.\n",

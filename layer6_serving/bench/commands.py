@@ -4,7 +4,7 @@
 own, as `stack serve` runs it), drives it with the official `openai` client (a chat answer,
 a streamed completion timed at the client, a burst of concurrent streams, clients that
 disconnect mid-stream) and prints what it measured, including the server's own /metrics.
-`bench`: the load generator (bench.py).
+`bench`: the serving benchmark (serving.py).
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-from .bench import bench as bench_main
+from ..server import start_server
 from .loadgen import random_prompts, run_load, summarize
-from .server import start_server
+from .serving import bench as bench_main
 
 TITLE = "async engine, OpenAI-compatible server, metrics, load generator"
 console = Console()

@@ -20,7 +20,7 @@ import torch
 
 import layer3_model as l3
 
-from .engine import LLM
+from ..engine import LLM
 
 
 @dataclass

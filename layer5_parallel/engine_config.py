@@ -10,6 +10,9 @@ that all ranks pass the same shape. tp_timeout_s: the longest any wait between r
 (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
 ep_model.py).
+distributed_executor_backend (vLLM's name): "mp" (rank 0 starts the other ranks as processes
+on this host) or "external_launcher" (torchrun started every rank, on one host or many, each
+running the same script: external_launcher.py).
 pipeline_parallel_size: stages the layers are cut into (pp_engine.py; the tp_* knobs apply to
 its ranks too); pp_micro_batches: micro-batches each step is cut into (None: stages).
 """
@@ -22,6 +25,7 @@ import layer4_algorithms as engine
 from .pp_stage import pp_problems
 
 TP_BACKENDS = ("torch", "ours")
+EXECUTOR_BACKENDS = ("mp", "external_launcher")
 
 
 @dataclass
@@ -34,6 +38,7 @@ class EngineConfig(engine.EngineConfig):
     enable_expert_parallel: bool = False
     pipeline_parallel_size: int = 1
     pp_micro_batches: int | None = None
+    distributed_executor_backend: str = "mp"
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
@@ -49,9 +54,13 @@ class EngineConfig(engine.EngineConfig):
             None if isinstance(self.enable_expert_parallel, bool) else
             f"enable_expert_parallel must be a bool, got {self.enable_expert_parallel!r}",
             *pp_problems(self),
-            None if tp == 1 or not self.cuda_graph else
-            "cuda_graph=True is not supported with tensor_parallel_size > 1 (a graph would capture "
-            "the collectives)",
+            None if self.distributed_executor_backend in EXECUTOR_BACKENDS else
+            f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, got "
+            f"{self.distributed_executor_backend!r}",
+            None if self.distributed_executor_backend == "mp" or (
+                self.pipeline_parallel_size == 1 and not self.enable_expert_parallel) else
+            "distributed_executor_backend='external_launcher' runs tensor parallelism only "
+            "(pipeline_parallel_size=1, no expert parallelism)",
         ]
         return super()._problems() + mine
 

@@ -8,19 +8,23 @@ instruction per step. For N > 1 rank 0 (this process) runs layer 4's `LLM` uncha
 scheduler, block manager, sampling — over a model that is a thin wrapper:
 
     runner.execute(step) -> wrapper.forward(ids, ctx, cache)
-        1. control message to each worker (pipe): query/seq lengths, flags
+        1. control message to the workers (shared-memory ring): query/seq lengths, flags
         2. broadcast ids | slot_mapping | block_tables           (all ranks)
         3. rank 0's shard forward; the workers run theirs at the same time, each over its own
            paged-KV head shard; the row-parallel all-reduces keep them in lock step
         4. logits (all-gathered inside the shard) -> layer 4 samples on rank 0
 
-Copy-on-write block copies go to every rank too (the cache wrapper below forwards them).
+With cuda_graph=True, decode steps skip the wrapper: every rank replays its CUDA graph of
+its shard's step, collectives inside, the inputs broadcast inside the graph (tp_graph.py);
+prefill and mixed steps run as above. Copy-on-write block copies go to every rank too (the
+cache wrapper below forwards them).
 Every rank's cache has the same number of blocks: layer 4 sizes rank 0's from the per-rank
 config (its kv heads), so the KV budget is per rank.
 """
 from __future__ import annotations
 
 import atexit
+import itertools
 import weakref
 from dataclasses import replace
 from pathlib import Path
@@ -31,9 +35,11 @@ import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
 from .ep_model import MoEModelConfig, check_expert_parallel
+from .external_launcher import shared_generator, start_launched
 from .pp_engine import start_pipeline
 from .rank0_model import RankZeroModel
 from .tp import check_tp_size, shard_model, tp_config, weight_bytes
+from .tp_graph import TPGraphRunner, TPModelRunner, wait_event
 from .tp_group import TPGroup
 from .tp_worker import pack_step, step_message
 
@@ -83,7 +89,7 @@ class LLM(engine.LLM):
         config = EngineConfig.of(config)
         config = replace(config, **overrides) if overrides else config  # validates
         tp = config.tensor_parallel_size
-        self.tensor_parallel_size, self.tp_group = tp, None
+        self.tensor_parallel_size, self.tp_group, self.launched = tp, None, None
         if config.enable_expert_parallel:
             check_expert_parallel(model, tp)
         if config.cuda_graph and isinstance(getattr(getattr(model, "net", None), "config", None),
@@ -92,6 +98,11 @@ class LLM(engine.LLM):
                              "with the host every layer); use cuda_graph=False")
         if config.pipeline_parallel_size > 1:  # layers cut into stages: pp_engine.py
             start_pipeline(self, model, config, speculator, _tp_faults)
+            atexit.register(_close_ref, weakref.ref(self))
+            return
+        if config.distributed_executor_backend == "external_launcher":  # every rank: torchrun
+            self._launch_seeds = itertools.count()
+            start_launched(self, model, config, speculator)
             atexit.register(_close_ref, weakref.ref(self))
             return
         if tp == 1:  # layer 4's engine, untouched
@@ -118,11 +129,41 @@ class LLM(engine.LLM):
             wrapped = l3.Model(TPModel(shard, group), full.tokenizer)
             del full
             super().__init__(wrapped, config, speculator=speculator)
-            self.worker_kv_bytes = group.make_caches(self.cache)
         except BaseException:
             self.close()
             raise
         atexit.register(_close_ref, weakref.ref(self))
+
+    def make_runner(self) -> engine.ModelRunner:
+        """Layer 4's runner (TP: the workers make their caches first; with cuda_graph every
+        rank captures its decode graphs, the workers at the same time as rank 0)."""
+        group = self.tp_group
+        if group is None:
+            return super().make_runner()
+        self.worker_kv_bytes = group.make_caches(self.cache)
+        runner = TPModelRunner(self.model.net, self.cache, replace(self.config, cuda_graph=False))
+        runner.group = group
+        if self.config.cuda_graph:
+            max_blocks = -(-self.config.resolved_max_model_len // self.cache.block_size)
+            n, on_gpu = self.config.max_num_seqs, self.model.net.device.type == "cuda"
+            with group.guard("capturing the decode CUDA graphs"):
+                group.send(("graphs", n, max_blocks))
+                runner.graph = TPGraphRunner(self.model.net.shard, self.cache, n, max_blocks,
+                                             group.comm, group=group, capture=on_gpu)
+                group.gather("graphs")
+        return runner
+
+    def _complete(self, launched, advanced, finished) -> None:
+        """Layer 4's; the wait for a step's tokens is bounded by the group's timeout."""
+        if self.tp_group is not None and launched.event is not None:
+            wait_event(self.tp_group, launched.event, "reading a step's tokens")
+        super()._complete(launched, advanced, finished)
+
+    def _generator(self, params, index: int) -> torch.Generator:
+        """Layer 4's; under external_launcher every rank draws the same stream."""
+        if self.launched is not None:
+            return shared_generator(self.launched, params, index, self._launch_seeds)
+        return super()._generator(params, index)
 
     def make_cache(self) -> engine.PagedKVCache:
         """Layer 4's cache (sized by the per-rank config), copy-on-write forwarded to the ranks."""
@@ -135,6 +176,9 @@ class LLM(engine.LLM):
         group, self.tp_group = getattr(self, "tp_group", None), None
         if group is not None:
             group.shutdown()
+        launched = getattr(self, "launched", None)
+        if launched is not None:
+            launched.close()
 
     def __enter__(self) -> LLM:
         return self

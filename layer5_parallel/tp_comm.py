@@ -96,7 +96,11 @@ class TPComm:
         self.bytes += x.numel() * x.element_size()
 
     def _agree(self, what: str, x: torch.Tensor) -> None:
-        """ValueError on every rank when the ranks pass tensors of different numel or dtype."""
+        """ValueError on every rank when the ranks pass tensors of different numel or dtype.
+        Not while a CUDA graph captures (it reads the answer on the host; the warm-up steps
+        before the capture ran the same shapes through this check)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return
         mine = torch.tensor([x.numel(), _DTYPE_CODES.get(x.dtype, 9)], dtype=torch.int64)
         if x.is_cuda:
             mine = mine.to(x.device)

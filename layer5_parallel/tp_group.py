@@ -27,9 +27,11 @@ import torch.multiprocessing as mp
 
 import layer4_algorithms as engine
 
+from .shm_broadcast import RingConn, ShmRing
 from .tp_comm import TPComm, host_store, new_group
 from .tp_worker import worker_main
 
+SPIN_S = {"nccl": 0.05, "gloo": 0.0}  # workers spin on the ring (GPU hosts: cores to spare)
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
 _threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
 
@@ -45,6 +47,7 @@ class TPGroup:
         self.error: str | None = None
         self.label = "tensor-parallel"
         self.store = None  # the TCPStore rank 0 hosts (own process group)
+        self.ring: ShmRing | None = None  # rank 0 -> every worker: each step's message
         self.control_s = 0.0  # seconds rank 0 spent sending control messages (pipes)
         self._threads_set = False
         # per worker: ("ready", full config, shard config, weight bytes)
@@ -72,18 +75,20 @@ class TPGroup:
         port = engine.comm.free_port() if ours else store.port
         ctx = mp.get_context("spawn")
         procs, conns = [], []
+        ring = ShmRing.create(world - 1, spin_s=SPIN_S[backend])
         for rank in range(1, world):
             mine, theirs = ctx.Pipe(duplex=True)
+            chan = RingConn(theirs, ring.reader_end(rank - 1))  # messages in: ring; replies: pipe
             p = ctx.Process(target=worker, name=f"tp-rank{rank}", daemon=True,
                             args=(rank, world, port, backend, comm_backend, check, timeout_s,
-                                  threads, source, theirs, (faults or {}).get(rank)),
+                                  threads, source, chan, (faults or {}).get(rank)),
                             kwargs={"expert_parallel": expert_parallel})
             p.start()
             theirs.close()
             procs.append(p)
             conns.append(mine)
         group = cls(procs, conns, None, backend, timeout_s)
-        group.store, group.label = store, label
+        group.store, group.label, group.ring = store, label, ring
         group._set_threads(threads)
         with group.guard("starting the workers"):
             if ours:
@@ -112,11 +117,11 @@ class TPGroup:
 
     # ---- messages ------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
-        """A control message to every worker (checked alive first: a dead one fails now)."""
+        """A control message to every worker, through the shared-memory ring (one write for
+        all; a dead worker fails now, one that stopped reading within timeout_s)."""
         start = time.perf_counter()
         self.check_alive()
-        for c in self.conns:
-            c.send(msg)
+        self.ring.put(msg, timeout_s=self.timeout_s, alive=self.check_alive)
         self.control_s += time.perf_counter() - start
 
     def make_caches(self, cache) -> list[int]:
@@ -182,12 +187,11 @@ class TPGroup:
 
     def shutdown(self, *, graceful: bool = True, timeout_s: float = 5.0) -> None:
         """Stop the workers ("stop" first when graceful, then terminate/kill); leave the group."""
-        if graceful and self.error is None:
-            for c in self.conns:
-                try:
-                    c.send(("stop",))
-                except OSError:
-                    pass
+        if graceful and self.error is None and self.ring is not None:
+            try:
+                self.ring.put(("stop",), timeout_s=min(timeout_s, self.timeout_s))
+            except (TimeoutError, ValueError):
+                pass
         deadline = time.monotonic() + (timeout_s if graceful else 0.5)
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
@@ -200,6 +204,9 @@ class TPGroup:
                 p.join(2.0)
         for c in self.conns:
             c.close()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
         self.procs, self.conns = [], []
         self.error = self.error or "the engine was closed (llm.close())"
         self._restore_threads()

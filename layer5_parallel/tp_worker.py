@@ -1,9 +1,11 @@
 """A tensor-parallel worker process (ranks 1..p-1) and the step message both sides share.
 
 Rank 0 runs layer 4's engine; the workers run only the model. Two channels join them:
-- control: a multiprocessing Pipe per worker carries small Python messages (what to do
-  next, and host-side integers). A worker idles on it between steps, for as long as the
-  engine idles, with no collective timing out; it checks every second that rank 0 lives.
+- control: small Python messages (what to do next, and host-side integers) come through a
+  ring buffer in shared memory that rank 0 writes once for all workers (shm_broadcast.py);
+  replies go back through a Pipe per worker. A worker idles on the ring between steps, for
+  as long as the engine idles, with no collective timing out; it checks every second that
+  rank 0 lives.
 - data: one broadcast over the process group carries the step's device tensors, packed
   into one int64 tensor (token ids | slot_mapping | block_tables), so under NCCL rank 0
   never copies them to the host.
@@ -11,14 +13,18 @@ Rank 0 runs layer 4's engine; the workers run only the model. Two channels join 
 Messages rank 0 sends: ("init", num_blocks, block_size) makes the worker's paged KV cache
 (its head shard); ("step", query_lens, seq_lens, max_blocks, has_cache, last_only) runs
 one forward pass (the broadcast follows); ("copy", pairs) copies KV blocks (copy-on-write);
-("stop",) ends the loop. The worker answers ("ready", full_config, shard_config,
-weight_bytes) after sharding, ("cache", kv_bytes) after init, and ("error", text) before
-it exits on any exception (so rank 0 can name what went wrong on which rank).
+("graphs", max_num_seqs, max_blocks) captures the decode-step CUDA graphs (tp_graph.py; on a
+CPU the same static-buffer step runs eagerly) and ("graph", bucket) replays one, its inputs
+arriving inside the graph; ("stop",) ends the loop. The worker answers ("ready",
+full_config, shard_config, weight_bytes) after sharding, ("cache", kv_bytes) after init,
+("graphs", n) after capturing, and ("error", text) before it exits on any exception (so
+rank 0 can name what went wrong on which rank).
 """
 from __future__ import annotations
 
 import os
 import sys
+import time
 import traceback
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection
@@ -30,6 +36,7 @@ import layer4_algorithms as engine
 from .ep_model import model_class
 from .tp import shard_model, weight_bytes
 from .tp_comm import TPComm, new_group
+from .tp_graph import TPGraphRunner
 
 POLL_S = 1.0  # how often an idle worker checks that rank 0 is still alive
 
@@ -84,7 +91,8 @@ def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: st
                 fault: str | None = None, *, expert_parallel: bool = False) -> None:
     """Entry point of worker `rank`: join the group, shard, serve steps until ("stop",).
     port: rank 0's TCPStore (its own group), or the default group's rendezvous ("ours").
-    fault (tests only): "die" exits at the first step, "shape" all-reduces a wrong size."""
+    fault (tests only): "die" exits at the first step, "hang" sleeps in it, "shape"
+    all-reduces a wrong size; "graph-die" and "graph-hang" do so at the first graph step."""
 
     def body() -> None:
         comm, device = join_group(rank, world, port, backend, comm_backend, check, timeout_s,
@@ -145,7 +153,7 @@ def next_message(conn: Connection, parent, who: str) -> tuple:
 
 @torch.no_grad()
 def _serve(shard, comm: TPComm, conn: Connection, device: torch.device, fault: str | None) -> None:
-    cache, parent = None, parent_process()
+    cache, parent, graphs = None, parent_process(), None
     while True:
         msg = next_message(conn, parent, "worker")
         kind = msg[0]
@@ -157,9 +165,21 @@ def _serve(shard, comm: TPComm, conn: Connection, device: torch.device, fault: s
             conn.send(("cache", cache.nbytes))
         elif kind == "copy":
             cache.copy_blocks(msg[1])
+        elif kind == "graph":
+            if fault == "graph-die":
+                os._exit(3)
+            if fault == "graph-hang":  # a worker stuck mid-step: rank 0 must not wait for ever
+                time.sleep(3600)
+            graphs.replay(msg[1])
+        elif kind == "graphs":
+            graphs = TPGraphRunner(shard, cache, msg[1], msg[2], comm,
+                                   capture=device.type == "cuda")
+            conn.send(("graphs", len(graphs.buckets)))
         elif kind == "step":
             if fault == "die":
                 os._exit(3)
+            if fault == "hang":
+                time.sleep(3600)
             ids, ctx = unpack_step(msg, comm, device)
             if fault == "shape":  # a worker whose row-parallel output has one row too many
                 comm.all_reduce(torch.zeros(ids.shape[0] + 1, shard.config.hidden_size,

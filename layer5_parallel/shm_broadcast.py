@@ -1,0 +1,229 @@
+"""Rank 0 -> every worker on this host: a ring buffer of messages in shared memory.
+
+Why: a decode step replayed from CUDA graphs costs the host a few microseconds, so how rank 0
+tells its workers "run step N" matters. A pipe per worker is a pickled message and a syscall
+per worker on the way out, and a wake-up (poll, then read) on the way in: tens of
+microseconds each. Here rank 0 writes the message once, into shared memory, and the workers,
+spinning on a flag, see it within a microsecond (vLLM's MessageQueue, nano-vllm's
+SharedMemory + Event).
+
+Layout (one SharedMemory block):
+
+    slot s (s = message index % slots):
+        seq[s]       int64   index + 1 of the message in the slot (0: never written)
+        nbytes[s]    int64   its payload length
+        read[s, r]   uint8   reader r has read it (the writer may reuse the slot when all have)
+        data[s]      slot_bytes of payload (a pickled Python object)
+
+The writer waits until every reader has read a slot's previous message, clears the slot's
+read flags, writes the payload and its length, and only then publishes `seq` (one aligned
+8-byte store; x86-64 makes stores visible to other cores in program order, so a reader that
+sees the new `seq` sees the payload written before it). Reader r waits for seq[s] == its
+next index + 1, copies the payload out, sets read[s, r]. `seq` counts
+messages, so a slot's old message is never mistaken for its new one.
+
+Waiting: spin (re-reading the flag, yielding the core) for `spin_s`, then sleep in growing
+naps up to 1 ms. On a GPU host a worker spins through a whole decode step (cores to spare,
+and a nap there would delay every rank's next launch); on a CPU, where ranks share cores,
+spin_s=0 naps at once. Every wait checks `alive()` (say, that the peer process still
+lives) each `POLL_S`, so a dead peer turns into an error, never a hang.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections.abc import Callable
+from multiprocessing import shared_memory
+
+import numpy as np
+
+POLL_S = 0.5  # how often a waiting side calls alive()
+MAX_NAP_S = 1e-3
+
+
+class ShmRing:
+    """One writer, `readers` readers, `slots` messages in flight of at most `slot_bytes` each.
+    `ShmRing.create(...)` on the writer; `ShmRing.attach(name, reader)` in each reader (or
+    pickle the reader's ring: it re-attaches by name in the receiving process)."""
+
+    def __init__(self, shm: shared_memory.SharedMemory, readers: int, slots: int,
+                 slot_bytes: int, reader: int | None, owner: bool, spin_s: float) -> None:
+        self.shm, self.readers, self.slots, self.slot_bytes = shm, readers, slots, slot_bytes
+        self.reader, self.owner, self.spin_s = reader, owner, spin_s
+        self.count = 0  # messages written (writer) or read (reader r) so far
+        buf, flag_w = shm.buf, _round8(readers)
+        self.seq = np.ndarray((slots,), np.int64, buf, 0)
+        self.nbytes = np.ndarray((slots,), np.int64, buf, 8 * slots)
+        self.read = np.ndarray((slots, flag_w), np.uint8, buf, 16 * slots)
+        self.data_at = 16 * slots + slots * flag_w
+
+    # ---- life -------------------------------------------------------------------------------
+    @classmethod
+    def create(cls, readers: int, *, slots: int = 8, slot_bytes: int = 1 << 18,
+               spin_s: float = 0.0) -> ShmRing:
+        """A new ring (the writer's end); `name` names it for the readers."""
+        if readers < 1 or slots < 1 or slot_bytes < 64:
+            raise ValueError(f"need readers >= 1, slots >= 1, slot_bytes >= 64; got {readers}, "
+                             f"{slots}, {slot_bytes}")
+        size = 16 * slots + slots * _round8(readers) + slots * slot_bytes
+        shm = shared_memory.SharedMemory(create=True, size=size)
+        ring = cls(shm, readers, slots, slot_bytes, None, True, spin_s)
+        ring.seq[:] = 0
+        ring.read[:] = 1  # every slot free
+        return ring
+
+    @classmethod
+    def attach(cls, name: str, reader: int, readers: int, slots: int, slot_bytes: int,
+               spin_s: float = 0.0, *, untrack: bool = False) -> ShmRing:
+        """Reader `reader` (0-based) of the ring called `name`. untrack: a process that does
+        not share the writer's resource tracker (not started by it through multiprocessing)
+        must not let its tracker remove the block at its exit."""
+        if not 0 <= reader < readers:
+            raise ValueError(f"reader must be in [0, {readers}), got {reader}")
+        shm = shared_memory.SharedMemory(name=name)
+        if untrack:
+            _untrack(shm)
+        return cls(shm, readers, slots, slot_bytes, reader, False, spin_s)
+
+    @property
+    def name(self) -> str:
+        return self.shm.name
+
+    def reader_end(self, reader: int, spin_s: float | None = None) -> _ReaderEnd:
+        """A picklable handle that becomes reader `reader`'s ring in the process it is sent to."""
+        return _ReaderEnd(self.name, reader, self.readers, self.slots, self.slot_bytes,
+                          self.spin_s if spin_s is None else spin_s)
+
+    def close(self) -> None:
+        """Detach (and, on the writer, remove the block). Views die first: numpy holds buf."""
+        self.seq = self.nbytes = self.read = None
+        try:
+            self.shm.close()
+        except BufferError:  # a view still alive somewhere: leave it to the process's exit
+            pass
+        if self.owner:
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+            self.owner = False
+
+    # ---- writer -----------------------------------------------------------------------------
+    def put(self, obj, *, timeout_s: float, alive: Callable[[], None] | None = None) -> None:
+        """Publish obj (pickled) to every reader. Waits at most timeout_s for the slot's old
+        message to be read by all (TimeoutError naming the readers that have not)."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > self.slot_bytes:
+            raise ValueError(f"a {len(data)}-byte message does not fit a {self.slot_bytes}-byte "
+                             "slot of the shared-memory ring")
+        s = self.count % self.slots
+        flags = self.read[s, :self.readers]
+        if not flags.all():
+            self._wait(lambda: bool(flags.all()), timeout_s, alive, lambda: (
+                f"reader(s) {[r for r in range(self.readers) if not flags[r]]} did not take "
+                f"message {self.count - self.slots} within {timeout_s:g} s"))
+        flags[:] = 0
+        at = self.data_at + s * self.slot_bytes
+        self.shm.buf[at:at + len(data)] = data
+        self.nbytes[s] = len(data)
+        self.count += 1
+        self.seq[s] = self.count  # publish last
+
+    # ---- reader -----------------------------------------------------------------------------
+    def poll(self, timeout_s: float) -> bool:
+        """True if the next message is there, waiting at most timeout_s (no alive checks)."""
+        s, want = self.count % self.slots, self.count + 1
+        if self.seq[s] == want:
+            return True
+        try:
+            self._wait(lambda: self.seq[s] == want, timeout_s, None, lambda: "")
+        except TimeoutError:
+            return False
+        return True
+
+    def get(self, *, timeout_s: float | None = None, alive: Callable[[], None] | None = None):
+        """The next message (unpickled); waits at most timeout_s (None: for ever, calling
+        alive() every POLL_S)."""
+        s, want = self.count % self.slots, self.count + 1
+        if self.seq[s] != want:
+            self._wait(lambda: self.seq[s] == want, timeout_s, alive,
+                       lambda: f"no message {self.count} within {timeout_s:g} s")
+        at = self.data_at + s * self.slot_bytes
+        data = bytes(self.shm.buf[at:at + int(self.nbytes[s])])
+        self.read[s, self.reader] = 1
+        self.count += 1
+        return pickle.loads(data)
+
+    # ---- waiting ----------------------------------------------------------------------------
+    def _wait(self, ready: Callable[[], bool], timeout_s: float | None,
+              alive: Callable[[], None] | None, what: Callable[[], str]) -> None:
+        start = time.monotonic()
+        spin_until, next_check, nap = start + self.spin_s, start + POLL_S, 2e-5
+        while not ready():
+            now = time.monotonic()
+            if timeout_s is not None and now - start > timeout_s:
+                raise TimeoutError(what())
+            if now >= next_check:
+                next_check = now + POLL_S
+                if alive is not None:
+                    alive()
+            if now < spin_until:
+                os.sched_yield()
+            else:
+                time.sleep(nap)
+                nap = min(2 * nap, MAX_NAP_S)
+
+
+class _ReaderEnd:
+    """Reader r's end in transit: unpickles into ShmRing.attach(...) in the receiver."""
+
+    def __init__(self, name: str, reader: int, readers: int, slots: int, slot_bytes: int,
+                 spin_s: float) -> None:
+        self.args = (name, reader, readers, slots, slot_bytes, spin_s)
+
+    def open(self) -> ShmRing:
+        return ShmRing.attach(*self.args)
+
+
+class RingConn:
+    """A worker's control channel: messages from rank 0 arrive through the shared-memory ring
+    (poll/recv), replies go back through the worker's pipe (send). It stands where a worker
+    used a duplex Pipe end, so a worker loop reads it unchanged."""
+
+    def __init__(self, pipe, ring: _ReaderEnd | ShmRing) -> None:
+        self.pipe, self._ring = pipe, ring
+
+    @property
+    def ring(self) -> ShmRing:
+        if isinstance(self._ring, _ReaderEnd):  # first use in the worker: attach
+            self._ring = self._ring.open()
+        return self._ring
+
+    def poll(self, timeout_s: float = 0.0) -> bool:
+        return self.ring.poll(timeout_s)
+
+    def recv(self):
+        return self.ring.get(timeout_s=None)
+
+    def send(self, msg) -> None:
+        self.pipe.send(msg)
+
+    def close(self) -> None:
+        self.pipe.close()
+        if isinstance(self._ring, ShmRing):
+            self._ring.close()
+
+
+def _round8(n: int) -> int:
+    return -(-n // 8) * 8
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    """Forget an attached block in this process's resource tracker (Python < 3.13 registers
+    every attach and would unlink the writer's block at this process's exit)."""
+    try:
+        from multiprocessing import resource_tracker
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - best effort: at worst a warning at exit
+        pass

@@ -1,0 +1,128 @@
+"""Tensor-parallel decode steps replayed from CUDA graphs on every rank, collectives inside.
+
+Layer 4's `CudaGraphRunner` captures one decode step per bucketed batch size over static
+buffers. Under tensor parallelism every rank runs it over its own shard and cache: the
+shard's forward already calls its collectives (two all-reduces a layer, one for the
+embedding, the logits' all-gather), and NCCL collectives are captured like any kernel, so
+each rank's graph holds its share of the step and the collectives that join the ranks.
+One step then costs each rank one graph launch.
+
+What the workers need each step, and how it reaches them without a host round trip:
+
+    rank 0 (the engine)                         rank r > 0 (tp_worker.py)
+    ring.put(("graph", bucket))  ------------>  ring.get() -> replay graph[bucket]
+    copy ids, positions, seq_lens,
+    block tables into its static buffers
+    replay graph[bucket]:                       graph[bucket]:
+      pack the bucket's rows (B, 3 + n)           BROADCAST from rank 0 -> packed rows
+      BROADCAST from rank 0 -------------------->  unpack into its static buffers
+      slots, shard forward (+ collectives)       slots, shard forward (+ collectives)
+      logits (B, V)                               logits (unused)
+
+The host message is one small tuple through shared memory (shm_broadcast.py). The inputs
+themselves travel on the GPUs, inside the graph: under async scheduling a decode step's
+token ids are the previous step's samples, which live only on rank 0's GPU, so they must
+go GPU to GPU anyway, and the positions, lengths and block tables ride along in the same
+broadcast (B * (3 + max_blocks) int64) for free. No rank copies anything to or from the
+host, and the workers' host work per step is one ring read and one graph launch.
+
+On a CPU (gloo) the same runner runs the same steps without capturing (capture=False), so
+the CPU suite tests this path too.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+import layer4_algorithms as engine
+
+from .tp_comm import TPComm
+
+
+class TPGraphRunner(engine.CudaGraphRunner):
+    """Layer 4's CudaGraphRunner over one rank's shard, whose step first broadcasts rank 0's
+    inputs. Rank 0 calls run(...) (as layer 4's runner, telling the workers which bucket
+    first, when `group` is given); the workers call replay(bucket)."""
+
+    def __init__(self, model, cache, max_num_seqs: int, max_blocks_per_seq: int, comm: TPComm,
+                 *, group=None, capture: bool = True, warmup: int = 1) -> None:
+        self.comm, self.group, self.rank0 = comm, group, comm.rank == 0
+        # one row per sequence: token id | position | seq_len | block table (max_blocks)
+        self.packed = torch.zeros((max_num_seqs, 3 + max_blocks_per_seq), dtype=torch.int64,
+                                  device=model.device)
+        super().__init__(model, cache, max_num_seqs, max_blocks_per_seq, capture=capture,
+                         warmup=warmup)
+
+    def _step(self, B: int) -> None:
+        rows = self.packed[:B]
+        fields = (self.input_ids[:B], self.positions[:B], self.seq_lens[:B])
+        if self.rank0:
+            for j, f in enumerate(fields):
+                rows[:, j] = f
+            rows[:, 3:] = self.block_tables[:B]
+        self.comm.broadcast(rows)
+        if not self.rank0:
+            for j, f in enumerate(fields):
+                f.copy_(rows[:, j])
+            self.block_tables[:B] = rows[:, 3:]
+        super()._step(B)
+
+    def bucket(self, batch: int) -> int:
+        return next(b for b in self.buckets if b >= batch)
+
+    @torch.no_grad()
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
+        """Layer 4's run(); rank 0 first tells every worker which graph to replay."""
+        B = input_ids.shape[0]
+        if self.group is None or not self.can_run(B, block_tables.shape[1]):
+            return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)
+        with self.group.guard("decode step (CUDA graph)"):
+            self.group.send(("graph", self.bucket(B)))
+            return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)
+
+    @torch.no_grad()
+    def replay(self, bucket: int) -> None:
+        """A worker's step: rank 0's inputs arrive by the broadcast inside the graph."""
+        if self.captured:
+            self.graphs[bucket].replay()
+        else:
+            self._step(bucket)
+
+
+class TPModelRunner(engine.ModelRunner):
+    """Rank 0's runner: layer 4's, whose host reads of sampled tokens wait at most the group's
+    timeout (a worker that hangs mid-step stalls rank 0's GPU inside a collective; a plain
+    .tolist() would wait for ever)."""
+
+    group = None
+
+    def sample(self, logits, params, generators) -> list[int]:
+        if not len(params):
+            return []
+        tokens = self.sample_tokens(logits, params, generators)
+        if tokens.is_cuda and self.group is not None:
+            event = torch.cuda.Event()
+            event.record()
+            wait_event(self.group, event, "sampling")
+        return tokens.tolist()
+
+
+def wait_event(group, event: torch.cuda.Event, what: str) -> None:
+    """Wait for a CUDA event, checking the workers live; past the group's timeout the group
+    fails (every worker stopped, its communicator aborted) with one error naming the ranks."""
+    if event.query():
+        return
+    with group.guard(what):
+        start = time.monotonic()
+        next_check = start + 0.5
+        while not event.query():
+            now = time.monotonic()
+            if now >= next_check:
+                group.check_alive()
+                next_check = now + 0.5
+                if now - start > group.timeout_s:
+                    raise TimeoutError(f"the step's GPU work did not finish within "
+                                       f"{group.timeout_s:g} s (a rank hangs mid-step?)")
+            time.sleep(0)

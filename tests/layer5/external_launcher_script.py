@@ -1,0 +1,55 @@
+"""Run by torchrun in test_external_launcher.py: every rank runs this same script.
+
+    torchrun ... external_launcher_script.py OUT.json [--absent-rank R]
+
+Builds the course model's engine at tensor_parallel_size=WORLD_SIZE with
+distributed_executor_backend="external_launcher", generates greedily, and rank 0 writes the
+tokens (and every rank's "returned" line) to OUT.json. --absent-rank R: rank R never builds
+the engine (it sleeps past the timeout and exits), to show rank 0's error.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import layer5_parallel as l5
+
+PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n"]
+TIMEOUT_S = 15.0
+
+
+def main() -> int:
+    out, rank = sys.argv[1], int(os.environ["RANK"])
+    absent = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--absent-rank" else None
+    if rank == absent:
+        time.sleep(TIMEOUT_S + 5)
+        return 0
+    try:
+        llm = l5.LLM(l5.engine.executor.course_model_dir("target"), dtype="float32",
+                     device="cpu", num_blocks=64,
+                     tensor_parallel_size=int(os.environ["WORLD_SIZE"]), tp_threads=1,
+                     tp_timeout_s=TIMEOUT_S, distributed_executor_backend="external_launcher")
+    except RuntimeError as exc:
+        if rank == 0:
+            with open(out, "w") as f:
+                json.dump({"error": str(exc)}, f)
+        print(f"rank {rank}: {exc}", file=sys.stderr)
+        return 1
+    params = l5.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    sampled = l5.SamplingParams(temperature=0.8, max_tokens=8, ignore_eos=True)
+    outs = llm.generate(PROMPTS, params)
+    mixed = llm.generate(PROMPTS, sampled)  # unseeded: every rank must draw the same tokens
+    tokens = [o.outputs[0].token_ids for o in outs]
+    print(f"rank {rank} returned", flush=True)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"tokens": tokens, "blocks": llm.config.num_blocks,
+                       "sampled": [o.outputs[0].token_ids for o in mixed]}, f)
+    llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

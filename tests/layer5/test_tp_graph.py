@@ -1,0 +1,71 @@
+"""The tensor-parallel decode-graph path on gloo: the runner every rank replays CUDA graphs
+with on a GPU (tp_graph.py) runs the same static-buffer steps eagerly on a CPU, so CI checks
+that its in-step input broadcast and the shared-memory step messages give TP=1's tokens, and
+that a worker that hangs or dies in such a step fails rank 0 clearly within the timeout.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import time
+
+import pytest
+import torch
+
+import layer5_parallel as l5
+from layer5_parallel.tp_graph import TPGraphRunner
+
+l3 = l5.engine.executor
+TIMEOUT_S = 20.0
+
+
+def model() -> l3.Model:
+    config = l3.ModelConfig(model_type="qwen2", vocab_size=211, hidden_size=64,
+                            intermediate_size=90, num_hidden_layers=2, num_attention_heads=8,
+                            num_key_value_heads=2, head_dim=8, qkv_bias=True,
+                            max_position_embeddings=128)
+    return l3.Model(l3.random_model(config, seed=1, std=0.3))
+
+
+def prompts(n: int = 6) -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(0, 211, (k,), generator=g).tolist()
+            for k in torch.randint(3, 21, (n,), generator=g).tolist()]
+
+
+PARAMS = l5.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+def test_graph_path_on_gloo_gives_tp1_tokens():
+    m, ps = model(), prompts()
+    kw = dict(num_blocks=64, block_size=8, max_num_seqs=8)
+    ref = [o.outputs[0].token_ids for o in l5.LLM(m, **kw).generate(ps, PARAMS)]
+    with l5.LLM(m, tensor_parallel_size=2, cuda_graph=True, tp_timeout_s=TIMEOUT_S, **kw) as tp:
+        graph = tp.runner.graph
+        assert isinstance(graph, TPGraphRunner) and not graph.captured
+        assert graph.buckets == [1, 2, 4, 8]
+        before = tp.tp_group.ring.count
+        got = [o.outputs[0].token_ids for o in tp.generate(ps, PARAMS)]
+        messages = tp.tp_group.ring.count - before
+    assert got == ref
+    # one prefill step, then one graph step per decode step: 5 decode steps of 6 sequences
+    assert messages >= 6
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+
+
+@pytest.mark.parametrize("fault", ["graph-hang", "graph-die"])
+def test_worker_failing_in_a_graph_step_fails_rank0_within_the_timeout(fault):
+    llm = l5.LLM(model(), tensor_parallel_size=2, cuda_graph=True, num_blocks=32, block_size=8,
+                 max_num_seqs=4, tp_timeout_s=TIMEOUT_S, _tp_faults={1: fault})
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="tensor-parallel") as info:
+        llm.generate([[1, 2, 3], [4, 5]], PARAMS)
+    elapsed = time.monotonic() - start
+    llm.close()
+    assert elapsed < TIMEOUT_S + 10, elapsed
+    if fault == "graph-die":
+        assert "rank 1" in str(info.value) and "code 3" in str(info.value), str(info.value)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [p for p in multiprocessing.active_children()
+                                           if p.name.startswith("tp-rank")]:
+        time.sleep(0.1)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]

@@ -27,7 +27,7 @@ def main() -> int:
         time.sleep(TIMEOUT_S + 5)
         return 0
     try:
-        llm = l5.LLM(l5.engine.executor.course_model_dir("target"), dtype="float32",
+        llm = l5.LLM(l5.course_model_dir("target"), dtype="float32",
                      device="cpu", num_blocks=64,
                      tensor_parallel_size=int(os.environ["WORLD_SIZE"]), tp_threads=1,
                      tp_timeout_s=TIMEOUT_S, distributed_executor_backend="external_launcher")

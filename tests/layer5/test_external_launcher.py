@@ -21,7 +21,7 @@ PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be"
 
 def two_nodes(tmp_path: Path, *extra: str, limit_s: float = 240.0) -> tuple[list, str, Path]:
     """Start two torchrun 'nodes' of one rank each; wait for both (killing them past limit_s)."""
-    port = l5.engine.executor.comm.free_port()
+    port = l5.free_port()
     out = tmp_path / "out.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node",
            "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -45,7 +45,7 @@ def test_two_nodes_equal_one_process(tmp_path):
     codes, log, out = two_nodes(tmp_path)
     assert codes == [0, 0], log
     got = json.loads(out.read_text())
-    ref = l5.LLM(l5.engine.executor.course_model_dir("target"), dtype="float32", device="cpu",
+    ref = l5.LLM(l5.course_model_dir("target"), dtype="float32", device="cpu",
                  num_blocks=64)
     params = l5.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, params)]

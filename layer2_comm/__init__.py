@@ -15,6 +15,12 @@ collectives), for any tensor size, float and integer dtypes, ops "sum", "max" an
 Before moving data each collective swaps a small header with its peers, so ranks that
 disagree on size, dtype or arguments get a ValueError naming both, never a hang or garbage.
 
+On GPUs joined by NVLink, `PeerAllReduce` is an all-reduce of our own over peer memory
+(torch symmetric memory buffers, Triton kernels, cross-GPU flags; capturable in CUDA graphs):
+one-shot for small messages, two-shot for larger ones, NCCL above its buffer, chosen by size.
+The same two algorithms over simulated ranks on a CPU (`PeerBuffers`, `one_shot_all_reduce`,
+`two_shot_all_reduce`, with race detection and byte counts) are what lab 2 teaches.
+
 Measuring: an alpha-beta cost model per algorithm (`predict`, `crossover`, `fit_alpha_beta`),
 nccl-tests-style sweeps with algbw and busbw (`sweep`, `ping_pong`, `busbw`), compute /
 communication overlap (`overlap_demo`) and NCCL driven directly through CuPy (`nccl_example`).
@@ -45,7 +51,9 @@ from .launch import launch
 from .nccl_raw import nccl_example
 from .overlap import overlap_demo
 from .p2p import OPS, segment_bounds
+from .peer_all_reduce import PeerAllReduce
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
+from .simulated import PeerBuffers, RaceError, one_shot_all_reduce, two_shot_all_reduce
 from .tree import broadcast_tree, tree_all_reduce
 
 __all__ = [
@@ -55,6 +63,8 @@ __all__ = [
     "ring_all_reduce", "tree_all_reduce", "ring_all_gather", "ring_reduce_scatter",
     "broadcast_tree", "broadcast_chain", "all_to_all", "hierarchical_all_reduce",
     "OPS", "segment_bounds",
+    # all-reduce over NVLink peer memory, and its algorithms over simulated ranks
+    "PeerAllReduce", "PeerBuffers", "RaceError", "one_shot_all_reduce", "two_shot_all_reduce",
     # cost model, bandwidth sweeps, overlap, raw NCCL
     "AlphaBeta", "predict", "crossover", "fit_alpha_beta", "busbw",
     "sweep", "ping_pong", "overlap_demo", "nccl_example",

@@ -5,6 +5,9 @@ torch.distributed's built-in on integer-valued data and timed beside it.
 `bench`: the nccl-tests-style sweep (ours vs built-in), a ping-pong fitted to the
 alpha-beta model, predicted vs measured, the ring/tree crossover, and the overlap of an
 all-reduce with matmuls.
+`peer` (``stack bench --layer 2 --peer``, or ``python -m layer2_comm.commands peer``): our
+one-shot / two-shot all-reduce over NVLink peer memory vs NCCL vs torch's symm_mem ops,
+latency 8 B .. 2 MiB in CUDA graphs, busbw to 256 MiB, the choice table and crossovers.
 `tune` (``python -m layer2_comm.commands tune``): the knobs of tuning.py measured — the
 ring step's bandwidth per lane count, ours per (lanes, piece size), the header check's cost.
 """
@@ -28,7 +31,7 @@ from .bench_bandwidth import bench_rank, default_sizes, measured_crossover
 from .bench_tuning import ONE_PIECE, tune_rank
 from .checks import check_rank
 from .cost_model import crossover, fit_alpha_beta, predict
-from .group import init
+from .group import MULTICAST_OFF, init
 from .launch import launch
 from .plots import human, markdown, plot_busbw, plot_predicted_vs_measured
 from .tables import print_overlap, print_tables, print_tune
@@ -147,10 +150,14 @@ def bench(argv: list[str] | None = None) -> int:
     parser.add_argument("--factor", type=int, help="size step (default 2 with NCCL, 4 on gloo)")
     parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
     parser.add_argument("--no-overlap", action="store_true", help="skip the overlap measurement")
+    parser.add_argument("--peer", action="store_true",
+                        help="only the peer-memory all-reduce (ours vs NCCL vs torch symm_mem)")
     args = parser.parse_args(argv or [])
     _check_args(args)
     world, backend = _world_and_backend(args.world, args.backend)
     gpu = backend == "nccl"
+    if args.peer:
+        return peer(argv)
     sizes = default_sizes(args.max_bytes or (1 << 30 if gpu else 4 << 20), args.min_bytes,
                           args.factor or (2 if gpu else 4))
     iters = args.iters or (20 if gpu else 5)
@@ -226,6 +233,64 @@ def bench(argv: list[str] | None = None) -> int:
     return 0 if all(r["ok"] for r in rows) and (hidden is None or hidden["correct"]) else 1
 
 
+def peer(argv: list[str] | None = None) -> int:
+    """Our peer-memory all-reduce vs NCCL vs torch symm_mem: tables, crossovers, JSON, plot."""
+    from .bench_peer import BANDWIDTH_SIZES, LATENCY_SIZES, peer_bench_rank, summarize
+    from .peer_report import choice_table, crossover_lines, latency_table, markdown, plot_peer_busbw
+
+    parser = _parser("stack bench --layer 2 --peer", peer.__doc__)
+    parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--max-bytes", type=int, default=BANDWIDTH_SIZES[-1],
+                        help="largest bandwidth size (default 256 MiB)")
+    parser.add_argument("--out", type=Path, help="output folder (default results/layer2)")
+    args, _ = parser.parse_known_args(argv or [])
+    _check_args(args)
+    world, backend = _world_and_backend(args.world, args.backend)
+    if backend != "nccl":
+        raise ValueError("the peer all-reduce needs CUDA peer access: 2 or more GPUs with NCCL")
+    for key, value in MULTICAST_OFF.items():  # NVLink SHARP off, as everywhere in this course
+        os.environ.setdefault(key, value)
+    iters = args.iters or 20
+    bandwidth = [s for s in BANDWIDTH_SIZES if s <= args.max_bytes]
+    console.print(f"[bold]Layer 2 peer all-reduce[/bold]: {world} ranks, bf16, latency "
+                  f"{LATENCY_SIZES[0]} B .. {LATENCY_SIZES[-1] >> 20} MiB in CUDA graphs, busbw "
+                  f"to {bandwidth[-1] >> 20 if bandwidth else 0} MiB, {iters} iterations")
+    with console.status("measuring (every rank busy)..."):
+        result = _on_ranks(peer_bench_rank, world, LATENCY_SIZES, bandwidth, iters,
+                           backend=backend, timeout_s=args.timeout)[0]
+    if result is None:
+        return 0
+    rows = result["rows"]
+    summary = summarize(rows, world)
+    console.print(latency_table(rows))
+    console.print(choice_table(summary))
+    for line in crossover_lines(summary):
+        console.print(line)
+    out = args.out or hardware.results_dir(2)
+    out.mkdir(parents=True, exist_ok=True)
+    info = hardware.system_info()
+    record = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "world": world,
+              "device": info.gpus[0].name if info.gpus else None, "torch": info.torch_version,
+              "triton": _triton_version(), "nccl": info.nccl_version,
+              "env": {k: os.environ.get(k) for k in MULTICAST_OFF}, "rows": rows,
+              "summary": summary}
+    (out / "peer_bench.json").write_text(json.dumps(record, indent=2, default=str))
+    (out / "peer_bench.md").write_text(markdown(rows, summary))
+    plot_peer_busbw(rows, out / "peer_busbw.png",
+                    f"all-reduce busbw, {world} x {record['device']}, bf16")
+    for name in ("peer_bench.json", "peer_bench.md", "peer_busbw.png"):
+        console.print(f"wrote {out / name}")
+    return 0 if all(r["ok"] for r in rows if r["impl"].startswith("ours") or r["impl"] == "NCCL") else 1
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__
+
+
 def tune(argv: list[str] | None = None) -> int:
     """Measure pieces, lanes and the header check at the sizes that matter (see bench_tuning.py)."""
     parser = _parser("python -m layer2_comm.commands tune", tune.__doc__)
@@ -273,6 +338,6 @@ def tune(argv: list[str] | None = None) -> int:
 
 # python -m layer2_comm.commands [run|bench|tune] [options]; torchrun too
 if __name__ == "__main__":
-    commands = {"run": run, "bench": bench, "tune": tune}
+    commands = {"run": run, "bench": bench, "tune": tune, "peer": peer}
     name = sys.argv[1] if sys.argv[1:2] and sys.argv[1] in commands else "run"
     sys.exit(commands[name](sys.argv[2:] if sys.argv[1:2] == [name] else sys.argv[1:]))

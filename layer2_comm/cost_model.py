@@ -15,6 +15,11 @@ link, summed over the steps) x beta. With ``p`` ranks and a message of ``m`` byt
     broadcast_chain           p-1 + k-1        (p-1+k-1) * m/k   (k pipelined chunks)
     all_to_all                p-1              (p-1)/p * m       (pairwise exchange)
     hierarchical_all_reduce   tree in node, ring across node leaders, tree in node
+    one_shot_all_reduce       1 barrier        (p-1) * m         (read every peer's buffer)
+    two_shot_all_reduce       2 barriers       2(p-1)/p * m      (reduce-scatter + all-gather
+                                                                   through peer memory)
+For the last two (peer_all_reduce.py) ``alpha`` is one barrier over NVLink, and the bytes are
+loads and stores into peers' memory, all peers at once, rather than p-1 sequential messages.
 
 Ring moves the fewest bytes (bandwidth-optimal) but takes the most steps; recursive
 doubling takes the fewest steps but sends the whole message at each one. So tree wins
@@ -77,6 +82,7 @@ LINKS: dict[str, AlphaBeta] = {
 ALGORITHMS = (
     "ring_all_reduce", "tree_all_reduce", "ring_all_gather", "ring_reduce_scatter",
     "broadcast_tree", "broadcast_chain", "all_to_all", "hierarchical_all_reduce",
+    "one_shot_all_reduce", "two_shot_all_reduce",
 )
 
 
@@ -109,6 +115,10 @@ def predict(algorithm: str, nbytes: float, world: int, ab: AlphaBeta, *, chunks:
         return 0.0  # nothing leaves the rank
     if algorithm == "ring_all_reduce":
         return 2 * (p - 1) * a + 2 * (p - 1) / p * m * b
+    if algorithm == "one_shot_all_reduce":
+        return a + (p - 1) * m * b
+    if algorithm == "two_shot_all_reduce":
+        return 2 * a + 2 * (p - 1) / p * m * b
     if algorithm == "tree_all_reduce":
         return _doubling_steps(p) * (a + m * b)
     if algorithm in ("ring_all_gather", "ring_reduce_scatter", "all_to_all"):

@@ -1,0 +1,213 @@
+"""PeerAllReduce: an all-reduce of our own over NVLink peer memory, for decode-sized messages.
+
+NCCL's ring is built for bandwidth: 2 (W-1) steps, each a handshake between neighbours, so a
+few-KiB all-reduce costs tens of microseconds of latency. Tensor-parallel decode all-reduces a
+few KiB to a few MiB twice per layer, where latency is everything. On one machine with NVLink
+every GPU can load and store straight into every other GPU's memory, so:
+
+- one-shot: every rank copies its input into its own shared buffer, all ranks meet at one
+  barrier, and every rank reads all W buffers and sums them. One barrier; each rank reads
+  (W-1) x n bytes from its peers. Best for small messages (and for W = 2 at every size: one
+  peer, n bytes each way, the same as a ring moves).
+- two-shot: reduce-scatter then all-gather through the same buffers: rank r sums its 1/W of
+  the data over all buffers and writes the sum into every buffer, a second barrier, then
+  every rank copies out. Two barriers; 2 (W-1)/W x n bytes per rank each way, as a ring, so it
+  wins once (W-1) x n no longer fits in one barrier's time.
+- above `max_bytes` (the registered buffer) NCCL's ring takes over.
+
+The buffers are torch symmetric memory (`symm_mem.empty` + `rendezvous`: one allocation per
+rank, mapped into every peer's address space, plus a signal pad of flags); the data movement
+and the cross-GPU ordering are our Triton kernels (peer_kernels.py). Nothing waits on the
+host: a call is one kernel launch, so it can be captured in a CUDA graph and replayed.
+
+Errors. A rank that never arrives: the kernel's wait gives up after `timeout_s`, records which
+peer was missing, and `check()` (or the next call, or every call with debug=True) raises
+RuntimeError naming it. Mismatched sizes or dtypes across ranks: with debug=True every call
+first swaps a small header with its peers (a host round trip) and raises ValueError naming
+the ranks that disagree. Larger than the buffer: NCCL takes it (`algorithm` says "nccl").
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+ALGORITHMS = ("one_shot", "two_shot", "nccl")
+
+
+def _need_cuda(what: str) -> None:
+    if not torch.cuda.is_available():
+        raise RuntimeError(f"{what} needs CUDA peer access (GPUs that can read each other's "
+                           "memory over NVLink or PCIe P2P); no CUDA GPU is visible here. On a "
+                           "CPU use layer2_comm.simulated's one_shot_all_reduce / "
+                           "two_shot_all_reduce over simulated ranks, or dist.all_reduce.")
+
+
+def default_one_shot_max_bytes(world: int) -> int:
+    """Where two-shot takes over (bytes). With 2 ranks one-shot moves no more bytes than
+    two-shot and has one barrier fewer, so it keeps every size; with more ranks one-shot's
+    (W-1) x n reads outgrow two-shot's 2 (W-1)/W x n around a few hundred KiB on NVLink
+    (measured: see the layer README; `stack bench --layer 2` prints this machine's table)."""
+    return 1 << 62 if world <= 2 else 256 << 10
+
+
+def choose(nbytes: int, world: int, max_bytes: int = 8 << 20, one_shot_max_bytes: int | None = None,
+           dtype: torch.dtype = torch.bfloat16) -> str:
+    """The choice by size: "one_shot" | "two_shot" | "nccl" for `nbytes` over `world` ranks."""
+    if nbytes > max_bytes or dtype not in FLOATS:
+        return "nccl"
+    limit = default_one_shot_max_bytes(world) if one_shot_max_bytes is None else one_shot_max_bytes
+    return "one_shot" if nbytes <= limit else "two_shot"
+
+
+class PeerAllReduce:
+    """Sum a CUDA tensor over the ranks of `group` with our one-shot / two-shot kernels.
+
+    Collective: every rank of the group constructs it (it allocates and exchanges buffers)
+    and calls it with a tensor of the same size and dtype. `max_bytes` is the largest message
+    the peer kernels take (two buffers of that size per rank are registered); larger
+    messages, and dtypes other than float32/float16/bfloat16, go to NCCL.
+
+    x: any shape, contiguous or not; returns `out` (or a new tensor) with the sum, same shape
+    and dtype. Capturable in a CUDA graph: the kernel reads and advances its own counters on
+    the GPU.
+    """
+
+    def __init__(self, group=None, max_bytes: int = 8 << 20, device=None, *,
+                 one_shot_max_bytes: int | None = None, timeout_s: float = 30.0,
+                 debug: bool = False, blocks: int = 32, num_warps: int = 16) -> None:
+        _need_cuda("PeerAllReduce")
+        if not dist.is_initialized():
+            raise RuntimeError("PeerAllReduce is collective: call it inside a process group "
+                               "(layer2_comm.init() under torchrun or launch())")
+        if not isinstance(max_bytes, int) or max_bytes < 32:
+            raise ValueError(f"max_bytes must be an int >= 32, got {max_bytes!r}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        import torch.distributed._symmetric_memory as symm_mem
+
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
+        self.device = torch.device(device) if device is not None else \
+            torch.device("cuda", torch.cuda.current_device())
+        if self.device.type != "cuda":
+            raise RuntimeError(f"PeerAllReduce needs CUDA peer access; device {self.device} is not "
+                               "a CUDA device")
+        self.max_bytes = -(-max_bytes // 32) * 32  # whole 16-byte vectors in every dtype
+        self.one_shot_max_bytes = (default_one_shot_max_bytes(self.world)
+                                   if one_shot_max_bytes is None else int(one_shot_max_bytes))
+        self.timeout_s, self.debug, self.num_warps = float(timeout_s), bool(debug), num_warps
+        try:
+            # two halves: one-shot alternates between them (see peer_kernels.py)
+            self._storage = symm_mem.empty(2 * self.max_bytes, dtype=torch.uint8, device=self.device)
+            self._handle = symm_mem.rendezvous(self._storage, self.group)
+        except Exception as exc:
+            raise RuntimeError(f"rank {self.rank}: PeerAllReduce needs CUDA peer access between "
+                               f"the group's {self.world} GPUs, and torch symmetric memory could "
+                               f"not map them: {exc}") from exc
+        pad_ints = self._handle.signal_pad_size // 4
+        self.blocks = max(1, min(blocks, pad_ints // max(1, self.world)))
+        self._pads = tuple(self._handle.get_signal_pad(r, (pad_ints,), torch.int32)
+                           for r in range(self.world))
+        self._views: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}
+        self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
+        # written by the kernel when a wait times out: host memory, read without a GPU sync
+        self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self._closed = False
+        self._broken: str | None = None
+
+    # ---- the choice by size ----------------------------------------------------------
+    def algorithm(self, nbytes: int, dtype: torch.dtype = torch.bfloat16) -> str:
+        """"one_shot" | "two_shot" | "nccl" for a message of `nbytes` bytes."""
+        return choose(nbytes, self.world, self.max_bytes, self.one_shot_max_bytes, dtype)
+
+    # ---- the call --------------------------------------------------------------------
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        self._usable()
+        if not isinstance(x, torch.Tensor) or x.device != self.device:
+            raise ValueError(f"rank {self.rank}: expected a tensor on {self.device}, got "
+                             f"{getattr(x, 'device', type(x).__name__)}")
+        if out is None:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device \
+                or not out.is_contiguous():
+            raise ValueError(f"rank {self.rank}: out must be contiguous with x's shape {tuple(x.shape)}, "
+                             f"dtype {x.dtype} and device; got {tuple(out.shape)} {out.dtype} "
+                             f"{out.device}")
+        nbytes = x.numel() * x.element_size()
+        name = self.algorithm(nbytes, x.dtype)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.debug and not capturing:
+            self._agree(x, name)
+        if name == "nccl" or x.numel() == 0:
+            if out.data_ptr() != x.data_ptr():
+                out.copy_(x)
+            if x.numel():
+                dist.all_reduce(out, group=self.group)
+            return out
+        self._launch(x.contiguous(), out, name)
+        if self.debug and not capturing:
+            self.check()
+        return out
+
+    def _launch(self, x: torch.Tensor, out: torch.Tensor, name: str) -> None:
+        from .peer_kernels import one_shot_kernel, two_shot_kernel
+
+        kernel = one_shot_kernel if name == "one_shot" else two_shot_kernel
+        elsize = x.element_size()
+        block = self.num_warps * 32 * (32 // elsize)  # two 16-byte vectors per thread per pass
+        kernel[(self.blocks,)](
+            x, out, x.numel(), self._buffers(x.dtype), self._pads, self._state,
+            self._status.data_ptr(), int(self.timeout_s * 1e9), self.max_bytes // elsize,
+            RANK=self.rank, WORLD=self.world, BLOCK=block, num_warps=self.num_warps)
+
+    def _buffers(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """Every rank's buffer (both halves) as `dtype`, mapped here: views made once."""
+        if dtype not in self._views:
+            n = 2 * self.max_bytes // torch.empty(0, dtype=dtype).element_size()
+            self._views[dtype] = tuple(self._handle.get_buffer(r, (n,), dtype)
+                                       for r in range(self.world))
+        return self._views[dtype]
+
+    # ---- errors ------------------------------------------------------------------------
+    def check(self) -> None:
+        """Wait for the GPU, then raise if any call so far timed out waiting for a peer."""
+        torch.cuda.current_stream(self.device).synchronize()
+        self._usable()
+
+    def _usable(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"rank {self.rank}: this PeerAllReduce was closed")
+        code = int(self._status[0])  # host memory: no GPU sync
+        if code and self._broken is None:
+            self._broken = (f"rank {self.rank}: peer all-reduce timed out after {self.timeout_s:g} s "
+                            f"waiting for rank {code - 1} (it never arrived: it died, hangs, or "
+                            "called a different collective); results since then are invalid "
+                            "and this PeerAllReduce cannot be used again")
+        if self._broken:
+            raise RuntimeError(self._broken)
+
+    def _agree(self, x: torch.Tensor, name: str) -> None:
+        """debug=True: swap (numel, dtype, algorithm) with every rank; raise on a mismatch."""
+        mine = (x.numel(), str(x.dtype), name)
+        everyone: list = [None] * self.world
+        dist.all_gather_object(everyone, mine, group=self.group)
+        bad = [r for r, theirs in enumerate(everyone) if theirs != mine]
+        if bad:
+            raise ValueError(f"rank {self.rank}: peer all-reduce of {mine[0]} x {mine[1]} ({name}), "
+                             "but " + "; ".join(f"rank {r} passed {everyone[r][0]} x {everyone[r][1]}"
+                                                for r in bad)
+                             + ": every rank must all-reduce the same size and dtype")
+
+    def close(self) -> None:
+        """Release the buffers (collective in spirit: every rank closes its own)."""
+        if not self._closed:
+            self._closed = True
+            self._views.clear()
+            self._pads = ()
+            self._handle = None
+            self._storage = None
+
+    def __repr__(self) -> str:
+        return (f"PeerAllReduce(rank={self.rank}, world={self.world}, max_bytes={self.max_bytes}, "
+                f"one_shot_max_bytes={self.one_shot_max_bytes}, blocks={self.blocks})")

@@ -1,0 +1,107 @@
+"""The peer all-reduce benchmark, presented: latency and choice tables, busbw plot, markdown."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from rich.table import Table
+
+from .plots import _save, human, plt
+
+ORDER = ("ours (by size)", "ours one_shot", "ours two_shot", "NCCL", "torch symm_mem one_shot",
+         "torch symm_mem two_shot")
+
+
+def _us(t: float) -> str:
+    return "-" if not t == t else f"{t * 1e6:.1f}"
+
+
+def _by_size(rows: list[dict]) -> dict[int, dict[str, dict]]:
+    table: dict[int, dict[str, dict]] = {}
+    for r in rows:
+        table.setdefault(r["bytes"], {})[r["impl"]] = r
+    return dict(sorted(table.items()))
+
+
+def latency_table(rows: list[dict]) -> Table:
+    """Median time per call (us) per size and contender, and ours vs NCCL / torch two-shot."""
+    table = Table(title="all-reduce time per call (us; CUDA-graph replays up to 2 MiB, eager "
+                        "above), median of the slowest rank; ok = equals NCCL exactly")
+    table.add_column("size", justify="right")
+    impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
+    for impl in impls:
+        table.add_column(impl, justify="right")
+    for column in ("NCCL / ours", "torch 2-shot / ours", "busbw ours GB/s", "ok"):
+        table.add_column(column, justify="right")
+    for size, per in _by_size(rows).items():
+        ours = per.get("ours (by size)", {}).get("time_s", math.nan)
+        nccl = per.get("NCCL", {}).get("time_s", math.nan)
+        torch2 = per.get("torch symm_mem two_shot", {}).get("time_s", math.nan)
+        ok = all(r["ok"] for k, r in per.items() if k.startswith("ours") or k == "NCCL")
+        table.add_row(human(size), *[_us(per.get(i, {}).get("time_s", math.nan)) for i in impls],
+                      f"{nccl / ours:.2f}x", f"{torch2 / ours:.2f}x" if torch2 == torch2 else "-",
+                      f"{per.get('ours (by size)', {}).get('busbw', math.nan) / 1e9:.1f}",
+                      "[green]yes" if ok else "[red]NO")
+    return table
+
+
+def choice_table(summary: dict) -> Table:
+    table = Table(title="choice by size: what PeerAllReduce.algorithm picks, what was fastest, "
+                        "and the alpha-beta model's times (us)")
+    for column in ("size", "chosen", "fastest measured", "one_shot", "two_shot", "nccl",
+                   "model one", "model two", "model nccl"):
+        table.add_column(column, justify="right")
+    for row in summary["choice"]:
+        p = row["predicted"]
+        table.add_row(human(row["bytes"]), row["chosen"], row["fastest"],
+                      *[_us(row.get(k, math.nan)) for k in ("one_shot", "two_shot", "nccl")],
+                      *[_us(p[k]) for k in ("one_shot", "two_shot", "nccl")])
+    return table
+
+
+def crossover_lines(summary: dict) -> list[str]:
+    def b(x) -> str:
+        return "none" if not x else human(int(x))
+
+    return [
+        f"alpha-beta fitted on our one-shot: alpha (one barrier) = {summary['alpha_s'] * 1e6:.2f} us, "
+        f"1/beta = {1 / summary['beta_s_per_byte'] / 1e9 if summary['beta_s_per_byte'] else math.inf:.0f} GB/s "
+        f"per peer link; NCCL's ring: alpha = {summary['nccl_alpha_s'] * 1e6:.2f} us",
+        f"two-shot beats one-shot from: predicted {b(summary['two_over_one_predicted_bytes'])}, "
+        f"measured {b(summary['two_over_one_measured_bytes'])}",
+        f"NCCL beats ours from: predicted {b(summary['nccl_over_ours_predicted_bytes'])}, "
+        f"measured {b(summary['nccl_over_ours_measured_bytes'])}",
+    ]
+
+
+def plot_peer_busbw(rows: list[dict], path: str | Path, title: str) -> Path:
+    """busbw (GB/s) vs size, one line per contender."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for impl in ORDER:
+        pts = sorted((r["bytes"], r["busbw"] / 1e9) for r in rows
+                     if r["impl"] == impl and r["busbw"] == r["busbw"])
+        if pts:
+            style = "o-" if impl.startswith("ours") else "s--"
+            ax.plot(*zip(*pts), style, markersize=3, label=impl)
+    ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
+           title=title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def markdown(rows: list[dict], summary: dict) -> str:
+    """The latency/bandwidth table and the choice table as markdown (for BENCHMARKS.md)."""
+    impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
+    lines = ["| size | " + " | ".join(f"{i} (us)" for i in impls) + " | NCCL / ours | busbw ours (GB/s) |",
+             "| --- |" + " --- |" * (len(impls) + 2)]
+    for size, per in _by_size(rows).items():
+        ours = per.get("ours (by size)", {}).get("time_s", math.nan)
+        nccl = per.get("NCCL", {}).get("time_s", math.nan)
+        cells = [_us(per.get(i, {}).get("time_s", math.nan)) for i in impls]
+        lines.append(f"| {human(size)} | " + " | ".join(cells)
+                     + f" | {nccl / ours:.2f}x | {per.get('ours (by size)', {}).get('busbw', math.nan) / 1e9:.1f} |")
+    lines += ["", "| size | chosen | fastest measured |", "| --- | --- | --- |"]
+    lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |" for r in summary["choice"]]
+    lines += [""] + [f"- {line}" for line in crossover_lines(summary)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,248 @@
+"""One-shot / two-shot all-reduce: the simulated algorithms on CPU, our kernels on GPUs.
+
+CPU: the simulated ranks give the exact sum, move the bytes the cost model says, take the
+barriers they should, and a version without a barrier is caught as a race.
+GPUs (multigpu): PeerAllReduce equals NCCL's all_reduce for fp32 / bf16 / fp16, odd sizes,
+both algorithms, inside a captured CUDA graph replayed many times (flag and buffer reuse bugs
+show only on repetition), on every visible GPU (any world size); bad input raises clearly.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from layer2_comm import (
+    PeerAllReduce,
+    PeerBuffers,
+    RaceError,
+    launch,
+    one_shot_all_reduce,
+    segment_bounds,
+    two_shot_all_reduce,
+)
+from layer2_comm.cost_model import predict, AlphaBeta
+
+ALGOS = {"one_shot": one_shot_all_reduce, "two_shot": two_shot_all_reduce}
+
+
+def _inputs(world: int, n: int, dtype=torch.float32, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g).to(dtype) for _ in range(world)]
+
+
+@pytest.mark.parametrize("name", sorted(ALGOS))
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("n", [0, 1, 5, 1003])
+def test_simulated_algorithms_sum_exactly_and_agree(name, world, n):
+    xs = _inputs(world, n, seed=world * 100 + n)
+    outs = ALGOS[name](xs)
+    want = torch.stack(xs).sum(0) if n else torch.zeros(0)
+    for out in outs:
+        assert out.shape == xs[0].shape
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(out, outs[0])  # the same bits on every rank
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_simulated_low_precision_accumulates_in_fp32(dtype):
+    xs = _inputs(4, 257, dtype)
+    want = torch.stack([x.float() for x in xs]).sum(0).to(dtype)
+    for fn in ALGOS.values():
+        assert all(torch.equal(out, want) for out in fn(xs))
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_simulated_traffic_and_barriers_match_the_cost_model(world):
+    n = 1000
+    bufs = PeerBuffers(world, n)
+    one_shot_all_reduce(_inputs(world, n), bufs)
+    assert bufs.barriers == 1
+    assert bufs.remote_read == [(world - 1) * n] * world and bufs.remote_written == [0] * world
+    bufs = PeerBuffers(world, n)
+    two_shot_all_reduce(_inputs(world, n), bufs)
+    assert bufs.barriers == 2
+    seg = [b - a for a, b in segment_bounds(n, world)]
+    assert bufs.remote_read == [(world - 1) * s for s in seg]
+    assert bufs.remote_written == [(world - 1) * s for s in seg]
+    ab = AlphaBeta(1e-6, 1e-9)  # the model's bandwidth terms count the same bytes
+    assert predict("one_shot_all_reduce", n, world, ab) == pytest.approx(1e-6 + (world - 1) * n * 1e-9)
+    assert predict("two_shot_all_reduce", n, world, ab) == pytest.approx(
+        2e-6 + 2 * (world - 1) / world * n * 1e-9)
+
+
+def test_a_missing_barrier_is_a_race():
+    bufs = PeerBuffers(2, 4)
+    bufs.write(0, 0, 0, torch.ones(4))
+    with pytest.raises(RaceError, match="rank 1 reads rank 0's buffer"):
+        bufs.read(1, 0, 0, 4)
+    bufs.barrier()
+    bufs.read(1, 0, 0, 4)
+    with pytest.raises(RaceError, match="rank 0 writes rank 0's buffer"):
+        bufs.write(0, 0, 0, torch.zeros(4))  # rank 1 is still reading it in this phase
+
+
+def test_simulated_bad_input_is_named():
+    with pytest.raises(ValueError, match="rank 1 passed"):
+        one_shot_all_reduce([torch.ones(3), torch.ones(4)])
+    with pytest.raises(ValueError, match="do not fit"):
+        two_shot_all_reduce(_inputs(2, 10), PeerBuffers(2, 5))
+    with pytest.raises(ValueError, match="outside a buffer"):
+        PeerBuffers(2, 4).read(0, 1, 0, 5)
+
+
+def test_peer_all_reduce_refuses_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible: the multigpu tests run the real thing")
+    with pytest.raises(RuntimeError, match="needs CUDA peer access"):
+        PeerAllReduce()
+
+
+# ---- GPUs ----------------------------------------------------------------------------
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _data(n: int, dtype, salt: int) -> torch.Tensor:
+    """Small integers (exact in every dtype, and their sums too): ours must equal NCCL's bits."""
+    g = torch.Generator().manual_seed(salt * 7919 + dist.get_rank() * 31 + n)
+    return torch.randint(-8, 9, (n,), generator=g).to(dtype).cuda()
+
+
+def _nccl(x: torch.Tensor) -> torch.Tensor:
+    y = x.clone()
+    dist.all_reduce(y)
+    return y
+
+
+def _gpu_checks() -> list[str]:
+    """Every check on this rank; returns what failed (empty: all passed)."""
+    bad: list[str] = []
+    ar = PeerAllReduce(max_bytes=1 << 20, debug=True, timeout_s=10.0)
+    world = dist.get_world_size()
+    sizes = (1, 7, 1000, 4097, 65537, (1 << 20) // 4)
+    for dtype in DTYPES:
+        for n in sizes:
+            for algo in ("one_shot", "two_shot"):
+                x = _data(n, dtype, 1)
+                ar.one_shot_max_bytes = 1 << 40 if algo == "one_shot" else 0
+                got = ar(x)
+                if not torch.equal(got, _nccl(x)):
+                    bad.append(f"{algo} {dtype} n={n}: differs from NCCL")
+    # random normals (not exact): close to NCCL, identical on every rank
+    ar.one_shot_max_bytes = 256 << 10
+    for n in (12345, 200_000):
+        x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        got = ar(x)
+        if not torch.allclose(got.float(), _nccl(x).float(), rtol=2e-2, atol=2e-2 * world):
+            bad.append(f"randn bf16 n={n}: not close to NCCL")
+        gathered = [torch.empty_like(got) for _ in range(world)]
+        dist.all_gather(gathered, got)
+        if not all(torch.equal(g, got) for g in gathered):
+            bad.append(f"randn bf16 n={n}: ranks disagree")
+    # repetition: many calls back to back, sizes and algorithms interleaved, no host sync
+    ar.debug = False
+    results = []
+    for i in range(300):
+        n = (37, 5000, 70001)[i % 3]
+        ar.one_shot_max_bytes = 1 << 40 if i % 2 else 0
+        x = _data(n, torch.float32, 100 + i)
+        results.append((x, ar(x), i))
+    for x, got, i in results:
+        if not torch.equal(got, _nccl(x)):
+            bad.append(f"repeated call {i} (n={x.numel()}): differs from NCCL")
+            break
+    ar.debug = True
+    # a 2-D, non-contiguous input and an out= tensor
+    x = _data(64 * 33, torch.float16, 3).view(64, 33).t()
+    out = torch.empty(33, 64, device="cuda", dtype=torch.float16)
+    if ar(x, out) is not out or not torch.equal(out, _nccl(x.contiguous())):
+        bad.append("non-contiguous input with out=: wrong")
+    # larger than the buffer: NCCL takes it
+    big = _data((1 << 20) // 2 + 3, torch.float32, 4)
+    if ar.algorithm(big.numel() * 4) != "nccl" or not torch.equal(ar(big), _nccl(big)):
+        bad.append("above max_bytes: not NCCL's result")
+    bad += _graph_checks(ar)
+    ar.check()
+    ar.close()
+    return bad
+
+
+def _graph_checks(ar: PeerAllReduce) -> list[str]:
+    """Capture one-shot and two-shot calls in one CUDA graph; replay with fresh inputs."""
+    bad = []
+    ar.debug = False
+    ar.one_shot_max_bytes = 8 << 10
+    small = torch.zeros(1000, device="cuda", dtype=torch.bfloat16)  # one-shot
+    large = torch.zeros(200_001, device="cuda", dtype=torch.float32)  # two-shot
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm up (compile) outside the capture
+        ar(small), ar(large)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_small = ar(small)
+        out_large = ar(large)
+        out_small2 = ar(out_small)  # the sum of the sums: W * sum
+    world = dist.get_world_size()
+    for i in range(200):
+        small.copy_(_data(small.numel(), torch.bfloat16, 1000 + i))
+        large.copy_(_data(large.numel(), torch.float32, 2000 + i))
+        graph.replay()
+        want_small = _nccl(small)
+        if not (torch.equal(out_small, want_small) and torch.equal(out_large, _nccl(large))
+                and torch.equal(out_small2, want_small * world)):
+            bad.append(f"CUDA graph replay {i}: differs from NCCL")
+            break
+    ar.debug = True
+    return bad
+
+
+def _mismatch() -> str:
+    ar = PeerAllReduce(max_bytes=1 << 16, debug=True, timeout_s=10.0)
+    n = 100 + dist.get_rank()
+    try:
+        ar(torch.ones(n, device="cuda"))
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+def _absent_peer() -> str:
+    ar = PeerAllReduce(max_bytes=1 << 16, timeout_s=1.0)
+    if dist.get_rank() == 0:
+        start = time.monotonic()
+        ar(torch.ones(100, device="cuda"))
+        try:
+            ar.check()
+        except RuntimeError as exc:
+            return f"{time.monotonic() - start:.1f}s {exc}"
+        return "no error"
+    time.sleep(4.0)  # never calls
+    return "absent"
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.multigpu
+def test_peer_all_reduce_equals_nccl_everywhere():
+    reports = launch(_gpu_checks, _gpus(), backend="nccl", timeout_s=300)
+    bad = [f"rank {r}: {b}" for r, rep in enumerate(reports) for b in rep]
+    assert not bad, "\n".join(bad[:30])
+
+
+@pytest.mark.multigpu
+def test_peer_all_reduce_names_mismatched_ranks():
+    messages = launch(_mismatch, _gpus(), backend="nccl", timeout_s=120)
+    assert all("rank 1 passed 101" in m or "rank 0 passed 100" in m for m in messages), messages
+
+
+@pytest.mark.multigpu
+def test_peer_all_reduce_times_out_on_an_absent_rank():
+    messages = launch(_absent_peer, _gpus(), backend="nccl", timeout_s=120)
+    assert "waiting for rank 1" in messages[0] and "timed out" in messages[0], messages
+    assert float(messages[0].split("s ")[0]) < 10.0

@@ -7,7 +7,8 @@ from importlib.metadata import entry_points
 
 import pytest
 
-from layer4_algorithms import LLM, commands
+from layer4_algorithms import LLM
+from layer4_algorithms.bench import commands
 from layer4_algorithms.bench import engine as B
 
 from .l4_helpers import assert_no_leak

@@ -31,8 +31,10 @@ import os
 import pickle
 import signal
 import struct
+import sys
 import threading
 import time
+import traceback
 import weakref
 
 from .engine_loop import EngineLoop, deliver
@@ -56,7 +58,7 @@ class EngineProcess:
         commands, self.conn = ctx.Pipe(duplex=False)
         self.outputs, turns = ctx.Pipe(duplex=False)
         # Not a daemon: a daemon may not start processes, and TP workers are its children.
-        self.proc = ctx.Process(target=engine_main, name=f"engine-{name}", daemon=False,
+        self.proc = ctx.Process(target=engine_process_main, name=f"engine-{name}", daemon=False,
                                 args=(commands, turns, model, engine_kwargs, priority, name))
         self.listeners: list = []
         self.snapshot = EngineSnapshot()
@@ -308,6 +310,24 @@ def engine_main(commands, turns, model, engine_kwargs: dict, priority: bool, nam
         sink.close(("bye",))
     finally:
         llm.close()
+
+
+def engine_process_main(*args) -> None:
+    """engine_main, then leave at once (os._exit) once the engine is closed: finalizing the
+    interpreter would only tear down extension modules, and nanobind-built ones (newer
+    Triton's) print "nanobind: leaked ..." reports then, onto the server's terminal."""
+    try:
+        engine_main(*args)
+        code = 0
+    except BaseException:  # noqa: BLE001 - shown as multiprocessing would, then exit 1
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def _leave_a_core(llm) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -130,7 +131,7 @@ def serve_main(argv: list[str]) -> int:
                               policy=args.policy, engine_process=not args.engine_thread,
                               **kwargs)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
     run_until_interrupted(handle)

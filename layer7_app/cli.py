@@ -9,16 +9,30 @@ Errors: every layer command runs through layer 0's `run_command` (the one rule, 
 each layer's `python -m` entry): a mistake in what the user asked for (a ValueError,
 FileNotFoundError, UsageError, a --device this machine lacks) prints `error: <message>` and
 exits 2; `STACK_DEBUG=1` shows its traceback. Any other exception is a bug and shows its
-traceback. To add a command, write a function decorated with `@app.command()`.
+traceback. Usage mistakes caught by the option parsers (click's for `stack` itself, argparse's
+for each command's own options) are one `error:` line on stderr and exit 2 as well, never a
+usage block. To add a command, write a function decorated with `@app.command()`.
+
+Exit: the commands that serve (`serve`, `chat`, `route`) leave through `os._exit` once they
+have shut down cleanly. Interpreter finalization after a server ran has nothing left to do
+but tear down extension modules, and some (nanobind-built ones, such as newer Triton's) print
+"nanobind: leaked ..." reports then about objects that threads still held: noise that would
+glue onto the last real line a user reads.
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
+from typing import Any, NoReturn
 
 import typer
+from typer.core import TyperGroup
 
 from . import grading
 
@@ -26,7 +40,69 @@ LAYER_GROUP = "llm_stack.layers"
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 HELP_FLAGS = ("--help", "-h")
 
+SERVING = ("serve", "chat", "route")
+
+
+def _click_error(name: str) -> type[Exception]:
+    """click's exception classes as typer raises them (newer typer vendors its own click)."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+UsageError, ClickException = _click_error("UsageError"), _click_error("ClickException")
+NoArgsIsHelpError: type[Exception] = getattr(sys.modules[UsageError.__module__],
+                                             "NoArgsIsHelpError", type("NoArgsIsHelp", (), {}))  # commands that leave through os._exit (see above)
+
+
+def _argparse_error(self: argparse.ArgumentParser, message: str) -> NoReturn:
+    """argparse's `error`, as one line: `error: <prog>: <message> ...` on stderr, exit 2."""
+    print(f"error: {self.prog}: {message} (`{self.prog} --help` lists the options)",
+          file=sys.stderr)
+    raise SystemExit(2)
+
+
+@contextmanager
+def one_line_usage_errors() -> Iterator[None]:
+    """While it lasts, every argparse parser without an `error` of its own reports a usage
+    mistake in one line (the layers' commands build plain argparse parsers)."""
+    saved = argparse.ArgumentParser.error
+    argparse.ArgumentParser.error = _argparse_error  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser.error = saved  # type: ignore[method-assign]
+
+
+class OneLineErrors(TyperGroup):
+    """The `stack` group: click's usage errors as one `error:` line on stderr (exit 2)
+    instead of a usage block, and argparse's the same inside every command."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        try:
+            with one_line_usage_errors():
+                rv = super().main(*args, standalone_mode=False, **kwargs)
+            code = rv if isinstance(rv, int) else 0
+        except NoArgsIsHelpError as exc:  # bare `stack`: the help
+            typer.echo(exc.format_message())  # type: ignore[attr-defined]
+            code = 0
+        except UsageError as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else "stack"
+            typer.echo(f"error: {' '.join(exc.format_message().split())} "  # type: ignore
+                       f"(`{where} --help` lists the options)", err=True)
+            code = 2
+        except ClickException as exc:
+            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)  # type: ignore
+            code = exc.exit_code  # type: ignore[attr-defined]
+        except typer.Abort:
+            typer.echo("interrupted", err=True)
+            code = 130
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
 app = typer.Typer(
+    cls=OneLineErrors,
     help="llm-stack: an LLM serving system built layer by layer (L0 hardware to L7 app).",
     no_args_is_help=True,
     add_completion=False,
@@ -193,9 +269,25 @@ def plan(ctx: typer.Context) -> None:
     raise typer.Exit(code=_load_layer(5).plan(list(ctx.args)))
 
 
-def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="stack")
+def _leave(code: int) -> NoReturn:
+    """Exit now, without interpreter finalization (see the module docstring): stdio flushed."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
+def main(argv: list[str] | None = None, leave: Callable[[int], Any] = _leave) -> int:
+    """Console-script entry point: the exit code of the command. A serving command ends
+    through `leave` (os._exit) once it has stopped cleanly."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    code = app(args=args, prog_name="stack", standalone_mode=False)
+    code = code if isinstance(code, int) else 0
+    if any(a in SERVING for a in args[:1]):
+        leave(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ the course model unless `--model` says otherwise, on a free port) or uses a runn
 from __future__ import annotations
 
 import argparse
+import os
 import socket
 import sys
 from pathlib import Path
@@ -16,10 +17,18 @@ import httpx
 import uvicorn
 
 from ..rag import DocIndex
-from ..store import DEFAULT_DB, Store
+from ..store import Store
 from .app import create_chat_app
+from .upstream import server_root
 
 START_TIMEOUT_S = 30.0
+
+
+def default_db() -> Path:
+    """Where chats are kept: `$LLM_STACK_CACHE/chat.db` (beside the models), else
+    `~/.cache/llm-stack/chat.db`."""
+    root = os.environ.get("LLM_STACK_CACHE")
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "llm-stack") / "chat.db"
 
 
 def _bind(port: int) -> socket.socket:
@@ -58,21 +67,39 @@ class ChatHandle:
         self.stop()
 
 
-def start_chat(server_url: str, *, db: Path | str = DEFAULT_DB, docs: Path | str | None = None,
+def start_chat(server_url: str, *, db: Path | str | None = None, docs: Path | str | None = None,
                port: int = 0, api_key: str | None = None) -> ChatHandle:
     """Serve the chat page for the model server at `server_url`; returns a running handle."""
     index = DocIndex.from_dir(docs) if docs is not None else None
-    app = create_chat_app(server_url, Store(db), index, api_key=api_key)
+    app = create_chat_app(server_url, Store(default_db() if db is None else db), index,
+                          api_key=api_key)
     return ChatHandle(app, port)
 
 
-def _check_server(url: str) -> None:
+def check_server(url: str, api_key: str | None = None) -> str:
+    """The server's root URL (`url` with or without /v1, as `stack serve` prints it), once
+    its /v1/models answers with `api_key`; ValueError saying what went wrong otherwise."""
+    root = server_root(url)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        resp = httpx.get(url.rstrip("/") + "/v1/models", timeout=5.0)
-        resp.raise_for_status()
+        resp = httpx.get(root + "/v1/models", timeout=5.0, headers=headers)
     except httpx.HTTPError as exc:
+        raise ValueError(f"--server {url}: nothing answers there ({exc})") from None
+    if resp.status_code == 401:
+        raise ValueError(f"--server {url} wants an API key: "
+                         + ("--api-key was refused" if api_key else "pass --api-key KEY"))
+    if resp.status_code != 200 or "data" not in _json(resp):
         raise ValueError(f"--server {url}: no OpenAI-compatible server answers there "
-                         f"({exc})") from None
+                         f"(GET {root}/v1/models: HTTP {resp.status_code})")
+    return root
+
+
+def _json(resp: httpx.Response) -> dict:
+    try:
+        body = resp.json()
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -93,7 +120,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="use this running layer-6 server (URL) instead of starting one")
     ap.add_argument("--docs", type=Path, default=None,
                     help="folder of .txt/.md files to answer from (RAG)")
-    ap.add_argument("--db", type=Path, default=DEFAULT_DB, help=f"chat database ({DEFAULT_DB})")
+    ap.add_argument("--db", type=Path, default=None,
+                    help="chat database (default $LLM_STACK_CACHE/chat.db, else "
+                         "~/.cache/llm-stack/chat.db)")
     ap.add_argument("--api-key", default=None, help="bearer token of the --server")
     args = ap.parse_args(argv)
     if args.server and args.model:
@@ -109,11 +138,10 @@ def main(argv: list[str] | None = None) -> int:
     model_server = None
     try:
         index = DocIndex.from_dir(args.docs) if args.docs is not None else None
-        store = Store(args.db)
+        store = Store(default_db() if args.db is None else args.db)
         sock = _bind(args.port)
         if args.server:
-            _check_server(args.server)
-            url = args.server
+            url = check_server(args.server, args.api_key)
         else:
             import layer6_serving  # heavy (torch): only when we serve in-process
 
@@ -128,7 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chat: http://127.0.0.1:{port}  (model server {url}; chats in {store.path})",
           flush=True)
     try:
+        # uvicorn shuts down on Ctrl-C, then raises the signal again for its caller: that is
+        # how a user stops the page, so it ends here, with exit code 0.
         uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
     finally:
         if model_server is not None:
             model_server.stop()

@@ -20,6 +20,13 @@ import httpx
 TIMEOUT = httpx.Timeout(connect=5.0, read=300.0, write=30.0, pool=5.0)
 
 
+def server_root(url: str) -> str:
+    """A server's root URL from what a user pastes: `stack serve` prints `.../v1`, which
+    OpenAI clients want; this app adds `/v1/...` itself."""
+    root = url.strip().rstrip("/")
+    return root[:-3].rstrip("/") if root.endswith("/v1") else root
+
+
 class UpstreamError(RuntimeError):
     """The layer-6 server refused or failed a request; `status` is its HTTP status (0: none)."""
 
@@ -49,7 +56,7 @@ class Upstream:
     """A layer-6 server at `base_url` (e.g. http://127.0.0.1:8000)."""
 
     def __init__(self, base_url: str, api_key: str | None = None) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = server_root(base_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.client = httpx.AsyncClient(base_url=self.base_url, timeout=TIMEOUT, headers=headers)
 

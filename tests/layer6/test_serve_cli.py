@@ -19,7 +19,8 @@ def test_serve_help_lists_the_options(capsys):
 
 def test_serve_with_a_missing_model_fails_cleanly(tmp_path, capsys):
     assert l6.serve_main(["--model", str(tmp_path / "nope"), "--port", "0"]) == 2
-    assert "error" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1 and out == ""
 
 
 def test_layer_6_is_registered_for_the_cli():

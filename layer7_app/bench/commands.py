@@ -139,4 +139,4 @@ def _num(value: float | None) -> str:
 
 def bench(argv: list[str]) -> int:
     """`stack bench --layer 7`: the router's prefix_aware vs round_robin bench."""
-    return router_bench(argv)
+    return router_bench(argv, prog="stack bench --layer 7")

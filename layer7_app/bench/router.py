@@ -99,8 +99,9 @@ def bench_routing(replicas: int = 2, conversations: int = 6, turns: int = 4,
             h.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m layer7_app.bench.router")
+def main(argv: list[str] | None = None, prog: str = "python -m layer7_app.bench.router") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description="prefix_aware vs round_robin routing "
+                                 "on a multi-turn chat workload")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--conversations", type=int, default=6)
     ap.add_argument("--turns", type=int, default=4)

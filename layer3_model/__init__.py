@@ -23,7 +23,8 @@ The seam for layer 4: attention reads and writes keys and values only through a 
 (`write(layer, k, v, ctx)`, `read(layer, ctx)`); `ContiguousKVCache` is this layer's. A
 paged cache with block tables plugs in without changing the model.
 
-Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`), W8A16
+Also: sampling (`SamplingParams`, `sample`, `top_k_filter`, `top_p_filter`;
+`StructuredOutputsParams`, what a constrained output must match), W8A16
 quantization (`quantize_model`, `perplexity`), `CudaGraphDecoder` (decode step
 replayed from a CUDA graph) and `CudaGraphPrefill` (batch-1 prefill replayed from a CUDA
 graph per prompt-length bucket).
@@ -69,6 +70,7 @@ from .registry import resolve as resolve_model
 from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
 from .shapes import LLAMA_3_2_1B
 from .stopping import FinishRule
+from .structured_outputs import StructuredOutputsParams
 from .tokenizer import IncrementalDecoder, Tokenizer, encode_prompt
 from .training import (
     CHAT_TEMPLATE,
@@ -110,6 +112,7 @@ __all__ = [
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling
     "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
+    "StructuredOutputsParams",
     # when a completion ends (EOS, stop strings, max_tokens) and what text may stream yet
     "FinishRule",
     # a real model's shape for benchmarks with random weights (meta-llama/Llama-3.2-1B)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .structured_outputs import StructuredOutputsParams
+
 MAX_LOGPROBS = 20  # top alternatives a request may ask for (OpenAI's limit)
 
 
@@ -30,7 +32,9 @@ class SamplingParams:
     Layer 4's engine only (`needs_logits_processing`): presence_penalty / frequency_penalty
     in [-2, 2] (OpenAI's: logits[t] -= frequency * count(t) + presence * (count(t) > 0) over
     the completion's generated tokens); logprobs: None (off) or k >= 0 (report the sampled
-    token's log-probability and the k most likely tokens', k <= MAX_LOGPROBS)."""
+    token's log-probability and the k most likely tokens', k <= MAX_LOGPROBS).
+    structured_outputs: None, or what the output must match (a JSON schema, a regex, ...:
+    StructuredOutputsParams; layer 4 masks the logits with its grammar)."""
 
     temperature: float = 1.0
     top_k: int = 0
@@ -43,6 +47,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logprobs: int | None = None
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):  # a single string is a common slip: accept it as one stop
@@ -65,6 +70,9 @@ class SamplingParams:
         if not all(isinstance(s, str) and s for s in self.stop):
             problems.append(f"stop must be non-empty strings, got {self.stop!r}")
         problems += self._processing_problems()
+        so = self.structured_outputs
+        if so is not None and not isinstance(so, StructuredOutputsParams):
+            problems.append(f"structured_outputs must be a StructuredOutputsParams, got {so!r}")
         if problems:
             raise ValueError("bad SamplingParams: " + "; ".join(problems))
 

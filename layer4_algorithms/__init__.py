@@ -19,6 +19,10 @@ reference), `CudaGraphRunner` (decode steps replayed from CUDA graphs per batch 
 speculative decoding (`LLM(speculative=dict(method="draft" | "ngram", k=4))`, or
 `SpeculativeDecoder` over layer 3's contiguous cache; exact rejection sampling).
 
+Structured outputs (`structured`): SamplingParams(structured_outputs=StructuredOutputsParams(
+json=schema | regex= | choice= | grammar= | json_object=True)) constrains a request's output;
+each step masks that request's row of logits with its grammar's token bitmask (llguidance).
+
 Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `BlockAllocator`
 (free list, block tables, ref counts, fork, copy-on-write), `schedule_step` (one step of
 continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
@@ -31,10 +35,13 @@ import layer3_model as executor
 from layer3_model import (
     DATASHEETS,
     SamplingParams,  # one SamplingParams for layers 3 and up (n: layer 4)
+    StructuredOutputsParams,  # what a constrained output must match (structured/)
     comm,
     load_ceilings,
     run_command,
 )
+
+from . import structured
 
 from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
@@ -60,6 +67,7 @@ from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
+from .structured import GrammarCompiler, GrammarState, apply_token_bitmask_
 from .spec import (
     DraftModelProposer,
     EngineSpeculator,
@@ -90,6 +98,9 @@ __all__ = [
     "SpeculativeDecoder", "SpecStats", "SpecConfig", "SpecCounts", "EngineSpeculator",
     "NgramProposer",
     "DraftModelProposer", "Proposal", "rejection_sample", "accept_proposals",
+    # structured outputs: grammar-constrained decoding (llguidance; a token bitmask per row)
+    "structured", "StructuredOutputsParams", "GrammarCompiler", "GrammarState",
+    "apply_token_bitmask_",
     # the core algorithms at teaching size (lab 4)
     "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",
 ]

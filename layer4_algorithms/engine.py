@@ -47,7 +47,7 @@ import torch
 import layer3_model as l3
 
 from .config import EngineConfig
-from .engine_sampling import check_params, count_speculation, sample_rows
+from .engine_sampling import check_params, count_speculation, host_sampled, sample_rows
 from .sampling_guard import normalize
 from .engine_stats import EngineStatsMixin
 from .kv import BlockManager, PagedKVCache, blocks_for_budget
@@ -56,6 +56,7 @@ from .outputs import ProgressBar, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
+from .structured import GrammarCompiler, mask_spec
 
 SamplingParams = l3.SamplingParams
 
@@ -107,7 +108,8 @@ class LLM(EngineStatsMixin):
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self._inflight: _Launched | None = None  # async scheduling: the step on the GPU
-        self._host_sampling = 0  # live requests with penalties / logprobs: steps run sync
+        self._host_sampling = 0  # live requests with penalties / logprobs / grammars: run sync
+        self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
         self.closed = False
         self.reset_stats()
 
@@ -170,15 +172,18 @@ class LLM(EngineStatsMixin):
         seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
-        self._host_sampling += params.needs_logits_processing
+        self._host_sampling += host_sampled(params)
         return rid
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
                   arrival: float, priority: int) -> Sequence:
-        return Sequence(next(self._seq_ids), rid, ids, params, index=index,
-                        generator=self._generator(params, index), decoder=self._decoder(),
-                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
-                        priority=priority)
+        seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
+                       generator=self._generator(params, index), decoder=self._decoder(),
+                       eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
+                       priority=priority)
+        if params.structured_outputs is not None:  # its grammar compiles from now on
+            seq.grammar = self.grammars.state(params.structured_outputs)
+        return seq
 
     def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
         """Completion `index` of a seeded request draws from seed + index: reproducible, and
@@ -195,7 +200,7 @@ class LLM(EngineStatsMixin):
             return None
         self.scheduler.abort(request_id)
         prompt, seqs = self._requests.pop(request_id)
-        self._host_sampling -= seqs[0].params.needs_logits_processing
+        self._host_sampling -= host_sampled(seqs[0].params)
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
@@ -297,6 +302,7 @@ class LLM(EngineStatsMixin):
             launched.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
             launched.bad = self.runner.last_bad
             if spec:
+                mask_spec(spec)  # constrained sequences: drafts checked against the grammar
                 verified = self.speculator.verify(spec)
                 count_speculation(spec, verified)
                 launched.sampled.update(verified)
@@ -381,7 +387,7 @@ class LLM(EngineStatsMixin):
             o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
             if o.finished:
                 del self._requests[rid]
-                self._host_sampling -= seqs[0].params.needs_logits_processing
+                self._host_sampling -= host_sampled(seqs[0].params)
                 self._count_finished(o)
             outs.append(o)
         return outs

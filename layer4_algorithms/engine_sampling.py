@@ -11,6 +11,7 @@ import layer3_model as l3
 from .model_runner import ModelRunner
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
+from .structured import mask_rows
 
 
 def check_params(params: l3.SamplingParams, speculating: bool) -> None:
@@ -22,10 +23,18 @@ def check_params(params: l3.SamplingParams, speculating: bool) -> None:
                          "or leave them at their defaults")
 
 
+def host_sampled(params: l3.SamplingParams) -> bool:
+    """A request whose rows need the host between steps (penalties, logprobs, a grammar's
+    mask from the previous token): while one is live, the engine steps synchronously."""
+    return params.needs_logits_processing or params.structured_outputs is not None
+
+
 def sample_rows(runner: ModelRunner, rows: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
     """One token per row of rows (N, V), row i for seqs[i]. The plain sampler (one argmax for
     an all-greedy step) unless a row needs penalties or logprobs; those logprobs are appended
-    to the sequence's `logprobs` (an EOS's too: outputs cut the list to the output tokens)."""
+    to the sequence's `logprobs` (an EOS's too: outputs cut the list to the output tokens).
+    Rows of constrained sequences (`seq.grammar`) are masked first (structured/)."""
+    mask_rows(rows, seqs)
     params = [q.params for q in seqs]
     generators = [q.generator for q in seqs]
     if not any(p.needs_logits_processing for p in params):  # the fast path

@@ -178,6 +178,7 @@ class ModelRunner:
         """One token per row of logits ((N, V), or N rows of (V,)): greedy rows by one batched
         argmax, the rest by layer 3's sampler with each sequence's own generator. One host sync."""
         if not len(params):
+            self.last_bad = None  # nothing sampled: no void rows (not the last call's)
             return []
         return self.sample_tokens(logits, params, generators).tolist()
 

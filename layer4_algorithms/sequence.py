@@ -80,6 +80,7 @@ class Sequence:
         self.delta_started = False  # a delta output of its request went out (the prompt with it)
         self.pending_index = -1  # the newest one's row in its step's token tensor
         self.pending_forks = params.n - 1 if index == 0 else 0
+        self.grammar = None  # a GrammarState (structured/) when the output is constrained
         self.finish_reason: str | None = None  # "eos" | "stop" | "length" | "abort" | "error"
         self.arrival_time = time.perf_counter() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None
@@ -130,6 +131,8 @@ class Sequence:
         _, self.finish_reason = self.finish.append(token)
         if len(self.output_ids) > before:
             self.token_ids.append(token)
+            if self.grammar is not None:
+                self.grammar.accept(token)
         return self.finish_reason is not None
 
     def fork(self, seq_id: int, index: int, generator: torch.Generator | None,
@@ -146,4 +149,5 @@ class Sequence:
         child.num_cached_tokens = self.num_cached_tokens
         child.block_hashes = list(self.block_hashes)
         child.first_scheduled_time = self.first_scheduled_time
+        child.grammar = self.grammar.fork() if self.grammar is not None else None
         return child

@@ -1,0 +1,12 @@
+"""Structured outputs: grammar-constrained decoding (JSON schema, JSON object, regex, choice,
+Lark grammar) with llguidance. `GrammarCompiler` (constraint -> compiled matcher, on a worker
+thread, cached by the constraint), `GrammarState` (one sequence's parser, advanced by each
+accepted token), the bitmask (`mask_rows` before sampling, `mask_spec` before speculative
+verification, `apply_token_bitmask_` for any (R, V) logits) and `check` (ValueError naming
+what is wrong with a constraint, for layer 6's 400s)."""
+from .bitmask import allocate, apply_token_bitmask_, fill_masks, mask_rows, mask_spec, unpack
+from .grammar import GrammarCompiler, check, llg_tokenizer, to_grammar
+from .state import GrammarState
+
+__all__ = ["GrammarCompiler", "GrammarState", "check", "to_grammar", "llg_tokenizer",
+           "allocate", "unpack", "apply_token_bitmask_", "fill_masks", "mask_rows", "mask_spec"]

@@ -21,16 +21,6 @@ wrapper) are re-exported here by name, and each layer above passes them on the s
 layer reaches them through a chain of namespaces.
 """
 import layer0_hardware as hardware  # the layer beneath, as a namespace for the layers above
-from layer0_hardware import (  # layer 0's tools, passed up by name for the layers above
-    DATASHEETS,
-    Ceilings,
-    Timing,
-    load_ceilings,
-    results_dir,
-    run_command,
-    system_info,
-    time_fn,
-)
 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .argmax import argmax, argmax_reference
@@ -69,6 +59,12 @@ from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference, sgemm_source
 from .softmax import softmax, softmax_reference
 from .swiglu import silu_and_mul, silu_and_mul_reference
 from .vector_add import vector_add, vector_add_reference
+
+# layer 0's tools (timing, ceilings, datasheets, results, the CLI wrapper), passed up by name
+time_fn, Timing = hardware.time_fn, hardware.Timing
+load_ceilings, Ceilings = hardware.load_ceilings, hardware.Ceilings
+DATASHEETS, system_info = hardware.DATASHEETS, hardware.system_info
+results_dir, run_command = hardware.results_dir, hardware.run_command
 
 __all__ = [
     # where kernels run

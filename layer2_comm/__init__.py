@@ -30,16 +30,6 @@ The layer beneath is `kernels` (layer 1, as a namespace): layer 3 writes `kernel
 `run_command`, ...) come up from layer 1 by name and are passed on by name.
 """
 import layer1_kernels as kernels  # the layer beneath, as a namespace: kernels.rms_norm
-from layer1_kernels import (  # layer 0's tools, passed up by name for the layers above
-    DATASHEETS,
-    Ceilings,
-    Timing,
-    load_ceilings,
-    results_dir,
-    run_command,
-    system_info,
-    time_fn,
-)
 
 from .all_to_all import all_to_all
 from .bench_bandwidth import ping_pong, sweep
@@ -55,6 +45,12 @@ from .peer_all_reduce import PeerAllReduce
 from .ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 from .simulated import PeerBuffers, RaceError, one_shot_all_reduce, two_shot_all_reduce
 from .tree import broadcast_tree, tree_all_reduce
+
+# layer 0's tools, from layer 1 by name, passed up by name for the layers above
+time_fn, Timing = kernels.time_fn, kernels.Timing
+load_ceilings, Ceilings = kernels.load_ceilings, kernels.Ceilings
+DATASHEETS, system_info = kernels.DATASHEETS, kernels.system_info
+results_dir, run_command = kernels.results_dir, kernels.run_command
 
 __all__ = [
     # process groups

@@ -42,16 +42,6 @@ paged decode kernel `paged_decode`, `paged_decode_splits` (layer 1's); `time_fn`
 `load_ceilings`, `Ceilings`, `DATASHEETS`, `results_dir`, `system_info`, `run_command` (layer 0's).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
-from layer2_comm import (  # layer 0's tools, passed up by name for the layers above
-    DATASHEETS,
-    Ceilings,
-    Timing,
-    load_ceilings,
-    results_dir,
-    run_command,
-    system_info,
-    time_fn,
-)
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
 from .backends import BACKENDS, Ops, make_ops
@@ -97,6 +87,11 @@ INTERPRETED, kernel_device = comm.kernels.INTERPRETED, comm.kernels.kernel_devic
 use_triton = comm.kernels.use_triton
 refuse_interpreted_bf16_dot = comm.kernels.refuse_interpreted_bf16_dot
 paged_decode, paged_decode_splits = comm.kernels.paged_decode, comm.kernels.paged_decode_splits
+# layer 0's tools, from layer 2 by name, passed up by name for layer 4
+time_fn, Timing = comm.time_fn, comm.Timing
+load_ceilings, Ceilings = comm.load_ceilings, comm.Ceilings
+DATASHEETS, system_info = comm.DATASHEETS, comm.system_info
+results_dir, run_command = comm.results_dir, comm.run_command
 
 __all__ = [
     # load and generate

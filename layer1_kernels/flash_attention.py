@@ -332,7 +332,7 @@ def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """flash_attention for ONE sequence in the model's token-major layout, written into out:
     q and out (Nq, Hq, D), k and v (Nk, Hkv, D), any strides (rows of a fused qkv output,
     a cache row). The kernel reads the 3-D strides as they are: none of the per-call
-    (1, H, N, D) views the 4-D entry needs (a prefill layer's host time, issue 17).
+    (1, H, N, D) views the 4-D entry needs (host time in every prefill layer).
     Same checks, errors and numbers as flash_attention(q.transpose(0, 1)[None], ...)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t.dim() != 3:

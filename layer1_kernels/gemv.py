@@ -196,7 +196,7 @@ def pdl_launch(device: torch.device) -> dict:
 
 # ---- configs ----------------------------------------------------------------------------------
 #: (BLOCK_N, BLOCK_K, num_warps) per (N, K): the H100 sweep's picks at batch 1, launched with
-#: PDL (benchmarks/decode_kernels_bench.py, 2026-11-24; Llama-3.2-1B's projections); other
+#: PDL (benchmarks/decode_kernels_bench.py; Llama-3.2-1B's projections); other
 #: shapes get _default_config. Measured there (CUDA-graph replay, weights rotated past L2),
 #: TB/s ours vs cuBLAS: qkv 2.33 vs 1.70, o_proj 2.06 vs 1.32, gate_up 2.88 vs 2.59,
 #: down 2.65 vs 2.05, lm_head 3.14 vs 2.78 (copy bandwidth: 3.03).

@@ -43,7 +43,7 @@ from .host import cdiv, next_pow2
 from .rope_kv_write import rope_cache_write_reference
 
 #: (BLOCK_P pairs, BLOCK_K, warps) per (N, K); else _default_config. Llama-3.2-1B's qkv, H100
-#: (2026-11-25, graph replay with PDL, weights past L2, benchmarks/profile_decode.py --sweep):
+#: (graph replay with PDL, weights past L2, benchmarks/profile_decode.py --sweep):
 #: (2, 1024, 4) 6.6 us, (1, 2048, 4) 7.3, (1, 2048, 8) 8.0 (plain gemv's tile).
 TUNED: dict[tuple[int, int], tuple[int, int, int]] = {(3072, 2048): (2, 1024, 4)}
 

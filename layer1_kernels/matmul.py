@@ -45,7 +45,7 @@ may be row-major or column-major (a `w.T` view of an nn.Linear weight is read in
 A_T/B_T say which); anything else, fp32 (tf32), other GPUs and the CPU interpreter use the
 pointer kernel above.
 
-Measured (H100, bf16, do_bench median, two runs, 2026-11-22), TFLOP/s and ratio to cuBLAS:
+Measured (H100, bf16, do_bench median, two runs), TFLOP/s and ratio to cuBLAS:
   4096^3: cuBLAS 723; pointer kernel 625-645 (0.86-0.89x); TMA persistent 703-713 (0.97-0.99x)
   8192^3: cuBLAS 679; pointer kernel 617-623 (0.91-0.92x); TMA persistent 681-689 (1.00-1.01x)
 The TMA tuner picked 128x256x64, 3 stages, 8 warps at both sizes. Of its two changes, TMA loads

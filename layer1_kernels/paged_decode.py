@@ -240,7 +240,7 @@ def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor
 
 
 # ---- configs -----------------------------------------------------------------------------------
-# Chosen from benchmarks/sweep_paged.py on an H100 (2026-11-25; Hq 32, Hkv 8, D 64, bf16, pages
+# Chosen from benchmarks/sweep_paged.py on an H100 (Hq 32, Hkv 8, D 64, bf16, pages
 # of 16; CUDA-graph replay): batch 1-32 x contexts 1k-16k and a batch-256 engine-like step.
 #: programs per SM a split count aims for: the best split count put 256-1024 programs on the
 #: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024), batch 32 (256 programs) ran best unsplit.

@@ -151,7 +151,7 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
 ATTENTION_CONFIG: dict | None = None
 #: Fewest key positions one part of a split decode attention takes (its merge is in-kernel).
 #: H100, 1B decode at 128-384 keys: 64 -> 975.2 tok/s, 128 -> 967.3 (layer 1's default
-#: config; its BLOCK_N 64 config: 974.6 / 966.9), 2026-11-25
+#: config; its BLOCK_N 64 config: 974.6 / 966.9)
 MIN_SPLIT_TOKENS = 64
 _MAX_SPLITS = 64
 _DECODE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -1,5 +1,5 @@
 """Layer 3's bench rows: prefill MFU over five runs, and every figure as a ratio and a
-roofline fraction (issue 17, items 3 and 5).
+roofline fraction.
 
 Each row of `stack bench --layer 3`'s JSON gets `ratio` (to a reference measured in the same
 run, named by `ratio_reference`) and `roofline_fraction` (MBU for decode, MFU for prefill;

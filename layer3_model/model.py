@@ -86,7 +86,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x, ops)
         fused = (cache is not None and ops.rope_write is not None
                  and ops.rope_write(q, k, v, cos, sin, ctx, cache, self.layer))
-        if not fused:  # one launch saved per kernel fused above (host time, issue 17)
+        if not fused:  # one launch saved per kernel fused above (host time)
             q, k = ops.rope(q, k, cos, sin, ctx.positions)
             if cache is not None:
                 cache.write(self.layer, k, v, ctx)

@@ -1,4 +1,4 @@
-"""CUDA graphs for batch-1 prefill, one per prompt-length bucket (issue 17, item 3).
+"""CUDA graphs for batch-1 prefill, one per prompt-length bucket.
 
 An eager 2048-token prefill of a 1B model issues ~150 launches from Python; on a slow or busy
 host their enqueue takes as long as the GPU work, so the measured time follows the host's

@@ -1,4 +1,4 @@
-"""Layer 4's bench rows as ratios and roofline fractions (issue 17, item 5).
+"""Layer 4's bench rows as ratios and roofline fractions.
 
 Every row of `stack bench --layer 4`'s JSON says, beside its raw figure, what it is as a
 ratio to its reference measured in the same run (`ratio`, with `ratio_reference` naming

@@ -74,8 +74,8 @@ def _sm_count(device_index: int) -> int:
 def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
     """How many parts to cut each context into: layer 1's paged_decode_splits (a power of two
     putting ~4 programs on each SM, no part under 128 keys, none while the batch alone gives
-    1.5 programs per SM; from the H100 sweep of 2026-11-25) for this device's SM count (1 off
-    a GPU). Host ints only."""
+    1.5 programs per SM; picked by benchmarks/sweep_paged.py on an H100) for this device's SM
+    count (1 off a GPU). Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
     return l3.paged_decode_splits(batch, kv_heads, max_context, sms)

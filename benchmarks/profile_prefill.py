@@ -1,13 +1,14 @@
-"""Where a 2048-token prefill of Llama-3.2-1B's shape spends its time (issue 17, item 3).
+"""Where a 2048-token prefill of Llama-3.2-1B's shape spends its time.
 
     python benchmarks/profile_prefill.py [--tokens 2048] [--json FILE] [--smoke]
 
 Random bf16 weights (nothing downloaded). For the triton and torch backends: a torch.profiler
 kernel table (GPU time per forward and share per kernel) and the GPU-busy fraction of the
-forward's wall time. For the triton backend: the time with events (what l17_bench measures),
-the host's enqueue time per forward, the same forward replayed as one CUDA graph (no launch
-gaps: the GPU-only time), and variants with one op swapped for torch's (attention -> SDPA,
-norms, RoPE, SiLU-mul) so each op's share shows as a difference. Then layer 1's
+forward's wall time. For the triton backend: the time with events (what
+decode_prefill_engine.py measures), the host's enqueue time per forward, the same forward
+replayed as one CUDA graph (no launch gaps: the GPU-only time), and variants with one op
+swapped for torch's (attention -> SDPA, norms, RoPE, SiLU-mul) so each op's share shows as a
+difference. Then layer 1's
 FlashAttention kernel alone at the prefill's shapes and layout over a sweep of tile configs,
 and the four GEMMs alone (their sum x layers is the matmul floor of the forward).
 --smoke: a tiny fp32 model on the CPU (checks the script; no GPU figures).
@@ -347,7 +348,7 @@ def triton_next_pow2(n: int) -> int:
 
 
 def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
-    """Where the host's time goes in one prefill forward (issue 17 item 3): enqueue ms,
+    """Where the host's time goes in one prefill forward: enqueue ms,
     Python speed, cProfile, launch census, launch paths, op costs at T=16."""
     res = {"host_speed_ms": host_speed_ms(), "host_enqueue_ms": host_ms(fwd),
            "layers": net.config.num_hidden_layers}

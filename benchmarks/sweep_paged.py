@@ -1,4 +1,4 @@
-"""Sweep the paged decode kernel's launch configs and split counts on a GPU (issue 17):
+"""Sweep the paged decode kernel's launch configs and split counts on a GPU:
 the 12 shapes `stack bench --layer 4 --only kernel` lists (batch 1/4/8/32 x context
 1k/4k/16k, every sequence at the full context, int32 tables) and one engine-like shape
 (batch 256, contexts uniform in 100..1124 as the nano-vllm workload's first decode steps,

@@ -180,7 +180,8 @@ def test_chunks_must_be_a_positive_integer():
 
 
 def _summary_module():
-    spec = importlib.util.spec_from_file_location("l2_summary", ROOT / "benchmarks" / "l2_summary.py")
+    spec = importlib.util.spec_from_file_location("collectives_summary",
+                                                  ROOT / "benchmarks" / "collectives_summary.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

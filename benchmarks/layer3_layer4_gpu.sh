@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One device-machine call for layers 3 and 4 (issues 5 and 6): install, GPU tests, benchmarks.
+# One device-machine call for layers 3 and 4: install, GPU tests, benchmarks.
 # Usage (on the GPU machine, from the repo root):
-#   bash benchmarks/l34_session.sh tests     # pytest -m gpu on layers 3-4 + layer 3 bench + kernel bench
-#   bash benchmarks/l34_session.sh engine    # stack bench --layer 4 (throughput, prefix, GPU speculation)
-#   bash benchmarks/l34_session.sh profile   # engine step breakdown, paged-kernel split sweep, layer-3 decode kernels
+#   bash benchmarks/layer3_layer4_gpu.sh tests     # pytest -m gpu on layers 3-4 + layer 3 bench + kernel bench
+#   bash benchmarks/layer3_layer4_gpu.sh engine    # stack bench --layer 4 (throughput, prefix, GPU speculation)
+#   bash benchmarks/layer3_layer4_gpu.sh profile   # engine step breakdown, paged-kernel split sweep, layer-3 decode kernels
 # Every step has its own time limit so one hang cannot eat the call; logs go to $OUT.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
-logs=$out; . "$(dirname "$0")/session_lib.sh"
+logs=$out; . "$(dirname "$0")/device_steps.sh"
 install_stack
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
   python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'; } 2>&1 | tee "$out/env.txt"

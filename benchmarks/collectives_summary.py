@@ -1,10 +1,10 @@
-"""The end of benchmarks/l2_session.sh: one compact table from what the session wrote.
+"""The end of benchmarks/collectives_gpu.sh: one compact table from what the session wrote.
 
-    python benchmarks/l2_summary.py RESULTS_DIR [PYTEST_LOG]
+    python benchmarks/collectives_summary.py RESULTS_DIR [PYTEST_LOG]
 
 RESULTS_DIR holds bench.json (`stack bench --layer 2 --out`) and, if the tuning grid ran,
 tune.json (`python -m layer2_comm.commands tune --out`). Prints: ours vs torch.distributed
-at a few sizes per collective with the issue-4 target (>= 0.85x busbw at 256 MiB), the
+at a few sizes per collective with the target (>= 0.85x busbw at 256 MiB), the
 alpha-beta fit, the overlap efficiencies (target >= 70% of the communication hidden), the
 tuning grid's best settings and the header check's cost, and the multi-GPU tests' verdict.
 """

@@ -1,8 +1,9 @@
-"""Issue 17's GPU figures, one part per call, each written to a JSON file for l17_summary.py.
+"""Decode MBU, prefill MFU and engine throughput on one GPU, one part per call, each written
+to a JSON file for decode_prefill_engine_summary.py.
 
-    python benchmarks/l17_bench.py decode  --out DIR   # 1B shape, batch 1, triton, CUDA graph: MBU
-    python benchmarks/l17_bench.py prefill --out DIR   # 2048-token prefill x5: median, min-max MFU
-    python benchmarks/l17_bench.py engine  --out DIR   # nano-vllm workload, 256 seqs: tok/s, floor
+    python benchmarks/decode_prefill_engine.py decode  --out DIR  # 1B, batch 1, CUDA graph: MBU
+    python benchmarks/decode_prefill_engine.py prefill --out DIR  # 2048 tokens x5: median MFU
+    python benchmarks/decode_prefill_engine.py engine  --out DIR  # 256 seqs: tok/s, floor
 
 Llama-3.2-1B's shape with random bf16 weights (nothing downloaded); ceilings from layer 0.
 Every timed configuration first runs untimed on its own shapes (the benches' warm-ups), and
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> dict:
     result.update(device=torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
                   copy_bandwidth=bw, bf16_flops=peak, torch=torch.__version__)
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"l17_{args.part}.json"
+    path = args.out / f"{args.part}.json"
     path.write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps({k: v for k, v in result.items() if not isinstance(v, list | dict)},
                      default=str))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device-machine call: install, run the benchmarks, then the GPU tests.
 # Usage (on the GPU machine, from the repo root):
-#   bash benchmarks/gpu_session.sh "LAYERS" [PYTEST_ARGS...]     e.g.  "0 1" tests/layer1
+#   bash benchmarks/layer_benches_gpu.sh "LAYERS" [PYTEST_ARGS...]     e.g.  "0 1" tests/layer1
 # Logs go to $OUT (the device tool brings back at most 8 files, so results are packed
 # into one results.tgz); without $OUT, to ./gpu-out.
 set -uo pipefail

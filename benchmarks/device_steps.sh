@@ -1,6 +1,6 @@
 # Shared by the device-session scripts (sourced, not run): every step of a session has its own
 # time limit, so one hang cannot eat the call, and its output goes to a log beside the JSON.
-#   logs=DIR; . benchmarks/session_lib.sh
+#   logs=DIR; . benchmarks/device_steps.sh
 #   install_stack            # carried wheels (.whl/, if any) on PYTHONPATH, then this repo
 #   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended
 install_stack() {

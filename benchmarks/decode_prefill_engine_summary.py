@@ -1,8 +1,9 @@
-"""The compact summary of l17_session.sh: issue 17's four targets from the JSON files it wrote.
+"""The compact summary of decode_prefill_engine.sh: decode MBU, prefill MFU, engine
+throughput and the engine step's GPU-idle fraction, from the JSON files it wrote.
 
-    python benchmarks/l17_summary.py OUT_DIR
+    python benchmarks/decode_prefill_engine_summary.py OUT_DIR
 
-Reads OUT_DIR/l17_{decode,prefill,engine}.json, OUT_DIR/profile_engine.json and
+Reads OUT_DIR/{decode,prefill,engine}.json, OUT_DIR/profile_engine.json and
 OUT_DIR/results/layer4/bench_{kernel,spec}.json; a missing file is reported as missing (its
 step failed or timed out: see its log), not an error.
 """
@@ -30,13 +31,13 @@ def summary(out: Path) -> list[str]:
     def row(what: str, figure: str, roof: str, target: str) -> None:
         lines.append(f"{what:<58} {figure:>14} {roof:>12} {target:>8}")
 
-    d = _load(out / "l17_decode.json")
+    d = _load(out / "decode.json")
     if d:
         row("decode 1B bs1 triton CUDA graph (tok/s; MBU)", f"{d['tokens_per_s']:.1f}",
             _pct(d["MBU"]), ">= 80%")
     else:
         row("decode: MISSING (decode.log)", "", "", "")
-    p = _load(out / "l17_prefill.json")
+    p = _load(out / "prefill.json")
     if p:
         row(f"prefill 2048 x{len(p['runs_ms'])} (ms median; MFU median, min-max)",
             f"{p['ms']:.2f}", f"{_pct(p['MFU'])} ({_pct(p['MFU_min'])}-{_pct(p['MFU_max'])})",
@@ -47,7 +48,7 @@ def summary(out: Path) -> list[str]:
                 f"({_pct(p['bucket_graph_MFU_min'])}-{_pct(p['bucket_graph_MFU_max'])})", ">= 60%")
     else:
         row("prefill: MISSING (prefill.log)", "", "", "")
-    e = _load(out / "l17_engine.json")
+    e = _load(out / "engine.json")
     if e:
         runs = " / ".join(f"{t:,.0f}" for t in e["runs_tokens_per_s"])
         row(f"engine 256 seqs (tok/s; runs {runs})", f"{e['tokens_per_s']:,.0f}",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device-machine call for the layers-5-to-7 work (issues 12-16), on one GPU:
-#   bash benchmarks/upper_session.sh tests   # pytest -m gpu over every layer and lab
-#   bash benchmarks/upper_session.sh bench   # layer 5 TP=1 vs layer 4, layer 6 HTTP vs offline,
+# One device-machine call for layers 5 to 7, on one GPU:
+#   bash benchmarks/upper_layers_gpu.sh tests   # pytest -m gpu over every layer and lab
+#   bash benchmarks/upper_layers_gpu.sh bench   # layer 5 TP=1 vs layer 4, layer 6 HTTP vs offline,
 #                                            # SmolLM2-shape vs transformers, layer 0/1 rooflines
 # The machine lacks fastapi, uvicorn, pydantic, openai, gguf, rank-bm25: carry them as wheels in
 # .whl/ (see the device README). Every step has its own time limit; logs and JSON are packed
@@ -9,7 +9,7 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out/logs"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/logs/results LLM_STACK_CACHE=/tmp/llm-stack-cache
-logs=$out/logs; . "$(dirname "$0")/session_lib.sh"
+logs=$out/logs; . "$(dirname "$0")/device_steps.sh"
 install_stack
 { nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch, triton, transformers, fastapi

@@ -1,6 +1,7 @@
-"""benchmarks/l17_bench.py and l17_summary.py (issue 17's one GPU session) on a tiny CPU model:
-each part writes its JSON with the fields the summary reads, and the summary reports a
-missing part as missing instead of failing."""
+"""benchmarks/decode_prefill_engine.py and decode_prefill_engine_summary.py (decode MBU,
+prefill MFU and engine throughput in one GPU call) on a tiny CPU model: each part writes its
+JSON with the fields the summary reads, and the summary reports a missing part as missing
+instead of failing."""
 from __future__ import annotations
 
 import importlib.util
@@ -17,7 +18,7 @@ def _load(name: str):
 
 
 def test_parts_write_what_the_summary_reads(tmp_path):
-    bench, summary = _load("l17_bench"), _load("l17_summary")
+    bench, summary = _load("decode_prefill_engine"), _load("decode_prefill_engine_summary")
     d = bench.main(["decode", "--smoke", "--out", str(tmp_path)])
     p = bench.main(["prefill", "--smoke", "--out", str(tmp_path)])
     assert d["tokens_per_s"] > 0 and 0 < d["MBU"] and d["target_MBU"] == 0.8

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Layer 2 on the GPU machine in one call (issue 4): install, the multi-GPU tests, the sweep
+# Layer 2 on the GPU machine in one call: install, the multi-GPU tests, the sweep
 # (ours vs torch.distributed/NCCL, 8 B .. 1 GiB: busbw table and plot, alpha-beta fit and
 # predicted-vs-measured plot, overlap demo), the tuning grid, and a compact summary last.
 #
 # Usage, from the repo root, on 2 or 4 GPUs (about 5 minutes on 2; each step has a time
 # limit — tests 200 s, sweep 240 s, grid 130 s — so even a hang ends inside 10 minutes):
-#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 bash benchmarks/l2_session.sh
+#   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 bash benchmarks/collectives_gpu.sh
 # (those three are also the defaults here: NVLink multicast stays off.)
 # Optional: L2_WORLD (ranks; default every GPU), L2_MAX_BYTES (default 1073741824),
 #   L2_FACTOR (size step, 2), L2_ITERS (20), L2_TUNE_SIZES (67108864,268435456),
@@ -67,7 +67,7 @@ for png in busbw.png time_vs_size.png; do
     [ -f "$work/bench/$png" ] && cp "$work/bench/$png" "$out/"
 done
 [ -f "$out/pytest_multigpu.log" ] && cp "$out/pytest_multigpu.log" "$work/"
-python3 benchmarks/l2_summary.py "$work/bench" "$out/pytest_multigpu.log" >"$work/summary.txt" 2>&1
+python3 benchmarks/collectives_summary.py "$work/bench" "$out/pytest_multigpu.log" >"$work/summary.txt" 2>&1
 cp "$work/summary.txt" "$out/summary.txt"
 tar czf "$out/l2_results.tgz" -C "$work" --exclude results .
 say "done; $out: $(cd "$out" && ls | tr '\n' ' ')"

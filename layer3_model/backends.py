@@ -177,6 +177,21 @@ def _num_splits(batch: int, kv_heads: int, context: int, device: torch.device) -
     return max(1, min(wanted, -(-context // MIN_SPLIT_TOKENS), _MAX_SPLITS))
 
 
+def _fusable(m, dtype: torch.dtype) -> bool:
+    """A projection the fused kernels can compute: a plain nn.Linear of x's dtype, or a
+    bias-free module with a weight that finishes the GEMV's output itself with `combine(y)`
+    (layer 5's tensor-parallel linears: an all-reduce or all-gather after their shard's GEMV)."""
+    if getattr(m, "weight", None) is None or m.weight.dtype != dtype:
+        return False
+    return type(m) is torch.nn.Linear or (callable(getattr(m, "combine", None))
+                                          and getattr(m, "bias", None) is None)
+
+
+def _combined(linear, y: torch.Tensor) -> torch.Tensor:
+    combine = getattr(linear, "combine", None)
+    return y if combine is None else combine(y)
+
+
 @dataclass(frozen=True)
 class DecodeKernels:
     """The triton backend's fused decode kernels, bound to an impl ("auto" / "triton")."""
@@ -202,14 +217,14 @@ class DecodeKernels:
         linears = [model.lm_head] + [m for layer in model.layers for m in
                                      (layer.attn.qkv, layer.attn.o_proj, layer.mlp.gate_up,
                                       layer.mlp.down)]
-        return all(type(m) is torch.nn.Linear and m.weight.dtype == x.dtype for m in linears)
+        return all(_fusable(m, x.dtype) for m in linears)
 
     def norm_linear(self, x, residual, norm, linear, out_dtype=None):
         """rms_norm(x + residual) @ W^T -> (y, new residual); residual None: (y, x).
         out_dtype: y stored as it (rounded to x's dtype first), e.g. fp32 logits."""
         y, h = kernels.gemv_rms_norm(x, linear.weight, norm.weight, norm.eps, residual,
                                      linear.bias, impl=self.impl, out_dtype=out_dtype)
-        return y, (x if residual is None else h)
+        return _combined(linear, y), (x if residual is None else h)
 
     def norm_qkv_rope_write(self, x, residual, norm, linear, heads: tuple[int, int, int],
                             cos, sin, ctx, cache, layer: int):
@@ -222,10 +237,11 @@ class DecodeKernels:
         return y, (x if residual is None else h)
 
     def linear(self, x, linear):
-        return kernels.gemv(x, linear.weight, linear.bias, impl=self.impl)
+        return _combined(linear, kernels.gemv(x, linear.weight, linear.bias, impl=self.impl))
 
     def silu_linear(self, gu, linear):
-        return kernels.gemv_silu_mul(gu, linear.weight, linear.bias, impl=self.impl)
+        return _combined(linear, kernels.gemv_silu_mul(gu, linear.weight, linear.bias,
+                                                       impl=self.impl))
 
     def rope_write(self, q, k, v, cos, sin, ctx, cache, layer: int) -> None:
         k_slots, v_slots = _slot_views(cache, layer)

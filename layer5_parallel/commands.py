@@ -160,6 +160,14 @@ def bench(argv: list[str] | None = None) -> int:
         f"{r['comm_share']:.0%} in collectives; planner's decode step "
         f"{r['predicted_step_ms']:.2f} ms (of it comm {r['predicted_comm_ms']:.2f} ms)"
     )
+    if device == "cuda" and torch.cuda.device_count() >= 2:  # real shapes, graphs on every rank
+        from .tp_gpu_bench import bench_tp_gpu, format_rows  # noqa: PLC0415
+
+        console.rule("tensor parallelism on GPUs: Llama-3.2-1B and 3.1-8B shapes, random bf16")
+        shapes = ["llama-3.2-1b"] if args.quick else ["llama-3.2-1b", "llama-3.1-8b"]
+        r = bench_tp_gpu(shapes, results_dir(), repeats=1 if args.quick else 2)
+        results["tp_gpu"] = r
+        console.print(format_rows(r["rows"]))
     pp_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
     console.rule(f"PP=2 vs PP=1 ({pp_device})")
     r = bench_pp(2, pp_device, num_prompts=8 if args.quick else 16, max_tokens=16,

@@ -91,8 +91,13 @@ class RowParallelLinear(nn.Module):
         self.comm = comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.comm.all_reduce(F.linear(x, self.weight))  # g: the one all-reduce
+        y = self.combine(F.linear(x, self.weight))  # g: the one all-reduce
         return y if self.bias is None else y + self.bias
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product -> the sum over the ranks (layer 3's fused decode
+        kernels call it after their GEMV, so a shard keeps the fused path)."""
+        return self.comm.all_reduce(y)
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -118,10 +123,15 @@ class VocabParallelLMHead(nn.Module):
         if not isinstance(weight, nn.Parameter):  # a tied head shares the embedding's Parameter
             weight = nn.Parameter(weight, requires_grad=False)
         self.weight = weight
+        self.register_parameter("bias", None)  # as nn.Linear's: the fused kernels read it
         self.vocab, self.comm = vocab, comm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = self.comm.all_gather(F.linear(x, self.weight))  # (p, ..., V_pad / p)
+        return self.combine(F.linear(x, self.weight))
+
+    def combine(self, y: torch.Tensor) -> torch.Tensor:
+        """This rank's (..., V_pad / p) logits -> every rank's, gathered: (..., V)."""
+        parts = self.comm.all_gather(y)  # (p, ..., V_pad / p)
         return parts.movedim(0, -2).flatten(-2)[..., : self.vocab]
 
 

@@ -6,6 +6,7 @@ Builds the course model's engine at tensor_parallel_size=WORLD_SIZE with
 distributed_executor_backend="external_launcher", generates greedily, and rank 0 writes the
 tokens (and every rank's "returned" line) to OUT.json. --absent-rank R: rank R never builds
 the engine (it sleeps past the timeout and exits), to show rank 0's error.
+LLM_STACK_LAUNCH_DEVICE=cuda: one GPU per rank (NCCL), CUDA graphs on.
 """
 from __future__ import annotations
 
@@ -27,8 +28,9 @@ def main() -> int:
         time.sleep(TIMEOUT_S + 5)
         return 0
     try:
+        device = os.environ.get("LLM_STACK_LAUNCH_DEVICE", "cpu")
         llm = l5.LLM(l5.course_model_dir("target"), dtype="float32",
-                     device="cpu", num_blocks=64,
+                     device=device, num_blocks=64, cuda_graph=device == "cuda",
                      tensor_parallel_size=int(os.environ["WORLD_SIZE"]), tp_threads=1,
                      tp_timeout_s=TIMEOUT_S, distributed_executor_backend="external_launcher")
     except RuntimeError as exc:

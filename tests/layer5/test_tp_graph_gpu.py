@@ -77,9 +77,11 @@ def test_tp2_cuda_graphs_match_tp1_cuda_graphs():
 
 
 @pytest.mark.multigpu
-def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens():
+@pytest.mark.parametrize("backend", ["torch", "triton"])  # triton: the fused decode kernels
+def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens(backend):
     config = l3.ModelConfig.from_dict(dict(l3.LLAMA_3_2_1B, num_hidden_layers=4))
-    model = l3.Model(l3.random_model(config, dtype=torch.bfloat16, device="cuda", seed=0))
+    model = l3.Model(l3.random_model(config, backend=backend, dtype=torch.bfloat16,
+                                     device="cuda", seed=0))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist()
                for n in (5, 17, 33, 64)]

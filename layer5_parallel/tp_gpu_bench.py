@@ -1,0 +1,216 @@
+"""Tensor parallelism on GPUs at real shapes: decode tokens/s per GPU count, host time per step.
+
+    python -m layer5_parallel.tp_gpu_bench [--shapes llama-3.2-1b,llama-3.1-8b] [--out DIR]
+    (also part of `stack bench --layer 5` on a machine with 2+ GPUs)
+
+For each shape (random bf16 weights of Llama-3.2-1B's and Llama-3.1-8B's exact shapes: the
+speed does not depend on the values), each TP size the GPUs allow (1, 2, 4) and each
+workload (batch 1 x 128 new tokens: latency; batch 32 x 64: throughput), all with CUDA
+graphs on every rank:
+
+- decode tokens/s: (B * (N - 1)) / (time of an N-token run - time of a 1-token run), the
+  prefill cancelled out; each time from CUDA events around generate() after a warm-up,
+  the better of `repeats` runs;
+- the measured decode step beside the planner's predicted one (planner.cost on the H100's
+  datasheet ceilings and NVLink's alpha-beta);
+- rank 0's host time per decode step: the engine's step() time minus the time it waited for
+  the GPU (the step's event), i.e. what the CPU spends launching a step (target at TP=N:
+  <= 1.3x TP=1's);
+- whether TP=N's greedy tokens equal TP=1's (bf16: the all-reduce sums in another order,
+  so a near-tie may flip late in a sequence: the first differing position is reported).
+
+Writes tp_gpu.json and tp_gpu.png (tokens/s against GPUs, with the ideal line N x TP=1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import layer4_algorithms as engine
+
+from . import planner
+from .llm import LLM
+
+l3 = engine.executor
+SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
+WORKLOADS = ((1, 128), (32, 64))  # (batch, new tokens)
+PROMPT_LEN = 128
+
+
+class HostClock:
+    """Rank 0's time waiting for step events, so host time = step time - waits."""
+
+    def __init__(self, llm) -> None:
+        self.wait_s, inner = 0.0, llm._complete
+
+        def timed(launched, advanced, finished) -> None:
+            if launched.event is not None:
+                t = time.perf_counter()
+                launched.event.synchronize()
+                self.wait_s += time.perf_counter() - t
+            inner(launched, advanced, finished)
+
+        llm._complete = timed
+
+
+def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
+    params = l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    outs = llm.generate(prompts, params)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3, [o.outputs[0].token_ids for o in outs]
+
+
+def measure(llm, prompts, n: int, repeats: int) -> dict:
+    """Decode tokens/s, step ms and rank 0's host ms per step for one workload."""
+    clock = HostClock(llm)
+    best = None
+    for _ in range(repeats):
+        t1, _ = _generate(llm, prompts, 1)
+        w0 = clock.wait_s
+        tn, tokens = _generate(llm, prompts, n)
+        steps, elapsed = llm.stats.steps, llm.stats.elapsed_s  # generate() resets the stats
+        decode_s = max(tn - t1, 1e-9)
+        row = {"decode_tok_s": len(prompts) * (n - 1) / decode_s,
+               "step_ms": 1e3 * decode_s / (n - 1), "steps": steps,
+               "host_ms_per_step": 1e3 * (elapsed - (clock.wait_s - w0)) / steps,
+               "tokens": tokens}
+        if best is None or row["decode_tok_s"] > best["decode_tok_s"]:
+            best = row
+    del llm._complete  # the instance's wrapper: back to the class's method
+    return best
+
+
+def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
+    """The earliest position where any sequence's tokens differ (None: all equal)."""
+    diffs = [next((k for k in range(len(x)) if x[k] != y[k]), None) for x, y in zip(a, b,
+                                                                                  strict=True)]
+    diffs = [d for d in diffs if d is not None]
+    return min(diffs) if diffs else None
+
+
+def bench_shape(name: str, tps: list[int], *, repeats: int = 2, backend: str = "triton",
+                workloads=WORKLOADS, tp_backend: str = "torch") -> list[dict]:
+    config = l3.ModelConfig.from_dict(SHAPES[name])
+    net = l3.random_model(config, backend=backend, dtype=torch.bfloat16, device="cuda:0", seed=0)
+    model = l3.Model(net)
+    g = torch.Generator().manual_seed(0)
+    big = max(b for b, _ in workloads)
+    prompts = [torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=g).tolist()
+               for _ in range(big)]
+    longest = PROMPT_LEN + max(n for _, n in workloads) + 16
+    blocks = big * -(-longest // 16) + 16
+    hw = planner.hardware_for("h100")
+    rows, ref = [], {}
+    for tp in tps:
+        llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
+                  max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend)
+        try:
+            _generate(llm, prompts[:2], 4)  # warm-up
+            for batch, n in workloads:
+                r = measure(llm, prompts[:batch], n, repeats)
+                tokens = r.pop("tokens")
+                if tp == 1:
+                    ref[batch] = tokens
+                pred = planner.cost(config, hw, tp, 1, 1, batch=batch,
+                                    context=PROMPT_LEN + n // 2, nbytes=2)
+                diff = first_difference(ref[batch], tokens) if batch in ref else None
+                rows.append({"shape": name, "tp": tp, "batch": batch, "new_tokens": n,
+                             "tp_backend": tp_backend, **r,
+                             "predicted_step_ms": 1e3 * pred.step_s,
+                             "predicted_comm_ms": 1e3 * pred.tp_comm_s,
+                             "same_tokens": diff is None, "first_difference": diff})
+        finally:
+            llm.close()
+            llm = None
+    del model, net
+    torch.cuda.empty_cache()
+    base = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1}
+    for r in rows:
+        b = base.get((r["shape"], r["batch"]))
+        if b is not None:
+            r["speedup"] = r["decode_tok_s"] / b["decode_tok_s"]
+            r["host_vs_tp1"] = r["host_ms_per_step"] / b["host_ms_per_step"]
+    return rows
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """Decode tokens/s against GPUs, one line per shape x batch, each with its ideal line."""
+    import matplotlib  # noqa: PLC0415 - only for the figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    keys = sorted({(r["shape"], r["batch"]) for r in rows})
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
+    for ax, (shape, batch) in zip(axes[0], keys, strict=True):
+        pts = sorted((r["tp"], r["decode_tok_s"]) for r in rows
+                     if r["shape"] == shape and r["batch"] == batch)
+        x = [p[0] for p in pts]
+        ax.plot(x, [p[1] for p in pts], "o-", label="measured")
+        ax.plot(x, [pts[0][1] * t / pts[0][0] for t in x], "--", color="gray", label="ideal")
+        ax.set_title(f"{shape}, batch {batch}")
+        ax.set_xlabel("GPUs (tensor parallel)")
+        ax.set_xticks(x)
+        ax.set_ylabel("decode tokens/s")
+        ax.set_ylim(bottom=0)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
+                 tp_backends: tuple[str, ...] = ("torch",)) -> dict:
+    gpus = torch.cuda.device_count()
+    tps = [t for t in (1, 2, 4, 8) if t <= gpus]
+    rows: list[dict] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result = {"device": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    for name in shapes:
+        for tb in tp_backends:
+            rows += bench_shape(name, tps if tb == "torch" else [t for t in tps if t > 1],
+                                repeats=repeats, tp_backend=tb)
+            (out_dir / "tp_gpu.json").write_text(json.dumps(result, indent=2))  # as it goes
+            print(format_rows(rows[-len(tps):]), flush=True)
+    plot([r for r in rows if r["tp_backend"] == "torch"], out_dir / "tp_gpu.png")
+    return result
+
+
+def format_rows(rows: list[dict]) -> str:
+    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':7} {'tok/s':>9} {'x TP1':>6} "
+            f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} same")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {r['tp_backend']:7} "
+                     f"{r['decode_tok_s']:>9,.0f} {r.get('speedup', float('nan')):>6.2f} "
+                     f"{r['step_ms']:>8.3f} {r['predicted_step_ms']:>8.3f} "
+                     f"{r['host_ms_per_step']:>8.3f} {r.get('host_vs_tp1', float('nan')):>7.2f} "
+                     f"{'yes' if r['same_tokens'] else r['first_difference']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m layer5_parallel.tp_gpu_bench")
+    ap.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
+    ap.add_argument("--out", default="results/layer5")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--tp-backends", default="torch")
+    args = ap.parse_args(argv)
+    r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
+                     tp_backends=tuple(args.tp_backends.split(",")))
+    print(f"{r['device']} x {r['gpus']}, torch {r['torch']}")
+    print(format_rows(r["rows"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

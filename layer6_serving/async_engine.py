@@ -29,10 +29,11 @@ import layer5_parallel as l5
 
 from .engine_loop import EngineLoop
 from .engine_process import EngineProcess
-from .engine_state import EngineInfo, EngineSnapshot, Request
+from .engine_state import EngineInfo, EngineSnapshot, Request, RequestTimeoutError
 from .streams import DeltaTracker, StreamOutput, merge
 
 COURSE = "course"
+TIMEOUT_GRACE_S = 0.5  # the engine expires a request first; the server after this much more
 
 
 class EngineOverloaded(Exception):
@@ -57,12 +58,15 @@ class AsyncEngine:
     default seconds per request (None: none). policy: "fcfs" or "priority" (an engine built
     here then schedules by priority too). chat_stop: stop strings added to chat requests
     (the course model ends a speech at a blank line). engine_process: build and run the
-    engine in a spawned process (`llm` is then None: `info` says what the server needs)."""
+    engine in a spawned process (`llm` is then None: `info` says what the server needs),
+    restarted when it dies (at most max_restarts failures in a row). stall_timeout: seconds
+    without a turn, with requests open, before the engine counts as stalled (`problem`)."""
 
     def __init__(self, model: str | Path | l5.LLM = COURSE, *, name: str | None = None,
                  max_waiting: int = 512, request_timeout: float | None = None,
                  policy: str = "fcfs", chat_stop: Seq[str] | None = None,
-                 engine_process: bool = False, **engine_kwargs) -> None:
+                 engine_process: bool = False, stall_timeout: float = 5.0,
+                 max_restarts: int = 3, **engine_kwargs) -> None:
         if policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {policy!r}")
         self._owns_llm = not isinstance(model, l5.engine.LLM)
@@ -76,12 +80,14 @@ class AsyncEngine:
         if engine_process:
             self.llm = None
             self.loop = EngineProcess(resolve_model(model), engine_kwargs,
-                                      priority=policy == "priority", name=self.name)
+                                      priority=policy == "priority", name=self.name,
+                                      stall_timeout=stall_timeout, max_restarts=max_restarts)
             self.info = self.loop.info
         else:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
             self.llm = l5.LLM(resolve_model(model), **engine_kwargs) if self._owns_llm else model
             self.info = EngineInfo.of(self.llm)
             self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
+            self.loop.stall_timeout = stall_timeout
         if chat_stop is None:
             chat_stop = l5.STOP_STRINGS if str(model) == COURSE else ()
         self.chat_stop = tuple(chat_stop)
@@ -140,6 +146,18 @@ class AsyncEngine:
         """The engine's loop (thread or process) is running."""
         return self.loop.alive
 
+    def problem(self) -> str | None:
+        """Why this engine does not serve right now (None: it does): down (its process died
+        and is being restarted, or restarts failed), or stalled with requests open."""
+        reason = self.loop.down_reason
+        if reason is not None:
+            return reason
+        stalled = self.loop.stalled_for()
+        if stalled is not None:
+            return (f"the engine made no progress for {stalled:.1f} s with "
+                    f"{self.snapshot.requests or 'some'} requests open (stalled)")
+        return None
+
     # ---- requests ------------------------------------------------------------------------------
     async def generate(self, prompt: str | Seq[int], params: l5.SamplingParams | None = None, *,
                        request_id: str | None = None, priority: int = 0,
@@ -169,7 +187,9 @@ class AsyncEngine:
                       None if timeout is None else time.perf_counter() + timeout,
                       asyncio.get_running_loop(), asyncio.Queue(), DeltaTracker(self.token_text))
         self.loop.submit(req)
-        return RequestStream(self, rid, req.queue, len(ids))
+        # the server enforces the timeout too: an engine that stalls cannot hold a client
+        deadline = None if timeout is None else time.monotonic() + timeout + TIMEOUT_GRACE_S
+        return RequestStream(self, rid, req.queue, len(ids), deadline)
 
     def _check(self, ids: list[int], params) -> None:
         if not ids:
@@ -208,8 +228,9 @@ class RequestStream:
     read, merged (streams.merge): one engine step's deltas when the reader keeps up."""
 
     def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue,
-                 prompt_tokens: int) -> None:
+                 prompt_tokens: int, deadline: float | None = None) -> None:
         self.engine, self.request_id, self._q = engine, request_id, q
+        self.deadline = deadline  # time.monotonic(): past it, the stream ends with a timeout
         self.prompt_tokens = prompt_tokens
         self.finished = False
         self._held: BaseException | None = None  # an error behind outputs: raised next time
@@ -224,8 +245,8 @@ class RequestStream:
         if self.finished:
             raise StopAsyncIteration
         try:
-            item = await self._q.get()
-        except BaseException:  # cancelled while waiting: the client is gone
+            item = await self._next()
+        except BaseException:  # cancelled while waiting (the client is gone), or timed out
             await self.aclose()
             raise
         if isinstance(item, BaseException):
@@ -241,6 +262,18 @@ class RequestStream:
         out = merge(items)
         self.finished = out.finished
         return out
+
+    async def _next(self):
+        if self.deadline is None:
+            return await self._q.get()
+        if not self._q.empty():
+            return self._q.get_nowait()
+        try:
+            return await asyncio.wait_for(self._q.get(),
+                                          max(0.0, self.deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            raise RequestTimeoutError(f"request {self.request_id} timed out (the engine did "
+                                      f"not answer in time)") from None
 
     async def aclose(self) -> None:
         if not self.finished:

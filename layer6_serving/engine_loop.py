@@ -62,6 +62,7 @@ class EngineLoop:
         self._order = itertools.count()
         self._seen = {"q": 0, "h": 0, "p": 0, "a": 0, "pre": 0}
         self._stop = False
+        self.beat = time.monotonic()  # the start of the loop's latest turn
         self.thread = threading.Thread(target=self.run, name=f"engine-{name}", daemon=True)
         if start:
             self.thread.start()
@@ -84,6 +85,22 @@ class EngineLoop:
     def alive(self) -> bool:
         return self.thread.is_alive()
 
+    # supervision (engine_process.py restarts a dead process; a thread is not restarted)
+    fatal: str | None = None
+    restarts = 0
+    stall_timeout = 5.0
+
+    @property
+    def down_reason(self) -> str | None:
+        return None if self.thread.is_alive() else "the engine thread is not running"
+
+    def stalled_for(self) -> float | None:
+        """Seconds since the loop's last turn while it has work, past stall_timeout."""
+        if not (self.live or self.pending or self.num_queued):
+            return None
+        idle = time.monotonic() - self.beat
+        return idle if idle > self.stall_timeout else None
+
     def request_stop(self) -> None:
         """End the loop after its current turn (requests still in it get an error)."""
         self._stop = True
@@ -97,6 +114,7 @@ class EngineLoop:
     # ---- the thread ----------------------------------------------------------------------------
     def run(self) -> None:
         while not self._stop:
+            self.beat = time.monotonic()
             try:
                 self._turn()
             except Exception as e:  # noqa: BLE001 - a bug here must not leave clients waiting

@@ -17,8 +17,16 @@ The engine process builds layer 5's LLM itself (tensor_parallel_size > 1: its TP
 are its own children), sends the facts the server checks requests against (EngineInfo,
 with the tokenizer), then runs the loop. It dies with the server: it stops on "stop", and
 on end-of-file on the pipe (the server exited, even by SIGKILL); it ignores Ctrl-C (the
-server stops it). A dead engine process fails every open request with EngineStepError (an
-error event or a 500), /health turns 503 and new requests get a 500 naming the exit code.
+server stops it).
+
+Supervision (the server side watches the engine): every turn that does something sends a
+message, so a process with open requests that sends nothing for `stall_timeout` seconds is
+stalled (stopped, deadlocked, swapping): `stalled_for()` says so and /health turns 503 with
+the reason. A process that dies fails its open requests with EngineUnavailable (clear, and
+retryable: 503), and is restarted with the same arguments; requests sent meanwhile get 503.
+Restarts that keep failing (`max_restarts` failed starts in a row, or that many deaths
+within a minute) make the engine fatal: `fatal` holds the reason and `stack serve` exits
+non-zero with it.
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ import traceback
 import weakref
 
 from .engine_loop import EngineLoop, deliver
-from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, Request
+from .engine_state import EngineInfo, EngineSnapshot, EngineStepError, EngineUnavailable, Request
 from .streams import DeltaTracker, unpack
 
 log = logging.getLogger("layer6_serving")
@@ -51,15 +59,12 @@ class EngineProcess:
     what layer 5's LLM is built from, in the engine process."""
 
     def __init__(self, model, engine_kwargs: dict, *, priority: bool, name: str,
-                 start_timeout: float = 900.0) -> None:
-        ctx = mp.get_context("spawn")
+                 start_timeout: float = 900.0, stall_timeout: float = 5.0,
+                 max_restarts: int = 3) -> None:
         self.name = name
-        # Two one-way pipes: commands down, turns up (the engine writes without blocking).
-        commands, self.conn = ctx.Pipe(duplex=False)
-        self.outputs, turns = ctx.Pipe(duplex=False)
-        # Not a daemon: a daemon may not start processes, and TP workers are its children.
-        self.proc = ctx.Process(target=engine_process_main, name=f"engine-{name}", daemon=False,
-                                args=(commands, turns, model, engine_kwargs, priority, name))
+        self._args = (model, engine_kwargs, priority, name)
+        self.start_timeout, self.stall_timeout = start_timeout, stall_timeout
+        self.max_restarts = max_restarts
         self.listeners: list = []
         self.snapshot = EngineSnapshot()
         self._requests: dict[str, Request] = {}  # open requests: their loop and queue
@@ -67,20 +72,38 @@ class EngineProcess:
         self._submitted = self._dequeued = 0
         self._error: EngineStepError | None = None
         self._closed = False
-        self.proc.start()
-        commands.close()
-        turns.close()
+        self.restarts = 0  # successful restarts
+        self.fatal: str | None = None  # restarts kept failing: the server should exit
+        self._deaths: list[float] = []
+        self._beat = self._busy_since = time.monotonic()
         try:
+            self._spawn()
             self.info: EngineInfo = self._handshake(start_timeout)
         except BaseException:
             self._closed = True
             self._end_process(5.0)
             raise
         self.snapshot = EngineSnapshot(kv_blocks_total=self.info.num_blocks)
-        self.thread = threading.Thread(target=self._read, name=f"engine-{name}-reader",
+        self.thread = threading.Thread(target=self._supervise, name=f"engine-{name}-reader",
                                        daemon=True)
         self.thread.start()
         atexit.register(_stop_ref, weakref.ref(self))
+
+    def _spawn(self) -> None:
+        ctx = mp.get_context("spawn")
+        # Two one-way pipes: commands down, turns up (the engine writes without blocking).
+        commands, conn = ctx.Pipe(duplex=False)
+        self.outputs, turns = ctx.Pipe(duplex=False)
+        with self._lock:
+            old, self.conn = getattr(self, "conn", None), conn
+        if old is not None:
+            old.close()
+        # Not a daemon: a daemon may not start processes, and TP workers are its children.
+        self.proc = ctx.Process(target=engine_process_main, name=f"engine-{self.name}", daemon=False,
+                                args=(commands, turns, *self._args))
+        self.proc.start()
+        commands.close()
+        turns.close()
 
     def _handshake(self, timeout: float) -> EngineInfo:
         deadline = time.monotonic() + timeout
@@ -112,10 +135,33 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._error is None and not self._closed and self.proc.is_alive()
 
+    @property
+    def down_reason(self) -> str | None:
+        """Why the engine does not serve now (None: it does)."""
+        if self.fatal:
+            return self.fatal
+        if self._error is not None:
+            return str(self._error)
+        if self._closed:
+            return "the engine was stopped"
+        if not self.proc.is_alive():
+            return f"the engine process exited (code {self.proc.exitcode})"
+        return None
+
+    def stalled_for(self) -> float | None:
+        """Seconds without a turn from the engine while requests are open, once that passes
+        stall_timeout (None: not stalled)."""
+        if not self._requests:
+            return None
+        idle = time.monotonic() - max(self._beat, self._busy_since)
+        return idle if idle > self.stall_timeout else None
+
     def submit(self, req: Request) -> None:
         if self._error is not None:
             raise self._error
         timeout = None if req.deadline is None else max(0.0, req.deadline - time.perf_counter())
+        if not self._requests:  # work after idle: the stall clock starts now
+            self._busy_since = time.monotonic()
         self._requests[req.request_id] = req
         with self._lock:
             self._submitted += 1
@@ -168,12 +214,32 @@ class EngineProcess:
                 self.proc.join(5.0)
 
     # ---- the reader thread ---------------------------------------------------------------------
+    def _supervise(self) -> None:
+        """The reader thread: read the engine's turns; when the process dies, fail its open
+        requests and start a new one (or give up: `fatal`)."""
+        while True:
+            self._read()
+            if self._closed:
+                break
+            code = self.proc.exitcode
+            self._error = EngineUnavailable(
+                f"the engine process of {self.name!r} died (exit code {code}); requests it was "
+                f"running are lost; it is being restarted: retry shortly")
+            log.error("%s", self._error)
+            self._fail_all(self._error)
+            self._notify("on_engine_down")
+            if not self._restart():
+                self._fail_all(self._error)
+                break
+        self._fail_all(self._error or EngineStepError("the server is shutting down"))
+
     def _read(self) -> None:
         try:
             while True:
                 msg = self.outputs.recv()
                 if msg[0] == "bye":
                     break
+                self._beat = time.monotonic()
                 self._on_step(*msg[1:])
         except (EOFError, OSError):
             pass
@@ -181,11 +247,54 @@ class EngineProcess:
             log.exception("engine %r: reading the engine process failed", self.name)
         if not self._closed:
             self.proc.join(1.0)
-            self._error = EngineStepError(
-                f"the engine process of {self.name!r} died (exit code {self.proc.exitcode}); "
-                f"restart the server")
-            log.error("%s", self._error)
-        self._fail_all(self._error or EngineStepError("the server is shutting down"))
+            if self.proc.is_alive():  # the pipe broke but the process lives: end it
+                self._end_process(1.0)
+
+    def _restart(self) -> bool:
+        """Start a new engine process; False (and `fatal` set) when that keeps failing."""
+        now = time.monotonic()
+        self._deaths = [t for t in self._deaths if now - t < 60.0] + [now]
+        if len(self._deaths) > self.max_restarts:
+            self.fatal = (f"the engine process of {self.name!r} died {len(self._deaths)} times "
+                          f"within a minute: giving up")
+        failures = 0
+        while self.fatal is None and not self._closed:
+            try:
+                self.outputs.close()
+                self._spawn()
+                self._handshake(self.start_timeout)
+                if self._closed:  # stopped while it started
+                    self._end_process(5.0)
+                    return False
+            except Exception as e:  # noqa: BLE001 - counted; the last one is reported
+                failures += 1
+                self._end_process(5.0)
+                log.error("engine %r: restart %d failed: %s", self.name, failures, e)
+                if failures >= self.max_restarts:
+                    self.fatal = (f"the engine process of {self.name!r} could not be restarted "
+                                  f"({failures} attempts; last: {e})")
+                else:
+                    time.sleep(min(2.0 ** failures, 10.0))
+                continue
+            with self._lock:
+                self._submitted = self._dequeued = 0
+            self.snapshot = EngineSnapshot(kv_blocks_total=self.info.num_blocks)
+            self._beat = time.monotonic()
+            self.restarts += 1
+            self._error = None
+            log.warning("engine %r: restarted (%d restarts)", self.name, self.restarts)
+            self._notify("on_engine_up")
+            return True
+        if self.fatal:
+            log.error("%s", self.fatal)
+            self._error = EngineUnavailable(self.fatal)
+        return False
+
+    def _notify(self, event: str) -> None:
+        for listener in self.listeners:
+            hook = getattr(listener, event, None)
+            if hook is not None:
+                hook()
 
     def _on_step(self, items, snapshot, finished, dequeued: int) -> None:
         self._dequeued = dequeued

@@ -18,6 +18,10 @@ class EngineStepError(RuntimeError):
     """The engine failed in a step; every request it was running was aborted."""
 
 
+class EngineUnavailable(EngineStepError):
+    """The engine is not serving now (its process died and is being restarted): HTTP 503."""
+
+
 class SamplingError(EngineStepError):
     """This request's row could not be sampled (nan / inf probabilities); it alone ended."""
 

@@ -3,8 +3,9 @@
 Histograms: time_to_first_token_seconds, inter_token_latency_seconds,
 e2e_request_latency_seconds, request_queue_time_seconds. Gauges: num_requests_running,
 num_requests_waiting, kv_cache_usage_perc, kv_cache_blocks_used, prefix_cache_hit_rate,
-spec_decode_acceptance_rate. Counters: prompt_tokens, generation_tokens, request_success
-(by finished_reason), num_preemptions, prefix_cache_queries, prefix_cache_hits.
+spec_decode_acceptance_rate, engine_up. Counters: prompt_tokens, generation_tokens,
+request_success (by finished_reason), num_preemptions, prefix_cache_queries,
+prefix_cache_hits, engine_restarts.
 
 Each app has its own registry (several servers may live in one process, as in the tests);
 engines report through listener callbacks from their threads (prometheus-client's metric
@@ -59,6 +60,10 @@ class ServingMetrics:
                                       "prefix cache", m, registry=r)
         self.prefix_hits = Counter(P + "prefix_cache_hits", "Prompt tokens found in the prefix "
                                    "cache", m, registry=r)
+        self.restarts = Counter(P + "engine_restarts", "Times the engine process was restarted "
+                                "after it died", m, registry=r)
+        self.up = Gauge(P + "engine_up", "1 while the engine serves, 0 while it is down", m,
+                        registry=r)
 
     def listener(self, model: str) -> _Listener:
         return _Listener(self, model)
@@ -78,6 +83,19 @@ class _Listener:
         self.m, self.model = metrics, model
         self.seen = dict.fromkeys((a for a, _ in self.COUNTED), 0)
         self._children: dict[str, object] = {}
+        self._c("up").set(1)
+        self._c("restarts").inc(0)  # the series exists from the start: rate() sees its first
+
+    def on_engine_down(self) -> None:
+        """The engine process died: nothing runs; a new process counts from zero."""
+        self._c("up").set(0)
+        self._c("running").set(0)
+        self._c("waiting").set(0)
+        self.seen = dict.fromkeys(self.seen, 0)
+
+    def on_engine_up(self) -> None:
+        self._c("restarts").inc()
+        self._c("up").set(1)
 
     def _c(self, name: str):
         """The metric's series for this model, looked up once (on_step runs every engine

@@ -63,7 +63,13 @@ class ServerHandle:
 
     @property
     def alive(self) -> bool:
-        return self._http.alive
+        """Serving: the HTTP thread runs and no engine has given up restarting."""
+        return self._http.alive and self.fatal is None
+
+    @property
+    def fatal(self) -> str | None:
+        """Why the server cannot go on (an engine whose restarts keep failing), else None."""
+        return next((e.loop.fatal for e in self.engines.values() if e.loop.fatal), None)
 
     def stop(self) -> None:
         """Stop accepting, end the uvicorn thread, stop the engines this server built."""
@@ -115,6 +121,10 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                     help="largest request body accepted (413 above it)")
     ap.add_argument("--request-timeout", type=float, default=None, help="seconds per request")
+    ap.add_argument("--stall-timeout", type=float, default=5.0, help="seconds an engine may "
+                    "make no progress with requests open before /health reports it stalled")
+    ap.add_argument("--max-restarts", type=int, default=3, help="failed engine restarts in a "
+                    "row (or deaths within a minute) before the server exits non-zero")
     ap.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs")
     ap.add_argument("--engine-thread", action="store_true", help="run each engine in a thread "
                     "of the server process instead of a process of its own (slower: one GIL)")
@@ -129,10 +139,14 @@ def serve_main(argv: list[str]) -> int:
                               max_body_bytes=args.max_body_bytes,
                               max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                               policy=args.policy, engine_process=not args.engine_thread,
+                              stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,
                               **kwargs)
     except (ValueError, FileNotFoundError, OSError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
     run_until_interrupted(handle)
+    if handle.fatal:
+        print(f"error: {handle.fatal}")
+        return 1
     return 0

@@ -52,13 +52,21 @@ def create_app(engines: dict[str, AsyncEngine], *, api_key: str | None = None,
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        """200 with each engine's state while all engine loops run; 503 otherwise."""
-        state = {name: {"alive": e.alive, "running": e.snapshot.running,
-                        "waiting": e.snapshot.waiting, "kv_cache_usage": e.snapshot.kv_usage}
-                 for name, e in engines.items()}
-        ok = all(s["alive"] for s in state.values())
-        return JSONResponse({"status": "ok" if ok else "unhealthy", "models": state},
-                            status_code=200 if ok else 503)
+        """200 with each engine's state while every engine serves; 503 with the reason when
+        one is down (its process died, restarting), or stalled with requests open."""
+        state = {}
+        for name, e in engines.items():
+            problem = e.problem()
+            state[name] = {"alive": e.alive, "running": e.snapshot.running,
+                           "waiting": e.snapshot.waiting, "kv_cache_usage": e.snapshot.kv_usage,
+                           "restarts": e.loop.restarts,
+                           **({"problem": problem} if problem else {})}
+        ok = not any("problem" in s for s in state.values())
+        body = {"status": "ok" if ok else "unhealthy", "models": state}
+        if not ok:
+            body["reason"] = "; ".join(f"{n}: {s['problem']}" for n, s in state.items()
+                                       if "problem" in s)
+        return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics")
     async def prometheus() -> Response:

@@ -16,7 +16,12 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import EngineOverloaded
-from ..engine_state import EngineStepError, RequestTimeoutError, SamplingError
+from ..engine_state import (
+    EngineStepError,
+    EngineUnavailable,
+    RequestTimeoutError,
+    SamplingError,
+)
 
 log = logging.getLogger("layer6_serving")
 
@@ -57,6 +62,8 @@ def from_exception(e: BaseException) -> OpenAIError:
                            headers={"Retry-After": str(e.retry_after)})
     if isinstance(e, RequestTimeoutError):
         return OpenAIError(408, str(e), code="timeout")
+    if isinstance(e, EngineUnavailable):
+        return OpenAIError(503, str(e), code="engine_unavailable", headers={"Retry-After": "5"})
     if isinstance(e, SamplingError):
         return OpenAIError(500, str(e), code="sampling_error")
     if isinstance(e, EngineStepError):

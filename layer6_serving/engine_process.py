@@ -99,8 +99,8 @@ class EngineProcess:
         if old is not None:
             old.close()
         # Not a daemon: a daemon may not start processes, and TP workers are its children.
-        self.proc = ctx.Process(target=engine_process_main, name=f"engine-{self.name}", daemon=False,
-                                args=(commands, turns, *self._args))
+        self.proc = ctx.Process(target=engine_process_main, name=f"engine-{self.name}",
+                                daemon=False, args=(commands, turns, *self._args))
         self.proc.start()
         commands.close()
         turns.close()

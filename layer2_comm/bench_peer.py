@@ -1,10 +1,10 @@
 """The peer all-reduce measured: ours (one-shot, two-shot) vs NCCL vs torch's symm_mem ops.
 
 `peer_bench_rank` runs on every rank of an NCCL group (launch() or torchrun):
-- latency, 8 B .. 2 MiB (bf16, decode's dtype): each contender is captured in a CUDA graph of
+- latency, 8 B .. 8 MiB (bf16, decode's dtype): each contender is captured in a CUDA graph of
   `per_graph` back-to-back calls and the graph replayed; time per call = replay / per_graph.
   Decode replays graphs, so this is the latency layer 5 sees, without Python's launch cost.
-- bandwidth, 4 MiB .. 256 MiB: eager calls timed with CUDA events; busbw as nccl-tests.
+- bandwidth, 16 MiB .. 256 MiB: eager calls timed with CUDA events; busbw as nccl-tests.
 Contenders on the same buffers in the same run: ours one_shot, ours two_shot (forced),
 ours as chosen by size (`PeerAllReduce.algorithm`), NCCL (`dist.all_reduce`), and torch's
 `symm_mem.one_shot_all_reduce` / `two_shot_all_reduce_` (input already in a symmetric buffer:
@@ -31,7 +31,8 @@ from .group import device
 from .peer_all_reduce import PeerAllReduce, choose
 
 LATENCY_SIZES = [8 << (2 * i) for i in range(10)]  # 8 B .. 2 MiB, x4
-BANDWIDTH_SIZES = [4 << 20, 16 << 20, 64 << 20, 256 << 20]
+BANDWIDTH_SIZES = [4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20, 256 << 20]
+GRAPHED_MAX = 8 << 20  # up to here (decode's sizes) each call is timed inside a CUDA graph
 OURS = ("ours one_shot", "ours two_shot", "ours (by size)")
 TORCH_SYMM = ("torch symm_mem one_shot", "torch symm_mem two_shot")
 
@@ -107,7 +108,9 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
     dev, world = device(), dist.get_world_size()
     elsize = torch.empty(0, dtype=dtype).element_size()
     biggest = max([*latency_sizes, *bandwidth_sizes])
-    ours = PeerAllReduce(max_bytes=biggest, device=dev)  # forced one/two-shot at every size
+    # the default instance (8 MiB, tuned for decode) up to 8 MiB, a 256 MiB one above
+    small = PeerAllReduce(device=dev)
+    large = PeerAllReduce(max_bytes=biggest, device=dev)
     group_name = dist.group.WORLD.group_name
     try:
         symm = symm_mem.empty(biggest // elsize, dtype=dtype, device=dev)
@@ -115,8 +118,10 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
     except Exception:  # torch's own ops are only the reference; go on without them
         symm = None
     rows = []
-    for nbytes, graphed in [(s, True) for s in latency_sizes] + [(s, False) for s in bandwidth_sizes]:
+    sizes = sorted({*latency_sizes, *bandwidth_sizes})
+    for nbytes, graphed in [(s, s <= GRAPHED_MAX) for s in sizes]:
         n = max(1, nbytes // elsize)
+        ours = small if n * elsize <= small.max_bytes else large
         for name, (call, refill) in _contenders(n, dtype, ours, symm, group_name, dev).items():
             try:
                 refill()
@@ -136,9 +141,44 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
                          "world": world, "timing": "cuda graph" if graphed else "eager",
                          "time_s": t, "algbw": real / t if t and t == t else math.nan,
                          "busbw": busbw(real / t, "all_reduce", world) if t and t == t else math.nan,
-                         "ok": ok, "error": error})
-    ours.close()
+                         "ok": ok, "error": error, "blocks": ours.blocks if name in OURS else None})
+    small.close()
+    large.close()
+    rows += _gather_scatter_rows(bandwidth_sizes, iters, dtype, dev)
     return {"rows": rows} if dist.get_rank() == 0 else None
+
+
+def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]:
+    """All-gather (size = the gathered output) and reduce-scatter (size = the input), ours
+    through peer memory vs NCCL's, as nccl-tests sizes them."""
+    if not sizes:
+        return []
+    world, me = dist.get_world_size(), dist.get_rank()
+    elsize = torch.empty(0, dtype=dtype).element_size()
+    peer = PeerAllReduce(max_bytes=max(sizes), device=dev)
+    rows = []
+    for nbytes in sizes:
+        n = nbytes // elsize // world * world
+        shard = ((torch.arange(n // world, device=dev) % 7) + me).to(dtype)
+        full = ((torch.arange(n, device=dev) % 7) + me).to(dtype)
+        gathered, scattered = torch.empty(n, device=dev, dtype=dtype), torch.empty(n // world, device=dev, dtype=dtype)
+        calls = {
+            ("all_gather", "ours"): lambda: peer.all_gather(shard),
+            ("all_gather", "NCCL"): lambda: (dist.all_gather_into_tensor(gathered, shard), gathered)[1],
+            ("reduce_scatter", "ours"): lambda: peer.reduce_scatter(full),
+            ("reduce_scatter", "NCCL"): lambda: (dist.reduce_scatter_tensor(scattered, full), scattered)[1],
+        }
+        for (kind, impl), call in calls.items():
+            ok = _agree(True, dev)
+            if impl == "ours":  # exact against NCCL's answer
+                want = calls[(kind, "NCCL")]().clone()
+                ok = _agree(bool(torch.equal(call(), want)), dev)
+            t = statistics.median(time_collective(call, iters, 2, dev))
+            rows.append({"impl": f"{impl} {kind}", "bytes": n * elsize, "dtype": str(dtype).removeprefix("torch."),
+                         "world": world, "timing": "eager", "time_s": t, "algbw": n * elsize / t,
+                         "busbw": busbw(n * elsize / t, kind, world), "ok": ok, "error": None})
+    peer.close()
+    return rows
 
 
 def _times(rows: list[dict], impl: str) -> dict[int, float]:

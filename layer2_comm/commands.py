@@ -236,7 +236,8 @@ def bench(argv: list[str] | None = None) -> int:
 def peer(argv: list[str] | None = None) -> int:
     """Our peer-memory all-reduce vs NCCL vs torch symm_mem: tables, crossovers, JSON, plot."""
     from .bench_peer import BANDWIDTH_SIZES, LATENCY_SIZES, peer_bench_rank, summarize
-    from .peer_report import choice_table, crossover_lines, latency_table, markdown, plot_peer_busbw
+    from .peer_report import (choice_table, crossover_lines, gather_scatter_table, latency_table,
+                              markdown, plot_peer_busbw)
 
     parser = _parser("stack bench --layer 2 --peer", peer.__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -253,7 +254,7 @@ def peer(argv: list[str] | None = None) -> int:
     iters = args.iters or 20
     bandwidth = [s for s in BANDWIDTH_SIZES if s <= args.max_bytes]
     console.print(f"[bold]Layer 2 peer all-reduce[/bold]: {world} ranks, bf16, latency "
-                  f"{LATENCY_SIZES[0]} B .. {LATENCY_SIZES[-1] >> 20} MiB in CUDA graphs, busbw "
+                  f"{LATENCY_SIZES[0]} B .. 8 MiB in CUDA graphs, busbw "
                   f"to {bandwidth[-1] >> 20 if bandwidth else 0} MiB, {iters} iterations")
     with console.status("measuring (every rank busy)..."):
         result = _on_ranks(peer_bench_rank, world, LATENCY_SIZES, bandwidth, iters,
@@ -263,6 +264,7 @@ def peer(argv: list[str] | None = None) -> int:
     rows = result["rows"]
     summary = summarize(rows, world)
     console.print(latency_table(rows))
+    console.print(gather_scatter_table(rows))
     console.print(choice_table(summary))
     for line in crossover_lines(summary):
         console.print(line)
@@ -277,7 +279,7 @@ def peer(argv: list[str] | None = None) -> int:
     (out / "peer_bench.json").write_text(json.dumps(record, indent=2, default=str))
     (out / "peer_bench.md").write_text(markdown(rows, summary))
     plot_peer_busbw(rows, out / "peer_busbw.png",
-                    f"all-reduce busbw, {world} x {record['device']}, bf16")
+                    f"busbw, {world} x {record['device']}, bf16 (CUDA graphs up to 8 MiB)")
     for name in ("peer_bench.json", "peer_bench.md", "peer_busbw.png"):
         console.print(f"wrote {out / name}")
     return 0 if all(r["ok"] for r in rows if r["impl"].startswith("ours") or r["impl"] == "NCCL") else 1

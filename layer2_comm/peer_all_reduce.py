@@ -75,7 +75,7 @@ class PeerAllReduce:
 
     def __init__(self, group=None, max_bytes: int = 8 << 20, device=None, *,
                  one_shot_max_bytes: int | None = None, timeout_s: float = 30.0,
-                 debug: bool = False, blocks: int = 32, num_warps: int = 16) -> None:
+                 debug: bool = False, blocks: int | None = None, num_warps: int = 16) -> None:
         _need_cuda("PeerAllReduce")
         if not dist.is_initialized():
             raise RuntimeError("PeerAllReduce is collective: call it inside a process group "
@@ -106,6 +106,8 @@ class PeerAllReduce:
                                f"the group's {self.world} GPUs, and torch symmetric memory could "
                                f"not map them: {exc}") from exc
         pad_ints = self._handle.signal_pad_size // 4
+        if blocks is None:  # measured on 2x H100: 64 for decode sizes, 128 to fill NVLink
+            blocks = 64 if self.max_bytes <= 8 << 20 else 128
         self.blocks = max(1, min(blocks, pad_ints // max(1, self.world)))
         self._pads = tuple(self._handle.get_signal_pad(r, (pad_ints,), torch.int32)
                            for r in range(self.world))
@@ -113,6 +115,7 @@ class PeerAllReduce:
         self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
         # written by the kernel when a wait times out: host memory, read without a GPU sync
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+        self._status_np = self._status.numpy()  # the same memory, read in ~100 ns
         self._closed = False
         self._broken: str | None = None
 
@@ -150,16 +153,65 @@ class PeerAllReduce:
             self.check()
         return out
 
-    def _launch(self, x: torch.Tensor, out: torch.Tensor, name: str) -> None:
-        from .peer_kernels import one_shot_kernel, two_shot_kernel
+    def _launch(self, x: torch.Tensor, out: torch.Tensor, name: str, *segment: int) -> None:
+        from . import peer_kernels
 
-        kernel = one_shot_kernel if name == "one_shot" else two_shot_kernel
+        kernel = getattr(peer_kernels, f"{name}_kernel")
         elsize = x.element_size()
         block = self.num_warps * 32 * (32 // elsize)  # two 16-byte vectors per thread per pass
         kernel[(self.blocks,)](
-            x, out, x.numel(), self._buffers(x.dtype), self._pads, self._state,
+            x, out, x.numel(), *segment, self._buffers(x.dtype), self._pads, self._state,
             self._status.data_ptr(), int(self.timeout_s * 1e9), self.max_bytes // elsize,
             RANK=self.rank, WORLD=self.world, BLOCK=block, num_warps=self.num_warps)
+
+    # ---- all-gather and reduce-scatter through the same buffers ------------------------
+    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+        """Every rank's x (same shape everywhere) concatenated in rank order along dim 0
+        (a 0-d x gives shape (W,)): one barrier, each rank reads (W-1) x n from its peers.
+        Above max_bytes per rank, or for other dtypes, NCCL's all_gather_into_tensor."""
+        flat = self._check_input(x, "all_gather")
+        out = flat.new_empty(self.world * flat.numel())
+        if flat.numel() * flat.element_size() > self.max_bytes or flat.dtype not in FLOATS:
+            dist.all_gather_into_tensor(out, flat, group=self.group)
+        elif flat.numel():
+            self._launch(flat, out, "all_gather")
+            self._after()
+        shape = (self.world * x.shape[0], *x.shape[1:]) if x.dim() else (self.world,)
+        return out.view(shape)
+
+    def reduce_scatter(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's segment of the sum over ranks, 1-D: segment r of
+        torch.tensor_split(x.flatten(), W) (any size). One barrier; each rank reads
+        (W-1)/W x n from its peers. Above max_bytes: NCCL's reduce_scatter_tensor (which
+        needs n divisible by W)."""
+        flat = self._check_input(x, "reduce_scatter")
+        n = flat.numel()
+        lo = (n // self.world) * self.rank + min(self.rank, n % self.world)
+        hi = lo + n // self.world + (1 if self.rank < n % self.world else 0)
+        out = flat.new_empty(hi - lo)
+        if n * flat.element_size() > self.max_bytes or flat.dtype not in FLOATS:
+            if n % self.world:
+                raise ValueError(f"rank {self.rank}: reduce_scatter of {n} elements is larger than "
+                                 f"the registered {self.max_bytes} bytes and NCCL needs a multiple "
+                                 f"of {self.world} elements; construct with a larger max_bytes")
+            dist.reduce_scatter_tensor(out, flat, group=self.group)
+        elif n:
+            self._launch(flat, out, "reduce_scatter", lo, hi)
+            self._after()
+        return out
+
+    def _check_input(self, x: torch.Tensor, what: str) -> torch.Tensor:
+        self._usable()
+        if not isinstance(x, torch.Tensor) or x.device != self.device:
+            raise ValueError(f"rank {self.rank}: {what} expects a tensor on {self.device}, got "
+                             f"{getattr(x, 'device', type(x).__name__)}")
+        if self.debug and not torch.cuda.is_current_stream_capturing():
+            self._agree(x, what)
+        return x.contiguous().view(-1)
+
+    def _after(self) -> None:
+        if self.debug and not torch.cuda.is_current_stream_capturing():
+            self.check()
 
     def _buffers(self, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         """Every rank's buffer (both halves) as `dtype`, mapped here: views made once."""
@@ -178,7 +230,7 @@ class PeerAllReduce:
     def _usable(self) -> None:
         if self._closed:
             raise RuntimeError(f"rank {self.rank}: this PeerAllReduce was closed")
-        code = int(self._status[0])  # host memory: no GPU sync
+        code = int(self._status_np[0])  # host memory: no GPU sync
         if code and self._broken is None:
             self._broken = (f"rank {self.rank}: peer all-reduce timed out after {self.timeout_s:g} s "
                             f"waiting for rank {code - 1} (it never arrived: it died, hangs, or "

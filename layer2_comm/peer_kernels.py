@@ -163,9 +163,10 @@ def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
     TILE: tl.constexpr = WORLD * BLOCK
     for start in range(pid * TILE, numel, grid * TILE):
         for r in tl.static_range(WORLD):
-            offs = start + r * BLOCK + lanes
-            mask = offs < numel
-            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+            if r != RANK:  # my own pieces nobody else reads: I sum them from x
+                offs = start + r * BLOCK + lanes
+                mask = offs < numel
+                tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
     _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
     for start in range(pid * TILE, numel, grid * TILE):
         offs = start + RANK * BLOCK + lanes
@@ -191,3 +192,79 @@ def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
                 tl.store(out_ptr + offs, got, mask=mask)
     tl.store(state_ptr + 2 * pid, calls + 1)
     tl.store(state_ptr + 2 * pid + 1, epoch + 1)
+
+
+@triton.jit
+def _first_tile(lo, pid, grid, BLOCK: tl.constexpr):
+    """The first tile index >= lo // BLOCK that block pid owns (tile t belongs to t % grid)."""
+    first = lo // BLOCK
+    return first + (pid - first % grid + grid) % grid
+
+
+@triton.jit
+def all_gather_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, timeout_ns,
+                      half_elems, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """out[p * numel:(p + 1) * numel] = rank p's x, for every p: copy in, one barrier, read.
+
+    The one-shot pattern with a copy instead of a sum: each rank reads (W-1) x numel elements
+    from its peers. Tile t of x (BLOCK elements) is handled by block t % grid in both phases,
+    so the barrier of block b covers exactly the tiles block b reads.
+    """
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    calls = tl.load(state_ptr + 2 * pid)
+    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
+    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
+    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+    timeout_ns = timeout_ns.to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, numel, grid * BLOCK):
+        offs = start + lanes
+        mask = offs < numel
+        v = tl.load(x_ptr + offs, mask=mask)
+        tl.store(bufs[RANK] + half + offs, v, mask=mask)
+        tl.store(out_ptr + RANK * numel + offs, v, mask=mask)
+    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
+    for start in range(pid * BLOCK, numel, grid * BLOCK):
+        offs = start + lanes
+        mask = offs < numel
+        for p in tl.static_range(WORLD):
+            if p != RANK:
+                v = tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg")
+                tl.store(out_ptr + p * numel + offs, v, mask=mask)
+    tl.store(state_ptr + 2 * pid, calls + 1)
+    tl.store(state_ptr + 2 * pid + 1, epoch)
+
+
+@triton.jit
+def reduce_scatter_kernel(x_ptr, out_ptr, numel, seg_lo, seg_hi, bufs, pads, state_ptr,
+                          status_addr, timeout_ns, half_elems, RANK: tl.constexpr,
+                          WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    """out = x[seg_lo:seg_hi] summed over ranks (this rank's segment): copy in, one barrier,
+    then sum my segment over every peer's buffer. Each rank reads (W-1)/W x numel elements.
+    Only the elements outside my segment are copied in: nobody else reads mine."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    calls = tl.load(state_ptr + 2 * pid)
+    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
+    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
+    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+    timeout_ns = timeout_ns.to(tl.int64)
+    lanes = tl.arange(0, BLOCK)
+    for start in range(pid * BLOCK, numel, grid * BLOCK):
+        offs = start + lanes
+        mask = (offs < numel) & ((offs < seg_lo) | (offs >= seg_hi))
+        tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
+    for t in range(_first_tile(seg_lo, pid, grid, BLOCK), tl.cdiv(seg_hi, BLOCK), grid):
+        offs = t * BLOCK + lanes
+        mask = (offs >= seg_lo) & (offs < seg_hi)
+        acc = tl.zeros([BLOCK], dtype=tl.float32)
+        for p in tl.static_range(WORLD):
+            if p == RANK:
+                acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+            else:
+                acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+        tl.store(out_ptr + (offs - seg_lo), acc.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(state_ptr + 2 * pid, calls + 1)
+    tl.store(state_ptr + 2 * pid + 1, epoch)

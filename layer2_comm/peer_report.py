@@ -12,6 +12,9 @@ ORDER = ("ours (by size)", "ours one_shot", "ours two_shot", "NCCL", "torch symm
          "torch symm_mem two_shot")
 
 
+GATHER_SCATTER = ("ours all_gather", "NCCL all_gather", "ours reduce_scatter", "NCCL reduce_scatter")
+
+
 def _us(t: float) -> str:
     return "-" if not t == t else f"{t * 1e6:.1f}"
 
@@ -25,7 +28,7 @@ def _by_size(rows: list[dict]) -> dict[int, dict[str, dict]]:
 
 def latency_table(rows: list[dict]) -> Table:
     """Median time per call (us) per size and contender, and ours vs NCCL / torch two-shot."""
-    table = Table(title="all-reduce time per call (us; CUDA-graph replays up to 2 MiB, eager "
+    table = Table(title="all-reduce time per call (us; CUDA-graph replays up to 8 MiB, eager "
                         "above), median of the slowest rank; ok = equals NCCL exactly")
     table.add_column("size", justify="right")
     impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
@@ -33,7 +36,7 @@ def latency_table(rows: list[dict]) -> Table:
         table.add_column(impl, justify="right")
     for column in ("NCCL / ours", "torch 2-shot / ours", "busbw ours GB/s", "ok"):
         table.add_column(column, justify="right")
-    for size, per in _by_size(rows).items():
+    for size, per in _by_size([r for r in rows if r["impl"] in ORDER]).items():
         ours = per.get("ours (by size)", {}).get("time_s", math.nan)
         nccl = per.get("NCCL", {}).get("time_s", math.nan)
         torch2 = per.get("torch symm_mem two_shot", {}).get("time_s", math.nan)
@@ -42,6 +45,24 @@ def latency_table(rows: list[dict]) -> Table:
                       f"{nccl / ours:.2f}x", f"{torch2 / ours:.2f}x" if torch2 == torch2 else "-",
                       f"{per.get('ours (by size)', {}).get('busbw', math.nan) / 1e9:.1f}",
                       "[green]yes" if ok else "[red]NO")
+    return table
+
+
+def gather_scatter_table(rows: list[dict]) -> Table:
+    """All-gather and reduce-scatter, ours (peer memory) vs NCCL: time and busbw."""
+    table = Table(title="all-gather / reduce-scatter through peer memory vs NCCL (eager, median "
+                        "of the slowest rank)")
+    for column in ("collective", "size", "ours us", "NCCL us", "ours busbw GB/s",
+                   "NCCL busbw GB/s", "ours / NCCL busbw", "ok"):
+        table.add_column(column, justify="right")
+    for kind in ("all_gather", "reduce_scatter"):
+        ours = {r["bytes"]: r for r in rows if r["impl"] == f"ours {kind}"}
+        nccl = {r["bytes"]: r for r in rows if r["impl"] == f"NCCL {kind}"}
+        for size in sorted(set(ours) & set(nccl)):
+            o, n = ours[size], nccl[size]
+            table.add_row(kind, human(size), _us(o["time_s"]), _us(n["time_s"]),
+                          f"{o['busbw'] / 1e9:.0f}", f"{n['busbw'] / 1e9:.0f}",
+                          f"{o['busbw'] / n['busbw']:.2f}x", "[green]yes" if o["ok"] else "[red]NO")
     return table
 
 
@@ -77,11 +98,12 @@ def crossover_lines(summary: dict) -> list[str]:
 def plot_peer_busbw(rows: list[dict], path: str | Path, title: str) -> Path:
     """busbw (GB/s) vs size, one line per contender."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for impl in ORDER:
+    for impl in ORDER + GATHER_SCATTER:
         pts = sorted((r["bytes"], r["busbw"] / 1e9) for r in rows
                      if r["impl"] == impl and r["busbw"] == r["busbw"])
         if pts:
-            style = "o-" if impl.startswith("ours") else "s--"
+            style = ("o-" if impl.startswith("ours") else "s--") if impl in ORDER else \
+                ("^-" if impl.startswith("ours") else "v:")
             ax.plot(*zip(*pts), style, markersize=3, label=impl)
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
            title=title)
@@ -95,12 +117,18 @@ def markdown(rows: list[dict], summary: dict) -> str:
     impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
     lines = ["| size | " + " | ".join(f"{i} (us)" for i in impls) + " | NCCL / ours | busbw ours (GB/s) |",
              "| --- |" + " --- |" * (len(impls) + 2)]
-    for size, per in _by_size(rows).items():
+    for size, per in _by_size([r for r in rows if r["impl"] in ORDER]).items():
         ours = per.get("ours (by size)", {}).get("time_s", math.nan)
         nccl = per.get("NCCL", {}).get("time_s", math.nan)
         cells = [_us(per.get(i, {}).get("time_s", math.nan)) for i in impls]
         lines.append(f"| {human(size)} | " + " | ".join(cells)
                      + f" | {nccl / ours:.2f}x | {per.get('ours (by size)', {}).get('busbw', math.nan) / 1e9:.1f} |")
+    lines += ["", "| collective | size | ours (us) | NCCL (us) | ours / NCCL busbw |", "| --- | --- | --- | --- | --- |"]
+    for kind in ("all_gather", "reduce_scatter"):
+        ours = {r["bytes"]: r for r in rows if r["impl"] == f"ours {kind}"}
+        nccl = {r["bytes"]: r for r in rows if r["impl"] == f"NCCL {kind}"}
+        lines += [f"| {kind} | {human(s)} | {_us(ours[s]['time_s'])} | {_us(nccl[s]['time_s'])} | "
+                  f"{ours[s]['busbw'] / nccl[s]['busbw']:.2f}x |" for s in sorted(set(ours) & set(nccl))]
     lines += ["", "| size | chosen | fastest measured |", "| --- | --- | --- |"]
     lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |" for r in summary["choice"]]
     lines += [""] + [f"- {line}" for line in crossover_lines(summary)]

@@ -154,6 +154,22 @@ def _gpu_checks() -> list[str]:
             bad.append(f"repeated call {i} (n={x.numel()}): differs from NCCL")
             break
     ar.debug = True
+    # all-gather and reduce-scatter through the same buffers, interleaved with all-reduces
+    for i, n in enumerate((1, 7, 1000, 4097, 65537)):
+        for dtype in DTYPES:
+            x = _data(n, dtype, 500 + i)
+            want = torch.empty(world * n, device="cuda", dtype=dtype)
+            dist.all_gather_into_tensor(want, x)
+            if not torch.equal(ar.all_gather(x), want):
+                bad.append(f"all_gather {dtype} n={n}: differs from NCCL")
+            y = _data(n * world + world - 1, dtype, 600 + i)  # uneven segments
+            mine = torch.tensor_split(_nccl(y), world)[dist.get_rank()]
+            if not torch.equal(ar.reduce_scatter(y), mine):
+                bad.append(f"reduce_scatter {dtype} n={y.numel()}: differs from NCCL")
+            if not torch.equal(ar(x), _nccl(x)):
+                bad.append(f"all-reduce after gather/scatter {dtype} n={n}: differs")
+    if ar.all_gather(_data(3, torch.float32, 9).view(3, 1)).shape != (3 * world, 1):
+        bad.append("all_gather: wrong shape")
     # a 2-D, non-contiguous input and an out= tensor
     x = _data(64 * 33, torch.float16, 3).view(64, 33).t()
     out = torch.empty(33, 64, device="cuda", dtype=torch.float16)
@@ -179,13 +195,15 @@ def _graph_checks(ar: PeerAllReduce) -> list[str]:
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm up (compile) outside the capture
-        ar(small), ar(large)
+        ar(small), ar(large), ar.all_gather(small), ar.reduce_scatter(large)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out_small = ar(small)
         out_large = ar(large)
         out_small2 = ar(out_small)  # the sum of the sums: W * sum
+        gathered = ar.all_gather(small)
+        scattered = ar.reduce_scatter(large)
     world = dist.get_world_size()
     for i in range(200):
         small.copy_(_data(small.numel(), torch.bfloat16, 1000 + i))
@@ -193,11 +211,19 @@ def _graph_checks(ar: PeerAllReduce) -> list[str]:
         graph.replay()
         want_small = _nccl(small)
         if not (torch.equal(out_small, want_small) and torch.equal(out_large, _nccl(large))
-                and torch.equal(out_small2, want_small * world)):
+                and torch.equal(out_small2, want_small * world)
+                and torch.equal(scattered, torch.tensor_split(_nccl(large), world)[dist.get_rank()])
+                and torch.equal(gathered, _gathered(small))):
             bad.append(f"CUDA graph replay {i}: differs from NCCL")
             break
     ar.debug = True
     return bad
+
+
+def _gathered(x: torch.Tensor) -> torch.Tensor:
+    out = x.new_empty(dist.get_world_size() * x.numel())
+    dist.all_gather_into_tensor(out, x)
+    return out
 
 
 def _mismatch() -> str:

@@ -86,3 +86,13 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
     response_format: dict | None = None
+
+
+class TokenizeRequest(BaseModel):
+    """POST /v1/tokenize (vLLM has the same at /tokenize): a prompt, or chat messages through
+    the model's own template; the answer counts the tokens the model would get."""
+
+    model: Name
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=MAX_MESSAGES)
+

@@ -1,4 +1,5 @@
-"""The OpenAI endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions.
+"""The OpenAI endpoints: GET /v1/models, POST /v1/completions, POST /v1/chat/completions
+(and POST /v1/tokenize, a count of prompt tokens, as vLLM has).
 
 Each request goes to the engine of the model it names (404 if none); a streamed one gets
 SSE (sse.py), a plain one waits for the whole output (and is aborted if its client leaves).
@@ -14,7 +15,7 @@ from ..async_engine import AsyncEngine
 from . import render
 from .errors import OpenAIError, from_exception
 from .params import EngineArgs, chat_args, completion_args
-from .protocol import ChatCompletionRequest, CompletionRequest
+from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from .sse import HEADERS, batch_events, events, gather_all, until_disconnect
 
 
@@ -84,5 +85,26 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         args = await asyncio.to_thread(chat_args, body, engine)
         return await run(request, engine, [args], chat=True,
                          stream=body.stream, include_usage=include, model=body.model)
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict:
+        """How many tokens a prompt (or chat messages, through the template) takes, and the
+        model's context: what a client needs to tell a user, before sending, that a prompt
+        will not fit. Text longer than any context could hold is a 400, as elsewhere."""
+        engine = engine_for(body.model)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "send either 'prompt' or 'messages'", param="prompt",
+                              code="invalid_value")
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+            work = lambda: engine.encode_chat(messages)  # noqa: E731
+        else:
+            work = lambda: engine.encode(body.prompt) if body.prompt else []  # noqa: E731
+        try:
+            ids = await asyncio.to_thread(work)
+        except ValueError as e:
+            raise OpenAIError(400, str(e), param="messages" if body.messages else "prompt",
+                              code="invalid_value") from e
+        return {"count": len(ids), "max_model_len": engine.max_model_len}
 
     return router

@@ -26,6 +26,9 @@ from pydantic import BaseModel, Field
 
 from ..rag import DocIndex
 from ..store import Store
+from .attachments import Attachments
+from .branches import branch_points, fork
+from .extra_routes import add_extra_routes
 from .prompt import Play
 from .reply import ReplyRequest, stream_reply
 from .upstream import Upstream, UpstreamError
@@ -63,13 +66,17 @@ class ConversationPatch(BaseModel):
 
     title: str | None = Field(None, max_length=200)
     settings: dict[str, Any] | None = None
+    system: str | None = Field(None, max_length=20_000)  # the system prompt ("" clears it)
 
 
 class ReplyBody(BaseModel):
-    """Body of POST /api/conversations/{id}/reply: a new user message, or a regeneration."""
+    """Body of POST /api/conversations/{id}/reply: a new user message, an edit of a sent one
+    (`edit_id`: the old line is kept as a branch), or a regeneration (the same)."""
 
     content: str | None = Field(None, max_length=100_000)
     regenerate: bool = False
+    edit_id: int | None = None
+    attachments: list[str] = Field(default_factory=list, max_length=20)
     model: str = Field(..., min_length=1, max_length=200)
     temperature: float = Field(0.8, ge=0.0, le=2.0)
     max_tokens: int = Field(128, ge=1, le=8192)
@@ -90,6 +97,7 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
     app = FastAPI(title="llm-stack chat", docs_url=None, redoc_url=None, lifespan=lifespan)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")  # autoescapes .html
+    attachments = Attachments(index)
     app.state.store, app.state.upstream, app.state.index = store, upstream, index
     model_info: dict[str, dict[str, Any]] = {}
 
@@ -137,12 +145,19 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
         conv = store.conversation(sid, conv_id)
         if conv is None:
             raise HTTPException(404, "no such conversation")
-        return {**vars(conv), "messages": [vars(m) for m in store.messages(sid, conv_id) or []]}
+        return {**vars(conv), "messages": [vars(m) for m in store.messages(sid, conv_id) or []],
+                "branches": branch_points(conv.settings)}
 
     @app.patch("/api/conversations/{conv_id}")
     def patch_conversation(conv_id: str, body: ConversationPatch,
                            sid: int = Depends(session)) -> dict[str, str]:
-        if not store.update_conversation(sid, conv_id, title=body.title, settings=body.settings):
+        conv = store.conversation(sid, conv_id)
+        settings = body.settings
+        if conv is not None and body.system is not None:
+            settings = {**(conv.settings if settings is None else settings),
+                        "system": body.system}
+        if conv is None or not store.update_conversation(sid, conv_id, title=body.title,
+                                                         settings=settings):
             raise HTTPException(404, "no such conversation")
         return {"status": "ok"}
 
@@ -161,20 +176,34 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from exc
         messages = store.messages(sid, conv_id) or []
-        if body.regenerate:
-            last = next((m for m in reversed(messages) if m.role == "user"), None)
-            if last is None:
-                raise HTTPException(400, "nothing to regenerate: the chat has no user message")
-            store.delete_messages_from(sid, conv_id, last.id + 1)
-        elif body.content and body.content.strip():
-            if not any(m.role == "user" for m in messages):
-                store.update_conversation(sid, conv_id, title=body.content.strip()[:60])
-            store.add_message(sid, conv_id, "user", body.content)
-        else:
-            raise HTTPException(400, "send a non-empty 'content' or 'regenerate': true")
-        store.update_conversation(sid, conv_id, settings={
-            "model": body.model, "temperature": body.temperature,
-            "max_tokens": body.max_tokens, "play": body.play})
+        try:
+            if body.regenerate:  # the last reply becomes a branch, a new one is written
+                last = max((i for i, m in enumerate(messages) if m.role == "user"), default=None)
+                if last is None:
+                    raise HTTPException(400, "nothing to regenerate: the chat has no user "
+                                             "message")
+                if last + 1 < len(messages):
+                    fork(store, sid, conv_id, last + 1)
+            elif body.content and body.content.strip():
+                meta = {"attachments": body.attachments} if body.attachments else {}
+                if body.edit_id is not None:  # the old line from that message is kept
+                    at = next((i for i, m in enumerate(messages)
+                               if m.id == body.edit_id and m.role == "user"), None)
+                    if at is None:
+                        raise HTTPException(400, f"no message {body.edit_id} of yours to edit")
+                    fork(store, sid, conv_id, at)
+                elif not any(m.role == "user" for m in messages):
+                    store.update_conversation(sid, conv_id, title=body.content.strip()[:60])
+                store.add_message(sid, conv_id, "user", body.content, meta)
+            else:
+                raise HTTPException(400, "send a non-empty 'content' or 'regenerate': true")
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        conv = store.conversation(sid, conv_id)
+        settings = dict(conv.settings) if conv is not None else {}
+        settings.update(model=body.model, temperature=body.temperature,
+                        max_tokens=body.max_tokens, play=body.play)
+        store.update_conversation(sid, conv_id, settings=settings)
         if body.model not in model_info:  # the page lists models first; a script may not
             try:
                 model_info.update({m["id"]: m for m in await upstream.models()})
@@ -182,9 +211,11 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
                 raise HTTPException(502, str(exc)) from exc
         info = model_info.get(body.model, {})
         req = ReplyRequest(body.model, body.temperature, body.max_tokens, play,
-                           info.get("max_model_len"), body.seed)
-        return ClosingStreamingResponse(stream_reply(store, upstream, index, sid, conv_id, req),
+                           info.get("max_model_len"), body.seed, settings.get("system"))
+        return ClosingStreamingResponse(stream_reply(store, upstream, attachments.index_for(sid),
+                                                     sid, conv_id, req),
                                  media_type="application/x-ndjson",
                                  headers={"Cache-Control": "no-store"})
 
+    add_extra_routes(app, store, upstream, attachments, model_info, session)
     return app

@@ -84,7 +84,8 @@ def check_server(url: str, api_key: str | None = None) -> str:
     try:
         resp = httpx.get(root + "/v1/models", timeout=5.0, headers=headers)
     except httpx.HTTPError as exc:
-        raise ValueError(f"--server {url}: nothing answers there ({exc})") from None
+        raise ValueError(f"--server {url}: no OpenAI-compatible server answers there "
+                         f"({exc})") from None
     if resp.status_code == 401:
         raise ValueError(f"--server {url} wants an API key: "
                          + ("--api-key was refused" if api_key else "pass --api-key KEY"))

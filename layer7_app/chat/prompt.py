@@ -78,12 +78,16 @@ def render_scene(messages: list[dict[str, str]], play: Play) -> str:
 
 def build_request(history: list[dict[str, str]], *, model: str, temperature: float,
                   max_tokens: int, context_len: int | None, play: Play | None = None,
-                  rag_context: str | None = None) -> tuple[str, dict[str, Any]]:
-    """The endpoint (`/v1/chat/completions` or, in play mode, `/v1/completions`) and body."""
+                  rag_context: str | None = None,
+                  system_prompt: str | None = None) -> tuple[str, dict[str, Any]]:
+    """The endpoint (`/v1/chat/completions` or, in play mode, `/v1/completions`) and body.
+    The conversation's system prompt and the retrieved passages go first, as system
+    messages, and are never dropped to make room."""
     budget = (context_len or 4096) - max_tokens
-    system = [{"role": "system", "content": rag_context}] if rag_context else []
-    if system:
-        budget -= estimate_tokens(rag_context or "")
+    system = [{"role": "system", "content": text} for text in (system_prompt, rag_context)
+              if text and text.strip()]
+    for message in system:
+        budget -= estimate_tokens(message["content"])
     messages = system + fit_history(history, max(budget, 0))
     body: dict[str, Any] = {"model": model, "temperature": temperature,
                             "max_tokens": max_tokens}

@@ -35,6 +35,7 @@ class ReplyRequest:
     play: Play | None
     context_len: int | None
     seed: int | None = None
+    system: str | None = None  # the conversation's system prompt
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -74,7 +75,7 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
             rag_text = context_message(passages, max_chars=int(room * CHARS_PER_TOKEN))
     path, body = build_request(history, model=req.model, temperature=req.temperature,
                          max_tokens=req.max_tokens, context_len=req.context_len,
-                         play=req.play, rag_context=rag_text)
+                         play=req.play, rag_context=rag_text, system_prompt=req.system)
     if req.seed is not None:
         body["seed"] = req.seed
     yield _event("start", model=req.model)

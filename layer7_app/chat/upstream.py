@@ -74,6 +74,21 @@ class Upstream:
             raise UpstreamError(_error_text(resp.content, resp.status_code), resp.status_code)
         return list(resp.json().get("data", []))
 
+    async def count_tokens(self, model: str, *, prompt: str | None = None,
+                           messages: list[dict[str, str]] | None = None) -> int | None:
+        """The server's own count of a prompt's tokens (`POST /v1/tokenize`); None when it
+        has no such endpoint or cannot count this text (the caller then estimates)."""
+        body: dict[str, Any] = {"model": model}
+        body.update({"messages": messages} if messages is not None else {"prompt": prompt or ""})
+        try:
+            resp = await self.client.post("/v1/tokenize", json=body)
+        except httpx.HTTPError:
+            return None
+        if resp.status_code != 200:
+            return None
+        count = resp.json().get("count")
+        return int(count) if isinstance(count, int) else None
+
     async def stream(self, path: str, payload: dict[str, Any],
                      result: StreamResult) -> AsyncIterator[str]:
         """POST `payload` to `path` (chat or plain completions) as a stream; yield the reply's

@@ -11,57 +11,44 @@ speculator, verified), and the scheduler advances every sequence and frees the f
 `add_request` / `abort` / `step` / `has_unfinished` are the pieces an online server
 (layer 6) drives; `generate` is the loop for a fixed list of prompts.
 
-Extension point for speculative decoding (a `Speculator`): the scheduler reserves
-`num_lookahead_slots` KV slots and budget per decoding sequence (ScheduledSeq.num_lookahead);
-`propose(out)` fills ScheduledSeq.spec_token_ids (at most num_lookahead each); the runner
-returns logits for the last real token and every draft; `verify(items)` returns the tokens
-to append per sequence (accepted drafts + one) and records them in `counts` (SpecCounts:
-the only place speculation is counted; `LLM.stats` reads it); the scheduler rolls the KV
-back past the accepted ones (BlockManager.truncate) and calls `release(seq)` when a
-sequence gives up its row (finish, abort, preemption).
+Speculative decoding plugs in as a `Speculator` (spec/engine_hook.py: the scheduler reserves
+lookahead slots, `propose` fills drafts, `verify` returns the tokens to append and counts
+them; the scheduler rolls the KV back past the rejected ones).
 
-Async scheduling (config.async_scheduling; SGLang's overlap scheduler, vLLM's async
-scheduling): a step launches its GPU work and returns without waiting for its tokens. The
-next `step()` schedules and launches step N+1 first, while the GPU still runs step N (a
-decoding sequence's input is step N's sampled token, gathered on the device), and only then
-reads step N's tokens (one host sync, behind work already queued), appends them, checks
-stops and builds outputs. A sequence that finishes at step N has been scheduled for step
-N+1 too: that token is discarded (its KV slot was its own; the blocks are freed at once,
-and the GPU runs steps in order, so nobody reuses them before that write). One whose step-N
-token reaches max_tokens is not scheduled again. Greedy outputs are the synchronous engine's.
-A step that only samples first tokens (prefills reaching their prompt's end, no decode to
-overlap) is read by the next call *before* it schedules anything, and that call returns at
-once: the first tokens go out without waiting for another step's launch (at low load that
-launch was pure time-to-first-token); the call after it launches with the tokens on the host.
+Async scheduling (config.async_scheduling): a step launches its GPU work and returns without
+waiting for its tokens; the next step() reads them while the GPU runs its own launch
+(launched_step.py tells how, and why a step of first tokens only is read at once).
+
+`step()` in order: read the previous launch if this step needs its tokens first
+(`_read_first`), schedule, launch (`_launch`: speculation's proposals, the model, the rows to
+sample with parallel-sampling forks, sampling on the host or on the device), read the
+previous launch while this one runs, and build the outputs of the requests it advanced.
 """
 from __future__ import annotations
 
 import itertools
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
-
-import torch
 
 import layer3_model as l3
 
 from .config import EngineConfig
-from .engine_sampling import check_params, count_speculation, host_sampled, sample_rows
-from .sampling_guard import normalize
+from .engine_requests import EngineRequestsMixin
+from .engine_sampling import count_speculation, sample_rows
 from .engine_stats import EngineStatsMixin
 from .kv import BlockManager, PagedKVCache, blocks_for_budget
-from .model_runner import ModelRunner
+from .launched_step import LaunchedStep
+from .model_runner import ModelRunner, StepLogits
 from .outputs import ProgressBar, RequestOutput
-from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
 from .structured import GrammarCompiler, mask_spec
 
-SamplingParams = l3.SamplingParams
 
-
-class LLM(EngineStatsMixin):
+class LLM(EngineRequestsMixin, EngineStatsMixin):
     """The engine. model: a checkpoint directory, or an already-loaded layer-3 `Model` (its
     `.net` runs the steps; the KV cache is sized from its `.config`). config: an EngineConfig
     (default EngineConfig()); keyword overrides are applied to it with dataclasses.replace,
@@ -107,7 +94,7 @@ class LLM(EngineStatsMixin):
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
-        self._inflight: _Launched | None = None  # async scheduling: the step on the GPU
+        self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._host_sampling = 0  # live requests with penalties / logprobs / grammars: run sync
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
         self.closed = False
@@ -152,60 +139,7 @@ class LLM(EngineStatsMixin):
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
-    # ---- requests ------------------------------------------------------------------------
-    def add_request(self, prompt: str | Seq[int], params: l3.SamplingParams | None = None,
-                    request_id: str | None = None, priority: int = 0) -> str:
-        """Queue a prompt (text, or token ids); returns its request id. ValueError for an
-        empty or unknown-token prompt, one that cannot fit (max_model_len, the KV pool), or
-        penalties / logprobs under speculation. priority: lower runs sooner (scheduling
-        "priority"; the other policies ignore it)."""
-        if self.closed:
-            raise RuntimeError("the engine is closed")
-        if not isinstance(priority, int) or isinstance(priority, bool):
-            raise ValueError(f"priority must be an int, got {priority!r}")
-        params = normalize(params if params is not None else SamplingParams())
-        check_params(params, self.speculator is not None)
-        ids = self.model.encode(prompt)
-        rid = str(next(self._request_ids)) if request_id is None else str(request_id)
-        if rid in self._requests:
-            raise ValueError(f"request id {rid!r} is already in use")
-        seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
-        self.scheduler.add(seq)
-        self._requests[rid] = (prompt, [seq])
-        self._host_sampling += host_sampled(params)
-        return rid
-
-    def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
-                  arrival: float, priority: int) -> Sequence:
-        seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
-                       generator=self._generator(params, index), decoder=self._decoder(),
-                       eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
-                       priority=priority)
-        if params.structured_outputs is not None:  # its grammar compiles from now on
-            seq.grammar = self.grammars.state(params.structured_outputs)
-        return seq
-
-    def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
-        """Completion `index` of a seeded request draws from seed + index: reproducible, and
-        the n completions differ."""
-        seeded = params if params.seed is None else SamplingParams(seed=params.seed + index)
-        return l3.make_generator(seeded, self.model.device)
-
-    def _decoder(self) -> l3.IncrementalDecoder | None:
-        return self.model.tokenizer.decoder() if self.model.tokenizer else None
-
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Stop a request now (its blocks are freed); its output so far, finish reason "abort"."""
-        if request_id not in self._requests:
-            return None
-        self.scheduler.abort(request_id)
-        prompt, seqs = self._requests.pop(request_id)
-        self._host_sampling -= host_sampled(seqs[0].params)
-        for s in seqs:
-            s.finish_reason = s.finish_reason or "abort"
-        seqs[0].pending_forks = 0
-        return RequestOutput.of(request_id, prompt, seqs, time.perf_counter())
-
+    # ---- requests: add_request, abort (engine_requests.py) ----------------------------------
     def has_unfinished(self) -> bool:
         """True while a request is waiting or running. (Under async scheduling a step may
         still be on the GPU when this is False: its tokens all belong to finished requests.)"""
@@ -234,31 +168,35 @@ class LLM(EngineStatsMixin):
         sync = not self.config.async_scheduling or self._host_sampling > 0
         advanced: set[str] = set()
         finished: list[Sequence] = []
-        if prev is not None and not sync and prev.first_only:
-            # nothing to overlap but a launch that would delay the first tokens: read them now
-            self._complete(prev, advanced, finished)
-            return self._end_step(start, advanced, finished, unfinished, delta)
-        if prev is not None and sync:  # a synchronous step needs every token on the host
-            self._complete(prev, advanced, finished)
+        if prev is not None and (sync or prev.first_only):
+            self._read_first(prev, advanced, finished)
             prev = None
+            if not sync:  # first tokens only: out now, before another launch delays them
+                return self._end_step(start, advanced, finished, unfinished, delta)
         out = self.scheduler.schedule()
-        if out.scheduled:
-            launched = self._launch(out, prev, sync)
-        elif prev is None and not advanced and self.scheduler.has_unfinished():
+        launched = self._launch(out, prev, sync) if out.scheduled else None
+        if launched is None and prev is None and not advanced:
+            self._check_progress()
+        if prev is not None:  # step N's tokens, read while the GPU runs step N+1
+            self._complete(prev, advanced, finished)
+        if launched is not None and launched.sampled is None:
+            self._inflight = launched  # its tokens are still on their way: the next step reads them
+        elif launched is not None:
+            self._complete(launched, advanced, finished)
+        return self._end_step(start, advanced, finished, unfinished, delta)
+
+    def _read_first(self, prev: LaunchedStep, advanced: set[str],
+                    finished: list[Sequence]) -> None:
+        """The previous launch's tokens before anything is scheduled: a synchronous step needs
+        every token on the host, and a launch of first tokens only has nothing to overlap."""
+        self._complete(prev, advanced, finished)
+
+    def _check_progress(self) -> None:
+        if self.scheduler.has_unfinished():
             raise RuntimeError(
                 f"the scheduler made no progress with {len(self.scheduler.waiting)} waiting "
                 f"and {len(self.scheduler.running)} running sequences (a bug: requests are "
                 f"checked to fit when added)")
-        else:
-            launched = None
-        if prev is not None:  # step N's tokens, read while the GPU runs step N+1
-            self._complete(prev, advanced, finished)
-        if launched is not None:
-            if launched.tokens is None:
-                self._complete(launched, advanced, finished)
-            else:
-                self._inflight = launched
-        return self._end_step(start, advanced, finished, unfinished, delta)
 
     def _end_step(self, start: float, advanced: set[str], finished: list[Sequence],
                   unfinished: bool, delta: bool) -> list[RequestOutput]:
@@ -268,129 +206,64 @@ class LLM(EngineStatsMixin):
             advanced = {q.request_id for q in finished}
         return self._outputs(advanced, unfinished, now, delta)
 
-    def _launch(self, out: SchedulerOutput, prev: _Launched | None, sync: bool) -> _Launched:
+    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None,
+                sync: bool) -> LaunchedStep:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
-        host sync; penalties, logprobs and speculation take this path), else they stay on the
-        device and are copied back without waiting (read by `_complete`)."""
+        host sync; penalties, logprobs, grammars and speculation take this path), else they
+        stay on the device and are copied back without waiting (read by `_complete`)."""
         if self.speculator is not None:
             self.speculator.propose(out)
-        if prev is None:
-            logits = self.runner.execute(out)
-        else:  # decoding sequences' inputs are prev's tokens, still on the device
-            logits = self.runner.execute(out, prev.device_tokens)
+        # decoding sequences' inputs may be prev's tokens, still on the device
+        logits = self.runner.execute(out, prev.device_tokens if prev is not None else None)
+        row_ids, who, spec = self._sampling_rows(out, logits)
+        self._stats.steps += 1
+        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
+        rows = logits.rows_of(row_ids)
+        if not sync:
+            tokens = self.runner.sample_tokens(rows, [q.params for q in who],
+                                               [q.generator for q in who])
+            return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
+        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who),
+                                        self.runner.last_bad)
+        if spec:
+            launched.sampled.update(self._verify(spec))
+        return launched
+
+    def _sampling_rows(self, out: SchedulerOutput,
+                       logits: StepLogits) -> tuple[list[int], list[Sequence], list]:
+        """Which logits row each sampling sequence takes (parallel-sampling children share
+        their parent's, forked here at its first token), and the speculating sequences with
+        their verify logits."""
         row_ids, who, spec = [], [], []
-        rows = logits.row
         for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
-            if rows[i] is None:
+            row = logits.row[i]
+            if row is None:
                 continue
             if s.spec_token_ids:
                 spec.append((s, logits.spec[i]))
                 continue
-            if s.seq.pending_forks:
-                seqs = [s.seq] + self._fork(s, out)
-                row_ids += [rows[i]] * len(seqs)  # parallel-sampling children share the row
-                who += seqs
-            else:
-                row_ids.append(rows[i])
-                who.append(s.seq)
-        self._stats.steps += 1
-        self._stats.batched_tokens += sum(s.num_new_tokens + len(s.spec_token_ids)
-                                          for s in out.scheduled)
-        launched = _Launched(out, who)
-        if sync:
-            tokens = sample_rows(self.runner, logits.rows_of(row_ids), who)
-            launched.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
-            launched.bad = self.runner.last_bad
-            if spec:
-                mask_spec(spec)  # constrained sequences: drafts checked against the grammar
-                verified = self.speculator.verify(spec)
-                count_speculation(spec, verified)
-                launched.sampled.update(verified)
-            return launched
-        tokens = self.runner.sample_tokens(logits.rows_of(row_ids), [q.params for q in who],
-                                           [q.generator for q in who])
-        launched.device_tokens = tokens
-        launched.bad = self.runner.last_bad
-        # every sampled row is a first token (no sequence here is decoding)
-        launched.first_only = bool(who) and all(q.num_tokens == q.num_prompt_tokens for q in who)
-        if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
-            launched.tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
-            launched.tokens.copy_(tokens, non_blocking=True)
-            if launched.bad is not None:  # with the tokens, behind the same event
-                bad, launched.bad = launched.bad, torch.empty(launched.bad.shape,
-                                                              dtype=torch.bool, pin_memory=True)
-                launched.bad.copy_(bad, non_blocking=True)
-            launched.event = torch.cuda.Event()
-            launched.event.record()
-        else:
-            launched.tokens = tokens
-        for j, q in enumerate(who):
-            q.num_pending += 1
-            q.pending_index = j
-        return launched
+            seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
+            row_ids += [row] * len(seqs)
+            who += seqs
+        return row_ids, who, spec
 
-    def _complete(self, launched: _Launched, advanced: set[str],
+    def _verify(self, spec: list) -> dict[int, list[int]]:
+        """Speculation's drafts checked by the target: the tokens to append per sequence."""
+        mask_spec(spec)  # constrained sequences: drafts checked against the grammar
+        verified = self.speculator.verify(spec)
+        count_speculation(spec, verified)
+        return verified
+
+    def _complete(self, launched: LaunchedStep, advanced: set[str],
                   finished: list[Sequence]) -> None:
         """Read a launched step's tokens (waiting for them if still on the GPU), append them,
         free what finished; adds the requests it advanced and the sequences it finished."""
-        sampled = launched.sampled
-        if sampled is None:
-            if launched.event is not None:
-                launched.event.synchronize()
-            who = launched.who
-            for q in who:
-                q.num_pending -= 1
-            tokens = launched.tokens.tolist()
-            sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
-        void = self._void_rows(launched, sampled)
+        sampled = launched.read()
+        void = launched.void_rows(sampled)
         finished += self.scheduler.postprocess(launched.out, sampled)
         for rid in void:  # the request's other completions end with it
             finished += self.scheduler.abort(rid)
         advanced.update(s.seq.request_id for s in launched.out.scheduled)
-
-    def _void_rows(self, launched: _Launched, sampled: dict[int, list[int]]) -> set[str]:
-        """Sequences whose row could not be sampled (sampling_guard.py) get no token and
-        finish with reason "error": postprocess frees them. Returns their request ids."""
-        if launched.bad is None:
-            return set()
-        void = set()
-        for q, bad in zip(launched.who, launched.bad.tolist(), strict=True):
-            if bad and q.finish_reason is None:
-                sampled.pop(q.seq_id, None)
-                q.finish_reason = "error"
-                void.add(q.request_id)
-        return void
-
-    def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
-        p = parent.seq
-        children = [p.fork(next(self._seq_ids), i, self._generator(p.params, i), self._decoder())
-                    for i in range(1, p.params.n)]
-        self.scheduler.fork(parent, children, out)
-        self._requests[p.request_id][1].extend(children)
-        return children
-
-    def _outputs(self, request_ids: set[str], unfinished: bool, now: float,
-                 delta: bool = False) -> list[RequestOutput]:
-        def wanted(rid: str) -> bool:  # building an output copies every token list: only if asked
-            if rid not in self._requests:
-                return False
-            seqs = self._requests[rid][1]
-            done = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
-            return unfinished or done
-
-        def order(rid: str) -> int:
-            return self._requests[rid][1][0].seq_id
-
-        outs = []
-        for rid in sorted(filter(wanted, request_ids), key=order):
-            prompt, seqs = self._requests[rid]
-            o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
-            if o.finished:
-                del self._requests[rid]
-                self._host_sampling -= host_sampled(seqs[0].params)
-                self._count_finished(o)
-            outs.append(o)
-        return outs
 
     def drain(self) -> list[RequestOutput]:
         """Wait for the step still on the GPU (async scheduling) and apply it: returns the
@@ -440,18 +313,3 @@ class LLM(EngineStatsMixin):
                 bar.close()
         return [done[rid] for rid in ids]
 
-
-@dataclass
-class _Launched:
-    """A step on its way: what was scheduled, who samples (in row order), and the tokens:
-    `sampled` (seq_id -> tokens) when read synchronously, else `tokens` (a pinned host copy
-    of `device_tokens` in flight until `event`; on a CPU the tensor itself)."""
-
-    out: SchedulerOutput
-    who: list[Sequence]
-    sampled: dict[int, list[int]] | None = None
-    device_tokens: torch.Tensor | None = None
-    tokens: torch.Tensor | None = None
-    event: torch.cuda.Event | None = None
-    first_only: bool = False  # only first tokens sampled: the next step() reads it first
-    bad: torch.Tensor | None = None  # (len(who),) bool: rows sampling could not draw (void)

@@ -36,59 +36,16 @@ import heapq
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 from .config import EngineConfig
 from .kv import BlockManager
+from .scheduler_output import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
 
 
 def priority_key(seq: Sequence) -> tuple[int, float, int]:
     """The "priority" policy's order: priority (lower first), then arrival, then id."""
     return (seq.priority, seq.arrival_time, seq.seq_id)
-
-
-@dataclass
-class ScheduledSeq:
-    """One sequence's share of a step: it computes tokens token_ids[context_len : context_len +
-    num_new_tokens], followed by spec_token_ids (draft tokens a speculator filled in, at most
-    num_lookahead, whose slots are reserved)."""
-
-    seq: Sequence
-    num_new_tokens: int
-    context_len: int
-    num_lookahead: int = 0
-    spec_token_ids: list[int] = field(default_factory=list)
-    # >= 0: the one input token is still on the device, row `pending` of the previous step's
-    # sampled tokens (async scheduling); -1: every input token is on the host
-    pending: int = -1
-
-    @property
-    def query_len(self) -> int:
-        return self.num_new_tokens + len(self.spec_token_ids)
-
-    @property
-    def input_ids(self) -> list[int]:
-        end = self.context_len + self.num_new_tokens
-        return self.seq.token_ids[self.context_len:end] + self.spec_token_ids
-
-    @property
-    def samples(self) -> bool:
-        """True when the step reaches the sequence's end, so its next token is sampled (a
-        partial prefill chunk produces no token)."""
-        return self.context_len + self.num_new_tokens == self.seq.num_tokens
-
-
-@dataclass
-class SchedulerOutput:
-    scheduled: list[ScheduledSeq] = field(default_factory=list)
-    # copy-on-write (src, dst) before the step
-    copies: list[tuple[int, int]] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)
-
-    @property
-    def num_batched_tokens(self) -> int:
-        return sum(s.num_new_tokens + s.num_lookahead for s in self.scheduled)
 
 
 class Scheduler:
@@ -122,26 +79,23 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         """Queue a sequence; ValueError if it could never run (too long for the model, the
         block pool, or, without chunked prefill, the token budget)."""
-        total = seq.num_tokens + seq.params.max_tokens
+        total, rid = seq.num_tokens + seq.params.max_tokens, seq.request_id
         if total > self.max_model_len:
-            raise ValueError(f"request {seq.request_id}: {seq.num_tokens} prompt tokens + "
-                             "max_tokens "
+            raise ValueError(f"request {rid}: {seq.num_tokens} prompt tokens + max_tokens "
                              f"{seq.params.max_tokens} = {total} exceeds max_model_len "
                              f"{self.max_model_len}")
         need = self.bm.blocks_for(total + self.num_lookahead_slots)
         if need > self.bm.num_blocks:
-            raise ValueError(f"request {seq.request_id}: {total} tokens need {need} KV blocks of "
-                             f"{self.bm.block_size}, the whole pool has {self.bm.num_blocks}: give "
-                             "the cache "
-                             f"a bigger budget or lower max_tokens")
+            raise ValueError(f"request {rid}: {total} tokens need {need} KV blocks of "
+                             f"{self.bm.block_size}, the whole pool has {self.bm.num_blocks}: "
+                             "give the cache a bigger budget or lower max_tokens")
         if seq.params.n > self.max_num_seqs:
-            raise ValueError(f"request {seq.request_id}: n={seq.params.n} parallel samples exceed "
+            raise ValueError(f"request {rid}: n={seq.params.n} parallel samples exceed "
                              f"max_num_seqs {self.max_num_seqs}")
         if not self.chunked and seq.num_tokens > self.max_num_batched_tokens:
-            raise ValueError(f"request {seq.request_id}: a {seq.num_tokens}-token prompt does not "
-                             "fit the "
-                             f"{self.max_num_batched_tokens}-token step budget and chunked prefill "
-                             "is off")
+            raise ValueError(f"request {rid}: a {seq.num_tokens}-token prompt does not fit the "
+                             f"{self.max_num_batched_tokens}-token step budget and chunked "
+                             "prefill is off")
         if self.policy == "priority":
             bisect.insort(self.waiting, seq, key=priority_key)
         else:

@@ -1,0 +1,106 @@
+"""The engine's requests: adding one (a Sequence per completion; parallel-sampling children
+are forked from it at its first token), aborting one, and building the outputs of those a
+step advanced. Kept apart from the step loop (engine.py)."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence as Seq
+
+import torch
+
+import layer3_model as l3
+
+from .engine_sampling import check_params, host_sampled
+from .outputs import RequestOutput
+from .sampling_guard import normalize
+from .scheduler import ScheduledSeq, SchedulerOutput
+from .sequence import Sequence
+
+
+class EngineRequestsMixin:
+    """For LLM: reads self.model, self.scheduler, self.speculator, self.grammars; keeps
+    self._requests (id -> (prompt, its sequences)) and self._host_sampling."""
+
+    def add_request(self, prompt: str | Seq[int], params: l3.SamplingParams | None = None,
+                    request_id: str | None = None, priority: int = 0) -> str:
+        """Queue a prompt (text, or token ids); returns its request id. ValueError for an
+        empty or unknown-token prompt, one that cannot fit (max_model_len, the KV pool), or
+        penalties / logprobs under speculation. priority: lower runs sooner (scheduling
+        "priority"; the other policies ignore it)."""
+        if self.closed:
+            raise RuntimeError("the engine is closed")
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ValueError(f"priority must be an int, got {priority!r}")
+        params = normalize(params if params is not None else l3.SamplingParams())
+        check_params(params, self.speculator is not None)
+        ids = self.model.encode(prompt)
+        rid = str(next(self._request_ids)) if request_id is None else str(request_id)
+        if rid in self._requests:
+            raise ValueError(f"request id {rid!r} is already in use")
+        seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
+        self.scheduler.add(seq)
+        self._requests[rid] = (prompt, [seq])
+        self._host_sampling += host_sampled(params)
+        return rid
+
+    def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
+                  arrival: float, priority: int) -> Sequence:
+        seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
+                       generator=self._generator(params, index), decoder=self._decoder(),
+                       eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
+                       priority=priority)
+        if params.structured_outputs is not None:  # its grammar compiles from now on
+            seq.grammar = self.grammars.state(params.structured_outputs)
+        return seq
+
+    def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
+        """Completion `index` of a seeded request draws from seed + index: reproducible, and
+        the n completions differ."""
+        seeded = params if params.seed is None else l3.SamplingParams(seed=params.seed + index)
+        return l3.make_generator(seeded, self.model.device)
+
+    def _decoder(self) -> l3.IncrementalDecoder | None:
+        return self.model.tokenizer.decoder() if self.model.tokenizer else None
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now (its blocks are freed); its output so far, finish reason "abort"."""
+        if request_id not in self._requests:
+            return None
+        self.scheduler.abort(request_id)
+        prompt, seqs = self._requests.pop(request_id)
+        self._host_sampling -= host_sampled(seqs[0].params)
+        for s in seqs:
+            s.finish_reason = s.finish_reason or "abort"
+        seqs[0].pending_forks = 0
+        return RequestOutput.of(request_id, prompt, seqs, time.perf_counter())
+
+    def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
+        p = parent.seq
+        children = [p.fork(next(self._seq_ids), i, self._generator(p.params, i), self._decoder())
+                    for i in range(1, p.params.n)]
+        self.scheduler.fork(parent, children, out)
+        self._requests[p.request_id][1].extend(children)
+        return children
+
+    def _outputs(self, request_ids: set[str], unfinished: bool, now: float,
+                 delta: bool = False) -> list[RequestOutput]:
+        def wanted(rid: str) -> bool:  # building an output copies every token list: only if asked
+            if rid not in self._requests:
+                return False
+            seqs = self._requests[rid][1]
+            done = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
+            return unfinished or done
+
+        def order(rid: str) -> int:
+            return self._requests[rid][1][0].seq_id
+
+        outs = []
+        for rid in sorted(filter(wanted, request_ids), key=order):
+            prompt, seqs = self._requests[rid]
+            o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
+            if o.finished:
+                del self._requests[rid]
+                self._host_sampling -= host_sampled(seqs[0].params)
+                self._count_finished(o)
+            outs.append(o)
+        return outs

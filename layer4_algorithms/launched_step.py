@@ -1,0 +1,101 @@
+"""A step on its way: what was scheduled, who samples, and where its tokens are.
+
+Async scheduling (config.async_scheduling; SGLang's overlap scheduler, vLLM's async
+scheduling): a step launches its GPU work and returns without waiting for its tokens. The
+next `step()` schedules and launches step N+1 first, while the GPU still runs step N (a
+decoding sequence's input is step N's sampled token, gathered on the device), and only then
+reads step N's tokens (one host sync, behind work already queued), appends them, checks
+stops and builds outputs. A sequence that finishes at step N has been scheduled for step
+N+1 too: that token is discarded (its KV slot was its own; the blocks are freed at once,
+and the GPU runs steps in order, so nobody reuses them before that write). One whose step-N
+token reaches max_tokens is not scheduled again. Greedy outputs are the synchronous engine's.
+
+A step that only samples first tokens (prefills reaching their prompt's end, no decode to
+overlap) is read by the next call *before* it schedules anything, and that call returns at
+once: the first tokens go out without waiting for another step's launch (at low load that
+launch was pure time-to-first-token); the call after it launches with the tokens on the host.
+
+`LaunchedStep.on_host` holds tokens sampled synchronously (penalties, logprobs, grammars and
+speculation take that path); `LaunchedStep.on_device` starts their copy to pinned host
+memory behind the step's kernels; `read()` waits for them (one host sync) and returns
+seq_id -> tokens; `void_rows()` ends the sequences whose row could not be sampled.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .scheduler import SchedulerOutput
+from .sequence import Sequence
+
+
+@dataclass
+class LaunchedStep:
+    """`who` sample in row order. `sampled` (seq_id -> tokens) when read synchronously, else
+    `tokens` (a pinned host copy of `device_tokens` in flight until `event`; on a CPU the
+    tensor itself). `bad` (len(who),) bool: rows sampling could not draw (sampling_guard.py)."""
+
+    out: SchedulerOutput
+    who: list[Sequence]
+    sampled: dict[int, list[int]] | None = None
+    device_tokens: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    event: torch.cuda.Event | None = None
+    first_only: bool = False  # only first tokens sampled: the next step() reads it first
+    bad: torch.Tensor | None = None
+
+    @classmethod
+    def on_host(cls, out: SchedulerOutput, who: list[Sequence], tokens: list[int],
+                bad: torch.Tensor | None) -> LaunchedStep:
+        sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
+        return cls(out, who, sampled=sampled, bad=bad)
+
+    @classmethod
+    def on_device(cls, out: SchedulerOutput, who: list[Sequence], tokens: torch.Tensor,
+                  bad: torch.Tensor | None) -> LaunchedStep:
+        """Tokens left on the device; on a GPU their copy back starts now, without waiting.
+        Each sequence counts the token in flight (num_pending) and its row (pending_index),
+        which is where the next step's runner finds its input."""
+        step = cls(out, who, device_tokens=tokens, tokens=tokens, bad=bad)
+        # every sampled row is a first token (no sequence here is decoding)
+        step.first_only = bool(who) and all(q.num_tokens == q.num_prompt_tokens for q in who)
+        if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
+            step.tokens = _pinned_copy(tokens)
+            if bad is not None:  # with the tokens, behind the same event
+                step.bad = _pinned_copy(bad)
+            step.event = torch.cuda.Event()
+            step.event.record()
+        for j, q in enumerate(who):
+            q.num_pending += 1
+            q.pending_index = j
+        return step
+
+    def read(self) -> dict[int, list[int]]:
+        """seq_id -> the tokens to append (waiting for them if still on the GPU)."""
+        if self.sampled is not None:
+            return self.sampled
+        if self.event is not None:
+            self.event.synchronize()
+        for q in self.who:
+            q.num_pending -= 1
+        return {q.seq_id: [t] for q, t in zip(self.who, self.tokens.tolist(), strict=True)}
+
+    def void_rows(self, sampled: dict[int, list[int]]) -> set[str]:
+        """Sequences whose row could not be sampled get no token and finish with reason
+        "error" (the scheduler's postprocess frees them). Returns their request ids."""
+        if self.bad is None:
+            return set()
+        void = set()
+        for q, bad in zip(self.who, self.bad.tolist(), strict=True):
+            if bad and q.finish_reason is None:
+                sampled.pop(q.seq_id, None)
+                q.finish_reason = "error"
+                void.add(q.request_id)
+        return void
+
+
+def _pinned_copy(t: torch.Tensor) -> torch.Tensor:
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host.copy_(t, non_blocking=True)
+    return host

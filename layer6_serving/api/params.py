@@ -5,11 +5,12 @@ as much as the context (and the KV pool) leaves after the prompt.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import layer5_parallel as l5
 
 from ..async_engine import AsyncEngine
+from . import structured, tools
 from .errors import OpenAIError
 from .protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -22,6 +23,7 @@ class EngineArgs:
     presence_penalty: float
     frequency_penalty: float
     priority: int
+    tools: tools.ToolPlan | None = None  # a chat request's tools: its answer is parsed for calls
 
 
 def _bad(message: str, param: str) -> OpenAIError:
@@ -73,6 +75,8 @@ def completion_args(req: CompletionRequest, engine: AsyncEngine) -> list[EngineA
     if isinstance(prompt, list) and not prompt:
         raise _bad("the prompt is empty", "prompt")
     batch = prompt if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else [prompt]
+    extra = req.model_extra or {}
+    spec = structured.constraint(extra.get("response_format"), extra)
     out = []
     for i, p in enumerate(batch):
         where = "prompt" if len(batch) == 1 else f"prompt.{i}"
@@ -80,6 +84,8 @@ def completion_args(req: CompletionRequest, engine: AsyncEngine) -> list[EngineA
             raise _bad(f"{where} is empty", where)
         ids = _encode(engine, p, where)
         params = _params(req, engine, len(ids), 16 if req.max_tokens is None else req.max_tokens)
+        if spec is not None:
+            params = replace(params, structured_outputs=spec)
         out.append(EngineArgs(ids, params, req.logprobs, req.presence_penalty,
                               req.frequency_penalty, req.priority))
     return out
@@ -87,20 +93,30 @@ def completion_args(req: CompletionRequest, engine: AsyncEngine) -> list[EngineA
 
 def chat_args(req: ChatCompletionRequest, engine: AsyncEngine) -> EngineArgs:
     _unsupported(req)
-    if req.tools:
-        raise _bad("tools are not supported by this server", "tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise _bad("only the 'text' response_format is supported", "response_format")
+    plan = tools.plan(req.tools, req.tool_choice, req.parallel_tool_calls)
+    spec = structured.constraint(req.response_format, req.model_extra)
+    grammar = plan.grammar() if plan is not None else None
+    if grammar is not None:  # tool_choice required / named: the calls' grammar
+        if spec is not None:
+            raise _bad("a response_format or structured_outputs constraint cannot be combined "
+                       "with tool_choice 'required' or a named function", "response_format")
+        spec = l5.engine.StructuredOutputsParams(grammar=grammar)  # checked by tools.plan
+    if plan is not None and plan.parses and req.logprobs:
+        raise _bad("logprobs are not supported with tools on this server", "logprobs")
     if req.top_logprobs is not None and not req.logprobs:
         raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
-    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})}
+    messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {}),
+                 **({"tool_calls": m.tool_calls} if m.tool_calls else {}),
+                 **({"tool_call_id": m.tool_call_id} if m.tool_call_id else {})}
                 for m in req.messages]
+    with_tools = plan is not None or any(m.tool_calls or m.role == "tool" for m in req.messages)
     try:
         engine.check_chars(sum(len(m["content"]) for m in messages))
     except ValueError as e:
         raise _bad(str(e), "messages") from e
     try:
-        ids = engine.encode_chat(messages)
+        ids = (tools.render_prompt(engine.tokenizer, messages, plan) if with_tools
+               else engine.encode_chat(messages))
     except Exception as e:  # noqa: BLE001 - a template error is about the messages sent
         raise _bad(f"the chat template could not render these messages: {e}", "messages") from e
     if not ids:
@@ -109,6 +125,8 @@ def chat_args(req: ChatCompletionRequest, engine: AsyncEngine) -> EngineArgs:
     if max_tokens is None:
         max_tokens = req.max_tokens
     params = _params(req, engine, len(ids), max_tokens, engine.chat_stop)
+    if spec is not None:
+        params = replace(params, structured_outputs=spec)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     return EngineArgs(ids, params, logprobs, req.presence_penalty, req.frequency_penalty,
-                      req.priority)
+                      req.priority, plan)

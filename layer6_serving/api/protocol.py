@@ -2,9 +2,10 @@
 
 Field names, types and ranges follow OpenAI's API reference; unknown fields are accepted
 and ignored (clients send `user`, `metadata`, ...), as OpenAI does. Fields OpenAI has but
-this server cannot honour (echo, suffix, logit_bias, tools, best_of != n, a JSON response
-format) are refused with a 400 naming the field rather than silently ignored. Two vLLM
-extensions: `top_k` and `priority` (lower runs first under the priority policy).
+this server cannot honour (echo, suffix, logit_bias, best_of != n) are refused with a 400
+naming the field rather than silently ignored. `tools` / `tool_choice` / `response_format`
+are read by tools.py and structured.py. vLLM extensions: `top_k`, `priority` (lower runs
+first under the priority policy) and `structured_outputs` / `guided_*` (read from the extras).
 """
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
     name: Name | None = None
+    tool_calls: list[dict] | None = None  # an assistant turn's calls (tools.py renders them)
+    tool_call_id: Name | None = None  # a tool turn: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -85,6 +88,8 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
     response_format: dict | None = None
 
 

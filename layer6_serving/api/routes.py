@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..async_engine import AsyncEngine
-from . import render
+from . import render, tools
 from .errors import OpenAIError, from_exception
 from .params import EngineArgs, chat_args, completion_args
 from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
@@ -52,9 +52,10 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
                 err.param = "messages" if chat else "prompt"
             return err.response()
         rid = render.new_id("chatcmpl" if chat else "cmpl")
-        n = batch[0].params.n
+        n, plan = batch[0].params.n, batch[0].tools
         if stream:
-            maker = render.ChunkMaker(rid, model, chat, include_usage)
+            maker = (render.ChunkMaker(rid, model, chat, include_usage) if plan is None
+                     else tools.ToolChunkMaker(rid, model, include_usage, plan))
             body = (events(streams[0], maker, n) if len(streams) == 1
                     else batch_events(streams, maker, n))
             return StreamingResponse(body, media_type="text/event-stream", headers=HEADERS)
@@ -63,7 +64,10 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         except Exception as e:  # noqa: BLE001 - timeout or engine failure, in OpenAI's shape
             return from_exception(e).response()
         out = render.join_batch(outs, n)
-        body = (render.chat_response if chat else render.completion_response)(rid, model, out)
+        if plan is not None:  # the answer's tool calls parsed out of its text
+            body = tools.chat_response(rid, model, out, plan)
+        else:
+            body = (render.chat_response if chat else render.completion_response)(rid, model, out)
         return JSONResponse(body)
 
     @router.post("/completions")

@@ -43,12 +43,20 @@ def _need_cuda(what: str) -> None:
                            "two_shot_all_reduce over simulated ranks, or dist.all_reduce.")
 
 
+# One barrier and one GPU's NVLink bandwidth, fitted on our one-shot times on 2x H100
+# (`stack bench --layer 2 --peer`, 2026-11-26): the alpha-beta model's inputs for the choice.
+BARRIER_S, NVLINK_BYTES_PER_S = 5.5e-6, 254e9
+
+
 def default_one_shot_max_bytes(world: int) -> int:
-    """Where two-shot takes over (bytes). With 2 ranks one-shot moves no more bytes than
-    two-shot and has one barrier fewer, so it keeps every size; with more ranks one-shot's
-    (W-1) x n reads outgrow two-shot's 2 (W-1)/W x n around a few hundred KiB on NVLink
-    (measured: see the layer README; `stack bench --layer 2` prints this machine's table)."""
-    return 1 << 62 if world <= 2 else 256 << 10
+    """Where two-shot takes over (bytes), from the alpha-beta model:
+    one-shot  a + (W-1) n b  =  two-shot  2a + 2 (W-1)/W n b   at  n = a / (b (W-1)(1 - 2/W)).
+    With 2 ranks both move n bytes each way and one-shot has a barrier fewer: it keeps every
+    size (measured: two-shot is within 3 % of it from 16 MiB up). For more ranks this is the
+    model's prediction (about 900 KiB for 4, 260 KiB for 8), not yet measured here."""
+    if world <= 2:
+        return 1 << 62
+    return int(BARRIER_S * NVLINK_BYTES_PER_S / ((world - 1) * (1 - 2 / world)))
 
 
 def choose(nbytes: int, world: int, max_bytes: int = 8 << 20, one_shot_max_bytes: int | None = None,

@@ -1,11 +1,14 @@
 """Lab 2 — communication: your answers.
 
-Three exercises, in the order `lab2.ipynb` teaches them:
+Four exercises, in the order `lab2.ipynb` teaches them:
 
 1. `ring_all_reduce` — all-reduce as a ring: a reduce-scatter, then an all-gather, built from
    nothing but point-to-point messages.
 2. `ring_all_gather` — the all-gather on its own, returning a new tensor.
 3. The alpha-beta cost model — `busbw`, `predict`, `crossover` and `fit_alpha_beta`.
+4. `one_shot_all_reduce` and `two_shot_all_reduce` — the all-reduces GPUs joined by NVLink
+   use for small messages, where every rank can load and store into every other rank's
+   memory. Here the ranks are simulated in one process (see Exercise 4 below).
 
 Write the code where it says YOUR CODE (each function raises NotImplementedError until you
 do). Grade yourself with `stack grade --lab 2`.
@@ -226,3 +229,46 @@ def fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], *,
     """
     # YOUR CODE
     raise NotImplementedError("fit_alpha_beta")
+
+
+# ---- Exercise 4: one-shot and two-shot all-reduce over peer memory ----------------------
+# On GPUs joined by NVLink every rank can read and write every other rank's buffer directly;
+# what it cannot do is know when a peer's write has landed, except through a barrier. Here
+# the ranks are simulated: `bufs` (layer2_comm.PeerBuffers, made by the notebook or the
+# grader) holds one buffer of at least n elements per rank and gives you exactly these:
+#     bufs.read(reader, owner, start, stop) -> tensor   rank `reader` loads owner's [start:stop]
+#     bufs.write(writer, owner, start, values)          rank `writer` stores into owner's buffer
+#     bufs.barrier()                                    every rank meets; writes before it are
+#                                                       visible to everyone after it
+# Write your function phase by phase: a loop over the ranks does what every rank does in that
+# phase (on GPUs they do it at the same time), then `bufs.barrier()`, then the next phase.
+# Within one phase a rank must not read what another rank wrote, nor write what another rank
+# read or wrote: `bufs` raises RaceError when you do (on GPUs that would be a silent, sometimes
+# wrong answer). It also counts the elements each rank reads from and writes into *other*
+# ranks' buffers (bufs.remote_read[r], bufs.remote_written[r]) and the barriers: the grader
+# checks them against the algorithm. Sum in float32 in rank order 0, 1, ..., p-1 and cast the
+# total back to the input dtype, so that every rank gets the same bits.
+def one_shot_all_reduce(inputs: Sequence[torch.Tensor], bufs) -> list[torch.Tensor]:
+    """inputs[r] is rank r's tensor (same shape and dtype for every r; p = len(inputs)).
+    Return a list whose entry r is rank r's result: the sum over ranks, inputs[r]'s shape.
+
+    One-shot: each rank writes its input into its own buffer (flattened, from 0); barrier;
+    each rank reads all p buffers [0:n] and sums them. One barrier; each rank reads (p-1) n
+    elements from its peers and writes none into them.
+    """
+    # YOUR CODE
+    raise NotImplementedError("one_shot_all_reduce")
+
+
+def two_shot_all_reduce(inputs: Sequence[torch.Tensor], bufs) -> list[torch.Tensor]:
+    """Same contract as one_shot_all_reduce; reduce-scatter then all-gather through the buffers.
+
+    Two-shot: each rank writes its input into its own buffer; barrier; rank r owns segment
+    r = segment_bounds(n, p)[r]: it reads that segment from every buffer, sums it, and writes
+    the sum into that segment of every buffer (its own included); barrier; each rank reads its
+    own buffer [0:n], which now holds the whole sum. Two barriers; rank r reads (p-1) x |seg r|
+    elements from its peers and writes (p-1) x |seg r| into them: 2(p-1)/p of the tensor in
+    all, a ring's traffic in 2 steps instead of 2(p-1).
+    """
+    # YOUR CODE
+    raise NotImplementedError("two_shot_all_reduce")

@@ -1,5 +1,5 @@
-"""Lab 2 grader: a ring all-reduce and a ring all-gather built from send/recv, and the
-alpha-beta cost model.
+"""Lab 2 grader: a ring all-reduce and a ring all-gather built from send/recv, the
+alpha-beta cost model, and one-shot / two-shot all-reduce over simulated peer memory.
 
 Graded through the `impl` fixture (tests/labs/conftest.py): the layer2_comm package under
 plain pytest, a student's exercises.py under `stack grade --lab 2`.
@@ -51,7 +51,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from layer2_comm import launch
+from layer2_comm import PeerBuffers, launch, segment_bounds
 
 REFERENCE = "layer2_comm"
 
@@ -617,3 +617,89 @@ def test_fit_alpha_beta(impl):
     for bad in (([8, 8, 8], [1e-5, 2e-5, 3e-5]), ([8, 16], [1e-5]), ([8, 16], [1e-5, 0.0])):
         with pytest.raises(ValueError):
             impl.fit_alpha_beta(*bad)
+
+
+# ---------------------------------------------------------------- exercise 4: one-shot / two-shot
+# Simulated ranks in this process: the grader makes the PeerBuffers (layer2_comm's, which
+# counts traffic and barriers and raises RaceError on an unordered access) and hands them to
+# the graded function, so what is counted is what the submission did.
+def _peer_cases() -> Iterator[tuple[int, tuple[int, ...], torch.dtype]]:
+    for p in (1, 2, 3, 4, 5, 8):
+        for shape in {(0,), (1,), (max(1, p - 1),), (p + 1,), (1003,), (7, 13)}:
+            for dtype in (torch.float32, torch.bfloat16):
+                yield p, shape, dtype
+
+
+def _peer_inputs(p: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seeds.randrange(2**31))
+    return [torch.randn(shape, generator=g).to(dtype) for _ in range(p)]
+
+
+def _rank_order_sum(inputs: list[torch.Tensor]) -> torch.Tensor:
+    acc = torch.zeros(inputs[0].shape, dtype=torch.float32)
+    for x in inputs:
+        acc += x.float()
+    return acc.to(inputs[0].dtype)
+
+
+def _grade_peer(impl: ModuleType, name: str) -> None:
+    fn = getattr(impl, name)
+    for p, shape, dtype in _peer_cases():
+        inputs = _peer_inputs(p, shape, dtype)
+        kept = [x.clone() for x in inputs]
+        n = inputs[0].numel()
+        bufs = PeerBuffers(p, n, dtype)
+        outs = fn(inputs, bufs)
+        case = f"{name}: p={p}, shape={shape}, {dtype}"
+        assert isinstance(outs, (list, tuple)) and len(outs) == p, f"{case}: return one tensor per rank"
+        want = _rank_order_sum(kept)
+        tol = 1e-5 if dtype == torch.float32 else 1e-2
+        for r, out in enumerate(outs):
+            assert isinstance(out, torch.Tensor) and out.shape == want.shape and out.dtype == dtype, \
+                f"{case}: rank {r} returned {getattr(out, 'shape', out)!r}, want {tuple(want.shape)} {dtype}"
+            assert torch.allclose(out.float(), want.float(), rtol=tol, atol=tol), \
+                f"{case}: rank {r}'s result is not the sum over ranks"
+            assert torch.equal(out, outs[0]), f"{case}: ranks 0 and {r} got different bits"
+        assert all(torch.equal(a, b) for a, b in zip(inputs, kept)), f"{case}: an input was changed"
+
+
+def _traffic(impl: ModuleType, name: str, p: int, n: int) -> PeerBuffers:
+    bufs = PeerBuffers(p, n)
+    getattr(impl, name)(_peer_inputs(p, (n,), torch.float32), bufs)
+    return bufs
+
+
+@pytest.mark.points(10)
+@pytest.mark.timeout(60)
+def test_one_shot_all_reduce_sums(impl):
+    _grade_peer(impl, "one_shot_all_reduce")
+
+
+@pytest.mark.points(5)
+@pytest.mark.timeout(60)
+def test_one_shot_all_reduce_reads_every_peer_once(impl):
+    """One barrier; each rank reads (p-1) n elements of its peers and writes none."""
+    for p, n in ((2, 1000), (3, 1003), (4, 10)):
+        bufs = _traffic(impl, "one_shot_all_reduce", p, n)
+        assert bufs.barriers == 1, f"p={p}: {bufs.barriers} barriers, one-shot takes 1"
+        assert bufs.remote_read == [(p - 1) * n] * p, f"p={p}, n={n}: read {bufs.remote_read}"
+        assert bufs.remote_written == [0] * p, f"p={p}: wrote {bufs.remote_written} into peers"
+
+
+@pytest.mark.points(10)
+@pytest.mark.timeout(60)
+def test_two_shot_all_reduce_sums(impl):
+    _grade_peer(impl, "two_shot_all_reduce")
+
+
+@pytest.mark.points(10)
+@pytest.mark.timeout(60)
+def test_two_shot_all_reduce_moves_a_rings_bytes(impl):
+    """Two barriers; rank r reads and writes (p-1) x |segment r| elements of its peers."""
+    for p, n in ((2, 1000), (3, 1003), (4, 10), (5, 3)):
+        bufs = _traffic(impl, "two_shot_all_reduce", p, n)
+        seg = [b - a for a, b in segment_bounds(n, p)]
+        assert bufs.barriers == 2, f"p={p}: {bufs.barriers} barriers, two-shot takes 2"
+        assert bufs.remote_read == [(p - 1) * s for s in seg], f"p={p}, n={n}: read {bufs.remote_read}"
+        assert bufs.remote_written == [(p - 1) * s for s in seg], \
+            f"p={p}, n={n}: wrote {bufs.remote_written}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, StreamingResponse
@@ -30,6 +30,7 @@ from .attachments import Attachments
 from .branches import branch_points, fork
 from .extra_routes import add_extra_routes
 from .prompt import Play
+from . import tools as tool_defs
 from .reply import ReplyRequest, stream_reply
 from .upstream import Upstream, UpstreamError
 
@@ -82,6 +83,8 @@ class ReplyBody(BaseModel):
     max_tokens: int = Field(128, ge=1, le=8192)
     play: dict[str, str] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)  # same seed, same reply
+    tools: list[str] = Field(default_factory=list, max_length=8)  # built-ins (chat/tools.py)
+    tool_choice: Literal["auto", "required"] = "auto"
 
 
 def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = None,
@@ -210,8 +213,13 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
             except UpstreamError as exc:
                 raise HTTPException(502, str(exc)) from exc
         info = model_info.get(body.model, {})
+        try:
+            tool_defs.definitions(body.tools)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from exc
         req = ReplyRequest(body.model, body.temperature, body.max_tokens, play,
-                           info.get("max_model_len"), body.seed, settings.get("system"))
+                           info.get("max_model_len"), body.seed, settings.get("system"),
+                           tuple(body.tools), body.tool_choice)
         return ClosingStreamingResponse(stream_reply(store, upstream, attachments.index_for(sid),
                                                      sid, conv_id, req),
                                  media_type="application/x-ndjson",

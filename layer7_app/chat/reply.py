@@ -21,6 +21,7 @@ from typing import Any
 
 from ..rag import DocIndex, context_message
 from ..store import Store
+from . import tools
 from .prompt import CHARS_PER_TOKEN, Play, build_request
 from .upstream import StreamResult, Upstream, UpstreamError
 
@@ -36,6 +37,8 @@ class ReplyRequest:
     context_len: int | None
     seed: int | None = None
     system: str | None = None  # the conversation's system prompt
+    tools: tuple[str, ...] = ()  # built-in tools the model may call (tools.py; chat mode only)
+    tool_choice: str = "auto"  # "required": the first answer must be a call
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -61,8 +64,9 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
                        conv_id: str, req: ReplyRequest) -> AsyncIterator[bytes]:
     """Generate the reply to the conversation's history, streaming events to the page."""
     # A reply that failed before its first token is kept for the page, not for the model.
-    history = [{"role": m.role, "content": m.content}
-               for m in store.messages(session, conv_id) or [] if m.content]
+    stored = store.messages(session, conv_id) or []
+    history = ([{"role": m.role, "content": m.content} for m in stored if m.content]
+               if req.play is not None else tools.expand_history(stored))
     citations: list[dict[str, object]] = []
     rag_text = None
     last_user = next((m["content"] for m in reversed(history) if m["role"] == "user"), "")
@@ -78,6 +82,9 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
                          play=req.play, rag_context=rag_text, system_prompt=req.system)
     if req.seed is not None:
         body["seed"] = req.seed
+    if req.tools and req.play is None:
+        body.update(tools=tools.definitions(req.tools), tool_choice=req.tool_choice,
+                    parallel_tool_calls=False)  # one call a round: plenty for a small model
     yield _event("start", model=req.model)
     if citations:
         yield _event("citations", citations=citations)
@@ -95,6 +102,27 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
             async for text in pieces_in:
                 pieces.append(text)
                 yield _event("delta", text=text)
+        for round_ in range(tools.MAX_ROUNDS):  # the model called tools: run them, go on
+            if not (req.tools and result.tool_calls):
+                break
+            calls, said = result.tool_calls, "".join(pieces)
+            results = [tools.run_tool(c["function"]["name"], c["function"]["arguments"], index)
+                       for c in calls]
+            meta.setdefault("tool_calls", []).extend(calls)
+            meta.setdefault("tool_results", []).extend(
+                {"id": c["id"], "name": c["function"]["name"], "content": r}
+                for c, r in zip(calls, results, strict=True))
+            meta["tool_text"] = meta.get("tool_text", "") + said
+            for c, r in zip(calls, results, strict=True):
+                yield _event("tool_call", call=c)
+                yield _event("tool_result", id=c["id"], name=c["function"]["name"], content=r)
+            body = tools.follow_up(body, said, calls, results,
+                                   last=round_ == tools.MAX_ROUNDS - 1)
+            pieces, result = [], StreamResult()
+            async with aclosing(upstream.stream(path, body, result)) as pieces_in:
+                async for text in pieces_in:
+                    pieces.append(text)
+                    yield _event("delta", text=text)
         meta["stopped"] = False
     except UpstreamError as exc:
         meta["stopped"] = False

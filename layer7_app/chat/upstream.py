@@ -42,6 +42,20 @@ class StreamResult:
     usage: dict[str, Any] = field(default_factory=dict)
     llm_stack: dict[str, Any] = field(default_factory=dict)
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # joined from the deltas
+
+
+def merge_tool_call(calls: list[dict[str, Any]], piece: dict[str, Any]) -> None:
+    """Add one streamed delta.tool_calls entry: a new index opens a call (id, name), later
+    pieces of the same index append to its arguments."""
+    i = piece.get("index", len(calls))
+    fn = piece.get("function") or {}
+    while len(calls) <= i:
+        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls[i]
+    call["id"] = piece.get("id") or call["id"]
+    call["function"]["name"] += fn.get("name") or ""
+    call["function"]["arguments"] += fn.get("arguments") or ""
 
 
 def _error_text(body: bytes, status: int) -> str:
@@ -119,6 +133,8 @@ class Upstream:
                     for choice in chunk.get("choices") or []:
                         if choice.get("finish_reason"):
                             result.finish_reason = choice["finish_reason"]
+                        for piece in (choice.get("delta") or {}).get("tool_calls") or []:
+                            merge_tool_call(result.tool_calls, piece)
                         # chat chunks carry delta.content, completion chunks text
                         text = choice.get("text") or (choice.get("delta") or {}).get("content")
                         if text:

@@ -30,9 +30,12 @@ function settings() {
         assistant: $("play-assistant").value.trim() || "HAMLET" }
     : null;
   const seed = parseInt($("seed").value, 10);
+  const tools = [["tool-calculator", "calculator"], ["tool-search", "search_documents"]]
+    .filter(([id]) => $(id).checked).map(([, name]) => name);
   return { model, temperature: parseFloat($("temperature").value),
            max_tokens: parseInt($("max-tokens").value, 10) || 128, play,
-           seed: Number.isNaN(seed) ? null : seed };
+           seed: Number.isNaN(seed) ? null : seed, tools,
+           tool_choice: tools.length && $("tool-required").checked ? "required" : "auto" };
 }
 
 function isCourse(model) { return /course/i.test(model || ""); }
@@ -99,6 +102,11 @@ async function streamReply(extra) {
         buffer = buffer.slice(nl + 1);
         if (event.type === "delta") text += event.text;
         else if (event.type === "citations") meta = { citations: event.citations };
+        else if (event.type === "tool_call" || event.type === "tool_result") {
+          meta = meta || {};  // a call the app runs, then its result: shown in the bubble
+          if (event.type === "tool_call") (meta.tool_calls = meta.tool_calls || []).push(event.call);
+          else (meta.tool_results = meta.tool_results || []).push(event);
+        }
         else if (event.type === "error") meta = { ...(meta || {}), error: event.message };
         else if (event.type === "done") { text = event.message.content; meta = event.message.meta; }
         if (!pending) { pending = true; requestAnimationFrame(paint); }

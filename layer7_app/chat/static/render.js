@@ -53,7 +53,8 @@ function renderUser(text, speaker) {
 
 function renderAssistant(row, text, meta) {
   row.querySelector(".body").replaceChildren(window.renderMarkdown(text));
-  row.querySelectorAll(".stats, .citations, .error").forEach((n) => n.remove());
+  row.querySelectorAll(".stats, .citations, .error, .tool-calls").forEach((n) => n.remove());
+  if (meta && meta.tool_calls && meta.tool_calls.length) row.insertBefore(toolCalls(meta), row.querySelector(".body"));
   if (meta && meta.error) {
     const err = document.createElement("div");
     err.className = "error";
@@ -67,6 +68,26 @@ function renderAssistant(row, text, meta) {
     stats.textContent = statsLine(meta);
     row.appendChild(stats);
   }
+}
+
+function toolCalls(meta) {
+  // each call the model made (name and arguments) and the result the app fed back
+  const box = document.createElement("div");
+  box.className = "tool-calls";
+  const results = meta.tool_results || [];
+  meta.tool_calls.forEach((c) => {
+    const item = document.createElement("div");
+    item.className = "tool-call";
+    const call = document.createElement("code");
+    call.textContent = `${c.function.name}(${c.function.arguments})`;
+    const found = results.find((r) => r.id === c.id);
+    const result = document.createElement("code");
+    result.className = "tool-result";
+    result.textContent = found ? `→ ${found.content}` : "…";
+    item.append("🔧 ", call, " ", result);
+    box.appendChild(item);
+  });
+  return box;
 }
 
 function citations(list) {

@@ -32,6 +32,7 @@ from .peer_all_reduce import PeerAllReduce, choose
 
 LATENCY_SIZES = [8 << (2 * i) for i in range(10)]  # 8 B .. 2 MiB, x4
 BANDWIDTH_SIZES = [4 << 20, 8 << 20, 16 << 20, 32 << 20, 64 << 20, 256 << 20]
+EAGER_SIZES = [8 << 10, 512 << 10]
 GRAPHED_MAX = 8 << 20  # up to here (decode's sizes) each call is timed inside a CUDA graph
 OURS = ("ours one_shot", "ours two_shot", "ours (by size)")
 TORCH_SYMM = ("torch symm_mem one_shot", "torch symm_mem two_shot")
@@ -144,11 +145,30 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
                          "ok": ok, "error": error, "blocks": ours.blocks if name in OURS else None})
     small.close()
     large.close()
-    rows += _gather_scatter_rows(bandwidth_sizes, iters, dtype, dev)
+    rows += _gather_scatter_rows(bandwidth_sizes, iters, dtype, dev, per_graph)
+    rows += _eager_rows(EAGER_SIZES, iters, dtype, dev)
     return {"rows": rows} if dist.get_rank() == 0 else None
 
 
-def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]:
+def _eager_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]:
+    """One call at a time from Python, no graph: what an eager caller pays, host included."""
+    world = dist.get_world_size()
+    elsize = torch.empty(0, dtype=dtype).element_size()
+    ours = PeerAllReduce(device=dev)
+    rows = []
+    for nbytes in sizes:
+        x = torch.ones(nbytes // elsize, device=dev, dtype=dtype)
+        out = torch.empty_like(x)
+        for impl, call in (("ours eager", lambda: ours(x, out)), ("NCCL eager", lambda: dist.all_reduce(out))):
+            t = statistics.median(time_collective(call, iters, 3, dev))
+            rows.append({"impl": impl, "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."),
+                         "world": world, "timing": "eager", "time_s": t, "algbw": nbytes / t,
+                         "busbw": busbw(nbytes / t, "all_reduce", world), "ok": True, "error": None})
+    ours.close()
+    return rows
+
+
+def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev, per_graph: int) -> list[dict]:
     """All-gather (size = the gathered output) and reduce-scatter (size = the input), ours
     through peer memory vs NCCL's, as nccl-tests sizes them."""
     if not sizes:
@@ -173,9 +193,12 @@ def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]
             if impl == "ours":  # exact against NCCL's answer
                 want = calls[(kind, "NCCL")]().clone()
                 ok = _agree(bool(torch.equal(call(), want)), dev)
-            t = statistics.median(time_collective(call, iters, 2, dev))
+            graphed = n * elsize <= GRAPHED_MAX
+            t = _graph_time(call, per_graph, iters, dev) if graphed else \
+                statistics.median(time_collective(call, iters, 2, dev))
             rows.append({"impl": f"{impl} {kind}", "bytes": n * elsize, "dtype": str(dtype).removeprefix("torch."),
-                         "world": world, "timing": "eager", "time_s": t, "algbw": n * elsize / t,
+                         "world": world, "timing": "cuda graph" if graphed else "eager",
+                         "time_s": t, "algbw": n * elsize / t,
                          "busbw": busbw(n * elsize / t, kind, world), "ok": ok, "error": None})
     peer.close()
     return rows

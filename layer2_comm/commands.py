@@ -236,8 +236,8 @@ def bench(argv: list[str] | None = None) -> int:
 def peer(argv: list[str] | None = None) -> int:
     """Our peer-memory all-reduce vs NCCL vs torch symm_mem: tables, crossovers, JSON, plot."""
     from .bench_peer import BANDWIDTH_SIZES, LATENCY_SIZES, peer_bench_rank, summarize
-    from .peer_report import (choice_table, crossover_lines, gather_scatter_table, latency_table,
-                              markdown, plot_peer_busbw)
+    from .peer_report import (choice_table, crossover_lines, eager_lines, gather_scatter_table,
+                              latency_table, markdown, plot_peer_busbw)
 
     parser = _parser("stack bench --layer 2 --peer", peer.__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -266,7 +266,7 @@ def peer(argv: list[str] | None = None) -> int:
     console.print(latency_table(rows))
     console.print(gather_scatter_table(rows))
     console.print(choice_table(summary))
-    for line in crossover_lines(summary):
+    for line in crossover_lines(summary) + eager_lines(rows):
         console.print(line)
     out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)

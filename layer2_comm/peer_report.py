@@ -50,8 +50,8 @@ def latency_table(rows: list[dict]) -> Table:
 
 def gather_scatter_table(rows: list[dict]) -> Table:
     """All-gather and reduce-scatter, ours (peer memory) vs NCCL: time and busbw."""
-    table = Table(title="all-gather / reduce-scatter through peer memory vs NCCL (eager, median "
-                        "of the slowest rank)")
+    table = Table(title="all-gather / reduce-scatter through peer memory vs NCCL (CUDA graphs up "
+                        "to 8 MiB, eager above; median of the slowest rank)")
     for column in ("collective", "size", "ours us", "NCCL us", "ours busbw GB/s",
                    "NCCL busbw GB/s", "ours / NCCL busbw", "ok"):
         table.add_column(column, justify="right")
@@ -78,6 +78,14 @@ def choice_table(summary: dict) -> Table:
                       *[_us(row.get(k, math.nan)) for k in ("one_shot", "two_shot", "nccl")],
                       *[_us(p[k]) for k in ("one_shot", "two_shot", "nccl")])
     return table
+
+
+def eager_lines(rows: list[dict]) -> list[str]:
+    """Ours and NCCL called one at a time from Python (no CUDA graph)."""
+    got = {(r["impl"], r["bytes"]): r["time_s"] for r in rows if r["impl"].endswith(" eager")}
+    return [f"eager (no graph), {human(b)}: ours {got[('ours eager', b)] * 1e6:.1f} us, "
+            f"NCCL {got[('NCCL eager', b)] * 1e6:.1f} us"
+            for b in sorted({b for _, b in got}) if ("ours eager", b) in got and ("NCCL eager", b) in got]
 
 
 def crossover_lines(summary: dict) -> list[str]:
@@ -131,5 +139,5 @@ def markdown(rows: list[dict], summary: dict) -> str:
                   f"{ours[s]['busbw'] / nccl[s]['busbw']:.2f}x |" for s in sorted(set(ours) & set(nccl))]
     lines += ["", "| size | chosen | fastest measured |", "| --- | --- | --- |"]
     lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |" for r in summary["choice"]]
-    lines += [""] + [f"- {line}" for line in crossover_lines(summary)]
+    lines += [""] + [f"- {line}" for line in crossover_lines(summary) + eager_lines(rows)]
     return "\n".join(lines) + "\n"

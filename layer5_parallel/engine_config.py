@@ -9,12 +9,16 @@ that all ranks pass the same shape. tp_timeout_s: the longest any wait between r
 (startup, each collective, shutdown). tp_threads: CPU threads per rank, rank 0 included
 (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
-ep_model.py).
+expert_parallel/engine_model.py).
+pipeline_parallel_size: stages the layers are cut into (pipeline_parallel/engine.py; the tp_*
+knobs apply to its ranks too; with tensor_parallel_size T each stage is T ranks);
+pp_micro_batches: micro-batches each step is cut into (None: stages).
+data_parallel_size: whole engines (each tensor_parallel_size x pipeline_parallel_size ranks),
+one per process, sharing the requests (data_parallel/replicas.py); dp_devices: the device of
+each replica (None: GPU i for replica i on CUDA, else the CPU).
 distributed_executor_backend (vLLM's name): "mp" (rank 0 starts the other ranks as processes
 on this host) or "external_launcher" (torchrun started every rank, on one host or many, each
-running the same script: external_launcher.py).
-pipeline_parallel_size: stages the layers are cut into (pp_engine.py; the tp_* knobs apply to
-its ranks too); pp_micro_batches: micro-batches each step is cut into (None: stages).
+running the same script: tensor_parallel/external_launcher.py).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from dataclasses import dataclass, fields
 
 import layer4_algorithms as engine
 
-from .pp_stage import pp_problems
+from .pipeline_parallel.stage import pp_problems
 
 TP_BACKENDS = ("torch", "ours")
 EXECUTOR_BACKENDS = ("mp", "external_launcher")
@@ -39,9 +43,12 @@ class EngineConfig(engine.EngineConfig):
     pipeline_parallel_size: int = 1
     pp_micro_batches: int | None = None
     distributed_executor_backend: str = "mp"
+    data_parallel_size: int = 1
+    dp_devices: tuple[str, ...] | None = None
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
+        dp = self.data_parallel_size
         mine = [
             None if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else
             f"tensor_parallel_size must be a positive int, got {tp!r}",
@@ -58,9 +65,14 @@ class EngineConfig(engine.EngineConfig):
             f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, got "
             f"{self.distributed_executor_backend!r}",
             None if self.distributed_executor_backend == "mp" or (
-                self.pipeline_parallel_size == 1 and not self.enable_expert_parallel) else
+                self.pipeline_parallel_size == 1 and not self.enable_expert_parallel
+                and self.data_parallel_size == 1) else
             "distributed_executor_backend='external_launcher' runs tensor parallelism only "
-            "(pipeline_parallel_size=1, no expert parallelism)",
+            "(pipeline_parallel_size=1, data_parallel_size=1, no expert parallelism)",
+            None if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else
+            f"data_parallel_size must be a positive int, got {dp!r}",
+            None if self.dp_devices is None or len(self.dp_devices) == dp else
+            f"dp_devices names {len(self.dp_devices or ())} devices for data_parallel_size={dp}",
         ]
         return super()._problems() + mine
 

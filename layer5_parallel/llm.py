@@ -1,25 +1,24 @@
-"""The engine under tensor parallelism: `LLM(model, tensor_parallel_size=N, **engine_kwargs)`.
+"""Layer 5's engine: layer 4's `LLM` over as many ranks as the config asks for.
 
     with LLM("models/course-target", tensor_parallel_size=2, dtype="float32") as llm:
         outs = llm.generate(prompts, SamplingParams(max_tokens=32))
 
-tensor_parallel_size=1 is layer 4's engine itself: no process, no wrapper, not one extra
-instruction per step. For N > 1 rank 0 (this process) runs layer 4's `LLM` unchanged —
-scheduler, block manager, sampling — over a model that is a thin wrapper:
+    LLM(path)                                                  layer 4's engine itself
+    LLM(path, tensor_parallel_size=T)                          tensor_parallel/engine.py
+    LLM(path, pipeline_parallel_size=P[, tensor_parallel_size=T])  pipeline_parallel/engine.py
+    LLM(path, data_parallel_size=D, ...)                       D replicas: data_parallel/replicas.py
+    LLM(path, tensor_parallel_size=T,                          every rank started by torchrun:
+        distributed_executor_backend="external_launcher")      tensor_parallel/external_launcher.py
 
-    runner.execute(step) -> wrapper.forward(ids, ctx, cache)
-        1. control message to the workers (shared-memory ring): query/seq lengths, flags
-        2. broadcast ids | slot_mapping | block_tables           (all ranks)
-        3. rank 0's shard forward; the workers run theirs at the same time, each over its own
-           paged-KV head shard; the row-parallel all-reduces keep them in lock step
-        4. logits (all-gathered inside the shard) -> layer 4 samples on rank 0
-
-With cuda_graph=True, decode steps skip the wrapper: every rank replays its CUDA graph of
-its shard's step, collectives inside, the inputs broadcast inside the graph (tp_graph.py);
-prefill and mixed steps run as above. Copy-on-write block copies go to every rank too (the
-cache wrapper below forwards them).
-Every rank's cache has the same number of blocks: layer 4 sizes rank 0's from the per-rank
-config (its kv heads), so the KV budget is per rank.
+At one rank nothing is added: no process, no wrapper, not one extra instruction per step. Over
+several, the form's `start_*` is composed in: it starts the worker ranks (runtime/) and returns
+the group and a finished layer-3 `Model` whose net runs rank 0's part and tells the workers
+what to run; layer 4's engine is then built over that Model, as over any other, and its cache
+is a `RankedKVCache` (copy-on-write copies reach every rank) and its runner a
+`RankZeroRunner` (bounded waits; with cuda_graph under tensor parallelism, the decode graphs
+every rank replays: tensor_parallel/graphs.py). Rank 0 schedules, samples and returns the
+outputs; the workers only compute. Under the external launcher there is no rank 0 helper:
+every rank runs the whole engine over its shard, in lock step.
 """
 from __future__ import annotations
 
@@ -34,123 +33,95 @@ import torch
 import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
-from .ep_model import MoEModelConfig, check_expert_parallel
-from .external_launcher import shared_generator, start_launched
-from .pp_engine import start_pipeline
-from .rank0_model import RankZeroModel
-from .tp import check_tp_size, shard_model, tp_config, weight_bytes
-from .tp_graph import TPGraphRunner, TPModelRunner, wait_event
-from .tp_group import TPGroup
-from .tp_worker import pack_step, step_message
+from .expert_parallel.engine_model import MoEModelConfig, check_expert_parallel
+from .pipeline_parallel.engine import start_pipeline
+from .runtime import RankedKVCache, RankZeroModel, RankZeroRunner, WorkerGroup, wait_event
+from .runtime.worker import weight_bytes
+from .tensor_parallel.engine import capture_graphs, start_tensor_parallel
+from .tensor_parallel.external_launcher import shared_generator, start_launched
 
 l3 = engine.executor
 
 
-class TPModel(RankZeroModel):
-    """Rank 0's model: announces each forward to the workers, then runs its own shard.
-    Same forward signature as layer 3's LlamaModel; config is rank 0's per-rank config."""
-
-    def forward(self, input_ids: torch.Tensor, ctx, cache=None, *,
-                last_only: bool = False) -> torch.Tensor:
-        with self.group.guard("forward step"):
-            self.group.send(step_message(ctx, cache is not None, last_only))
-            self.group.comm.broadcast(pack_step(input_ids, ctx))
-            return self.shard(input_ids, ctx, cache, last_only=last_only)
-
-
-class TPPagedKVCache(engine.PagedKVCache):
-    """Rank 0's paged cache (the tensors layer 4 made), whose copy-on-write copies happen on
-    every rank."""
-
-    def __init__(self, inner: engine.PagedKVCache, group: TPGroup) -> None:
-        self.__dict__.update(inner.__dict__)
-        self.group = group
-
-    def context(self, *args, **kw):
-        """Layer 4's step context; a closed group says so first (before layer 4 checks the step
-        a failed one left behind)."""
-        if self.group.error is not None:
-            raise RuntimeError(f"the {self.group.label} group is closed: {self.group.error}")
-        return super().context(*args, **kw)
-
-    def copy_blocks(self, pairs) -> None:
-        if pairs:
-            with self.group.guard("copy-on-write"):
-                self.group.send(("copy", [(int(s), int(d)) for s, d in pairs]))
-        super().copy_blocks(pairs)
-
-
 class LLM(engine.LLM):
-    """Layer 4's engine over `config.tensor_parallel_size` ranks (see engine_config.py for the
-    tp_* knobs). LLM(model, config=None, **overrides), as layer 4's."""
+    """Layer 4's engine over `tensor_parallel_size` x `pipeline_parallel_size` ranks (see
+    engine_config.py for the knobs). LLM(model, config=None, **overrides), as layer 4's.
+    With data_parallel_size > 1 the call returns a `ReplicaSet` (data_parallel/replicas.py):
+    that many whole engines, one per process, with the same offline API."""
+
+    def __new__(cls, model=None, config: engine.EngineConfig | None = None, **overrides):
+        dp = overrides.get("data_parallel_size", getattr(config, "data_parallel_size", 1))
+        if cls is LLM and dp not in (None, 1):
+            from .data_parallel.replicas import ReplicaSet  # the replicas start engines: lazy
+            return ReplicaSet(model, config, **overrides)
+        return super().__new__(cls)
 
     def __init__(self, model: str | Path | l3.Model, config: engine.EngineConfig | None = None, *,
                  speculator=None, _tp_faults: dict[int, str] | None = None, **overrides) -> None:
         config = EngineConfig.of(config)
         config = replace(config, **overrides) if overrides else config  # validates
-        tp = config.tensor_parallel_size
-        self.tensor_parallel_size, self.tp_group, self.launched = tp, None, None
+        tp, pp = config.tensor_parallel_size, config.pipeline_parallel_size
+        self.tensor_parallel_size, self.pipeline_parallel_size = tp, pp
+        self.tp_group: WorkerGroup | None = None  # the worker ranks (None: one process)
+        self.launched = None  # external_launcher: this rank's place among torchrun's ranks
+        self.worker_kv_bytes: list[int] = []
         if config.enable_expert_parallel:
             check_expert_parallel(model, tp)
         if config.cuda_graph and isinstance(getattr(getattr(model, "net", None), "config", None),
                                             MoEModelConfig):  # routing reads counts on the host
             raise ValueError("cuda_graph=True cannot capture an MoE model (its routing syncs "
                              "with the host every layer); use cuda_graph=False")
-        if config.pipeline_parallel_size > 1:  # layers cut into stages: pp_engine.py
-            start_pipeline(self, model, config, speculator, _tp_faults)
-            atexit.register(_close_ref, weakref.ref(self))
-            return
         if config.distributed_executor_backend == "external_launcher":  # every rank: torchrun
+            self.launched, wrapped, config = start_launched(model, config)
             self._launch_seeds = itertools.count()
-            start_launched(self, model, config, speculator)
+            try:
+                super().__init__(wrapped, config, speculator=speculator)
+            except BaseException:
+                self.close()
+                raise
             atexit.register(_close_ref, weakref.ref(self))
             return
-        if tp == 1:  # layer 4's engine, untouched
+        if tp * pp == 1:  # layer 4's engine, untouched
             super().__init__(model, config, speculator=speculator)
             return
         full = model if isinstance(model, l3.Model) else l3.load(
             model, backend=config.backend, dtype=config.dtype, device=config.device)
-        check_tp_size(full.config, tp)
         net = full.net
-        if isinstance(model, l3.Model):
-            source = ("state", net.config, net.state_dict(), net.backend)
-        else:
+        if isinstance(model, l3.Model):  # the workers rebuild it from rank 0's shared tensors
+            source = ("state", net.config, net.state_dict(), net.backend, type(net))
+        else:  # or load it themselves
             source = ("path", str(model), net.backend, net.dtype)
-        self.tp_group = group = TPGroup.start(
-            tp, source, device=net.device, comm_backend=config.tp_backend, check=config.tp_check,
-            timeout_s=config.tp_timeout_s, threads=config.tp_threads, faults=_tp_faults,
-            expert_parallel=config.enable_expert_parallel)
+        start = start_pipeline if pp > 1 else start_tensor_parallel
+        self.tp_group, wrapped = start(full, source, config, _tp_faults)
+        del full, net, source
         try:
-            shard = shard_model(net, 0, tp, group.comm,
-                                expert_parallel=config.enable_expert_parallel)
-            with group.guard("checking the shards"):
-                _check_workers(group, net.config, tp)
-            del net
-            wrapped = l3.Model(TPModel(shard, group), full.tokenizer)
-            del full
             super().__init__(wrapped, config, speculator=speculator)
         except BaseException:
             self.close()
             raise
         atexit.register(_close_ref, weakref.ref(self))
 
+    def make_cache(self) -> engine.PagedKVCache:
+        """Layer 4's cache (sized by rank 0's part of the model); over several ranks its
+        copy-on-write copies are sent to every rank."""
+        if self.tp_group is None:
+            return super().make_cache()
+        net = self.model.net
+        return RankedKVCache.for_group(self.tp_group, self.model.config, self.config.num_blocks,
+                                       self.config.block_size, dtype=net.dtype, device=net.device)
+
     def make_runner(self) -> engine.ModelRunner:
-        """Layer 4's runner (TP: the workers make their caches first; with cuda_graph every
-        rank captures its decode graphs, the workers at the same time as rank 0)."""
+        """Layer 4's runner; over several ranks the workers make their caches first, rank 0's
+        waits are bounded, and with cuda_graph (tensor parallelism) every rank captures its
+        decode graphs, the workers at the same time as rank 0."""
         group = self.tp_group
         if group is None:
             return super().make_runner()
         self.worker_kv_bytes = group.make_caches(self.cache)
-        runner = TPModelRunner(self.model.net, self.cache, replace(self.config, cuda_graph=False))
+        runner = RankZeroRunner(self.model.net, self.cache, replace(self.config, cuda_graph=False))
         runner.group = group
-        if self.config.cuda_graph:
-            max_blocks = -(-self.config.resolved_max_model_len // self.cache.block_size)
-            n, on_gpu = self.config.max_num_seqs, self.model.net.device.type == "cuda"
-            with group.guard("capturing the decode CUDA graphs"):
-                group.send(("graphs", n, max_blocks))
-                runner.graph = TPGraphRunner(self.model.net.shard, self.cache, n, max_blocks,
-                                             group.comm, group=group, capture=on_gpu)
-                group.gather("graphs")
+        if self.config.cuda_graph:  # tensor parallelism only (pipelines refuse cuda_graph)
+            runner.graph = capture_graphs(group, self.model.net, self.cache, self.config)
         return runner
 
     def _complete(self, launched, advanced, finished) -> None:
@@ -165,18 +136,13 @@ class LLM(engine.LLM):
             return shared_generator(self.launched, params, index, self._launch_seeds)
         return super()._generator(params, index)
 
-    def make_cache(self) -> engine.PagedKVCache:
-        """Layer 4's cache (sized by the per-rank config), copy-on-write forwarded to the ranks."""
-        cache = super().make_cache()
-        return cache if self.tp_group is None else TPPagedKVCache(cache, self.tp_group)
-
     # ---- lifetime ------------------------------------------------------------------------------
     def close(self) -> None:
-        """Stop the workers and leave the process group (a no-op at tp=1 or when closed)."""
+        """Stop the workers and leave the process group (a no-op at one rank or when closed)."""
         group, self.tp_group = getattr(self, "tp_group", None), None
         if group is not None:
             group.shutdown()
-        launched = getattr(self, "launched", None)
+        launched, self.launched = getattr(self, "launched", None), None
         if launched is not None:
             launched.close()
 
@@ -189,8 +155,9 @@ class LLM(engine.LLM):
     # ---- what each rank holds ------------------------------------------------------------------
     def rank_memory(self) -> list[dict[str, int]]:
         """Per rank: weight and KV-cache bytes ({"rank", "weights", "kv"})."""
-        shard = self.runner.net.shard if self.tp_group else self.runner.net
-        rows = [{"rank": 0, "weights": weight_bytes(shard), "kv": self.cache.nbytes}]
+        net = self.runner.net
+        mine = net.shard if isinstance(net, RankZeroModel) else net
+        rows = [{"rank": 0, "weights": weight_bytes(mine), "kv": self.cache.nbytes}]
         if self.tp_group is not None:
             for r, (info, kv) in enumerate(zip(self.tp_group.worker_info, self.worker_kv_bytes,
                                                strict=True), start=1):
@@ -200,7 +167,7 @@ class LLM(engine.LLM):
     @torch.no_grad()
     def prompt_logits(self, token_ids: list[list[int]]) -> list[torch.Tensor]:
         """fp32 logits (L_i, V) of every position of each token list, one prefill with no cache
-        (through every rank under TP): for comparing TP against one process."""
+        (through every rank): for comparing a parallel engine against one process."""
         net = self.runner.net
         lens = [len(t) for t in token_ids]
         flat = [t for seq in token_ids for t in seq]
@@ -208,17 +175,6 @@ class LLM(engine.LLM):
         slots = torch.zeros(len(flat), dtype=torch.int64)  # no cache: nothing is written
         ctx = l3.AttentionContext.build(lens, [0] * len(lens), slots, device=net.device)
         return list(net(ids, ctx, None).split(lens))
-
-
-def _check_workers(group: TPGroup, config, tp: int) -> None:
-    """Every worker loaded the same model and holds the shard its rank should."""
-    for rank, (_, full, local, _) in enumerate(group.worker_info, start=1):
-        if full != config:
-            raise ValueError(f"rank {rank} loaded a different model ({full}) than rank 0 "
-                             f"({config})")
-        if local != tp_config(config, tp, rank):
-            raise ValueError(f"rank {rank} holds shard {local}, expected "
-                             f"{tp_config(config, tp, rank)}")
 
 
 def _close_ref(ref: weakref.ref) -> None:

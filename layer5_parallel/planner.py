@@ -32,7 +32,7 @@ from pathlib import Path
 
 import layer4_algorithms as engine
 
-from .tp import valid_tp_sizes
+from .tensor_parallel.shard import valid_tp_sizes
 
 l3 = engine.executor
 comm = engine.comm

@@ -56,7 +56,7 @@ def ring_vs_full(seed: int, seq_len: int, heads: int = 4, kv_heads: int = 2, dim
                  repeats: int = 3) -> dict:
     """The layer's ring attention on this rank's load-balanced share vs full causal attention
     (torch SDPA) of the whole sequence: largest error on this rank's rows, and seconds."""
-    ra = importlib.import_module("layer5_parallel.ring_attention")
+    ra = importlib.import_module("layer5_parallel.context_parallel.ring_attention")
     me, p = dist.get_rank(), dist.get_world_size()
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, heads, seq_len, dim, generator=g)

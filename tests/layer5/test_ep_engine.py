@@ -16,15 +16,15 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.ep_engine_bench import bench_moe_engine, format_moe_engine
-from layer5_parallel.ep_model import (
+from layer5_parallel.bench.moe_engine import bench_moe_engine, format_moe_engine
+from layer5_parallel.expert_parallel.engine_model import (
     MoEMLP,
     expert_load,
     moe_config,
     random_moe_model,
     reset_expert_load,
 )
-from layer5_parallel.moe import MoEBlock
+from layer5_parallel.expert_parallel.moe import MoEBlock
 
 l3 = l5.engine.executor
 MAX_TOKENS = 8

@@ -13,13 +13,13 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.moe import MoEBlock, route, stats_of
-from layer5_parallel.moe_model import (
+from layer5_parallel.expert_parallel.model import (
     MIXTRAL_TINY,
     QWEN_MOE_TINY,
     ExpertParallelModel,
     MoETransformer,
 )
+from layer5_parallel.expert_parallel.moe import MoEBlock, route, stats_of
 
 seeds = random.SystemRandom()
 LAUNCH = l5.engine.executor.comm.launch

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import layer5_parallel as L5
-from layer5_parallel import pipeline_schedules as S
 from layer5_parallel import train_adapter as A
+from layer5_parallel.pipeline_parallel import schedules as S
 
 # (schedule, micro-batches, tied embedding) per world size: m = 3..5 on 2 and 3 stages
 CASES = {2: [("gpipe", 3, False), ("1f1b", 5, False), ("1f1b", 4, True)],
@@ -41,11 +41,7 @@ def _rank_cases() -> list[dict]:
                 for p in L5.stage_params(model, stage, stages)]
         others = [p.grad for p in model.parameters()
                   if id(p) not in {id(q) for q in L5.stage_params(model, stage, stages)}]
-        with torch.no_grad():  # inference: the forward-only pipeline's logits
-            want = ref(ids) if hasattr(ref, "causal_layers") else ref.causal_lm_logits(ids)
-        logits, _ = L5.pipeline_forward(model, ids, micro_batches=m)
-        logit_err = None if logits is None else (logits - want).abs().max().item()
-        out.append(dict(sched=sched, m=m, err=max(errs), n_params=len(errs), logit_err=logit_err,
+        out.append(dict(sched=sched, m=m, err=max(errs), n_params=len(errs),
                         foreign_grads=sum(g is not None for g in others),
                         loss_err=None if res.loss is None else abs(res.loss - ref_loss.item()),
                         ops=len(res.events),
@@ -102,9 +98,7 @@ def test_gradients_equal_single_process(world_results):
             assert case["err"] <= 1e-5 * max(1.0, case["ref_scale"]), (p, rank, case)
             assert case["ops"] == 2 * case["m"]
             if rank == p - 1:
-                assert case["loss_err"] < 1e-5 and case["logit_err"] < 1e-4, case
-            else:
-                assert case["logit_err"] is None
+                assert case["loss_err"] < 1e-5, case
     assert sum(len(L5.stage_params(A.build_model(A.tiny_config()), s, p)) for s in range(p)) \
         == len(list(A.build_model(A.tiny_config()).parameters()))
 

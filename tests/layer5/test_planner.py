@@ -9,8 +9,10 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel import commands, planner
-from layer5_parallel.tp import shard_model, weight_bytes
+from layer5_parallel import planner
+from layer5_parallel.bench import commands
+from layer5_parallel.runtime import weight_bytes
+from layer5_parallel.tensor_parallel.shard import shard_model
 
 l3 = l5.engine.executor
 

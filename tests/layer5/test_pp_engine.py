@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel import commands, pp_stage
+from layer5_parallel.bench import commands
+from layer5_parallel.pipeline_parallel import stage as pp_stage
 
 l3 = l5.engine.executor
 
@@ -71,7 +72,7 @@ def pp(request, model):
         out["memory"] = llm.rank_memory()
         out["busy"] = llm.runner.net.stage_busy()
         yield out
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
 
 
 def assert_same_or_near_tie(ref: dict, pp: dict) -> None:
@@ -192,8 +193,10 @@ def test_bad_pipeline_sizes_are_named():
         l5.LLM(model, pipeline_parallel_size=6, num_blocks=8)
     with pytest.raises(ValueError, match="positive int"):
         l5.LLM(model, pipeline_parallel_size=0)
-    with pytest.raises(ValueError, match="tensor and pipeline parallelism together"):
-        l5.LLM(model, pipeline_parallel_size=2, tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="use tp_backend='torch'"):
+        l5.LLM(model, pipeline_parallel_size=2, tensor_parallel_size=2, tp_backend="ours")
+    with pytest.raises(ValueError, match="tensor_parallel_size=3 cannot split"):
+        l5.LLM(model, pipeline_parallel_size=2, tensor_parallel_size=3, num_blocks=8)
     with pytest.raises(ValueError, match="pp_micro_batches"):
         l5.EngineConfig(pipeline_parallel_size=2, pp_micro_batches=0)
     assert pp_stage.valid_pp_sizes(random_config()) == [1, 2, 3, 4, 5]

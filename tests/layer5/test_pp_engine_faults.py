@@ -41,7 +41,7 @@ def fail_once(stages: int, faults: dict[int, str], **kw) -> tuple[str, float]:
     llm.close()
     with pytest.raises(RuntimeError, match="is closed"):
         llm.prompt_logits([[1, 2, 3]])
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
     return str(info.value), elapsed
 
 

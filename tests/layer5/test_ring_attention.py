@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import layer5_parallel as l5
 
 # the module, not the function of the same name that layer5_parallel exports
-ra = importlib.import_module("layer5_parallel.ring_attention")
+ra = importlib.import_module("layer5_parallel.context_parallel.ring_attention")
 
 seeds = random.SystemRandom()
 CASES = [(2, 6, 2, 37, 8), (1, 6, 3, 11, 4), (1, 4, 4, 5, 8), (2, 2, 1, 64, 16)]  # B,H,Hkv,S,D

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.sequence_parallel import SequenceParallelMLP, mlp_block
+from layer5_parallel.tensor_parallel.sequence_parallel import SequenceParallelMLP, mlp_block
 
 seeds = random.SystemRandom()
 CASES = [(13, 8, 10), (5, 6, 7), (32, 16, 24)]  # (S, D, F)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from layer5_parallel.shm_broadcast import RingConn, ShmRing
+from layer5_parallel.runtime.shm_broadcast import RingConn, ShmRing
 
 
 def _reader(end, pipe, n: int) -> None:

@@ -97,7 +97,7 @@ def test_tp1_is_layer4_engine_in_this_process(course):
     ref, _ = course
     assert type(ref["llm"]).step is l5.engine.LLM.step
     assert ref["llm"].tp_group is None
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
 
 
 def test_tp2_course_model_matches_tp1(course):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.tp_bench import bench_tp1_vs_layer4
+from layer5_parallel.bench.tp import bench_tp1_vs_layer4
 
 l3 = l5.engine.executor
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",

@@ -1,6 +1,6 @@
 """The tensor-parallel decode-graph path on gloo: the runner every rank replays CUDA graphs
-with on a GPU (tp_graph.py) runs the same static-buffer steps eagerly on a CPU, so CI checks
-that its in-step input broadcast and the shared-memory step messages give TP=1's tokens, and
+with on a GPU (tensor_parallel/graphs.py) runs the same static-buffer steps eagerly on a CPU,
+so CI checks that its in-step input broadcast and the shared-memory step messages give TP=1's tokens, and
 that a worker that hangs or dies in such a step fails rank 0 clearly within the timeout.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.tp_graph import TPGraphRunner
+from layer5_parallel.tensor_parallel.graphs import TPGraphRunner
 
 l3 = l5.engine.executor
 TIMEOUT_S = 20.0
@@ -49,7 +49,7 @@ def test_graph_path_on_gloo_gives_tp1_tokens():
     assert got == ref
     # one prefill step, then one graph step per decode step: 5 decode steps of 6 sequences
     assert messages >= 6
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
 
 
 @pytest.mark.parametrize("fault", ["graph-hang", "graph-die"])
@@ -66,6 +66,6 @@ def test_worker_failing_in_a_graph_step_fails_rank0_within_the_timeout(fault):
         assert "rank 1" in str(info.value) and "code 3" in str(info.value), str(info.value)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and [p for p in multiprocessing.active_children()
-                                           if p.name.startswith("tp-rank")]:
+                                           if p.name.startswith("l5-rank")]:
         time.sleep(0.1)
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.tp_graph import TPGraphRunner
+from layer5_parallel.tensor_parallel.graphs import TPGraphRunner
 
 l3 = l5.engine.executor
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",
@@ -46,7 +46,7 @@ def _same_or_near_tie(ref_llm, want, got):
 def _no_workers():
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        if not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]:
+        if not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]:
             return True
         time.sleep(0.1)
     return False

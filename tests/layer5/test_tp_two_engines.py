@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import layer5_parallel as l5
-from layer5_parallel.ep_model import moe_config, random_moe_model
+from layer5_parallel.expert_parallel.engine_model import moe_config, random_moe_model
 
 l3 = l5.engine.executor
 PARAMS = l5.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -59,4 +59,4 @@ def test_two_tp2_engines_in_one_process_alternate():
         b.close()
     assert got_a == want_a
     assert got_b == [*want_b, want_b[0]]
-    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]

@@ -1,6 +1,6 @@
 """An MoE model through the engine, one process vs expert-parallel (`stack bench --layer 5`).
 
-`bench_moe_engine(world)`: a Mixtral-like random MoE model (ep_model.moe_config: 6 experts,
+`bench_moe_engine(world)`: a Mixtral-like random MoE model (engine_model.moe_config: 6 experts,
 top-2, 8 query / 2 kv heads) through layer 4's engine at TP=1 and at
 `tensor_parallel_size=world, enable_expert_parallel=True`, same prompts: tokens/s, whether
 the greedy tokens are identical, weight bytes per rank, the expert load (busiest expert and
@@ -18,8 +18,13 @@ import torch
 
 import layer4_algorithms as engine
 
-from .ep_model import expert_load, moe_config, random_moe_model, reset_expert_load
-from .llm import LLM
+from ..expert_parallel.engine_model import (
+    expert_load,
+    moe_config,
+    random_moe_model,
+    reset_expert_load,
+)
+from ..llm import LLM
 
 l3 = engine.executor
 

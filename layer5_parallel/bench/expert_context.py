@@ -9,7 +9,7 @@
   layers, and the worst layer) and the fraction of assignments dropped; and whether the EP
   forward on N ranks gave the single-process logits.
 * "engine": an MoE model through layer 4's engine, TP=1 vs expert-parallel on N ranks
-  (ep_engine_bench.py).
+  (moe_engine.py).
 Random weights route far from uniformly; trained routers are pushed toward balance by an
 auxiliary loss, so these numbers are an upper end, not a forecast for a trained model.
 """
@@ -23,9 +23,9 @@ import torch.nn.functional as F
 
 import layer4_algorithms as engine
 
-from .ep_engine_bench import bench_moe_engine, format_moe_engine
-from .moe_model import MIXTRAL_TINY, QWEN_MOE_TINY, ExpertParallelModel, MoETransformer
-from .ring_attention import causal_work, ring_attention, shard_sequence
+from ..context_parallel.ring_attention import causal_work, ring_attention, shard_sequence
+from ..expert_parallel.model import MIXTRAL_TINY, QWEN_MOE_TINY, ExpertParallelModel, MoETransformer
+from .moe_engine import bench_moe_engine, format_moe_engine
 
 comm = engine.comm
 

@@ -61,6 +61,15 @@ def host_store(world: int, timeout_s: float) -> dist.TCPStore:
                          timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
 
 
+def sub_group(store: dist.Store, key: str, backend: str, rank: int, size: int,
+              timeout_s: float):
+    """A process group over some of an engine's ranks (e.g. the tensor-parallel ranks of one
+    pipeline stage): its own gloo or NCCL backend over a prefix `key` of the engine's TCPStore.
+    rank, size: this process's place among the members. Every member calls it with the same
+    key; the others never do."""
+    return new_group(backend, rank, size, 0, timeout_s, store=dist.PrefixStore(key, store))[0]
+
+
 class TPComm:
     """Collectives over `pg` (a group of its own, from new_group) or, when pg is None, over
     torch.distributed's default group ("ours" always uses the default group: layer 2's)."""

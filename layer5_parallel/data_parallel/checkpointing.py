@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from . import train_adapter as A
+from .. import train_adapter as A
 from .memory import ActivationMeter
 
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import layer4_algorithms as engine
 
-from .pipeline import partition
+from .training import partition
 
 l3 = engine.executor
 HEADER_TAG = 1 << 20  # headers' tags: kept apart from the payloads' (tag = micro-batch)
@@ -240,9 +240,10 @@ def pp_problems(config) -> list[str | None]:
         None if positive_int(pp) else f"pipeline_parallel_size must be a positive int, got {pp!r}",
         None if m is None or positive_int(m) else
         f"pp_micro_batches must be a positive int or None, got {m!r}",
-        None if pp == 1 or config.tensor_parallel_size == 1 else
-        f"tensor_parallel_size={config.tensor_parallel_size} with pipeline_parallel_size={pp}: "
-        "tensor and pipeline parallelism together are not supported yet; use one of them",
+        None if pp == 1 or config.tensor_parallel_size == 1 or config.tp_backend == "torch" else
+        f"tensor_parallel_size={config.tensor_parallel_size} with pipeline_parallel_size={pp} "
+        "runs its stages' collectives in groups of their own: use tp_backend='torch' (layer "
+        "2's 'ours' runs over the one default group)",
         None if pp == 1 or not config.cuda_graph else
         "cuda_graph=True is not supported with pipeline_parallel_size > 1 (a graph would capture "
         "the hand-offs between stages)",

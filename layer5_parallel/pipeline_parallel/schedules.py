@@ -1,7 +1,7 @@
 """Pipeline schedules as explicit lists: what each stage does, in order.
 
 A schedule for stage s of p stages over m micro-batches is a list of `Op`s — ("F", i) runs
-micro-batch i forward, ("B", i) runs it backward. The executor (pipeline.py) walks the list;
+micro-batch i forward, ("B", i) runs it backward. The executor (training.py) walks the list;
 receives block until the neighbour has sent, so the list alone fixes the timeline.
 
 GPipe (Huang et al. 2019): every forward, then every backward.

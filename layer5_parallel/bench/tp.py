@@ -17,9 +17,9 @@ import torch
 
 import layer4_algorithms as engine
 
-from . import planner
-from .llm import LLM
-from .tp import check_tp_size
+from .. import planner
+from ..llm import LLM
+from ..tensor_parallel.shard import check_tp_size
 
 l3 = engine.executor
 

@@ -6,14 +6,13 @@ each rank holds and the share of the step spent in collectives. `run --pp N`: th
 pipeline parallelism, with each stage's busy share against the bubble formula.
 `bench`: what this machine allows: TP=1 vs layer 4 on one workload, TP=N vs TP=1 with the
 planner's prediction beside the measurement, PP=2 vs PP=1 (its overlap against the bubble,
-a timeline PNG), then the other layer-5 benchmarks (training parallelism) where present.
+a timeline PNG), then the other layer-5 benchmarks (training, expert and context parallelism).
 `plan`: the planner (`stack plan --model M --gpus N`).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 from pathlib import Path
@@ -24,9 +23,11 @@ from rich.table import Table
 
 import layer4_algorithms as engine
 
-from . import planner
-from .pp_bench import bench_pp, format_pp
-from .tp_bench import bench_tp, bench_tp1_vs_layer4
+from .. import planner
+from .expert_context import bench_expert_context, format_expert_context
+from .pp import bench_pp, format_pp
+from .tp import bench_tp, bench_tp1_vs_layer4
+from .training import bench_training, format_training
 
 TITLE = "tensor, pipeline, data, expert and context parallelism; ZeRO; planner"
 console = Console()
@@ -110,7 +111,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def _run_pp(args: argparse.Namespace) -> int:
-    """`stack run --layer 5 --pp N`: the pipelined engine vs one process (pp_bench.py)."""
+    """`stack run --layer 5 --pp N`: the pipelined engine vs one process (pp.py)."""
     if args.pp < 2:
         raise ValueError(f"--pp must be >= 2 to compare with PP=1, got {args.pp}")
     device = _device(args.device, args.pp)
@@ -183,25 +184,15 @@ def bench(argv: list[str] | None = None) -> int:
 
 
 def _other_benches(quick: bool) -> dict:
-    """The other layer-5 benchmarks, where their modules are present: training parallelism
-    (pipeline, DDP, ZeRO: train_bench) and expert/context parallelism (ep_cp_bench)."""
-    found = {}
-    parts = (("training parallelism (pipeline, DDP, ZeRO)", "train_bench", "bench_training",
-              "format_training", lambda f: f(results_dir(), quick=quick)),
-             ("expert and context parallelism", "ep_cp_bench", "bench_expert_context",
-              "format_expert_context", lambda f: f()))
-    for title, module, fn, fmt, call in parts:
-        try:
-            mod = importlib.import_module(f"{__package__}.{module}")
-        except ModuleNotFoundError:
-            console.print(f"[dim]{title}: not built yet[/]")
-            continue
-        console.rule(title)
-        result = call(getattr(mod, fn))
-        show = getattr(mod, fmt, None)
-        console.print(show(result) if show else result)
-        found[module] = result
-    return found
+    """The other layer-5 benchmarks: training parallelism (pipeline, DDP, ZeRO: training.py)
+    and expert/context parallelism (expert_context.py)."""
+    console.rule("training parallelism (pipeline, DDP, ZeRO)")
+    training = bench_training(results_dir(), quick=quick)
+    console.print(format_training(training))
+    console.rule("expert and context parallelism")
+    ep_cp = bench_expert_context()
+    console.print(format_expert_context(ep_cp))
+    return {"training": training, "expert_context": ep_cp}
 
 
 def plan(argv: list[str] | None = None) -> int:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tp_comm import TPComm
+from ..runtime.comm import TPComm
 
 
 def valid_tp_sizes(config) -> list[int]:
@@ -141,7 +141,7 @@ def _cols(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
 
 def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
                 expert_parallel: bool = False):
-    """Rank `rank`'s shard of `net` (a layer-3 LlamaModel, or a subclass such as ep_model's
+    """Rank `rank`'s shard of `net` (a layer-3 LlamaModel, or a subclass such as expert_parallel's
     MoE model; left unchanged): a model of net's class on `device` (default net's) whose config
     has this rank's head counts and FFN width. An MLP with a `tp_shard` method (an MoE layer)
     shards itself: its experts split over the ranks (expert_parallel) or each expert's FFN."""
@@ -201,11 +201,3 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
     shard.init_rope(device)
     return shard.eval()
 
-
-
-def weight_bytes(module: nn.Module) -> int:
-    """Bytes of a module's distinct parameters and persistent buffers (tied weights once)."""
-    seen: dict[int, int] = {}
-    for t in module.state_dict().values():
-        seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
-    return sum(seen.values())

@@ -32,7 +32,7 @@ from torch import nn
 
 import layer4_algorithms as engine
 
-from . import train_adapter as A
+from .. import train_adapter as A
 from .memory import ActivationMeter, MemoryRow, optimizer_state_bytes, tensor_bytes, zero_formula
 
 comm = engine.comm

@@ -8,9 +8,10 @@ expert (a dense SwiGLU scaled by a sigmoid gate). So `LLM(l3.Model(random_moe_mo
 runs it with continuous batching like any dense model.
 
 Under `LLM(model, tensor_parallel_size=N, enable_expert_parallel=True)` attention is TP-sharded
-as for a dense model (tp.py) and each rank's MoEMLP holds E/N experts (contiguous, sizes
-differing by at most one). Without the flag each expert's FFN is TP-sharded instead (columns of
-gate/up, rows of down: every rank holds a 1/N slice of all E experts), as vLLM does.
+as for a dense model (tensor_parallel/shard.py) and each rank's MoEMLP holds E/N experts
+(contiguous, sizes differing by at most one). Without the flag each expert's FFN is TP-sharded
+instead (columns of gate/up, rows of down: every rank holds a 1/N slice of all E experts), as
+vLLM does.
 
 Why an all-reduce of partial outputs and not an all-to-all: under TP every rank already holds
 all T tokens' hidden states after the attention all-reduce. Each rank routes all of them (the
@@ -35,8 +36,8 @@ from torch import nn
 
 import layer4_algorithms as engine
 
+from ..tensor_parallel.shard import split_bounds
 from .moe import MoEStats, route
-from .tp import split_bounds
 
 l3 = engine.executor
 
@@ -172,11 +173,6 @@ class MoELlamaModel(l3.LlamaModel):
         super().__init__(config, backend, dropout=dropout)
         for layer in self.layers:
             layer.mlp = MoEMLP(config)
-
-
-def model_class(config) -> type:
-    """The layer-3-style model class for a config (MoE or dense)."""
-    return MoELlamaModel if isinstance(config, MoEModelConfig) else l3.LlamaModel
 
 
 def random_moe_model(config: MoEModelConfig, *, seed: int = 0, std: float = 0.3,

@@ -16,7 +16,7 @@ before anyone loses a first. A dropped assignment contributes nothing: the resid
 connection around the block carries the token on. capacity_factor=None means no limit.
 
 Everything here is decided by (slot, global token index) order alone, which is what lets
-the expert-parallel form (expert_parallel.py) decide exactly the same drops on other ranks.
+the expert-parallel form (experts.py) decide exactly the same drops on other ranks.
 """
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
-"""Rank 0's side of a tensor-parallel group: start the workers, talk to them, stop them.
+"""Rank 0's side of a group of ranks (any parallel form): start the workers, talk, stop them.
 
-`TPGroup.start(...)` spawns ranks 1..p-1 (torch.multiprocessing, "spawn"), joins the process
-group as rank 0 (it hosts the rendezvous store) and waits until every worker has sharded its
-model. Everything waits at most `timeout_s`. When anything fails — a worker raises, dies, or
+`WorkerGroup.start(...)` spawns ranks 1..p-1 (torch.multiprocessing, "spawn"), each running
+worker.py's loop over the program `build` makes, joins the process group as rank 0 (it hosts
+the rendezvous store) and (`wait_ready`) waits until every worker has built its part of the model.
+Everything waits at most `timeout_s`. When anything fails — a worker raises, dies, or
 a collective times out — `failed()` turns it into one RuntimeError naming every rank's
 problem, stops the workers and leaves the process group, so nothing hangs and a new engine
 can start in this process afterwards.
 
-Each group owns its process group (tp_comm.new_group: its own TCPStore and gloo/NCCL backend,
-not torch.distributed's default group), so several TP engines live in one process. Only the
+Each group owns its process group (comm.new_group: its own TCPStore and gloo/NCCL backend,
+not torch.distributed's default group), so several engines live in one process. Only the
 "ours" backend (layer 2's collectives) takes the default group: one such engine at a time.
 
 Threads: every rank, rank 0 included, computes with `threads` CPU threads (default
@@ -27,16 +28,16 @@ import torch.multiprocessing as mp
 
 import layer4_algorithms as engine
 
+from .comm import TPComm, host_store, new_group
 from .shm_broadcast import RingConn, ShmRing
-from .tp_comm import TPComm, host_store, new_group
-from .tp_worker import worker_main
+from .worker import worker_main
 
 SPIN_S = {"nccl": 0.05, "gloo": 0.0}  # workers spin on the ring (GPU hosts: cores to spare)
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
 _threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
 
 
-class TPGroup:
+class WorkerGroup:
     """Workers' processes and control pipes, the collectives, and the group's health."""
 
     def __init__(self, procs: list, conns: list, comm: TPComm | None, backend: str,
@@ -56,10 +57,10 @@ class TPGroup:
     @classmethod
     def start(cls, world: int, source: tuple, *, device: torch.device, comm_backend: str = "torch",
               check: bool = False, timeout_s: float = 60.0, threads: int | None = None,
-              faults: dict[int, str] | None = None, expert_parallel: bool = False,
-              worker=worker_main, label: str = "tensor-parallel") -> TPGroup:
-        """worker: the workers' entry point (worker_main's signature; pp_worker's for a
-        pipeline); label: how errors name the group."""
+              faults: dict[int, str] | None = None, build, options: dict | None = None,
+              label: str = "tensor-parallel") -> WorkerGroup:
+        """build(full_model, worker.Rank, **options): makes each worker's program (a
+        module-level function); label: how errors name the group."""
         ours = comm_backend == "ours"
         if ours and dist.is_available() and dist.is_initialized():
             raise RuntimeError("tp_backend='ours' runs over torch.distributed's default process "
@@ -79,10 +80,10 @@ class TPGroup:
         for rank in range(1, world):
             mine, theirs = ctx.Pipe(duplex=True)
             chan = RingConn(theirs, ring.reader_end(rank - 1))  # messages in: ring; replies: pipe
-            p = ctx.Process(target=worker, name=f"tp-rank{rank}", daemon=True,
+            p = ctx.Process(target=worker_main, name=f"l5-rank{rank}", daemon=True,
                             args=(rank, world, port, backend, comm_backend, check, timeout_s,
                                   threads, source, chan, (faults or {}).get(rank)),
-                            kwargs={"expert_parallel": expert_parallel})
+                            kwargs={"build": build, "options": options or {}})
             p.start()
             theirs.close()
             procs.append(p)
@@ -97,8 +98,14 @@ class TPGroup:
             else:
                 pg, _ = new_group(backend, 0, world, port, timeout_s, store=store)
                 group.comm = TPComm(comm_backend, check=check, pg=pg)
-            group.worker_info = group.gather("ready")
         return group
+
+    def wait_ready(self) -> list[tuple]:
+        """Each worker's ("ready", full config, its part's config, weight bytes), once built
+        (rank 0 builds its own part first: a part may need rank 0 to build, e.g. a sub-group)."""
+        with self.guard("starting the workers"):
+            self.worker_info = self.gather("ready")
+        return self.worker_info
 
     def _set_threads(self, threads: int) -> None:
         """Rank 0 computes with `threads` too (the first live group saves the old count)."""

@@ -41,7 +41,8 @@ import torch.distributed as dist
 
 import layer4_algorithms as engine
 
-from .tp_comm import TPComm, new_group
+from ..runtime.comm import TPComm, new_group
+from .shard import check_tp_size, shard_model
 
 l3 = engine.executor
 _engines = itertools.count()  # engines this process made: every rank makes them in one order
@@ -120,10 +121,10 @@ class LaunchedGroup:
             self.comm.close()
 
 
-def start_launched(llm, model, config, speculator) -> None:
-    """Fill in `llm` (layer 5's LLM) as this rank's lock-step engine over its shard."""
-    from .tp import check_tp_size, shard_model  # noqa: PLC0415 - keep the import light
-
+def start_launched(model, config) -> tuple[LaunchedGroup, l3.Model, object]:
+    """This rank's part of a lock-step engine: its group, its shard as a Model, and the config
+    with num_blocks agreed by every rank (the smallest any can hold). Layer 4's engine is then
+    built over them as over any Model (llm.py)."""
     tp = config.tensor_parallel_size
     want = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     device_type = torch.device(want).type
@@ -131,7 +132,6 @@ def start_launched(llm, model, config, speculator) -> None:
         torch.set_num_threads(config.tp_threads)
     group = LaunchedGroup(tp, device_type, config.tp_backend, config.tp_check,
                           config.tp_timeout_s)
-    llm.launched = group
     try:
         full = model if isinstance(model, l3.Model) else l3.load(
             model, backend=config.backend, dtype=config.dtype, device=group.device)
@@ -140,8 +140,7 @@ def start_launched(llm, model, config, speculator) -> None:
         wrapped = l3.Model(shard, full.tokenizer)
         del full
         blocks = engine.LLM.resolve(_Probe(wrapped), config).num_blocks
-        config = replace(config, num_blocks=group.agree_min(blocks))
-        engine.LLM.__init__(llm, wrapped, config, speculator=speculator)
+        return group, wrapped, replace(config, num_blocks=group.agree_min(blocks))
     except BaseException:
         group.close()
         raise

@@ -9,7 +9,7 @@ One step then costs each rank one graph launch.
 
 What the workers need each step, and how it reaches them without a host round trip:
 
-    rank 0 (the engine)                         rank r > 0 (tp_worker.py)
+    rank 0 (the engine)                         rank r > 0 (runtime/worker.py)
     ring.put(("graph", bucket))  ------------>  ring.get() -> replay graph[bucket]
     copy ids, positions, seq_lens,
     block tables into its static buffers
@@ -19,7 +19,7 @@ What the workers need each step, and how it reaches them without a host round tr
       slots, shard forward (+ collectives)       slots, shard forward (+ collectives)
       logits (B, V)                               logits (unused)
 
-The host message is one small tuple through shared memory (shm_broadcast.py). The inputs
+The host message is one small tuple through shared memory (runtime/shm_broadcast.py). The inputs
 themselves travel on the GPUs, inside the graph: under async scheduling a decode step's
 token ids are the previous step's samples, which live only on rank 0's GPU, so they must
 go GPU to GPU anyway, and the positions, lengths and block tables ride along in the same
@@ -31,13 +31,11 @@ the CPU suite tests this path too.
 """
 from __future__ import annotations
 
-import time
-
 import torch
 
 import layer4_algorithms as engine
 
-from .tp_comm import TPComm
+from ..runtime.comm import TPComm
 
 
 class TPGraphRunner(engine.CudaGraphRunner):
@@ -89,40 +87,3 @@ class TPGraphRunner(engine.CudaGraphRunner):
             self.graphs[bucket].replay()
         else:
             self._step(bucket)
-
-
-class TPModelRunner(engine.ModelRunner):
-    """Rank 0's runner: layer 4's, whose host reads of sampled tokens wait at most the group's
-    timeout (a worker that hangs mid-step stalls rank 0's GPU inside a collective; a plain
-    .tolist() would wait for ever)."""
-
-    group = None
-
-    def sample(self, logits, params, generators) -> list[int]:
-        if not len(params):
-            return []
-        tokens = self.sample_tokens(logits, params, generators)
-        if tokens.is_cuda and self.group is not None:
-            event = torch.cuda.Event()
-            event.record()
-            wait_event(self.group, event, "sampling")
-        return tokens.tolist()
-
-
-def wait_event(group, event: torch.cuda.Event, what: str) -> None:
-    """Wait for a CUDA event, checking the workers live; past the group's timeout the group
-    fails (every worker stopped, its communicator aborted) with one error naming the ranks."""
-    if event.query():
-        return
-    with group.guard(what):
-        start = time.monotonic()
-        next_check = start + 0.5
-        while not event.query():
-            now = time.monotonic()
-            if now >= next_check:
-                group.check_alive()
-                next_check = now + 0.5
-                if now - start > group.timeout_s:
-                    raise TimeoutError(f"the step's GPU work did not finish within "
-                                       f"{group.timeout_s:g} s (a rank hangs mid-step?)")
-            time.sleep(0)

@@ -10,7 +10,7 @@ the ranks (attention is data-parallel: it needs whole sequences, and its weights
 and replicated), and every MoE layer is an `ExpertParallelMoE` over the same ranks, holding
 E/N of that layer's experts. DeepSeek-V3 and vLLM's "DP attention + EP" serve MoE models this
 way. Through layer 4's engine (paged KV, continuous batching), with attention TP-sharded and
-the experts split over the same ranks, the MoE model is ep_model.py's (a layer-3-style model).
+the experts split over the same ranks, the MoE model is engine_model.py's (a layer-3-style model).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from torch import nn
 
 import layer4_algorithms as engine
 
-from .expert_parallel import ExpertParallelMoE
+from .experts import ExpertParallelMoE
 from .moe import MoEBlock, MoEStats, stats_of, swiglu
 
 comm = engine.comm

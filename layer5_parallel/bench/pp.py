@@ -17,10 +17,10 @@ import torch
 
 import layer4_algorithms as engine
 
-from .llm import LLM
-from .pp_stage import check_pp_size
+from ..llm import LLM
+from ..pipeline_parallel.stage import check_pp_size
 from .timeline import plot_timeline
-from .tp_bench import _model, workload
+from .tp import _model, workload
 
 l3 = engine.executor
 

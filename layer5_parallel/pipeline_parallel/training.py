@@ -2,7 +2,7 @@
 
 Rank s of p holds stage s: a contiguous run of decoder layers (stage 0 also the embedding,
 stage p-1 also the final norm, LM head and loss). A training step cuts the batch into m
-micro-batches and walks this stage's schedule (pipeline_schedules.py):
+micro-batches and walks this stage's schedule (schedules.py):
 
     F i: receive the stream (train_adapter) of micro-batch i from stage s-1 (stage 0 embeds ids),
          run the stage's layers, send the stream on to stage s+1 (the last stage: the loss)
@@ -28,8 +28,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from . import train_adapter as A
-from .pipeline_schedules import schedule
+from .. import train_adapter as A
+from .schedules import schedule
 
 SCHEDULE_IDS = {"gpipe": 0, "1f1b": 1}
 GRAD_TAG = 1 << 16  # gradient messages' tags: kept apart from activations' (tag = micro-batch)

@@ -23,14 +23,14 @@ import torch.distributed as dist
 
 import layer4_algorithms as engine
 
-from . import checkpointing
-from . import train_adapter as A
-from .data_parallel import DistributedDataParallel, overlap_fraction
-from .memory import MemoryRow, format_table
-from .pipeline import bubble_stats, pipeline_step
-from .pipeline_schedules import bubble_fraction
+from .. import train_adapter as A
+from ..data_parallel import checkpointing
+from ..data_parallel.ddp import DistributedDataParallel, overlap_fraction
+from ..data_parallel.memory import MemoryRow, format_table
+from ..data_parallel.zero import ZeroTrainer
+from ..pipeline_parallel.schedules import bubble_fraction
+from ..pipeline_parallel.training import bubble_stats, pipeline_step
 from .timeline import plot_rank_timelines
-from .zero import ZeroTrainer
 
 NAMES = {"gpipe": "GPipe", "1f1b": "1F1B"}
 BENCH_SHAPE = dict(layers=4, hidden=256, heads=8, kv_heads=4, vocab=512, ffn=688)

@@ -1,0 +1,271 @@
+"""Data parallelism for serving: N whole engines, one per process and device, sharing requests.
+
+    with LLM("models/course-target", data_parallel_size=2) as llm:   # a ReplicaSet
+        outs = llm.generate(prompts, SamplingParams(max_tokens=64))
+
+When the model fits one device, the fastest way to use N devices is N copies of the engine:
+nothing crosses between them (no all-reduce per layer, no pipeline bubble), so throughput
+scales with N as long as there are requests to spread. Each replica is a process running
+layer 5's `LLM` (itself tensor- or pipeline-parallel if the config says so) on its own
+device(s): GPU i for replica i on CUDA (CUDA_VISIBLE_DEVICES set before the replica touches
+CUDA, so a TP=2 replica gets GPUs 2i, 2i+1), the CPU otherwise (its cores shared out).
+
+Two ways to drive them, as layer 4's engine:
+- `generate(prompts, params)`: the prompts are dealt out in contiguous, nearly equal shares
+  (`shares`), every replica runs its share at the same time, the outputs come back in
+  prompt order;
+- `add_request` / `step` / `abort` / `has_unfinished`: each request goes to the replica with
+  the fewest unfinished requests; a step steps every busy replica at once.
+Each replica's tokens are its own engine's, so greedy outputs equal one engine's.
+
+A replica that fails or dies is named in one RuntimeError; close() stops them all.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+import weakref
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+import layer4_algorithms as engine
+
+from ..engine_config import EngineConfig
+from ..runtime.worker import next_message, run_worker
+
+l3 = engine.executor
+
+
+def replica_devices(config: EngineConfig) -> list[str]:
+    """The device of each replica: dp_devices, else GPUs 0.. (tp x pp each) on CUDA when the
+    config's device asks for CUDA (or "auto" finds enough GPUs), else the CPU."""
+    dp = config.data_parallel_size
+    ranks = config.tensor_parallel_size * config.pipeline_parallel_size
+    if config.dp_devices is not None:
+        return list(config.dp_devices)
+    want = str(config.device or "auto")
+    gpus = torch.cuda.device_count()
+    if want.startswith("cuda") or (want == "auto" and gpus >= dp * ranks):
+        if gpus < dp * ranks:
+            raise ValueError(f"data_parallel_size={dp} x {ranks} rank(s) per replica needs "
+                             f"{dp * ranks} GPUs; {gpus} are visible")
+        return [",".join(str(r * ranks + k) for k in range(ranks)) for r in range(dp)]
+    return ["cpu"] * dp
+
+
+def shares(n: int, dp: int) -> list[range]:
+    """n items cut into dp contiguous ranges whose sizes differ by at most one."""
+    base, extra = divmod(n, dp)
+    out, start = [], 0
+    for i in range(dp):
+        stop = start + base + (1 if i < extra else 0)
+        out.append(range(start, stop))
+        start = stop
+    return out
+
+
+def _replica_main(index: int, devices: str, model, config: EngineConfig, threads: int,
+                  conn) -> None:
+    """Replica `index`: its engine over `devices` ("cpu", or CUDA ordinals "2" / "2,3"),
+    serving the parent's messages until ("stop",)."""
+
+    def body() -> None:
+        if devices != "cpu":  # before anything touches CUDA: this replica's GPUs are 0..
+            os.environ["CUDA_VISIBLE_DEVICES"] = devices
+        torch.set_num_threads(threads)
+        from ..llm import LLM  # noqa: PLC0415 (a fresh process: import after the env is set)
+
+        device = "cpu" if devices == "cpu" else "cuda"
+        if callable(model) and not isinstance(model, l3.Model):
+            source = model(device)  # a factory: builds the model in the replica
+        else:
+            source = model
+        cfg = replace(config, device=device if not isinstance(source, l3.Model) else
+                      config.device)
+        with LLM(source, cfg) as llm:
+            conn.send(("ready", index, llm.config.num_blocks))
+            parent = mp.parent_process()
+            while True:
+                msg = next_message(conn, parent, f"replica {index}")
+                kind = msg[0]
+                if kind == "stop":
+                    return
+                if kind == "generate":
+                    start = time.perf_counter()
+                    outs = llm.generate(msg[1], msg[2])
+                    conn.send(("outputs", outs, time.perf_counter() - start))
+                elif kind == "add":
+                    llm.add_request(msg[1], msg[2], request_id=msg[3])
+                    conn.send(("added",))
+                elif kind == "step":
+                    conn.send(("outputs", llm.step(**msg[1]), llm.has_unfinished()))
+                elif kind == "abort":
+                    conn.send(("aborted", llm.abort(msg[1])))
+                else:
+                    raise ValueError(f"unknown message {kind!r}")
+
+    run_worker(conn, body)
+
+
+class ReplicaSet:
+    """`data_parallel_size` engines in processes of their own (see the module docstring).
+    ReplicaSet(model, config=None, **overrides): model is a checkpoint path, a CPU
+    `l3.Model` (shared with the replicas), or a picklable factory `f(device) -> l3.Model`
+    each replica calls (random-weight benchmarks)."""
+
+    def __init__(self, model: str | Path | l3.Model, config: engine.EngineConfig | None = None,
+                 *, timeout_s: float = 600.0, **overrides) -> None:
+        config = EngineConfig.of(config)
+        config = replace(config, **overrides) if overrides else config
+        self.config, self.timeout_s = config, timeout_s
+        self.devices = replica_devices(config)
+        dp = config.data_parallel_size
+        per = replace(config, data_parallel_size=1, dp_devices=None)
+        if isinstance(model, Path):
+            model = str(model)
+        threads = max(1, (os.cpu_count() or 1) // dp) if self.devices[0] == "cpu" else 1
+        ctx = mp.get_context("spawn")
+        self.procs, self.conns, self.error = [], [], None
+        self.load = [0] * dp  # unfinished requests per replica
+        self.where: dict[str, int] = {}  # request id -> replica
+        self._ids = 0
+        for i, dev in enumerate(self.devices):
+            mine, theirs = ctx.Pipe(duplex=True)
+            p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=True,
+                            args=(i, dev, model, per, threads, theirs))
+            p.start()
+            theirs.close()
+            self.procs.append(p)
+            self.conns.append(mine)
+        self.num_blocks = [m[2] for m in self._gather(range(dp), "ready")]
+        atexit.register(_close_ref, weakref.ref(self))
+
+    @property
+    def data_parallel_size(self) -> int:
+        return len(self.devices)
+
+    # ---- messages ------------------------------------------------------------------------------
+    def _gather(self, which, kind: str) -> list[tuple]:
+        """Each named replica's next reply, which must be of `kind`, within timeout_s."""
+        if self.error is not None:
+            raise RuntimeError(f"the replica set is closed: {self.error}")
+        deadline, out = time.monotonic() + self.timeout_s, []
+        for i in which:
+            c, p = self.conns[i], self.procs[i]
+            try:
+                while not c.poll(0.1):
+                    if not p.is_alive():
+                        raise RuntimeError(f"replica {i} exited (code {p.exitcode})")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"replica {i} did not answer {kind!r} within "
+                                           f"{self.timeout_s:g} s")
+                msg = c.recv()
+                if msg[0] != kind:
+                    detail = msg[1].strip().splitlines()[-1] if msg[0] == "error" else msg[0]
+                    raise RuntimeError(f"replica {i} on {self.devices[i]} failed: {detail}")
+            except BaseException as exc:
+                self.error = str(exc)
+                self.close()
+                raise
+            out.append(msg)
+        return out
+
+    def _send(self, i: int, msg: tuple) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"the replica set is closed: {self.error}")
+        self.conns[i].send(msg)
+
+    # ---- the offline loop ----------------------------------------------------------------------
+    def generate(self, prompts, params=None, **_) -> list:
+        """Every prompt to completion, the replicas each running a contiguous share at once;
+        outputs in prompt order (each replica's request ids are its own)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        prompts = list(prompts)
+        plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
+        busy = []
+        for i, share in enumerate(shares(len(prompts), self.data_parallel_size)):
+            if share:
+                self._send(i, ("generate", prompts[share.start:share.stop],
+                               plist[share.start:share.stop]))
+                busy.append(i)
+        replies = self._gather(busy, "outputs")
+        self.replica_seconds = {i: m[2] for i, m in zip(busy, replies, strict=True)}
+        return [o for m in replies for o in m[1]]
+
+    # ---- the online loop -----------------------------------------------------------------------
+    def add_request(self, prompt, params=None, request_id: str | None = None) -> str:
+        """Queue a prompt on the replica with the fewest unfinished requests."""
+        if request_id is None:
+            request_id, self._ids = f"dp-{self._ids}", self._ids + 1
+        i = min(range(self.data_parallel_size), key=self.load.__getitem__)
+        self._send(i, ("add", prompt, params, request_id))
+        self._gather([i], "added")
+        self.where[request_id] = i
+        self.load[i] += 1
+        return request_id
+
+    def step(self, **kw) -> list:
+        """One step of every replica with unfinished requests, at once; their outputs."""
+        busy = [i for i, n in enumerate(self.load) if n > 0]
+        for i in busy:
+            self._send(i, ("step", kw))
+        outs = []
+        for i, m in zip(busy, self._gather(busy, "outputs"), strict=True):
+            outs += m[1]
+            for o in m[1]:
+                if o.finished:
+                    self.where.pop(o.request_id, None)
+            self.load[i] = sum(1 for r in self.where.values() if r == i) if m[2] else 0
+        return outs
+
+    def abort(self, request_id: str):
+        i = self.where.pop(request_id, None)
+        if i is None:
+            return None
+        self._send(i, ("abort", request_id))
+        self.load[i] = max(0, self.load[i] - 1)
+        return self._gather([i], "aborted")[0][1]
+
+    def has_unfinished(self) -> bool:
+        return any(self.load)
+
+    # ---- lifetime ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop every replica ("stop", then terminate what is left)."""
+        for c in self.conns:
+            try:
+                c.send(("stop",))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 10.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        for c in self.conns:
+            c.close()
+        self.procs, self.conns = [], []
+        self.error = self.error or "the replica set was closed (close())"
+
+    def __enter__(self) -> ReplicaSet:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _close_ref(ref: weakref.ref) -> None:
+    s = ref()
+    if s is not None and s.procs:
+        s.close()

@@ -1,0 +1,105 @@
+"""Rank 0's model and KV cache under any parallel form: what layer 4's engine holds.
+
+The engine asks its model for config, dtype, device and backend, and calls forward(ids, ctx,
+cache); here those come from rank 0's own part of the model (a tensor-parallel shard, pipeline
+stage 0, or a shard of it), and forward (written by each form: TPModel in
+tensor_parallel/engine.py, PPModel in pipeline_parallel/engine.py) first tells the workers
+what to run. The cache is layer 4's, made by the engine; its copy-on-write block copies are
+sent to every rank as well (each holds the same blocks of its own heads or layers). The
+runner is layer 4's, whose waits for a step's tokens are bounded (a rank that hangs
+mid-step becomes an error on rank 0, not a hang).
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+import layer4_algorithms as engine
+
+from .group import WorkerGroup
+
+
+class RankZeroModel(nn.Module):
+    """Holds rank 0's `shard` and the worker `group`; looks like the shard to the engine."""
+
+    def __init__(self, shard: nn.Module, group: WorkerGroup) -> None:
+        super().__init__()
+        self.shard, self.group, self.config = shard, group, shard.config
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.shard.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.shard.device
+
+    @property
+    def backend(self) -> str:
+        return self.shard.backend
+
+
+class RankedKVCache(engine.PagedKVCache):
+    """Layer 4's paged cache on rank 0 whose copy-on-write copies happen on every rank.
+    Made by `for_group` (layer 4's for_model, then the group attached)."""
+
+    group: WorkerGroup
+
+    @classmethod
+    def for_group(cls, group: WorkerGroup, config, num_blocks: int, block_size: int, *,
+                  dtype: torch.dtype, device) -> RankedKVCache:
+        cache = cls.for_model(config, num_blocks, block_size, dtype=dtype, device=device)
+        cache.group = group
+        return cache
+
+    def context(self, *args, **kw):
+        """Layer 4's step context; a closed group says so first (before layer 4 checks the step
+        a failed one left behind)."""
+        if self.group.error is not None:
+            raise RuntimeError(f"the {self.group.label} group is closed: {self.group.error}")
+        return super().context(*args, **kw)
+
+    def copy_blocks(self, pairs) -> None:
+        if pairs:
+            with self.group.guard("copy-on-write"):
+                self.group.send(("copy", [(int(s), int(d)) for s, d in pairs]))
+        super().copy_blocks(pairs)
+
+
+class RankZeroRunner(engine.ModelRunner):
+    """Rank 0's runner over several ranks: layer 4's, whose host reads of sampled tokens wait at
+    most the group's timeout (a worker that hangs mid-step stalls rank 0's GPU inside a
+    collective; a plain .tolist() would wait for ever)."""
+
+    group = None
+
+    def sample(self, logits, params, generators) -> list[int]:
+        if not len(params):
+            return []
+        tokens = self.sample_tokens(logits, params, generators)
+        if tokens.is_cuda and self.group is not None:
+            event = torch.cuda.Event()
+            event.record()
+            wait_event(self.group, event, "sampling")
+        return tokens.tolist()
+
+
+def wait_event(group, event: torch.cuda.Event, what: str) -> None:
+    """Wait for a CUDA event, checking the workers live; past the group's timeout the group
+    fails (every worker stopped, its communicator aborted) with one error naming the ranks."""
+    if event.query():
+        return
+    with group.guard(what):
+        start = time.monotonic()
+        next_check = start + 0.5
+        while not event.query():
+            now = time.monotonic()
+            if now >= next_check:
+                group.check_alive()
+                next_check = now + 0.5
+                if now - start > group.timeout_s:
+                    raise TimeoutError(f"the step's GPU work did not finish within "
+                                       f"{group.timeout_s:g} s (a rank hangs mid-step?)")
+            time.sleep(0)

@@ -1,0 +1,186 @@
+"""A worker process (ranks 1..world-1), whatever part of the model it runs: one loop for all.
+
+Rank 0 runs layer 4's engine; the workers run only their part of the model: a tensor-parallel
+shard, a pipeline stage, or a tensor-parallel shard of a stage. Two channels join them:
+- control: small Python messages (what to do next, and host-side integers) come through a
+  ring buffer in shared memory that rank 0 writes once for all workers (shm_broadcast.py);
+  replies go back through a Pipe per worker. A worker idles on the ring between steps, for
+  as long as the engine idles, with no collective timing out; it checks every second that
+  rank 0 lives.
+- data: one broadcast over the process group carries the step's device tensors, packed
+  into one int64 tensor (token ids | slot_mapping | block_tables), so under NCCL rank 0
+  never copies them to the host (step.py).
+
+What a worker runs is its *program*, built inside the worker from the whole model by a
+module-level function rank 0 names (`build`: tensor_parallel.engine.build_shard,
+pipeline_parallel.engine.build_stage). A program has
+    module                                 the rank's part of the model (config, dtype, device)
+    make_cache(num_blocks, block_size)     its paged KV cache (its heads, its layers)
+    step(msg, rank, cache, events, fault)  one step announced by msg; returns seconds computed
+    message(msg, rank, conn, cache, fault) (optional) the form's own messages (tensor
+                                           parallelism: "graphs" captures the decode CUDA
+                                           graphs, "graph" replays one: graphs.py)
+and this loop does the rest:
+
+    ("init", num_blocks, block_size)   make the cache -> ("cache", kv_bytes)
+    ("copy", pairs)                    copy-on-write block copies (every rank: same blocks)
+    ("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts)   program.step
+    ("timings",)                       -> ("timings", seconds computed since the last ask, the
+                                          latest ("F", micro-batch, start, end) intervals)
+    ("stop",)                          leave
+
+It answers ("ready", full config, the rank's config, weight bytes) once built, and ("error",
+text) before it exits on any exception (so rank 0 can name what went wrong on which rank).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing import parent_process
+from multiprocessing.connection import Connection
+
+import torch
+from torch import nn
+
+import layer4_algorithms as engine
+
+from .comm import TPComm, new_group
+
+POLL_S = 1.0  # how often an idle worker checks that rank 0 is still alive
+EVENTS = 4096  # compute intervals a worker keeps for "timings" (the latest ones)
+
+
+@dataclass
+class Rank:
+    """Where a process stands in its group: what a program's build and step get.
+    store: the group's TCPStore (sub-groups are made over it); None for "ours"."""
+
+    rank: int
+    world: int
+    comm: TPComm
+    device: torch.device
+    timeout_s: float
+    store: object = None
+
+
+def weight_bytes(module: nn.Module) -> int:
+    """Bytes of a module's distinct parameters and persistent buffers (tied weights once)."""
+    seen: dict[int, int] = {}
+    for t in module.state_dict().values():
+        seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+    return sum(seen.values())
+
+
+def load_full(source: tuple, device: torch.device):
+    """The whole model on this worker: ("path", dir, backend, dtype) loads the checkpoint;
+    ("state", config, state_dict, backend, cls) rebuilds it from rank 0's (shared-memory)
+    tensors as a `cls` (layer 3's LlamaModel, or the MoE model of expert_parallel/)."""
+    l3 = engine.executor
+    if source[0] == "path":
+        _, path, backend, dtype = source
+        return l3.load(path, backend=backend, dtype=dtype, device=device).net
+    _, config, state, backend, cls = source
+    with torch.device("meta"):
+        net = cls(config, backend=backend)
+    net.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        net.lm_head.weight = net.embed.weight
+    net.init_rope(device)
+    return net.eval()
+
+
+def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
+                timeout_s: float, threads: int, source: tuple, conn: Connection,
+                fault: str | None = None, *, build, options: dict) -> None:
+    """Entry point of worker `rank`: join the group, build the program (`build(full_model,
+    Rank, **options)`), serve steps until ("stop",). port: rank 0's TCPStore (its own group),
+    or the default group's rendezvous ("ours"). fault (tests only): "die" exits at the first
+    step, "hang" sleeps in it; "shape" makes the program send a wrong size (each program says
+    where; tensor parallelism also has "graph-die" and "graph-hang")."""
+
+    def body() -> None:
+        me = join_group(rank, world, port, backend, comm_backend, check, timeout_s, threads)
+        full = load_full(source, me.device)
+        program = build(full, me, **options)
+        conn.send(("ready", full.config, program.module.config, weight_bytes(program.module)))
+        del full
+        _serve(program, me, conn, fault)
+
+    run_worker(conn, body)
+
+
+def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
+               timeout_s: float, threads: int) -> Rank:
+    """A worker's start: threads, device, and the group (its own, or the default one for
+    "ours")."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(threads)
+    device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if comm_backend == "ours":
+        engine.comm.init(backend, timeout_s=timeout_s)
+        return Rank(rank, world, TPComm(comm_backend, check=check), device, timeout_s)
+    pg, store = new_group(backend, rank, world, port, timeout_s)
+    comm = TPComm(comm_backend, check=check, pg=pg)
+    comm.store = store  # kept alive as long as the group
+    return Rank(rank, world, comm, device, timeout_s, store)
+
+
+def run_worker(conn: Connection, body) -> None:
+    """Run a worker's body; on any exception send ("error", text) to rank 0 first. Either way
+    leave at once (os._exit: peers and rank 0 are done with us; skip the slow teardown)."""
+    try:
+        body()
+    except BaseException as exc:  # report everything, then leave at once (as layer 2's launch does)
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+        except OSError:
+            pass
+        sys.stderr.flush()
+        os._exit(1)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def next_message(conn: Connection, parent, who: str) -> tuple:
+    """Rank 0's next control message; while none comes, check every POLL_S that rank 0 (the
+    parent process) still lives: a worker whose engine died stops instead of idling forever."""
+    while not conn.poll(POLL_S):
+        if parent is not None and not parent.is_alive():
+            raise RuntimeError(f"rank 0 died; this {who} stops")
+    return conn.recv()
+
+
+@torch.no_grad()
+def _serve(program, me: Rank, conn: Connection, fault: str | None) -> None:
+    cache, parent, busy, events = None, parent_process(), 0.0, deque(maxlen=EVENTS)
+    while True:
+        msg = next_message(conn, parent, f"rank {me.rank}")
+        kind = msg[0]
+        if kind == "stop":
+            return
+        if kind == "init":
+            cache = program.make_cache(msg[1], msg[2])
+            conn.send(("cache", cache.nbytes))
+        elif kind == "copy":
+            cache.copy_blocks(msg[1])
+        elif kind == "step":
+            if fault == "die":
+                os._exit(3)
+            if fault == "hang":  # a worker stuck mid-step: rank 0 must not wait for ever
+                time.sleep(3600)
+            busy += program.step(msg, me, cache if msg[4] else None, events, fault)
+        elif kind == "timings":
+            conn.send(("timings", busy, list(events)))
+            busy = 0.0
+            events.clear()
+        elif hasattr(program, "message"):
+            program.message(msg, me, conn, cache, fault)
+        else:
+            raise ValueError(f"unknown message {kind!r} from rank 0")

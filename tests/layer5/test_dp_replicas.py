@@ -1,0 +1,67 @@
+"""Data parallelism for serving: `LLM(..., data_parallel_size=2)` equals one engine.
+
+Two replica processes on the CPU, each a whole engine over its share of the prompts; their
+greedy outputs, put back in prompt order, equal one engine's — through `generate` and
+through the online loop (`add_request` / `step`, each request to the least-loaded replica).
+Bad sizes get one clear error.
+"""
+from __future__ import annotations
+
+import multiprocessing
+
+import pytest
+import torch
+
+import layer5_parallel as l5
+from layer5_parallel.data_parallel.replicas import replica_devices, shares
+
+from .test_pp_engine import random_config
+
+l3 = l5.engine.executor
+ENGINE = dict(num_blocks=64, block_size=4, max_num_seqs=8)
+
+
+def prompts(n: int = 7, seed: int = 3) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 211, (int(k),), generator=g).tolist()
+            for k in torch.randint(3, 14, (n,), generator=g)]
+
+
+@pytest.fixture(scope="module")
+def model() -> l3.Model:
+    return l3.Model(l3.random_model(random_config(), seed=2, std=0.3))
+
+
+def test_dp2_equals_one_engine_offline_and_online(model):
+    ps = prompts()
+    params = l5.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    want = [o.outputs[0].token_ids for o in l5.LLM(model, **ENGINE).generate(ps, params)]
+    with l5.LLM(model, data_parallel_size=2, **ENGINE) as dp:
+        assert isinstance(dp, l5.ReplicaSet) and dp.devices == ["cpu", "cpu"]
+        got = dp.generate(ps, params)
+        assert [o.outputs[0].token_ids for o in got] == want
+        assert set(dp.replica_seconds) == {0, 1}  # both replicas ran a share
+        ids = [dp.add_request(p, params) for p in ps]
+        assert sorted(dp.load) == [3, 4]  # least-loaded first: 4 + 3
+        done = {}
+        for _ in range(100):
+            for o in dp.step():
+                if o.finished:
+                    done[o.request_id] = o.outputs[0].token_ids
+            if not dp.has_unfinished():
+                break
+        assert [done[i] for i in ids] == want
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("replica")]
+
+
+def test_shares_and_bad_sizes():
+    assert [len(r) for r in shares(7, 3)] == [3, 2, 2]
+    assert [len(r) for r in shares(1, 2)] == [1, 0]
+    with pytest.raises(ValueError, match="data_parallel_size must be a positive int"):
+        l5.EngineConfig(data_parallel_size=0)
+    with pytest.raises(ValueError, match="dp_devices names 1 devices"):
+        l5.EngineConfig(data_parallel_size=2, dp_devices=("cpu",))
+    if torch.cuda.device_count() < 64:
+        with pytest.raises(ValueError, match="needs 64 GPUs"):
+            replica_devices(l5.EngineConfig(data_parallel_size=32, tensor_parallel_size=2,
+                                            device="cuda"))

@@ -221,7 +221,11 @@ def serve(ctx: typer.Context) -> None:
     """Serve models over an OpenAI-compatible HTTP API (layer 6).
 
     `stack serve --model course [--model M2] [--port 8000] [--tp N] [--api-key K]`;
-    `stack serve --help` lists its options."""
+    `--dp N`: N replicas (one per GPU) behind one router; `stack serve --help` lists options."""
+    if any(a == "--dp" or a.startswith("--dp=") for a in ctx.args):
+        from .router.data_parallel import serve_dp_main  # replicas + router
+
+        raise typer.Exit(code=serve_dp_main(list(ctx.args)))
     import layer6_serving  # the serving stack loads only for this command
 
     raise typer.Exit(code=layer6_serving.serve_main(list(ctx.args)))

@@ -135,7 +135,9 @@ class ReplicaSet:
         self._ids = 0
         for i, dev in enumerate(self.devices):
             mine, theirs = ctx.Pipe(duplex=True)
-            p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=True,
+            # not daemonic: a replica may start worker ranks of its own (TP, PP); it stops
+            # by itself when this process dies (next_message checks its parent)
+            p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=False,
                             args=(i, dev, model, per, threads, theirs))
             p.start()
             theirs.close()

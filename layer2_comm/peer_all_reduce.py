@@ -77,8 +77,9 @@ class PeerAllReduce:
     messages, and dtypes other than float32/float16/bfloat16, go to NCCL.
 
     x: any shape, contiguous or not; returns `out` (or a new tensor) with the sum, same shape
-    and dtype. Capturable in a CUDA graph: the kernel reads and advances its own counters on
-    the GPU.
+    and dtype (`out` may be `x`). Capturable in a CUDA graph: the kernel reads and advances its
+    own counters on the GPU. Call it once eagerly per dtype before capturing (Triton compiles
+    on the first call), and let every rank capture and replay the same sequence of calls.
     """
 
     def __init__(self, group=None, max_bytes: int = 8 << 20, device=None, *,

@@ -207,6 +207,8 @@ class EngineProcess:
         self.outputs.close()
 
     def _end_process(self, timeout: float) -> None:
+        if getattr(self, "proc", None) is None or self.proc.pid is None:  # never started
+            return
         self.proc.join(timeout)
         for end in (self.proc.terminate, self.proc.kill):
             if self.proc.is_alive():

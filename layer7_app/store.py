@@ -7,6 +7,12 @@ hand out live cookies. Every read or write of a conversation names the session, 
 conversation of another session is reported as missing (`None`), which the web layer turns
 into a 404: a client cannot even learn that someone else's id exists.
 
+A session row is written only when the session first writes (its first conversation): a
+page load sets the cookie and stores nothing, so visitors who never chat leave no rows.
+Every stored field has a size limit (MAX_*; ValueError beyond it), and a reply being
+generated is written as it streams (`update_message`), so a crash loses at most the last
+second of it.
+
 The schema is versioned: `schema_version` records the version the file is at, and
 `Store()` applies the `MIGRATIONS` it has not seen yet, in order, inside one transaction.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import sqlite3
 import time
@@ -26,6 +33,11 @@ from typing import Any
 
 DEFAULT_DB = Path.home() / ".cache" / "llm-stack" / "chat.db"
 ROLES = ("system", "user", "assistant")
+MAX_TITLE_CHARS = 200          # longer titles are cut
+MAX_CONTENT_CHARS = 200_000    # a message's text
+MAX_META_BYTES = 64 * 1024     # a message's metadata, as JSON
+MAX_SETTINGS_BYTES = 4 << 20   # a conversation's settings, as JSON (branches live there)
+TOKEN = re.compile(r"[A-Za-z0-9_-]{32,64}")  # what new_token makes (secrets.token_urlsafe)
 
 # Version N is reached by running MIGRATIONS[N - 1]. Append, never edit: a file in the wild
 # may be at any earlier version.
@@ -88,6 +100,20 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _json(value: dict[str, Any], limit: int, what: str) -> str:
+    text = json.dumps(value)
+    if len(text.encode()) > limit:
+        raise ValueError(f"{what} is {len(text.encode())} bytes as JSON; at most {limit}")
+    return text
+
+
+def _content(content: str) -> str:
+    if len(content) > MAX_CONTENT_CHARS:
+        raise ValueError(f"a message is at most {MAX_CONTENT_CHARS} characters, "
+                         f"got {len(content)}")
+    return content
+
+
 class Store:
     """Sessions, conversations and messages in one SQLite file (created and migrated here)."""
 
@@ -143,13 +169,27 @@ class Store:
         return before
 
     # ---- sessions ---------------------------------------------------------------------
+    @staticmethod
+    def new_token() -> str:
+        """A fresh random session token (for the cookie); no row until `ensure_session`."""
+        return secrets.token_urlsafe(32)
+
     def new_session(self) -> tuple[str, int]:
-        """A fresh random token (for the cookie) and the session's id."""
-        token = secrets.token_urlsafe(32)
+        """A fresh random token (for the cookie) and the session's id (its row written)."""
+        token = self.new_token()
+        return token, self.ensure_session(token)
+
+    def ensure_session(self, token: str) -> int:
+        """The session of a well-formed token, its row written now if it has none yet
+        (ValueError for a token new_token could not have made)."""
+        if not TOKEN.fullmatch(token or ""):
+            raise ValueError("malformed session token")
         with self._db() as db:
-            cur = db.execute("INSERT INTO sessions (token_hash, created_at) VALUES (?, ?)",
-                             (_hash(token), time.time()))
-        return token, int(cur.lastrowid)
+            db.execute("INSERT OR IGNORE INTO sessions (token_hash, created_at) VALUES (?, ?)",
+                       (_hash(token), time.time()))
+            row = db.execute("SELECT id FROM sessions WHERE token_hash = ?",
+                             (_hash(token),)).fetchone()
+        return int(row[0])
 
     def session_id(self, token: str | None) -> int | None:
         """The session a cookie token belongs to, or None if it is unknown."""
@@ -165,11 +205,12 @@ class Store:
                             settings: dict[str, Any] | None = None) -> Conversation:
         """A new, empty conversation owned by `session`."""
         now = time.time()
-        conv = Conversation(uuid.uuid4().hex, title[:200], now, dict(settings or {}))
+        conv = Conversation(uuid.uuid4().hex, title[:MAX_TITLE_CHARS], now, dict(settings or {}))
+        text = _json(conv.settings, MAX_SETTINGS_BYTES, "settings")
         with self._db() as db:
             db.execute("INSERT INTO conversations (id, session_id, title, created_at, updated_at,"
                        " settings) VALUES (?, ?, ?, ?, ?, ?)",
-                       (conv.id, session, conv.title, now, now, json.dumps(conv.settings)))
+                       (conv.id, session, conv.title, now, now, text))
         return conv
 
     def conversations(self, session: int) -> list[Conversation]:
@@ -195,10 +236,10 @@ class Store:
         sets, args = ["updated_at = ?"], [time.time()]
         if title is not None:
             sets.append("title = ?")
-            args.append(title[:200])
+            args.append(title[:MAX_TITLE_CHARS])
         if settings is not None:
             sets.append("settings = ?")
-            args.append(json.dumps(settings))
+            args.append(_json(settings, MAX_SETTINGS_BYTES, "settings"))
         with self._db() as db:
             cur = db.execute(f"UPDATE conversations SET {', '.join(sets)} "
                              "WHERE id = ? AND session_id = ?", (*args, conv_id, session))
@@ -226,15 +267,29 @@ class Store:
         """Append a message; None if the conversation is not the session's."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        meta_text = _json(meta or {}, MAX_META_BYTES, "message metadata")
         if self.conversation(session, conv_id) is None:
             return None
         with self._db() as db:
             cur = db.execute("INSERT INTO messages (conversation_id, role, content, created_at, "
                              "meta) VALUES (?, ?, ?, ?, ?)",
-                             (conv_id, role, content, time.time(), json.dumps(meta or {})))
+                             (conv_id, role, _content(content), time.time(), meta_text))
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?",
                        (time.time(), conv_id))
         return Message(int(cur.lastrowid), role, content, dict(meta or {}))
+
+    def update_message(self, session: int, conv_id: str, message_id: int, content: str,
+                       meta: dict[str, Any] | None = None) -> bool:
+        """Replace a message's text (and metadata, when given): a reply written as it
+        streams. False if the message is not in the session's conversation."""
+        meta_text = None if meta is None else _json(meta, MAX_META_BYTES, "message metadata")
+        content = _content(content)
+        with self._db() as db:
+            cur = db.execute(
+                "UPDATE messages SET content = ?, meta = COALESCE(?, meta) WHERE id = ? AND "
+                "conversation_id = (SELECT id FROM conversations WHERE id = ? AND "
+                "session_id = ?)", (content, meta_text, message_id, conv_id, session))
+        return cur.rowcount == 1
 
     def delete_messages_from(self, session: int, conv_id: str, message_id: int) -> bool:
         """Delete message `message_id` and every later one (for Regenerate)."""

@@ -13,22 +13,24 @@ conversation of another session answers 404, exactly like one that does not exis
 """
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from ..rag import DocIndex
-from ..store import Store
+from ..store import TOKEN, Store
 from .attachments import Attachments
 from .branches import branch_points, fork
 from .extra_routes import add_extra_routes
+from .guard import ChatGuard
 from .prompt import Play
 from . import tools as tool_defs
 from .reply import ReplyRequest, stream_reply
@@ -37,6 +39,18 @@ from .upstream import Upstream, UpstreamError
 HERE = Path(__file__).parent
 COOKIE = "llmstack_session"
 COOKIE_AGE_S = 365 * 24 * 3600
+NO_ROWS = -1  # the session id of a cookie whose session has not written yet: matches nothing
+MAX_CLIENT_SETTINGS_BYTES = 16 * 1024  # settings a client sends (the page's are a few dozen)
+
+
+def _small(settings: dict[str, Any] | None) -> dict[str, Any] | None:
+    if settings is not None and len(json.dumps(settings)) > MAX_CLIENT_SETTINGS_BYTES:
+        raise ValueError(f"settings are at most {MAX_CLIENT_SETTINGS_BYTES} bytes as JSON")
+    return settings
+
+
+def _too_large(_: Request, exc: ValueError) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=400)
 
 
 class ClosingStreamingResponse(StreamingResponse):
@@ -59,14 +73,14 @@ class NewConversation(BaseModel):
     """Body of POST /api/conversations."""
 
     title: str = Field("New chat", max_length=200)
-    settings: dict[str, Any] = Field(default_factory=dict)
+    settings: Annotated[dict[str, Any], AfterValidator(_small)] = Field(default_factory=dict)
 
 
 class ConversationPatch(BaseModel):
     """Body of PATCH /api/conversations/{id}."""
 
     title: str | None = Field(None, max_length=200)
-    settings: dict[str, Any] | None = None
+    settings: Annotated[dict[str, Any] | None, AfterValidator(_small)] = None
     system: str | None = Field(None, max_length=20_000)  # the system prompt ("" clears it)
 
 
@@ -97,7 +111,10 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
         yield
         await upstream.aclose()
 
-    app = FastAPI(title="llm-stack chat", docs_url=None, redoc_url=None, lifespan=lifespan)
+    app = FastAPI(title="llm-stack chat", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
+    app.add_middleware(ChatGuard)  # headers, Origin check, one reply at a time (guard.py)
+    app.add_exception_handler(ValueError, _too_large)  # the store's size limits: a 400
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     templates = Jinja2Templates(directory=HERE / "templates")  # autoescapes .html
     attachments = Attachments(index)
@@ -105,10 +122,15 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
     model_info: dict[str, dict[str, Any]] = {}
 
     def session(request: Request) -> int:
-        sid = store.session_id(request.cookies.get(COOKIE))
-        if sid is None:
-            raise HTTPException(401, "no session: load the chat page first")
-        return sid
+        token = request.cookies.get(COOKIE)
+        sid = store.session_id(token)
+        if sid is not None:
+            return sid
+        if token and TOKEN.fullmatch(token):
+            if request.method in ("GET", "HEAD"):
+                return NO_ROWS  # a session that has written nothing has nothing to read
+            return store.ensure_session(token)  # its first write: the row is made now
+        raise HTTPException(401, "no session: load the chat page first")
 
     def owned(sid: int, conv_id: str) -> None:
         if store.conversation(sid, conv_id) is None:
@@ -117,7 +139,8 @@ def create_chat_app(upstream_url: str, store: Store, index: DocIndex | None = No
     @app.get("/", response_class=HTMLResponse)
     def index_page(request: Request) -> HTMLResponse:
         token = request.cookies.get(COOKIE)
-        new_token = None if store.session_id(token) is not None else store.new_session()[0]
+        # a cookie, but no row: the row is written with the session's first write
+        new_token = None if token and TOKEN.fullmatch(token) else store.new_token()
         docs = index.sources if index is not None else []
         resp = templates.TemplateResponse(request, "index.html", {"docs": docs})
         if new_token:

@@ -5,13 +5,16 @@ The page gets newline-delimited JSON events, one per line:
 `{"type": "delta", "text": "..."}` (many), then `{"type": "done", "message": {...}}` with the
 stored reply and its stats, or `{"type": "error", "message": "..."}`.
 
-Whatever happens, the reply is saved: finished, failed, or cut short because the browser
-went away (Stop aborts its fetch; the response then closes this generator, which closes the
+The reply is saved as it streams: its row is written before the first token and its text
+rewritten at most every SAVE_EVERY_S seconds, so a crash of the app loses at most that much
+of it. Whatever happens, the reply is saved: finished, failed, or cut short because the
+browser went away (Stop aborts its fetch; the response then closes this generator, which closes the
 upstream stream and so aborts the request in the engine). A stopped reply is stored with
 `"stopped": true` and the text that had arrived.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -39,6 +42,9 @@ class ReplyRequest:
     system: str | None = None  # the conversation's system prompt
     tools: tuple[str, ...] = ()  # built-in tools the model may call (tools.py; chat mode only)
     tool_choice: str = "auto"  # "required": the first answer must be a call
+
+
+SAVE_EVERY_S = 1.0  # how much of a streaming reply a crash may lose
 
 
 def _event(kind: str, **fields: Any) -> bytes:
@@ -95,12 +101,18 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
     if req.play is not None:
         meta["speaker"] = req.play.assistant
     start = time.perf_counter()
+    # the row exists from the start (meta "stopped" until it ends): a crash keeps the text
+    row = store.add_message(session, conv_id, "assistant", "", meta)
+    saved_at = time.monotonic()
     try:
         # aclosing: leaving this loop by an exception (Stop) must close the upstream stream
         # now, not whenever the garbage collector gets to the generator.
         async with aclosing(upstream.stream(path, body, result)) as pieces_in:
             async for text in pieces_in:
                 pieces.append(text)
+                if row is not None and time.monotonic() - saved_at >= SAVE_EVERY_S:
+                    store.update_message(session, conv_id, row.id, "".join(pieces))
+                    saved_at = time.monotonic()
                 yield _event("delta", text=text)
         for round_ in range(tools.MAX_ROUNDS):  # the model called tools: run them, go on
             if not (req.tools and result.tool_calls):
@@ -131,7 +143,10 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
     finally:
         # Runs on success, on error and on cancellation (Stop): the reply is never lost.
         meta["stats"] = stats_of(result, time.perf_counter() - start, len(pieces))
-        saved = store.add_message(session, conv_id, "assistant", "".join(pieces), meta)
+        saved = None
+        if row is not None and store.update_message(session, conv_id, row.id, "".join(pieces),
+                                                    meta):
+            saved = dataclasses.replace(row, content="".join(pieces), meta=meta)
     if saved is not None:
         yield _event("done", message={"id": saved.id, "role": "assistant",
                                       "content": saved.content, "meta": saved.meta})

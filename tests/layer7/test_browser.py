@@ -40,9 +40,11 @@ def browser() -> Iterator[object]:
         chromium.close()
 
 
-def open_page(browser, url: str, errors: list[str] | None = None):
-    """A page in a fresh browser context (its own cookies: a new session)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800})
+def open_page(browser, url: str, errors: list[str] | None = None, *, csp: bool = False):
+    """A page in a fresh browser context (its own cookies: a new session). The page's
+    Content-Security-Policy forbids eval, which playwright's string predicates use: it is
+    bypassed unless csp=True (test_the_page_runs_under_its_own_csp keeps it)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=not csp)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
     if errors is not None:
@@ -69,6 +71,20 @@ def wait_reply_done(page, n: int) -> None:
     page.wait_for_function(
         f"document.querySelectorAll('.message.assistant .stats').length >= {n}"
         " && !document.querySelector('.message.assistant.streaming')")
+
+
+def test_the_page_runs_under_its_own_csp(browser, chat: ChatHandle) -> None:
+    """The page's scripts and styles all come from its origin: with the CSP in force (no
+    bypass), it loads, lists models, sends and draws a reply, and the browser reports no
+    violation."""
+    violations: list[str] = []
+    page = open_page(browser, chat.url, violations, csp=True)
+    page.on("console", lambda msg: violations.append(msg.text)
+            if "Content Security Policy" in msg.text else None)
+    send(page, "Speak on, my lord.", max_tokens=8, temperature=0)
+    page.wait_for_selector(".message.assistant .stats")
+    assert page.inner_text(".message.assistant .body").strip()
+    assert violations == []
 
 
 def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
@@ -187,7 +203,7 @@ def test_markup_in_a_reply_shows_as_text_and_never_runs(browser, chat, tmp_path)
     page = open_page(browser, chat.url)
     token = next(c["value"] for c in page.context.cookies() if c["name"] == COOKIE)
     store = Store(tmp_path / "chat.db")  # the same file the app uses
-    session = store.session_id(token)
+    session = store.ensure_session(token)  # a page load writes no row: its first write does
     conv = store.create_conversation(session, "untrusted")
     store.add_message(session, conv.id, "user", "show me markup")
     evil = ("<script>window.__pwned = 1</script> and <img src=x onerror=\"window.__pwned = 2\">"

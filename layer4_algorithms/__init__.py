@@ -25,8 +25,9 @@ each step masks that request's row of logits with its grammar's token bitmask (l
 
 Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `BlockAllocator`
 (free list, block tables, ref counts, fork, copy-on-write), `schedule_step` (one step of
-continuous batching over `SeqState`s -> `StepPlan`) and `accept_reject` (one sequence's
-speculative accept/reject rule).
+continuous batching over `SeqState`s -> `StepPlan`), `accept_reject` (one sequence's
+speculative accept/reject rule) and, in structured/automaton.py, constrained decoding on a small
+`Automaton` (`advance`, `token_mask`, `pack_bitmask`, `apply_bitmask`).
 """
 # the layer beneath, as a namespace: executor.LlamaModel
 import layer3_model as executor
@@ -67,7 +68,16 @@ from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .structured import GrammarCompiler, GrammarState, apply_token_bitmask_
+from .structured import (
+    Automaton,
+    GrammarCompiler,
+    GrammarState,
+    advance,
+    apply_bitmask,
+    apply_token_bitmask_,
+    pack_bitmask,
+    token_mask,
+)
 from .spec import (
     DraftModelProposer,
     EngineSpeculator,
@@ -103,4 +113,5 @@ __all__ = [
     "apply_token_bitmask_",
     # the core algorithms at teaching size (lab 4)
     "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",
+    "Automaton", "advance", "token_mask", "pack_bitmask", "apply_bitmask",
 ]

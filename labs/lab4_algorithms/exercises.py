@@ -1,6 +1,6 @@
 """Lab 4 — system algorithms: your answers.
 
-Three exercises, in the order `lab4.ipynb` teaches them:
+Four exercises, in the order `lab4.ipynb` teaches them:
 
 1. `BlockAllocator` — the paged KV cache's bookkeeping: a free list, a block table per
    sequence, reference counts, `fork` (share every block) and copy-on-write.
@@ -10,10 +10,13 @@ Three exercises, in the order `lab4.ipynb` teaches them:
    preemption of the newest sequence when blocks run out; FCFS admission.
 3. `accept_reject` — speculative decoding's accept/reject rule for one sequence: emit what
    the target alone would have sampled, exactly, in distribution.
+4. Constrained decoding — `advance`, `token_mask`, `pack_bitmask`, `apply_bitmask`: the token
+   mask of a small automaton (the class `Automaton` is given), packed 32 tokens to an int32
+   word and applied to a batch of logits, as structured outputs do every step.
 
 Write the code where it says YOUR CODE (each raises NotImplementedError until you do). The
-classes `OutOfBlocksError`, `SeqState` and `StepPlan` and `BlockAllocator.__init__` are given:
-keep their names and fields (the grader uses them). Grade yourself with `stack grade --lab 4`.
+classes `OutOfBlocksError`, `SeqState`, `StepPlan`, `Automaton` and `BlockAllocator.__init__`
+are given: keep their names and fields (the grader uses them). Grade yourself with `stack grade --lab 4`.
 
 Rules the grader enforces (see tests/labs/test_lab4.py):
 * Plain Python and PyTorch. torch.multinomial, torch.rand, clamp, argmax are all fine.
@@ -189,3 +192,75 @@ def accept_reject(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_t
     """
     # YOUR CODE
     raise NotImplementedError("accept_reject")
+
+
+# ---- Exercise 4: constrained decoding, a token mask from an automaton ----------------------------
+# Structured outputs (a JSON schema, a regex, a list of choices) work by masking: before each
+# token is sampled, the tokens that would leave the allowed language get logit -inf. The engine
+# asks a grammar library for the mask (layer4_algorithms/structured/); here the language is a
+# small deterministic automaton over characters, given below.
+@dataclass
+class Automaton:
+    """States 0 .. len(next) - 1; next[s]: char -> the state after it (a char missing from it
+    is refused in s); `start`; `accepting`: the states where the text may end. Every state can
+    still reach an accepting one."""
+
+    next: list[dict[str, int]]
+    start: int = 0
+    accepting: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def choices(cls, words: list[str]) -> Automaton:
+        """The trie of words: accepts exactly them."""
+        nxt: list[dict[str, int]] = [{}]
+        accepting = set()
+        for w in words:
+            s = 0
+            for ch in w:
+                if ch not in nxt[s]:
+                    nxt.append({})
+                    nxt[s][ch] = len(nxt) - 1
+                s = nxt[s][ch]
+            accepting.add(s)
+        return cls(nxt, 0, frozenset(accepting))
+
+    @classmethod
+    def digits(cls, max_digits: int) -> Automaton:
+        """1 to max_digits decimal digits."""
+        nxt = [{str(d): i + 1 for d in range(10)} if i < max_digits else {}
+               for i in range(max_digits + 1)]
+        return cls(nxt, 0, frozenset(range(1, max_digits + 1)))
+
+
+def advance(automaton: Automaton, state: int, text: str) -> int | None:
+    """The state after reading text's characters one by one from `state` (automaton.next);
+    None as soon as a character is refused. advance(a, s, "") is s."""
+    # YOUR CODE
+    raise NotImplementedError("advance")
+
+
+def token_mask(automaton: Automaton, state: int, vocab: list[str], eos_id: int) -> torch.Tensor:
+    """(V,) bool, V = len(vocab): True for the tokens allowed next in `state`.
+
+    vocab[t] is token t's text (a token may hold several characters). Token t is allowed when
+    its text is non-empty and the automaton reads all of it from `state`; the EOS token
+    (t == eos_id, whatever its text) is allowed exactly when `state` is accepting.
+    """
+    # YOUR CODE
+    raise NotImplementedError("token_mask")
+
+
+def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """(B, V) bool -> (B, W) int32 with W = ceil(V / 32): bit t % 32 of word t // 32 is set
+    when token t is allowed (32 tokens per word: what a grammar library fills and the GPU
+    reads, 32x less than a bool per token). Bit 31 is int32's sign bit: a word with it set
+    is negative (compute in int64, then wrap values >= 2**31 by subtracting 2**32)."""
+    # YOUR CODE
+    raise NotImplementedError("pack_bitmask")
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A new (B, V) tensor: logits with every token the bitmask (B, W) int32 refuses set to
+    -inf (the input is not changed). Unpack with shifts: (word >> bit) & 1."""
+    # YOUR CODE
+    raise NotImplementedError("apply_bitmask")

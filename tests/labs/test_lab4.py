@@ -1,5 +1,6 @@
 """Lab 4 grader: a block allocator with reference counts, one scheduler step and the speculative
-accept/reject rule, each against layer4_algorithms' reference on fresh random inputs.
+accept/reject rule and a token mask from a small automaton, each against layer4_algorithms'
+reference on fresh random inputs.
 
 Graded through the `impl` fixture (tests/labs/conftest.py): a student's exercises.py under
 `stack grade --lab 4`; under plain pytest the layer4_algorithms package (its essentials.py,
@@ -19,6 +20,10 @@ Seeds are drawn afresh every run and printed in every failure message.
   above 1e-6, computed with torch.special.gammaincc) that the emitted tokens follow the
   target's distributions whatever the draft's, and that acceptance happens as often as
   min(p, q) says.
+* The token mask: advance / token_mask equal the reference's on random automata (tries of
+  random words, digit runs) and vocabularies; the packed bitmask equals it word for word
+  (widths that are and are not multiples of 32, bit 31 set); applying it leaves the input
+  alone; and the four together decode a batch of random logits into words of the language.
 """
 from __future__ import annotations
 
@@ -628,3 +633,129 @@ def test_accept_reject_acceptance_rates(impl):
     if any([int(t) for t in f] != [int(t) for t in first[0]] for f in first):
         pytest.fail(f"accept_reject with the same seeded generator gave different tokens {first} [seed {seed}]",
                     pytrace=False)
+
+
+# ================================================================ exercise 4: the token mask
+ALPHABET = "abnoesy0123456789"
+
+
+def _mask_automaton(module: ModuleType, rng: random.Random):
+    if rng.random() < 0.3:
+        return module.Automaton.digits(rng.randint(1, 4))
+    words = {"".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 5)))
+             for _ in range(rng.randint(1, 6))}
+    return module.Automaton.choices(sorted(words))
+
+
+def _mask_vocab(rng: random.Random, V: int) -> list[str]:
+    """Token 0 is EOS ("<eos>"); the rest 0 to 3 characters (an empty one among them)."""
+    out = ["<eos>", ""] + ["".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 3)))
+                           for _ in range(V - 2)]
+    return out[:1] + rng.sample(out[1:], len(out) - 1)
+
+
+def _mask_states(a, rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(len(a.next)) for _ in range(n)]
+
+
+@pytest.mark.points(5)
+def test_advance_walks_the_mask_automaton(impl):
+    seed = seeds.randrange(2**31)
+    rng = random.Random(seed)
+    for i in range(40):
+        mine, theirs = _mask_automaton(impl, random.Random(seed + i)), _mask_automaton(ref, random.Random(seed + i))
+        for s in _mask_states(theirs, rng, 5):
+            for text in ["", *("".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 4)))
+                               for _ in range(6))]:
+                want, got = ref.advance(theirs, s, text), impl.advance(mine, s, text)
+                if got != want:
+                    pytest.fail(f"advance(state {s}, {text!r}) on {theirs.next} gave {got}, expected "
+                                f"{want} [seed {seed}]", pytrace=False)
+
+
+@pytest.mark.points(10)
+def test_token_mask_matches_the_reference(impl):
+    seed = seeds.randrange(2**31)
+    rng = random.Random(seed)
+    for i in range(25):
+        mine, theirs = _mask_automaton(impl, random.Random(seed + i)), _mask_automaton(ref, random.Random(seed + i))
+        vocab = _mask_vocab(rng, rng.randint(8, 70))
+        for s in _mask_states(theirs, rng, 4):
+            want = ref.token_mask(theirs, s, vocab, 0)
+            got = impl.token_mask(mine, s, vocab, 0)
+            if not isinstance(got, torch.Tensor) or got.dtype != torch.bool or got.shape != want.shape:
+                pytest.fail(f"token_mask must return a ({len(vocab)},) bool tensor, got "
+                            f"{getattr(got, 'dtype', type(got))} {tuple(getattr(got, 'shape', ()))} "
+                            f"[seed {seed}]", pytrace=False)
+            if not torch.equal(got, want):
+                bad = (got != want).nonzero()[:, 0].tolist()[:5]
+                pytest.fail(f"token_mask(state {s}) wrong for tokens {[(t, vocab[t]) for t in bad]} "
+                            f"(automaton {theirs.next}, accepting {sorted(theirs.accepting)}, EOS = 0) "
+                            f"[seed {seed}]", pytrace=False)
+
+
+@pytest.mark.points(8)
+def test_pack_bitmask_puts_token_t_in_bit_t_mod_32_of_word_t_div_32(impl):
+    seed = seeds.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    for B, V in [(1, 1), (2, 31), (3, 32), (2, 33), (4, 100), (1, 4096)]:
+        allowed = torch.rand(B, V, generator=gen) < 0.5
+        allowed[0, -1] = True  # the sign bit of a last full word, where V % 32 == 0
+        got, want = impl.pack_bitmask(allowed), ref.pack_bitmask(allowed)
+        if not isinstance(got, torch.Tensor) or got.dtype != torch.int32 or got.shape != want.shape:
+            pytest.fail(f"pack_bitmask of ({B}, {V}) must be a {tuple(want.shape)} int32 tensor, got "
+                        f"{getattr(got, 'dtype', type(got))} {tuple(getattr(got, 'shape', ()))} "
+                        f"[seed {seed}]", pytrace=False)
+        if not torch.equal(got, want):
+            pytest.fail(f"pack_bitmask of ({B}, {V}): words {got[0, :4].tolist()}, expected "
+                        f"{want[0, :4].tolist()} (bit t % 32 of word t // 32) [seed {seed}]",
+                        pytrace=False)
+
+
+@pytest.mark.points(8)
+def test_apply_bitmask_sets_refused_tokens_to_minus_inf(impl):
+    seed = seeds.randrange(2**31)
+    gen = torch.Generator().manual_seed(seed)
+    for B, V in [(1, 5), (3, 32), (4, 77), (2, 300)]:
+        allowed = torch.rand(B, V, generator=gen) < 0.4
+        allowed[-1] = True  # a row with everything allowed stays as it was
+        logits = torch.randn(B, V, generator=gen)
+        before = logits.clone()
+        got = impl.apply_bitmask(logits, ref.pack_bitmask(allowed))
+        want = before.masked_fill(~allowed, float("-inf"))
+        if not torch.equal(logits, before):
+            pytest.fail(f"apply_bitmask changed its input logits [seed {seed}]", pytrace=False)
+        if not isinstance(got, torch.Tensor) or not torch.equal(got, want):
+            pytest.fail(f"apply_bitmask on ({B}, {V}): refused tokens must be -inf and the others "
+                        f"unchanged [seed {seed}]", pytrace=False)
+
+
+@pytest.mark.points(9)
+def test_masked_decoding_only_writes_the_automatons_language(impl):
+    """Your four functions in a decode loop over random logits: a batch of rows, each with its
+    own automaton state, every finished text in the language."""
+    seed = seeds.randrange(2**31)
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    words = sorted({"".join(rng.choice(ALPHABET) for _ in range(rng.randint(2, 5))) for _ in range(5)})
+    a = impl.Automaton.choices(words)
+    vocab = ["<eos>"] + sorted(set(ALPHABET) | {w[:2] for w in words} | {w[1:] for w in words})
+    B = 6
+    states, texts, done = [a.start] * B, [""] * B, [False] * B
+    for _ in range(12):
+        rows = [impl.token_mask(a, s, vocab, 0) for s in states]
+        logits = impl.apply_bitmask(torch.randn(B, len(vocab), generator=gen),
+                                    impl.pack_bitmask(torch.stack(rows)))
+        for b, t in enumerate(logits.argmax(-1).tolist()):
+            if done[b]:
+                continue
+            if t == 0:
+                done[b] = True
+                continue
+            texts[b] += vocab[t]
+            states[b] = impl.advance(a, states[b], vocab[t])
+            if states[b] is None:
+                pytest.fail(f"row {b} sampled {vocab[t]!r}, which the automaton refuses after "
+                            f"{texts[b][:-len(vocab[t])]!r}: the mask let it through [seed {seed}]",
+                            pytrace=False)
+    if not all(done) or any(t not in words for t in texts):
+        pytest.fail(f"decoding {words} gave {texts} (finished: {done}) [seed {seed}]", pytrace=False)

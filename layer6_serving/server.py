@@ -88,6 +88,7 @@ class ServerHandle:
 def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("course",), *,
                  host: str = "127.0.0.1", port: int = 0, tensor_parallel_size: int = 1,
                  api_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 docs: bool | None = None, open_metrics: bool = False,
                  **engine_kwargs) -> ServerHandle:
     """Build an engine per model, serve them with uvicorn in a background thread, and return
     once the server accepts requests. port=0 picks a free port."""
@@ -95,7 +96,8 @@ def start_server(models: Sequence[str | Path] | Mapping[str, ModelSpec] = ("cour
     owned = [e for name, e in engines.items()
              if not (isinstance(models, Mapping) and isinstance(models[name], AsyncEngine))]
     try:
-        app = create_app(engines, api_key=api_key, max_body_bytes=max_body_bytes)
+        app = create_app(engines, api_key=api_key, max_body_bytes=max_body_bytes, docs=docs,
+                         open_metrics=open_metrics)
         return ServerHandle(app, engines,
                             bind(host, port), owned)
     except BaseException:
@@ -118,6 +120,10 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model")
     ap.add_argument("--max-num-seqs", type=int, default=None)
     ap.add_argument("--max-waiting", type=int, default=512, help="queue limit before 429")
+    ap.add_argument("--metrics-open", action="store_true", help="with --api-key: leave "
+                    "/metrics open (for a Prometheus that sends no key)")
+    ap.add_argument("--docs", action="store_true", default=None, help="with --api-key: serve "
+                    "/docs and /openapi.json all the same (without a key they are on)")
     ap.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES,
                     help="largest request body accepted (413 above it)")
     ap.add_argument("--request-timeout", type=float, default=None, help="seconds per request")
@@ -136,7 +142,8 @@ def serve_main(argv: list[str]) -> int:
     try:
         handle = start_server(args.model or ["course"], host=args.host, port=args.port,
                               tensor_parallel_size=args.tp, api_key=args.api_key,
-                              max_body_bytes=args.max_body_bytes,
+                              max_body_bytes=args.max_body_bytes, docs=args.docs,
+                              open_metrics=args.metrics_open,
                               max_waiting=args.max_waiting, request_timeout=args.request_timeout,
                               policy=args.policy, engine_process=not args.engine_thread,
                               stall_timeout=args.stall_timeout, max_restarts=args.max_restarts,

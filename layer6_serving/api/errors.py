@@ -13,6 +13,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..async_engine import EngineOverloaded
@@ -99,6 +100,47 @@ def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
     err = OpenAIError(exc.status_code, str(exc.detail), code=code,
                       headers=getattr(exc, "headers", None))
     return err.response()
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error object: {"error": {"message", "type", "param", "code"}}."""
+
+    class Detail(BaseModel):
+        message: str
+        type: str
+        param: str | None = None
+        code: str | None = None
+
+    error: Detail
+
+
+ERROR_RESPONSES: dict[int | str, dict] = {
+    400: {"model": ErrorBody, "description": "Bad request: a field is invalid (param names it)"},
+    401: {"model": ErrorBody, "description": "Missing or wrong API key"},
+    404: {"model": ErrorBody, "description": "No such model (or route)"},
+    408: {"model": ErrorBody, "description": "The request ran past its timeout"},
+    413: {"model": ErrorBody, "description": "The body is over the server's size limit"},
+    429: {"model": ErrorBody, "description": "Too many requests waiting: retry after "
+                                             "Retry-After seconds"},
+    503: {"model": ErrorBody, "description": "The engine is down or restarting: retry"},
+}
+
+
+def openapi_schema(app: FastAPI) -> dict:
+    """FastAPI's schema, minus the 422 it adds to every route with a body: this server
+    answers a body that does not validate with a 400 in OpenAI's shape (documented above)."""
+    if app.openapi_schema is None:
+        from fastapi.openapi.utils import get_openapi
+
+        schema = get_openapi(title=app.title, version=app.version,
+                             description=app.description, routes=app.routes)
+        for path in schema.get("paths", {}).values():
+            for op in path.values():
+                op.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def install(app: FastAPI) -> None:

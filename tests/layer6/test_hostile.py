@@ -171,3 +171,33 @@ def test_hostile_requests_amid_16_streams(server):
     assert all(s < 500 for s in statuses), statuses
     assert all(n == 24 for _, n in got) and got == ref
     assert time.perf_counter() - t0 < 60
+
+
+def test_with_an_api_key_strangers_learn_nothing(server):
+    from fastapi.testclient import TestClient
+
+    import layer6_serving as l6
+
+    key = {"Authorization": "Bearer sesame"}
+    with TestClient(l6.create_app(server.engines, api_key="sesame")) as tc:
+        health = tc.get("/health")
+        assert health.status_code == 200 and health.json() == {"status": "ok"}
+        assert "course" in tc.get("/health", headers=key).json()["models"]
+        assert tc.get("/metrics").status_code == 401
+        assert "llm_stack:" in tc.get("/metrics", headers=key).text
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert tc.get(path).status_code == 404, path
+        assert tc.get("/v1/models").status_code == 401
+    with TestClient(l6.create_app(server.engines, api_key="sesame", open_metrics=True,
+                                  docs=True)) as tc:
+        assert tc.get("/metrics").status_code == 200  # for a Prometheus without the key
+        assert tc.get("/openapi.json").status_code == 200
+
+
+def test_the_openapi_schema_documents_the_statuses_it_answers(server):
+    schema = httpx.get(server.url + "/openapi.json").json()  # no key: docs on
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = schema["paths"][path]["post"]["responses"]
+        assert "422" not in responses
+        assert {"400", "404", "413", "429", "503"} <= set(responses), responses
+    assert "HTTPValidationError" not in json.dumps(schema)

@@ -1,6 +1,6 @@
 """Tensor parallelism on GPUs at real shapes: decode tokens/s per GPU count, host time per step.
 
-    python -m layer5_parallel.tp_gpu_bench [--shapes llama-3.2-1b,llama-3.1-8b] [--out DIR]
+    python -m layer5_parallel.bench.tp_gpu_bench [--shapes llama-3.2-1b,llama-3.1-8b] [--out DIR]
     (also part of `stack bench --layer 5` on a machine with 2+ GPUs)
 
 For each shape (random bf16 weights of Llama-3.2-1B's and Llama-3.1-8B's exact shapes: the
@@ -32,8 +32,8 @@ import torch
 
 import layer4_algorithms as engine
 
-from . import planner
-from .llm import LLM
+from .. import planner
+from ..llm import LLM
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -199,7 +199,7 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m layer5_parallel.tp_gpu_bench")
+    ap = argparse.ArgumentParser(prog="python -m layer5_parallel.bench.tp_gpu_bench")
     ap.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
     ap.add_argument("--out", default="results/layer5")
     ap.add_argument("--repeats", type=int, default=2)

@@ -28,24 +28,7 @@ SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048),
 
 def graph_us(fns: list, replays: int = 5) -> float:
     """Microseconds per call: every fn captured once in one graph, replayed `replays` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for fn in fns[:2]:
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for fn in fns:
-            fn()
-    g.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / (replays * len(fns))
+    return l3.graph_replay_us(fns, replays=replays, warmup=1)
 
 
 def weights(n: int, k: int) -> list[torch.Tensor]:

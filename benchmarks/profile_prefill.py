@@ -66,15 +66,7 @@ def graph_ms(fn: Callable[[], object], repeats: int = 10) -> float | str:
     if not CUDA:
         return "no CUDA"
     try:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
+        g, _ = l3.capture_graph(fn, warmup=2)
         return statistics.median(events_ms(g.replay, repeats))
     except Exception as err:  # noqa: BLE001  (report, don't stop the profile)
         return f"capture failed: {type(err).__name__}: {str(err)[:120]}"

@@ -28,6 +28,8 @@ from pathlib import Path
 import torch
 import triton
 
+import layer3_model as l3
+
 pd = importlib.import_module("layer1_kernels.paged_decode")  # the package's name is the function
 HQ, HKV, D, PAGE = 32, 8, 64, 16
 # the engine's shape first, then the bench's small shapes (the worst ratios) before the big ones
@@ -89,25 +91,7 @@ def ours(c: dict, cfg, splits: int):
 def graph_us(fn, est_us: float = 20.0) -> float:
     calls = 20 if est_us < 50 else 5
     replays = max(3, min(20, int(3000 / (calls * max(est_us, 1.0)))))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(replays):
-        g.replay()
-    b.record()
-    b.synchronize()
-    del g
-    return a.elapsed_time(b) * 1e3 / (calls * replays)
+    return l3.graph_replay_us(fn, calls=calls, replays=replays, warmup=2)
 
 
 def host_us(fn, calls: int = 300) -> float:

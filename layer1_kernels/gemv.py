@@ -101,6 +101,26 @@ def _mac(acc, w, a, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps,
+               K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+               BLOCK_M: tl.constexpr, STATS_K: tl.constexpr, OUT_TY: tl.constexpr):
+    """The RMSNorm prologue's statistics, 1 / sqrt(mean(h^2) + eps) per row of h (= x, or
+    x + residual), from a pass over the whole (L2-resident) row in STATS_K-wide pieces
+    (usually one: a single round trip to L2). Zeros when there is no norm (PROLOGUE != 1).
+    gemv and gemv_rope share it."""
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
+    if PROLOGUE == 1:
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, STATS_K):
+            h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                          k0 + tl.arange(0, STATS_K), rstd, K, 0, HAS_RESIDUAL, False, OUT_TY,
+                          K % STATS_K == 0)
+            ss += tl.sum(h * h, 1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    return rstd
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  M, N, stride_xm, stride_rm, stride_wn, stride_ym, eps,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -123,16 +143,8 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         if PDL_EARLY:  # let the next kernel launch now: its weight prefetch overlaps ours
             gdc_launch_dependents()
         gdc_wait()
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:  # the norm's statistics: a pass over the whole (L2-resident) row,
-        # in STATS_K-wide pieces (usually one: a single round trip to L2)
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, STATS_K):
-            h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                          k0 + tl.arange(0, STATS_K), rstd, K, 0, HAS_RESIDUAL, False, OUT_TY,
-                          K % STATS_K == 0)
-            ss += tl.sum(h * h, 1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    rstd = _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
+                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY)
 
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)

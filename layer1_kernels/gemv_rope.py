@@ -34,6 +34,7 @@ from .gemv import (
     _act_tile,
     _check,
     _mac,
+    _norm_rstd,
     _w_tile,
     gemv_rms_norm_reference,
     pdl_early,
@@ -94,15 +95,8 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         if PDL_EARLY:
             gdc_launch_dependents()
         gdc_wait()
-    rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
-    if PROLOGUE == 1:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, STATS_K):
-            h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                            k0 + tl.arange(0, STATS_K), rstd, K, 0, HAS_RESIDUAL, False, OUT_TY,
-                            K % STATS_K == 0)
-            ss += tl.sum(h * h, 1)
-        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    rstd = _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
+                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY)
 
     if BLOCK_M == 1:
         acc_lo = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float32)

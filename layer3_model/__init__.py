@@ -48,7 +48,7 @@ from .backends import BACKENDS, Ops, make_ops
 from .bench_rows import unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
-from .cuda_graph import CudaGraphDecoder
+from .cuda_graph import CudaGraphDecoder, capture_graph, graph_replay_us, warm_up
 from .generate import Generation, GenerationStats, Model, benchmark_decode, load
 from .gguf_load import gguf_config, load_gguf
 from .model import LlamaModel, causal_lm_loss
@@ -114,7 +114,7 @@ __all__ = [
     "LLAMA_3_2_1B",
     # quantization and CUDA graphs
     "quantize_model", "Int8Linear", "perplexity", "weight_bytes", "CudaGraphDecoder",
-    "CudaGraphPrefill",
+    "CudaGraphPrefill", "capture_graph", "warm_up", "graph_replay_us",
     # the course model: corpus, tokenizer, training (python -m layer3_model.training.train)
     "prepare_corpus", "clean_corpus", "parse_play", "format_play", "VALIDATION_PLAYS",
     "train_tokenizer", "render_chat", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "STOP_STRINGS",

@@ -21,7 +21,7 @@ import torch
 from layer2_comm import time_fn
 
 from .attention_context import ContiguousKVCache
-from .cuda_graph import CudaGraphDecoder
+from .cuda_graph import CudaGraphDecoder, capture_graph
 from .model import LlamaModel
 
 
@@ -135,14 +135,7 @@ def prefill_split(net: LlamaModel, tokens: int, *, repeats: int = 10) -> dict:
         start = time.perf_counter()
         fwd()
         enqueue.append(time.perf_counter() - start)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fwd()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fwd()
+    graph, _ = capture_graph(fwd, warmup=1)
     replay = time_fn(graph.replay, warmup=2, repeats=repeats, device=dev)
     del graph
     return {"host_enqueue_s": statistics.median(enqueue), "graph_s": replay.median_s}

@@ -10,7 +10,10 @@ with the sequence. No step may copy to the host (that would not be recorded).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -18,6 +21,60 @@ from layer2_comm import kernels
 
 from .attention_context import ContiguousKVCache
 from .model import LlamaModel
+
+
+def warm_up(forward: Callable[[], Any], times: int = 2,
+            mode: Callable[[], contextlib.AbstractContextManager] = torch.no_grad) -> None:
+    """Run `forward` `times` times on a side stream, as a capture needs first: Triton compiles
+    its kernels, cuBLAS picks its algorithms and the caching allocator holds the blocks, none
+    of which may happen while a graph records. mode: the autograd mode to run under."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side), mode():
+        for _ in range(times):
+            forward()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def capture_graph(forward: Callable[[], Any], warmup: int = 2, *, pool=None,
+                  mode: Callable[[], contextlib.AbstractContextManager] = torch.no_grad,
+                  ) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """`warm_up(forward, warmup)`, then record one call of `forward` into a CUDA graph (in
+    memory pool `pool`, when graphs should share one). Returns (graph, what the recorded call
+    returned): its tensors are the graph's outputs, rewritten in place by each replay."""
+    warm_up(forward, warmup, mode)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool), mode():
+        out = forward()
+    return graph, out
+
+
+def graph_replay_us(fns: Callable[[], Any] | Sequence[Callable[[], Any]], *, calls: int = 1,
+                    replays: int = 10, warmup: int = 2) -> float:
+    """Microseconds per call with the host out of the way: `calls` rounds of `fns` (one
+    callable or several, each called once a round) recorded in one CUDA graph after `warmup`
+    untimed rounds, the graph replayed once untimed, then `replays` times between two CUDA
+    events. What is left is the kernels and their launch gaps on the GPU: the cost a step
+    replayed from a graph pays, not the Python wrappers that do_bench also times."""
+    fns = [fns] if callable(fns) else list(fns)
+
+    def one_round() -> None:
+        for fn in fns:
+            fn()
+
+    def rounds() -> None:
+        for _ in range(calls):
+            one_round()
+    warm_up(one_round, warmup)
+    graph, _ = capture_graph(rounds, warmup=0)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (calls * len(fns) * replays)
 
 
 class CudaGraphDecoder:
@@ -61,15 +118,7 @@ class CudaGraphDecoder:
             logits = model(self.input_ids, self.ctx, cache, last_only=True)
             return logits, (kernels.argmax(logits) if greedy else None)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():  # compile Triton kernels, warm allocators
-            for _ in range(warmup):
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.no_grad():
-            self.logits, self.next_ids = forward()
+        self.graph, (self.logits, self.next_ids) = capture_graph(forward, warmup)
 
     def _replay(self, input_ids: torch.Tensor, positions: torch.Tensor) -> None:
         if input_ids.shape != (self.batch_size,) or positions.shape != (self.batch_size,):

@@ -21,6 +21,7 @@ import dataclasses
 import torch
 
 from .attention_context import ContiguousKVCache
+from .cuda_graph import capture_graph
 from .model import LlamaModel
 
 #: Prompt-length buckets (tokens); a prompt runs in the smallest that holds it.
@@ -87,15 +88,7 @@ class _Bucket:
 
         def forward() -> torch.Tensor:
             return model(self.ids, self.ctx, cache, last_only=True)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # compile Triton kernels, warm cuBLAS and the allocator
-            for _ in range(warmup):
-                forward()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.logits = forward()
+        self.graph, self.logits = capture_graph(forward, warmup)
 
     def replay(self, input_ids: torch.Tensor, n: int, row: int) -> torch.Tensor:
         self.ids[n:].zero_()

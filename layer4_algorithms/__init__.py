@@ -43,7 +43,6 @@ from layer3_model import (
 )
 
 from . import structured
-
 from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM
@@ -68,16 +67,6 @@ from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
-from .structured import (
-    Automaton,
-    GrammarCompiler,
-    GrammarState,
-    advance,
-    apply_bitmask,
-    apply_token_bitmask_,
-    pack_bitmask,
-    token_mask,
-)
 from .spec import (
     DraftModelProposer,
     EngineSpeculator,
@@ -89,6 +78,16 @@ from .spec import (
     Speculator,
     accept_proposals,
     rejection_sample,
+)
+from .structured import (
+    Automaton,
+    GrammarCompiler,
+    GrammarState,
+    advance,
+    apply_bitmask,
+    apply_token_bitmask_,
+    pack_bitmask,
+    token_mask,
 )
 
 __all__ = [

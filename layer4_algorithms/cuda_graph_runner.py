@@ -111,18 +111,14 @@ class CudaGraphRunner:
                                      last_only=True)
 
     def _capture(self, warmup: int) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.no_grad():  # compile Triton kernels, warm the allocator
+        def every_bucket() -> None:  # every bucket warmed up before any capture
             for B in self.buckets:
                 for _ in range(warmup):
                     self._step(B)
-        torch.cuda.current_stream().wait_stream(side)
+        l3.warm_up(every_bucket, 1)
         pool = None
         for B in reversed(self.buckets):  # largest first: the pool it leaves fits the smaller ones
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool), torch.no_grad():
-                self._step(B)
+            graph, _ = l3.capture_graph(lambda B=B: self._step(B), warmup=0, pool=pool)
             pool = graph.pool()
             self.graphs[B] = graph
         torch.cuda.synchronize()

@@ -22,30 +22,11 @@ GRAPH_SKIPPED = "CUDA-graph replay timing needs a CUDA device: skipped"
 
 
 def graph_replay_us(fn, *, calls: int = 20, replays: int = 10) -> float:
-    """Microseconds per call of `fn` with the host out of the way: `calls` calls captured in
-    one CUDA graph (after an untimed warm-up on a side stream: Triton compiles, autotunes and
-    the allocator settles outside the capture), the graph replayed once untimed, then
-    `replays` times between two CUDA events. What is left is the kernels and their launch
-    gaps on the GPU -- the cost the engine pays, where decode runs from a captured graph --
-    not the Python wrapper's argument checks that do_bench also times at small shapes."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / (calls * replays)
+    """Microseconds per call of `fn` under CUDA-graph replay (layer 3's graph_replay_us:
+    `calls` calls in one graph, after an untimed warm-up). The kernels and their launch gaps
+    on the GPU -- the cost the engine pays, where decode runs from a captured graph -- not
+    the Python wrapper's argument checks that do_bench also times at small shapes."""
+    return l3.graph_replay_us(fn, calls=calls, replays=replays, warmup=3)
 
 
 def _time_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from layer3_model import ContiguousKVCache, LlamaModel
+from layer3_model import ContiguousKVCache, LlamaModel, capture_graph
 
 
 class LeanDecodeStep:
@@ -147,15 +147,7 @@ class LeanGraphStep:
         self.pos = torch.full((batch,), cache.max_len - 1, dtype=torch.int64, device=dev)
         self._row_base = torch.arange(batch, device=dev) * cache.max_len
         self._slots = torch.arange(cache.max_len, device=dev)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.inference_mode():  # warm allocators and kernels
-            for _ in range(warmup):
-                self._run()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph), torch.inference_mode():
-            self.logits = self._run()
+        self.graph, self.logits = capture_graph(self._run, warmup, mode=torch.inference_mode)
 
     def _run(self) -> torch.Tensor:
         mask = (self._slots[None, :] <= self.pos[:, None])[:, None, None, :]

@@ -54,9 +54,10 @@ def resolve_model(model: str | Path) -> str | Path:
 class AsyncEngine:
     """model: "course", a checkpoint path (or a name layer 3's loader knows), or a built
     `LLM`. engine_kwargs go to `LLM` (num_blocks, max_num_seqs, ...; tensor_parallel_size
-    when above 1). max_waiting: admission-queue limit (backpressure). request_timeout:
-    default seconds per request (None: none). policy: "fcfs" or "priority" (an engine built
-    here then schedules by priority too). chat_stop: stop strings added to chat requests
+    when above 1). max_waiting: how many requests may wait for a seat (backpressure).
+    request_timeout: default seconds per request (None: none). policy: "fcfs" or "priority"
+    (the engine's scheduler orders by it: built here, it is told so; a built LLM must
+    schedule by priority already). chat_stop: stop strings added to chat requests
     (the course model ends a speech at a blank line). engine_process: build and run the
     engine in a spawned process (`llm` is then None: `info` says what the server needs),
     restarted when it dies (at most max_restarts failures in a row). stall_timeout: seconds
@@ -74,20 +75,21 @@ class AsyncEngine:
             raise ValueError("engine_process=True builds the engine in its own process: pass "
                              "a model name or path, not a built LLM")
         self.name = name or (str(model) if self._owns_llm else "model")
-        if self._owns_llm and policy == "priority":
+        if self._owns_llm and policy == "priority":  # priority is the engine scheduler's
             engine_kwargs.setdefault("scheduling", "priority")
+        elif policy == "priority" and model.config.scheduling != "priority":
+            raise ValueError("policy='priority' needs an engine that schedules by priority: "
+                             "build the LLM with scheduling='priority'")
         self.loop: EngineLoop | EngineProcess
         if engine_process:
             self.llm = None
-            self.loop = EngineProcess(resolve_model(model), engine_kwargs,
-                                      priority=policy == "priority", name=self.name,
+            self.loop = EngineProcess(resolve_model(model), engine_kwargs, name=self.name,
                                       stall_timeout=stall_timeout, max_restarts=max_restarts)
             self.info = self.loop.info
         else:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
             self.llm = l5.LLM(resolve_model(model), **engine_kwargs) if self._owns_llm else model
             self.info = EngineInfo.of(self.llm)
-            self.loop = EngineLoop(self.llm, priority=policy == "priority", name=self.name)
-            self.loop.stall_timeout = stall_timeout
+            self.loop = EngineLoop(self.llm, name=self.name, stall_timeout=stall_timeout)
         if chat_stop is None:
             chat_stop = l5.STOP_STRINGS if str(model) == COURSE else ()
         self.chat_stop = tuple(chat_stop)

@@ -1,29 +1,21 @@
-"""The background thread that owns an engine: the only code that touches it.
+"""The loop that owns an engine: the only code that touches it, in a thread of the server or
+in an engine process of its own. The two differ only in transport (loop_transport.py):
+where commands come from (a queue the event loop writes, or the pipe from the server) and
+where a turn's outputs go (the requests' asyncio queues, or one pipe message per turn).
 
-Requests and aborts cross from the event loop(s) through a thread-safe command queue; the
-thread, each turn:
+Each turn:
 
-    drain commands -> expire timed-out requests -> admit by priority -> one engine step
-    -> collect each advanced request's deltas -> hand the turn's whole batch to the sink
+    take commands (add: into the engine at once; abort) -> expire timed-out requests
+    -> one engine step -> collect each advanced request's deltas -> hand the turn's whole
+    batch to the sink
 
-The sink is where a turn's outputs go, all at once (one message per step, not one per
-request): in-process (`LoopSink`), one call_soon_threadsafe per event loop per turn, which
-puts each item on its request's asyncio queue; in an engine process (engine_process.py),
-one pipe message per turn to the server process.
-
-An abort is applied before the next step, so a client that goes away holds its KV blocks
-for at most the step in flight. Admission: the engine orders only the requests it holds, so
-priority is applied here too, in front of it: requests wait in a heap (priority, arrival)
-and enter the engine only while it has seats free (max_num_seqs), so a high-priority
-request overtakes every lower-priority one still waiting here. Each request's priority is
-passed down to the engine, whose "priority" scheduling (AsyncEngine(policy="priority")
-builds it so) orders its own queue the same way and preempts the lowest priority first.
+Admission and priority are the engine's own (layer 4's scheduler: seats, token budget, and
+under scheduling="priority" its waiting queue in (priority, arrival) order); the loop passes
+each request's priority down. An abort is applied before the next step, so a client that
+goes away holds its KV blocks for at most the step in flight.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
-import queue
 import threading
 import time
 
@@ -35,32 +27,38 @@ from .engine_state import (
     RequestTimeoutError,
     SamplingError,
 )
+from .loop_transport import LoopSink, ThreadCommands
 from .streams import RequestMetricsSummary, unpack
+
+# the engine's cumulative counters the snapshot adds up (the engine may reset its own)
+ENGINE_COUNTERS = ("prefix_queried_tokens", "prefix_hit_tokens", "spec_proposed", "spec_accepted",
+                   "preemptions")
 
 
 class EngineLoop:
     """Owns `llm` in a daemon thread (start=False: the caller runs `run()` itself, as the
-    engine process does). priority: order admission by (priority, arrival) instead of
-    arrival only. Listeners get on_step(EngineSnapshot) after every turn that did something
-    and on_finish(FinishedRequest) per request. sink.flush([(request, item), ...]) gets each
-    turn's outputs (default: LoopSink, the requests' own asyncio queues)."""
+    engine process does). commands: where commands come from (default: ThreadCommands, fed
+    by submit / abort from any thread); sink.flush([(request, item), ...]) gets each turn's
+    outputs (default: LoopSink, the requests' own asyncio queues). Listeners get
+    on_step(EngineSnapshot) after every turn that did something and on_finish(FinishedRequest)
+    per request. stall_timeout: seconds without a turn, with work, before `stalled_for` says
+    so (the server's /health)."""
 
-    def __init__(self, llm, *, priority: bool, name: str, sink=None, start: bool = True) -> None:
-        self.llm, self.priority = llm, priority
+    def __init__(self, llm, *, name: str, commands=None, sink=None, start: bool = True,
+                 stall_timeout: float = 5.0) -> None:
+        self.llm, self.stall_timeout = llm, stall_timeout
+        self.commands = commands or ThreadCommands()
         self.sink = sink or LoopSink()
         self.packed = getattr(self.sink, "packed", False)  # items as streams.pack makes them
         self._outbox: list[tuple[Request, object]] = []
-        self.commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.wake = threading.Event()
-        self.pending: list[tuple[int, int, Request]] = []  # heap: waiting for admission
-        self.live: dict[str, Request] = {}  # admitted to the engine
+        self.live: dict[str, Request] = {}  # in the engine
         self.snapshot = EngineSnapshot(kv_blocks_total=llm.block_manager.num_blocks)
-        # Requests submitted and not yet admitted or dropped: two counters, each written by
-        # one thread only (the submitter's, the engine's), so no lock is needed.
-        self._submitted = self._dequeued = 0
+        # Requests submitted and not yet taken into the engine: counters each written by one
+        # thread only (the submitter's; the engine's, at the same time as the snapshot), so no
+        # lock is needed.
+        self._submitted = self._taken = self._dequeued = 0
         self.listeners: list = []
-        self._order = itertools.count()
-        self._seen = {"q": 0, "h": 0, "p": 0, "a": 0, "pre": 0}
+        self._engine_counts = dict.fromkeys(ENGINE_COUNTERS, 0)  # as of the last publish
         self._stop = False
         self.beat = time.monotonic()  # the start of the loop's latest turn
         self.thread = threading.Thread(target=self.run, name=f"engine-{name}", daemon=True)
@@ -70,16 +68,15 @@ class EngineLoop:
     # ---- from any thread -----------------------------------------------------------------------
     @property
     def num_queued(self) -> int:
-        return self._submitted - self._dequeued
+        """Requests waiting for a seat: on their way to the engine, or in its waiting queue."""
+        return self._submitted - self._dequeued + self.snapshot.waiting
 
     def submit(self, req: Request) -> None:
         self._submitted += 1
-        self.commands.put(("add", req))
-        self.wake.set()
+        self.commands.send(("add", req))
 
     def abort(self, request_id: str) -> None:
-        self.commands.put(("abort", request_id))
-        self.wake.set()
+        self.commands.send(("abort", request_id))
 
     @property
     def alive(self) -> bool:
@@ -88,7 +85,6 @@ class EngineLoop:
     # supervision (engine_process.py restarts a dead process; a thread is not restarted)
     fatal: str | None = None
     restarts = 0
-    stall_timeout = 5.0
 
     @property
     def down_reason(self) -> str | None:
@@ -96,7 +92,7 @@ class EngineLoop:
 
     def stalled_for(self) -> float | None:
         """Seconds since the loop's last turn while it has work, past stall_timeout."""
-        if not (self.live or self.pending or self.num_queued):
+        if not (self.live or self.num_queued):
             return None
         idle = time.monotonic() - self.beat
         return idle if idle > self.stall_timeout else None
@@ -104,7 +100,7 @@ class EngineLoop:
     def request_stop(self) -> None:
         """End the loop after its current turn (requests still in it get an error)."""
         self._stop = True
-        self.wake.set()
+        self.commands.wake()
 
     def stop(self, timeout: float = 10.0) -> None:
         self.request_stop()
@@ -121,8 +117,8 @@ class EngineLoop:
                 self._fail_all(EngineStepError(f"engine loop failed: {type(e).__name__}: {e}"))
                 time.sleep(0.01)  # should it fail again at once, do not spin
             self._flush()
-        for req in list(self.live.values()) + [r for _, _, r in self.pending]:
-            self._drop(req, EngineStepError("the server is shutting down"))
+        for req in list(self.live.values()):
+            self._abort(req, EngineStepError("the server is shutting down"))
         self._flush()
 
     def _flush(self) -> None:
@@ -130,10 +126,8 @@ class EngineLoop:
         self.sink.flush(batch)
 
     def _turn(self) -> None:
-        self.wake.clear()
         self._drain()
         self._expire()
-        self._admit()
         if not self.llm.has_unfinished():
             self._publish()
             # hand the idle state over now, not after the wait: the next request would
@@ -141,7 +135,7 @@ class EngineLoop:
             self._flush()
             # output the sink could not hand over yet: come back for it soon
             idle = 0.002 if getattr(self.sink, "backlog", None) else 1.0
-            self._wait(0.05 if self.pending or self.live else idle)
+            self.commands.wait(self, 0.05 if self.live else idle)
             return
         try:
             outs = self.llm.step(delta=True)  # only the new tokens: no copy of whole outputs
@@ -153,63 +147,30 @@ class EngineLoop:
         for o in outs:
             self._deliver(o)
 
-    def _wait(self, timeout: float) -> None:
-        """Idle: until a command arrives (submit, abort and stop set `wake`) or `timeout`."""
-        self.wake.wait(timeout)
-
     def _drain(self) -> None:
-        while True:
-            try:
-                kind, arg = self.commands.get_nowait()
-            except queue.Empty:
-                return
+        for kind, arg in self.commands.receive(self):
             if kind == "add":
-                self._queue(arg)
-            else:
-                self._cancel(arg)
+                self._add(arg)
+            elif arg in self.live:  # abort
+                self._abort(self.live[arg], None)
 
-    def _queue(self, req: Request) -> None:
-        """A submitted request joins the admission heap."""
-        req.order = next(self._order)
-        heapq.heappush(self.pending, (req.priority if self.priority else 0, req.order, req))
-
-    def _cancel(self, request_id: str) -> None:
-        if request_id in self.live:
-            self._abort(self.live[request_id], None)
-        else:
-            self._remove_pending(request_id)
-
-    def _remove_pending(self, request_id: str) -> None:
-        for i, (_, _, r) in enumerate(self.pending):
-            if r.request_id == request_id:
-                self.pending.pop(i)
-                heapq.heapify(self.pending)
-                self._dequeued += 1
-                return
+    def _add(self, req: Request) -> None:
+        """Into the engine at once: its scheduler admits by seats, budget and priority."""
+        self._taken += 1
+        try:
+            self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id,
+                                 priority=req.priority)
+        except ValueError as e:  # a check the server did not make up front
+            self._post(req, e)
+            return
+        req.prompt_tokens = len(req.prompt_ids)
+        self.snapshot.prompt_tokens += req.prompt_tokens
+        self.live[req.request_id] = req
 
     def _expire(self) -> None:
         now = time.perf_counter()
         for req in [r for r in self.live.values() if r.deadline is not None and now > r.deadline]:
             self._abort(req, RequestTimeoutError(f"request {req.request_id} timed out"))
-        late = [r for _, _, r in self.pending if r.deadline is not None and now > r.deadline]
-        for req in late:
-            self._remove_pending(req.request_id)
-            self._post(req, RequestTimeoutError(f"request {req.request_id} timed out while queued"))
-
-    def _admit(self) -> None:
-        sched = self.llm.scheduler
-        while self.pending and len(sched.waiting) + len(sched.running) < sched.max_num_seqs:
-            _, _, req = heapq.heappop(self.pending)
-            self._dequeued += 1
-            try:
-                self.llm.add_request(req.prompt_ids, req.params, request_id=req.request_id,
-                                     priority=req.priority if self.priority else 0)
-            except ValueError as e:  # a check the server did not make up front
-                self._post(req, e)
-                continue
-            req.prompt_tokens = len(req.prompt_ids)
-            self.snapshot.prompt_tokens += req.prompt_tokens
-            self.live[req.request_id] = req
 
     def _deliver(self, out) -> None:
         req = self.live.get(out.request_id)
@@ -264,12 +225,6 @@ class EngineLoop:
         for listener in self.listeners:
             listener.on_finish(done)
 
-    def _drop(self, req: Request, error: Exception) -> None:
-        if req.request_id in self.live:
-            self._abort(req, error)
-        else:
-            self._post(req, error)
-
     def _fail_all(self, error: Exception) -> None:
         for req in list(self.live.values()):
             try:
@@ -289,45 +244,16 @@ class EngineLoop:
         """Refresh the snapshot from the engine and tell the listeners."""
         llm, s = self.llm, self.snapshot
         sched, bm = llm.scheduler, llm.block_manager
-        s.running, s.waiting = len(sched.running), len(sched.waiting) + len(self.pending)
-        s.requests = len(self.live) + len(self.pending)
+        s.running, s.waiting, s.requests = len(sched.running), len(sched.waiting), len(self.live)
+        self._dequeued = self._taken  # with the waiting count that now includes them
         s.kv_blocks_used = bm.num_blocks - bm.num_free_blocks
         st = llm.stats
-        for key, cur, attr in (("q", st.prefix_queried_tokens, "prefix_queried_tokens"),
-                               ("h", st.prefix_hit_tokens, "prefix_hit_tokens"),
-                               ("p", st.spec_proposed, "spec_proposed"),
-                               ("a", st.spec_accepted, "spec_accepted"),
-                               ("pre", st.preemptions, "preemptions")):
-            setattr(s, attr, getattr(s, attr) + max(0, cur - self._seen[key]))
-            self._seen[key] = cur
+        for counter in ENGINE_COUNTERS:  # the engine's totals since its reset -> our increments
+            total = getattr(st, counter)
+            setattr(s, counter, getattr(s, counter) + max(0, total - self._engine_counts[counter]))
+            self._engine_counts[counter] = total
         if len(st.ttfts) > 10_000:  # the engine keeps per-request lists: bound a long-lived server
             llm.reset_stats()
-            self._seen = dict.fromkeys(self._seen, 0)
+            self._engine_counts = dict.fromkeys(ENGINE_COUNTERS, 0)
         for listener in self.listeners:
             listener.on_step(s)
-
-
-class LoopSink:
-    """In-process delivery: per turn, one call_soon_threadsafe per event loop (not one per
-    request), which puts every item on its request's asyncio queue."""
-
-    def flush(self, batch: list[tuple[Request, object]]) -> None:
-        deliver(batch)
-
-
-def deliver(batch) -> None:
-    """(request, item) pairs -> each item on its request's asyncio queue, with one
-    call_soon_threadsafe per event loop (the thread and process front ends both use it)."""
-    by_loop: dict = {}
-    for req, item in batch:
-        by_loop.setdefault(req.loop, []).append((req.queue, item))
-    for loop, items in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(put_all, items)
-        except RuntimeError:  # its event loop is closed: the client is long gone
-            pass
-
-
-def put_all(items) -> None:
-    for q, item in items:
-        q.put_nowait(item)

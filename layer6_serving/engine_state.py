@@ -76,8 +76,8 @@ class EngineSnapshot:
 
     steps: int = 0
     running: int = 0  # sequences in the engine holding KV blocks
-    waiting: int = 0  # sequences queued in the engine + requests waiting for admission here
-    requests: int = 0  # requests this loop tracks (admitted or waiting)
+    waiting: int = 0  # sequences in the engine's waiting queue (no seat yet)
+    requests: int = 0  # requests in the engine (running or waiting)
     kv_blocks_used: int = 0
     kv_blocks_total: int = 0
     prompt_tokens: int = 0

@@ -1,7 +1,8 @@
 """Lab 6's exercises at teaching size: what a stream may show, how it is framed, and one
 admission step of a token-budget scheduler. The server decides the same things with bigger
-parts (layer 3's FinishRule, api/sse.py, engine_loop.py's admission and layer 4's
-scheduler); these are the answer key the lab's grader compares a student's code with.
+parts (layer 3's FinishRule, api/sse.py and layer 4's scheduler, which admits by seats,
+token budget and priority); these are the answer key the lab's grader compares a student's
+code with.
 """
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ def engine():
 def small_engine(engine, **kw) -> l6.AsyncEngine:
     """Another engine over the module engine's loaded model (no second load)."""
     serving = {k: kw.pop(k) for k in ("policy", "max_waiting") if k in kw}
+    if serving.get("policy") == "priority":  # priority is the engine scheduler's
+        kw["scheduling"] = "priority"
     return l6.AsyncEngine(l6.parallel.LLM(engine.llm.model, num_blocks=40, **kw), name="small",
                           **serving)
 

@@ -41,15 +41,16 @@ l3 = engine.executor
 
 
 def replica_devices(config: EngineConfig) -> list[str]:
-    """The device of each replica: dp_devices, else GPUs 0.. (tp x pp each) on CUDA when the
-    config's device asks for CUDA (or "auto" finds enough GPUs), else the CPU."""
+    """The device of each replica: dp_devices, else GPUs 0.. (tp x pp each) when the machine
+    has GPUs (or the config's device asks for CUDA), else the CPU. ValueError when there are
+    fewer GPUs than replicas x ranks (a replica per GPU, never two on one)."""
     dp = config.data_parallel_size
     ranks = config.tensor_parallel_size * config.pipeline_parallel_size
     if config.dp_devices is not None:
         return list(config.dp_devices)
     want = str(config.device or "auto")
     gpus = torch.cuda.device_count()
-    if want.startswith("cuda") or (want == "auto" and gpus >= dp * ranks):
+    if want.startswith("cuda") or (want == "auto" and gpus > 0):
         if gpus < dp * ranks:
             raise ValueError(f"data_parallel_size={dp} x {ranks} rank(s) per replica needs "
                              f"{dp * ranks} GPUs; {gpus} are visible")
@@ -121,6 +122,8 @@ class ReplicaSet:
                  *, timeout_s: float = 600.0, **overrides) -> None:
         config = EngineConfig.of(config)
         config = replace(config, **overrides) if overrides else config
+        if isinstance(model, l3.Model) and config.device in (None, "auto"):
+            config = replace(config, device=model.net.device.type)  # replicas follow the model
         self.config, self.timeout_s = config, timeout_s
         self.devices = replica_devices(config)
         dp = config.data_parallel_size

@@ -65,3 +65,16 @@ def test_shares_and_bad_sizes():
         with pytest.raises(ValueError, match="needs 64 GPUs"):
             replica_devices(l5.EngineConfig(data_parallel_size=32, tensor_parallel_size=2,
                                             device="cuda"))
+
+
+def test_more_replicas_than_gpus_is_one_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    config = l5.EngineConfig(data_parallel_size=4)
+    with pytest.raises(ValueError, match=r"data_parallel_size=4 x 1 rank\(s\) per replica needs "
+                                         r"4 GPUs; 2 are visible"):
+        replica_devices(config)
+    assert replica_devices(l5.EngineConfig(data_parallel_size=2)) == ["0", "1"]
+    assert replica_devices(l5.EngineConfig(data_parallel_size=1, tensor_parallel_size=2,
+                                           pipeline_parallel_size=1)) == ["0,1"]
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert replica_devices(config) == ["cpu"] * 4  # no GPUs: replicas share the CPU

@@ -61,7 +61,7 @@ class Attachments:
 
     def add(self, session: int, name: str, text: str) -> int:
         """Index `text` as the file `name` for `session`; returns its number of passages."""
-        source = f"📎 {name}"
+        source = f"{name} (attached)"
         chunks = split_passages(text)
         with self._lock:
             kept = [p for p in self._by_session.get(session, []) if p.source != source]

@@ -117,7 +117,7 @@ def test_an_attached_pdf_is_cited_in_the_reply(client) -> None:
     assert up.status_code == 201 and up.json()["passages"] == 1, up.text
     conv = client.post("/api/conversations", json={}).json()["id"]
     message = reply(client, conv, content="Where walks the ghost?", attachments=["ghost.pdf"])
-    assert [c["source"] for c in message["meta"]["citations"]] == ["📎 ghost.pdf"]
+    assert [c["source"] for c in message["meta"]["citations"]] == ["ghost.pdf (attached)"]
     stored = client.get(f"/api/conversations/{conv}").json()["messages"][0]
     assert stored["meta"]["attachments"] == ["ghost.pdf"]
     bad = client.post("/api/attachments", json={"name": "x.exe", "data_base64": "AAAA"})

@@ -2,43 +2,11 @@
  *
  * A reply arrives as newline-delimited JSON read from a ReadableStream; Stop aborts the
  * fetch, which closes the connection the app holds to the model server, so the engine
- * drops the request. Model text is rendered by markdown.js (DOM nodes, textContent only).
+ * drops the request. Editing a sent message or regenerating a reply keeps the old line as
+ * a branch (the ‹ n/m › arrows switch). Model text is rendered by markdown.js (DOM nodes,
+ * textContent only); no inline script or handler anywhere, so a strict CSP holds.
  */
 "use strict";
-
-const $ = (id) => document.getElementById(id);
-const state = { conv: null, controller: null, models: [] };
-
-async function api(path, options = {}) {
-  const resp = await fetch(path, {
-    headers: { "Content-Type": "application/json" }, credentials: "same-origin", ...options,
-  });
-  if (!resp.ok) {
-    let detail = resp.statusText;
-    try { detail = (await resp.json()).detail || detail; } catch (_) { /* not JSON */ }
-    throw new Error(`${resp.status}: ${typeof detail === "string" ? detail : JSON.stringify(detail)}`);
-  }
-  return resp.json();
-}
-
-function status(text) { $("status").textContent = text || ""; }
-
-function settings() {
-  const model = $("model").value;
-  const play = !$("play-controls").hidden && $("play").checked
-    ? { user: $("play-user").value.trim() || "HORATIO",
-        assistant: $("play-assistant").value.trim() || "HAMLET" }
-    : null;
-  const seed = parseInt($("seed").value, 10);
-  const tools = [["tool-calculator", "calculator"], ["tool-search", "search_documents"]]
-    .filter(([id]) => $(id).checked).map(([, name]) => name);
-  return { model, temperature: parseFloat($("temperature").value),
-           max_tokens: parseInt($("max-tokens").value, 10) || 128, play,
-           seed: Number.isNaN(seed) ? null : seed, tools,
-           tool_choice: tools.length && $("tool-required").checked ? "required" : "auto" };
-}
-
-function isCourse(model) { return /course/i.test(model || ""); }
 
 function onModelChange() { $("play-controls").hidden = !isCourse($("model").value); }
 
@@ -59,18 +27,15 @@ function markLastRegenerable() {
   const rows = document.querySelectorAll(".message.assistant");
   const last = rows[rows.length - 1];
   if (!last || state.controller) return;
-  const btn = document.createElement("button");
-  btn.type = "button";
-  btn.className = "regen";
-  btn.textContent = "↻ Regenerate";
-  btn.addEventListener("click", () => { last.remove(); streamReply({ regenerate: true }); });
-  last.appendChild(btn);
+  const bar = last.querySelector(".actions") || addActions(last, "assistant");
+  const btn = button("regen", "↻ Regenerate", "Another reply (this one is kept as a branch)");
+  bar.appendChild(btn);
 }
 
 function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
-  $("input").disabled = false;
+  document.querySelectorAll(".actions button").forEach((b) => { b.disabled = busy; });
 }
 
 async function streamReply(extra) {
@@ -81,8 +46,15 @@ async function streamReply(extra) {
   state.controller = controller;
   setBusy(true);
   markLastRegenerable();
-  let text = "", meta = null, pending = false;
-  const paint = () => { pending = false; renderAssistant(row, text, meta); scrollDown(); };
+  let text = "", meta = null, pending = false, pieces = 0, first = 0, stored = false;
+  const paint = () => {
+    pending = false;
+    renderAssistant(row, text, meta);
+    if (state.controller === controller && pieces) {
+      renderLive(row, pieces, (performance.now() - first) / 1000);
+    }
+    scrollDown();
+  };
   try {
     const resp = await fetch(`/api/conversations/${state.conv}/reply`, {
       method: "POST", headers: { "Content-Type": "application/json" },
@@ -100,15 +72,22 @@ async function streamReply(extra) {
       while ((nl = buffer.indexOf("\n")) >= 0) {
         const event = JSON.parse(buffer.slice(0, nl));
         buffer = buffer.slice(nl + 1);
-        if (event.type === "delta") text += event.text;
-        else if (event.type === "citations") meta = { citations: event.citations };
+        if (event.type === "delta") {
+          if (!pieces) first = performance.now();
+          pieces += 1;
+          text += event.text;
+        } else if (event.type === "citations") meta = { citations: event.citations };
         else if (event.type === "tool_call" || event.type === "tool_result") {
           meta = meta || {};  // a call the app runs, then its result: shown in the bubble
           if (event.type === "tool_call") (meta.tool_calls = meta.tool_calls || []).push(event.call);
           else (meta.tool_results = meta.tool_results || []).push(event);
         }
         else if (event.type === "error") meta = { ...(meta || {}), error: event.message };
-        else if (event.type === "done") { text = event.message.content; meta = event.message.meta; }
+        else if (event.type === "done") {
+          text = event.message.content;
+          meta = event.message.meta;
+          stored = true;
+        }
         if (!pending) { pending = true; requestAnimationFrame(paint); }
       }
     }
@@ -117,11 +96,17 @@ async function streamReply(extra) {
     else meta = { ...(meta || {}), error: err.message };
   } finally {
     state.controller = null;
-    row.classList.remove("streaming");
     paint();
+    // Stored (its "done" came): draw the stored line, with message ids (for Edit) and branch
+    // arrows; the row keeps .streaming until then, so nothing reads a page about to change.
+    // A stopped reply is stored as the connection closes, a moment later: kept as drawn.
+    if (stored) await redraw();
+    row.classList.remove("streaming");
+    if (row.isConnected) addActions(row, "assistant");
     setBusy(false);
     markLastRegenerable();
     loadConversations();
+    updateMeter();
   }
 }
 
@@ -130,48 +115,55 @@ async function send(event) {
   const content = $("input").value;
   if (!content.trim() || state.controller) return;
   if (!$("model").value) { status("No model to talk to: is the model server up?"); return; }
+  if (!state.fits) { status("This message will not fit the model's context (see below)."); return; }
+  status("");
   try {
-    if (!state.conv) {
-      const conv = await api("/api/conversations", { method: "POST", body: "{}" });
+    if (!state.conv) {  // a new chat: in the list at once, titled by its first words
+      const conv = await api("/api/conversations", { method: "POST", body: JSON.stringify({
+        title: content.trim().slice(0, 60) || "New chat",
+        settings: $("system").value.trim() ? { system: $("system").value } : {} }) });
       state.conv = conv.id;
       // replaceState, not location.hash: a hashchange would reopen (and abort) the chat.
       history.replaceState(null, "", `#/c/${conv.id}`);
+      showConversationActions();
+      await loadConversations();
     }
     $("input").value = "";
     autosize();
     const s = settings();
-    renderUser(content, s.play ? s.play.user : null);
-    await streamReply({ content });
+    const attachments = state.attachments.map((a) => a.name);
+    state.attachments = [];
+    drawAttachments();
+    addActions(renderUser(content, s.play ? s.play.user : null, { attachments }), "user");
+    await streamReply({ content, attachments });
   } catch (err) { status(err.message); }
 }
 
-async function loadConversations() {
-  const list = await api("/api/conversations").catch(() => []);
-  const nav = $("conversations");
-  nav.replaceChildren(...list.map((c) => {
-    const item = document.createElement("div");
-    item.className = `conversation${c.id === state.conv ? " active" : ""}`;
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "open";
-    open.textContent = c.title;
-    open.title = c.title;
-    open.addEventListener("click", () => { location.hash = `#/c/${c.id}`; });
-    const del = document.createElement("button");
-    del.type = "button";
-    del.className = "delete";
-    del.textContent = "×";
-    del.title = "Delete this chat";
-    del.addEventListener("click", async () => {
-      await api(`/api/conversations/${c.id}`, { method: "DELETE" }).catch(() => null);
-      if (c.id === state.conv) location.hash = "";
-      loadConversations();
-    });
-    item.append(open, del);
-    return item;
-  }));
-  nav.dataset.loaded = "1";  // tests wait for this before counting
-  return list;
+/* The open conversation's messages, drawn off-screen and swapped in at once. */
+function drawMessages(conv) {
+  const saved = conv.settings || {};
+  const branches = new Map((conv.branches || []).map((b) => [b.position, b]));
+  const box = document.createDocumentFragment();
+  conv.messages.forEach((m, i) => {
+    let row;
+    if (m.role === "user") row = renderUser(m.content, saved.play ? saved.play.user : null, m.meta, box);
+    else if (m.role === "assistant") {
+      row = addBubble("assistant", m.meta.speaker, box);
+      renderAssistant(row, m.content, m.meta);
+    } else return;
+    row.dataset.id = m.id;
+    addActions(row, m.role, branches.get(i));
+  });
+  const list = $("messages");
+  list.querySelectorAll(".message").forEach((n) => n.remove());
+  list.appendChild(box);
+  $("empty").hidden = conv.messages.length > 0;
+  markLastRegenerable();
+}
+
+async function redraw() {
+  if (!state.conv) return;
+  try { drawMessages(await api(`/api/conversations/${state.conv}`)); } catch (err) { status(err.message); }
 }
 
 function clearMessages() {
@@ -179,27 +171,34 @@ function clearMessages() {
   $("empty").hidden = false;
 }
 
+function showConversationActions() {
+  $("conv-actions").hidden = !state.conv;
+  if (!state.conv) return;
+  $("export-md").href = `/api/conversations/${state.conv}/export?format=md`;
+  $("export-json").href = `/api/conversations/${state.conv}/export?format=json`;
+}
+
 async function openConversation(id) {
   if (state.controller) state.controller.abort();
   clearMessages();
+  status("");
   state.conv = id;
-  if (!id) { loadConversations(); return; }
-  try {
-    const conv = await api(`/api/conversations/${id}`);
-    const saved = conv.settings || {};
-    if (saved.model && state.models.some((m) => m.id === saved.model)) $("model").value = saved.model;
-    onModelChange();
-    if (saved.play) { $("play-user").value = saved.play.user; $("play-assistant").value = saved.play.assistant; }
-    for (const m of conv.messages) {
-      if (m.role === "user") renderUser(m.content, saved.play ? saved.play.user : null);
-      else if (m.role === "assistant") {
-        renderAssistant(addBubble("assistant", m.meta.speaker), m.content, m.meta);
-      }
-    }
-    markLastRegenerable();
-    scrollDown();
-  } catch (err) { status(err.message); state.conv = null; }
+  $("system").value = "";
+  if (id) {
+    try {
+      const conv = await api(`/api/conversations/${id}`);
+      const saved = conv.settings || {};
+      if (saved.model && state.models.some((m) => m.id === saved.model)) $("model").value = saved.model;
+      onModelChange();
+      if (saved.play) { $("play-user").value = saved.play.user; $("play-assistant").value = saved.play.assistant; }
+      $("system").value = saved.system || "";
+      drawMessages(conv);
+      scrollDown();
+    } catch (err) { status(err.message); state.conv = null; }
+  }
+  showConversationActions();
   loadConversations();
+  updateMeter();
 }
 
 function route() {
@@ -207,24 +206,136 @@ function route() {
   openConversation(m ? m[1] : null);
 }
 
-function autosize() {
-  const t = $("input");
-  t.style.height = "auto";
-  t.style.height = `${Math.min(t.scrollHeight, 200)}px`;
+function startEdit(row) {
+  if (row.querySelector(".edit-box")) return;
+  const body = row.querySelector(".body");
+  const box = el("div", "edit-box");
+  const area = el("textarea");
+  area.value = body.textContent;
+  const save = button("save-edit send", "Send edited");
+  const cancel = button("cancel-edit tool", "Cancel");
+  const buttons = el("div", "row");
+  buttons.append(cancel, save);
+  box.append(area, buttons);
+  body.hidden = true;
+  row.insertBefore(box, body.nextSibling);
+  area.focus();
+  cancel.addEventListener("click", () => { box.remove(); body.hidden = false; });
+  save.addEventListener("click", async () => {
+    const content = area.value;
+    if (!content.trim() || state.controller) return;
+    const editId = await messageId(row);
+    if (editId === null) return;
+    let next = row.nextElementSibling;  // the old line from here on is kept as a branch
+    while (next) { const after = next.nextElementSibling; next.remove(); next = after; }
+    box.remove();
+    body.hidden = false;
+    body.textContent = content;
+    await streamReply({ content, edit_id: editId });
+  });
+}
+
+/* A drawn row's stored id (a stopped reply's line is drawn before the store has it all). */
+async function messageId(row) {
+  if (row.dataset.id) return Number(row.dataset.id);
+  const at = [...document.querySelectorAll("#messages .message")].indexOf(row);
+  try {
+    const conv = await api(`/api/conversations/${state.conv}`);
+    return conv.messages[at] ? conv.messages[at].id : null;
+  } catch (err) { status(err.message); return null; }
+}
+
+async function copyReply(row, btn) {
+  const text = row.dataset.text || row.querySelector(".body").innerText;
+  try {
+    await navigator.clipboard.writeText(text);
+  } catch (_) {  // no clipboard API (plain http on another host): the old way
+    const area = el("textarea");
+    area.value = text;
+    document.body.appendChild(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+  btn.textContent = "✓ Copied";
+  setTimeout(() => { btn.textContent = "Copy"; }, 1500);
+}
+
+async function chooseBranch(nav, step) {
+  const position = Number(nav.dataset.position);
+  const variant = Number(nav.dataset.live) + step;
+  try {
+    await api(`/api/conversations/${state.conv}/branches`, {
+      method: "POST", body: JSON.stringify({ position, variant }) });
+    await redraw();
+  } catch (err) { status(err.message); }
+}
+
+function onMessageClick(e) {
+  const btn = e.target.closest("button");
+  const row = btn && btn.closest(".message");
+  if (!row || state.controller) return;
+  if (btn.classList.contains("copy-reply")) copyReply(row, btn);
+  else if (btn.classList.contains("edit")) startEdit(row);
+  else if (btn.classList.contains("regen")) { row.remove(); streamReply({ regenerate: true }); }
+  else if (btn.classList.contains("branch-prev")) chooseBranch(btn.parentElement, -1);
+  else if (btn.classList.contains("branch-next")) chooseBranch(btn.parentElement, 1);
+}
+
+const saveSystem = debounce(async () => {
+  if (!state.conv) return;
+  try {
+    await api(`/api/conversations/${state.conv}`, {
+      method: "PATCH", body: JSON.stringify({ system: $("system").value }) });
+  } catch (err) { status(err.message); }
+}, 400);
+
+function toggle(buttonId, onOff) {
+  const b = $(buttonId);
+  const open = b.getAttribute("aria-expanded") !== "true";
+  b.setAttribute("aria-expanded", String(open));
+  onOff(open);
+}
+
+function cycleTheme() {
+  const next = THEMES[(THEMES.indexOf(storedTheme()) + 1) % THEMES.length];
+  try { localStorage.setItem(THEME_KEY, next); } catch (_) { /* private mode: this page only */ }
+  applyTheme(next);
+  showTheme(next);
+}
+
+function showTheme(theme) {
+  $("theme").title = { auto: "Theme: as the system (click: dark)", dark: "Theme: dark (click: light)",
+                       light: "Theme: light (click: as the system)" }[theme];
+  $("theme").dataset.theme = theme;
 }
 
 async function init() {
+  initSidebar();
+  initComposer();
   $("composer").addEventListener("submit", send);
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
-  $("new-chat").addEventListener("click", () => { location.hash = ""; route(); $("input").focus(); });
+  $("new-chat").addEventListener("click", () => {
+    closeDrawer();
+    history.replaceState(null, "", location.pathname);
+    route();
+    $("input").focus();
+  });
   $("model").addEventListener("change", onModelChange);
   $("temperature").addEventListener("input", () => {
     $("temperature-value").textContent = $("temperature").value;
   });
-  $("input").addEventListener("input", autosize);
-  $("input").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
-  });
+  $("messages").addEventListener("click", onMessageClick);
+  $("system").addEventListener("input", saveSystem);
+  $("system-toggle").addEventListener("click", () => toggle("system-toggle", (open) => {
+    $("system-panel").hidden = !open;
+    if (open) $("system").focus();
+  }));
+  $("settings-toggle").addEventListener("click", () => toggle("settings-toggle", (open) => {
+    document.querySelector(".main").classList.toggle("show-settings", open);
+  }));
+  $("theme").addEventListener("click", cycleTheme);
+  showTheme(storedTheme());
   window.addEventListener("hashchange", route);
   await loadModels();
   if (!location.hash) {

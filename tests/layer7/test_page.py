@@ -1,0 +1,304 @@
+"""The chat page as people expect it, in a real browser (Debian's chromium via playwright):
+a phone layout, the newcomer's fixes (the list, cut replies, banners, delete), the context
+meter, branches, copy, export / import, the system prompt, dark mode, live tok/s, search and
+attachments. One chat app and one browser for the module; every wait is bounded.
+
+LLM_STACK_UPDATE_DOCS=1 writes the screenshots to docs/ (else to a temporary folder).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from layer7_app.chat import start_chat
+
+from .test_page_api import pdf_with_text
+
+CHROMIUM = "/usr/bin/chromium"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+WAIT_MS = 60_000
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(shutil.which(CHROMIUM) is None,
+                       reason=f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does)"),
+]
+sync_api = pytest.importorskip("playwright.sync_api")
+PHONE = {"width": 390, "height": 844}
+DESKTOP = {"width": 1280, "height": 800}
+NO_SCROLL_X = ("() => [document.documentElement, document.body, document.querySelector('.main'),"
+               " document.getElementById('messages')].every((e) => e.scrollWidth <= e.clientWidth)")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture(scope="module")
+def chat(model_server, tmp_path_factory):
+    with start_chat(model_server.url, db=tmp_path_factory.mktemp("page") / "chat.db") as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory) -> Path:
+    return DOCS if os.environ.get("LLM_STACK_UPDATE_DOCS") == "1" else \
+        tmp_path_factory.mktemp("shots")
+
+
+def open_page(browser, url: str, errors: list[str] | None = None, **context):
+    """A page in a fresh browser context (its own cookies: a new session), models listed."""
+    ctx = browser.new_context(viewport=context.pop("viewport", DESKTOP), **context)
+    page = ctx.new_page()
+    page.set_default_timeout(WAIT_MS)
+    if errors is not None:
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(url)
+    page.wait_for_selector("#model option", state="attached")
+    page.wait_for_selector("#conversations[data-loaded]", state="attached")
+    return page
+
+
+def send(page, text: str, *, max_tokens: int = 12, seed: int | None = 1,
+         temperature: float = 0.7, play: bool = True) -> None:
+    """Type and send (settings set on the page's own controls, opened on a phone)."""
+    if not page.is_visible("#max-tokens"):
+        page.click("#settings-toggle")
+    page.set_checked("#play", play)
+    page.fill("#max-tokens", str(max_tokens))
+    page.eval_on_selector("#temperature", "(el, v) => { el.value = v; "
+                          "el.dispatchEvent(new Event('input')); }", str(temperature))
+    page.fill("#seed", "" if seed is None else str(seed))
+    page.fill("#input", text)
+    page.wait_for_function("!document.getElementById('send').disabled")
+    page.press("#input", "Enter")
+
+
+def wait_done(page, n: int) -> None:
+    """Until `n` replies are finished (stats drawn, nothing streaming)."""
+    page.wait_for_function(
+        f"document.querySelectorAll('.message.assistant .stats').length >= {n}"
+        " && !document.querySelector('.message.assistant.streaming')")
+
+
+def test_phone_layout_no_sideways_scroll_drawer_and_toolbar(browser, chat, shots) -> None:
+    errors: list[str] = []
+    page = open_page(browser, chat.url, errors, viewport=PHONE)
+    drawer = "document.getElementById('sidebar').getBoundingClientRect()"
+    assert page.evaluate(f"{drawer}.right") <= 0  # the list is a drawer, closed
+    send(page, "Good morrow, my lord. Whatnewsfromthecourtandthecitythisverymorning?")
+    wait_done(page, 1)
+    send(page, "What news from Verona?", seed=3)
+    wait_done(page, 2)
+    for width in (360, 390, 430):
+        page.set_viewport_size({"width": width, "height": 844})
+        assert page.evaluate(NO_SCROLL_X), width
+        # words are not broken letter by letter: a bubble is most of the screen wide
+        assert page.eval_on_selector(".message.user .body", "e => e.offsetWidth") > width * 0.5
+        for control in ("#menu", "#model", "#send", "#theme", "#settings-toggle"):
+            box = page.locator(control).bounding_box()
+            assert box and box["x"] >= 0 and box["x"] + box["width"] <= width, (control, width)
+    page.set_viewport_size(PHONE)
+    page.click("#settings-toggle")  # the settings fold away again
+    page.click("#menu")
+    page.wait_for_function(f"{drawer}.x >= 0")
+    assert page.locator(".conversation").count() == 1
+    page.click(".conversation .open")  # choosing a chat closes the drawer
+    page.wait_for_function(f"{drawer}.right <= 0")
+    page.click("#settings-toggle")
+    assert page.is_visible("#max-tokens") and page.is_visible("#seed")
+    assert page.evaluate(NO_SCROLL_X)
+    page.click("#settings-toggle")
+    page.screenshot(path=str(shots / "chat-phone.png"))
+    assert errors == []
+
+
+def test_new_chat_is_listed_at_once_and_no_stale_banner(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
+    # listed while its first reply is still streaming, titled by its first words
+    page.wait_for_selector(".conversation.active:has-text('Speak on, my lord.')")
+    assert page.locator(".message.assistant.streaming").count() == 1
+    page.click("#stop")
+    wait_done(page, 1)
+    page.goto(chat.url + "/#/c/0123456789abcdef")  # a chat that is not there: a banner
+    page.wait_for_function("document.getElementById('status').textContent.includes('404')")
+    page.click("#new-chat")
+    page.wait_for_function("document.getElementById('status').textContent === ''")
+    assert page.is_visible("#empty")
+
+
+def test_delete_asks_first(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "To be deleted.")
+    wait_done(page, 1)
+    asked: list[str] = []
+    page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
+    page.click(".conversation.active .delete")
+    page.wait_for_timeout(200)
+    assert asked and "To be deleted." in asked[0] and page.locator(".conversation").count() == 1
+    page.once("dialog", lambda d: d.accept())
+    page.click(".conversation.active .delete")
+    page.wait_for_function("document.querySelectorAll('.conversation').length === 0")
+    assert page.is_visible("#empty")
+
+
+def test_a_reply_cut_by_max_tokens_is_marked(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Speak on, my lord.", max_tokens=3, temperature=1.5, seed=1)
+    wait_done(page, 1)
+    assert page.inner_text(".message.assistant .cut-mark") == "✂ cut at max tokens (3)"
+    page.reload()  # stored that way
+    page.wait_for_selector(".message.assistant .cut-mark")
+
+
+def test_the_context_meter_counts_and_warns_before_sending(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    page.fill("#input", "Good morrow.")
+    page.wait_for_function("/\\/ 512 tokens of context/.test("
+                           "document.getElementById('meter').textContent)")
+    short = int(page.get_attribute("#meter", "data-tokens"))
+    page.fill("#input", "Good morrow, good my lord, and welcome home.")
+    page.wait_for_function(f"+document.getElementById('meter').dataset.tokens > {short}")
+    page.fill("#input", "word " * 1000)  # about 5,000 characters, the newcomer's message
+    page.wait_for_selector("#meter.over")
+    assert "Will not fit" in page.inner_text("#meter") and page.is_disabled("#send")
+    page.press("#input", "Enter")
+    page.wait_for_timeout(300)
+    assert page.locator(".message").count() == 0  # nothing was sent
+    page.fill("#input", "Good morrow.")
+    page.wait_for_function("!document.getElementById('meter').classList.contains('over')")
+    assert page.is_enabled("#send")
+
+
+def test_edit_a_sent_message_and_switch_between_branches(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Who's there?")
+    wait_done(page, 1)
+    first_reply = page.inner_text(".message.assistant .body")
+    page.click(".message.user .edit")
+    page.fill(".edit-box textarea", "Nay, answer me: stand, and unfold yourself.")
+    page.click(".edit-box .save-edit")
+    page.wait_for_selector(".message.user .branch-count:has-text('2/2')")
+    wait_done(page, 1)
+    assert page.inner_text(".message.user .body").startswith("Nay, answer me")
+    page.click(".message.user .branch-prev")
+    page.wait_for_selector(".message.user .branch-count:has-text('1/2')")
+    assert page.inner_text(".message.user .body") == "Who's there?"
+    assert page.inner_text(".message.assistant .body") == first_reply
+    page.click(".message.user .branch-next")
+    page.wait_for_selector(".message.user .branch-count:has-text('2/2')")
+    page.fill("#seed", "9")
+    page.click(".regen")  # a regeneration is a branch of the reply
+    page.wait_for_selector(".message.assistant .branch-count:has-text('2/2')")
+    assert page.locator(".message").count() == 2
+
+
+def test_copy_a_reply(browser, chat) -> None:
+    page = open_page(browser, chat.url, permissions=["clipboard-read", "clipboard-write"])
+    send(page, "Good morrow.")
+    wait_done(page, 1)
+    page.click(".message.assistant .copy-reply")
+    page.wait_for_selector(".copy-reply:has-text('Copied')")
+    reply = page.get_attribute(".message.assistant", "data-text")
+    assert reply and page.evaluate("navigator.clipboard.readText()") == reply
+
+
+def test_export_markdown_and_json_then_import(browser, chat, tmp_path) -> None:
+    page = open_page(browser, chat.url)
+    page.click("#system-toggle")
+    page.fill("#system", "Speak in verse.")
+    send(page, "What of the wormwood?")
+    wait_done(page, 1)
+    with page.expect_download() as md:
+        page.click("#export-md")
+    text = Path(md.value.path()).read_text()
+    assert "## HORATIO\n\nWhat of the wormwood?" in text and "Speak in verse." in text
+    with page.expect_download() as js:
+        page.click("#export-json")
+    data = json.loads(Path(js.value.path()).read_text())
+    assert data["format"] == "llm-stack.conversation" and len(data["messages"]) == 2
+    page.click("#new-chat")
+    page.set_input_files("#import-file", files=[{"name": "chat.json", "mimeType":
+                                                 "application/json",
+                                                 "buffer": json.dumps(data).encode()}])
+    page.wait_for_function("document.querySelectorAll('.conversation').length === 2")
+    wait_done(page, 1)
+    assert page.inner_text(".message.user .body") == "What of the wormwood?"
+    assert page.input_value("#system") == "Speak in verse."  # the system prompt came along
+    page.reload()
+    wait_done(page, 1)
+    assert page.input_value("#system") == "Speak in verse."
+
+
+def test_dark_mode_follows_the_os_and_switches(browser, chat) -> None:
+    page = open_page(browser, chat.url, color_scheme="dark")
+    background = "getComputedStyle(document.body).backgroundColor"
+    assert page.evaluate(background) == "rgb(15, 17, 23)"  # the OS says dark
+    page.click("#theme")  # auto -> dark (explicit)
+    page.click("#theme")  # dark -> light
+    assert page.evaluate(background) == "rgb(247, 247, 248)"
+    page.reload()
+    page.wait_for_selector("#model option", state="attached")
+    assert page.evaluate(background) == "rgb(247, 247, 248)"  # remembered
+    page.click("#theme")  # light -> as the OS again
+    assert page.evaluate(background) == "rgb(15, 17, 23)"
+
+
+def test_live_tokens_per_second_while_streaming(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
+    page.wait_for_function("/streaming · \\d+ tokens · [\\d.]+ tok\\/s/.test("
+                           "(document.querySelector('.message.assistant.streaming .live')"
+                           " || {}).textContent)")
+    page.click("#stop")
+    wait_done(page, 1)
+    assert page.locator(".live").count() == 0  # the final stats replace it
+
+
+def test_search_over_conversations(browser, chat) -> None:
+    page = open_page(browser, chat.url)
+    send(page, "Tell me of the wormwood and the weeds.")
+    wait_done(page, 1)
+    page.click("#new-chat")
+    send(page, "Good morrow.")
+    wait_done(page, 1)
+    page.fill("#search", "WORMWOOD")
+    page.wait_for_function("document.querySelectorAll('.conversation').length === 1")
+    assert "wormwood" in page.inner_text(".conversation .snippet").lower()
+    page.click(".conversation .open")
+    page.wait_for_selector(".message.user:has-text('wormwood')")
+    page.fill("#search", "nothing like this anywhere")
+    page.wait_for_selector(".no-results")
+    page.fill("#search", "")
+    page.wait_for_function("document.querySelectorAll('.conversation').length === 2")
+
+
+def test_attach_a_pdf_to_the_question(browser, chat, shots) -> None:
+    page = open_page(browser, chat.url)
+    pdf = pdf_with_text("The ghost of Elsinore walks upon the battlements at midnight.")
+    page.set_input_files("#attach-file", files=[{"name": "ghost.pdf", "mimeType":
+                                                 "application/pdf", "buffer": pdf}])
+    page.wait_for_selector("#attached .chip:has-text('ghost.pdf · 1 passage')")
+    send(page, "Where walks the ghost?")
+    wait_done(page, 1)
+    assert page.inner_text(".message.user .chip") == "attached: ghost.pdf"
+    assert "ghost.pdf (attached)" in page.inner_text(".message.assistant .citations summary")
+    assert page.is_hidden("#attached")  # attached to that question only
+    page.set_input_files("#attach-file", files=[{"name": "x.exe", "mimeType": "text/plain",
+                                                 "buffer": b"MZ"}])
+    page.wait_for_function("document.getElementById('status').textContent.includes('.pdf')")
+    send(page, "And who keeps the gate?", seed=2)
+    wait_done(page, 2)
+    page.mouse.move(700, 600)
+    page.screenshot(path=str(shots / "chat-desktop.png"))
+    assert re.search(r"tok/s", page.inner_text(".message.assistant .stats"))

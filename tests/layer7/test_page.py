@@ -55,9 +55,13 @@ def shots(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("shots")
 
 
-def open_page(browser, url: str, errors: list[str] | None = None, **context):
-    """A page in a fresh browser context (its own cookies: a new session), models listed."""
-    ctx = browser.new_context(viewport=context.pop("viewport", DESKTOP), **context)
+def open_page(browser, url: str, errors: list[str] | None = None, *, csp: bool = False,
+              **context):
+    """A page in a fresh browser context (its own cookies: a new session), models listed.
+    The page's CSP forbids eval, which playwright's string predicates use: bypassed unless
+    csp=True (test_every_feature_runs_under_the_csp keeps it)."""
+    ctx = browser.new_context(viewport=context.pop("viewport", DESKTOP), bypass_csp=not csp,
+                              **context)
     page = ctx.new_page()
     page.set_default_timeout(WAIT_MS)
     if errors is not None:
@@ -302,3 +306,33 @@ def test_attach_a_pdf_to_the_question(browser, chat, shots) -> None:
     page.mouse.move(700, 600)
     page.screenshot(path=str(shots / "chat-desktop.png"))
     assert re.search(r"tok/s", page.inner_text(".message.assistant .stats"))
+
+
+def test_every_feature_runs_under_the_csp(browser, chat) -> None:
+    """With the page's own Content-Security-Policy in force (no inline script, handler or
+    style allowed), the phone drawer, settings, theme, meter, attach, send, edit and copy
+    all work and the browser reports no violation."""
+    problems: list[str] = []
+    page = open_page(browser, chat.url, problems, csp=True, viewport=PHONE)
+    page.on("console", lambda msg: problems.append(msg.text)
+            if "Content Security Policy" in msg.text else None)
+    page.click("#theme")
+    page.wait_for_selector("html[data-theme='dark']", state="attached")
+    page.click("#menu")
+    page.click("#close-drawer")
+    page.click("#settings-toggle")
+    page.fill("#max-tokens", "6")
+    page.click("#system-toggle")
+    page.fill("#system", "Be brief.")
+    page.set_input_files("#attach-file", files=[{"name": "note.txt", "mimeType": "text/plain",
+                                                 "buffer": b"The ghost walks at midnight."}])
+    page.wait_for_selector("#attached .chip")
+    page.fill("#input", "Where walks the ghost?")
+    page.wait_for_selector("#meter[data-tokens]")
+    page.press("#input", "Enter")
+    page.wait_for_selector(".message.assistant .actions .regen")  # stored, drawn, idle
+    page.click(".message.user .edit")
+    page.fill(".edit-box textarea", "When walks the ghost?")
+    page.click(".edit-box .save-edit")
+    page.wait_for_selector(".message.user .branch-count:has-text('2/2')")
+    assert problems == []

@@ -116,6 +116,8 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     ap.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (stages)")
+    ap.add_argument("--dp", type=int, default=1, help="data-parallel replicas, one per GPU, "
+                    "behind one router (`stack serve --dp N`: layer 7 starts them)")
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
     ap.add_argument("--num-blocks", type=int, default=None, help="KV blocks per model")
     ap.add_argument("--max-num-seqs", type=int, default=None)
@@ -135,6 +137,10 @@ def serve_main(argv: list[str]) -> int:
     ap.add_argument("--engine-thread", action="store_true", help="run each engine in a thread "
                     "of the server process instead of a process of its own (slower: one GIL)")
     args = ap.parse_args(argv)
+    if args.dp != 1:
+        print("error: --dp N starts N servers behind layer 7's router: run it as "
+              "`stack serve --dp N`", file=sys.stderr)
+        return 2
     kwargs = {k: v for k, v in (("num_blocks", args.num_blocks),
                                 ("max_num_seqs", args.max_num_seqs),
                                 ("pipeline_parallel_size", args.pp if args.pp != 1 else None))

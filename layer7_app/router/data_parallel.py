@@ -125,12 +125,12 @@ def serve_dp_main(argv: list[str]) -> int:
             return l6.serve_main(rest + ["--host", args.host, "--port", str(args.port)])
         gpus = replica_gpus(args.dp, args.tp * args.pp, _gpu_count())
     except ValueError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         procs, urls = start_replicas(args.dp, rest, gpus)
     except RuntimeError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     try:
         handle = start_router(urls, policy=args.policy, host=args.host, port=args.port)

@@ -33,7 +33,7 @@ def test_gpu_plan_and_bad_sizes():
 
 def test_bad_dp_is_one_line_and_exit_2(capsys):
     assert dp.serve_dp_main(["--dp", "0"]) == 2
-    assert capsys.readouterr().out.startswith("error: --dp must be >= 1")
+    assert capsys.readouterr().err.startswith("error: --dp must be >= 1")
 
 
 @pytest.mark.timeout(600)
@@ -72,3 +72,8 @@ def test_two_cpu_replicas_behind_one_router(monkeypatch):
     assert len(set(stopped["texts"])) == 1  # greedy: every replica gives the same completion
     assert [r["served"] for r in stopped["replicas"]["replicas"]] == [2, 2]
     assert len(procs) == 2 and all(p.poll() is not None for p in procs)
+
+
+def test_layer_6_alone_points_to_stack_serve(capsys):
+    assert dp.l6.serve_main(["--dp", "2"]) == 2
+    assert "stack serve --dp N" in capsys.readouterr().err

@@ -136,6 +136,18 @@ class EngineConfig:
             f"unknown scheduling policy {self.scheduling!r}: expected one of {', '.join(POLICIES)}",
         ]
 
+    def async_for(self, device_type: str, speculating: bool) -> bool:
+        """async_scheduling resolved for an engine on `device_type`: None -> on for CUDA
+        without a speculator; True with a speculator is an error."""
+        if speculating:
+            if self.async_scheduling:
+                raise ValueError("async_scheduling=True does not work with speculative decoding "
+                                 "(verification reads the tokens on the host every step)")
+            return False
+        if self.async_scheduling is None:
+            return device_type == "cuda"
+        return self.async_scheduling
+
     @property
     def resolved_max_model_len(self) -> int:
         """max_model_len, which the parts that need it require to be set (LLM sets it from

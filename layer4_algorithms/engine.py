@@ -19,10 +19,10 @@ Async scheduling (config.async_scheduling): a step launches its GPU work and ret
 waiting for its tokens; the next step() reads them while the GPU runs its own launch
 (launched_step.py tells how, and why a step of first tokens only is read at once).
 
-`step()` in order: read the previous launch if this step needs its tokens first
-(`_read_first`), schedule, launch (`_launch`: speculation's proposals, the model, the rows to
-sample with parallel-sampling forks, sampling on the host or on the device), read the
-previous launch while this one runs, and build the outputs of the requests it advanced.
+`step()` in order: read the previous launch if this step needs its tokens first, schedule,
+launch (`_launch`: speculation's proposals, the model, the rows to sample with
+parallel-sampling forks, sampling on the host or on the device), read the previous launch
+while this one runs, and build the outputs of the requests it advanced.
 """
 from __future__ import annotations
 
@@ -85,7 +85,8 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         if speculator is None and self.config.speculative is not None:
             speculator = EngineSpeculator.from_config(self.config, self.model)
         self.speculator = speculator
-        self.config = replace(self.config, async_scheduling=self._async_flag(self.config))
+        overlap = self.config.async_for(self.model.net.device.type, speculator is not None)
+        self.config = replace(self.config, async_scheduling=overlap)
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0
         release = (speculator.release,) if speculator is not None else ()
         self.scheduler = Scheduler(self.block_manager, self.config,
@@ -113,17 +114,6 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
                 device=net.device, gpu_memory_utilization=config.gpu_memory_utilization)
         return replace(config, max_model_len=max_model_len, num_blocks=num_blocks,
                        kv_cache_bytes=None)
-
-    def _async_flag(self, config: EngineConfig) -> bool:
-        """config.async_scheduling resolved: None -> on for a CUDA model without a speculator."""
-        if self.speculator is not None:
-            if config.async_scheduling:
-                raise ValueError("async_scheduling=True does not work with speculative decoding "
-                                 "(verification reads the tokens on the host every step)")
-            return False
-        if config.async_scheduling is None:
-            return self.model.net.device.type == "cuda"
-        return config.async_scheduling
 
     def make_cache(self) -> PagedKVCache:
         """The paged KV pool, shaped by the model's config (per-rank heads under layer 5)."""
@@ -169,7 +159,9 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         advanced: set[str] = set()
         finished: list[Sequence] = []
         if prev is not None and (sync or prev.first_only):
-            self._read_first(prev, advanced, finished)
+            # before scheduling: a synchronous step needs every token on the host, and a
+            # launch of first tokens only has nothing to overlap
+            self._complete(prev, advanced, finished)
             prev = None
             if not sync:  # first tokens only: out now, before another launch delays them
                 return self._end_step(start, advanced, finished, unfinished, delta)
@@ -184,12 +176,6 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         elif launched is not None:
             self._complete(launched, advanced, finished)
         return self._end_step(start, advanced, finished, unfinished, delta)
-
-    def _read_first(self, prev: LaunchedStep, advanced: set[str],
-                    finished: list[Sequence]) -> None:
-        """The previous launch's tokens before anything is scheduled: a synchronous step needs
-        every token on the host, and a launch of first tokens only has nothing to overlap."""
-        self._complete(prev, advanced, finished)
 
     def _check_progress(self) -> None:
         if self.scheduler.has_unfinished():

@@ -4,6 +4,7 @@ transport: `PipeCommands` (commands down the pipe) and `PipeSink` (one message p
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import os
@@ -165,10 +166,8 @@ def engine_process_main(*args) -> None:
         traceback.print_exc()
         code = 1
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -178,7 +178,11 @@ class ChunkMaker:
 
     def chunks(self, out: StreamOutput) -> list[dict]:
         """The chunks for one StreamOutput; the request's last one carries "llm_stack"."""
-        chunks = [self.delta(d) for d in out.deltas]
+        return self.finish_chunks([self.delta(d) for d in out.deltas], out)
+
+    def finish_chunks(self, chunks: list[dict], out: StreamOutput) -> list[dict]:
+        """After the request's last deltas: the usage chunk when asked (else at least one
+        chunk), the last one carrying the "llm_stack" metrics."""
         if out.finished:
             if self.include_usage:
                 chunks.append(self.usage(out))

@@ -356,11 +356,4 @@ class ToolChunkMaker(ChunkMaker):
     def chunks(self, out: StreamOutput) -> list[dict]:
         if not self.plan.parses:
             return super().chunks(out)
-        chunks = [c for d in out.deltas for c in self.deltas(d)]
-        if out.finished:
-            if self.include_usage:
-                chunks.append(self.usage(out))
-            elif not chunks:
-                chunks.append(self._chunk([]))
-            chunks[-1]["llm_stack"] = out.metrics.as_dict() if out.metrics else None
-        return chunks
+        return self.finish_chunks([c for d in out.deltas for c in self.deltas(d)], out)

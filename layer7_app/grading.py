@@ -7,13 +7,17 @@ work), `labs/labN_<name>/labN.ipynb` (the teaching notebook) and `tests/labs/tes
 `tests/labs/conftest.py` loads the submission (or, with none named, the layer package
 the test file names as REFERENCE) and writes each test's outcome to a JSON file that
 this module reads back, so a submission that crashes or hangs pytest loses points for
-the tests it broke, never the report.
+the tests it broke, never the report: after a hard crash (a signal: segfault, abort, kill)
+the test that was running is named with the signal, and the tests after it are graded in a
+fresh process. A test skipped here (a GPU test on a CPU) is reported "not graded here" and
+counts neither way: the score is out of what was graded.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +40,8 @@ class TestResult:
     max_score: float
     status: str  # "passed" | "failed"
     output: str = ""
+    #: {"not_graded": why, "points": n} for a test this machine cannot grade (e.g. no GPU)
+    extra_data: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -55,13 +61,28 @@ class GradeReport:
     def max_score(self) -> float:
         return sum(t.max_score for t in self.tests)
 
+    @property
+    def not_graded(self) -> list[TestResult]:
+        """Tests this machine could not grade (a GPU test without a GPU): out of the score."""
+        return [t for t in self.tests if t.extra_data.get("not_graded")]
+
+    def summary(self) -> str:
+        """"Score: 90 / 90", and what was not graded here, if anything."""
+        line = f"Score: {self.score:g} / {self.max_score:g}"
+        if self.not_graded:
+            points = sum(t.extra_data.get("points", 0) for t in self.not_graded)
+            why = sorted({t.extra_data["not_graded"] for t in self.not_graded})
+            line += (f" (out of what was graded here: {len(self.not_graded)} test(s), "
+                     f"{points:g} points, not graded here: {'; '.join(why)})")
+        return line
+
     def to_gradescope(self) -> dict:
         """The results.json body Gradescope reads (score, tests[...])."""
         return {
             "score": self.score,
             "max_score": self.max_score,
             "execution_time": round(self.execution_time, 2),
-            "output": f"Lab {self.lab}: graded {self.graded}",
+            "output": f"Lab {self.lab}: graded {self.graded}. {self.summary()}",
             "tests": [asdict(t) for t in self.tests],
         }
 
@@ -126,12 +147,14 @@ def grade_lab(
     test_timeout: float = 30.0,
     total_timeout: float = 900.0,
     root: Path | None = None,
+    select: str | None = None,
 ) -> GradeReport:
     """Grade lab `number`.
 
     submission: the exercises.py to grade; default the lab's working file.
     reference:  grade the layer package instead (what plain `pytest` does).
     test_timeout: seconds one test may take (pytest-timeout); total_timeout: the whole run.
+    select: only the tests pytest's `-k` expression selects (default: all).
     """
     lab = find_lab(number, root)
     env = dict(os.environ)
@@ -144,34 +167,152 @@ def grade_lab(
             raise FileNotFoundError(f"submission {path} does not exist")
         env[ENV_SUBMISSION] = graded = str(path)
 
+    start = time.perf_counter()
+    deadline = start + total_timeout
+    entries: dict[str, dict] = {}  # node id -> its entry, in the first run's order
+    targets = [str(lab.test_file)] + (["-k", select] if select else [])
     with tempfile.TemporaryDirectory(prefix="llm-stack-grade-") as tmp:
         results_file = Path(tmp) / "results.json"
         env[ENV_RESULTS] = str(results_file)
-        command = [
-            sys.executable, "-m", "pytest", str(lab.test_file), "-q", "-p", "no:cacheprovider",
-            "-o", "addopts=", f"--timeout={test_timeout}",
-        ]
-        start = time.perf_counter()
-        try:
-            proc = subprocess.run(
-                command, cwd=lab.test_file.parents[2], env=env, capture_output=True,
-                text=True, timeout=total_timeout, stdin=subprocess.DEVNULL,
-            )
-            stopped, log = None, proc.stdout + proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            stopped = f"not finished: the whole grading run exceeded {total_timeout:.0f} s"
-            log = str(exc.stdout or "")
-        elapsed = time.perf_counter() - start
-        if not results_file.exists():
-            raise RuntimeError(f"the grader could not run lab {number}'s tests:\n{log[-3000:]}")
-        raw = json.loads(results_file.read_text())
-
+        while True:  # one pytest run, then one more per hard crash, on the tests left
+            results_file.unlink(missing_ok=True)
+            code, log = _run_pytest(lab, targets, env, test_timeout, deadline, results_file)
+            if not results_file.exists():
+                if entries:  # a fresh process died before its first test: say so, stop
+                    _fail_left(entries, f"not graded: the grading process ended before "
+                                        f"this test ran ({_ending(code)})")
+                    break
+                raise RuntimeError(f"the grader could not run lab {number}'s tests:\n{log[-3000:]}")
+            raw = json.loads(results_file.read_text())
+            entries.update((e["nodeid"], e) for e in raw)
+            if code is None:
+                _fail_left(entries, f"not finished: the whole grading run exceeded "
+                                    f"{total_timeout:.0f} s")
+                break
+            crashed = [e for e in raw if e["status"] == "running"]
+            for e in crashed:  # the test the process died in
+                e.update(status="failed", score=0.0, output=_crash_report(code, log))
+            left = [e["nodeid"] for e in raw if e["status"] == "pending"]
+            if not left:
+                break
+            if len(left) == len(raw):  # died before any test began: a fresh one would too
+                _fail_left(entries, f"not graded: the grading process ended before this test "
+                                    f"ran ({_ending(code)})")
+                break
+            if code >= 0 and not crashed:  # pytest ended on its own with tests left
+                _fail_left(entries, f"test did not run (pytest ended: {_ending(code)})")
+                break
+            targets = left
+    elapsed = time.perf_counter() - start
     tests = []
-    for entry in raw:
-        if entry["status"] == "pending":  # collected but never reported: the run was cut off
-            entry.update(status="failed", score=0, output=stopped or "test did not run")
+    for entry in entries.values():
+        for key in ("nodeid", "started", "limit"):
+            entry.pop(key, None)
         tests.append(TestResult(**entry))
     return GradeReport(number, graded, tests, elapsed)
+
+
+def _run_pytest(lab: Lab, targets: list[str], env: dict, test_timeout: float,
+                deadline: float, results_file: Path) -> tuple[int | None, str]:
+    """Run pytest once; (its exit code, or None if cut off at the deadline; its output).
+
+    While it runs, the test it is in (the grading plugin marks it "running", with its start
+    and time limit) is watched: one still running HARD_STOP_GRACE_S past its limit is stuck
+    where the limit cannot reach (a call into C holds the interpreter, and with it the
+    signal pytest-timeout sends), so the process is stopped and the test failed, saying so."""
+    command = [
+        sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider",
+        "-o", "addopts=", f"--timeout={test_timeout}",
+    ]
+    grace = float(env.get("LLM_STACK_HARD_STOP_GRACE_S", HARD_STOP_GRACE_S))
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(command, cwd=lab.test_file.parents[2], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+        code: int | None = None
+        while (code := proc.poll()) is None:
+            if time.perf_counter() > deadline:
+                _kill(proc)
+                code = None
+                break
+            stuck = _stuck_test(results_file, grace)
+            if stuck is not None:
+                _kill(proc)
+                stuck.update(status="failed", score=0.0, output=(
+                    f"still running {grace:g} s after its {stuck['limit']:g} s time limit, "
+                    "stuck where the limit cannot interrupt it (a long call into C code or "
+                    "a kernel): the grading process was stopped here; the tests after it "
+                    "were graded in a fresh process"))
+                _rewrite(results_file, stuck)
+                code = proc.returncode
+                break
+            time.sleep(POLL_S)
+        out.seek(0)
+        return code, out.read()
+
+
+#: How long past its time limit a test may still run before its process is stopped.
+HARD_STOP_GRACE_S = 15.0
+POLL_S = 0.25
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait()
+
+
+def _read(results_file: Path) -> list[dict]:
+    try:
+        return json.loads(results_file.read_text())
+    except (OSError, ValueError):  # not written yet
+        return []
+
+
+def _stuck_test(results_file: Path, grace: float) -> dict | None:
+    now = time.time()
+    return next((e for e in _read(results_file) if e["status"] == "running"
+                 and e.get("limit") and now - e["started"] > e["limit"] + grace), None)
+
+
+def _rewrite(results_file: Path, entry: dict) -> None:
+    entries = [entry if e["nodeid"] == entry["nodeid"] else e for e in _read(results_file)]
+    results_file.write_text(json.dumps(entries))
+
+
+SIGNALS = {
+    "SIGSEGV": "a segmentation fault: memory read or written out of bounds (an unmasked "
+               "load or store, a bad pointer)",
+    "SIGBUS": "a bus error: a bad memory access",
+    "SIGABRT": "an abort: C code found the process broken (heap corruption, a failed "
+               "C-level assertion)",
+    "SIGFPE": "an arithmetic fault (an integer division by zero in C code)",
+    "SIGILL": "an illegal instruction",
+    "SIGKILL": "killed: out of memory, or stopped from outside",
+}
+
+
+def _ending(code: int | None) -> str:
+    if code is None:
+        return "cut off at the time limit"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}" + (f", {SIGNALS[name]}" if name in SIGNALS else "")
+    return f"exit status {code}"
+
+
+def _crash_report(code: int, log: str) -> str:
+    """Why a test failed when the process died under it: the signal, then the log's tail
+    (pytest's faulthandler prints the Python stack of a fatal signal there)."""
+    return (f"the grading process died while this test ran ({_ending(code)}); the tests "
+            f"after it were graded in a fresh process\n\n{log[-1500:]}")
+
+
+def _fail_left(entries: dict[str, dict], why: str) -> None:
+    for e in entries.values():
+        if e["status"] in ("pending", "running"):
+            e.update(status="failed", score=0.0, output=why)
 
 
 def reason(test: TestResult) -> str:
@@ -199,11 +340,17 @@ def print_report(report: GradeReport) -> None:
     for t in report.tests:
         colour = "green" if t.status == "passed" else "red"
         why = reason(t) if t.status != "passed" or t.max_score == 0 else ""
+        if t.extra_data.get("not_graded"):
+            colour, t_status = "yellow", "not graded"
+        else:
+            t_status = t.status
         cell = escape(t.name)
         if why:
             cell += "\n[dim]" + ("(as above)" if why == previous else escape(why)) + "[/dim]"
         previous = why
-        table.add_row(f"{t.score:g}/{t.max_score:g}", f"[{colour}]{t.status}", cell)
+        score = f"-/{t.extra_data.get('points', 0):g}" if t_status == "not graded" else \
+            f"{t.score:g}/{t.max_score:g}"
+        table.add_row(score, f"[{colour}]{t_status}", cell)
     console = Console()
     console.print(table)
-    console.print(f"[bold]Score: {report.score:g} / {report.max_score:g}[/bold]")
+    console.print(f"[bold]{escape(report.summary())}[/bold]")

@@ -3,6 +3,8 @@
 - The `impl` fixture is what a lab test grades: the student's exercises.py when
   LLM_STACK_SUBMISSION names one (`stack grade`), else the layer package the test file
   names in REFERENCE (plain `pytest`, so the repo's own run grades the reference).
+  A submission is loaded behind the import guard (submission_guard.py): from then on the
+  layer packages and the grader's files are out of its code's reach, however it asks.
 - `@pytest.mark.points(n)` gives a test its weight.
 - With LLM_STACK_GRADE_RESULTS set, every collected test is written to that JSON file as
   pending, then rewritten as each finishes: a run cut off part-way still says what it did.
@@ -13,12 +15,10 @@
 """
 from __future__ import annotations
 
-import ast
 import importlib
-import importlib.util
 import json
 import os
-import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -26,37 +26,12 @@ import pytest
 
 from layer7_app.grading import ENV_RESULTS, ENV_SUBMISSION
 
+from . import submission_guard
+
 MAX_OUTPUT_CHARS = 2000
 MAX_REASON_CHARS = 500
 
 _results: dict[str, dict] = {}
-
-
-def _imports_of(path: Path) -> set[str]:
-    """Top-level package names a source file imports."""
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names
-
-
-def load_submission(path: Path, reference: str) -> ModuleType:
-    """Import a student's file as a fresh module. Importing the reference package itself
-    would grade the answer key, so it is refused."""
-    if reference.split(".")[0] in _imports_of(path):
-        raise ImportError(f"{path.name} imports the reference package {reference}: write your own")
-    spec = importlib.util.spec_from_file_location(f"submission_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # as an import does: dataclasses look their module up here
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        sys.modules.pop(spec.name, None)
-        raise
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +43,7 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
     if not submission:
         return importlib.import_module(reference)
     try:
-        return load_submission(Path(submission), reference)
+        return submission_guard.load_submission(submission)
     except Exception as exc:  # a broken submission fails its tests, not the grader
         pytest.fail(f"could not import the submission {submission}: {type(exc).__name__}: {exc}")
 
@@ -83,6 +58,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=twice)
         dropped = set(twice)
         items[:] = [item for item in items if item not in dropped]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    submission_guard.checkpoint()  # hide again what the grader's imports put back
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_call(item: pytest.Item) -> None:
+    submission_guard.checkpoint()
 
 
 def _points(item: pytest.Item) -> float:
@@ -104,26 +89,55 @@ def failure_output(report: pytest.TestReport) -> str:
 
 def _write_results() -> None:
     path = os.environ.get(ENV_RESULTS)
-    if path:
-        Path(path).write_text(json.dumps(list(_results.values()), indent=1))
+    if path:  # whole or not at all: the process may die at any moment (grade_lab reads it)
+        part = Path(f"{path}.part")
+        part.write_text(json.dumps(list(_results.values()), indent=1))
+        os.replace(part, path)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     for item in session.items:
         _results[item.nodeid] = {
-            "name": item.name, "score": 0.0, "max_score": _points(item),
-            "status": "pending", "output": "",
+            "nodeid": item.nodeid, "name": item.name, "score": 0.0,
+            "max_score": _points(item), "status": "pending", "output": "",
         }
     _write_results()
+
+
+def _time_limit(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker and marker.args:
+        return float(marker.args[0])
+    return float(item.config.getoption("timeout", None) or 0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """Marks the test "running", with when it began and its time limit: a process that dies
+    under it is pinned on it, and grade_lab stops one stuck past the limit (a call into C
+    holds the interpreter, so nothing in this process could)."""
+    entry = _results.get(item.nodeid)
+    if entry is not None:
+        entry.update(status="running", started=time.time(), limit=_time_limit(item))
+        _write_results()
+    yield
+    if entry is not None and entry["status"] == "running":  # ended without a report
+        entry["status"] = "pending"
+        _write_results()
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     entry = _results.get(report.nodeid)
     if entry is None:
         return
-    if report.skipped:  # e.g. a gpu test on a CPU: not graded here
+    if report.skipped:  # e.g. a gpu test on a CPU: not graded here, out of the score
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else ""
-        entry.update(status="passed", max_score=0.0, output=f"skipped, not graded here: {reason}")
+        reason = reason.removeprefix("Skipped: ")
+        why = "needs a GPU" if "gpu" in report.keywords else reason
+        entry.update(status="passed", score=0.0, max_score=0.0,
+                     output=f"not graded here ({why}): {reason}",
+                     extra_data={"not_graded": why, "points": entry["max_score"] or
+                                 entry.get("extra_data", {}).get("points", 0)})
     elif report.failed:
         entry.update(status="failed", score=0.0, output=failure_output(report))
     elif report.when == "call":

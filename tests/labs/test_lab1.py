@@ -234,11 +234,20 @@ def test_rms_norm_half_precision(impl):
     assert rel_err(y, _rms64(x, w, 1e-6)) < 3e-3
 
 
+def _rms16_ways(h: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Tensor, ...]:
+    """RMSNorm of fp16 h, exactly rounded, in the two usual arithmetics: HF LlamaRMSNorm's
+    (h * rstd rounded to fp16, then times w) and one rounding at the end."""
+    hd = h.double()
+    normed = hd * torch.rsqrt(hd.pow(2).mean(-1, keepdim=True) + eps)
+    return (w.double() * normed.half().double()).half(), (normed * w.double()).half()
+
+
 @pytest.mark.points(10)
 def test_rms_norm_fused_residual(impl):
     for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 3e-3)]:
-        x = randn(awkward(2, 30), awkward(20, 400), dtype=dtype)
-        r, w = randn(*x.shape, dtype=dtype), randn(x.shape[-1], dtype=dtype)
+        # a residual stream r and a smaller block output x: h = x + r must round to fp16
+        x = randn(awkward(2, 30), awkward(20, 400), dtype=dtype, scale=0.3)
+        r, w = randn(*x.shape, dtype=dtype, scale=3.0), randn(x.shape[-1], dtype=dtype)
         x_before, r_before = x.clone(), r.clone()
         poison(x, dtype)
         out = graded(impl, "rms_norm", x, w, eps=1e-6, residual=r, impl="triton")
@@ -248,6 +257,13 @@ def test_rms_norm_fused_residual(impl):
         torch.testing.assert_close(h, x + r)  # h is the new residual stream, x + r
         assert rel_err(y, _rms64(x + r, w, 1e-6)) < tol
         assert torch.equal(x, x_before) and torch.equal(r, r_before), "inputs must not change"
+        if dtype == torch.float16:  # y normalises h as stored (rounded), not the fp32 sum:
+            # a difference under one unit in the last place, so compare bit for bit with
+            # either usual arithmetic; an unrounded h agrees with neither on ~1/4 of values
+            agree = max((y == want).float().mean().item() for want in _rms16_ways(x + r, w, 1e-6))
+            assert agree > 0.98, (
+                f"y agrees with RMSNorm of the fp16 h you return on {agree:.0%} of its values: "
+                "normalise h rounded to fp16 (what the next layer reads), not the fp32 x + r")
 
 
 # ---------------------------------------------------------------- exercise 3: tiled matmul

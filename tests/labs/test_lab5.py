@@ -5,14 +5,15 @@ Graded through the `impl` fixture (tests/labs/conftest.py): layer5_parallel unde
 pytest (its megatron_fg.py and ring_attention.py), a student's exercises.py under
 `stack grade --lab 5`. Seeds are drawn afresh every run and printed in every failure message.
 
-* Exercise 1 runs on 2 gloo ranks of this CPU (`launch`, one launch for the module, limited to
-  LAUNCH_TIMEOUT_S, with a pytest timeout above it for those tests, since starting ranks on a
-  loaded machine can take half a minute: a submission that hangs fails exercise 1's tests,
-  never the run). Each rank
-  loads the graded code itself (by name, or from the submission's path), runs every check on
-  weights it draws from the shared seed (odd sizes, so shards are uneven), compares
-  with one process computing the whole layer — output, the input's gradient, every shard's
-  weight and bias gradients — and reports one verdict per check. Each test scores its check.
+* Exercise 1 runs on 2 gloo ranks of this CPU (`launch`: one launch runs every check). Each
+  rank loads the graded code itself (the layer by name, or the submission from its path,
+  behind the same import guard as here), runs each check on weights it draws from the shared
+  seed (odd sizes, so shards are uneven), compares with one process computing the whole
+  layer — output, the input's gradient, every shard's weight and bias gradients — and
+  reports one verdict per check. Each check has its own time budget (CHECK_LIMIT_S, its
+  barrier included): a check that hangs or kills a rank fails alone, and the checks after it
+  run in a fresh launch. Starting ranks on a loaded machine can take half a minute, so the
+  tests that start them have a pytest timeout above stack grade's default.
 * Exercise 2 is pure math, graded in this process: attention_block against a plain softmax
   (causal, non-causal, GQA, rows that see no key), merge_partial against attention over the
   union of two blocks, and a whole simulated ring (load-balanced chunks, blocks arriving in ring
@@ -21,9 +22,11 @@ pytest (its megatron_fg.py and ring_attention.py), a student's exercises.py unde
 from __future__ import annotations
 
 import importlib
-import importlib.util
+import json
 import math
+import os
 import random
+import threading
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -32,22 +35,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from .submission_guard import load_submission
+
 REFERENCE = "layer5_parallel"
 
 WORLD = 2  # two ranks: shards still uneven (sizes are odd), and half the start-up of three
-LAUNCH_TIMEOUT_S = 80.0  # idle, the ranks start and finish in ~5 s; a loaded machine is slow
-RANK_TEST_TIMEOUT_S = 90  # pytest-timeout for the tests that start the ranks (the fixture runs
-# in the first one), above stack grade's 30 s default: the launch has its own limit just below
+LAUNCH_TIMEOUT_S = 60.0  # for the ranks to start (idle ~5 s; a loaded machine is slow) ...
+CHECK_LIMIT_S = 30.0  # ... plus this per check: each check's own budget (idle: < 1 s)
+RANK_TEST_TIMEOUT_S = 300  # pytest-timeout for the tests that start the ranks (the fixture runs
+# in the first one), above stack grade's 30 s default: the launches have their own limits below
 seeds = random.SystemRandom()  # fresh inputs every run: an answer must be right for any input
 
 
 # ================================================================ exercise 1, inside each rank
 def _load(source: str) -> ModuleType:
-    if source.endswith(".py"):  # a submission: a fresh process cannot import it by name
-        spec = importlib.util.spec_from_file_location(f"submission_{Path(source).stem}", source)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+    if source.endswith(".py"):  # a submission: behind the import guard, as in the parent
+        return load_submission(source)
     return importlib.import_module(source)
 
 
@@ -150,45 +153,98 @@ CHECKS = {"f": _check_f, "g": _check_g, "column": _check_column, "row": _check_r
           "mlp": _check_mlp}
 
 
-def rank_checks(source: str, seed: int) -> dict[str, str | None]:
-    """On every rank: run each check; None if it passed, else why it failed."""
+def _note(log: Path, event: dict) -> None:
+    with log.open("a") as f:  # one line per event: a rank that dies leaves what it did
+        f.write(json.dumps(event) + "\n")
+
+
+def _out_of_time(log: Path, name: str) -> None:
+    _note(log, {"out_of_time": name})
+    os._exit(3)  # a rank stuck in a collective cannot be interrupted: leave, the parent sees it
+
+
+def rank_checks(source: str, seed: int, names: list[str], progress: str) -> dict[str, str | None]:
+    """On every rank: run the named checks, each within CHECK_LIMIT_S (its barrier too); None
+    if one passed, else why it failed. Each start and verdict goes to progress/rank<r>.jsonl,
+    so the parent knows which check a rank that hung or died was in."""
     import torch.distributed as dist
 
     me = dist.get_rank()
+    log = Path(progress) / f"rank{me}.jsonl"
     ex = _load(source)
     verdicts: dict[str, str | None] = {}
-    for i, (name, check) in enumerate(CHECKS.items()):
-        g = torch.Generator().manual_seed(seed + i)  # the same draws on every rank
+    for name in names:
+        g = torch.Generator().manual_seed(seed + list(CHECKS).index(name))  # same on every rank
+        _note(log, {"start": name})
+        watchdog = threading.Timer(CHECK_LIMIT_S, _out_of_time, (log, name))
+        watchdog.daemon = True
+        watchdog.start()
         try:
-            check(ex, g, me)
+            CHECKS[name](ex, g, me)
             verdicts[name] = None
         except Exception as exc:
             tb = traceback.format_exc(limit=-3)
             verdicts[name] = f"rank {me}: {type(exc).__name__}: {exc}\n{tb}"
         dist.barrier()  # keep the ranks in step: a rank that failed early must not run ahead
+        watchdog.cancel()
+        _note(log, {"done": name, "verdict": verdicts[name]})
     return verdicts
 
 
+def _finished(progress: Path, names: list[str]) -> tuple[dict[str, str | None], str | None]:
+    """From the ranks' progress logs: the verdicts of the checks every rank finished, and the
+    check they stopped in (None if no rank began one)."""
+    done: dict[str, list[str | None]] = {}
+    started: set[str] = set()
+    for log in progress.glob("rank*.jsonl"):
+        for event in map(json.loads, log.read_text().splitlines()):
+            started.update([event["start"]] if "start" in event else [])
+            if "done" in event:
+                done.setdefault(event["done"], []).append(event["verdict"])
+    finished = {n: next((v for v in vs if v), None) for n, vs in done.items()
+                if len(vs) == WORLD}
+    stopped = next((n for n in names if n in started and n not in finished), None)
+    return finished, stopped
+
+
 @pytest.fixture(scope="module")
-def verdicts(impl: ModuleType) -> dict:
-    from layer2_comm import launch  # the course's own launcher (3 local gloo ranks)
+def verdicts(impl: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every exercise-1 check's verdict (None: passed). One launch runs them all; a check
+    that hangs or kills a rank costs that check only: the ranks leave after CHECK_LIMIT_S,
+    and a fresh launch runs the checks after it."""
+    from layer2_comm import launch  # the course's own launcher (local gloo ranks)
 
     seed = seeds.randrange(2**31)
     source = impl.__name__ if impl.__name__ == REFERENCE else impl.__file__
-    try:
-        reports = launch(rank_checks, WORLD, source, seed, backend="gloo",
-                         timeout_s=LAUNCH_TIMEOUT_S)
-    except RuntimeError as exc:  # a rank hung or died: every exercise-1 check fails
-        return {"error": f"the ranks did not finish (seed {seed}): {str(exc)[-1500:]}"}
-    return {"seed": seed, "reports": reports}
+    found: dict[str, str | None] = {}
+    left = list(CHECKS)
+    while left:
+        progress = tmp_path_factory.mktemp("lab5-ranks")
+        try:
+            reports = launch(rank_checks, WORLD, source, seed, left, str(progress),
+                             backend="gloo", timeout_s=LAUNCH_TIMEOUT_S + CHECK_LIMIT_S * len(left))
+            found.update((n, next((r[n] for r in reports if r[n]), None)) for n in left)
+            break
+        except RuntimeError as exc:  # a rank hung, died or never started
+            finished, stopped = _finished(progress, left)
+            found.update(finished)
+            why = str(exc)[-1500:]
+            if stopped is None:  # no check began: the ranks did not start
+                found.update((n, f"the ranks did not start (seed {seed}): {why}")
+                             for n in left if n not in found)
+                break
+            found[stopped] = (f"seed {seed}: did not finish within its {CHECK_LIMIT_S:g} s on "
+                              f"every rank (a hang, a deadlock or a crash in this check; the "
+                              f"checks after it ran in a fresh launch): {why}")
+            left = [n for n in left if n not in found]
+    return {"seed": seed, "verdicts": found}
 
 
 def _verdict(verdicts: dict, name: str) -> None:
-    if "error" in verdicts:
-        pytest.fail(verdicts["error"], pytrace=False)
-    failures = [r[name] for r in verdicts["reports"] if r[name]]
-    if failures:
-        pytest.fail(f"seed {verdicts['seed']}: {failures[0]}", pytrace=False)
+    failure = verdicts["verdicts"][name]
+    if failure:
+        pytest.fail(failure if failure.startswith(("seed", "the ranks")) else
+                    f"seed {verdicts['seed']}: {failure}", pytrace=False)
 
 
 @pytest.mark.points(10)
@@ -234,9 +290,15 @@ def _softmax_attention(q, k, v, q_pos, k_pos, causal=True):
     return out.float(), lse.float()
 
 
-def _qkv(g, B=2, H=4, Hkv=4, n=7, m=9, D=8):
-    return (torch.randn(B, H, n, D, generator=g), torch.randn(B, Hkv, m, D, generator=g),
-            torch.randn(B, Hkv, m, D, generator=g))
+#: Query/key scales the block and merge checks run at: unit scores, and scores in the
+#: hundreds (large activations give those), where exp(s) overflows float32 (above ~88): only
+#: a softmax and log-sum-exp that subtract the max survive them.
+SCALES = (1.0, 12.0)
+
+
+def _qkv(g, B=2, H=4, Hkv=4, n=7, m=9, D=8, scale=1.0):
+    return (scale * torch.randn(B, H, n, D, generator=g),
+            scale * torch.randn(B, Hkv, m, D, generator=g), torch.randn(B, Hkv, m, D, generator=g))
 
 
 def _gen() -> tuple[torch.Generator, int]:
@@ -245,16 +307,18 @@ def _gen() -> tuple[torch.Generator, int]:
 
 
 def _block_check(impl, g, seed, causal, **shape):
-    q, k, v = _qkv(g, **shape)
-    q_pos = torch.randperm(40, generator=g)[: q.shape[2]]
-    k_pos = torch.randperm(40, generator=g)[: k.shape[2]]
-    q_pos[0] = -1  # this query sees no key at all under the causal mask
-    out, lse = impl.attention_block(q, k, v, q_pos, k_pos, causal=causal)
-    want_out, want_lse = _softmax_attention(q, k, v, q_pos, k_pos, causal)
-    where = f"(seed {seed}, causal={causal}, shapes {shape or 'default'})"
-    assert not out.isnan().any() and not lse.isnan().any(), f"NaN in the result {where}"
-    torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-5, msg=f"lse {where}")
-    torch.testing.assert_close(out.float(), want_out, rtol=1e-4, atol=1e-5, msg=f"out {where}")
+    for scale in SCALES:
+        q, k, v = _qkv(g, **shape, scale=scale)
+        q_pos = torch.randperm(40, generator=g)[: q.shape[2]]
+        k_pos = torch.randperm(40, generator=g)[: k.shape[2]]
+        q_pos[0] = -1  # this query sees no key at all under the causal mask
+        out, lse = impl.attention_block(q, k, v, q_pos, k_pos, causal=causal)
+        want_out, want_lse = _softmax_attention(q, k, v, q_pos, k_pos, causal)
+        where = f"(seed {seed}, causal={causal}, shapes {shape or 'default'}, scores ~{scale**2:g})"
+        assert not out.isnan().any() and not lse.isnan().any(), f"NaN in the result {where}"
+        torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-5, msg=f"lse {where}")
+        torch.testing.assert_close(out.float(), want_out, rtol=1e-4, atol=1e-4,
+                                   msg=f"out {where}")
 
 
 @pytest.mark.points(8)
@@ -278,15 +342,17 @@ def test_attention_block_gqa(impl):
 @pytest.mark.points(10)
 def test_merge_partial(impl):
     g, seed = _gen()
-    q, k, v = _qkv(g, m=12)
-    q_pos, k_pos = torch.arange(5, 12), torch.randperm(12, generator=g)
-    a, b = k_pos[:5], k_pos[5:]
-    oa, la = _softmax_attention(q, k[:, :, :5], v[:, :, :5], q_pos, a)
-    ob, lb = _softmax_attention(q, k[:, :, 5:], v[:, :, 5:], q_pos, b)
-    out, lse = impl.merge_partial(oa, la, ob, lb)
-    want_out, want_lse = _softmax_attention(q, k, v, q_pos, k_pos)
-    torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-5, msg=f"lse (seed {seed})")
-    torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-5, msg=f"out (seed {seed})")
+    for scale in SCALES:
+        q, k, v = _qkv(g, m=12, scale=scale)
+        q_pos, k_pos = torch.arange(5, 12), torch.randperm(12, generator=g)
+        a, b = k_pos[:5], k_pos[5:]
+        oa, la = _softmax_attention(q, k[:, :, :5], v[:, :, :5], q_pos, a)
+        ob, lb = _softmax_attention(q, k[:, :, 5:], v[:, :, 5:], q_pos, b)
+        out, lse = impl.merge_partial(oa, la, ob, lb)
+        want_out, want_lse = _softmax_attention(q, k, v, q_pos, k_pos)
+        where = f"(seed {seed}, scores ~{scale**2:g})"
+        torch.testing.assert_close(lse, want_lse, rtol=1e-4, atol=1e-5, msg=f"lse {where}")
+        torch.testing.assert_close(out, want_out, rtol=1e-4, atol=1e-4, msg=f"out {where}")
     empty_out, empty_lse = torch.zeros_like(oa), torch.full_like(la, float("-inf"))
     out, lse = impl.merge_partial(empty_out, empty_lse, oa, la)  # nothing yet + a block
     torch.testing.assert_close(out, oa, msg="merging into an empty result must give the block")

@@ -6,7 +6,8 @@ Graded through the `impl` fixture (tests/labs/conftest.py): a student's exercise
 every run and printed in every failure message.
 
 * safe_length: hand cases, then random texts and stop strings against a brute-force oracle
-  (the longest end of the text that begins a stop string, shorter than that stop string).
+  (the longest end of the text that begins a stop string, shorter than that stop string);
+  half of them with competing stops, each holding back a different length, in any order.
 * sse_frames: every event is b"data: " + one line of JSON + b"\\n\\n", the JSON parses back
   to the chunk sent, DONE is last; an exception (as an item, or raised by the iterator)
   becomes one error event in OpenAI's shape, then DONE.
@@ -37,21 +38,42 @@ def oracle(text: str, stops) -> int:
 def test_safe_length_hand_cases(impl):
     cases = [("Hello wor", ["world"], 6), ("Hello", ["world"], 5), ("", ["x"], 0),
              ("abc", [], 3), ("abcab", ["abd", "b"], 3), ("ROMEO", ["ROMEO."], 0),
-             ("the end", ["end of", "d"], 4), ("aaa", ["aaab"], 0)]
+             ("the end", ["end of", "d"], 4), ("aaa", ["aaab"], 0),
+             ("the en", ["end of", "nd"], 4), ("the en", ["nd", "end of"], 4)]
     for text, stops, want in cases:
         got = impl.safe_length(text, stops)
         assert got == want, f"safe_length({text!r}, {stops!r}) = {got}, expected {want}"
+
+
+def competing_stops(rng: random.Random, alphabet: str) -> tuple[str, list[str]]:
+    """A text whose end begins several stop strings, each holding back a different number
+    of characters, in random order: only the longest hold is right, wherever it is listed."""
+    def word(low: int, high: int) -> str:
+        return "".join(rng.choice(alphabet) for _ in range(rng.randrange(low, high)))
+
+    long = word(3, 8)
+    k = rng.randrange(2, len(long))  # the text ends with long[:k]: hold k
+    text = word(0, 6) + long[:k]
+    stops = [long]
+    for _ in range(rng.randrange(1, 4)):  # stops that match a shorter end of the text
+        j = rng.randrange(1, k)
+        stops.append(text[len(text) - j:] + word(1, 4))
+    rng.shuffle(stops)
+    return text, stops
 
 
 @pytest.mark.points(20)
 def test_safe_length_random(impl):
     seed = seeds.randrange(2**32)
     rng = random.Random(seed)
-    for _ in range(400):
-        alphabet = "ab \n."
-        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
-        stops = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 6)))
-                 for _ in range(rng.randrange(0, 4))]
+    alphabet = "ab \n."
+    for i in range(400):
+        if i % 2:
+            text, stops = competing_stops(rng, alphabet)
+        else:
+            text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))
+            stops = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 6)))
+                     for _ in range(rng.randrange(0, 4))]
         got, want = impl.safe_length(text, stops), oracle(text, stops)
         assert got == want, f"seed {seed}: safe_length({text!r}, {stops!r}) = {got}, want {want}"
 

@@ -10,9 +10,11 @@ every run and printed in every failure message. No test times anything.
   the reference's).
 * choose_replica: home by rendezvous hash (checked against a brute-force max), stable when
   another replica leaves, the load bound both ways, random loads equal to the reference.
-* fit_history: hand cases (system kept, oldest dropped, starts with a user message, too
-  long -> ValueError), random histories with a word counter against a brute-force oracle,
-  and a 40-turn chat counted with the course model's own tokenizer.
+* fit_history: hand cases (system messages kept, all of them; oldest dropped; starts with a
+  user message; too long -> ValueError; a counter with a per-prompt cost), random histories
+  (one to three system messages) with an additive word counter or one with a per-prompt
+  cost against a brute-force oracle, and a 40-turn chat counted with the course model's own
+  tokenizer.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from layer7_app import essentials as ref
+
+from .submission_guard import detached
 
 REFERENCE = "layer7_app.essentials"
 seeds = random.SystemRandom()
@@ -33,8 +37,11 @@ def msg(role: str, content: str) -> dict[str, str]:
 
 
 def random_chat(rng: random.Random, turns: int, system: bool = True) -> list[dict[str, str]]:
+    """A chat of `turns` user/assistant pairs, after one to three system messages (a
+    deployment's prompt, then an app's, then a tool's: all of them lead) if `system`."""
     words = ["good", "my", "lord", "Verona", "night", "sweet", "love", "O", "death", "sword"]
-    out = [msg("system", " ".join(rng.choices(words, k=rng.randrange(1, 8))))] if system else []
+    out = [msg("system", " ".join(rng.choices(words, k=rng.randrange(1, 8))))
+           for _ in range(rng.choice([1, 1, 2, 3]) if system else 0)]
     for _ in range(turns):
         out.append(msg("user", " ".join(rng.choices(words, k=rng.randrange(1, 12)))))
         out.append(msg("assistant", " ".join(rng.choices(words, k=rng.randrange(1, 20)))))
@@ -112,8 +119,19 @@ def test_choose_replica_random_loads_match_the_reference(impl):
 
 
 # ============================================================ exercise 3: fitting the history
+# The token counters fit_history is given. `detached` gives each a namespace of its own:
+# defined here, a function's __globals__ would be this module's, which holds the reference.
+@detached
 def words(messages) -> int:
+    """2 tokens per message (role, separator) + one per word: additive over messages."""
     return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+@detached
+def templated(messages) -> int:
+    """words(messages) + 3 for the whole prompt (a chat template's BOS and the assistant's
+    header): counting messages one at a time and adding the counts overcounts."""
+    return sum(len(m["content"].split()) + 2 for m in messages) + 3
 
 
 @pytest.mark.points(15)
@@ -129,6 +147,13 @@ def test_fit_history_hand_cases(impl):
     assert impl.fit_history(chat[1:], words, context_len=10, max_tokens=6) == [u3]
     with pytest.raises(ValueError):
         impl.fit_history(chat, words, context_len=12, max_tokens=6)
+    # every leading system message is kept (4 + 4 + 4 + 5 + 3 = 20 tokens)
+    s2 = msg("system", "m n")
+    assert impl.fit_history([s, s2, *chat[1:]], words, context_len=26, max_tokens=6) == \
+        [s, s2, u2, a2, u3]
+    # the counter's cost of the whole prompt decides, not the sum of each message's cost:
+    # [s, u2, a2, u3] is 16 + 3 = 19 tokens with the template, the sum of parts 28
+    assert impl.fit_history(chat, templated, context_len=25, max_tokens=6) == [s, u2, a2, u3]
 
 
 def oracle(messages, count, context_len, max_tokens):
@@ -150,12 +175,13 @@ def test_fit_history_random_matches_a_brute_force_oracle(impl):
         if rng.random() < 0.3:
             chat = chat[:-1]  # ends with the user's question, as a real request does
         ctx, mt = rng.randrange(10, 150), rng.randrange(1, 20)
-        want = oracle(chat, words, ctx, mt)
+        count = rng.choice([words, templated])
+        want = oracle(chat, count, ctx, mt)
         if want is None:
             with pytest.raises(ValueError):
-                impl.fit_history(chat, words, ctx, mt)
+                impl.fit_history(chat, count, ctx, mt)
             continue
-        got = impl.fit_history(chat, words, ctx, mt)
+        got = impl.fit_history(chat, count, ctx, mt)
         assert got == want, f"seed {seed}: fit_history(..., {ctx}, {mt}) kept {len(got)} " \
                             f"messages, expected {len(want)}"
 
@@ -165,6 +191,7 @@ def test_fit_history_with_the_course_tokenizer(impl):
     tokenizers = pytest.importorskip("tokenizers")
     tok = tokenizers.Tokenizer.from_file(str(TOKENIZER))
 
+    @detached
     def count(messages) -> int:
         return len(tok.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages)).ids)
 

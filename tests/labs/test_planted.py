@@ -1,0 +1,257 @@
+"""Planted submissions: wrong code written as a careful student (or a cheater) would write it,
+graded as `stack grade --lab N --submission F` grades. Each must lose the points of what it
+gets wrong and keep the rest (the same file's correct functions), so these tests show both
+that the grader catches the bug and that the import guard leaves correct code alone.
+
+* Bypasses: code that reaches the answer key instead of computing (importlib, __import__,
+  sys.modules, an import string exec'd, the reference's file read and exec'd, a callback's
+  __globals__): every graded function refused.
+* Bugs the graders once let through: a softmax / log-sum-exp without the max subtracted
+  (lab 5), the last matching stop string winning instead of the longest hold (lab 6), only
+  messages[0] kept as the system prompt, token counts summed message by message (lab 7),
+  and (lab 1, on this machine's Triton) RMSNorm normalising the unrounded fp16 residual sum.
+The gradings run two at a time; each grades only the lab's tests the plant concerns.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import re
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from layer7_app.grading import GradeReport, available_labs, grade_lab
+
+from .test_grader import _lean_env
+
+AT_ONCE = 2
+
+
+def _answer_key(reference: str, function: str) -> Path:
+    """The file that defines the reference's `function` (wherever the layer keeps it)."""
+    return Path(inspect.getsourcefile(getattr(importlib.import_module(reference), function)))
+
+
+def _with(base: str, *functions: str) -> str:
+    """base's source with these definitions appended (a later def replaces an earlier one)."""
+    return base + "\n\n" + "\n\n".join(textwrap.dedent(f).strip() + "\n" for f in functions)
+
+
+def _starter(lab: int) -> str:
+    return available_labs()[lab].exercises.read_text()
+
+
+# ---------------------------------------------------------------- the planted files
+def lab6_bypasses() -> str:
+    return _with(_answer_key("layer6_serving", "safe_length").read_text(), '''
+        def safe_length(text, stops):
+            import importlib
+            return importlib.import_module("layer6_serving").safe_length(text, stops)
+    ''', '''
+        def sse_frames(items):
+            yield from __import__("layer6_serving").sse_frames(items)
+    ''', '''
+        def admit(waiting, **kw):
+            import sys
+            return sys.modules["layer6_serving"].admit(waiting, **kw)
+    ''')
+
+
+def lab7_bypasses() -> str:
+    key = _answer_key("layer7_app.essentials", "fit_history")
+    return _with(key.read_text(), '''
+        def prefix_key(messages, chars=256):
+            ns = {}
+            exec("import layer7_app.essentials as answers", ns)
+            return ns["answers"].prefix_key(messages, chars)
+    ''', f'''
+        def choose_replica(key, in_flight, load_bound=4):
+            ns = {{}}
+            exec(open({str(key)!r}).read(), ns)  # the answer key's own file
+            return ns["choose_replica"](key, in_flight, load_bound)
+    ''', '''
+        def fit_history(messages, count_tokens, context_len, max_tokens):
+            g = count_tokens.__globals__  # the grader's module, if the callback was defined there
+            answers = g.get("ref") or g["__builtins__"].__import__(
+                "layer7_app.essentials", fromlist=["fit_history"])
+            return answers.fit_history(messages, count_tokens, context_len, max_tokens)
+    ''')
+
+
+def lab6_last_stop_wins() -> str:
+    return _with(_answer_key("layer6_serving", "safe_length").read_text(), '''
+        def safe_length(text, stops):
+            hold = 0
+            for stop in stops:  # each stop that matches replaces the hold: the last one wins
+                for k in range(min(len(stop) - 1, len(text)), 0, -1):
+                    if text.endswith(stop[:k]):
+                        hold = k
+                        break
+            return len(text) - hold
+    ''')
+
+
+_FIT = '''
+    def fit_history(messages, count_tokens, context_len, max_tokens):
+        {system}
+        rest = list(messages[len(system):])
+        budget = context_len - max_tokens
+        best = None
+        for start in range(len(rest) - 1, -1, -1):
+            if rest[start]["role"] != "user":
+                continue
+            if {cost} > budget:
+                break
+            best = start
+        if best is None:
+            raise ValueError("does not fit")
+        return system + rest[best:]
+'''
+
+
+def lab7_first_system_only() -> str:
+    return _with(_answer_key("layer7_app.essentials", "fit_history").read_text(), _FIT.format(
+        system='system = list(messages[:1]) if messages and messages[0]["role"] == "system" '
+               'else []',
+        cost="count_tokens(system + rest[start:])"))
+
+
+def lab7_summed_counts() -> str:
+    return _with(_answer_key("layer7_app.essentials", "fit_history").read_text(), _FIT.format(
+        system='system = []\n'
+               '        while len(system) < len(messages) and '
+               'messages[len(system)]["role"] == "system":\n'
+               '            system.append(messages[len(system)])',
+        cost="sum(count_tokens([m]) for m in system + rest[start:])"))
+
+
+_ATTENTION = '''
+    def attention_block(q, k, v, q_pos, k_pos, scale=None, causal=True):
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+        s = q.float() @ k.float().transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+        if causal:
+            s = s.masked_fill(k_pos.view(1, -1) > q_pos.view(-1, 1), float("-inf"))
+        {softmax}
+        return torch.where(z > 0, e / z.clamp_min(1e-30), 0.0) @ v.float(), lse
+'''
+_MERGE = '''
+    def merge_partial(out, lse, block_out, block_lse):
+        {merge}
+        a = torch.exp(lse - new).nan_to_num(0.0).unsqueeze(-1)
+        b = torch.exp(block_lse - new).nan_to_num(0.0).unsqueeze(-1)
+        return a * out + b * block_out, new
+'''
+
+
+def lab5_no_max_subtracted() -> str:
+    return _with(_starter(5), _ATTENTION.format(softmax=(
+        "e = torch.exp(s)  # no max subtracted: exp overflows for scores above ~88\n"
+        "        z = e.sum(-1, keepdim=True)\n"
+        "        lse = torch.log(z).squeeze(-1)")), _MERGE.format(merge=(
+            "new = torch.log(torch.exp(lse) + torch.exp(block_lse))  # no max either")))
+
+
+def lab1_unrounded_residual() -> str:
+    """Lab 1's RMSNorm as the reference writes it, but normalising the fp32 sum x + r where
+    the residual stream h it returns (and the next layer reads) is that sum rounded to fp16."""
+    return _with(_starter(1), '''
+        @triton.jit
+        def _planted_rms_kernel(x_ptr, r_ptr, w_ptr, y_ptr, h_ptr, n, eps,
+                                HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+            row = tl.program_id(0)
+            cols = tl.arange(0, BLOCK)
+            mask = cols < n
+            x = tl.load(x_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+            if HAS_RES:
+                x += tl.load(r_ptr + row * n + cols, mask=mask, other=0.0).to(tl.float32)
+                tl.store(h_ptr + row * n + cols, x.to(h_ptr.dtype.element_ty), mask=mask)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n + eps)
+            w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+            tl.store(y_ptr + row * n + cols, (x * rstd * w).to(y_ptr.dtype.element_ty),
+                     mask=mask)
+    ''', '''
+        def rms_norm(x, weight, eps=1e-6, residual=None, impl="triton"):
+            shape, n = x.shape, x.shape[-1]
+            x2 = x.reshape(-1, n).contiguous()
+            r2 = residual.reshape(-1, n).contiguous() if residual is not None else x2
+            y, h = torch.empty_like(x2), torch.empty_like(x2)
+            _planted_rms_kernel[(x2.shape[0],)](x2, r2, weight.contiguous(), y, h, n, eps,
+                                                HAS_RES=residual is not None,
+                                                BLOCK=triton.next_power_of_2(n))
+            if residual is None:
+                return y.reshape(shape)
+            return y.reshape(shape), h.reshape(shape)
+    ''')
+
+
+# lab, planted file, the -k selection graded, the tests that must fail ("name?": may fail,
+# as the bug shows on some draws only); every other selected test must pass
+PLANTS = {
+    "lab6_bypasses": (6, lab6_bypasses, None, "all"),
+    "lab7_bypasses": (7, lab7_bypasses, None, "all"),
+    "lab6_last_stop_wins": (6, lab6_last_stop_wins, None,
+                            {"test_safe_length_hand_cases", "test_safe_length_random"}),
+    "lab7_first_system_only": (7, lab7_first_system_only, "fit_history",
+                               {"test_fit_history_hand_cases",
+                                "test_fit_history_random_matches_a_brute_force_oracle",
+                                "test_fit_history_with_the_course_tokenizer?"}),
+    "lab7_summed_counts": (7, lab7_summed_counts, "fit_history",
+                           {"test_fit_history_hand_cases",
+                            "test_fit_history_random_matches_a_brute_force_oracle"}),
+    "lab5_no_max_subtracted": (5, lab5_no_max_subtracted, "attention_block or merge",
+                               {"test_attention_block_without_mask",
+                                "test_attention_block_causal_and_empty_rows",
+                                "test_attention_block_gqa", "test_merge_partial"}),
+    "lab1_unrounded_residual": (1, lab1_unrounded_residual, "rms_norm",
+                                {"test_rms_norm_fused_residual"}),
+}
+
+
+@pytest.fixture(scope="module")
+def planted(request: pytest.FixtureRequest,
+            tmp_path_factory: pytest.TempPathFactory) -> dict[str, GradeReport | Exception]:
+    """Each selected plant's grading (or the exception grade_lab raised)."""
+    names = [item.callspec.params["name"] for item in request.session.items
+             if getattr(item, "originalname", None) == PLANTED_TEST]
+
+    def grade(name: str):
+        lab, source, select, _ = PLANTS[name]
+        path = tmp_path_factory.mktemp(name) / "exercises.py"
+        path.write_text(source())
+        try:
+            return grade_lab(lab, submission=path, select=select)
+        except Exception as exc:  # reported by the test that wanted this grading
+            return exc
+
+    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(AT_ONCE) as pool:
+        _lean_env(mp)
+        return dict(zip(names, pool.map(grade, names), strict=True))
+
+
+PLANTED_TEST = "test_a_planted_submission_loses_exactly_its_points"
+
+
+@pytest.mark.timeout(1200)
+@pytest.mark.parametrize("name", PLANTS)
+def test_a_planted_submission_loses_exactly_its_points(name, planted):
+    report = planted[name]
+    if isinstance(report, Exception):
+        raise report
+    _, _, _, must_fail = PLANTS[name]
+    status = {t.name: t for t in report.tests}
+    assert status, "nothing was graded"
+    failing = set(status) if must_fail == "all" else {n for n in must_fail if n[-1] != "?"}
+    either = {n[:-1] for n in must_fail if n[-1] == "?"}  # may lose, depending on the draw
+    assert failing | either <= set(status), f"not graded: {sorted(failing - set(status))}"
+    kept = [n for n in failing if status[n].status == "passed"]
+    assert not kept, f"{name} kept the points of {kept}: the grader did not catch it"
+    lost = [f"{n}: {status[n].output[:300]}" for n in set(status) - failing - either
+            if status[n].status != "passed"]
+    assert not lost, f"{name} lost points it did not deserve to lose:\n" + "\n".join(lost)
+    if name.endswith("bypasses"):  # each refusal says what happened
+        text = "\n".join(t.output for t in report.tests)
+        assert re.search(r"the grader refuses|KeyError", text), text[:2000]

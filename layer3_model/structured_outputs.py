@@ -14,8 +14,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class StructuredOutputsParams:
     """Exactly one of: json (a JSON schema: dict or its JSON text; stored as compact JSON
-    text, its keys in the order given: the output's properties follow it), json_object=True (any JSON object), regex, choice (a list of strings), grammar
-    (a Lark grammar, llguidance's dialect). `key` names the constraint (the cache key for its
+    text, its keys in the order given: the output's properties follow it), json_object=True
+    (any JSON object), regex, choice (a list of strings), grammar (a Lark grammar,
+    llguidance's dialect). `key` names the constraint (the cache key for its
     compiled grammar)."""
 
     json: str | dict | None = None

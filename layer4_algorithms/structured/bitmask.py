@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import llguidance as llg
-import numpy as np
 import torch
 
 _EXECUTOR: llg.LLExecutor | None = None

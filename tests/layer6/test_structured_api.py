@@ -105,8 +105,9 @@ def test_json_object_and_streamed_json_schema(client):
 
 
 def test_completions_take_vllms_structured_outputs(client):
-    r = client.completions.create(model="course", prompt="HAMLET.\n", max_tokens=24, seed=1,
-                                  extra_body={"structured_outputs": {"regex": r"(Aye|Nay), [a-z]+!"}})
+    r = client.completions.create(
+        model="course", prompt="HAMLET.\n", max_tokens=24, seed=1,
+        extra_body={"structured_outputs": {"regex": r"(Aye|Nay), [a-z]+!"}})
     assert re.fullmatch(r"(Aye|Nay), [a-z]+!", r.choices[0].text)
     r = client.completions.create(model="course", prompt="HAMLET.\n", max_tokens=8,
                                   extra_body={"guided_choice": ["to be", "not to be"]})

@@ -10,8 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from layer7_app.chat import start_chat
-from layer7_app.chat import tools
+from layer7_app.chat import start_chat, tools
 from layer7_app.rag import DocIndex
 
 

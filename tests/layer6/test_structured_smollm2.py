@@ -1,0 +1,75 @@
+"""Structured outputs and tool calls with SmolLM2-135M-Instruct (its ChatML template knows no
+tools: the server's fallback prompt), over HTTP with the official client. Skipped when the
+model cannot be pulled (`stack models pull smollm2`)."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jsonschema
+import openai
+import pytest
+
+import layer6_serving as l6
+
+from ..layer4.schemas import SCHEMAS
+from .test_structured_api import ADD, PARAMS, WEATHER, check_calls
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from layer3_model.models_command import pull
+
+    try:
+        path = pull("smollm2")
+    except (FileNotFoundError, ValueError, OSError) as err:
+        pytest.skip(f"smollm2 could not be pulled: {err}")
+    with l6.start_server({"smollm2": str(path)}, num_blocks=256, max_num_seqs=16) as srv:
+        yield openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0,
+                            timeout=300), srv
+
+
+def test_smollm2_json_schemas_parse_and_validate(smol):
+    _, srv = smol
+    schemas = SCHEMAS[::5]  # 11 of them, at once
+
+    async def one(c, i, schema):
+        r = await c.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "Describe a person."}],
+            max_tokens=96, temperature=0.7, seed=i,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": f"s{i}", "schema": schema, "strict": True}})
+        return r.choices[0]
+
+    async def everything():
+        async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused",
+                                      max_retries=0, timeout=300) as c:
+            return await asyncio.gather(*(one(c, i, s) for i, s in enumerate(schemas)))
+
+    for schema, ch in zip(schemas, asyncio.run(everything()), strict=True):
+        assert ch.finish_reason == "stop", (schema, ch.message.content)
+        jsonschema.validate(json.loads(ch.message.content), schema)
+
+
+def test_smollm2_calls_tools_streamed_and_not(smol):
+    client, _ = smol
+    r = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is 2 plus 3?"}],
+        tools=[WEATHER, ADD], tool_choice="required", parallel_tool_calls=False,
+        max_tokens=64, temperature=0)
+    assert r.choices[0].finish_reason == "tool_calls"
+    check_calls(r.choices[0].message.tool_calls)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        parallel_tool_calls=False, max_tokens=64, temperature=0, stream=True)
+    args, reasons = "", []
+    for chunk in stream:
+        for ch in chunk.choices:
+            reasons.append(ch.finish_reason)
+            for tc in ch.delta.tool_calls or []:
+                args += tc.function.arguments or ""
+    assert reasons[-1] == "tool_calls"
+    jsonschema.validate(json.loads(args), PARAMS["get_weather"])

@@ -108,7 +108,7 @@ def test_phone_layout_no_sideways_scroll_drawer_and_toolbar(browser, chat, shots
         assert page.evaluate(NO_SCROLL_X), width
         # words are not broken letter by letter: a bubble is most of the screen wide
         assert page.eval_on_selector(".message.user .body", "e => e.offsetWidth") > width * 0.5
-        for control in ("#menu", "#model", "#send", "#theme", "#settings-toggle"):
+        for control in ("#menu", "#model", "#send", "#settings-toggle", ".attach"):
             box = page.locator(control).bounding_box()
             assert box and box["x"] >= 0 and box["x"] + box["width"] <= width, (control, width)
     page.set_viewport_size(PHONE)
@@ -316,9 +316,9 @@ def test_every_feature_runs_under_the_csp(browser, chat) -> None:
     page = open_page(browser, chat.url, problems, csp=True, viewport=PHONE)
     page.on("console", lambda msg: problems.append(msg.text)
             if "Content Security Policy" in msg.text else None)
+    page.click("#menu")
     page.click("#theme")
     page.wait_for_selector("html[data-theme='dark']", state="attached")
-    page.click("#menu")
     page.click("#close-drawer")
     page.click("#settings-toggle")
     page.fill("#max-tokens", "6")

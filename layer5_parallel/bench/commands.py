@@ -2,8 +2,8 @@
 
 `run`: the course model generates through the engine at TP=1 (layer 4's engine, this process)
 and at TP=N (gloo ranks on a CPU, NCCL on GPUs); prints whether the greedy tokens agree, what
-each rank holds and the share of the step spent in collectives. `run --pp N`: the same for
-pipeline parallelism, with each stage's busy share against the bubble formula.
+each rank holds and the share of the step spent in collectives. `run --pp N [--tp T]`: the
+same for pipeline parallelism (each stage T ranks), each rank's busy share against the bubble.
 `bench`: what this machine allows: TP=1 vs layer 4 on one workload, TP=N vs TP=1 with the
 planner's prediction beside the measurement, PP=2 vs PP=1 (its overlap against the bubble,
 a timeline PNG), then the other layer-5 benchmarks (training, expert and context parallelism).
@@ -58,7 +58,8 @@ def run(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="stack run --layer 5", description="tensor-parallel generation vs one process"
     )
-    ap.add_argument("--tp", type=int, default=2, help="tensor-parallel size (course model: 2 or 6)")
+    ap.add_argument("--tp", type=int, default=None,
+                    help="tensor-parallel size (course model: 2 or 6; default 2, or 1 with --pp)")
     ap.add_argument(
         "--device", default="auto", help="cpu (gloo ranks) or cuda (NCCL, one GPU per rank)"
     )
@@ -69,12 +70,14 @@ def run(argv: list[str] | None = None) -> int:
         help="collectives: torch.distributed, or layer 2's own ring/tree",
     )
     ap.add_argument("--pp", type=int, default=1,
-                    help="pipeline-parallel size: PP=N vs PP=1 instead of TP (course model: 2..6)")
+                    help="pipeline-parallel size: PP=N vs PP=1 (course model: 2..6); with --tp T "
+                    "each stage is T ranks (TP x PP)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args(argv)
     if args.pp != 1:
         return _run_pp(args)
+    args.tp = 2 if args.tp is None else args.tp
     if args.tp < 2:
         raise ValueError(f"--tp must be >= 2 to compare with TP=1, got {args.tp}")
     device = _device(args.device, args.tp)
@@ -114,10 +117,12 @@ def _run_pp(args: argparse.Namespace) -> int:
     """`stack run --layer 5 --pp N`: the pipelined engine vs one process (pp.py)."""
     if args.pp < 2:
         raise ValueError(f"--pp must be >= 2 to compare with PP=1, got {args.pp}")
-    device = _device(args.device, args.pp)
-    console.print(f"[dim]course model (fp32) on {device}: PP=1 in this process vs PP={args.pp} "
-                  f"({'NCCL' if device.startswith('cuda') else 'gloo'} stages)[/]")
-    r = bench_pp(args.pp, device, num_prompts=args.prompts, max_tokens=args.max_tokens)
+    tp = args.tp or 1
+    device = _device(args.device, args.pp * tp)
+    what = f"PP={args.pp}" + (f" x TP={tp}" if tp > 1 else "")
+    console.print(f"[dim]course model (fp32) on {device}: PP=1 in this process vs {what} "
+                  f"({'NCCL' if device.startswith('cuda') else 'gloo'} ranks)[/]")
+    r = bench_pp(args.pp, device, num_prompts=args.prompts, max_tokens=args.max_tokens, tp=tp)
     console.print(format_pp(r))
     console.print(_memory_table(r["memory"]))
     return 0

@@ -52,9 +52,10 @@ def overlap_s(lanes: list[list[tuple]]) -> float:
 
 def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None = None,
              num_prompts: int = 16, max_tokens: int = 32, num_blocks: int = 512,
-             timeline: str | Path | None = None) -> dict:
-    """PP=1 vs PP=stages on num_prompts random prompts of 16..64 tokens (warmed up once).
-    timeline: a PNG path for the last three pipelined forwards, one lane per stage."""
+             timeline: str | Path | None = None, tp: int = 1) -> dict:
+    """PP=1 vs PP=stages (each stage over `tp` tensor-parallel ranks) on num_prompts random
+    prompts of 16..64 tokens (warmed up once). timeline: a PNG path for the last three
+    pipelined forwards, one lane per rank."""
     model, name = _model(device)
     check_pp_size(model.config, stages)
     prompts = workload(num_prompts, model.config.vocab_size, 16, 64)
@@ -63,12 +64,13 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
     _run(ref, prompts[:2], 2)
     pp1_tok_s, ref_tokens, pp1_step = _run(ref, prompts, max_tokens)
     saved = torch.get_num_threads()
-    torch.set_num_threads(max(1, saved // stages))  # one process with one stage's share
+    torch.set_num_threads(max(1, saved // (stages * tp)))  # one process with one rank's share
     try:
         pp1_share_tok_s = _run(ref, prompts, max_tokens)[0]
     finally:
         torch.set_num_threads(saved)
-    with LLM(model, pipeline_parallel_size=stages, pp_micro_batches=micro_batches, **kw) as llm:
+    with LLM(model, pipeline_parallel_size=stages, tensor_parallel_size=tp,
+             pp_micro_batches=micro_batches, **kw) as llm:
         net = llm.runner.net
         _run(llm, prompts[:2], 2)
         net.stage_busy()  # drop the warm-up's figures
@@ -82,11 +84,13 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
     lanes = [r["events"] for r in rows]
     if timeline is not None:
         t0 = rows[0]["spans"][-min(3, len(rows[0]["spans"]))][0]
+        title = f"PP={stages}" + (f" x TP={tp}" if tp > 1 else "")
         plot_timeline([[e for e in lane if e[2] >= t0] for lane in lanes], timeline,
-                      f"PP={stages}, last 3 decode steps ({m:.0f} micro-batches each)",
-                      [f"stage {s}" for s in range(stages)])
+                      f"{title}, last 3 decode steps ({m:.0f} micro-batches each)",
+                      [f"stage {r['stage']}" + (f" rank {r['rank']}" if tp > 1 else "")
+                       for r in rows])
     return {
-        "model": name, "device": device, "stages": stages, "prompts": num_prompts,
+        "model": name, "device": device, "stages": stages, "tp": tp, "prompts": num_prompts,
         "max_tokens": max_tokens, "threads_per_stage": threads,
         "pp1_threads": saved, "pp1_tok_s": pp1_tok_s, "pp1_share_tok_s": pp1_share_tok_s,
         "pp_tok_s": pp_tok_s, "speedup": pp_tok_s / max(pp1_tok_s, pp1_share_tok_s),
@@ -97,18 +101,21 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
         "idle_per_stage": idle, "idle_measured": sum(idle) / len(idle),
         "idle_formula": (stages - 1) / (m + stages - 1), "memory": memory,
         "parallelism": sum(r["busy_s"] for r in rows) / wall,
-        "parallelism_formula": stages * m / (m + stages - 1),
+        "parallelism_formula": tp * stages * m / (m + stages - 1),  # ranks busy at once
         "together_share": overlap_s(lanes) / sum(e - s for s, e in rows[0]["spans"]),
     }
 
 
 def format_pp(r: dict) -> str:
-    busy = ", ".join(f"stage {s} {b:.2f} ms ({1 - i:.0%})" for s, (b, i) in
-                     enumerate(zip(r["busy_ms_per_forward"], r["idle_per_stage"], strict=True)))
+    tp = r.get("tp", 1)
+    busy = ", ".join(f"{'rank' if tp > 1 else 'stage'} {s} {b:.2f} ms ({1 - i:.0%})"
+                     for s, (b, i) in enumerate(zip(r["busy_ms_per_forward"],
+                                                    r["idle_per_stage"], strict=True)))
     return (f"{r['model']} on {r['device']}, {r['prompts']} prompts x {r['max_tokens']} greedy "
             f"tokens, {r['threads_per_stage']} thread(s) per stage\n"
             f"tokens/s: PP=1 {r['pp1_tok_s']:,.0f} ({r['pp1_threads']} threads; "
-            f"{r['pp1_share_tok_s']:,.0f} with one stage's threads), PP={r['stages']} "
+            f"{r['pp1_share_tok_s']:,.0f} with one rank's threads), PP={r['stages']}"
+            f"{f' x TP={tp}' if tp > 1 else ''} "
             f"{r['pp_tok_s']:,.0f} (x{r['speedup']:.2f} the better PP=1); same greedy tokens: "
             f"{r['same_tokens']}\n"
             f"pipelined forward {r['forward_ms']:.2f} ms (engine step {r['pp_step_ms']:.2f} ms, "

@@ -147,7 +147,12 @@ class TPComm:
         if self.check:
             self._agree("all_gather", x)
         out = x.new_empty((self.world, *x.shape))
-        if self.pg is None:
+        if x.is_cuda:  # straight into one buffer: no per-rank copies (and capturable)
+            if self.pg is None:
+                dist.all_gather_into_tensor(out, x)
+            else:
+                self.pg._allgather_base(out, x).wait()  # noqa: SLF001 - all_gather_into_tensor
+        elif self.pg is None:
             dist.all_gather(list(out.unbind(0)), x)
         else:
             self.pg.allgather([list(out.unbind(0))], [x]).wait()

@@ -24,6 +24,7 @@ group (`init()`, env://): an engine on it takes that group, one such engine per 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from datetime import timedelta
 
@@ -35,6 +36,16 @@ import layer4_algorithms as engine
 COMM_BACKENDS = ("torch", "ours")
 _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int64: 3,
                 torch.int32: 4, torch.float64: 5}
+
+
+ABORT_S = 10.0  # the longest close() waits for an NCCL communicator's abort
+
+
+def _abort(pg) -> None:
+    try:
+        pg.abort()
+    except RuntimeError:
+        pass
 
 
 def new_group(backend: str, rank: int, world: int, port: int, timeout_s: float,
@@ -95,10 +106,10 @@ class TPComm:
         """Drop this group (NCCL: abort its communicator); collectives fail afterwards."""
         pg, self.closed = self.pg, True
         if pg is not None and hasattr(pg, "abort") and not isinstance(pg, dist.ProcessGroupGloo):
-            try:
-                pg.abort()
-            except RuntimeError:
-                pass
+            # bounded: an abort waiting on a stuck device must not hang the engine's close
+            done = threading.Thread(target=_abort, args=(pg,), daemon=True, name="nccl-abort")
+            done.start()
+            done.join(ABORT_S)
 
     def _count(self, x: torch.Tensor) -> None:
         self.calls += 1

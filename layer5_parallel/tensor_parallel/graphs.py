@@ -66,6 +66,22 @@ class TPGraphRunner(engine.CudaGraphRunner):
             self.block_tables[:B] = rows[:, 3:]
         super()._step(B)
 
+    def _capture(self, warmup: int) -> None:
+        """Layer 4's capture, after one warm-up pass of every bucket on every rank whose end
+        rank 0 waits for with a bound: a worker that fails before or inside its first
+        collectives is then named (its error, via the group) instead of leaving rank 0
+        blocked in the capture's device synchronize."""
+        with torch.no_grad():
+            for B in self.buckets:
+                self._step(B)
+        event = torch.cuda.Event()
+        event.record()
+        if self.group is not None:
+            wait_event(self.group, event, "warming up the decode CUDA graphs")
+        else:
+            event.synchronize()
+        super()._capture(warmup)
+
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)
 

@@ -57,6 +57,25 @@ class HostClock:
         llm._complete = timed
 
 
+def random_weights(config, *, backend: str, device: str, seed: int = 0,
+                   std: float = 0.02) -> torch.nn.Module:
+    """Layer 3's network of `config`'s shape with N(0, std) bf16 weights drawn on the GPU
+    (layer 3's random_model draws them on the CPU in fp32: minutes for the 8B shape)."""
+    with torch.device("meta"):
+        net = l3.LlamaModel(config, backend=backend)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, t in net.state_dict().items():
+        w = torch.empty(t.shape, dtype=torch.bfloat16, device=device)
+        state[name] = w.fill_(1.0) if name.endswith("norm.weight") else \
+            w.normal_(0.0, std, generator=gen)
+    net.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        net.lm_head.weight = net.embed.weight
+    net.init_rope(torch.device(device))
+    return net.eval()
+
+
 def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
     params = l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -99,7 +118,7 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
 def bench_shape(name: str, tps: list[int], *, repeats: int = 2, backend: str = "triton",
                 workloads=WORKLOADS, tp_backend: str = "torch") -> list[dict]:
     config = l3.ModelConfig.from_dict(SHAPES[name])
-    net = l3.random_model(config, backend=backend, dtype=torch.bfloat16, device="cuda:0", seed=0)
+    net = random_weights(config, backend=backend, device="cuda:0")
     model = l3.Model(net)
     g = torch.Generator().manual_seed(0)
     big = max(b for b, _ in workloads)

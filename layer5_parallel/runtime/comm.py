@@ -7,9 +7,12 @@ A tensor-parallel forward uses three collectives, always over every rank of the 
 
 Backends:
 - "torch": torch.distributed's own collectives (NCCL on GPUs, gloo on CPUs). The fast path.
-- "ours": layer 2's collectives built from send/recv (`ring_all_reduce`, `ring_all_gather`,
-  `broadcast_tree`). Each swaps a header with its peers first, so ranks that disagree on a
-  tensor's size get a ValueError naming both instead of garbage or a hang.
+- "ours": layer 2's collectives. On CPUs the ones built from send/recv (`ring_all_reduce`,
+  `ring_all_gather`, `broadcast_tree`); each swaps a header with its peers first, so ranks
+  that disagree on a tensor's size get a ValueError naming both instead of garbage or a hang.
+  On GPUs layer 2's `PeerAllReduce` (one-shot / two-shot kernels over NVLink peer memory,
+  capturable in CUDA graphs; NCCL above its max_bytes) does the all-reduces and the
+  all-gather, and NCCL the step's broadcast.
 `check=True` gives the torch backend the same guard: before each collective every rank
 all-gathers (numel, dtype) and raises ValueError on a mismatch (one more small collective).
 
@@ -100,11 +103,15 @@ class TPComm:
         # time itself on gloo, which is synchronous; under NCCL only the time to queue them),
         # in total and per collective
         self.calls, self.bytes, self.seconds = 0, 0, 0.0
+        self.peer = None  # "ours" on CUDA: layer 2's PeerAllReduce, made at the first call
         self.seconds_by = {"all_reduce": 0.0, "all_gather": 0.0, "broadcast": 0.0}
 
     def close(self) -> None:
         """Drop this group (NCCL: abort its communicator); collectives fail afterwards."""
         pg, self.closed = self.pg, True
+        if self.peer is not None:
+            self.peer.close()
+            self.peer = None
         if pg is not None and hasattr(pg, "abort") and not isinstance(pg, dist.ProcessGroupGloo):
             # bounded: an abort waiting on a stuck device must not hang the engine's close
             done = threading.Thread(target=_abort, args=(pg,), daemon=True, name="nccl-abort")
@@ -136,9 +143,19 @@ class TPComm:
             raise ValueError(f"{what}: ranks passed different tensors ({detail}); every rank of a "
                              "tensor-parallel group must run the same step on the same shapes")
 
+    def _peer_for(self, x: torch.Tensor):
+        """Layer 2's PeerAllReduce over the default group (collective: every rank makes it at
+        its first CUDA collective, the same call on every rank)."""
+        if self.peer is None:
+            self.peer = engine.comm.PeerAllReduce(None, device=x.device)
+        return self.peer
+
     def _all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         """Sum x over the ranks, in place; returns x."""
         self._count(x)
+        if self.backend == "ours" and x.is_cuda:
+            peer = self._peer_for(x)
+            return peer(x, out=x) if x.is_contiguous() else x.copy_(peer(x))
         if self.backend == "ours":
             return engine.comm.ring_all_reduce(x)
         if self.check:
@@ -153,6 +170,8 @@ class TPComm:
         """x (n, ...) on every rank -> (world, n, ...), rank r's x at [r]."""
         self._count(x)
         x = x.contiguous()
+        if self.backend == "ours" and x.is_cuda:
+            return self._peer_for(x).all_gather(x).view(self.world, *x.shape)
         if self.backend == "ours":
             return engine.comm.ring_all_gather(x).view(self.world, *x.shape)
         if self.check:
@@ -172,6 +191,9 @@ class TPComm:
     def _broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         self._count(x)
+        if self.backend == "ours" and x.is_cuda:  # NCCL over the default group: capturable
+            dist.broadcast(x, 0)
+            return x
         if self.backend == "ours":
             return engine.comm.broadcast_tree(x, 0)
         if self.check:

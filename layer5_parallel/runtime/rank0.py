@@ -76,10 +76,10 @@ class RankZeroRunner(engine.ModelRunner):
     group = None
 
     def sample(self, logits, params, generators) -> list[int]:
-        if not len(params):
-            return []
+        if not len(params) or self.group is None:
+            return super().sample(logits, params, generators)
         tokens = self.sample_tokens(logits, params, generators)
-        if tokens.is_cuda and self.group is not None:
+        if tokens.is_cuda:
             event = torch.cuda.Event()
             event.record()
             wait_event(self.group, event, "sampling")

@@ -5,7 +5,7 @@
 Builds the course model's engine at tensor_parallel_size=WORLD_SIZE with
 distributed_executor_backend="external_launcher", generates greedily, and rank 0 writes the
 tokens (and every rank's "returned" line) to OUT.json. --absent-rank R: rank R never builds
-the engine (it sleeps past the timeout and exits), to show rank 0's error.
+the engine (it sleeps until the test stops it), to show rank 0's error.
 LLM_STACK_LAUNCH_DEVICE=cuda: one GPU per rank (NCCL), CUDA graphs on.
 """
 from __future__ import annotations
@@ -25,8 +25,9 @@ def main() -> int:
     out, rank = sys.argv[1], int(os.environ["RANK"])
     absent = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--absent-rank" else None
     if rank == absent:
-        time.sleep(TIMEOUT_S + 5)
+        time.sleep(10 * TIMEOUT_S)  # the test stops it once rank 0 has reported
         return 0
+    start = time.monotonic()
     try:
         device = os.environ.get("LLM_STACK_LAUNCH_DEVICE", "cpu")
         llm = l5.LLM(l5.course_model_dir("target"), dtype="float32",
@@ -35,8 +36,9 @@ def main() -> int:
                      tp_timeout_s=TIMEOUT_S, distributed_executor_backend="external_launcher")
     except RuntimeError as exc:
         if rank == 0:
-            with open(out, "w") as f:
-                json.dump({"error": str(exc)}, f)
+            with open(out + ".tmp", "w") as f:
+                json.dump({"error": str(exc), "waited_s": time.monotonic() - start}, f)
+            os.replace(out + ".tmp", out)
         print(f"rank {rank}: {exc}", file=sys.stderr)
         return 1
     params = l5.SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -1,8 +1,15 @@
-"""Lab 6's exercises at teaching size: what a stream may show, how it is framed, and one
-admission step of a token-budget scheduler. The server decides the same things with bigger
-parts (layer 3's FinishRule, api/sse.py and layer 4's scheduler, which admits by seats,
-token budget and priority); these are the answer key the lab's grader compares a student's
-code with.
+"""Lab 6's exercises at teaching size, the answer key the lab's grader compares a student's
+code with. Each is a simplified twin of a part the server runs; what it leaves out, and
+where the real one is:
+
+- `safe_length`: the hold-back rule on a whole string. The real one is layer 3's
+  `FinishRule` (incremental, token by token, with half UTF-8 characters held back too).
+- `sse_frames`: OpenAI's SSE framing over a plain iterable of dicts. The real one is
+  `api/sse.py`'s `events` (async, over a request's stream, chunks rendered by `api/render.py`,
+  the request aborted when the client leaves).
+- `admit`: one admission step over plain records. The real one is layer 4's
+  `Scheduler._admit` (sequences with KV blocks: free blocks and prefix-cache hits decide too,
+  and preemption, and the static baseline policy).
 """
 from __future__ import annotations
 

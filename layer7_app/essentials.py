@@ -1,7 +1,14 @@
-"""Lab 7's exercises at teaching size: the prefix-aware routing choice and fitting a long
-chat history into the context window. The router does the first with bigger parts
-(router/policies.py); these are the answer key the lab's grader compares a student's code
-with.
+"""Lab 7's exercises at teaching size, the answer key the lab's grader compares a student's
+code with. Each is a simplified twin of a part the app runs; what it leaves out, and where
+the real one is:
+
+- `prefix_key`, `choose_replica`: the prefix-aware routing choice over a message list and a
+  dict of loads. The real one is `router/policies.py` (`prefix_key` of a whole request body,
+  prompts included; `PrefixAware.choose` over replica objects, ties broken by how often each
+  was picked).
+- `fit_history`: dropping the oldest turns with a real token count. The real one is
+  `chat/prompt.py`'s `fit_history` (the app has no tokenizer: it estimates tokens from
+  characters, and keeps the last message even alone).
 """
 from __future__ import annotations
 

@@ -33,6 +33,7 @@ from layer3_model import (
     ContiguousKVCache,
     FinishRule,
     Generation,
+    GenerationStats,
     Model,
     SamplingParams,
     make_generator,
@@ -45,21 +46,18 @@ from .sampling import accept_proposals, verify_input_ids, verify_logits
 
 
 @dataclass
-class SpecStats:
-    """Counts and seconds of the last generate() call. A "round" is one verify pass for one
-    sequence; `steps` counts batch-wide verify passes."""
+class SpecStats(GenerationStats):
+    """Counts and seconds of the last generate() call: layer 3's GenerationStats (sequences,
+    tokens, prefill and decode seconds, decode tokens/s counted as layer 3 counts them) and
+    speculation's own. A "round" is one verify pass for one sequence; `steps` counts
+    batch-wide verify passes."""
 
-    sequences: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
     steps: int = 0
     rounds: int = 0
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0  # tokens appended by verify rounds (after a sequence's end: not counted)
     draft_steps: int = 0
-    prefill_s: float = 0.0
-    decode_s: float = 0.0
     propose_s: float = 0.0
     verify_s: float = 0.0
 
@@ -78,13 +76,6 @@ class SpecStats:
         """Tokens emitted per sequence per verify pass (1..k+1): the speed-up if proposing
         were free."""
         return self.emitted / self.rounds if self.rounds else 0.0
-
-    @property
-    def decode_tokens_per_s(self) -> float:
-        """Tokens after the first (which prefill makes) per decode second, as layer 3 counts
-        them."""
-        return max(self.generated_tokens - self.sequences,
-                   0) / self.decode_s if self.decode_s else 0.0
 
     def as_dict(self) -> dict:
         props = ("acceptance_rate", "mean_accepted_per_round", "mean_tokens_per_round",

@@ -269,8 +269,12 @@ class ToolStream:
                 self._args(args[:-1] if args.endswith("}") else args, out)
                 self.buf, self.in_call = self.buf[j + len(CLOSE):], False
                 continue
-            if final:
-                self._args(self.buf, out)
+            if final:  # cut before </tool_call> (max_tokens): drop a complete call's "}"
+                rest = self.buf.rstrip()
+                whole = self.calls[-1]["function"]["arguments"] + rest
+                if whole.endswith("}") and _is_json(whole[:-1]) and not _is_json(whole):
+                    rest = rest[:-1]
+                self._args(rest, out)
                 self.buf = ""
                 break
             safe = max(0, len(self.buf) - HOLD)
@@ -293,6 +297,14 @@ class ToolStream:
             return
         self._header(str(name), out)
         self._args(args if isinstance(args, str) else json.dumps(args), out)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _prefix_overlap(text: str, token: str) -> int:

@@ -129,7 +129,8 @@ async def stream_reply(store: Store, upstream: Upstream, index: DocIndex | None,
                 yield _event("tool_call", call=c)
                 yield _event("tool_result", id=c["id"], name=c["function"]["name"], content=r)
             body = tools.follow_up(body, said, calls, results,
-                                   last=round_ == tools.MAX_ROUNDS - 1)
+                                   last=round_ == tools.MAX_ROUNDS - 1,
+                                   room=tools.room_after(req.context_len, result.usage, results))
             pieces, result = [], StreamResult()
             async with aclosing(upstream.stream(path, body, result)) as pieces_in:
                 async for text in pieces_in:

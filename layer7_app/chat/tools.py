@@ -29,11 +29,16 @@ MAX_ROUNDS = 2  # tool rounds per reply before the model must answer in text
 MAX_EXPR = 200  # characters of a calculator expression
 MAX_RESULT = 600  # characters of a tool's result fed back (a small model's context is short)
 
+# numbers and operators, as the model may write them: the grammar keeps even a tiny model's
+# expression computable (the calculator itself also takes parentheses and math functions)
+NUMBER = r"-?[0-9]{1,6}(\.[0-9]{1,4})?"
+ARITHMETIC = rf"^{NUMBER}( ?(\*\*|[-+*/%]) ?{NUMBER}){{0,4}}$"
+
 TOOLS: dict[str, dict[str, Any]] = {
     "calculator": {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate arithmetic, e.g. 2*(3+4)",
+        "name": "calculator", "description": "Arithmetic on numbers, e.g. 6 * 7 + 1",
         "parameters": {"type": "object", "properties": {
-            "expression": {"type": "string", "maxLength": 40}},
+            "expression": {"type": "string", "pattern": ARITHMETIC}},
             "required": ["expression"], "additionalProperties": False}}},
     "search_documents": {"type": "function", "function": {
         "name": "search_documents", "description": "Search my documents",
@@ -128,13 +133,27 @@ def definitions(names: list[str] | tuple[str, ...]) -> list[dict[str, Any]]:
 
 
 def follow_up(body: dict[str, Any], text: str, calls: list[dict], results: list[str],
-              last: bool) -> dict[str, Any]:
-    """The next request: the model's calls and their results appended to its messages."""
+              last: bool, room: int | None = None) -> dict[str, Any]:
+    """The next request: the model's calls and their results appended to its messages;
+    room: the tokens the context still has after them (max_tokens is cut to fit)."""
     turns = [{"role": "assistant", "content": text, "tool_calls": calls}]
     turns += [{"role": "tool", "tool_call_id": c["id"], "content": r}
               for c, r in zip(calls, results, strict=True)]
-    return {**body, "messages": body["messages"] + turns,
-            "tool_choice": "none" if last else "auto"}
+    out = {**body, "messages": body["messages"] + turns,
+           "tool_choice": "none" if last else "auto"}
+    if room is not None and "max_tokens" in body:
+        out["max_tokens"] = max(1, min(body["max_tokens"], room))
+    return out
+
+
+def room_after(context_len: int | None, usage: dict[str, Any], results: list[str]) -> int | None:
+    """Tokens left for the next answer: the context less the last request's prompt and
+    answer (usage) and the results (two characters a token, and a margin for the template);
+    None when the context or the usage is unknown."""
+    used = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+    if not context_len or not used:
+        return None
+    return context_len - used - sum(len(r) for r in results) // 2 - 32
 
 
 def expand_history(messages: list[Any]) -> list[dict[str, Any]]:

@@ -283,6 +283,9 @@ def test_tool_stream_gives_the_same_calls_however_the_text_is_cut(step):
     args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", [])
                    if tc["index"] == 0)
     assert args == '{"a": 1, "b": 2}'
+    cut = tools.ToolStream()  # max_tokens ended it after the object, before </tool_call>
+    cut.feed('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}', final=True)
+    assert cut.calls[0]["function"]["arguments"] == '{"a": 1, "b": 2}'
     plain = tools.ToolStream()
     assert "".join(d["content"] for d in plain.feed("no call <tool here ", True)) == \
         "no call <tool here "

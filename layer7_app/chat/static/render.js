@@ -103,7 +103,7 @@ function toolCalls(meta) {
     const call = el("code", null, `${c.function.name}(${c.function.arguments})`);
     const found = results.find((r) => r.id === c.id);
     const result = el("code", "tool-result", found ? `→ ${found.content}` : "…");
-    item.append("🔧 ", call, " ", result);
+    item.append("▸ ", call, " ", result);
     box.appendChild(item);
   });
   return box;

@@ -160,6 +160,6 @@ def serve_main(argv: list[str]) -> int:
     print(f"serving {', '.join(handle.engines)} on {handle.url}/v1 (Ctrl-C stops)")
     run_until_interrupted(handle)
     if handle.fatal:
-        print(f"error: {handle.fatal}")
+        print(f"error: {handle.fatal}", file=sys.stderr)
         return 1
     return 0

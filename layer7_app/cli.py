@@ -40,7 +40,7 @@ LAYER_GROUP = "llm_stack.layers"
 PASS_THROUGH = {"allow_extra_args": True, "ignore_unknown_options": True}
 HELP_FLAGS = ("--help", "-h")
 
-SERVING = ("serve", "chat", "route")
+SERVING = ("serve", "chat", "route")  # commands that leave through os._exit (see above)
 
 
 def _click_error(name: str) -> type[Exception]:
@@ -50,7 +50,7 @@ def _click_error(name: str) -> type[Exception]:
 
 UsageError, ClickException = _click_error("UsageError"), _click_error("ClickException")
 NoArgsIsHelpError: type[Exception] = getattr(sys.modules[UsageError.__module__],
-                                             "NoArgsIsHelpError", type("NoArgsIsHelp", (), {}))  # commands that leave through os._exit (see above)
+                                             "NoArgsIsHelpError", type("NoArgsIsHelp", (), {}))
 
 
 def _argparse_error(self: argparse.ArgumentParser, message: str) -> NoReturn:

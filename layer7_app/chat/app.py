@@ -27,12 +27,12 @@ from pydantic import AfterValidator, BaseModel, Field
 
 from ..rag import DocIndex
 from ..store import TOKEN, Store
+from . import tools as tool_defs
 from .attachments import Attachments
 from .branches import branch_points, fork
 from .extra_routes import add_extra_routes
 from .guard import ChatGuard
 from .prompt import Play
-from . import tools as tool_defs
 from .reply import ReplyRequest, stream_reply
 from .upstream import Upstream, UpstreamError
 

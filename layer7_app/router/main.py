@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import layer6_serving as l6
 
@@ -65,7 +66,7 @@ def route_main(argv: list[str]) -> int:
                               load_bound=args.load_bound, autoscaler=autoscaler,
                               health_interval=args.health_interval)
     except (ValueError, OSError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     n = len(handle.replicas.replicas)
     print(f"routing ({args.policy}) over {n} replica(s) on {handle.url}/v1 (Ctrl-C stops)")

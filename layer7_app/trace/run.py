@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,7 +125,7 @@ def trace_main(argv: list[str]) -> int:
                                max_tokens=args.max_tokens, router=not args.no_router,
                                out=args.out)
     except (ValueError, FileNotFoundError) as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return 2
     print_table(result)
     print(f"wrote {result.path} (open it at https://ui.perfetto.dev or chrome://tracing)")

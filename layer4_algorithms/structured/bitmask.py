@@ -18,18 +18,23 @@ tokens: masking a logit to -inf is exactly renormalising the distribution over t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import llguidance as llg
 import torch
 
-_EXECUTOR: llg.LLExecutor | None = None
+if TYPE_CHECKING:
+    import llguidance
+
+_EXECUTOR: llguidance.LLExecutor | None = None
 
 
-def executor() -> llg.LLExecutor:
-    """llguidance's thread pool for a batch's masks (made once)."""
+def executor() -> llguidance.LLExecutor:
+    """llguidance's thread pool for a batch's masks (made once, on first use)."""
     global _EXECUTOR
     if _EXECUTOR is None:
-        _EXECUTOR = llg.LLExecutor()
+        from .grammar import llg
+
+        _EXECUTOR = llg().LLExecutor()
     return _EXECUTOR
 
 

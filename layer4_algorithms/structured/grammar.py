@@ -23,12 +23,26 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
-
-import llguidance as llg
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import layer3_model as l3
 
 from .state import GrammarState
+
+if TYPE_CHECKING:
+    import llguidance
+
+
+def llg() -> ModuleType:
+    """llguidance, imported on first use: the engine (and every layer above it) imports
+    without it; only a constrained request needs it (ImportError says how to get it)."""
+    try:
+        import llguidance
+    except ImportError as e:
+        raise ImportError("structured outputs need the llguidance package: "
+                          "pip install llguidance") from e
+    return llguidance
 
 # compact JSON; `lenient` off: a keyword llguidance cannot enforce is an error, not ignored
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -38,18 +52,19 @@ def to_grammar(spec: l3.StructuredOutputsParams) -> str:
     """The llguidance grammar (its JSON text) for a constraint. Does not check it (`check`)."""
     kind = spec.kind
     if kind == "json":
-        return llg.LLMatcher.grammar_from_json_schema(spec.json, defaults=JSON_OPTIONS)
+        return llg().LLMatcher.grammar_from_json_schema(spec.json, defaults=JSON_OPTIONS)
     if kind == "json_object":
-        return llg.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
+        return llg().LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
     if kind == "regex":
-        return llg.LLMatcher.grammar_from_regex(spec.regex)
+        return llg().LLMatcher.grammar_from_regex(spec.regex)
     if kind == "choice":
-        return llg.LLMatcher.grammar_from_lark(
+        return llg().LLMatcher.grammar_from_lark(
             "start: " + " | ".join(json.dumps(c) for c in spec.choice))
-    return llg.LLMatcher.grammar_from_lark(spec.grammar)
+    return llg().LLMatcher.grammar_from_lark(spec.grammar)
 
 
-def check(spec: l3.StructuredOutputsParams, tokenizer: llg.LLTokenizer | None = None) -> None:
+def check(spec: l3.StructuredOutputsParams,
+          tokenizer: llguidance.LLTokenizer | None = None) -> None:
     """ValueError naming the problem when the constraint cannot be compiled (an unknown JSON
     schema type, a regex that does not parse, a grammar error). No model needed: layer 6 calls
     it before a request reaches the engine."""
@@ -57,7 +72,7 @@ def check(spec: l3.StructuredOutputsParams, tokenizer: llg.LLTokenizer | None = 
         grammar = to_grammar(spec)
     except (ValueError, TypeError) as e:
         raise ValueError(f"invalid {spec.kind} constraint: {e}") from e
-    is_error, messages = llg.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+    is_error, messages = llg().LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
     if is_error:
         raise ValueError(f"invalid {_name(spec)}: {_first_line(messages[0])}")
 
@@ -73,12 +88,12 @@ def _first_line(message: str) -> str:
 
 
 def llg_tokenizer(tokenizer: l3.Tokenizer, vocab_size: int,
-                  eos_token_ids: tuple[int, ...]) -> llg.LLTokenizer:
+                  eos_token_ids: tuple[int, ...]) -> llguidance.LLTokenizer:
     """llguidance's view of the model's vocabulary: the tokenizer.json text, the logits'
     width (a model's embedding may have more rows than the tokenizer has tokens: those ids
     are never allowed) and the ids that end a sequence."""
     eos = list(eos_token_ids) or None
-    return llg.LLTokenizer(tokenizer.tok.to_str(), n_vocab=vocab_size, eos_token=eos)
+    return llg().LLTokenizer(tokenizer.tok.to_str(), n_vocab=vocab_size, eos_token=eos)
 
 
 class GrammarCompiler:
@@ -92,7 +107,7 @@ class GrammarCompiler:
                  eos_token_ids: tuple[int, ...], *, threads: int = 1,
                  cache_size: int = 256) -> None:
         self._source = tokenizer
-        self._tokenizer: llg.LLTokenizer | None = None  # built by the first compile
+        self._tokenizer: llguidance.LLTokenizer | None = None  # built by the first compile
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache_size = cache_size
@@ -103,7 +118,7 @@ class GrammarCompiler:
         self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0}
 
     @property
-    def tokenizer(self) -> llg.LLTokenizer:
+    def tokenizer(self) -> llguidance.LLTokenizer:
         """llguidance's view of the vocabulary (built once, on first use)."""
         with self._lock:
             if self._tokenizer is None:
@@ -145,9 +160,9 @@ class GrammarCompiler:
             check(spec)
         return GrammarState(self.compile(spec), self.eos_token_ids)
 
-    def _build(self, spec: l3.StructuredOutputsParams) -> llg.LLMatcher:
+    def _build(self, spec: l3.StructuredOutputsParams) -> llguidance.LLMatcher:
         t0 = time.perf_counter()
-        matcher = llg.LLMatcher(self.tokenizer, to_grammar(spec), log_level=0)
+        matcher = llg().LLMatcher(self.tokenizer, to_grammar(spec), log_level=0)
         if matcher.is_error():
             raise ValueError(f"invalid {_name(spec)}: {_first_line(matcher.get_error())}")
         with self._lock:

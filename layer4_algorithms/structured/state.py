@@ -18,9 +18,12 @@ sequence instead of letting it run unconstrained.
 from __future__ import annotations
 
 from concurrent.futures import Future
+from typing import TYPE_CHECKING
 
-import llguidance as llg
 import numpy as np
+
+if TYPE_CHECKING:
+    import llguidance
 
 
 class GrammarState:
@@ -29,13 +32,13 @@ class GrammarState:
 
     def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...]) -> None:
         self._compiled = compiled
-        self._matcher: llg.LLMatcher | None = None
+        self._matcher: llguidance.LLMatcher | None = None
         self.eos_token_ids = eos_token_ids
         self.num_accepted = 0
         self.failed: str | None = None  # why the state stopped following the grammar
 
     @property
-    def matcher(self) -> llg.LLMatcher:
+    def matcher(self) -> llguidance.LLMatcher:
         """The sequence's own matcher (a copy of the compiled one; waits for the compile)."""
         if self._matcher is None:
             try:

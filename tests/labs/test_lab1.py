@@ -4,7 +4,9 @@ Graded through the `impl` fixture (tests/labs/conftest.py): the layer1_kernels p
 plain pytest, a student's exercises.py under `stack grade --lab 1`. The Triton kernels run
 compiled on a GPU and through Triton's interpreter on a CPU (small, awkward shapes keep that
 fast: every size is a non-multiple of the usual block sizes). The CUDA kernel is compiled
-by nvcc on any machine that has it (no GPU needed) and run through CuPy on a GPU.
+by nvcc on any machine that has it (no GPU needed) and run through CuPy on a GPU, on sizes
+that are not multiples of its tile; without a GPU (or nvcc) those checks are reported "not
+graded here" and the score is out of what was graded.
 
 How "just call torch" is caught (`graded`, used by every Triton test):
 1. While the graded function runs, a TorchDispatchMode sees every torch operation that
@@ -346,11 +348,23 @@ def test_sgemm_source_compiles_with_shared_memory_tiles(impl, tmp_path):
     assert "ld.shared" in text, "the kernel never reads shared memory"
 
 
+def _guarded(n: int, guard: int, fill: torch.Tensor | None = None) -> torch.Tensor:
+    """A buffer of guard + n + guard float32 NaNs, the middle n set to `fill` (flattened)."""
+    buf = torch.full((guard + n + guard,), float("nan"), device=DEVICE)
+    if fill is not None:
+        buf[guard:guard + n] = fill.reshape(-1)
+    return buf
+
+
 @pytest.mark.points(10)
 @pytest.mark.gpu
 def test_sgemm_runs_on_gpu(impl):
     """The kernel, compiled by CuPy (NVRTC) for this GPU and launched with block (32, 32) and
-    grid (ceil(N / 32), ceil(M / 32)), computes C = A @ B for awkward shapes."""
+    grid (ceil(N / 32), ceil(M / 32)), computes C = A @ B for awkward shapes (no size a
+    multiple of the tile: edge tiles are partial), gives the same bits when run again (a
+    missing __syncthreads races), and touches nothing outside A, B and C: each lies between
+    bands of NaN, so an unguarded load brings NaN into C and an unguarded store shows in
+    C's bands."""
     cupy = pytest.importorskip("cupy", reason="CuPy is needed to run a CUDA C kernel")
     import numpy as np
 
@@ -359,12 +373,24 @@ def test_sgemm_runs_on_gpu(impl):
                             options=(f"-arch=sm_{major}{minor}", "-std=c++17"))
     kernel = module.get_function(KERNEL)
     for m, k, n in [(1, 1, 1), (awkward(33, 200), awkward(33, 200), awkward(33, 200)),
-                    (awkward(200, 600), awkward(17, 90), awkward(100, 300))]:
+                    (awkward(200, 600), awkward(17, 90), awkward(100, 300)),
+                    (awkward(500, 900), awkward(500, 900), awkward(500, 900))]:
         a, b = randn(m, k), randn(k, n)
-        c = torch.full((m, n), float("nan"), device=DEVICE)
-        torch.cuda.synchronize()
-        kernel(((n + TILE - 1) // TILE, (m + TILE - 1) // TILE), (TILE, TILE),
-               (np.int32(m), np.int32(n), np.int32(k), cupy.asarray(a), cupy.asarray(b),
-                cupy.asarray(c)))
-        cupy.cuda.Device().synchronize()
-        assert rel_err(c, a.double() @ b.double()) < 1e-5, f"wrong C for (M, K, N) = {(m, k, n)}"
+        guard = TILE * (max(m, n, k) + TILE)  # past the farthest write of unguarded edge tiles
+        bufs = _guarded(m * k, guard, a), _guarded(k * n, guard, b), _guarded(m * n, guard)
+        args = [cupy.asarray(buf[guard:]) for buf in bufs]
+        grid = ((n + TILE - 1) // TILE, (m + TILE - 1) // TILE)
+        results = []
+        for _ in range(2):
+            torch.cuda.synchronize()
+            kernel(grid, (TILE, TILE), (np.int32(m), np.int32(n), np.int32(k), *args))
+            cupy.cuda.Device().synchronize()
+            results.append(bufs[2][guard:guard + m * n].view(m, n).clone())
+        where = f"(M, K, N) = {(m, k, n)}"
+        assert rel_err(results[0], a.double() @ b.double()) < 1e-5, f"wrong C for {where}"
+        assert torch.equal(results[0], results[1]), (
+            f"two runs gave different C for {where}: threads race (a missing __syncthreads "
+            "between loading a tile and using it, or before overwriting it)")
+        c_buf = bufs[2]
+        assert c_buf[:guard].isnan().all() and c_buf[guard + m * n:].isnan().all(), (
+            f"the kernel wrote outside C for {where}: guard the store (row < M, col < N)")

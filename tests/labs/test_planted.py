@@ -10,6 +10,7 @@ that the grader catches the bug and that the import guard leaves correct code al
   (lab 5), the last matching stop string winning instead of the longest hold (lab 6), only
   messages[0] kept as the system prompt, token counts summed message by message (lab 7),
   and (lab 1, on this machine's Triton) RMSNorm normalising the unrounded fp16 residual sum.
+* Robustness: a lab-5 rank check that hangs fails alone, on its own time budget.
 The gradings run two at a time; each grades only the lab's tests the plant concerns.
 """
 from __future__ import annotations
@@ -155,6 +156,50 @@ def lab5_no_max_subtracted() -> str:
             "new = torch.log(torch.exp(lse) + torch.exp(block_lse))  # no max either")))
 
 
+_TENSOR_PARALLEL = '''
+    class CopyToTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            {backward}
+            grad = grad.contiguous().clone()
+            dist.all_reduce(grad)
+            return grad
+
+
+    class ReduceFromTP(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.clone()
+            dist.all_reduce(y)
+            return y
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad
+
+
+    def column_parallel_linear(x, weight, bias=None):
+        return torch.nn.functional.linear(copy_to_tp_region(x), weight, bias)
+
+
+    def row_parallel_linear(x, weight, bias=None):
+        y = reduce_from_tp_region(torch.nn.functional.linear(x, weight))
+        return y if bias is None else y + bias
+'''
+
+
+def lab5_one_check_hangs() -> str:
+    """Megatron's f and g right, but f's backward spins forever on one shape (the f check's):
+    that check must fail on its time budget, and the four after it still pass."""
+    return _with(_starter(5), _TENSOR_PARALLEL.format(backward=(
+        "while tuple(grad.shape) == (4, 7):  # a hang on one input only\n"
+        "                pass")))
+
+
 def lab1_unrounded_residual() -> str:
     """Lab 1's RMSNorm as the reference writes it, but normalising the fp32 sum x + r where
     the residual stream h it returns (and the next layer reads) is that sum rounded to fp16."""
@@ -206,6 +251,8 @@ PLANTS = {
                                {"test_attention_block_without_mask",
                                 "test_attention_block_causal_and_empty_rows",
                                 "test_attention_block_gqa", "test_merge_partial"}),
+    "lab5_one_check_hangs": (5, lab5_one_check_hangs, "tp_region or parallel_linear or mlp",
+                             {"test_f_copy_to_tp_region"}),
     "lab1_unrounded_residual": (1, lab1_unrounded_residual, "rms_norm",
                                 {"test_rms_norm_fused_residual"}),
 }
@@ -229,6 +276,7 @@ def planted(request: pytest.FixtureRequest,
 
     with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(AT_ONCE) as pool:
         _lean_env(mp)
+        mp.setenv("LLM_STACK_LAB5_CHECK_LIMIT_S", "8")  # the planted hang: 8 s, not 30
         return dict(zip(names, pool.map(grade, names), strict=True))
 
 

@@ -6,12 +6,16 @@ every process ends."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
+import torch
 
 import layer5_parallel as l5
 
@@ -66,3 +70,35 @@ def test_a_rank_that_never_arrives_is_named_within_the_timeout(tmp_path):
     got = json.loads(out.read_text())
     assert "rank(s) [1] of 2 did not reach" in got["error"] and "15 s" in got["error"], got
     assert got["waited_s"] < 15 + 30, got  # the 15 s timeout, plus joining torchrun's store
+
+
+def test_launcher_mistakes_are_named_before_anything_starts(monkeypatch):
+    from layer5_parallel.tensor_parallel.external_launcher import LaunchedGroup
+
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(RuntimeError, match="started by torchrun.*RANK, WORLD_SIZE"):
+        LaunchedGroup(2, "cpu", "torch", False, 5.0)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    with pytest.raises(ValueError, match="started 4 ranks.*tensor_parallel_size=2"):
+        LaunchedGroup(2, "cpu", "torch", False, 5.0)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="local rank 1 on its host, which has 1 GPU"):
+        LaunchedGroup(2, "cuda", "torch", False, 5.0)
+    with pytest.raises(ValueError, match="tp_backend='torch'"):
+        LaunchedGroup(2, "cpu", "ours", False, 5.0)
+
+
+def test_more_ranks_than_gpus_is_refused_before_any_process_starts(monkeypatch):
+    from layer5_parallel.runtime import WorkerGroup
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="size 4 on CUDA needs 4 GPUs.*2 are visible"):
+        WorkerGroup.start(4, ("path", "unused", "torch", None), device=torch.device("cuda"),
+                          build=None)
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("tp-rank")]

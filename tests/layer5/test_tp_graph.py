@@ -1,7 +1,8 @@
 """The tensor-parallel decode-graph path on gloo: the runner every rank replays CUDA graphs
 with on a GPU (tensor_parallel/graphs.py) runs the same static-buffer steps eagerly on a CPU,
-so CI checks that its in-step input broadcast and the shared-memory step messages give TP=1's tokens, and
-that a worker that hangs or dies in such a step fails rank 0 clearly within the timeout.
+so CI checks that its in-step input broadcast and the shared-memory step messages give TP=1's
+tokens, and that a worker that hangs or dies mid-step (a graph step, or an eager one) fails
+rank 0 clearly within the timeout.
 """
 from __future__ import annotations
 
@@ -52,8 +53,8 @@ def test_graph_path_on_gloo_gives_tp1_tokens():
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
 
 
-@pytest.mark.parametrize("fault", ["graph-hang", "graph-die"])
-def test_worker_failing_in_a_graph_step_fails_rank0_within_the_timeout(fault):
+@pytest.mark.parametrize("fault", ["graph-hang", "graph-die", "hang"])  # hang: an eager step
+def test_worker_failing_mid_step_fails_rank0_within_the_timeout(fault):
     llm = l5.LLM(model(), tensor_parallel_size=2, cuda_graph=True, num_blocks=32, block_size=8,
                  max_num_seqs=4, tp_timeout_s=TIMEOUT_S, _tp_faults={1: fault})
     start = time.monotonic()

@@ -1,0 +1,58 @@
+"""Structured outputs on a GPU: the course model in bf16 with CUDA-graph decode steps (the mask
+is applied to the graph's output buffer), beside unconstrained requests, and under draft-model
+speculation. Each output must parse and be accepted, token by token, by a fresh matcher of its
+grammar (the grammars themselves are checked against the schemas with `jsonschema` on the CPU,
+test_structured.py; the GPU machine need not have jsonschema)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import layer3_model as l3
+import layer4_algorithms as l4
+
+from .schemas import SCHEMAS
+
+pytestmark = pytest.mark.gpu
+SO = l4.StructuredOutputsParams
+
+
+@pytest.fixture(scope="module")
+def gpu_model() -> l3.Model:
+    return l3.load(l3.course_model_dir("target"), device="cuda", dtype="bfloat16")
+
+
+def accepted(llm: l4.LLM, spec: SO, token_ids: list[int]) -> bool:
+    state = llm.grammars.state(spec)
+    return all(state.accept(t) for t in token_ids) and state.is_accepting
+
+
+def test_constrained_rows_under_cuda_graphs_beside_free_ones(gpu_model):
+    llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=32, cuda_graph=True)
+    schemas = SCHEMAS[:24]
+    specs = [SO(json=s) for s in schemas]
+    params = [l4.SamplingParams(temperature=0.8, seed=i, max_tokens=96, structured_outputs=sp)
+              for i, sp in enumerate(specs)]
+    params += [l4.SamplingParams(temperature=0, max_tokens=32)] * 8
+    outs = llm.generate(["HAMLET.\n"] * len(params), params)
+    for sp, o in zip(specs, outs, strict=False):
+        c = o.outputs[0]
+        assert c.finish_reason == "eos", (sp.json, c.text)
+        json.loads(c.text)
+        assert accepted(llm, sp, list(c.token_ids)), c.text
+    assert all(len(o.outputs[0].token_ids) == 32 or o.outputs[0].finish_reason != "length"
+               for o in outs[len(specs):])
+
+
+def test_constrained_rows_under_draft_speculation_on_cuda(gpu_model):
+    spec_cfg = dict(method="draft", k=3, draft=str(l3.course_model_dir("draft")))
+    llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=8, speculative=spec_cfg)
+    specs = [SO(json=s) for s in SCHEMAS[10:18]]
+    outs = llm.generate(["ROMEO.\n"] * len(specs),
+                        [l4.SamplingParams(temperature=0, max_tokens=96, structured_outputs=sp)
+                         for sp in specs])
+    assert llm.stats.spec_proposed > 0
+    for sp, o in zip(specs, outs, strict=True):
+        json.loads(o.outputs[0].text)
+        assert accepted(llm, sp, list(o.outputs[0].token_ids)), o.outputs[0].text

@@ -60,10 +60,11 @@ def place(rank: int, tp: int) -> tuple[int, int]:
 
 def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor | None,
               parts: list, cache, last_only: bool, timeout_s: float, events,
-              fault: str | None = None) -> tuple[list, float]:
+              fault: str | None = None, checked: bool = True) -> tuple[list, float]:
     """This rank's share of one step: every micro-batch in, through its layers, out (rank 0
     and the workers alike). Returns the sends still in flight and the seconds computed;
-    appends ("F", i, start, end) per micro-batch to events."""
+    appends ("F", i, start, end) per micro-batch to events. checked: hand-offs carry a
+    checked header (stage.headers_on)."""
     s, t = place(rank, tp)
     hidden = stage.full_config.hidden_size
     sends, busy = [], 0.0
@@ -72,7 +73,7 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
             inp = input_ids[t0:t1]
         else:
             inp = S.recv(pg, (2, t1 - t0, hidden), stage.dtype, rank - tp, i, stage.device,
-                         timeout_s, f"stage {s} receiving")
+                         timeout_s, f"stage {s} receiving", checked=checked)
         start = time.perf_counter()
         out = stage(inp, mctx, cache, last_only)
         end = time.perf_counter()
@@ -81,9 +82,9 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
         if fault == "shape":  # a stage whose output has one row too many
             out = torch.cat((out, out.narrow(-2, 0, 1)), dim=-2)
         if not stage.last:
-            sends += S.send(pg, out, rank + tp, i)
+            sends += S.send(pg, out, rank + tp, i, checked=checked)
         elif t == 0:  # the last stage's shards all hold the logits: one sends them
-            sends += S.send(pg, out, 0, i)
+            sends += S.send(pg, out, 0, i, checked=checked)
     return sends, busy
 
 
@@ -112,13 +113,14 @@ class PPModel(RankZeroModel):
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
                                      ctx.block_tables, cuts, dev)
             pg, timeout = group.comm.pg, group.timeout_s
+            checked = S.headers_on(dev, group.comm.check)
             sends, busy = run_stage(shard, pg, 0, self.tp, input_ids, parts, cache, last_only,
-                                    timeout, self.events)
+                                    timeout, self.events, checked=checked)
             vocab, last, logits = shard.full_config.vocab_size, group.world - self.tp, []
             for i, (t0, t1, mctx, final) in enumerate(parts):
                 rows = mctx.num_seqs if last_only else t1 - t0
                 x = S.recv(pg, (rows, vocab), torch.float32, last, i, dev, timeout,
-                           "rank 0 receiving logits")
+                           "rank 0 receiving logits", checked=checked)
                 # last_only: a sequence cut across micro-batches samples from its last piece
                 logits.append(x if not last_only or len(final) == rows else x[final])
             S.wait_sends(sends, timeout, "rank 0 sending")
@@ -164,7 +166,8 @@ class StageProgram:
         parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, cuts,
                                  me.device)
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,
-                                last_only, me.timeout_s, events, fault)
+                                last_only, me.timeout_s, events, fault,
+                                checked=S.headers_on(me.device, me.comm.check))
         S.wait_sends(sends, me.timeout_s, f"rank {me.rank} sending")
         return busy
 

@@ -12,6 +12,10 @@ back fp32 logits. Every message
 is preceded by a small header (micro-batch, dtype, shape), checked before the payload is
 received: gloo aborts a process that receives more bytes than it posted (and corrupts one
 that receives fewer), so stages that disagree get a ValueError naming both shapes instead.
+On GPUs the header costs a host round trip per micro-batch (a host-to-device copy to send
+it, a device-to-host read to check it, each waiting for the stream's queued work), which
+keeps a stage's host from queueing the next micro-batch ahead: there it is sent only with
+`checked=True` (tp_check), and a mismatch is NCCL's timeout instead.
 """
 from __future__ import annotations
 
@@ -197,17 +201,31 @@ def _p2p(pg, send: bool, t: torch.Tensor, peer: int, tag: int):
     return pg.send([t], peer, tag) if send else pg.recv([t], peer, tag)
 
 
-def send(pg, t: torch.Tensor, dst: int, tag: int) -> list[tuple]:
-    """Post header and payload to `dst`; returns (work, tensor) pairs to wait for later (the
-    tensors stay referenced until then)."""
+def headers_on(device: torch.device, check: bool) -> bool:
+    """Whether hand-offs carry a checked header: always on CPUs (gloo), with tp_check on GPUs."""
+    return check or device.type != "cuda"
+
+
+def send(pg, t: torch.Tensor, dst: int, tag: int, *, checked: bool = True) -> list[tuple]:
+    """Post header (if checked) and payload to `dst`; returns (work, tensor) pairs to wait for
+    later (the tensors stay referenced until then)."""
     t = t.contiguous()
-    head = torch.tensor(_header(tag, t), dtype=torch.int64, device=t.device)
-    return [(_p2p(pg, True, head, dst, HEADER_TAG + tag), head), (_p2p(pg, True, t, dst, tag), t)]
+    sends = [(_p2p(pg, True, t, dst, tag), t)]
+    if checked:
+        head = torch.tensor(_header(tag, t), dtype=torch.int64, device=t.device)
+        sends.insert(0, (_p2p(pg, True, head, dst, HEADER_TAG + tag), head))
+    return sends
 
 
 def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
-         device: torch.device, timeout_s: float, what: str) -> torch.Tensor:
-    """Receive micro-batch `tag` of `shape` from `src` after checking its header."""
+         device: torch.device, timeout_s: float, what: str, *,
+         checked: bool = True) -> torch.Tensor:
+    """Receive micro-batch `tag` of `shape` from `src` (after checking its header if checked)."""
+    if not checked:
+        out = torch.empty(shape, dtype=dtype, device=device)
+        _wait(_p2p(pg, False, out, src, tag), f"{what}: micro-batch {tag} from rank {src}",
+              timeout_s)
+        return out
     want = torch.empty(shape, dtype=dtype, device="meta")
     head = torch.empty(3 + 3, dtype=torch.int64, device=device)
     _wait(_p2p(pg, False, head, src, HEADER_TAG + tag), f"{what}: header from rank {src}",

@@ -13,6 +13,7 @@ import torch
 
 import layer5_parallel as L5
 from layer5_parallel import train_adapter as A
+from layer5_parallel.data_parallel import ddp
 
 # (communication, bucket bytes, average): averaged equal slices, summed uneven ones
 CASES = [("torch", 3000, True), ("ours", 7000, True), ("torch", 1 << 30, True),
@@ -66,7 +67,7 @@ def test_ddp_gradients_equal_single_process(world):
 def test_buckets_follow_backward_order_and_size():
     model = A.build_model(A.tiny_config(layers=2, hidden=32, heads=4, kv_heads=2, vocab=50, ffn=44))
     params = [p for p in model.parameters()][::-1]
-    buckets = L5.data_parallel._make_buckets(params, 4000)
+    buckets = ddp._make_buckets(params, 4000)
     flat = [p for b in buckets for p in b.params]
     assert [id(p) for p in flat] == [id(p) for p in params]  # reverse registration order
     for b in buckets:

@@ -105,10 +105,19 @@ def submission_running(frame: types.FrameType | None = None) -> bool:
     return False
 
 
+def _protected_module(name: str, module: object) -> bool:
+    """Protected by its name, or by its file (a layer's or a lab's, loaded under any name)."""
+    if protected_name(name):
+        return True
+    path = getattr(module, "__file__", None)
+    return (isinstance(path, str) and ("layer" in path or "labs" in path)
+            and protected_file(os.path.realpath(path)))
+
+
 def hide() -> None:
     """Take every protected module out of sys.modules (the grader keeps its references)."""
     state = _state
-    for name in [n for n in sys.modules if protected_name(n)]:
+    for name in [n for n, m in list(sys.modules.items()) if _protected_module(n, m)]:
         module = sys.modules.pop(name, None)
         if module is not None:
             state.hidden[name] = module

@@ -108,7 +108,7 @@ def plan(tools: list | None, tool_choice, parallel: bool | None) -> ToolPlan | N
         raise _bad("tools must have distinct function names", "tools")
     choice, named = tool_choice if tool_choice is not None else "auto", None
     if isinstance(choice, dict):
-        named = (choice.get("function") or {}).get("name")
+        named = _fn(choice).get("name")
         if choice.get("type") != "function" or named not in names:
             raise _bad(f"tool_choice names function {named!r}, which is not in tools "
                        f"({', '.join(names)})", "tool_choice")
@@ -128,8 +128,14 @@ def template_knows_tools(template: str | None) -> bool:
     return bool(template) and "tools" in template
 
 
+def _fn(obj: dict) -> dict:
+    """obj["function"] when it is an object, else {} (a malformed call or choice)."""
+    fn = obj.get("function")
+    return fn if isinstance(fn, dict) else {}
+
+
 def _arguments(call: dict) -> dict | str:
-    args = (call.get("function") or {}).get("arguments", "{}")
+    args = _fn(call).get("arguments", "{}")
     try:
         return json.loads(args) if isinstance(args, str) else args
     except ValueError:
@@ -137,7 +143,7 @@ def _arguments(call: dict) -> dict | str:
 
 
 def _call_text(call: dict) -> str:
-    fn = call.get("function") or {}
+    fn = _fn(call)
     body = {"name": fn.get("name"), "arguments": _arguments(call)}
     return OPEN + json.dumps(body, separators=(",", ":")) + CLOSE
 
@@ -159,8 +165,7 @@ def template_messages(messages: list[dict], plan: ToolPlan | None, knows_tools: 
         calls = m.pop("tool_calls", None) or []
         if knows_tools:
             if calls:  # templates read arguments as an object (transformers' convention)
-                m["tool_calls"] = [dict(c, function=dict(c.get("function") or {},
-                                                         arguments=_arguments(c)))
+                m["tool_calls"] = [dict(c, function=dict(_fn(c), arguments=_arguments(c)))
                                    for c in calls]
         else:
             if calls:

@@ -129,6 +129,11 @@ def test_completions_take_vllms_structured_outputs(client):
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "nope"),
     ({"tool_choice": "required"}, "tool_choice", "tools"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": "get_weather"}},
+     "tool_choice", "not in tools"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "'auto'"),
+    ({"tools": [WEATHER, WEATHER]}, "tools", "distinct"),
+    ({"tools": [{"type": "retrieval"}]}, "tools.0", "function"),
     ({"tools": [{"type": "function", "function": {"name": "bad name!"}}]},
      "tools.0.function.name", "bad name"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
@@ -289,3 +294,12 @@ def test_tool_stream_gives_the_same_calls_however_the_text_is_cut(step):
     plain = tools.ToolStream()
     assert "".join(d["content"] for d in plain.feed("no call <tool here ", True)) == \
         "no call <tool here "
+
+
+def test_malformed_tool_turns_are_not_server_errors(server):
+    for messages in ([{"role": "assistant", "tool_calls": [{"function": "oops"}]},
+                      {"role": "user", "content": "hi"}],
+                     [{"role": "tool", "content": None}, {"role": "user", "content": "hi"}]):
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                       json={"model": "course", "messages": messages, "max_tokens": 2})
+        assert r.status_code in (200, 400), r.text

@@ -3,13 +3,13 @@ the layer packages (and the grader's own files) are out of its code's reach, how
 
 `load_submission(path)` imports the file and, once per process, puts four things in place:
 
-1. sys.modules: the layer packages, the grader's modules (`tests.*`) and the labs' helper
-   files (lab3_reference, lab5_ranks, ...) leave sys.modules for the rest of the process, so
-   `sys.modules["layer6_serving"]` (also as `os.sys.modules`, `importlib.import_module`,
-   `__import__` of an imported package) finds nothing. The grader keeps the module objects it
-   already holds; when its own code imports one again, the finder below hands back that same
-   object, and the next checkpoint (every test, every import the submission makes) takes it
-   out again.
+1. sys.modules: the layer packages, the grader's modules (`tests.*`), the labs' helper files
+   (lab3_reference, lab5_ranks, ...) and any module loaded from their files under another
+   name leave sys.modules for the rest of the process, so `sys.modules["layer6_serving"]`
+   (also as `os.sys.modules`, `importlib.import_module`, `__import__` of an imported package)
+   finds nothing. The grader keeps the module objects it already holds; when its own code
+   imports one again, the finder below hands back that same object, and the next checkpoint
+   (every test, every import the submission makes) takes it out again.
 2. A `sys.meta_path` finder, first in line: importing one of those names by any route
    (`import`, `__import__`, `importlib.import_module`, `exec("import ...")`) while the
    submission's code is on the calling stack raises ImportError, saying why.
@@ -17,8 +17,9 @@ the layer packages (and the grader's own files) are out of its code's reach, how
    copy also marks the submission's frames: code it compiles, execs or evals inherits it.
 4. An audit hook refuses, to the submission's code, opening the files of the layer packages,
    of labs/ and of tests/ (no `exec(open(".../essentials.py").read())`, no
-   `spec_from_file_location`), and taking frames or heap objects directly
-   (`sys._getframe`, `inspect.stack()`, a traceback's or generator's frame, `gc.get_objects`).
+   `spec_from_file_location`; what tracebacks left of them in linecache is dropped), and
+   taking frames or heap objects directly (`sys._getframe`, `inspect.stack()`, a traceback's
+   or generator's frame, `gc.get_objects`).
 
 What the grader hands a submission holds no path back either: tests pass plain data, and a
 callback passes through `detached`, which gives it a namespace of its own (a function's
@@ -33,6 +34,7 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.util
+import linecache
 import os
 import re
 import sys
@@ -121,6 +123,9 @@ def hide() -> None:
         module = sys.modules.pop(name, None)
         if module is not None:
             state.hidden[name] = module
+    for path in [p for p in linecache.cache if "layer" in p or "labs" in p]:
+        if protected_file(os.path.realpath(path)):  # source a traceback left in memory
+            linecache.cache.pop(path, None)
     state.dirty = False
 
 

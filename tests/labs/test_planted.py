@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import re
+import subprocess
+import sys
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -303,3 +306,52 @@ def test_a_planted_submission_loses_exactly_its_points(name, planted):
     if name.endswith("bypasses"):  # each refusal says what happened
         text = "\n".join(t.output for t in report.tests)
         assert re.search(r"the grader refuses|KeyError", text), text[:2000]
+
+
+GUARD_PROBE = '''
+import json, sys
+from layer7_app import essentials as ref  # the grader holds the reference, as a test module does
+from tests.labs.submission_guard import load_submission
+ex = load_submission(sys.argv[1])
+out = {}
+for name in ("caller_frame", "heap", "stack", "modules", "own_work"):
+    try:
+        out[name] = repr(getattr(ex, name)())
+    except Exception as exc:
+        out[name] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+'''
+
+
+def test_the_guard_refuses_introspection_and_leaves_honest_code_alone(tmp_path):
+    """In a process of its own (the guard stays installed once loaded): a submission that
+    walks to its caller's frame, the heap or the grader's modules gets nothing; plain code
+    runs."""
+    submission = tmp_path / "exercises.py"
+    submission.write_text(textwrap.dedent('''
+        import gc, inspect, sys
+
+        def caller_frame():
+            return sys._getframe(1).f_globals["ref"]
+
+        def heap():
+            return [m for m in gc.get_objects() if getattr(m, "__name__", "") == "layer7_app"]
+
+        def stack():
+            return inspect.stack()[1].frame.f_globals["ref"]
+
+        def modules():
+            return sys.modules["layer7_app.essentials"]
+
+        def own_work():
+            return sorted({len(w) for w in "to be or not to be".split()})
+    '''))
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", GUARD_PROBE, str(submission)], cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    for name in ("caller_frame", "heap", "stack"):
+        assert out[name].startswith("RuntimeError: the grader refuses"), (name, out[name])
+    assert out["modules"].startswith("KeyError"), out["modules"]
+    assert out["own_work"] == "[2, 3]"

@@ -101,13 +101,20 @@ def _mac(acc, w, a, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps,
-               K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-               BLOCK_M: tl.constexpr, STATS_K: tl.constexpr, OUT_TY: tl.constexpr):
-    """The RMSNorm prologue's statistics, 1 / sqrt(mean(h^2) + eps) per row of h (= x, or
-    x + residual), from a pass over the whole (L2-resident) row in STATS_K-wide pieces
-    (usually one: a single round trip to L2). Zeros when there is no norm (PROLOGUE != 1).
-    gemv and gemv_rope share it."""
+def _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps,
+              K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+              BLOCK_M: tl.constexpr, STATS_K: tl.constexpr, OUT_TY: tl.constexpr,
+              PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+    """What gemv and gemv_rope do once their first weight tiles are requested (those do not
+    depend on the kernel before). Under programmatic dependent launch (PDL): let the next
+    kernel launch now (PDL_EARLY: its weight prefetch overlaps ours), then wait for the
+    previous kernel's results. Then the RMSNorm statistics, 1 / sqrt(mean(h^2) + eps) per row
+    of h (= x, or x + residual), from a pass over the whole (L2-resident) row in STATS_K-wide
+    pieces (usually one: a single round trip to L2); zeros when there is no norm."""
+    if PDL:
+        if PDL_EARLY:
+            gdc_launch_dependents()
+        gdc_wait()
     rstd = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PROLOGUE == 1:
         ss = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -139,12 +146,8 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # The first weight tile does not depend on the kernel before: under programmatic dependent
     # launch (PDL) it is requested before waiting for that kernel's results.
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
-    if PDL:
-        if PDL_EARLY:  # let the next kernel launch now: its weight prefetch overlaps ours
-            gdc_launch_dependents()
-        gdc_wait()
-    rstd = _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
-                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY)
+    rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
+                     PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)

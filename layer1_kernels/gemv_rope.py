@@ -28,13 +28,13 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 # isort: split
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from .gemv import (
     _act_tile,
     _check,
     _mac,
-    _norm_rstd,
+    _prologue,
     _w_tile,
     gemv_rms_norm_reference,
     pdl_early,
@@ -91,12 +91,8 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     tab = pos[:, None] * table_stride + i[None, :]
     c = tl.load(cos_ptr + tab, mask=mask, other=0.0).to(tl.float32)
     s = tl.load(sin_ptr + tab, mask=mask, other=0.0).to(tl.float32)
-    if PDL:
-        if PDL_EARLY:
-            gdc_launch_dependents()
-        gdc_wait()
-    rstd = _norm_rstd(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
-                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY)
+    rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
+                     PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
     if BLOCK_M == 1:
         acc_lo = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float32)

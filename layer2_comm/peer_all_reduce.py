@@ -44,7 +44,7 @@ def _need_cuda(what: str) -> None:
 
 
 # One barrier and one GPU's NVLink bandwidth, fitted on our one-shot times on 2x H100
-# (`stack bench --layer 2 --peer`, 2026-11-26): the alpha-beta model's inputs for the choice.
+# (`stack bench --layer 2 --peer`): the alpha-beta model's inputs for the choice.
 BARRIER_S, NVLINK_BYTES_PER_S = 5.5e-6, 254e9
 
 

@@ -18,6 +18,13 @@ def tiny_model() -> l3.Model:
     return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3), None)
 
 
+@pytest.fixture(scope="module")
+def cuda_model() -> l3.Model:
+    """The tiny model on the GPU (the GPU tests only)."""
+    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda"),
+                    None)
+
+
 @pytest.fixture(scope="session")
 def course_model() -> l3.Model:
     return l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")

@@ -10,15 +10,9 @@ import torch
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
 
-from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
+from .l4_helpers import assert_no_leak, greedy, random_prompts
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def cuda_model() -> l3.Model:
-    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda"),
-                    None)
 
 
 @pytest.mark.parametrize("cuda_graph", [False, True])

@@ -8,6 +8,8 @@ import pytest
 
 import layer6_serving as l6
 
+from .engine_helpers import wait_idle
+
 SP = l6.parallel.SamplingParams
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]
 
@@ -33,15 +35,6 @@ def run(coro, timeout: float = 60):
     return asyncio.run(asyncio.wait_for(coro, timeout))
 
 
-async def _idle(engine, limit_s: float = 10.0) -> None:
-    """Wait (bounded) until the engine tracks no request."""
-    for _ in range(int(limit_s / 0.01)):
-        if engine.snapshot.requests == 0 and engine.snapshot.running == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine not idle: {engine.snapshot}")
-
-
 def test_stream_deltas_add_up_to_the_whole_output(engine):
     async def go():
         p = SP(temperature=0, max_tokens=24)
@@ -63,7 +56,7 @@ def test_abort_frees_blocks_and_sequences_within_one_step(engine):
         before = engine.snapshot.steps
         for s in streams:
             await s.aclose()
-        await _idle(engine)
+        await wait_idle(engine)
         return engine.snapshot.steps - before
     steps = run(go())
     assert steps <= 1, f"the aborts took {steps} steps to apply"
@@ -86,7 +79,7 @@ def test_workload_bigger_than_the_kv_cache_preempts_and_finishes(engine):
     outs = run(go(), timeout=120)
     assert all(o.completion_tokens == 150 for o in outs)
     assert engine.snapshot.preemptions > pre
-    run(_idle(engine))
+    run(wait_idle(engine))
     assert engine.snapshot.kv_blocks_used == 0
 
 
@@ -120,7 +113,7 @@ def test_backpressure_refuses_beyond_the_waiting_limit(engine):
                     break
             for s in streams:
                 await s.aclose()
-            await _idle(e)
+            await wait_idle(e)
             return refused
         refused = run(go())
         assert refused is not None and refused.retry_after >= 1
@@ -134,7 +127,7 @@ def test_timeout_aborts_the_request(engine):
         with pytest.raises(l6.RequestTimeoutError):
             async for _ in s:
                 pass
-        await _idle(engine)
+        await wait_idle(engine)
     run(go())
     assert engine.snapshot.kv_blocks_used == 0
 
@@ -162,7 +155,7 @@ def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(engine, monke
         with pytest.raises(l6.EngineStepError, match="injected fault"):
             async for _ in s:
                 pass
-        await _idle(engine)
+        await wait_idle(engine)
     run(go())
     assert engine.snapshot.kv_blocks_used == 0
     assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3
@@ -183,7 +176,7 @@ def test_a_bug_in_the_loop_fails_its_requests_instead_of_hanging(engine, monkeyp
         with pytest.raises(l6.EngineStepError, match="engine loop failed"):
             async for _ in s:
                 pass
-        await _idle(engine)
+        await wait_idle(engine)
     run(go())
     assert engine.loop.thread.is_alive() and engine.snapshot.kv_blocks_used == 0
     assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3

@@ -18,6 +18,8 @@ import pytest
 
 import layer6_serving as l6
 
+from .engine_helpers import wait_idle
+
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]
 
 
@@ -40,14 +42,6 @@ def post(srv, body, path="/v1/completions"):
 def events(r) -> list[bytes]:
     assert r.content.endswith(b"\n\n")
     return [e[len(b"data: "):] for e in r.content[:-2].split(b"\n\n")]
-
-
-async def _idle(engine, limit_s: float = 10.0) -> None:
-    for _ in range(int(limit_s / 0.01)):
-        if engine.snapshot.requests == 0 and engine.snapshot.running == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine not idle: {engine.snapshot}")
 
 
 def test_engines_run_in_processes_of_their_own(psrv):
@@ -107,7 +101,7 @@ def test_64_streams_complete_and_16_disconnects_leave_nothing(psrv):
         async with httpx.AsyncClient(timeout=60) as c:
             counts = await asyncio.gather(*[one(c, i) for i in range(64)])
             await asyncio.gather(*[leave(c) for _ in range(16)])
-        await _idle(psrv.engines["course"])
+        await wait_idle(psrv.engines["course"])
         await asyncio.sleep(0.05)
         return counts
     counts = asyncio.run(go())
@@ -130,7 +124,7 @@ def test_timeout_is_408_and_frees_the_blocks(psrv, monkeypatch):
     r = post(psrv, {"model": "course", "prompt": PROMPTS[0], "max_tokens": 400,
                     "ignore_eos": True})
     assert r.status_code == 408 and "timed out" in r.json()["error"]["message"]
-    asyncio.run(_idle(psrv.engines["course"]))
+    asyncio.run(wait_idle(psrv.engines["course"]))
     assert psrv.engines["course"].snapshot.kv_blocks_used == 0
 
 

@@ -94,5 +94,6 @@ def test_stack_route_user_errors_are_one_line_exit_2(capsys):
     assert route_main(["--min-replicas", "2"]) == 2
     assert route_main(["--model", "course", "--min-replicas", "3", "--max-replicas", "2"]) == 2
     assert route_main(["--replica", "ftp://x"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 4 and all(line.startswith("error: ") for line in out), out
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()  # errors go to stderr, one line each
+    assert out == "" and len(lines) == 4 and all(line.startswith("error: ") for line in lines), lines

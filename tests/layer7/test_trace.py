@@ -47,5 +47,6 @@ def test_layer_times_add_up_to_the_wall_time(traced):
 def test_stack_trace_user_errors_are_one_line_exit_2(capsys):
     assert trace_main(["", "--no-router"]) == 2
     assert trace_main(["x", "--max-tokens", "0"]) == 2
-    out = capsys.readouterr().out.strip().splitlines()
-    assert len(out) == 2 and all(line.startswith("error: ") for line in out), out
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()  # errors go to stderr, one line each
+    assert out == "" and len(lines) == 2 and all(line.startswith("error: ") for line in lines), lines

@@ -130,8 +130,8 @@ def test_new_chat_is_listed_at_once_and_no_stale_banner(browser, chat) -> None:
     page = open_page(browser, chat.url)
     send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
     # listed while its first reply is still streaming, titled by its first words
-    page.wait_for_selector(".conversation.active:has-text('Speak on, my lord.')")
-    assert page.locator(".message.assistant.streaming").count() == 1
+    page.wait_for_selector(".message.assistant.streaming")
+    assert page.locator(".conversation.active:has-text('Speak on, my lord.')").count() == 1
     page.click("#stop")
     wait_done(page, 1)
     page.goto(chat.url + "/#/c/0123456789abcdef")  # a chat that is not there: a banner

@@ -6,7 +6,8 @@ each rank holds and the share of the step spent in collectives. `run --pp N [--t
 same for pipeline parallelism (each stage T ranks), each rank's busy share against the bubble.
 `bench`: what this machine allows: TP=1 vs layer 4 on one workload, TP=N vs TP=1 with the
 planner's prediction beside the measurement, PP=2 vs PP=1 (its overlap against the bubble,
-a timeline PNG), then the other layer-5 benchmarks (training, expert and context parallelism).
+a timeline PNG), on 2+ GPUs data vs tensor vs pipeline parallelism (dp.py), then the other
+layer-5 benchmarks (training, expert and context parallelism).
 `plan`: the planner (`stack plan --model M --gpus N`).
 """
 
@@ -24,6 +25,7 @@ from rich.table import Table
 import layer4_algorithms as engine
 
 from .. import planner
+from .dp import bench_dp, format_dp
 from .expert_context import bench_expert_context, format_expert_context
 from .pp import bench_pp, format_pp
 from .tp import bench_tp, bench_tp1_vs_layer4
@@ -180,6 +182,13 @@ def bench(argv: list[str] | None = None) -> int:
                  timeline=results_dir() / "pp_engine_p2.png")
     results["pp"] = {k: v for k, v in r.items() if k != "memory"}
     console.print(format_pp(r))
+    if device == "cuda" and torch.cuda.device_count() >= 2:  # replicas vs splitting the model
+        console.rule("data vs tensor vs pipeline parallelism on 2 GPUs (nano-vllm's workload)")
+        torch.cuda.empty_cache()  # the replicas size their KV pools from the free memory
+        r = bench_dp(2, layouts=("1", "dp", "tp") if args.quick else ("1", "dp", "tp", "pp1"),
+                     max_out=256 if args.quick else 1024)
+        results["dp"] = r
+        console.print(format_dp(r))
     if not args.no_training:
         results.update(_other_benches(args.quick))
     out = results_dir() / "bench.json"

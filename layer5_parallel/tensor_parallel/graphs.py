@@ -36,6 +36,7 @@ import torch
 import layer4_algorithms as engine
 
 from ..runtime.comm import TPComm
+from ..runtime.rank0 import wait_event
 
 
 class TPGraphRunner(engine.CudaGraphRunner):

@@ -153,6 +153,15 @@ class ReplicaSet:
     def data_parallel_size(self) -> int:
         return len(self.devices)
 
+    def __getattr__(self, name: str):
+        """What layer 4's engine has and a replica set does not: one clear error."""
+        if name.startswith("__") or name in ("procs", "conns", "error", "devices"):
+            raise AttributeError(name)
+        raise AttributeError(f"a ReplicaSet (data_parallel_size > 1) has no {name!r}: it serves "
+                             "through generate / add_request / step / abort; to serve replicas "
+                             "over HTTP run `stack serve --dp N` (one server per GPU behind "
+                             "layer 7's router)")
+
     # ---- messages ------------------------------------------------------------------------------
     def _gather(self, which, kind: str) -> list[tuple]:
         """Each named replica's next reply, which must be of `kind`, within timeout_s."""

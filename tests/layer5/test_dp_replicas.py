@@ -51,6 +51,8 @@ def test_dp2_equals_one_engine_offline_and_online(model):
             if not dp.has_unfinished():
                 break
         assert [done[i] for i in ids] == want
+        with pytest.raises(AttributeError, match="stack serve --dp N"):
+            dp.tokenizer  # noqa: B018 (what layer 6 would ask an engine for)
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("replica")]
 
 

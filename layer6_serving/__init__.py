@@ -12,7 +12,7 @@ background thread and returns a `ServerHandle` (url, engines, stop()); `serve_ma
 import layer5_parallel as parallel  # the layer beneath, as a namespace: parallel.engine.LLM
 
 from .api import create_app
-from .app_thread import AppThread, bind, run_until_interrupted
+from .app_thread import AppThread, bind, run_until_interrupted, wait_healthy
 from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
 from .engine_state import EngineSnapshot, EngineStepError, RequestTimeoutError
 from .essentials import Pending, admit, safe_length, sse_frames
@@ -24,7 +24,7 @@ __all__ = [
     # the contract layer 7 builds on
     "AsyncEngine", "create_app", "start_server", "ServerHandle", "serve_main",
     # any ASGI app in a uvicorn thread (layer 7's router and trace use it too)
-    "AppThread", "bind", "run_until_interrupted",
+    "AppThread", "bind", "run_until_interrupted", "wait_healthy",
     # what a stream carries, and the engine's state
     "RequestStream", "StreamOutput", "Delta", "TokenLogprob", "RequestMetricsSummary",
     "EngineSnapshot",

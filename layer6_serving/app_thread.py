@@ -1,15 +1,38 @@
 """An ASGI app served by uvicorn on a background thread: the one way this stack runs a server
-in-process (layer 6's model server, layer 7's router and trace), and the foreground loop that
-`stack serve` / `stack route` wait in."""
+in-process (layer 6's model server, layer 7's router and trace), the foreground loop that
+`stack serve` / `stack route` wait in, and `wait_healthy` for a server in a process of its own."""
 from __future__ import annotations
 
 import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import uvicorn
+
+
+def wait_healthy(url: str, proc, *, timeout: float, name: str, poll_s: float = 0.2,
+                 tail: Callable[[], str] = str) -> None:
+    """Poll `url` (a health endpoint) until it answers 200. RuntimeError when `proc` (the
+    subprocess.Popen serving it) exits first, or once `timeout` seconds have passed; `tail()`
+    is added to the message (e.g. the last lines of the server's log)."""
+    import httpx  # only where a server runs in a process of its own
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {proc.returncode} before answering "
+                               f"{url}{tail()}")
+        try:
+            if httpx.get(url, timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{name} did not answer {url} within {timeout:g} s{tail()}")
+        time.sleep(poll_s)
 
 
 def bind(host: str = "127.0.0.1", port: int = 0) -> socket.socket:

@@ -16,13 +16,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import httpx
-
 import layer5_parallel as l5
+
+from ..app_thread import wait_healthy
 
 # The server's own command line (layer 6's serve_main = `stack serve`), without the stack CLI.
 _ROOT = str(Path(__file__).resolve().parent.parent)
@@ -68,20 +67,8 @@ class ServerProcess:
             raise
 
     def _wait_healthy(self, health: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with code {self.proc.returncode} before "
-                                   f"answering {health}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.url + health, timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not answer {self.url}{health} within "
-                                   f"{timeout:.0f} s:\n{self.log_tail()}")
-            time.sleep(0.2)
+        wait_healthy(self.url + health, self.proc, timeout=timeout, name=self.name,
+                     tail=lambda: ":\n" + self.log_tail())
 
     @property
     def alive(self) -> bool:

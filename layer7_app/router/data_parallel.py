@@ -18,8 +18,6 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 import layer6_serving as l6
 
 from .app import start_router
@@ -86,19 +84,8 @@ def start_replicas(dp: int, rest: list[str], gpus: list[str | None],
             urls.append(f"http://127.0.0.1:{port}")
         deadline = time.monotonic() + timeout_s
         for i, (p, url) in enumerate(zip(procs, urls, strict=True)):
-            while True:
-                if p.poll() is not None:
-                    raise RuntimeError(f"replica {i} exited with code {p.returncode} before "
-                                       "serving (its error is printed above)")
-                try:
-                    if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"replica {i} did not answer {url}/health within "
-                                       f"{timeout_s:g} s")
-                time.sleep(0.5)
+            l6.wait_healthy(url + "/health", p, timeout=max(0.0, deadline - time.monotonic()),
+                            name=f"replica {i}", poll_s=0.5)
     except BaseException:
         stop_replicas(procs)
         raise

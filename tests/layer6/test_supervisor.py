@@ -28,7 +28,7 @@ import pytest
 
 from layer6_serving.app_thread import bind
 
-TIMEOUT = 6.0  # --request-timeout
+TIMEOUT = 3.0  # --request-timeout
 
 
 @pytest.fixture(scope="module")

@@ -201,3 +201,35 @@ def test_the_openapi_schema_documents_the_statuses_it_answers(server):
         assert "422" not in responses
         assert {"400", "404", "413", "429", "503"} <= set(responses), responses
     assert "HTTPValidationError" not in json.dumps(schema)
+
+
+def test_a_request_whose_sampling_goes_bad_ends_alone(server):
+    """Past validation, a row whose probabilities go nan (here: a temperature slipped in
+    after admission) ends its own request with a sampling_error; the 16 streams beside it
+    in the same steps finish untouched (layer 4's sampling guard, layer 6's SamplingError)."""
+    import layer6_serving as l6
+    from layer6_serving.api.errors import from_exception
+
+    engine = server.engines["course"]
+    sp = l6.parallel.SamplingParams
+
+    async def main():
+        others = [await engine.generate(f"ROMEO {i}.\n", sp(temperature=0, max_tokens=24,
+                                                              ignore_eos=True))
+                  for i in range(16)]
+        bad = await engine.generate("a", sp(temperature=0.5, max_tokens=24, ignore_eos=True))
+        for _ in range(500):  # once the engine holds it, its numbers go bad
+            held = engine.llm._requests.get(bad.request_id)
+            if held:
+                held[1][0].params = sp(temperature=1e-40, max_tokens=24, ignore_eos=True)
+                break
+            await asyncio.sleep(0.002)
+        results = await asyncio.gather(bad.collect(), *(s.collect() for s in others),
+                                       return_exceptions=True)
+        return results[0], results[1:]
+
+    err, outs = asyncio.run(main())
+    assert isinstance(err, l6.EngineStepError) and "sampling failed" in str(err)
+    assert from_exception(err).code == "sampling_error"
+    assert all(not isinstance(o, BaseException) for o in outs), outs
+    assert all(len(o.deltas[0].token_ids) == 24 for o in outs)

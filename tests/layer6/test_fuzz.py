@@ -24,6 +24,7 @@ STRINGS = ["", "x\udfffy", "\ud800", "\x00", "a" * 5000, "\u202e\u2066", "💥" 
 NUMERIC_FIELDS = ["temperature", "top_p", "top_k", "max_tokens", "n", "seed",
                   "presence_penalty", "frequency_penalty", "logprobs", "priority", "best_of",
                   "max_completion_tokens", "top_logprobs"]
+CHAT_NUMERIC = ["temperature", "top_p", "n", "max_completion_tokens", "top_logprobs"]
 BASE = {"/v1/completions": {"model": "course", "prompt": "ROMEO.\n", "max_tokens": 4},
         "/v1/chat/completions": {"model": "course", "max_tokens": 4,
                                  "messages": [{"role": "user", "content": "hi"}]}}
@@ -45,7 +46,7 @@ def cases() -> list[tuple[str, str, str, dict]]:
     out = []
     js = {"content-type": "application/json"}
     for path, base in BASE.items():
-        for field in NUMERIC_FIELDS:
+        for field in NUMERIC_FIELDS if path == "/v1/completions" else CHAT_NUMERIC:
             for v in NUMBERS:
                 out.append(("POST", path, substitute(base, field, v), js))
         for field in ("model", "stop", "user", "suffix"):
@@ -126,7 +127,7 @@ def check(status: int, content: bytes, req) -> None:
 
 
 def test_fuzz_no_5xx_every_4xx_openai_shaped_server_healthy_after(server):
-    reqs = cases() + random_cases(150)
+    reqs = cases() + random_cases(100)
     assert len(reqs) >= 400
     results = asyncio.run(_run(server.url, reqs))
     for status, content, req in results:

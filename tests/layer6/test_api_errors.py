@@ -8,17 +8,7 @@ from fastapi.testclient import TestClient
 
 import layer6_serving as l6
 
-SHAPE = {"message", "type", "param", "code"}
-
-
-def post(server, path, body, **kw):
-    return httpx.post(server.url + path, json=body, timeout=60, **kw)
-
-
-def error_of(r) -> dict:
-    err = r.json()["error"]
-    assert set(err) == SHAPE and err["message"]
-    return err
+from .helpers import error_of, post
 
 
 @pytest.mark.parametrize("body,param", [

@@ -8,7 +8,7 @@ import pytest
 
 import layer6_serving as l6
 
-from .engine_helpers import wait_idle
+from .helpers import wait_idle
 
 SP = l6.parallel.SamplingParams
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]

@@ -18,9 +18,7 @@ import pytest
 
 import layer6_serving as l6
 
-from .engine_helpers import wait_idle
-
-PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]
+from .helpers import PROMPTS, greedy_texts_match_offline, wait_idle
 
 
 @pytest.fixture(scope="module")
@@ -52,14 +50,7 @@ def test_engines_run_in_processes_of_their_own(psrv):
 
 
 def test_greedy_text_equals_the_offline_engine(client, offline):
-    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=24)
-    want = [o.outputs[0].text for o in offline.generate(PROMPTS, sp)]
-    got = [client.completions.create(model="course", prompt=p, max_tokens=24, temperature=0)
-           .choices[0].text for p in PROMPTS]
-    assert got == want
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="course", prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True))
-    assert streamed == want[1]
+    want = greedy_texts_match_offline(client, offline)
     batch = client.completions.create(model="course", prompt=PROMPTS, max_tokens=24,
                                       temperature=0)
     assert [c.text for c in batch.choices] == want

@@ -13,18 +13,9 @@ import time
 import httpx
 import pytest
 
-SHAPE = {"message", "type", "param", "code"}
+from .helpers import error_of, post
+
 MSG = [{"role": "user", "content": "hi"}]
-
-
-def post(server, path, body, **kw):
-    return httpx.post(server.url + path, json=body, timeout=60, **kw)
-
-
-def error_of(r) -> dict:
-    err = r.json()["error"]
-    assert set(err) == SHAPE and err["message"]
-    return err
 
 
 @pytest.mark.parametrize("path,body,param", [

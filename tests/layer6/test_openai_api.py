@@ -11,7 +11,8 @@ import pytest
 
 import layer6_serving as l6
 
-PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]
+from .helpers import PROMPTS, greedy_texts_match_offline
+
 MSG = [{"role": "user", "content": "Who art thou?"}]
 
 
@@ -39,14 +40,7 @@ def test_models_lists_the_served_model(client):
 
 
 def test_greedy_text_equals_the_offline_engine(client, offline):
-    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=24)
-    expected = [o.outputs[0].text for o in offline.generate(PROMPTS, sp)]
-    got = [client.completions.create(model="course", prompt=p, max_tokens=24, temperature=0)
-           .choices[0].text for p in PROMPTS]
-    assert got == expected
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model="course", prompt=PROMPTS[1], max_tokens=24, temperature=0, stream=True))
-    assert streamed == expected[1]
+    greedy_texts_match_offline(client, offline)
 
 
 def test_chat_uses_the_models_template_and_reports_usage(client, server, offline):

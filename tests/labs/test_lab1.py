@@ -248,7 +248,7 @@ def _rms16_ways(h: torch.Tensor, w: torch.Tensor, eps: float) -> tuple[torch.Ten
 def test_rms_norm_fused_residual(impl):
     for dtype, tol in [(torch.float32, 1e-5), (torch.float16, 3e-3)]:
         # a residual stream r and a smaller block output x: h = x + r must round to fp16
-        x = randn(awkward(2, 30), awkward(20, 400), dtype=dtype, scale=0.3)
+        x = randn(awkward(8, 30), awkward(100, 400), dtype=dtype, scale=0.3)  # >= 800 values
         r, w = randn(*x.shape, dtype=dtype, scale=3.0), randn(x.shape[-1], dtype=dtype)
         x_before, r_before = x.clone(), r.clone()
         poison(x, dtype)

@@ -46,13 +46,13 @@ def test_hostile_row_ends_alone(tiny_model, async_scheduling):
 
     def run(hostile: bool):
         llm = LLM(tiny_model, async_scheduling=async_scheduling)
-        rids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8])]
+        rids = [llm.add_request(p, sp) for p, sp in zip(prompts[:8], params[:8], strict=True)]
         if hostile:
             bad = llm.add_request([5, 6, 7], SamplingParams(max_tokens=12, ignore_eos=True))
             # as if normalization missed it: logits / 1e-40 overflow, softmax is nan
             llm._requests[bad][1][0].params = SamplingParams(temperature=1e-40, max_tokens=12,
                                                              ignore_eos=True)
-        rids += [llm.add_request(p, sp) for p, sp in zip(prompts[8:], params[8:])]
+        rids += [llm.add_request(p, sp) for p, sp in zip(prompts[8:], params[8:], strict=True)]
         done = {}
         while llm.has_unfinished():
             for o in llm.step(unfinished=False):

@@ -30,6 +30,7 @@ import layer5_parallel as l5
 from .engine_loop import EngineLoop
 from .engine_process import EngineProcess
 from .engine_state import EngineInfo, EngineSnapshot, Request, RequestTimeoutError
+from .engine_worker import bound_cpu_kernel_caches
 from .streams import DeltaTracker, StreamOutput, merge
 
 COURSE = "course"
@@ -87,6 +88,8 @@ class AsyncEngine:
                                       stall_timeout=stall_timeout, max_restarts=max_restarts)
             self.info = self.loop.info
         else:  # layer 5's LLM: tensor_parallel_size=1 is layer 4's engine itself
+            if self._owns_llm:  # a long-lived engine in this process: see engine_worker.py
+                bound_cpu_kernel_caches()
             self.llm = l5.LLM(resolve_model(model), **engine_kwargs) if self._owns_llm else model
             self.info = EngineInfo.of(self.llm)
             self.loop = EngineLoop(self.llm, name=self.name, stall_timeout=stall_timeout)

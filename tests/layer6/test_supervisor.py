@@ -149,6 +149,7 @@ def test_sigstop_is_a_503_within_10s_and_the_server_times_requests_out(served):
             assert time.monotonic() - t0 < 10, "no 503 within 10 s of SIGSTOP"
             time.sleep(0.2)
         assert "stalled" in r.json()["reason"]
+        print(f"\n/health 503 {time.monotonic() - t0:.1f} s after SIGSTOP: {r.json()['reason']}")
         th.join(30)
         assert result["status"] == 408 and result["t"] < TIMEOUT + 3, result
     finally:

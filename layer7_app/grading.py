@@ -148,6 +148,7 @@ def grade_lab(
     total_timeout: float = 900.0,
     root: Path | None = None,
     select: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> GradeReport:
     """Grade lab `number`.
 
@@ -155,9 +156,10 @@ def grade_lab(
     reference:  grade the layer package instead (what plain `pytest` does).
     test_timeout: seconds one test may take (pytest-timeout); total_timeout: the whole run.
     select: only the tests pytest's `-k` expression selects (default: all).
+    env: variables to set for this run, over this process's environment.
     """
     lab = find_lab(number, root)
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env.pop(ENV_SUBMISSION, None)
     if reference:
         graded = "the reference implementation"

@@ -19,6 +19,7 @@ import importlib
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 
@@ -46,6 +47,41 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
         return submission_guard.load_submission(submission)
     except Exception as exc:  # a broken submission fails its tests, not the grader
         pytest.fail(f"could not import the submission {submission}: {type(exc).__name__}: {exc}")
+
+
+#: grade_lab() runs at once in pooled_gradings: each is a pytest subprocess, mostly one busy
+#: thread (or ranks waiting to start), its tests keeping their own per-test limits.
+GRADINGS_AT_ONCE = 2
+#: Plugins a grading subprocess needs: pytest-timeout only. Not autoloading the rest
+#: (hypothesis, schemathesis, anyio, benchmark: ~2 s of imports, seen 2026-11-25) saves that.
+LEAN_GRADING_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "pytest_timeout"}
+
+
+@pytest.fixture(scope="session")
+def pooled_gradings(request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every grade_lab() run the selected tests want, in one pool, longest first, so short
+    runs fill the time long ones leave (ranks starting, a planted hang's budget running out).
+    A test module says what it wants through `grading_job(item, tmp_path_factory)`: None, or
+    (key, order, run). Returns key -> the GradeReport, or the exception grade_lab raised."""
+    jobs: dict = {}
+    for item in request.session.items:
+        make = getattr(getattr(item, "module", None), "grading_job", None)
+        job = make(item, tmp_path_factory) if make else None
+        if job is not None:
+            jobs.setdefault(job[0], job)
+    ordered = sorted(jobs.values(), key=lambda job: job[1])
+
+    def run(job):
+        try:
+            return job[2]()
+        except Exception as exc:  # reported by the test that wanted this run
+            return exc
+
+    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(GRADINGS_AT_ONCE) as pool:
+        for name, value in LEAN_GRADING_ENV.items():
+            mp.setenv(name, value)
+        return dict(zip([job[0] for job in ordered], pool.map(run, ordered), strict=True))
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k have deselected what they will

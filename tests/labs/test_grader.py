@@ -9,56 +9,38 @@ import importlib
 import importlib.util
 import json
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from layer7_app.grading import available_labs, grade_lab, print_report, reason
 
+from .conftest import LEAN_GRADING_ENV
+
 LABS = sorted(available_labs())
-
-
-def _lean_env(mp: pytest.MonkeyPatch) -> None:
-    """Each grade_lab() here starts a pytest subprocess, which needs only pytest-timeout of
-    the installed plugins; not autoloading the rest (hypothesis, schemathesis, anyio,
-    benchmark: ~2 s of imports, seen 2026-11-25) saves that in each of the ~20 runs."""
-    mp.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
-    mp.setenv("PYTEST_PLUGINS", "pytest_timeout")
 
 
 @pytest.fixture(autouse=True)
 def lean_grading_runs(monkeypatch):
-    _lean_env(monkeypatch)
+    for name, value in LEAN_GRADING_ENV.items():  # the gradings run here directly, too
+        monkeypatch.setenv(name, value)
 
 
-# The starter and reference gradings of the selected labs run two at a time: each is a
-# pytest subprocess, mostly one busy thread (or ranks waiting to start), and its tests keep
-# their own per-test limits. Lab 2's (the longest, ranks) go first.
-AT_ONCE = 2
-GRADED = {"test_starter_earns_zero": False, "test_reference_earns_full_marks": True}
+GRADED = {"test_starter_earns_zero": "starter", "test_reference_earns_full_marks": "reference"}
 
 
-@pytest.fixture(scope="module")
-def gradings(request: pytest.FixtureRequest) -> dict:
-    """(reference?, lab) -> its GradeReport, or the exception grade_lab raised."""
-    jobs = sorted({(GRADED[item.originalname], item.callspec.params["lab"])
-                   for item in request.session.items
-                   if getattr(item, "originalname", None) in GRADED},
-                  key=lambda job: (job[1] != 2, not job[0], job[1]))
-
-    def grade(job: tuple[bool, int]):
-        try:
-            return grade_lab(job[1], reference=job[0])
-        except Exception as exc:  # reported by the test that wanted this run
-            return exc
-
-    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(AT_ONCE) as pool:
-        _lean_env(mp)
-        return dict(zip(jobs, pool.map(grade, jobs), strict=True))
+def grading_job(item: pytest.Item, tmp_path_factory):
+    """The starter's or the reference's grading of one lab, for conftest's pooled_gradings:
+    lab 2's first (the longest: ranks), then the references (longer than starters)."""
+    what = GRADED.get(getattr(item, "originalname", None))
+    if what is None:
+        return None
+    lab = item.callspec.params["lab"]
+    return ((what, lab), (lab != 2, what == "starter", lab),
+            lambda: grade_lab(lab, reference=what == "reference"))
 
 
-def _report(gradings: dict, reference: bool, lab: int):
-    outcome = gradings[reference, lab]
+def _report(gradings: dict, what: str, lab: int):
+    outcome = gradings[what, lab]
     if isinstance(outcome, BaseException):
         raise outcome
     return outcome
@@ -76,18 +58,18 @@ def test_there_is_a_lab_per_built_layer():
 
 @pytest.mark.timeout(1800)  # the first of these tests waits for every selected grading
 @pytest.mark.parametrize("lab", LABS)
-def test_starter_earns_zero(lab, gradings):
-    report = _report(gradings, False, lab)
+def test_starter_earns_zero(lab, pooled_gradings):
+    report = _report(pooled_gradings, "starter", lab)
     assert report.max_score > 0
     assert report.score == 0, [t.name for t in report.tests if t.score]
 
 
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("lab", LABS)
-def test_reference_earns_full_marks(lab, tmp_path, gradings):
+def test_reference_earns_full_marks(lab, tmp_path, pooled_gradings):
     """Also the suite's one run of lab N's tests on the reference (tests/labs/conftest.py
     leaves them out of this process when this test is selected): any that fails is named."""
-    report = _report(gradings, True, lab)
+    report = _report(pooled_gradings, "reference", lab)
     failed = {t.name: f"{reason(t)}\n...{t.output[-1500:]}" for t in report.tests
               if t.status != "passed"}
     assert not failed, "\n\n".join(f"{name}: {why}" for name, why in failed.items())

@@ -11,7 +11,8 @@ that the grader catches the bug and that the import guard leaves correct code al
   messages[0] kept as the system prompt, token counts summed message by message (lab 7),
   and (lab 1, on this machine's Triton) RMSNorm normalising the unrounded fp16 residual sum.
 * Robustness: a lab-5 rank check that hangs fails alone, on its own time budget.
-The gradings run two at a time; each grades only the lab's tests the plant concerns.
+The gradings run in conftest's pool beside the starter and reference gradings; each grades
+only the lab's tests the plant concerns.
 """
 from __future__ import annotations
 
@@ -22,16 +23,11 @@ import re
 import subprocess
 import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from layer7_app.grading import GradeReport, available_labs, grade_lab
-
-from .test_grader import _lean_env
-
-AT_ONCE = 2
+from layer7_app.grading import available_labs, grade_lab
 
 
 def _answer_key(reference: str, function: str) -> Path:
@@ -235,7 +231,7 @@ def lab1_unrounded_residual() -> str:
 
 # lab, planted file, the -k selection graded, the tests that must fail ("name?": may fail,
 # as the bug shows on some draws only); every other selected test must pass
-PLANTS = {  # the slow ones (ranks, Triton's interpreter) first: the pool starts them first
+PLANTS = {
     "lab5_one_check_hangs_no_max_subtracted": (
         5, lab5_one_check_hangs_no_max_subtracted, None,
         {"test_f_copy_to_tp_region", "test_attention_block_without_mask",
@@ -257,26 +253,25 @@ PLANTS = {  # the slow ones (ranks, Triton's interpreter) first: the pool starts
 }
 
 
-@pytest.fixture(scope="module")
-def planted(request: pytest.FixtureRequest,
-            tmp_path_factory: pytest.TempPathFactory) -> dict[str, GradeReport | Exception]:
-    """Each selected plant's grading (or the exception grade_lab raised)."""
-    names = [item.callspec.params["name"] for item in request.session.items
-             if getattr(item, "originalname", None) == PLANTED_TEST]
+SLOW = {"lab5_one_check_hangs_no_max_subtracted", "lab1_unrounded_residual"}
+#: for the plant with a hanging rank check: its budget 8 s, not 30 (the hang is certain)
+PLANT_ENV = {"LLM_STACK_LAB5_CHECK_LIMIT_S": "8"}
 
-    def grade(name: str):
-        lab, source, select, _ = PLANTS[name]
+
+def grading_job(item: pytest.Item, tmp_path_factory: pytest.TempPathFactory):
+    """One plant's grading, for conftest's pooled_gradings (which runs it beside the starter
+    and reference gradings): the slow plants right after lab 2's, the quick ones last."""
+    if getattr(item, "originalname", None) != PLANTED_TEST:
+        return None
+    name = item.callspec.params["name"]
+    lab, source, select, _ = PLANTS[name]
+
+    def run():
         path = tmp_path_factory.mktemp(name) / "exercises.py"
         path.write_text(source())
-        try:
-            return grade_lab(lab, submission=path, select=select)
-        except Exception as exc:  # reported by the test that wanted this grading
-            return exc
+        return grade_lab(lab, submission=path, select=select, env=PLANT_ENV)
 
-    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(AT_ONCE) as pool:
-        _lean_env(mp)
-        mp.setenv("LLM_STACK_LAB5_CHECK_LIMIT_S", "8")  # the planted hang: 8 s, not 30
-        return dict(zip(names, pool.map(grade, names), strict=True))
+    return ("planted", name), (True, name not in SLOW, -1), run
 
 
 PLANTED_TEST = "test_a_planted_submission_loses_exactly_its_points"
@@ -284,8 +279,8 @@ PLANTED_TEST = "test_a_planted_submission_loses_exactly_its_points"
 
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("name", PLANTS)
-def test_a_planted_submission_loses_exactly_its_points(name, planted):
-    report = planted[name]
+def test_a_planted_submission_loses_exactly_its_points(name, pooled_gradings):
+    report = pooled_gradings["planted", name]
     if isinstance(report, Exception):
         raise report
     _, _, _, must_fail = PLANTS[name]

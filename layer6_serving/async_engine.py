@@ -157,10 +157,10 @@ class AsyncEngine:
         reason = self.loop.down_reason
         if reason is not None:
             return reason
-        stalled = self.loop.stalled_for()
+        stalled, n = self.loop.stalled_for(), self.loop.open_requests
         if stalled is not None:
             return (f"the engine made no progress for {stalled:.1f} s with "
-                    f"{self.snapshot.requests or 'some'} requests open (stalled)")
+                    f"{n} request{'' if n == 1 else 's'} open (stalled)")
         return None
 
     # ---- requests ------------------------------------------------------------------------------

@@ -90,6 +90,10 @@ class EngineLoop:
     def down_reason(self) -> str | None:
         return None if self.thread.is_alive() else "the engine thread is not running"
 
+    @property
+    def open_requests(self) -> int:
+        return len(self.live) + self.num_queued
+
     def stalled_for(self) -> float | None:
         """Seconds since the loop's last turn while it has work, past stall_timeout."""
         if not (self.live or self.num_queued):

@@ -36,6 +36,11 @@ class Supervised:
             return f"the engine process exited (code {self.proc.exitcode})"
         return None
 
+    @property
+    def open_requests(self) -> int:
+        """Requests sent to the engine that have not ended (as this side knows them)."""
+        return len(self._requests)
+
     def stalled_for(self) -> float | None:
         """Seconds without a turn from the engine while requests are open, once that passes
         stall_timeout (None: not stalled)."""

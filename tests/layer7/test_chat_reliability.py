@@ -201,3 +201,22 @@ def test_a_reply_survives_the_chat_app_being_killed(tmp_path: Path) -> None:
     assert partial and got.startswith(partial) and msgs[1].meta["stopped"] is True
     # saved at most a second (plus a save's own time) before the kill
     assert len(partial.split()) >= len(got.split()) - 30, (len(partial), len(got))
+
+
+def test_lone_surrogates_are_4xx_not_5xx(tmp_path: Path) -> None:
+    client = TestClient(create_chat_app(NOWHERE, Store(tmp_path / "chat.db")),
+                        raise_server_exceptions=False)
+    client.get("/")
+    conv = client.post("/api/conversations", json={}).json()
+
+    def send(method: str, path: str, body: dict) -> int:
+        return client.request(method, path, content=json.dumps(body),  # "\udfff" as JSON sends it
+                              headers={"content-type": "application/json"}).status_code
+    url = f"/api/conversations/{conv['id']}"
+    for method, path, body in (("POST", "/api/conversations", {"title": "\udfff"}),
+                               ("POST", "/api/conversations", {"settings": {"a": "\ud800"}}),
+                               ("PATCH", url, {"title": "\ud800"}),
+                               ("POST", url + "/reply", {"model": "m", "content": "x\udfff"}),
+                               ("POST", url + "/reply", {"model": "\udfff", "content": "x"})):
+        assert 400 <= send(method, path, body) < 500, (method, path, body)
+    assert client.get(url).status_code == 200

@@ -72,6 +72,17 @@ def _out_dir(out: Path | None) -> Path:
     return out
 
 
+def _start(prog: str, description: str, argv: list[str], *, quick_flag: bool):
+    """What run and bench both begin with: the start time, parsed args, the device, the output
+    folder, a console, the system description and its matched datasheet (None off a known
+    GPU)."""
+    started = time.perf_counter()
+    args = _parser(prog, description, quick_flag=quick_flag).parse_args(argv)
+    dev = _device(args.device)
+    sysinfo = system_info()
+    return started, args, dev, _out_dir(args.out), _console(), sysinfo, _spec_for(sysinfo, dev)
+
+
 def info(argv: list[str]) -> int:
     """Print CPU, GPUs, software versions, topology and the matched datasheet."""
     args = _parser("stack info", info.__doc__, quick_flag=False, out=False).parse_args(argv)
@@ -86,14 +97,8 @@ def info(argv: list[str]) -> int:
 
 def run(argv: list[str]) -> int:
     """Demo: describe the machine, measure quick ceilings, place ops on the roofline."""
-    args = _parser("stack run --layer 0", run.__doc__, quick_flag=False).parse_args(argv)
-    dev = _device(args.device)
-    out = _out_dir(args.out)
-    console = _console()
-    started = time.perf_counter()
-
-    sysinfo = system_info()
-    spec = _spec_for(sysinfo, dev)
+    started, args, dev, out, console, sysinfo, spec = _start("stack run --layer 0", run.__doc__,
+                                                              argv, quick_flag=False)
     for table in system_tables(sysinfo, spec):
         console.print(table)
     console.print(f"\nmeasuring [bold]{dev}[/bold] (quick sizes; `stack bench --layer 0` "
@@ -116,14 +121,8 @@ def run(argv: list[str]) -> int:
 
 def bench(argv: list[str]) -> int:
     """Full microbenchmarks vs datasheet and measured ceilings; writes bench.json."""
-    args = _parser("stack bench --layer 0", bench.__doc__, quick_flag=True).parse_args(argv)
-    dev = _device(args.device)
-    out = _out_dir(args.out)
-    console = _console()
-    started = time.perf_counter()
-
-    sysinfo = system_info()
-    spec = _spec_for(sysinfo, dev)
+    started, args, dev, out, console, _, spec = _start("stack bench --layer 0", bench.__doc__,
+                                                       argv, quick_flag=True)
     rows, ceilings = run_bench(dev, spec, quick=args.quick, progress=True)
     title = f"layer 0 bench: {ceilings.device_name}" + (f" vs {spec.name} datasheet"
                                                         if spec else " (no datasheet match)")

@@ -62,6 +62,7 @@ from __future__ import annotations
 import torch
 
 from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET on CPU)
+from .inputs import check_operand_pair
 
 # isort: split
 import triton
@@ -272,12 +273,7 @@ def _check_operands(a: torch.Tensor, b: torch.Tensor, dtypes: tuple) -> None:
                          f"{tuple(b.shape)}")
     if a.shape[1] != b.shape[0]:
         raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)}")
-    if a.dtype != b.dtype:
-        raise ValueError(f"a and b dtypes differ: {a.dtype} vs {b.dtype}")
-    if a.dtype not in dtypes:
-        raise ValueError(f"unsupported dtype {a.dtype}: expected one of {dtypes}")
-    if a.device != b.device:
-        raise ValueError(f"a and b are on different devices: {a.device} vs {b.device}")
+    check_operand_pair("a", a, "b", b, dtypes)
 
 
 def _launch(

@@ -38,6 +38,7 @@ import triton
 import triton.language as tl
 
 from .host import cdiv, next_pow2
+from .inputs import check_like
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Widest row kept whole in registers (16384 fp32 over 16 warps = 32 values per thread).
@@ -173,11 +174,7 @@ def _check(name: str, x: torch.Tensor, params: dict[str, torch.Tensor | None],
         if p.device != x.device:
             raise ValueError(f"{name}: {pname} is on {p.device} but x is on {x.device}")
     if residual is not None:
-        if residual.shape != x.shape or residual.dtype != x.dtype or residual.device != x.device:
-            raise ValueError(
-                f"{name}: residual must match x ({tuple(x.shape)}, {x.dtype}, {x.device}), got "
-                f"({tuple(residual.shape)}, {residual.dtype}, {residual.device})"
-            )
+        check_like(f"{name}: residual", residual, x)
 
 
 @functools.cache

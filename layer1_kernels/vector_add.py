@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
+from .inputs import check_like, check_operand_pair
 
 # isort: split
 import triton
@@ -53,18 +54,9 @@ def _check(x: torch.Tensor, y: torch.Tensor, out: torch.Tensor | None) -> None:
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same shape, got {tuple(x.shape)} and "
                          f"{tuple(y.shape)}")
-    if x.dtype != y.dtype:
-        raise ValueError(f"x and y must have the same dtype, got {x.dtype} and {y.dtype}")
-    if x.dtype not in _DTYPES:
-        raise ValueError(f"unsupported dtype {x.dtype}; expected one of {_DTYPES}")
-    if x.device != y.device:
-        raise ValueError(f"x and y must be on the same device, got {x.device} and {y.device}")
+    check_operand_pair("x", x, "y", y, _DTYPES)
     if out is not None:
-        if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
-            raise ValueError(
-                f"out must match x: shape {tuple(x.shape)}, {x.dtype} on {x.device}; got "
-                f"shape {tuple(out.shape)}, {out.dtype} on {out.device}"
-            )
+        check_like("out", out, x)
         if not out.is_contiguous():
             raise ValueError("out must be contiguous")
 

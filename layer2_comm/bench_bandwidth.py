@@ -241,12 +241,19 @@ def bench_rank(
 
 def measured_crossover(rows: list[dict]) -> int | None:
     """Smallest size from which our ring all-reduce beats our tree at every larger size."""
-    t = {(r["algorithm"], r["bytes"]): r["time_s"] for r in rows if r["impl"] == "ours"}
-    sizes = sorted(b for a, b in t if a == "ring_all_reduce")
-    ring_wins = [t["ring_all_reduce", b] < t["tree_all_reduce", b] for b in sizes]
-    if not ring_wins or not ring_wins[-1]:
+    ours = [r for r in rows if r["impl"] == "ours"]
+    ring, tree = ({r["bytes"]: r["time_s"] for r in ours if r["algorithm"] == algorithm}
+                  for algorithm in ("ring_all_reduce", "tree_all_reduce"))
+    return first_win(ring, tree)
+
+
+def first_win(a: dict[int, float], b: dict[int, float]) -> int | None:
+    """Smallest size from which times `a` beat times `b` ({bytes: s}) at every larger size."""
+    sizes = sorted(set(a) & set(b))
+    wins = [a[s] < b[s] for s in sizes]
+    if not wins or not wins[-1]:
         return None
     i = len(sizes) - 1
-    while i > 0 and ring_wins[i - 1]:
+    while i > 0 and wins[i - 1]:
         i -= 1
     return sizes[i]

@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from .bench_bandwidth import time_collective
+from .bench_bandwidth import first_win, time_collective
 from .cost_model import AlphaBeta, busbw, crossover, fit_alpha_beta, predict
 from .group import device
 from .peer_all_reduce import PeerAllReduce, choose
@@ -206,18 +206,6 @@ def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev, per_graph: in
 
 def _times(rows: list[dict], impl: str) -> dict[int, float]:
     return {r["bytes"]: r["time_s"] for r in rows if r["impl"] == impl and r["time_s"] == r["time_s"]}
-
-
-def first_win(a: dict[int, float], b: dict[int, float]) -> int | None:
-    """Smallest size from which times `a` beat times `b` ({bytes: s}) at every larger size."""
-    sizes = sorted(set(a) & set(b))
-    wins = [a[s] < b[s] for s in sizes]
-    if not wins or not wins[-1]:
-        return None
-    i = len(sizes) - 1
-    while i > 0 and wins[i - 1]:
-        i -= 1
-    return sizes[i]
 
 
 def summarize(rows: list[dict], world: int) -> dict:

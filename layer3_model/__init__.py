@@ -49,7 +49,14 @@ from .bench_rows import unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder, capture_graph, graph_replay_us, warm_up
-from .generate import Generation, GenerationStats, Model, benchmark_decode, load
+from .generate import (
+    GeneratingSequence,
+    Generation,
+    GenerationStats,
+    Model,
+    benchmark_decode,
+    load,
+)
 from .gguf_load import gguf_config, load_gguf
 from .model import LlamaModel, causal_lm_loss
 from .models_command import models_main
@@ -95,7 +102,8 @@ results_dir, run_command = comm.results_dir, comm.run_command
 
 __all__ = [
     # load and generate
-    "load", "Model", "Generation", "GenerationStats", "benchmark_decode", "unmeasured_roofline",
+    "load", "Model", "Generation", "GenerationStats", "GeneratingSequence", "benchmark_decode",
+    "unmeasured_roofline",
     # model names (course, smollm2, smollm2-shape, hub ids), the cache, GGUF files
     "resolve_model", "model_cache_dir", "models_main", "load_gguf", "gguf_config",
     # configuration, weights, tokenizer

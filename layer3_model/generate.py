@@ -68,9 +68,11 @@ class Generation:
     finish_reason: str | None = None
 
 
-class _Sequence:
-    """One prompt's completion as generate/stream run it; finishing and the streamed text
-    follow the one FinishRule (stopping.py)."""
+class GeneratingSequence:
+    """One prompt's completion while it is generated: its row (`index`), sampling params and
+    random generator, its Generation so far; finishing and the streamed text follow the one
+    FinishRule (stopping.py). generate/stream run these; layer 4's speculative decoder extends
+    them with what its cache holds."""
 
     def __init__(self, index: int, prompt_ids: list[int], params: SamplingParams, gen,
                  decoder: IncrementalDecoder | None, eos_ids: tuple[int, ...]) -> None:
@@ -121,7 +123,7 @@ class Model:
 
     def generate_outputs(self, prompts, params=None) -> list[Generation]:
         """Like generate, with token ids and finish reasons."""
-        final: list[_Sequence] = []
+        final: list[GeneratingSequence] = []
         for final, _ in self._run(prompts, params):  # noqa: B007  (the last state is the result)
             pass
         return [s.out for s in final]
@@ -141,7 +143,7 @@ class Model:
                     yield s.index, piece
 
     # ---- the loop ------------------------------------------------------------------------
-    def _prepare(self, prompts, params) -> list[_Sequence]:
+    def _prepare(self, prompts, params) -> list[GeneratingSequence]:
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
@@ -161,9 +163,8 @@ class Model:
                                  "exceeds the model's max_position_embeddings "
                                  f"{self.config.max_position_embeddings}")
             dec = self.tokenizer.decoder() if self.tokenizer else None
-            seqs.append(
-                _Sequence(i, ids, sp, make_generator(sp, self.device), dec, self.eos_token_ids)
-            )
+            gen = make_generator(sp, self.device)
+            seqs.append(GeneratingSequence(i, ids, sp, gen, dec, self.eos_token_ids))
         return seqs
 
     def _sync(self) -> float:
@@ -172,7 +173,7 @@ class Model:
         return time.perf_counter()
 
     @torch.no_grad()
-    def _run(self, prompts, params) -> Iterator[tuple[list[_Sequence], int]]:
+    def _run(self, prompts, params) -> Iterator[tuple[list[GeneratingSequence], int]]:
         seqs = self._prepare(prompts, params)
         B, net, dev = len(seqs), self.net, self.device
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)

@@ -29,7 +29,7 @@ from .bench.expert_context import bench_expert_context, format_expert_context, m
 from .bench.pp import bench_pp, format_pp
 from .bench.timeline import plot_rank_timelines, plot_timeline
 from .bench.training import bench_training, format_training, zero_table
-from .context_parallel import (
+from .context_parallel.ring_attention import (
     attention_block,
     causal_work,
     chunk_positions,

@@ -74,12 +74,7 @@ class LLM(engine.LLM):
         if config.distributed_executor_backend == "external_launcher":  # every rank: torchrun
             self.launched, wrapped, config = start_launched(model, config)
             self._launch_seeds = itertools.count()
-            try:
-                super().__init__(wrapped, config, speculator=speculator)
-            except BaseException:
-                self.close()
-                raise
-            atexit.register(_close_ref, weakref.ref(self))
+            self._start_engine(wrapped, config, speculator)
             return
         if tp * pp == 1:  # layer 4's engine, untouched
             super().__init__(model, config, speculator=speculator)
@@ -94,6 +89,11 @@ class LLM(engine.LLM):
         start = start_pipeline if pp > 1 else start_tensor_parallel
         self.tp_group, wrapped = start(full, source, config, _tp_faults)
         del full, net, source
+        self._start_engine(wrapped, config, speculator)
+
+    def _start_engine(self, wrapped, config: EngineConfig, speculator) -> None:
+        """Layer 4's engine over the wrapped model; the ranks are stopped if it fails to start,
+        and at interpreter exit if nobody closed it."""
         try:
             super().__init__(wrapped, config, speculator=speculator)
         except BaseException:

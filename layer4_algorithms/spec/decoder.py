@@ -31,7 +31,7 @@ import torch
 
 from layer3_model import (
     ContiguousKVCache,
-    FinishRule,
+    GeneratingSequence,
     Generation,
     GenerationStats,
     Model,
@@ -83,29 +83,18 @@ class SpecStats(GenerationStats):
         return asdict(self) | {p: getattr(self, p) for p in props}
 
 
-class _Seq:
-    """One request: its output, the finish rule (layer 3's FinishRule: EOS, stop strings,
-    max_tokens) and `cached`: how many of its tokens the target's cache holds."""
+class _Seq(GeneratingSequence):
+    """One request as layer 3 generates it (its output, layer 3's FinishRule: EOS, stop
+    strings, max_tokens) and `cached`: how many of its tokens the target's cache holds."""
 
-    def __init__(self, row: int, prompt_ids: list[int], params: SamplingParams, gen, decoder,
-                 eos_ids: tuple[int, ...]) -> None:
-        self.row, self.params, self.gen = row, params, gen
-        self.rule = FinishRule(params, eos_ids, decoder)
-        self.out = Generation(prompt_ids=prompt_ids, token_ids=self.rule.token_ids)
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
         self.cached = 0
         self.k: int | None = None  # this sequence's proposal length under adaptive k
 
     @property
-    def finished(self) -> bool:
-        return self.out.finish_reason is not None
-
-    @property
     def tokens(self) -> list[int]:
         return self.out.prompt_ids + self.out.token_ids
-
-    def append(self, token: int) -> None:
-        _, self.out.finish_reason = self.rule.append(token)
-        self.out.text = self.rule.text
 
 
 class SpeculativeDecoder:
@@ -209,7 +198,7 @@ class SpeculativeDecoder:
             self._round(active, cache, proposer)
             for s in active:
                 if s.finished:
-                    proposer.release(s.row)
+                    proposer.release(s.index)
         stats.decode_s = self._sync() - t1
         stats.generated_tokens = sum(len(s.out.token_ids) for s in seqs)
         stats.draft_steps = getattr(proposer, "steps", 0)
@@ -242,7 +231,7 @@ class SpeculativeDecoder:
         t, stats = self.target, self.stats
         params = [s.params for s in active]
         gens = [s.gen for s in active]
-        rows = [s.row for s in active]
+        rows = [s.index for s in active]
         # never propose past max_tokens: n accepted + 1 emitted <= tokens still allowed
         ks = [min(self._k(s), s.params.max_tokens - len(s.out.token_ids) - 1) for s in active]
         t0 = time.perf_counter()

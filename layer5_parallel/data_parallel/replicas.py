@@ -35,7 +35,9 @@ import torch.multiprocessing as mp
 import layer4_algorithms as engine
 
 from ..engine_config import EngineConfig
+from ..runtime.group import end_processes
 from ..runtime.worker import next_message, run_worker
+from ..split import even_ranges
 
 l3 = engine.executor
 
@@ -60,13 +62,7 @@ def replica_devices(config: EngineConfig) -> list[str]:
 
 def shares(n: int, dp: int) -> list[range]:
     """n items cut into dp contiguous ranges whose sizes differ by at most one."""
-    base, extra = divmod(n, dp)
-    out, start = [], 0
-    for i in range(dp):
-        stop = start + base + (1 if i < extra else 0)
-        out.append(range(start, stop))
-        start = stop
-    return out
+    return even_ranges(n, dp)
 
 
 def _replica_main(index: int, devices: str, model, config: EngineConfig, threads: int,
@@ -258,15 +254,7 @@ class ReplicaSet:
                 c.send(("stop",))
             except OSError:
                 pass
-        deadline = time.monotonic() + 10.0
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+        end_processes(self.procs, time.monotonic() + 10.0)
         for c in self.conns:
             c.close()
         self.procs, self.conns = [], []

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import train_adapter as A
+from ..split import even_ranges
 from .schedules import schedule
 
 SCHEDULE_IDS = {"gpipe": 0, "1f1b": 1}
@@ -56,13 +57,7 @@ def partition(num_layers: int, stages: int) -> list[range]:
     """Decoder layers per stage, as even as possible (earlier stages get the extra ones)."""
     if stages < 1 or stages > num_layers:
         raise ValueError(f"{stages} stages for {num_layers} layers: need 1 <= stages <= layers")
-    base, extra = divmod(num_layers, stages)
-    out, start = [], 0
-    for s in range(stages):
-        stop = start + base + (1 if s < extra else 0)
-        out.append(range(start, stop))
-        start = stop
-    return out
+    return even_ranges(num_layers, stages)
 
 
 def stage_units(num_layers: int, stage: int, stages: int) -> list[int]:

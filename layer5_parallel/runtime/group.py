@@ -37,6 +37,20 @@ GRACE_S = 3.0  # after a failure: how long the other workers may still report th
 _threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
 
 
+def end_processes(procs, deadline: float) -> None:
+    """Let each process exit by itself until `deadline` (time.monotonic()), then terminate
+    what is left, then kill what survives that (2 s each)."""
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            p.join(2.0)
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)
+
+
 class WorkerGroup:
     """Workers' processes and control pipes, the collectives, and the group's health."""
 
@@ -199,16 +213,7 @@ class WorkerGroup:
                 self.ring.put(("stop",), timeout_s=min(timeout_s, self.timeout_s))
             except (TimeoutError, ValueError):
                 pass
-        deadline = time.monotonic() + (timeout_s if graceful else 0.5)
-        for p in self.procs:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(2.0)
-            if p.is_alive():
-                p.kill()
-                p.join(2.0)
+        end_processes(self.procs, time.monotonic() + (timeout_s if graceful else 0.5))
         for c in self.conns:
             c.close()
         if self.ring is not None:

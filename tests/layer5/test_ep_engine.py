@@ -26,9 +26,10 @@ from layer5_parallel.expert_parallel.engine_model import (
 )
 from layer5_parallel.expert_parallel.moe import MoEBlock
 
+from .engine_checks import NEAR_TIE, assert_all_same_or_near_tie
+
 l3 = l5.engine.executor
 MAX_TOKENS = 8
-NEAR_TIE = 1e-3
 LOGIT_ATOL = 1e-3
 SHARED = dict(num_experts=8, moe_intermediate_size=20, shared_expert_intermediate_size=44,
               capacity_factor=1.0)  # Qwen-MoE-like: a shared expert; capacity 1.0 drops some
@@ -74,19 +75,8 @@ def qwen_like():
     return engines(moe_config(**SHARED), [(2, True, "torch"), (2, False, "torch")])
 
 
-def assert_same_or_near_tie(ref: dict, got: dict) -> None:
-    for i, (a, b) in enumerate(zip(ref["tokens"], got["tokens"], strict=True)):
-        if a == b:
-            continue
-        j = next(k for k in range(len(a)) if a[k] != b[k])
-        last = ref["llm"].prompt_logits([ref["ids"][i] + a[:j]])[0][-1]
-        margin = float(last[a[j]] - last[b[j]])
-        assert 0 <= margin < NEAR_TIE, (f"prompt {i} token {j}: {b[j]} instead of {a[j]}, "
-                                        f"margin {margin:.2e} (not a near-tie)")
-
-
 def assert_matches(ref: dict, got: dict) -> None:
-    assert_same_or_near_tie(ref, got)
+    assert_all_same_or_near_tie(ref, got)
     if got["tokens"] == ref["tokens"]:
         for a, b in zip(ref["logits"], got["logits"], strict=True):
             torch.testing.assert_close(b, a, atol=LOGIT_ATOL, rtol=0)

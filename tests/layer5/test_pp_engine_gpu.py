@@ -8,6 +8,8 @@ import torch
 
 import layer5_parallel as l5
 
+from .engine_checks import assert_prompts_same_or_near_tie
+
 l3 = l5.engine.executor
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",
            "MACBETH.\nIs this a dagger", "PORTIA.\nThe quality of mercy", "OTHELLO.\n", "IAGO.\n"]
@@ -31,9 +33,4 @@ def test_pp2_nccl_matches_pp1():
     with l5.LLM(path, device="cuda", dtype="float32", num_blocks=256,
                 pipeline_parallel_size=2) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
-    for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        if a != b:
-            j = next(k for k in range(len(a)) if a[k] != b[k])
-            ids = ref.model.encode(PROMPTS[i]) + a[:j]
-            last = ref.prompt_logits([ids])[0][-1]
-            assert float(last[a[j]] - last[b[j]]) < 1e-3, f"prompt {i} token {j}: not a near-tie"
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)

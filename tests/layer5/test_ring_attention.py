@@ -15,6 +15,8 @@ import torch.nn.functional as F
 
 import layer5_parallel as l5
 
+from .engine_checks import assert_ranks_match
+
 # the module, not the function of the same name that layer5_parallel exports
 ra = importlib.import_module("layer5_parallel.context_parallel.ring_attention")
 
@@ -43,23 +45,17 @@ def rank_checks(seed: int) -> list[tuple]:
         shard = [ra.shard_sequence(t, me, p) for t in (q, k, v)]
         got = l5.ring_attention(*shard, S, timeout_s=30)
         want = ra.shard_sequence(_full(q, k, v), me, p)
-        results.append((case, got, want))
+        results.append((case, {"out": (got, want)}))
     q, k, v = _inputs(CASES[0], seed)
     got = l5.ring_attention(*[ra.shard_sequence(t, me, p) for t in (q, k, v)], q.shape[-2],
                             causal=False)
-    results.append(("non-causal", got, ra.shard_sequence(_full(q, k, v, False), me, p)))
+    results.append(("non-causal", {"out": (got, ra.shard_sequence(_full(q, k, v, False), me, p))}))
     return results
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_attention_on_ranks_equals_full_attention(world):
-    seed = seeds.randrange(2**31)
-    reports = l5.engine.executor.comm.launch(rank_checks, world, seed, backend="gloo",
-                                             timeout_s=60)
-    for rank, report in enumerate(reports):
-        for case, got, want in report:
-            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5,
-                                       msg=f"rank {rank}/{world}, case {case}, seed {seed}")
+    assert_ranks_match(rank_checks, world, seeds.randrange(2**31))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

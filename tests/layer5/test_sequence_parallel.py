@@ -11,6 +11,8 @@ import torch
 import layer5_parallel as l5
 from layer5_parallel.tensor_parallel.sequence_parallel import SequenceParallelMLP, mlp_block
 
+from .engine_checks import assert_ranks_match
+
 seeds = random.SystemRandom()
 CASES = [(13, 8, 10), (5, 6, 7), (32, 16, 24)]  # (S, D, F)
 
@@ -55,14 +57,7 @@ def rank_checks(seed: int) -> list[tuple]:
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_sequence_parallel_block_equals_unsharded(world):
-    seed = seeds.randrange(2**31)
-    reports = l5.engine.executor.comm.launch(rank_checks, world, seed, backend="gloo",
-                                             timeout_s=60)
-    for rank, report in enumerate(reports):
-        for case, pairs in report:
-            for name, (got, want) in pairs.items():
-                where = f"{name}: rank {rank}/{world}, case {case}, seed {seed}"
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=where)
+    assert_ranks_match(rank_checks, world, seeds.randrange(2**31))
 
 
 def test_bad_shapes_are_named():

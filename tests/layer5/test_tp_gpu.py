@@ -10,6 +10,8 @@ import torch
 import layer5_parallel as l5
 from layer5_parallel.bench.tp import bench_tp1_vs_layer4
 
+from .engine_checks import assert_prompts_same_or_near_tie
+
 l3 = l5.engine.executor
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",
            "MACBETH.\nIs this a dagger", "PORTIA.\nThe quality of mercy", "OTHELLO.\n", "IAGO.\n"]
@@ -42,10 +44,5 @@ def test_tp2_nccl_matches_tp1():
     want = _tokens(ref)
     with l5.LLM(path, dtype="float32", device="cuda", num_blocks=256, tensor_parallel_size=2) as tp:
         got = _tokens(tp)
-    for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        if a != b:
-            j = next(k for k in range(len(a)) if a[k] != b[k])
-            ids = ref.model.encode(PROMPTS[i]) + a[:j]
-            last = ref.prompt_logits([ids])[0][-1]
-            assert float(last[a[j]] - last[b[j]]) < 1e-3, f"prompt {i} token {j}: not a near-tie"
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)
     assert torch.cuda.is_available()

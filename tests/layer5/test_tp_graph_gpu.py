@@ -13,6 +13,8 @@ import torch
 import layer5_parallel as l5
 from layer5_parallel.tensor_parallel.graphs import TPGraphRunner
 
+from .engine_checks import assert_prompts_same_or_near_tie
+
 l3 = l5.engine.executor
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo", "HAMLET.\nTo be, or not to be", "KING LEAR.\n",
            "MACBETH.\nIs this a dagger", "PORTIA.\nThe quality of mercy", "OTHELLO.\n", "IAGO.\n",
@@ -32,15 +34,6 @@ def _run(llm):
 def _plain_tokens(llm):
     params = l5.SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
-
-
-def _same_or_near_tie(ref_llm, want, got):
-    for i, (a, b) in enumerate(zip(want, got, strict=True)):
-        if a != b:
-            j = next(k for k in range(len(a)) if a[k] != b[k])
-            ids = ref_llm.model.encode(PROMPTS[i]) + a[:j]
-            last = ref_llm.prompt_logits([ids])[0][-1]
-            assert float(last[a[j]] - last[b[j]]) < 1e-3, f"prompt {i} token {j}: not a near-tie"
 
 
 def _no_workers():
@@ -67,8 +60,8 @@ def test_tp2_cuda_graphs_match_tp1_cuda_graphs():
         got, got_lp = _run(tp)
         got_plain = _plain_tokens(tp)
         assert tp.tp_group.ring.count - sent > 40  # the decode steps went through the ring
-    _same_or_near_tie(ref, want, got)
-    _same_or_near_tie(ref, want_plain, got_plain)
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want_plain, got_plain)
     for a, b, la, lb in zip(want, got, want_lp, got_lp, strict=True):
         n = next((k for k in range(len(a)) if a[k] != b[k]), len(a))
         torch.testing.assert_close(torch.tensor(lb[:n]), torch.tensor(la[:n]),

@@ -15,19 +15,11 @@ import torch
 
 import layer5_parallel as l5
 
-from .test_pp_engine import ENGINE, LOGIT_ATOL, assert_same_or_near_tie, random_config, run
+from . import test_pp_engine
+from .test_pp_engine import ENGINE, LOGIT_ATOL, assert_same_or_near_tie, run
 
-l3 = l5.engine.executor
-
-
-@pytest.fixture(scope="module")
-def model() -> l3.Model:
-    return l3.Model(l3.random_model(random_config(), seed=1, std=0.3))
-
-
-@pytest.fixture(scope="module")
-def ref(model):
-    return run(l5.LLM(model, **ENGINE))
+# test_pp_engine's fixtures: the same random model and its PP=1 reference run
+model, ref = test_pp_engine.model, test_pp_engine.ref
 
 
 @pytest.fixture(scope="module")

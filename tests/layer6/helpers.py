@@ -1,10 +1,14 @@
-"""Helpers the layer-6 tests share: waiting for an idle engine, OpenAI-style error bodies,
-and the greedy-equals-offline check every server mode must pass."""
+"""Helpers the layer-6 tests share: waiting for an idle engine, OpenAI-style error bodies and
+SSE framing, JSON-schema replies checked against their schemas, and the greedy-equals-offline
+check every server mode must pass."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import httpx
+import jsonschema
+import openai
 
 import layer6_serving as l6
 
@@ -30,6 +34,35 @@ def error_of(r) -> dict:
     err = r.json()["error"]
     assert set(err) == ERROR_FIELDS and err["message"]
     return err
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    """Split an SSE body into event payloads, checking OpenAI's framing on the way."""
+    assert raw.endswith(b"\n\n")
+    events = raw[:-2].split(b"\n\n")
+    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), raw[:300]
+    return [e[len(b"data: "):] for e in events]
+
+
+def assert_json_schemas_hold(url: str, model: str, messages: list[dict], schemas: list[dict],
+                             temperature: float) -> None:
+    """Every schema as a strict response_format, all requests at once (the engine batches
+    their masks): each reply ends by itself ("stop") with JSON that the schema validates."""
+    async def one(c: openai.AsyncOpenAI, i: int, schema: dict):
+        r = await c.chat.completions.create(
+            model=model, messages=messages, max_tokens=96, temperature=temperature, seed=i,
+            response_format={"type": "json_schema", "json_schema": {
+                "name": f"s{i}", "schema": schema, "strict": True}})
+        return r.choices[0]
+
+    async def everything():
+        async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused",
+                                      max_retries=0, timeout=300) as c:
+            return await asyncio.gather(*(one(c, i, s) for i, s in enumerate(schemas)))
+
+    for schema, ch in zip(schemas, asyncio.run(everything()), strict=True):
+        assert ch.finish_reason == "stop", (schema, ch.message.content)
+        jsonschema.validate(json.loads(ch.message.content), schema)
 
 
 def greedy_texts_match_offline(client, offline) -> list[str]:

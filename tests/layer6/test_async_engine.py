@@ -139,20 +139,24 @@ def test_bad_requests_are_refused_up_front(engine):
         run(engine.generate([], SP(max_tokens=4)))
 
 
-def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(engine, monkeypatch):
-    real = engine.llm.step
-    calls = {"n": 0}
+def fail_second_call(monkeypatch, owner, name: str, exc: Exception) -> None:
+    """owner.name raises exc on its second call (the first step of a request has run)."""
+    real, calls = getattr(owner, name), {"n": 0}
 
-    def flaky(*a, **k):
+    def faulty(*a, **k):
         calls["n"] += 1
         if calls["n"] == 2:
-            raise RuntimeError("injected fault")
+            raise exc
         return real(*a, **k)
-    monkeypatch.setattr(engine.llm, "step", flaky)
+    monkeypatch.setattr(owner, name, faulty)
 
+
+def assert_request_fails_then_engine_serves(engine, max_tokens: int, match: str) -> None:
+    """A long request ends in EngineStepError(match), frees its KV blocks, and the engine
+    then serves a new request."""
     async def go():
-        s = await engine.generate(PROMPTS[0], SP(max_tokens=50, ignore_eos=True))
-        with pytest.raises(l6.EngineStepError, match="injected fault"):
+        s = await engine.generate(PROMPTS[0], SP(max_tokens=max_tokens, ignore_eos=True))
+        with pytest.raises(l6.EngineStepError, match=match):
             async for _ in s:
                 pass
         await wait_idle(engine)
@@ -161,22 +165,12 @@ def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(engine, monke
     assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3
 
 
+def test_a_failing_step_fails_its_requests_and_the_engine_lives_on(engine, monkeypatch):
+    fail_second_call(monkeypatch, engine.llm, "step", RuntimeError("injected fault"))
+    assert_request_fails_then_engine_serves(engine, 50, "injected fault")
+
+
 def test_a_bug_in_the_loop_fails_its_requests_instead_of_hanging(engine, monkeypatch):
-    real, calls = engine.loop._deliver, {"n": 0}
-
-    def buggy(out):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyError("a bug")
-        return real(out)
-    monkeypatch.setattr(engine.loop, "_deliver", buggy)
-
-    async def go():
-        s = await engine.generate(PROMPTS[0], SP(max_tokens=30, ignore_eos=True))
-        with pytest.raises(l6.EngineStepError, match="engine loop failed"):
-            async for _ in s:
-                pass
-        await wait_idle(engine)
-    run(go())
-    assert engine.loop.thread.is_alive() and engine.snapshot.kv_blocks_used == 0
-    assert run(_collect(engine, PROMPTS[0], SP(temperature=0, max_tokens=3))).completion_tokens == 3
+    fail_second_call(monkeypatch, engine.loop, "_deliver", KeyError("a bug"))
+    assert_request_fails_then_engine_serves(engine, 30, "engine loop failed")
+    assert engine.loop.thread.is_alive()

@@ -11,7 +11,7 @@ import pytest
 
 import layer6_serving as l6
 
-from .helpers import PROMPTS, greedy_texts_match_offline
+from .helpers import PROMPTS, greedy_texts_match_offline, sse_events
 
 MSG = [{"role": "user", "content": "Who art thou?"}]
 
@@ -25,14 +25,6 @@ def client(server):
 def aclient(server):
     return lambda: openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
                                       max_retries=0, timeout=60)
-
-
-def sse_events(raw: bytes) -> list[bytes]:
-    """Split an SSE body into event payloads, checking OpenAI's framing on the way."""
-    assert raw.endswith(b"\n\n")
-    events = raw[:-2].split(b"\n\n")
-    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), raw[:300]
-    return [e[len(b"data: "):] for e in events]
 
 
 def test_models_lists_the_served_model(client):

@@ -6,7 +6,6 @@ auto / required / named, streamed and not, vLLM's structured_outputs on completi
 its schema with `jsonschema`."""
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Literal
@@ -20,6 +19,7 @@ import pytest
 from layer6_serving.api import tools
 
 from ..layer4.schemas import SCHEMAS
+from .helpers import assert_json_schemas_hold, sse_events
 
 MSG = [{"role": "user", "content": "Answer in JSON."}]
 WEATHER = {"type": "function", "function": {
@@ -55,23 +55,7 @@ def check_calls(calls, names=("get_weather", "add")) -> None:
 def test_many_json_schemas_parse_and_validate(server):
     """Every schema of the suite (>= 50), sent at once so the engine batches their masks."""
     assert len(SCHEMAS) >= 50
-
-    async def one(c: openai.AsyncOpenAI, i: int, schema: dict):
-        r = await c.chat.completions.create(
-            model="course", messages=MSG, max_tokens=96, temperature=0.8, seed=i,
-            response_format={"type": "json_schema", "json_schema": {
-                "name": f"s{i}", "schema": schema, "strict": True}})
-        return r.choices[0]
-
-    async def everything():
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused",
-                                      max_retries=0, timeout=300) as c:
-            return await asyncio.gather(*(one(c, i, s) for i, s in enumerate(SCHEMAS)))
-
-    choices = asyncio.run(everything())
-    for schema, ch in zip(SCHEMAS, choices, strict=True):
-        assert ch.finish_reason == "stop", (schema, ch.message.content)
-        jsonschema.validate(json.loads(ch.message.content), schema)
+    assert_json_schemas_hold(server.url, "course", MSG, SCHEMAS, temperature=0.8)
 
 
 class Verdict(pydantic.BaseModel):
@@ -224,13 +208,6 @@ def test_tool_results_go_back_through_the_template(client, server):
     text = tok.decode(tools.render_prompt(tok, messages, plan), skip_special_tokens=False)
     assert '<tool_call>{"name":"add","arguments":{"a":2,"b":3}}</tool_call>' in text
     assert "<tool_response>5</tool_response>" in text and '"name":"add"' in text
-
-
-def sse_events(raw: bytes) -> list[bytes]:
-    assert raw.endswith(b"\n\n")
-    events = raw[:-2].split(b"\n\n")
-    assert all(e.startswith(b"data: ") and b"\n" not in e for e in events), raw[:300]
-    return [e[len(b"data: "):] for e in events]
 
 
 def test_raw_sse_bytes_of_a_streamed_tool_call_follow_openais_framing(server):

@@ -3,7 +3,6 @@ tools: the server's fallback prompt), over HTTP with the official client. Skippe
 model cannot be pulled (`stack models pull smollm2`)."""
 from __future__ import annotations
 
-import asyncio
 import json
 
 import jsonschema
@@ -13,6 +12,7 @@ import pytest
 import layer6_serving as l6
 
 from ..layer4.schemas import SCHEMAS
+from .helpers import assert_json_schemas_hold
 from .test_structured_api import ADD, PARAMS, WEATHER, check_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -33,24 +33,9 @@ def smol():
 
 def test_smollm2_json_schemas_parse_and_validate(smol):
     _, srv = smol
-    schemas = SCHEMAS[::5]  # 11 of them, at once
-
-    async def one(c, i, schema):
-        r = await c.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Describe a person."}],
-            max_tokens=96, temperature=0.7, seed=i,
-            response_format={"type": "json_schema", "json_schema": {
-                "name": f"s{i}", "schema": schema, "strict": True}})
-        return r.choices[0]
-
-    async def everything():
-        async with openai.AsyncOpenAI(base_url=srv.url + "/v1", api_key="unused",
-                                      max_retries=0, timeout=300) as c:
-            return await asyncio.gather(*(one(c, i, s) for i, s in enumerate(schemas)))
-
-    for schema, ch in zip(schemas, asyncio.run(everything()), strict=True):
-        assert ch.finish_reason == "stop", (schema, ch.message.content)
-        jsonschema.validate(json.loads(ch.message.content), schema)
+    person = [{"role": "user", "content": "Describe a person."}]
+    assert_json_schemas_hold(srv.url, "smollm2", person, SCHEMAS[::5],  # 11 of them, at once
+                             temperature=0.7)
 
 
 def test_smollm2_calls_tools_streamed_and_not(smol):

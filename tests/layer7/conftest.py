@@ -15,6 +15,8 @@ import pytest
 import layer6_serving
 from layer7_app.chat import ChatHandle, start_chat
 
+from .browser_support import CHROMIUM
+
 
 @pytest.fixture(scope="session")
 def model_server() -> Iterator[layer6_serving.ServerHandle]:
@@ -35,6 +37,18 @@ def gauges(model_server: layer6_serving.ServerHandle) -> Callable[[], dict[str, 
     """Reads the course engine's running requests, KV blocks in use and tokens generated
     so far from the model server's Prometheus /metrics."""
     return lambda: engine_gauges(model_server.url)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """Headless chromium for a module of browser tests (they carry browser_support's
+    BROWSER_MARKS and skip without playwright)."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                      args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
 
 
 def engine_gauges(server_url: str) -> dict[str, float]:

@@ -5,12 +5,10 @@ executable that `.ci/run` installs (`apt-get install chromium`). Every wait is b
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
-import shutil
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,59 +16,27 @@ from layer7_app.chat import COOKIE, ChatHandle, start_chat
 from layer7_app.router import start_router
 from layer7_app.store import Store
 
+from .browser_support import BROWSER_MARKS, DOCS, open_page, send_message, wait_replies_done
 from .conftest import engine_gauges
 
-CHROMIUM = "/usr/bin/chromium"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-WAIT_MS = 60_000
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None,
-                       reason=f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = BROWSER_MARKS
+pytest.importorskip("playwright.sync_api")
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                      args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+send = functools.partial(send_message, max_tokens=24, seed=None, temperature=0.8, play=False)
+wait_reply_done = wait_replies_done
 
 
-def open_page(browser, url: str, errors: list[str] | None = None, *, csp: bool = False):
-    """A page in a fresh browser context (its own cookies: a new session). The page's
-    Content-Security-Policy forbids eval, which playwright's string predicates use: it is
-    bypassed unless csp=True (test_the_page_runs_under_its_own_csp keeps it)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 800}, bypass_csp=not csp)
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    if errors is not None:
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_selector("#model option", state="attached")  # models listed: ready
-    page.wait_for_selector("#conversations[data-loaded]", state="attached")
-    return page
-
-
-def send(page, text: str, *, play: bool = False, max_tokens: int = 24,
-         temperature: float = 0.8, seed: int | None = None) -> None:
-    page.set_checked("#play", play)
-    page.fill("#max-tokens", str(max_tokens))
-    page.eval_on_selector("#temperature", "(el, v) => { el.value = v; "
-                          "el.dispatchEvent(new Event('input')); }", str(temperature))
-    page.fill("#seed", "" if seed is None else str(seed))
-    page.fill("#input", text)
-    page.press("#input", "Enter")
-
-
-def wait_reply_done(page, n: int) -> None:
-    """Until `n` assistant replies are finished (their stats line is drawn)."""
-    page.wait_for_function(
-        f"document.querySelectorAll('.message.assistant .stats').length >= {n}"
-        " && !document.querySelector('.message.assistant.streaming')")
+def start_long_reply(page) -> None:
+    """Send a prompt whose reply is still streaming when the test presses Stop, and wait
+    until its tokens keep arriving. Seed 1 at temperature 1.5 makes the course model speak
+    for the full 300 tokens (greedy replies end in ~20)."""
+    send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
+    page.wait_for_function("(document.querySelector('.message.assistant.streaming .body')"
+                           " || {}).textContent?.length > 0")
+    first = page.inner_text(".message.assistant .body")
+    page.wait_for_function(f"document.querySelector('.message.assistant .body')"
+                           f".textContent.length > {len(first)}")
 
 
 def test_the_page_runs_under_its_own_csp(browser, chat: ChatHandle) -> None:
@@ -90,14 +56,7 @@ def test_the_page_runs_under_its_own_csp(browser, chat: ChatHandle) -> None:
 def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
                                                     gauges) -> None:
     page = open_page(browser, chat.url)
-    # Seed 1 at temperature 1.5 makes the course model speak for the full 300 tokens, so
-    # the reply is still streaming when Stop is pressed (greedy replies end in ~20 tokens).
-    send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
-    page.wait_for_function("(document.querySelector('.message.assistant.streaming .body')"
-                           " || {}).textContent?.length > 0")
-    first = page.inner_text(".message.assistant .body")
-    page.wait_for_function(f"document.querySelector('.message.assistant .body')"
-                           f".textContent.length > {len(first)}")  # tokens keep arriving
+    start_long_reply(page)
     live = gauges()
     assert live["running"] == 1 and live["kv_blocks"] > 0
     page.click("#stop")
@@ -125,12 +84,7 @@ def test_stop_through_the_router_frees_the_replica(browser, model_server, tmp_pa
     with start_router([replica], policy="prefix_aware") as router, \
             start_chat(router.url, db=tmp_path / "chat.db") as chat:
         page = open_page(browser, chat.url)  # models listed through the router: ready
-        send(page, "Speak on, my lord.", max_tokens=300, temperature=1.5, seed=1)
-        page.wait_for_function("(document.querySelector('.message.assistant.streaming .body')"
-                               " || {}).textContent?.length > 0")
-        first = page.inner_text(".message.assistant .body")
-        page.wait_for_function(f"document.querySelector('.message.assistant .body')"
-                               f".textContent.length > {len(first)}")  # tokens keep arriving
+        start_long_reply(page)
         live = engine_gauges(replica)
         assert live["running"] == 1 and live["kv_blocks"] > 0
         page.click("#stop")

@@ -7,40 +7,24 @@ LLM_STACK_UPDATE_DOCS=1 writes the screenshots to docs/ (else to a temporary fol
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-import shutil
 from pathlib import Path
 
 import pytest
 
 from layer7_app.chat import start_chat
 
+from .browser_support import BROWSER_MARKS, DOCS, open_page, send_message, wait_replies_done
 from .test_page_api import pdf_with_text
 
-CHROMIUM = "/usr/bin/chromium"
-DOCS = Path(__file__).resolve().parents[2] / "docs"
-WAIT_MS = 60_000
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None,
-                       reason=f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = BROWSER_MARKS
+pytest.importorskip("playwright.sync_api")
 PHONE = {"width": 390, "height": 844}
-DESKTOP = {"width": 1280, "height": 800}
 NO_SCROLL_X = ("() => [document.documentElement, document.body, document.querySelector('.main'),"
                " document.getElementById('messages')].every((e) => e.scrollWidth <= e.clientWidth)")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with sync_api.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                      args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
 
 
 @pytest.fixture(scope="module")
@@ -55,43 +39,8 @@ def shots(tmp_path_factory) -> Path:
         tmp_path_factory.mktemp("shots")
 
 
-def open_page(browser, url: str, errors: list[str] | None = None, *, csp: bool = False,
-              **context):
-    """A page in a fresh browser context (its own cookies: a new session), models listed.
-    The page's CSP forbids eval, which playwright's string predicates use: bypassed unless
-    csp=True (test_every_feature_runs_under_the_csp keeps it)."""
-    ctx = browser.new_context(viewport=context.pop("viewport", DESKTOP), bypass_csp=not csp,
-                              **context)
-    page = ctx.new_page()
-    page.set_default_timeout(WAIT_MS)
-    if errors is not None:
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
-    page.goto(url)
-    page.wait_for_selector("#model option", state="attached")
-    page.wait_for_selector("#conversations[data-loaded]", state="attached")
-    return page
-
-
-def send(page, text: str, *, max_tokens: int = 12, seed: int | None = 1,
-         temperature: float = 0.7, play: bool = True) -> None:
-    """Type and send (settings set on the page's own controls, opened on a phone)."""
-    if not page.is_visible("#max-tokens"):
-        page.click("#settings-toggle")
-    page.set_checked("#play", play)
-    page.fill("#max-tokens", str(max_tokens))
-    page.eval_on_selector("#temperature", "(el, v) => { el.value = v; "
-                          "el.dispatchEvent(new Event('input')); }", str(temperature))
-    page.fill("#seed", "" if seed is None else str(seed))
-    page.fill("#input", text)
-    page.wait_for_function("!document.getElementById('send').disabled")
-    page.press("#input", "Enter")
-
-
-def wait_done(page, n: int) -> None:
-    """Until `n` replies are finished (stats drawn, nothing streaming)."""
-    page.wait_for_function(
-        f"document.querySelectorAll('.message.assistant .stats').length >= {n}"
-        " && !document.querySelector('.message.assistant.streaming')")
+send = functools.partial(send_message, max_tokens=12, seed=1, temperature=0.7, play=True)
+wait_done = wait_replies_done
 
 
 def test_phone_layout_no_sideways_scroll_drawer_and_toolbar(browser, chat, shots) -> None:

@@ -3,29 +3,14 @@ the calculator enabled and "Must call" checked, the reply's bubble shows the cal
 made and the result the app fed back, while streaming and after a reload."""
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator
-
 import pytest
 
 from layer7_app.chat import ChatHandle
 
-CHROMIUM = "/usr/bin/chromium"
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.skipif(shutil.which(CHROMIUM) is None,
-                       reason=f"{CHROMIUM} is missing: `apt-get install chromium` (.ci/run does)"),
-]
-sync_api = pytest.importorskip("playwright.sync_api")
+from .browser_support import BROWSER_MARKS
 
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with sync_api.sync_playwright() as pw:
-        chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                      args=["--no-sandbox"])
-        yield chromium
-        chromium.close()
+pytestmark = BROWSER_MARKS
+pytest.importorskip("playwright.sync_api")
 
 
 def test_a_tool_call_and_its_result_are_drawn_in_the_reply(browser, chat: ChatHandle, tmp_path):

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 import layer3_model as l3
+from layer0_hardware import python_loop_ms
 from layer3_model import bench as L3B
 from layer3_model.bench_rows import prefill_row
 from layer3_model.prefill_graph import CudaGraphPrefill
@@ -95,15 +96,6 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
     if not smoke:
         row.update(bucket_graph_prefill(net, tokens, peak))
     return row
-
-
-def python_loop_ms() -> float:
-    """A fixed pure-Python loop (200k iterations), ms: how fast this host runs Python now."""
-    t0 = time.perf_counter()
-    acc = 0
-    for i in range(200_000):
-        acc += i & 7
-    return (time.perf_counter() - t0) * 1e3
 
 
 def bucket_graph_prefill(net, tokens: int, peak: float, runs: int = 5) -> dict:

@@ -302,16 +302,11 @@ else:
     set_variant(not args.no_fuse_rope, args.early)
 if not args.no_profile:
     profile_step()
-if args.variants:
-    variants()
-if args.more_variants:
-    more_variants()
-if args.attention:
-    attention_variants()
-if args.tiles:
-    tiles()
-if args.sweep:
-    sweep()
+for wanted, part in ((args.variants, variants), (args.more_variants, more_variants),
+                     (args.attention, attention_variants), (args.tiles, tiles),
+                     (args.sweep, sweep)):
+    if wanted:
+        part()
 if args.json:
     with open(args.json, "w") as f:
         json.dump(result, f, indent=1, default=str)

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 import layer3_model as l3
+from layer0_hardware import python_loop_ms
 from layer3_model import bench as L3B
 from layer3_model.backends import Ops, make_ops
 
@@ -47,6 +48,18 @@ def events_ms(fn: Callable[[], object], repeats: int = 10, warmup: int = 3) -> l
     return [t * 1e3 for t in
             l3.time_fn(fn, warmup=warmup, repeats=repeats, device="cuda" if CUDA else "cpu")
             .samples]
+
+
+def per_call_us(fn: Callable[[], object], n: int) -> float:
+    """Microseconds per call over n back-to-back calls after one warm-up call (synchronized
+    before and after, so it is the rate the host and GPU together sustain)."""
+    fn()
+    _sync()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    _sync()
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def host_ms(fn: Callable[[], object], repeats: int = 10) -> float:
@@ -231,26 +244,8 @@ def host_costs(net: l3.LlamaModel, tokens: int = 16, calls: int = 200) -> dict[s
         "one decoder layer": lambda: layer(x, x, ctx, cache, ops, net.cos, net.sin),
         "whole forward": lambda: net(ids, ctx, cache, last_only=True),
     }
-    out = {}
-    for name, fn in cases.items():
-        fn()
-        n = calls if "forward" not in name else 20
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        _sync()
-        out[name] = (time.perf_counter() - t0) / n * 1e6
-    return out
-
-
-def host_speed_ms() -> float:
-    """A fixed pure-Python loop (ms): the host's interpreter speed, to compare runs and hosts."""
-    t0 = time.perf_counter()
-    acc = 0
-    for i in range(200_000):
-        acc += i & 7
-    return (time.perf_counter() - t0) * 1e3
+    return {name: per_call_us(fn, calls if "forward" not in name else 20)
+            for name, fn in cases.items()}
 
 
 def cprofile_forward(fn: Callable[[], object], n: int = 5, top: int = 25) -> list[dict]:
@@ -323,16 +318,7 @@ def launch_paths(net: l3.LlamaModel, tokens: int = 16, calls: int = 300 if CUDA 
         "3 views (x[a:b].transpose(0,1)[None])": lambda: x[0:8].transpose(0, 1)[None],
         "torch.cuda.current_stream()": lambda: torch.cuda.current_stream() if CUDA else None,
     }
-    out = {}
-    for name, fn in cases.items():
-        fn()
-        _sync()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        _sync()
-        out[name] = (time.perf_counter() - t0) / calls * 1e6
-    return out
+    return {name: per_call_us(fn, calls) for name, fn in cases.items()}
 
 
 def triton_next_pow2(n: int) -> int:
@@ -342,7 +328,7 @@ def triton_next_pow2(n: int) -> int:
 def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
     """Where the host's time goes in one prefill forward: enqueue ms,
     Python speed, cProfile, launch census, launch paths, op costs at T=16."""
-    res = {"host_speed_ms": host_speed_ms(), "host_enqueue_ms": host_ms(fwd),
+    res = {"host_speed_ms": python_loop_ms(), "host_enqueue_ms": host_ms(fwd),
            "layers": net.config.num_hidden_layers}
     ops = net.ops
     try:  # the same forward with RoPE and the cache write as two ops again (before/after)
@@ -361,7 +347,7 @@ def host_profile(net: l3.LlamaModel, fwd: Callable[[], object]) -> dict:
     res["census"] = launch_census(fwd)
     res["launch_paths_us"] = launch_paths(net)
     res["host_us_per_call_T16"] = host_costs(net)
-    res["host_speed_ms_end"] = host_speed_ms()
+    res["host_speed_ms_end"] = python_loop_ms()
     return res
 
 
@@ -375,7 +361,7 @@ def host_ab(net: l3.LlamaModel, fwd: Callable[[], object], rounds: int = 7) -> d
     _sync()
     before, after, loop = [], [], []
     for _ in range(rounds):
-        loop.append(host_speed_ms())
+        loop.append(python_loop_ms())
         with before_host_cuts(net):
             before.append(host_ms(fwd, repeats=3))
         after.append(host_ms(fwd, repeats=3))

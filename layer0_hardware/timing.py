@@ -118,3 +118,14 @@ def time_fn(
         torch.cuda.synchronize()  # elapsed_time needs both events to have completed
         samples = [s.elapsed_time(e) / 1e3 for s, e in zip(starts, ends, strict=True)]  # ms -> s
     return Timing.from_samples(samples)
+
+
+def python_loop_ms() -> float:
+    """A fixed pure-Python loop (200k iterations), in ms: how fast this host runs Python now.
+    A host-bound figure (eager launches, a prefill's host side) follows it, and a shared host's
+    can move 2x within a minute, so benchmarks record it beside such figures."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(200_000):
+        acc += i & 7
+    return (time.perf_counter() - t0) * 1e3

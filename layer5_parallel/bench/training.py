@@ -200,26 +200,23 @@ def bench_training(out_dir: str | Path | None = None, *, stages: int = 2, world:
 
 def format_training(rows: list[dict]) -> str:
     """bench_training's rows as text: bubble, overlap, ZeRO memory, checkpointing."""
+    def part(name: str) -> list[dict]:
+        return [r for r in rows if r["part"] == name]
+
     out = ["pipeline bubble (idle fraction of the step; measured vs (p-1)/(m+p-1)):"]
-    for r in rows:
-        if r["part"] == "pipeline":
-            out.append(f"  {NAMES[r['schedule']]:<6} p={r['stages']} m={r['micro_batches']:<2} "
-                       f"measured {r['idle_measured']:.0%} (per rank "
-                       f"{', '.join(f'{x:.0%}' for x in r['idle_per_rank'])})  "
-                       f"formula {r['idle_formula']:.0%}  step {r['step_ms']:.0f} ms")
+    out += [f"  {NAMES[r['schedule']]:<6} p={r['stages']} m={r['micro_batches']:<2} "
+            f"measured {r['idle_measured']:.0%} (per rank "
+            f"{', '.join(f'{x:.0%}' for x in r['idle_per_rank'])})  "
+            f"formula {r['idle_formula']:.0%}  step {r['step_ms']:.0f} ms"
+            for r in part("pipeline")]
     out.append("DDP (share of all-reduce time hidden behind backward):")
-    for r in rows:
-        if r["part"] == "ddp":
-            out.append(f"  {r['buckets']:>3} bucket(s) of <= {r['bucket_bytes'] / 2**20:g} MiB: "
-                       f"overlap {r['overlap']:.0%}, backward {r['backward_ms']:.0f} ms, "
-                       f"exposed comm {r['exposed_comm_ms']:.1f} ms")
-    if any(r["part"] == "zero" for r in rows):
+    out += [f"  {r['buckets']:>3} bucket(s) of <= {r['bucket_bytes'] / 2**20:g} MiB: "
+            f"overlap {r['overlap']:.0%}, backward {r['backward_ms']:.0f} ms, "
+            f"exposed comm {r['exposed_comm_ms']:.1f} ms" for r in part("ddp")]
+    if part("zero"):
         out.append("ZeRO per-rank memory (fp32 Adam: 4 + 4 + 8 bytes per parameter):")
         out.append(zero_table(rows))
-    for r in rows:
-        if r["part"] == "checkpointing_cost":
-            out.append(f"checkpointing={r['checkpointed']!s:<5} {r['tokens']} tokens: "
-                       f"activations {r['activations'] / 2**20:.2f} MiB "
-                       f"(x{r['activations_ratio']}), fwd+bwd {r['step_ms']} ms "
-                       f"(x{r['time_ratio']})")
+    out += [f"checkpointing={r['checkpointed']!s:<5} {r['tokens']} tokens: "
+            f"activations {r['activations'] / 2**20:.2f} MiB (x{r['activations_ratio']}), "
+            f"fwd+bwd {r['step_ms']} ms (x{r['time_ratio']})" for r in part("checkpointing_cost")]
     return "\n".join(out)

@@ -9,7 +9,6 @@ must not read."""
 from __future__ import annotations
 
 import importlib
-import math
 import os
 import subprocess
 import sys
@@ -20,30 +19,19 @@ import torch
 
 from layer1_kernels import interpreter
 
+from ..paged_case import make_case
+
 pd = importlib.import_module("layer1_kernels.paged_decode")  # the package's name is the function
 
 DEV = "cpu" if interpreter.INTERPRETED else "cuda"
 
 
 def make(lens, hq, hkv, d, page, *, dtype=torch.float32, seed=0, window=None):
-    """Paged cache with each sequence's blocks shuffled, NaN outside the visible keys."""
-    g = torch.Generator().manual_seed(seed)
-    per = [max(1, math.ceil(n / page)) for n in lens]
-    nblocks = sum(per) + 2
-    ids = torch.randperm(nblocks, generator=g)
-    tables = torch.full((len(lens), max(per)), int(ids[-1]), dtype=torch.int32)
-    k = torch.full((nblocks, page, hkv, d), float("nan"))
-    v = torch.full_like(k, float("nan"))
-    used = 0
-    for b, (n, p) in enumerate(zip(lens, per, strict=True)):
-        tables[b, :p] = ids[used:used + p]
-        used += p
-        j = torch.arange(0 if window is None else max(0, n - window), n)
-        k[tables[b, j // page].long(), j % page] = torch.randn(len(j), hkv, d, generator=g)
-        v[tables[b, j // page].long(), j % page] = torch.randn(len(j), hkv, d, generator=g)
-    q = torch.randn(len(lens), hq, d, generator=g)
-    return (q.to(DEV, dtype), k.to(DEV, dtype), v.to(DEV, dtype), tables.to(DEV),
-            torch.tensor(lens, dtype=torch.int64, device=DEV))
+    """make_case's paged cache (shuffled blocks, NaN outside the visible keys) as the tuple
+    the kernel takes: q, k, v, int32 block tables, int64 lengths."""
+    c = make_case(lens, hq, hkv, d, page, window=window, dtype=dtype, device=DEV, seed=seed,
+                  table_dtype=torch.int32)
+    return c["q"], c["k_cache"], c["v_cache"], c["block_tables"], c["seq_lens"].long()
 
 
 def reference(q, k, v, tables, lens, scale, window):

@@ -96,12 +96,18 @@ def shape_mismatch() -> None:
     ring_all_reduce(torch.ones(10 + rank()))
 
 
-def test_a_shape_mismatch_fails_launch_with_a_clear_error_within_the_timeout():
+def launch_error(fn, world: int, timeout_s: float) -> str:
+    """launch(fn) on `world` gloo ranks must fail with a RuntimeError within timeout_s; its
+    text."""
     start = time.monotonic()
     with pytest.raises(RuntimeError) as info:
-        launch(shape_mismatch, 2, backend="gloo", timeout_s=10)
-    assert time.monotonic() - start < 10
-    text = str(info.value)
+        launch(fn, world, backend="gloo", timeout_s=timeout_s)
+    assert time.monotonic() - start < timeout_s
+    return str(info.value)
+
+
+def test_a_shape_mismatch_fails_launch_with_a_clear_error_within_the_timeout():
+    text = launch_error(shape_mismatch, 2, timeout_s=10)
     assert "rank 0 raised ValueError" in text and "rank 1 raised ValueError" in text, text
     assert "10 elements" in text and "11 elements" in text
 
@@ -115,11 +121,7 @@ def one_raises_one_dies() -> None:
 
 
 def test_launch_names_a_rank_that_raised_and_one_that_died():
-    start = time.monotonic()
-    with pytest.raises(RuntimeError) as info:
-        launch(one_raises_one_dies, 3, backend="gloo", timeout_s=20)
-    assert time.monotonic() - start < 20
-    text = str(info.value)
+    text = launch_error(one_raises_one_dies, 3, timeout_s=20)
     assert "rank 1 raised ZeroDivisionError: rank one divided by zero on purpose" in text, text
     assert "one_raises_one_dies" in text  # the traceback came back
     assert "rank 2 died without reporting (exit code 3" in text, text

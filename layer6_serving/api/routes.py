@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from ..async_engine import AsyncEngine
-from . import render, tools
+from . import render, tool_calls
 from .errors import OpenAIError, from_exception
 from .params import EngineArgs, chat_args, completion_args
 from .protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
@@ -55,7 +55,7 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
         n, plan = batch[0].params.n, batch[0].tools
         if stream:
             maker = (render.ChunkMaker(rid, model, chat, include_usage) if plan is None
-                     else tools.ToolChunkMaker(rid, model, include_usage, plan))
+                     else tool_calls.ToolChunkMaker(rid, model, include_usage, plan))
             body = (events(streams[0], maker, n) if len(streams) == 1
                     else batch_events(streams, maker, n))
             return StreamingResponse(body, media_type="text/event-stream", headers=HEADERS)
@@ -65,7 +65,7 @@ def build_router(engines: dict[str, AsyncEngine]) -> APIRouter:
             return from_exception(e).response()
         out = render.join_batch(outs, n)
         if plan is not None:  # the answer's tool calls parsed out of its text
-            body = tools.chat_response(rid, model, out, plan)
+            body = tool_calls.chat_response(rid, model, out, plan)
         else:
             body = (render.chat_response if chat else render.completion_response)(rid, model, out)
         return JSONResponse(body)

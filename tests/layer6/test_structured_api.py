@@ -16,7 +16,7 @@ import openai
 import pydantic
 import pytest
 
-from layer6_serving.api import tools
+from layer6_serving.api import tool_calls, tools
 
 from ..layer4.schemas import SCHEMAS
 from .helpers import assert_json_schemas_hold, sse_events
@@ -254,7 +254,7 @@ TEXT = ('Let me see. <tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</
 
 @pytest.mark.parametrize("step", [1, 3, 7, len(TEXT)])
 def test_tool_stream_gives_the_same_calls_however_the_text_is_cut(step):
-    ts = tools.ToolStream()
+    ts = tool_calls.ToolStream()
     deltas = []
     for i in range(0, len(TEXT), step):
         deltas += ts.feed(TEXT[i:i + step], final=i + step >= len(TEXT))
@@ -265,10 +265,10 @@ def test_tool_stream_gives_the_same_calls_however_the_text_is_cut(step):
     args = "".join(tc["function"]["arguments"] for d in deltas for tc in d.get("tool_calls", [])
                    if tc["index"] == 0)
     assert args == '{"a": 1, "b": 2}'
-    cut = tools.ToolStream()  # max_tokens ended it after the object, before </tool_call>
+    cut = tool_calls.ToolStream()  # max_tokens ended it after the object, before </tool_call>
     cut.feed('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}', final=True)
     assert cut.calls[0]["function"]["arguments"] == '{"a": 1, "b": 2}'
-    plain = tools.ToolStream()
+    plain = tool_calls.ToolStream()
     assert "".join(d["content"] for d in plain.feed("no call <tool here ", True)) == \
         "no call <tool here "
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import time
 import weakref
 from dataclasses import replace
@@ -66,9 +67,10 @@ def shares(n: int, dp: int) -> list[range]:
 
 
 def _replica_main(index: int, devices: str, model, config: EngineConfig, threads: int,
-                  conn) -> None:
+                  conn, pdeathsig: bool = False) -> None:
     """Replica `index`: its engine over `devices` ("cpu", or CUDA ordinals "2" / "2,3"),
-    serving the parent's messages until ("stop",)."""
+    serving the parent's messages until ("stop",); it dies with its parent (pdeathsig: the
+    parent started it from its main thread; see runtime/worker.py's die_with_parent)."""
 
     def body() -> None:
         if devices != "cpu":  # before anything touches CUDA: this replica's GPUs are 0..
@@ -105,7 +107,7 @@ def _replica_main(index: int, devices: str, model, config: EngineConfig, threads
                 else:
                     raise ValueError(f"unknown message {kind!r}")
 
-    run_worker(conn, body)
+    run_worker(conn, body, pdeathsig=pdeathsig)
 
 
 class ReplicaSet:
@@ -137,7 +139,8 @@ class ReplicaSet:
             # not daemonic: a replica may start worker ranks of its own (TP, PP); it stops
             # by itself when this process dies (next_message checks its parent)
             p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=False,
-                            args=(i, dev, model, per, threads, theirs))
+                            args=(i, dev, model, per, threads, theirs,
+                                  threading.current_thread() is threading.main_thread()))
             p.start()
             theirs.close()
             self.procs.append(p)

@@ -12,6 +12,12 @@ Each group owns its process group (comm.new_group: its own TCPStore and gloo/NCC
 not torch.distributed's default group), so several engines live in one process. Only the
 "ours" backend (layer 2's collectives) takes the default group: one such engine at a time.
 
+Killed, rank 0 takes its workers along: each worker dies with its parent (worker.py's
+die_with_parent), within half a second, whatever it is doing. Rank 0 keeps SIGTERM's default
+action on purpose: a Python handler (kill the workers, then exit) runs only once the main
+thread is back in the interpreter, so a rank 0 stuck in a CUDA or NCCL call would outlive
+`timeout`'s SIGTERM; the default action ends it at once, and its workers follow.
+
 Threads: every rank, rank 0 included, computes with `threads` CPU threads (default
 cores // world): rank 0 keeping all the cores while the workers take their share
 oversubscribes the CPU. Rank 0's count is restored when its last group shuts down.
@@ -19,6 +25,7 @@ oversubscribes the CPU. Rank 0's count is restored when its last group shuts dow
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 
@@ -35,6 +42,14 @@ from .worker import worker_main
 SPIN_S = {"nccl": 0.05, "gloo": 0.0}  # workers spin on the ring (GPU hosts: cores to spare)
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
 _threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
+#: set to a callable(str) (a benchmark's log) to hear each start-up phase as it ends
+progress = None
+
+
+def note(what: str) -> None:
+    """Tell `progress` (if set) that a start-up phase ended."""
+    if progress is not None:
+        progress(what)
 
 
 def end_processes(procs, deadline: float) -> None:
@@ -91,13 +106,15 @@ class WorkerGroup:
         ctx = mp.get_context("spawn")
         procs, conns = [], []
         ring = ShmRing.create(world - 1, spin_s=SPIN_S[backend])
+        main = threading.current_thread() is threading.main_thread()  # see die_with_parent
         for rank in range(1, world):
             mine, theirs = ctx.Pipe(duplex=True)
             chan = RingConn(theirs, ring.reader_end(rank - 1))  # messages in: ring; replies: pipe
             p = ctx.Process(target=worker_main, name=f"l5-rank{rank}", daemon=True,
                             args=(rank, world, port, backend, comm_backend, check, timeout_s,
                                   threads, source, chan, (faults or {}).get(rank)),
-                            kwargs={"build": build, "options": options or {}})
+                            kwargs={"build": build, "options": options or {},
+                                    "pdeathsig": main})
             p.start()
             theirs.close()
             procs.append(p)
@@ -105,6 +122,7 @@ class WorkerGroup:
         group = cls(procs, conns, None, backend, timeout_s)
         group.store, group.label, group.ring = store, label, ring
         group._set_threads(threads)
+        note(f"{label}: {world - 1} worker process(es) spawned")
         with group.guard("starting the workers"):
             if ours:
                 _init_rank0(backend, world, port, timeout_s)
@@ -112,6 +130,7 @@ class WorkerGroup:
             else:
                 pg, _ = new_group(backend, 0, world, port, timeout_s, store=store)
                 group.comm = TPComm(comm_backend, check=check, pg=pg)
+        note(f"{label}: process group of {world} joined ({backend}, {comm_backend})")
         return group
 
     def wait_ready(self) -> list[tuple]:
@@ -119,6 +138,8 @@ class WorkerGroup:
         (rank 0 builds its own part first: a part may need rank 0 to build, e.g. a sub-group)."""
         with self.guard("starting the workers"):
             self.worker_info = self.gather("ready")
+        note(f"{self.label}: every worker built its part "
+             f"({sum(i[3] for i in self.worker_info) / 2**30:.2f} GiB of weights)")
         return self.worker_info
 
     def _set_threads(self, threads: int) -> None:
@@ -150,7 +171,9 @@ class WorkerGroup:
         block tables serves every rank); returns each worker's cache bytes."""
         with self.guard("making the KV caches"):
             self.send(("init", cache.num_blocks, cache.block_size))
-            return [m[1] for m in self.gather("cache")]
+            out = [m[1] for m in self.gather("cache")]
+        note(f"{self.label}: KV caches made ({cache.num_blocks} blocks a rank)")
+        return out
 
     def gather(self, kind: str) -> list[tuple]:
         """Each worker's next reply, which must be of `kind`, within timeout_s."""

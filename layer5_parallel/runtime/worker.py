@@ -31,11 +31,21 @@ and this loop does the rest:
 
 It answers ("ready", full config, the rank's config, weight bytes) once built, and ("error",
 text) before it exits on any exception (so rank 0 can name what went wrong on which rank).
+
+A worker never outlives rank 0 (`die_with_parent`): killed rank 0s (`timeout`'s SIGTERM, a
+SIGKILL, pytest-timeout's os._exit) do not run their teardown, and a worker left behind keeps
+its GPU memory (and, through CUDA IPC, rank 0's tensors it was built from) for ever. The
+kernel kills the worker when its parent dies (Linux's PR_SET_PDEATHSIG), and a watchdog
+thread checks the parent pid twice a second for whatever that misses (a worker stuck in a
+long call: sleeping, loading, inside a collective).
 """
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -51,6 +61,8 @@ import layer4_algorithms as engine
 from .comm import TPComm, new_group
 
 POLL_S = 1.0  # how often an idle worker checks that rank 0 is still alive
+WATCH_S = 0.5  # how often the watchdog thread checks that the parent process lives
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EVENTS = 4096  # compute intervals a worker keeps for "timings" (the latest ones)
 
 
@@ -78,11 +90,19 @@ def weight_bytes(module: nn.Module) -> int:
 def load_full(source: tuple, device: torch.device):
     """The whole model on this worker: ("path", dir, backend, dtype) loads the checkpoint;
     ("state", config, state_dict, backend, cls) rebuilds it from rank 0's (shared-memory)
-    tensors as a `cls` (layer 3's LlamaModel, or the MoE model of expert_parallel/)."""
+    tensors as a `cls` (layer 3's LlamaModel, or the MoE model of expert_parallel/);
+    ("random", config, backend, dtype, seed, std) draws rank 0's random weights again, on
+    this worker's device (random_source.py)."""
     l3 = engine.executor
     if source[0] == "path":
         _, path, backend, dtype = source
         return l3.load(path, backend=backend, dtype=dtype, device=device).net
+    if source[0] == "random":
+        from .random_source import random_net  # noqa: PLC0415
+
+        _, config, backend, dtype, seed, std = source
+        return random_net(config, backend=backend, dtype=dtype, device=device, seed=seed,
+                          std=std)
     _, config, state, backend, cls = source
     with torch.device("meta"):
         net = cls(config, backend=backend)
@@ -95,12 +115,15 @@ def load_full(source: tuple, device: torch.device):
 
 def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
                 timeout_s: float, threads: int, source: tuple, conn: Connection,
-                fault: str | None = None, *, build, options: dict) -> None:
+                fault: str | None = None, *, build, options: dict,
+                pdeathsig: bool = True) -> None:
     """Entry point of worker `rank`: join the group, build the program (`build(full_model,
     Rank, **options)`), serve steps until ("stop",). port: rank 0's TCPStore (its own group),
     or the default group's rendezvous ("ours"). fault (tests only): "die" exits at the first
     step, "hang" sleeps in it; "shape" makes the program send a wrong size (each program says
-    where; tensor parallelism also has "graph-die" and "graph-hang")."""
+    where; tensor parallelism also has "graph-die" and "graph-hang"). pdeathsig: see
+    die_with_parent (False when rank 0 started the worker from a thread other than its main
+    one)."""
 
     def body() -> None:
         me = join_group(rank, world, port, backend, comm_backend, check, timeout_s, threads)
@@ -110,7 +133,38 @@ def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: st
         del full
         _serve(program, me, conn, fault)
 
-    run_worker(conn, body)
+    run_worker(conn, body, pdeathsig=pdeathsig)
+
+
+def die_with_parent(pdeathsig: bool = True) -> None:
+    """Make this process (started by multiprocessing) exit as soon as its parent is gone.
+
+    pdeathsig: ask Linux to SIGKILL us when the parent dies (prctl PR_SET_PDEATHSIG). The
+    kernel means the parent *thread* that started us: pass it only when the parent started
+    this process from its main thread (a helper thread that ends would take us with it).
+    Always: a daemon thread that checks every WATCH_S that the parent's pid is still our
+    parent's (an orphan is re-parented to init or a subreaper), and os._exit(1)s when not,
+    whatever the main thread is stuck in. A parent already gone when we start: exit now."""
+    parent = parent_process()
+    want = parent.pid if parent is not None else os.getppid()
+    if pdeathsig and sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # no prctl here: the watchdog alone
+            pass
+    if os.getppid() != want:  # died before the prctl above: nobody would signal us
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == want:
+            time.sleep(WATCH_S)
+        try:
+            os.write(2, f"[{os.getpid()}] parent process {want} is gone: exiting\n".encode())
+        finally:
+            os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
@@ -132,9 +186,11 @@ def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str
     return Rank(rank, world, comm, device, timeout_s, store)
 
 
-def run_worker(conn: Connection, body) -> None:
-    """Run a worker's body; on any exception send ("error", text) to rank 0 first. Either way
-    leave at once (os._exit: peers and rank 0 are done with us; skip the slow teardown)."""
+def run_worker(conn: Connection, body, *, pdeathsig: bool = True) -> None:
+    """Run a worker's body (first making sure it dies with its parent: die_with_parent); on
+    any exception send ("error", text) to rank 0 first. Either way leave at once (os._exit:
+    peers and rank 0 are done with us; skip the slow teardown)."""
+    die_with_parent(pdeathsig)
     try:
         body()
     except BaseException as exc:  # report everything, then leave at once (as layer 2's launch does)

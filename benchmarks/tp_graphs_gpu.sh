@@ -17,10 +17,15 @@ for pkg in llguidance gguf; do  # layer 4 imports them; a bare GPU machine may l
 done
 { nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'; date -u; } > "$OUT/env.txt" 2>&1
 cd "$ROOT/$SRC"
+# -s: each test's own diagnosis (first differing token, margins) prints as it runs, so a run the
+# outer timeout cuts still shows it; -k: SIGKILL 10 s after the SIGTERM (workers die with rank 0)
 if [ "$TEST_S" -gt 0 ]; then  # thread timeouts: a test stuck in a CUDA call still shows its stacks
-  timeout "$TEST_S" python3 -m pytest -v -m multigpu tests/layer5/test_tp_graph_gpu.py \
+  timeout -k 10 "$TEST_S" python3 -m pytest -v -s -m multigpu tests/layer5/test_tp_graph_gpu.py \
       tests/layer5/test_tp_gpu.py -c "$ROOT/pyproject.toml" --rootdir . -p no:cacheprovider \
-      -o addopts= -rA --timeout 100 --timeout-method=thread 2>&1 | tail -60 > "$OUT/tp_multigpu.txt"
+      -o addopts= -rA --timeout 100 --timeout-method=thread > "$OUT/tp_multigpu.txt" 2>&1
 fi
-timeout "$BENCH_S" python3 -m layer5_parallel.bench.tp_gpu_bench --shapes llama-3.1-8b,llama-3.2-1b \
-    --tp-backends "$BACKENDS" --out "$OUT" 2>&1 | grep --line-buffered -v Warning > "$OUT/tp_gpu.txt"
+# the small shape first; progress lines (elapsed s) as each phase ends; any phase > 120 s: stacks
+timeout -k 10 "$BENCH_S" python3 -m layer5_parallel.bench.tp_gpu_bench \
+    --shapes llama-3.2-1b,llama-3.1-8b --tp-backends "$BACKENDS" --out "$OUT" \
+    --phase-timeout 120 2>&1 | grep --line-buffered -v Warning > "$OUT/tp_gpu.txt"
+nvidia-smi --query-compute-apps=pid,used_memory --format=csv >> "$OUT/tp_gpu.txt" 2>&1  # none left

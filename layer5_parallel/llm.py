@@ -82,7 +82,9 @@ class LLM(engine.LLM):
         full = model if isinstance(model, l3.Model) else l3.load(
             model, backend=config.backend, dtype=config.dtype, device=config.device)
         net = full.net
-        if isinstance(model, l3.Model):  # the workers rebuild it from rank 0's shared tensors
+        if getattr(net, "worker_source", None) is not None:  # random weights: each rank draws
+            source = net.worker_source                         # them (runtime/random_source.py)
+        elif isinstance(model, l3.Model):  # the workers rebuild it from rank 0's shared tensors
             source = ("state", net.config, net.state_dict(), net.backend, type(net))
         else:  # or load it themselves
             source = ("path", str(model), net.backend, net.dtype)

@@ -20,11 +20,21 @@ graphs on every rank:
   so a near-tie may flip late in a sequence: the first differing position is reported).
 
 Writes tp_gpu.json and tp_gpu.png (tokens/s against GPUs, with the ideal line N x TP=1).
+
+A run cut short still says where it was: a progress line (elapsed seconds, flushed) ends every
+phase (weights drawn, workers spawned, shards built, caches made, graphs captured, warm-up,
+each measurement, whose row is printed at once), and no phase may last longer than
+--phase-timeout seconds: past it every thread's stack is printed and the process exits (its
+workers die with it). Every rank draws the random weights itself on its own GPU from one seed
+(runtime/random_source.py): no weights cross between processes at start-up.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import gc
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +44,8 @@ import layer4_algorithms as engine
 
 from .. import planner
 from ..llm import LLM
+from ..runtime import group as runtime_group
+from ..runtime.random_source import random_net
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -57,23 +69,32 @@ class HostClock:
         llm._complete = timed
 
 
+class Progress:
+    """Flushed progress lines with the elapsed seconds; each one re-arms the phase bound."""
+
+    def __init__(self, phase_timeout_s: float | None = None) -> None:
+        self.start, self.phase_timeout_s = time.monotonic(), phase_timeout_s
+
+    def __call__(self, what: str) -> None:
+        print(f"[tp-gpu-bench +{time.monotonic() - self.start:7.1f} s] {what}", flush=True)
+        if self.phase_timeout_s:  # the next phase must end within the bound, or stacks + exit
+            faulthandler.dump_traceback_later(self.phase_timeout_s, exit=True, file=sys.stdout)
+
+    def done(self) -> None:
+        faulthandler.cancel_dump_traceback_later()
+
+
+def _quiet(what: str) -> None:
+    pass
+
+
 def random_weights(config, *, backend: str, device: str, seed: int = 0,
                    std: float = 0.02) -> torch.nn.Module:
     """Layer 3's network of `config`'s shape with N(0, std) bf16 weights drawn on the GPU
-    (layer 3's random_model draws them on the CPU in fp32: minutes for the 8B shape)."""
-    with torch.device("meta"):
-        net = l3.LlamaModel(config, backend=backend)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state = {}
-    for name, t in net.state_dict().items():
-        w = torch.empty(t.shape, dtype=torch.bfloat16, device=device)
-        state[name] = w.fill_(1.0) if name.endswith("norm.weight") else \
-            w.normal_(0.0, std, generator=gen)
-    net.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        net.lm_head.weight = net.embed.weight
-    net.init_rope(torch.device(device))
-    return net.eval()
+    (layer 3's random_model draws them on the CPU in fp32: minutes for the 8B shape); every
+    worker rank draws the same ones on its own GPU."""
+    return random_net(config, backend=backend, dtype=torch.bfloat16, device=device, seed=seed,
+                      std=std)
 
 
 def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
@@ -116,11 +137,16 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
 
 
 def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
-                backend: str = "triton", workloads=WORKLOADS) -> list[dict]:
-    """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed)."""
+                backend: str = "triton", workloads=WORKLOADS, log=_quiet,
+                tp_timeout_s: float = 300.0) -> list[dict]:
+    """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed).
+    log: told when each phase ends (Progress)."""
     config = l3.ModelConfig.from_dict(SHAPES[name])
     net = random_weights(config, backend=backend, device="cuda:0")
+    torch.cuda.synchronize()
     model = l3.Model(net)
+    log(f"{name}: random bf16 weights drawn on cuda:0 "
+        f"({sum(p.numel() for p in net.parameters()) * 2 / 2**30:.2f} GiB)")
     g = torch.Generator().manual_seed(0)
     big = max(b for b, _ in workloads)
     prompts = [torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=g).tolist()
@@ -130,10 +156,15 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
     hw = planner.hardware_for("h100")
     rows, ref = [], {}
     for tp, tp_backend in layouts:
+        what = f"{name} TP={tp} {tp_backend}"
+        log(f"{what}: starting the engine (CUDA graphs on every rank)")
         llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
-                  max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend)
+                  max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend,
+                  tp_timeout_s=tp_timeout_s)
         try:
+            log(f"{what}: engine up")
             _generate(llm, prompts[:2], 4)  # warm-up
+            log(f"{what}: warm-up done")
             for batch, n in workloads:
                 r = measure(llm, prompts[:batch], n, repeats)
                 tokens = r.pop("tokens")
@@ -147,10 +178,17 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                              "predicted_step_ms": 1e3 * pred.step_s,
                              "predicted_comm_ms": 1e3 * pred.tp_comm_s,
                              "same_tokens": diff is None, "first_difference": diff})
+                log(f"{what}: batch {batch} x {n} tokens: {r['decode_tok_s']:,.0f} tok/s, "
+                    f"step {r['step_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms/step, "
+                    f"same tokens as TP=1: {'yes' if diff is None else f'until {diff}'}")
         finally:
             llm.close()
             llm = None
+            gc.collect()  # the engine's graphs and cache, before the next layout allocates
+            torch.cuda.empty_cache()
+            log(f"{what}: closed")
     del model, net
+    gc.collect()
     torch.cuda.empty_cache()
     base = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1}
     for r in rows:
@@ -188,7 +226,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
-                 tp_backends: tuple[str, ...] = ("torch",)) -> dict:
+                 tp_backends: tuple[str, ...] = ("torch",), log=_quiet) -> dict:
     gpus = torch.cuda.device_count()
     tps = [t for t in (1, 2, 4, 8) if t <= gpus]
     rows: list[dict] = []
@@ -197,7 +235,7 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps if t > 1]
     for name in shapes:
-        new = bench_shape(name, layouts, repeats=repeats)
+        new = bench_shape(name, layouts, repeats=repeats, log=log)
         rows += new
         (out_dir / "tp_gpu.json").write_text(json.dumps(result, indent=2))  # as it goes
         print(format_rows(new), flush=True)
@@ -224,9 +262,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="results/layer5")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--tp-backends", default="torch")
+    ap.add_argument("--phase-timeout", type=float, default=240.0,
+                    help="seconds any one phase may take (0: no bound); past it: stacks, exit")
     args = ap.parse_args(argv)
-    r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
-                     tp_backends=tuple(args.tp_backends.split(",")))
+    log = Progress(args.phase_timeout or None)
+    log(f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}; shapes {args.shapes}, "
+        f"TP backends {args.tp_backends}")
+    runtime_group.progress = log  # the engine's start-up phases too
+    try:
+        r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
+                         tp_backends=tuple(args.tp_backends.split(",")), log=log)
+    finally:
+        runtime_group.progress = None
+        log.done()
     print(f"{r['device']} x {r['gpus']}, torch {r['torch']}")
     print(format_rows(r["rows"]))
     return 0

@@ -36,6 +36,7 @@ from ..runtime import (
     step_message,
     unpack_step,
 )
+from ..runtime.group import note
 from .graphs import TPGraphRunner
 from .shard import check_tp_size, shard_model, tp_config
 
@@ -106,6 +107,8 @@ def capture_graphs(group: WorkerGroup, net: TPModel, cache, config) -> TPGraphRu
         graph = TPGraphRunner(net.shard, cache, n, max_blocks, group.comm, group=group,
                               capture=on_gpu)
         group.gather("graphs")
+    note(f"decode graphs {'captured' if on_gpu else 'prepared'} on every rank "
+         f"(buckets {graph.buckets})")
     return graph
 
 

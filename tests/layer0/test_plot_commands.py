@@ -23,7 +23,7 @@ EXPECTED_API = {
     "ceilings_path", "save_ceilings", "load_ceilings", "arithmetic_intensity", "ridge_point",
     "attainable_flops", "classify_bound", "vector_add_cost", "matmul_cost",
     "attention_decode_cost", "RooflinePoint", "plot_roofline", "results_dir",
-    "memory_bandwidth", "UsageError", "check_device", "run_command",
+    "memory_bandwidth", "UsageError", "check_device", "run_command", "python_loop_ms",
 }
 
 

@@ -1,7 +1,10 @@
 """launch(): run a function on N ranks of this machine, for tests, demos and labs.
 
 It is a small local torchrun: it picks a free port on 127.0.0.1, spawns one process per
-rank (start method "spawn", so CUDA and threads are safe), and in each one sets RANK,
+rank (start method "spawn", so CUDA and threads are safe; or "forkserver", named in
+START_METHOD_ENV, where one process launches many times, as a lab grader does: each rank is
+then forked from a server that imported torch once, instead of importing it itself), gives
+each the launching process's environment as it is at the launch, sets RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT, calls `init(backend)` and then
 `fn(*args)`. Each child sends back, over its own pipe, either its pickled return value or
 its exception with the traceback.
@@ -28,10 +31,22 @@ import torch.multiprocessing as mp
 from . import group
 
 GRACE_S = 3.0  # how long the other ranks may still report after one has failed
+#: "spawn" (unset) or "forkserver": how the rank processes start
+START_METHOD_ENV = "LLM_STACK_LAUNCH_START_METHOD"
+
+
+def _context():
+    method = os.environ.get(START_METHOD_ENV) or "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":  # the server imports torch once; no CUDA is initialised there
+        ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
 
 
 def _worker(rank: int, world: int, port: int, backend: str, timeout_s: float,
-            fn: Callable, args: tuple, conn: Connection) -> None:
+            fn: Callable, args: tuple, conn: Connection, environ: dict) -> None:
+    os.environ.clear()  # the launcher's environment now (a fork server holds the one it began with)
+    os.environ.update(environ)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     try:
@@ -89,7 +104,7 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
     if backend == "nccl" and world_size > torch.cuda.device_count():
         raise ValueError(f"{world_size} ranks need {world_size} GPUs with NCCL; "
                          f"{torch.cuda.device_count()} are visible")
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     port = group.free_port()
     procs, conns = [], []
     start = time.monotonic()
@@ -97,7 +112,8 @@ def launch(fn: Callable, world_size: int, *args, backend: str = "auto",
         for rank in range(world_size):
             reader, writer = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_worker, name=f"layer2-rank{rank}", daemon=True,
-                            args=(rank, world_size, port, backend, timeout_s, fn, args, writer))
+                            args=(rank, world_size, port, backend, timeout_s, fn, args, writer,
+                                  dict(os.environ)))
             p.start()
             writer.close()  # the child holds the only writer: EOF means it is gone
             procs.append(p)

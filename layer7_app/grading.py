@@ -6,10 +6,10 @@ work), `labs/labN_<name>/labN.ipynb` (the teaching notebook) and `tests/labs/tes
 (the graded tests, with `@pytest.mark.points(n)`). The grading plugin in
 `tests/labs/conftest.py` loads the submission (or, with none named, the layer package
 the test file names as REFERENCE) and writes each test's outcome to a JSON file that
-this module reads back, so a submission that crashes or hangs pytest loses points for
-the tests it broke, never the report: after a hard crash (a signal: segfault, abort, kill)
-the test that was running is named with the signal, and the tests after it are graded in a
-fresh process. A test skipped here (a GPU test on a CPU) is reported "not graded here" and
+isolated_pytest.py reads back, so a submission that crashes or hangs pytest loses points
+for the tests it broke, never the report: after a hard crash (a signal: segfault, abort,
+kill) the test that was running is named with the signal, and the tests after it are graded
+in a fresh process. A test skipped here (a GPU test on a CPU) is reported "not graded here" and
 counts neither way: the score is out of what was graded.
 """
 from __future__ import annotations
@@ -17,18 +17,15 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .isolated_pytest import ENV_RESULTS as ENV_RESULTS  # the plugin's results file, re-exported
+from .isolated_pytest import NoResults, run_isolated
+
 #: Path of the submission file the grading plugin loads (unset: grade the reference).
 ENV_SUBMISSION = "LLM_STACK_SUBMISSION"
-#: Where the grading plugin writes its per-test results.
-ENV_RESULTS = "LLM_STACK_GRADE_RESULTS"
 
 
 @dataclass
@@ -170,41 +167,12 @@ def grade_lab(
         env[ENV_SUBMISSION] = graded = str(path)
 
     start = time.perf_counter()
-    deadline = start + total_timeout
-    entries: dict[str, dict] = {}  # node id -> its entry, in the first run's order
     targets = [str(lab.test_file)] + (["-k", select] if select else [])
-    with tempfile.TemporaryDirectory(prefix="llm-stack-grade-") as tmp:
-        results_file = Path(tmp) / "results.json"
-        env[ENV_RESULTS] = str(results_file)
-        while True:  # one pytest run, then one more per hard crash, on the tests left
-            results_file.unlink(missing_ok=True)
-            code, log = _run_pytest(lab, targets, env, test_timeout, deadline, results_file)
-            if not results_file.exists():
-                if entries:  # a fresh process died before its first test: say so, stop
-                    _fail_left(entries, f"not graded: the grading process ended before "
-                                        f"this test ran ({_ending(code)})")
-                    break
-                raise RuntimeError(f"the grader could not run lab {number}'s tests:\n{log[-3000:]}")
-            raw = json.loads(results_file.read_text())
-            entries.update((e["nodeid"], e) for e in raw)
-            if code is None:
-                _fail_left(entries, f"not finished: the whole grading run exceeded "
-                                    f"{total_timeout:.0f} s")
-                break
-            crashed = [e for e in raw if e["status"] == "running"]
-            for e in crashed:  # the test the process died in
-                e.update(status="failed", score=0.0, output=_crash_report(code, log))
-            left = [e["nodeid"] for e in raw if e["status"] == "pending"]
-            if not left:
-                break
-            if len(left) == len(raw):  # died before any test began: a fresh one would too
-                _fail_left(entries, f"not graded: the grading process ended before this test "
-                                    f"ran ({_ending(code)})")
-                break
-            if code >= 0 and not crashed:  # pytest ended on its own with tests left
-                _fail_left(entries, f"test did not run (pytest ended: {_ending(code)})")
-                break
-            targets = left
+    try:
+        entries = run_isolated(lab.test_file.parents[2], targets, env, test_timeout,
+                               total_timeout)
+    except NoResults as exc:
+        raise RuntimeError(f"the grader could not run lab {number}'s tests:\n{exc}") from None
     elapsed = time.perf_counter() - start
     tests = []
     for entry in entries.values():
@@ -212,109 +180,6 @@ def grade_lab(
             entry.pop(key, None)
         tests.append(TestResult(**entry))
     return GradeReport(number, graded, tests, elapsed)
-
-
-def _run_pytest(lab: Lab, targets: list[str], env: dict, test_timeout: float,
-                deadline: float, results_file: Path) -> tuple[int | None, str]:
-    """Run pytest once; (its exit code, or None if cut off at the deadline; its output).
-
-    While it runs, the test it is in (the grading plugin marks it "running", with its start
-    and time limit) is watched: one still running HARD_STOP_GRACE_S past its limit is stuck
-    where the limit cannot reach (a call into C holds the interpreter, and with it the
-    signal pytest-timeout sends), so the process is stopped and the test failed, saying so."""
-    command = [
-        sys.executable, "-m", "pytest", *targets, "-q", "-p", "no:cacheprovider",
-        "-o", "addopts=", f"--timeout={test_timeout}",
-    ]
-    grace = float(env.get("LLM_STACK_HARD_STOP_GRACE_S", HARD_STOP_GRACE_S))
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen(command, cwd=lab.test_file.parents[2], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
-        code: int | None = None
-        while (code := proc.poll()) is None:
-            if time.perf_counter() > deadline:
-                _kill(proc)
-                code = None
-                break
-            stuck = _stuck_test(results_file, grace)
-            if stuck is not None:
-                _kill(proc)
-                stuck.update(status="failed", score=0.0, output=(
-                    f"still running {grace:g} s after its {stuck['limit']:g} s time limit, "
-                    "stuck where the limit cannot interrupt it (a long call into C code or "
-                    "a kernel): the grading process was stopped here; the tests after it "
-                    "were graded in a fresh process"))
-                _rewrite(results_file, stuck)
-                code = proc.returncode
-                break
-            time.sleep(POLL_S)
-        out.seek(0)
-        return code, out.read()
-
-
-#: How long past its time limit a test may still run before its process is stopped.
-HARD_STOP_GRACE_S = 15.0
-POLL_S = 0.25
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    proc.kill()
-    proc.wait()
-
-
-def _read(results_file: Path) -> list[dict]:
-    try:
-        return json.loads(results_file.read_text())
-    except (OSError, ValueError):  # not written yet
-        return []
-
-
-def _stuck_test(results_file: Path, grace: float) -> dict | None:
-    now = time.time()
-    return next((e for e in _read(results_file) if e["status"] == "running"
-                 and e.get("limit") and now - e["started"] > e["limit"] + grace), None)
-
-
-def _rewrite(results_file: Path, entry: dict) -> None:
-    entries = [entry if e["nodeid"] == entry["nodeid"] else e for e in _read(results_file)]
-    results_file.write_text(json.dumps(entries))
-
-
-SIGNALS = {
-    "SIGSEGV": "a segmentation fault: memory read or written out of bounds (an unmasked "
-               "load or store, a bad pointer)",
-    "SIGBUS": "a bus error: a bad memory access",
-    "SIGABRT": "an abort: C code found the process broken (heap corruption, a failed "
-               "C-level assertion)",
-    "SIGFPE": "an arithmetic fault (an integer division by zero in C code)",
-    "SIGILL": "an illegal instruction",
-    "SIGKILL": "killed: out of memory, or stopped from outside",
-}
-
-
-def _ending(code: int | None) -> str:
-    if code is None:
-        return "cut off at the time limit"
-    if code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        return f"killed by {name}" + (f", {SIGNALS[name]}" if name in SIGNALS else "")
-    return f"exit status {code}"
-
-
-def _crash_report(code: int, log: str) -> str:
-    """Why a test failed when the process died under it: the signal, then the log's tail
-    (pytest's faulthandler prints the Python stack of a fatal signal there)."""
-    return (f"the grading process died while this test ran ({_ending(code)}); the tests "
-            f"after it were graded in a fresh process\n\n{log[-1500:]}")
-
-
-def _fail_left(entries: dict[str, dict], why: str) -> None:
-    for e in entries.values():
-        if e["status"] in ("pending", "running"):
-            e.update(status="failed", score=0.0, output=why)
 
 
 def reason(test: TestResult) -> str:

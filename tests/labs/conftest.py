@@ -54,7 +54,10 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
 GRADINGS_AT_ONCE = 2
 #: Plugins a grading subprocess needs: pytest-timeout only. Not autoloading the rest
 #: (hypothesis, schemathesis, anyio, benchmark: ~2 s of imports, seen 2026-11-25) saves that.
-LEAN_GRADING_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "pytest_timeout"}
+#: Ranks (labs 2 and 5) forked from a server that imported torch once per grading, not each
+#: importing it (lab 2's grading starts 24 ranks: ~45 s of CPU spent importing torch).
+LEAN_GRADING_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "pytest_timeout",
+                    "LLM_STACK_LAUNCH_START_METHOD": "forkserver"}
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,14 @@ from .prefill_graph import CudaGraphPrefill
 from .quantize import Int8Linear, perplexity, quantize_model, weight_bytes
 from .registry import cache_dir as model_cache_dir
 from .registry import resolve as resolve_model
-from .sampling import SamplingParams, make_generator, sample, top_k_filter, top_p_filter
+from .sampling import (
+    SamplingParams,
+    make_generator,
+    sample,
+    sample_guarded,
+    top_k_filter,
+    top_p_filter,
+)
 from .shapes import LLAMA_3_2_1B
 from .stopping import FinishRule
 from .structured_outputs import StructuredOutputsParams
@@ -114,7 +121,7 @@ __all__ = [
     "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling
-    "SamplingParams", "sample", "make_generator", "top_k_filter", "top_p_filter",
+    "SamplingParams", "sample", "sample_guarded", "make_generator", "top_k_filter", "top_p_filter",
     "StructuredOutputsParams",
     # when a completion ends (EOS, stop strings, max_tokens) and what text may stream yet
     "FinishRule",

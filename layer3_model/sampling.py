@@ -132,15 +132,38 @@ def make_generator(params: SamplingParams, device: torch.device | str = "cpu") -
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> torch.Tensor:
     """logits (B, V) -> next token ids (B,) int64, row b drawn with params[b] and generators[b]."""
+    return _draw(logits, params, generators, guard=False)[0]
+
+
+def sample_guarded(logits: torch.Tensor, params: Sequence[SamplingParams],
+                   generators: Sequence[torch.Generator | None]
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, V) -> (tokens (B,) int64, bad (B,) bool), drawn as `sample` draws them (same
+    filters, same generator calls: seeded results are unchanged). bad[b]: row b's
+    probabilities were not a distribution (nan, inf, or no token left); it drew from a
+    harmless stand-in instead of raising, so one bad row cannot fail the batch, and its token
+    is meaningless. No host sync: the flags stay on the device."""
+    return _draw(logits, params, generators, guard=True)
+
+
+def _draw(logits: torch.Tensor, params: Sequence[SamplingParams],
+          generators: Sequence[torch.Generator | None], guard: bool
+          ) -> tuple[torch.Tensor, torch.Tensor | None]:
     if logits.dim() != 2 or logits.shape[0] != len(params) or len(params) != len(generators):
         raise ValueError(f"need logits (B, V) with one SamplingParams and generator per row; "
                          f"got {tuple(logits.shape)}, {len(params)} params, "
                          f"{len(generators)} generators")
     out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    ok = torch.ones(logits.shape[0], dtype=torch.bool, device=logits.device) if guard else None
     for b, (row, sp, gen) in enumerate(zip(logits.float(), params, generators, strict=True)):
         if sp.greedy:
             out[b] = row.argmax()
             continue
         row = top_p_filter(top_k_filter(row / sp.temperature, sp.top_k), sp.top_p)
-        out[b] = torch.multinomial(torch.softmax(row, dim=-1), 1, generator=gen)[0]
-    return out
+        probs = torch.softmax(row, dim=-1)
+        if guard:
+            good = torch.isfinite(probs).all() & (probs.sum() > 0.5)
+            probs = torch.where(good, probs, torch.ones_like(probs))  # a stand-in: always valid
+            ok[b] = good
+        out[b] = torch.multinomial(probs, 1, generator=gen)[0]
+    return out, None if ok is None else ~ok

@@ -16,7 +16,7 @@ install_stack() {
 step() {
     local name=$1 limit=$2; shift 2
     local t0=$SECONDS
-    timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+    timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
     local rc=$?
     echo "== $name: exit $rc in $((SECONDS - t0)) s$([ $rc = 124 ] && echo ' (TIMED OUT)')"
     [ $rc = 0 ] || tail -"${STEP_TAIL:-4}" "$logs/$name.log"

@@ -37,7 +37,7 @@ import layer4_algorithms as engine
 
 from ..engine_config import EngineConfig
 from ..runtime.group import end_processes
-from ..runtime.worker import next_message, run_worker
+from ..runtime.worker import control_messages, run_worker
 from ..split import even_ranges
 
 l3 = engine.executor
@@ -88,11 +88,8 @@ def _replica_main(index: int, devices: str, model, config: EngineConfig, threads
         with LLM(source, cfg) as llm:
             conn.send(("ready", index, llm.config.num_blocks))
             parent = mp.parent_process()
-            while True:
-                msg = next_message(conn, parent, f"replica {index}")
+            for msg in control_messages(conn, parent, f"replica {index}"):
                 kind = msg[0]
-                if kind == "stop":
-                    return
                 if kind == "generate":
                     start = time.perf_counter()
                     outs = llm.generate(msg[1], msg[2])
@@ -137,7 +134,7 @@ class ReplicaSet:
         for i, dev in enumerate(self.devices):
             mine, theirs = ctx.Pipe(duplex=True)
             # not daemonic: a replica may start worker ranks of its own (TP, PP); it stops
-            # by itself when this process dies (next_message checks its parent)
+            # by itself when this process dies (control_messages checks its parent)
             p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=False,
                             args=(i, dev, model, per, threads, theirs,
                                   threading.current_thread() is threading.main_thread()))

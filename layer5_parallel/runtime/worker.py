@@ -49,6 +49,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import parent_process
 from multiprocessing.connection import Connection
@@ -204,23 +205,25 @@ def run_worker(conn: Connection, body, *, pdeathsig: bool = True) -> None:
     os._exit(0)
 
 
-def next_message(conn: Connection, parent, who: str) -> tuple:
-    """Rank 0's next control message; while none comes, check every POLL_S that rank 0 (the
-    parent process) still lives: a worker whose engine died stops instead of idling forever."""
-    while not conn.poll(POLL_S):
-        if parent is not None and not parent.is_alive():
-            raise RuntimeError(f"rank 0 died; this {who} stops")
-    return conn.recv()
+def control_messages(conn: Connection, parent, who: str) -> Iterator[tuple]:
+    """Rank 0's control messages, in order, until ("stop",); while none comes, check every
+    POLL_S that rank 0 (the parent process) still lives: a worker whose engine died stops
+    instead of idling forever."""
+    while True:
+        while not conn.poll(POLL_S):
+            if parent is not None and not parent.is_alive():
+                raise RuntimeError(f"rank 0 died; this {who} stops")
+        msg = conn.recv()
+        if msg[0] == "stop":
+            return
+        yield msg
 
 
 @torch.no_grad()
 def _serve(program, me: Rank, conn: Connection, fault: str | None) -> None:
     cache, parent, busy, events = None, parent_process(), 0.0, deque(maxlen=EVENTS)
-    while True:
-        msg = next_message(conn, parent, f"rank {me.rank}")
+    for msg in control_messages(conn, parent, f"rank {me.rank}"):
         kind = msg[0]
-        if kind == "stop":
-            return
         if kind == "init":
             cache = program.make_cache(msg[1], msg[2])
             conn.send(("cache", cache.nbytes))

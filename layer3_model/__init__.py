@@ -45,7 +45,7 @@ import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_r
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
 from .backends import BACKENDS, Ops, make_ops
-from .bench_rows import unmeasured_roofline
+from .bench_rows import rows_table, unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
 from .cuda_graph import CudaGraphDecoder, capture_graph, graph_replay_us, warm_up
@@ -110,7 +110,7 @@ results_dir, run_command = comm.results_dir, comm.run_command
 __all__ = [
     # load and generate
     "load", "Model", "Generation", "GenerationStats", "GeneratingSequence", "benchmark_decode",
-    "unmeasured_roofline",
+    "unmeasured_roofline", "rows_table",
     # model names (course, smollm2, smollm2-shape, hub ids), the cache, GGUF files
     "resolve_model", "model_cache_dir", "models_main", "load_gguf", "gguf_config",
     # configuration, weights, tokenizer

@@ -9,6 +9,7 @@ renders them for the console.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable, Sequence
 
 from rich.table import Table
 
@@ -78,31 +79,45 @@ def unmeasured_roofline(row: dict, notes: list[str]) -> str | None:
     return "-" + "*" * (notes.index(note) + 1)
 
 
+def rows_table(layer: int, columns: Sequence[tuple[str, str]], rows: list[dict],
+               cells: Callable[[dict, list[str]], list[str] | None]) -> Table:
+    """A layer's benchmark rows as a console table: columns are (name, justify) pairs, and
+    cells(row, notes) gives a row's cells (None leaves the row out) and may add notes (as
+    `unmeasured_roofline` does), printed in the caption with their stars."""
+    t = Table(title=f"Layer {layer} (ratio: see ratio_reference in the JSON)")
+    for col, justify in columns:
+        t.add_column(col, justify=justify)
+    notes: list[str] = []
+    for r in rows:
+        row = cells(r, notes)
+        if row is not None:
+            t.add_row(*row)
+    t.caption = "  ".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) or None
+    return t
+
+
 def table(rows: list[dict]) -> Table:
     """The console table, readable at 80 columns: tokens/s, ms, ratio to the reference ("ref"
     on the reference rows), roofline (prefill: median, min-max over its runs, and the GPU-only
     figure of one CUDA-graph replay). A roofline the run did not measure shows as "-" with its
     note in the caption."""
-    t = Table(title="Layer 3 (ratio: see ratio_reference in the JSON)")
-    for col, justify in (("what", "left"), ("tok/s", "right"), ("ms", "right"),
-                         ("ratio", "right"), ("roofline", "left")):
-        t.add_column(col, justify=justify)
-    notes: list[str] = []
-    for r in rows:
-        ms = r.get("ms_per_token", r.get("ms"))
-        kind = "MFU" if "MFU" in r else "MBU"
-        roof = unmeasured_roofline(r, notes) or f"{kind} {r['roofline_fraction']:.0%}"
-        if "MFU_min" in r:
-            roof += f" ({r['MFU_min'] * 100:.0f}-{r['MFU_max']:.0%}, {len(r['runs_ms'])} runs)"
-        if r.get("graph_MFU") is not None:
-            roof += f"\nGPU-only {r['graph_MFU']:.0%}" + (", host-bound" if r.get("host_bound")
-                                                          else "")
-        ratio = "ref" if r.get("is_reference") else (
-            f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-")
-        t.add_row(r["what"], f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
-                  f"{ms:.2f}" if ms else "", ratio, roof)
-    t.caption = "  ".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) or None
-    return t
+    return rows_table(3, (("what", "left"), ("tok/s", "right"), ("ms", "right"),
+                          ("ratio", "right"), ("roofline", "left")), rows, _cells)
+
+
+def _cells(r: dict, notes: list[str]) -> list[str]:
+    ms = r.get("ms_per_token", r.get("ms"))
+    kind = "MFU" if "MFU" in r else "MBU"
+    roof = unmeasured_roofline(r, notes) or f"{kind} {r['roofline_fraction']:.0%}"
+    if "MFU_min" in r:
+        roof += f" ({r['MFU_min'] * 100:.0f}-{r['MFU_max']:.0%}, {len(r['runs_ms'])} runs)"
+    if r.get("graph_MFU") is not None:
+        roof += f"\nGPU-only {r['graph_MFU']:.0%}" + (", host-bound" if r.get("host_bound")
+                                                      else "")
+    ratio = "ref" if r.get("is_reference") else (
+        f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-")
+    return [r["what"], f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
+            f"{ms:.2f}" if ms else "", ratio, roof]
 
 
 def _find(rows: list[dict], *parts: str) -> dict | None:

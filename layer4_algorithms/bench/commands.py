@@ -37,26 +37,21 @@ def bench_table(rows: list[dict]) -> Table:
     fraction, readable at 80 columns: an unmeasured roofline shows as "-*" with its note in
     the caption; TTFT, preemptions and other details go to the notes column. Speculative
     decoding shows its geometric means (the per-prompt rows are in format_bench's table)."""
-    table = Table(title="Layer 4 (ratio: see ratio_reference in the JSON)")
-    for col, justify in (("what", "left"), ("tok/s", "right"), ("ratio", "right"),
-                         ("roofline", "right"), ("notes", "left")):
-        table.add_column(col, justify=justify)
-    notes: list[str] = []
-    for r in rows:
-        if r["what"].startswith("speculative") and ", prompt " in r["what"]:
-            continue  # per prompt: in the speculative table above and the JSON
-        roof = l3.unmeasured_roofline(r, notes) or f"{r['roofline_fraction']:.0%}"
-        extra = [f"TTFT {_ms(r['mean_ttft_s'])} ms"] if r.get("mean_ttft_s") is not None else []
-        extra += [f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
-                  for k in ("preemptions", "prefix_hit_rate", "steps", "same_outputs",
-                            "matches_greedy", "acceptance_rate") if r.get(k) is not None]
-        what = r["what"].replace(", geometric mean over the prompts", " (geomean)")
-        table.add_row(f"{r['device']}: {what}",
-                      f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
-                      f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-", roof,
-                      ", ".join(extra))
-    table.caption = "  ".join(f"{'*' * (i + 1)} {n}" for i, n in enumerate(notes)) or None
-    return table
+    return l3.rows_table(4, (("what", "left"), ("tok/s", "right"), ("ratio", "right"),
+                             ("roofline", "right"), ("notes", "left")), rows, _cells)
+
+
+def _cells(r: dict, notes: list[str]) -> list[str] | None:
+    if r["what"].startswith("speculative") and ", prompt " in r["what"]:
+        return None  # per prompt: in the speculative table above and the JSON
+    roof = l3.unmeasured_roofline(r, notes) or f"{r['roofline_fraction']:.0%}"
+    extra = [f"TTFT {_ms(r['mean_ttft_s'])} ms"] if r.get("mean_ttft_s") is not None else []
+    extra += [f"{k}={r[k]:.3g}" if isinstance(r[k], float) else f"{k}={r[k]}"
+              for k in ("preemptions", "prefix_hit_rate", "steps", "same_outputs",
+                        "matches_greedy", "acceptance_rate") if r.get(k) is not None]
+    what = r["what"].replace(", geometric mean over the prompts", " (geomean)")
+    return [f"{r['device']}: {what}", f"{r['tokens_per_s']:,.0f}" if "tokens_per_s" in r else "",
+            f"{r['ratio']:.2f}x" if r.get("ratio") is not None else "-", roof, ", ".join(extra)]
 
 
 def _throughput(rows: list[dict], model: l3.Model, wl: B.Workload, *, small_batch: int, device: str,

@@ -9,15 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from layer1_kernels import bench_cuda, cupy_support
-from layer1_kernels.reduction import (
-    cupy_row_rms,
-    cupy_row_rms_reference,
-    cupy_silu_mul,
-    cupy_silu_mul_reference,
-    reduce_sum,
-    reduce_sum_reference,
-)
+from layer1_kernels import bench_cuda, cupy_support, reduction
 from layer1_kernels.sgemm import (
     BEST_VERSION,
     SGEMM_VERSIONS,
@@ -44,9 +36,9 @@ def rand(*shape: int, seed: int, device: str = "cpu", dtype: torch.dtype = torch
 @pytest.mark.parametrize("call", [
     lambda: sgemm(torch.ones(3, 4), torch.ones(4, 5)),
     lambda: sgemm(torch.ones(3, 4), torch.ones(4, 5), version=1),
-    lambda: reduce_sum(torch.ones(10)),
-    lambda: cupy_silu_mul(torch.ones(3), torch.ones(3)),
-    lambda: cupy_row_rms(torch.ones(2, 3)),
+    lambda: reduction.reduce_sum(torch.ones(10)),
+    lambda: reduction.cupy_silu_mul(torch.ones(3), torch.ones(3)),
+    lambda: reduction.cupy_row_rms(torch.ones(2, 3)),
     lambda: cupy_support.require_cupy(),
     lambda: bench_cuda.bench_cases("cpu"),
     lambda: bench_cuda.sgemm_progression_table(64),
@@ -65,12 +57,14 @@ def test_clear_error_without_cupy(call) -> None:
     (lambda: sgemm([[1.0]], torch.ones(1, 1)), "torch.Tensor"),
     (lambda: sgemm(torch.ones(3, 4), torch.ones(4, 5), version=0), "1..7"),
     (lambda: sgemm(torch.ones(3, 4), torch.ones(4, 5), version="fastest"), "unknown SGEMM version"),
-    (lambda: reduce_sum(torch.ones(2, 3)), "1-D"),
-    (lambda: reduce_sum(torch.ones(3, dtype=torch.float16)), "dtype float32"),
-    (lambda: cupy_silu_mul(torch.ones(3), torch.ones(4)), "same shape"),
-    (lambda: cupy_silu_mul(torch.ones(3), torch.ones(3, dtype=torch.float16)), "same dtype"),
-    (lambda: cupy_silu_mul(torch.ones(3, dtype=torch.bfloat16), torch.ones(3)), "dtype float32, float16"),
-    (lambda: cupy_row_rms(torch.ones(3, 0)), "non-empty last dimension"),
+    (lambda: reduction.reduce_sum(torch.ones(2, 3)), "1-D"),
+    (lambda: reduction.reduce_sum(torch.ones(3, dtype=torch.float16)), "dtype float32"),
+    (lambda: reduction.cupy_silu_mul(torch.ones(3), torch.ones(4)), "same shape"),
+    (lambda: reduction.cupy_silu_mul(torch.ones(3), torch.ones(3, dtype=torch.float16)),
+     "same dtype"),
+    (lambda: reduction.cupy_silu_mul(torch.ones(3, dtype=torch.bfloat16), torch.ones(3)),
+     "dtype float32, float16"),
+    (lambda: reduction.cupy_row_rms(torch.ones(3, 0)), "non-empty last dimension"),
 ])
 def test_bad_inputs_raise_value_error(call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
@@ -92,12 +86,12 @@ def test_references_on_cpu() -> None:
     a, b = rand(17, 33, seed=1), rand(33, 9, seed=2)
     assert rel_err(sgemm_reference(a, b), a.double() @ b.double()) < 1e-6
     x = rand(1001, seed=3)
-    assert abs(reduce_sum_reference(x).item() - x.double().sum().item()) < 1e-4
+    assert abs(reduction.reduce_sum_reference(x).item() - x.double().sum().item()) < 1e-4
     g, u = rand(5, 7, seed=4), rand(5, 7, seed=5)
     expected = g.double() * torch.sigmoid(g.double()) * u.double()
-    assert rel_err(cupy_silu_mul_reference(g, u), expected) < 1e-6
+    assert rel_err(reduction.cupy_silu_mul_reference(g, u), expected) < 1e-6
     x = rand(4, 37, seed=6)
-    assert rel_err(cupy_row_rms_reference(x), x.double().pow(2).mean(-1).sqrt()) < 1e-6
+    assert rel_err(reduction.cupy_row_rms_reference(x), x.double().pow(2).mean(-1).sqrt()) < 1e-6
 
 
 # ------------------------------------------------------------------ GPU: numerics
@@ -150,25 +144,26 @@ def test_sgemm_empty_and_device_errors(cupy) -> None:
     with pytest.raises(ValueError, match="CUDA tensor"):
         sgemm(torch.ones(3, 4), torch.ones(4, 5))
     with pytest.raises(ValueError, match="CUDA tensor"):
-        reduce_sum(torch.ones(3))
+        reduction.reduce_sum(torch.ones(3))
 
 
 @gpu
 @pytest.mark.parametrize("n", [1, 3, 1000, 4097, 10**7 + 3])
 def test_reduce_sum_matches_float64(cupy, n: int) -> None:
     x = rand(n, seed=n, device="cuda")
-    s = reduce_sum(x)
+    s = reduction.reduce_sum(x)
     assert s.shape == () and s.dtype == torch.float32 and s.device == x.device
     exact = x.double().sum().item()
     assert abs(s.item() - exact) <= 1e-5 * x.double().abs().sum().item() + 1e-6
-    assert torch.equal(reduce_sum(x), s)  # two passes, no atomics: deterministic
+    assert torch.equal(reduction.reduce_sum(x), s)  # two passes, no atomics: deterministic
 
 
 @gpu
 def test_reduce_sum_unaligned_view_and_empty(cupy) -> None:
     x = rand(100_003, seed=5, device="cuda")[1:]  # starts 4 bytes in: the scalar-load path
-    assert abs(reduce_sum(x).item() - x.double().sum().item()) <= 1e-5 * x.abs().sum().item()
-    assert reduce_sum(torch.empty(0, device="cuda")).item() == 0.0
+    total = reduction.reduce_sum(x).item()
+    assert abs(total - x.double().sum().item()) <= 1e-5 * x.abs().sum().item()
+    assert reduction.reduce_sum(torch.empty(0, device="cuda")).item() == 0.0
 
 
 @gpu
@@ -177,12 +172,13 @@ def test_reduce_sum_unaligned_view_and_empty(cupy) -> None:
 def test_silu_mul_elementwise_kernel(cupy, dtype: torch.dtype, tol: float, shape) -> None:
     g = rand(*shape, seed=1, device="cuda", dtype=dtype)
     u = rand(*shape, seed=2, device="cuda", dtype=dtype)
-    out = cupy_silu_mul(g, u)
+    out = reduction.cupy_silu_mul(g, u)
     assert out.shape == g.shape and out.dtype == dtype
-    assert rel_err(out, cupy_silu_mul_reference(g, u)) < tol
+    assert rel_err(out, reduction.cupy_silu_mul_reference(g, u)) < tol
     # Strided (transposed) inputs go through CuPy's indexing unchanged.
     if len(shape) == 2:
-        assert rel_err(cupy_silu_mul(g.t(), u.t()), cupy_silu_mul_reference(g.t(), u.t())) < tol
+        assert rel_err(reduction.cupy_silu_mul(g.t(), u.t()),
+                       reduction.cupy_silu_mul_reference(g.t(), u.t())) < tol
 
 
 @gpu
@@ -190,7 +186,7 @@ def test_silu_mul_elementwise_kernel(cupy, dtype: torch.dtype, tol: float, shape
 @pytest.mark.parametrize("shape", [(1,), (1000,), (37, 1537), (3, 5, 17)])
 def test_row_rms_reduction_kernel(cupy, dtype: torch.dtype, tol: float, shape) -> None:
     x = rand(*shape, seed=3, device="cuda", dtype=dtype)
-    out = cupy_row_rms(x)
+    out = reduction.cupy_row_rms(x)
     assert out.shape == x.shape[:-1] and out.dtype == torch.float32
     assert rel_err(out, x.double().pow(2).mean(-1).sqrt()) < tol
 
@@ -202,7 +198,7 @@ def test_kernels_follow_torch_stream(cupy) -> None:
     with torch.cuda.stream(side):
         a, b = rand(512, 512, seed=1, device="cuda"), rand(512, 512, seed=2, device="cuda")
         c = sgemm(a, b)
-        total = reduce_sum(c.flatten())
+        total = reduction.reduce_sum(c.flatten())
     side.synchronize()
     assert rel_err(c, a.double() @ b.double()) < 1e-4
     assert abs(total.item() - c.double().sum().item()) <= 1e-5 * c.abs().sum().item()

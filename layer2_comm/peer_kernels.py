@@ -106,6 +106,41 @@ def _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK: tl.constexpr, WORLD
 
 
 @triton.jit
+def _begin(state_ptr, status_addr, timeout_ns, half_elems):
+    """This block's start of a call: (pid, grid, calls, epoch, half, status_ptr, timeout_ns).
+    calls and epoch - 1 are the block's counters (calls made, barriers passed); half is the
+    offset of the buffer half this call uses (alternating with calls)."""
+    pid = tl.program_id(0)
+    grid = tl.num_programs(0)
+    calls = tl.load(state_ptr + 2 * pid)
+    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
+    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
+    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+    return pid, grid, calls, epoch, half, status_ptr, timeout_ns.to(tl.int64)
+
+
+@triton.jit
+def _end(state_ptr, pid, calls, epoch):
+    """This block's end of a call: one more call made, `epoch` barriers passed."""
+    tl.store(state_ptr + 2 * pid, calls + 1)
+    tl.store(state_ptr + 2 * pid + 1, epoch)
+
+
+@triton.jit
+def _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr):
+    """(BLOCK,) fp32: the elements `offs` summed over every rank's copy, in rank order (so all
+    ranks get the same bits); my own contribution is read from x, the same bits as my copy."""
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
+        else:
+            acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+    return acc
+
+
+@triton.jit
 def one_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, timeout_ns,
                     half_elems, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     """out = sum over ranks of x. Each rank copies x into its buffer, meets the others, then
@@ -114,13 +149,8 @@ def one_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
     x_ptr, out_ptr: this rank's numel elements; bufs/pads: tuples of W pointers (rank order);
     state_ptr: int32[2 * grid] counters (calls, barriers) per block; status_addr: int32 word.
     """
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    calls = tl.load(state_ptr + 2 * pid)
-    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
-    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
-    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-    timeout_ns = timeout_ns.to(tl.int64)
+    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
     lanes = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, numel, grid * BLOCK):
         offs = start + lanes
@@ -130,15 +160,9 @@ def one_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
     for start in range(pid * BLOCK, numel, grid * BLOCK):
         offs = start + lanes
         mask = offs < numel
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            if p == RANK:  # my own contribution: the same bits, read from x
-                acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-            else:
-                acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
         tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(state_ptr + 2 * pid, calls + 1)
-    tl.store(state_ptr + 2 * pid + 1, epoch)
+    _end(state_ptr, pid, calls, epoch)
 
 
 @triton.jit
@@ -152,13 +176,8 @@ def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
     rank copies the other ranks' pieces from its own buffer into out. Every link carries
     2 (W-1)/W x n bytes, as in a ring, in two barriers instead of 2 (W-1) steps.
     """
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    calls = tl.load(state_ptr + 2 * pid)
-    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
-    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
-    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-    timeout_ns = timeout_ns.to(tl.int64)
+    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
     lanes = tl.arange(0, BLOCK)
     TILE: tl.constexpr = WORLD * BLOCK
     for start in range(pid * TILE, numel, grid * TILE):
@@ -171,12 +190,7 @@ def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
     for start in range(pid * TILE, numel, grid * TILE):
         offs = start + RANK * BLOCK + lanes
         mask = offs < numel
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            if p == RANK:
-                acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-            else:
-                acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
         total = acc.to(out_ptr.dtype.element_ty)
         tl.store(out_ptr + offs, total, mask=mask)
         for p in tl.static_range(WORLD):
@@ -190,8 +204,7 @@ def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, t
                 mask = offs < numel
                 got = tl.load(bufs[RANK] + half + offs, mask=mask, cache_modifier=".cg")
                 tl.store(out_ptr + offs, got, mask=mask)
-    tl.store(state_ptr + 2 * pid, calls + 1)
-    tl.store(state_ptr + 2 * pid + 1, epoch + 1)
+    _end(state_ptr, pid, calls, epoch + 1)
 
 
 @triton.jit
@@ -210,13 +223,8 @@ def all_gather_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr,
     from its peers. Tile t of x (BLOCK elements) is handled by block t % grid in both phases,
     so the barrier of block b covers exactly the tiles block b reads.
     """
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    calls = tl.load(state_ptr + 2 * pid)
-    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
-    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
-    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-    timeout_ns = timeout_ns.to(tl.int64)
+    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
     lanes = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, numel, grid * BLOCK):
         offs = start + lanes
@@ -232,8 +240,7 @@ def all_gather_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr,
             if p != RANK:
                 v = tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg")
                 tl.store(out_ptr + p * numel + offs, v, mask=mask)
-    tl.store(state_ptr + 2 * pid, calls + 1)
-    tl.store(state_ptr + 2 * pid + 1, epoch)
+    _end(state_ptr, pid, calls, epoch)
 
 
 @triton.jit
@@ -243,13 +250,8 @@ def reduce_scatter_kernel(x_ptr, out_ptr, numel, seg_lo, seg_hi, bufs, pads, sta
     """out = x[seg_lo:seg_hi] summed over ranks (this rank's segment): copy in, one barrier,
     then sum my segment over every peer's buffer. Each rank reads (W-1)/W x numel elements.
     Only the elements outside my segment are copied in: nobody else reads mine."""
-    pid = tl.program_id(0)
-    grid = tl.num_programs(0)
-    calls = tl.load(state_ptr + 2 * pid)
-    epoch = tl.load(state_ptr + 2 * pid + 1) + 1
-    half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
-    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-    timeout_ns = timeout_ns.to(tl.int64)
+    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
     lanes = tl.arange(0, BLOCK)
     for start in range(pid * BLOCK, numel, grid * BLOCK):
         offs = start + lanes
@@ -259,12 +261,6 @@ def reduce_scatter_kernel(x_ptr, out_ptr, numel, seg_lo, seg_hi, bufs, pads, sta
     for t in range(_first_tile(seg_lo, pid, grid, BLOCK), tl.cdiv(seg_hi, BLOCK), grid):
         offs = t * BLOCK + lanes
         mask = (offs >= seg_lo) & (offs < seg_hi)
-        acc = tl.zeros([BLOCK], dtype=tl.float32)
-        for p in tl.static_range(WORLD):
-            if p == RANK:
-                acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-            else:
-                acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
         tl.store(out_ptr + (offs - seg_lo), acc.to(out_ptr.dtype.element_ty), mask=mask)
-    tl.store(state_ptr + 2 * pid, calls + 1)
-    tl.store(state_ptr + 2 * pid + 1, epoch)
+    _end(state_ptr, pid, calls, epoch)

@@ -12,7 +12,7 @@ config launched directly, through the JIT, and through layer 4's wrapper, plus e
 host cost per call (calls back to back, one sync). Prints a compact table, the best config
 per shape, and writes OUT/sweep_paged.json.
 
-    python benchmarks/sweep_paged.py --out DIR [--budget-s 75] [--quick]
+    python benchmarks/sweep_paged.py --out DIR [--budget-s 75] [--quick] [--shapes B:CTX,...]
 """
 # ruff: noqa: B023  (every lambda is timed inside its own loop iteration)
 from __future__ import annotations
@@ -213,6 +213,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=75.0,
                     help="stop sweeping new shapes after this many seconds")
     ap.add_argument("--quick", action="store_true", help="4 configs, 3 shapes (a smoke run)")
+    ap.add_argument("--shapes", default=None, metavar="B:CTX,...",
+                    help="sweep only these shapes (e.g. 32:1024,32:4096,32:16384)")
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
@@ -228,6 +230,9 @@ def main(argv=None) -> int:
         return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
     configs = CONFIGS[:4] if args.quick else CONFIGS
     shapes = SHAPES[:3] if args.quick else SHAPES
+    if args.shapes:
+        shapes = [(int(b), n if n == "engine" else int(n))
+                  for b, n in (item.split(":") for item in args.shapes.split(","))]
     gen = torch.Generator(device=DEV).manual_seed(0)
     log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     reps = {"int32": case(1, 1024, gen), "int64": case(2, "engine", gen)}

@@ -192,11 +192,21 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
     return y if combine is None else combine(y)
 
 
+#: Most tokens (sequences) a decode step may have to take the fused path; larger steps take
+#: the general path (cuBLAS GEMMs, layer 1's norm / RoPE / SiLU kernels). Layer 1's gemv takes
+#: up to 8 rows, but each of its programs re-reads the step's activations (and, with the norm
+#: in its prologue, the residual row for the statistics) from L2 for its few weight rows, so
+#: the L2 traffic grows with the rows while the weight bytes do not: past a few rows cuBLAS
+#: is faster. Chosen from benchmarks/backend_sweep.py's fused-vs-general step rows (CUDA-graph
+#: replay, 1B and 8B shapes): the largest batch at which the fused step was not slower.
+FUSED_DECODE_MAX_TOKENS = 8
+
+
 @dataclass(frozen=True)
 class DecodeKernels:
     """The triton backend's fused decode kernels, bound to an impl ("auto" / "triton")."""
     impl: str
-    max_tokens: int = 8  # layer 1's gemv takes up to 8 rows (gemv.MAX_ROWS)
+    max_tokens: int = FUSED_DECODE_MAX_TOKENS  # at most layer 1's gemv.MAX_ROWS (8)
     fuse_rope: bool = True  # RoPE + the cache write in the qkv GEMV's epilogue (one launch)
 
     def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:

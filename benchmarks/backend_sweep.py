@@ -1,0 +1,355 @@
+"""The triton backend against the torch backend: decode tokens/s at batch 1-256 on the
+Llama-3.2-1B and Llama-3.1-8B shapes (random bf16 weights drawn on the GPU), CUDA graphs on.
+
+    python benchmarks/backend_sweep.py --shape 8b --out DIR [--batches 1,8,32,128,256]
+    python benchmarks/backend_sweep.py --shape 1b --smoke --out DIR   # tiny model, CPU, eager
+
+Per (backend, batch), two measurements:
+- step: one decode step over layer 4's paged cache (every sequence CONTEXT tokens long, K/V
+  random, blocks shuffled) through layer 4's CudaGraphRunner buffers, captured as one CUDA
+  graph and replayed: the GPU's time alone, tok/s = batch / step time, and MBU (weights + the
+  K/V read, over layer 0's copy bandwidth). The triton backend is also timed without its
+  fused small-batch kernels ("triton-general": ops.decode off) at --general-batches: those
+  rows choose how many tokens the fused path takes (backends.FUSED_DECODE_MAX_TOKENS).
+- engine: layer 4's LLM.generate (cuda_graph=True, prefix caching off) of `batch` random
+  128-token prompts, 64 new tokens, greedy, EOS ignored: decode tok/s = batch * 63 /
+  (t(64 tokens) - t(1 token)), the better of two (the prefill cancels), as layer 5's
+  tp_gpu_bench measures; with the count of decode steps the graphs ran (the rest ran eagerly).
+Then, at --profile-batch, the top kernels of one replayed step per backend (torch.profiler).
+
+Each row is printed (flushed) and the JSON rewritten as soon as it is measured; past
+--budget-s the remaining measurements are skipped (said so), so a run cut short keeps its rows.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import layer3_model as l3
+from layer3_model import bench as L3B
+from layer4_algorithms import LLM, PagedKVCache
+from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
+
+T0 = time.perf_counter()
+#: Llama-3.1-8B's shape (as layer 5's planner.LLAMA_3_8B): Llama-3.2-1B's with these changed
+LLAMA_3_1_8B = dict(l3.LLAMA_3_2_1B, hidden_size=4096, intermediate_size=14336,
+                    num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
+                    tie_word_embeddings=False)
+SHAPES = {"1b": l3.LLAMA_3_2_1B, "8b": LLAMA_3_1_8B}
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, vocab_size=512)
+CONTEXT, PAGE = 192, 16  # step rows: each sequence's length (the engine rows' 128 + 64)
+PROMPT_LEN, NEW_TOKENS = 128, 64
+
+
+def log(*a) -> None:
+    print(f"[backend-sweep +{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
+
+
+def random_net(config: l3.ModelConfig, dtype: torch.dtype, device: str, seed: int = 0,
+               std: float = 0.02) -> l3.LlamaModel:
+    """N(0, std) weights (norm weights 1) drawn on `device` (layer 3's random_model draws on
+    the CPU in fp32: minutes for the 8B shape)."""
+    with torch.device("meta"):
+        net = l3.LlamaModel(config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, t in net.state_dict().items():
+        w = torch.empty(t.shape, dtype=dtype, device=device)
+        state[name] = w.fill_(1.0) if name.endswith("norm.weight") else \
+            w.normal_(0.0, std, generator=gen)
+    net.load_state_dict(state, strict=False, assign=True)
+    if config.tie_word_embeddings:
+        net.lm_head.weight = net.embed.weight
+    net.init_rope(device)
+    return net.eval()
+
+
+def use(net: l3.LlamaModel, variant: str) -> None:
+    """Set the net's kernels: "torch", "triton", or "triton-general" (no fused decode)."""
+    net.set_backend("torch" if variant == "torch" else "triton")
+    if variant == "triton-general":
+        net.ops = dataclasses.replace(net.ops, decode=None)
+
+
+# ---- step: one decode step replayed from a CUDA graph ---------------------------------------
+class StepBench:
+    """A paged cache for the largest batch (K/V random, each sequence's blocks shuffled across
+    it), shared by every (variant, batch): a step of B sequences uses the first B tables."""
+
+    def __init__(self, net: l3.LlamaModel, max_batch: int, context: int, gpu: bool) -> None:
+        self.net, self.context, self.gpu = net, context, gpu
+        self.per_seq = -(-(context + 1) // PAGE)
+        blocks = max_batch * self.per_seq
+        self.cache = PagedKVCache.for_model(net.config, blocks, PAGE, dtype=net.dtype,
+                                            device=net.device)
+        gen = torch.Generator(device=net.device).manual_seed(1)
+        for pool in (self.cache.k, self.cache.v):
+            pool.normal_(0.0, 1.0, generator=gen)
+        self.tables = torch.randperm(blocks, generator=gen, device=net.device).view(
+            max_batch, self.per_seq)
+        self.ids = torch.randint(0, net.config.vocab_size, (max_batch,), generator=gen,
+                                 device=net.device)
+        self.bytes_weights = L3B.weight_bytes_read(net)
+        self.bytes_kv_pos = L3B.kv_bytes_per_position(net)
+
+    def runner(self, B: int) -> CudaGraphRunner:
+        r = CudaGraphRunner(self.net, self.cache, B, self.per_seq, capture=False)
+        r.input_ids[:B] = self.ids[:B]
+        r.positions[:B] = self.context - 1
+        r.seq_lens[:B] = self.context
+        r.block_tables[:B] = self.tables[:B]
+        return r
+
+    @torch.no_grad()
+    def seconds(self, B: int) -> tuple[float, torch.Tensor]:
+        """Seconds per step (GPU: graph replays between events, the better of two rounds;
+        CPU: eager, wall clock) and the step's logits (B, V)."""
+        r = self.runner(B)
+        if not self.gpu:
+            r._step(B)
+            t = time.perf_counter()
+            r._step(B)
+            return time.perf_counter() - t, r.logits[:B].clone()
+        graph, _ = l3.capture_graph(lambda: r._step(B), warmup=2)
+        graph.replay()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        est = max(start.elapsed_time(end) / 1e3, 1e-5)
+        n = int(min(40, max(5, 0.25 / est)))
+        best = float("inf")
+        for _ in range(2):
+            start.record()
+            for _ in range(n):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3 / n)
+        logits = r.logits[:B].clone()
+        del graph
+        return best, logits
+
+    def profile(self, B: int, top: int = 12) -> list[dict]:
+        """The top kernels (GPU time) of 3 replays of the step's graph."""
+        from torch.profiler import ProfilerActivity, profile
+        r = self.runner(B)
+        graph, _ = l3.capture_graph(lambda: r._step(B), warmup=2)
+        graph.replay()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+        rows = []
+        for e in prof.key_averages():
+            us = getattr(e, "device_time_total", None)
+            if us is None:
+                us = getattr(e, "cuda_time_total", 0.0)
+            if us:
+                rows.append({"kernel": e.key[:110], "calls_per_step": e.count / 3,
+                             "us_per_step": us / 3})
+        rows.sort(key=lambda x: -x["us_per_step"])
+        del graph
+        return rows[:top]
+
+
+# ---- engine: LLM.generate ------------------------------------------------------------------
+def _generate(llm, prompts, n: int, gpu: bool) -> tuple[float, list[list[int]]]:
+    params = l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    if gpu:
+        torch.cuda.synchronize()
+    t = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    if gpu:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
+
+
+def engine_rows(net, variant: str, batches: list[int], gpu: bool, budget_left, emit,
+                new_tokens: int = NEW_TOKENS, repeats: int = 2) -> None:
+    use(net, variant)
+    big = max(batches)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, net.config.vocab_size, (PROMPT_LEN,), generator=g).tolist()
+               for _ in range(big)]
+    longest = PROMPT_LEN + new_tokens + 16
+    t = time.perf_counter()
+    llm = LLM(l3.Model(net, None), cuda_graph=gpu, num_blocks=big * -(-longest // PAGE) + 16,
+              block_size=PAGE, max_num_seqs=big, max_model_len=longest,
+              enable_prefix_caching=False)
+    log(f"engine {variant}: up in {time.perf_counter() - t:.1f} s (graphs for "
+        f"{len(llm.runner.graph.buckets) if llm.runner.graph else 0} buckets)")
+    graph = llm.runner.graph
+    counts = {"graph": 0}
+    if graph is not None:
+        inner = graph.run
+
+        def counted(*a, **kw):
+            counts["graph"] += 1
+            return inner(*a, **kw)
+        graph.run = counted
+    try:
+        _generate(llm, prompts[:2], 4, gpu)  # warm-up
+        for B in batches:
+            if budget_left() <= 0:
+                log(f"engine {variant} batch {B}: skipped (budget spent)")
+                continue
+            best = None
+            for _ in range(repeats):
+                t1, _ = _generate(llm, prompts[:B], 1, gpu)
+                counts["graph"] = 0
+                tn, _ = _generate(llm, prompts[:B], new_tokens, gpu)
+                steps = llm.stats.steps
+                decode_s = tn - t1
+                tok_s = B * (new_tokens - 1) / decode_s if decode_s > 0 else float("nan")
+                row = {"part": "engine", "variant": variant, "batch": B, "tokens_per_s": tok_s,
+                       "step_ms": 1e3 * decode_s / (new_tokens - 1), "steps": steps,
+                       "graph_steps": counts["graph"], "t1_s": t1, "tn_s": tn}
+                if best is None or not best["tokens_per_s"] >= tok_s:
+                    best = row
+            emit(best)
+    finally:
+        llm.close()
+        del llm
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+
+
+# ---- the run -------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    ap.add_argument("--batches", default="1,8,32,128,256")
+    ap.add_argument("--general-batches", default="1,2,4,8",
+                    help="batches where the triton backend is also timed without fused decode")
+    ap.add_argument("--engine-batches", default="32,256,1,8,128",
+                    help="LLM.generate rows, in this order (the budget may cut the last); '' none")
+    ap.add_argument("--variants", default="torch,triton")
+    ap.add_argument("--profile-batch", type=int, default=32, help="0: no profile")
+    ap.add_argument("--context", type=int, default=CONTEXT)
+    ap.add_argument("--budget-s", type=float, default=1e9)
+    ap.add_argument("--out", type=Path, default=Path("."))
+    ap.add_argument("--smoke", action="store_true", help="tiny model, fp32, CPU, eager")
+    args = ap.parse_args(argv)
+    gpu = not args.smoke and torch.cuda.is_available()
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    batches, general = ints(args.batches), ints(args.general_batches)
+    eng_batches = ints(args.engine_batches)
+    variants = args.variants.split(",")
+    shape = dict(SHAPES[args.shape])
+    if args.smoke:
+        shape.update(TINY)
+    config = l3.ModelConfig.from_dict(shape)
+    dev, dtype = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
+    net = random_net(config, dtype, dev)
+    bw = None
+    if gpu:
+        torch.cuda.synchronize()
+        try:
+            bw = l3.load_ceilings("cuda").memory_bandwidth
+        except Exception as err:  # noqa: BLE001  (MBU is then left out, said so)
+            log("no copy bandwidth:", type(err).__name__, str(err)[:120])
+    result = {"shape": args.shape, "config": shape, "context": args.context,
+              "device": torch.cuda.get_device_name() if gpu else "cpu (smoke)",
+              "torch": torch.__version__, "copy_bandwidth": bw,
+              "fused_decode_max_tokens": l3.backends.FUSED_DECODE_MAX_TOKENS,
+              "rows": [], "profiles": {}, "skipped": []}
+    log(f"{args.shape}: {sum(p.numel() for p in net.parameters()) / 1e9:.2f} B parameters "
+        f"drawn on {dev}; device {result['device']}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"backend_sweep_{args.shape}.json"
+
+    def budget_left() -> float:
+        return args.budget_s - (time.perf_counter() - T0)
+
+    def emit(row: dict) -> None:
+        result["rows"].append(row)
+        path.write_text(json.dumps(result, indent=1, default=str))
+        extra = (f" MBU {row['MBU']:.0%}" if row.get("MBU") else "") + (
+            f" graph steps {row['graph_steps']}/{row['steps']}" if "graph_steps" in row else "")
+        log(f"{args.shape} {row['part']:6} {row['variant']:14} batch {row['batch']:>3}: "
+            f"{row['tokens_per_s']:10,.1f} tok/s  step {row['step_ms']:8.3f} ms{extra}")
+
+    with torch.no_grad():
+        bench = StepBench(net, max(batches + general), args.context, gpu)
+        log(f"paged cache: {bench.cache.k.numel() * 2 * bench.cache.k.element_size() / 2**30:.2f}"
+            f" GiB, {bench.per_seq} blocks a sequence")
+        plan = [(v, B) for B in batches for v in variants]
+        plan += [("triton-general", B) for B in general if "triton" in variants]
+        plan += [("triton", B) for B in general if "triton" in variants and B not in batches]
+        logits = {}
+        for variant, B in plan:
+            if budget_left() <= 0:
+                result["skipped"].append(f"step {variant} {B}")
+                log(f"step {variant} batch {B}: skipped (budget spent)")
+                continue
+            use(net, variant)
+            s, out = bench.seconds(B)
+            kv = bench.bytes_kv_pos * B * args.context
+            row = {"part": "step", "variant": variant, "batch": B, "tokens_per_s": B / s,
+                   "step_ms": s * 1e3,
+                   "MBU": (bench.bytes_weights + kv) / s / bw if bw else None}
+            ref = logits.setdefault(B, out)  # the first variant's logits: the others agree?
+            row["argmax_agree"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
+            row["max_abs_logit_diff"] = float((out - ref).abs().max())
+            emit(row)
+        if gpu and args.profile_batch and budget_left() > 0:
+            for variant in variants:
+                use(net, variant)
+                try:
+                    result["profiles"][variant] = bench.profile(args.profile_batch)
+                except Exception as err:  # noqa: BLE001  (a profiler failure costs only this)
+                    result["profiles"][variant] = [{"error": f"{type(err).__name__}: {err}"}]
+                log(f"profile {variant} batch {args.profile_batch}:")
+                for k in result["profiles"][variant][:8]:
+                    us, n = k.get("us_per_step", 0), k.get("calls_per_step", 0)
+                    print(f"    {us:9.1f} us  x{n:5.1f}  {k.get('kernel', k.get('error'))}",
+                          flush=True)
+        del bench
+        gc.collect()
+        if gpu:
+            torch.cuda.empty_cache()
+        for variant in variants if eng_batches else []:
+            if budget_left() <= 0:
+                result["skipped"].append(f"engine {variant}")
+                log(f"engine {variant}: skipped (budget spent)")
+                continue
+            engine_rows(net, variant, eng_batches, gpu, budget_left, emit)
+    path.write_text(json.dumps(result, indent=1, default=str))
+    log("table:")
+    for line in table(result):
+        print(line, flush=True)
+    return result
+
+
+def table(result: dict) -> list[str]:
+    """triton / torch per (part, batch), and the fused-vs-general rows."""
+    by = {(r["part"], r["variant"], r["batch"]): r for r in result["rows"]}
+    lines = [f"{result['shape']} on {result['device']}: tok/s, triton / torch "
+             f"(step: graph replay, context {result['context']}; engine: LLM.generate)"]
+    for part in ("step", "engine"):
+        for B in sorted({r["batch"] for r in result["rows"] if r["part"] == part}):
+            t, c = by.get((part, "torch", B)), by.get((part, "triton", B))
+            g = by.get((part, "triton-general", B))
+            f = lambda r: f"{r['tokens_per_s']:10,.1f}" if r else f"{'-':>10}"  # noqa: E731
+            ratio = f"{c['tokens_per_s'] / t['tokens_per_s']:.2f}x" if t and c else "-"
+            fused = (f"  fused/general {c['tokens_per_s'] / g['tokens_per_s']:.2f}x"
+                     if c and g else "")
+            lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}"
+                         f"  general {f(g)}{fused}")
+    return lines
+
+
+if __name__ == "__main__":
+    main()

@@ -3,12 +3,15 @@
 All FLOP/s are *dense* peak rates (vendors often headline the 2:4-sparsity figure, which
 is exactly twice the dense one; we never use those). Bandwidths are bytes/s in decimal
 units (3.35 TB/s = 3.35e12 B/s), as datasheets print them. Memory sizes are the nominal
-capacity in GiB; the driver reports a little less.
+capacity in GiB; the driver reports a little less. The figures are data, in datasheets.json
+(with the vendor document and the column each comes from).
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 TB = 1e12  # decimal tera: datasheets use TB/s and TFLOPS
 GiB = 2**30
@@ -37,73 +40,18 @@ class AcceleratorSpec:
             raise ValueError(f"unknown dtype keys {sorted(unknown)}; expected {FLOP_DTYPES}")
 
 
-DATASHEETS: tuple[AcceleratorSpec, ...] = (
-    # Source: NVIDIA H100 Tensor Core GPU datasheet (SXM5 column); dense = half of sparse.
-    AcceleratorSpec(
-        name="H100 SXM",
-        peak_flops={"fp32": 67e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12,
-                    "fp8": 1978.9e12, "int8": 1978.9e12},
-        memory_bandwidth=3.35 * TB, memory_bytes=80 * GiB,
-        interconnect="NVLink 4: 900 GB/s; PCIe Gen5 x16: 128 GB/s (both directions)",
-        source="NVIDIA H100 Tensor Core GPU datasheet (H100 SXM)",
-    ),
-    # Source: NVIDIA H100 Tensor Core GPU datasheet (PCIe column).
-    AcceleratorSpec(
-        name="H100 PCIe",
-        peak_flops={"fp32": 51e12, "tf32": 378e12, "fp16": 756e12, "bf16": 756e12,
-                    "fp8": 1513e12, "int8": 1513e12},
-        memory_bandwidth=2.0 * TB, memory_bytes=80 * GiB,
-        interconnect="NVLink bridge: 600 GB/s; PCIe Gen5 x16: 128 GB/s (both directions)",
-        source="NVIDIA H100 Tensor Core GPU datasheet (H100 PCIe)",
-    ),
-    # Source: NVIDIA H200 Tensor Core GPU datasheet (H200 SXM column).
-    AcceleratorSpec(
-        name="H200 SXM",
-        peak_flops={"fp32": 67e12, "tf32": 494.7e12, "fp16": 989.4e12, "bf16": 989.4e12,
-                    "fp8": 1978.9e12, "int8": 1978.9e12},
-        memory_bandwidth=4.8 * TB, memory_bytes=141 * GiB,
-        interconnect="NVLink 4: 900 GB/s; PCIe Gen5 x16: 128 GB/s (both directions)",
-        source="NVIDIA H200 Tensor Core GPU datasheet (H200 SXM)",
-    ),
-    # Source: NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column). No FP8 units.
-    AcceleratorSpec(
-        name="A100 SXM 80GB",
-        peak_flops={"fp32": 19.5e12, "tf32": 156e12, "fp16": 312e12, "bf16": 312e12,
-                    "int8": 624e12},
-        memory_bandwidth=2.039 * TB, memory_bytes=80 * GiB,
-        interconnect="NVLink 3: 600 GB/s; PCIe Gen4 x16: 64 GB/s (both directions)",
-        source="NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM)",
-    ),
-    # Source: NVIDIA L4 Tensor Core GPU datasheet; dense = half of the sparse figures.
-    AcceleratorSpec(
-        name="L4",
-        peak_flops={"fp32": 30.3e12, "tf32": 60e12, "fp16": 121e12, "bf16": 121e12,
-                    "fp8": 242.5e12, "int8": 242.5e12},
-        memory_bandwidth=0.3 * TB, memory_bytes=24 * GiB,
-        interconnect="PCIe Gen4 x16: 64 GB/s (both directions); no NVLink",
-        source="NVIDIA L4 Tensor Core GPU datasheet",
-    ),
-    # Source: NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090 table).
-    # Tensor figures are the FP32-accumulate ones, which is what torch's matmuls use;
-    # GeForce parts run FP16-accumulate twice as fast.
-    AcceleratorSpec(
-        name="RTX 4090",
-        peak_flops={"fp32": 82.6e12, "tf32": 82.6e12, "fp16": 165.2e12, "bf16": 165.2e12,
-                    "fp8": 330.3e12, "int8": 660.6e12},
-        memory_bandwidth=1.008 * TB, memory_bytes=24 * GiB,
-        interconnect="PCIe Gen4 x16: 64 GB/s (both directions); no NVLink",
-        source="NVIDIA Ada Lovelace GPU Architecture whitepaper (GeForce RTX 4090)",
-    ),
-    # Source: AMD Instinct MI300X accelerator datasheet; fp32 is the matrix-core figure.
-    AcceleratorSpec(
-        name="MI300X",
-        peak_flops={"fp32": 163.4e12, "tf32": 653.7e12, "fp16": 1307.4e12, "bf16": 1307.4e12,
-                    "fp8": 2614.9e12, "int8": 2614.9e12},
-        memory_bandwidth=5.3 * TB, memory_bytes=192 * GiB,
-        interconnect="AMD Infinity Fabric: 7 links x 128 GB/s to peers; PCIe Gen5 x16",
-        source="AMD Instinct MI300X accelerator datasheet",
-    ),
-)
+def _load_datasheets() -> tuple[AcceleratorSpec, ...]:
+    """datasheets.json: one entry per accelerator, FLOP/s as printed (dense), bandwidth in
+    TB/s, memory in GiB, and a note saying which column of the vendor document they are."""
+    rows = json.loads(Path(__file__).with_name("datasheets.json").read_text())
+    return tuple(AcceleratorSpec(name=r["name"], peak_flops=r["peak_flops"],
+                                 memory_bandwidth=r["memory_tb_s"] * TB,
+                                 memory_bytes=r["memory_gib"] * GiB,
+                                 interconnect=r["interconnect"], source=r["source"])
+                 for r in rows)
+
+
+DATASHEETS: tuple[AcceleratorSpec, ...] = _load_datasheets()
 
 _BY_NAME = {spec.name: spec for spec in DATASHEETS}
 

@@ -249,34 +249,17 @@ def _verdict(verdicts: dict, name: str) -> None:
                     f"seed {verdicts['seed']}: {failure}", pytrace=False)
 
 
-@pytest.mark.points(10)
+#: exercise 1's checks, as graded: (check, points, test id)
+EXERCISE_1 = [("f", 10, "f_copy_to_tp_region"), ("g", 10, "g_reduce_from_tp_region"),
+              ("column", 15, "column_parallel_linear"), ("row", 15, "row_parallel_linear"),
+              ("mlp", 10, "column_then_row_mlp")]
+
+
 @pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
-def test_f_copy_to_tp_region(verdicts):
-    _verdict(verdicts, "f")
-
-
-@pytest.mark.points(10)
-@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
-def test_g_reduce_from_tp_region(verdicts):
-    _verdict(verdicts, "g")
-
-
-@pytest.mark.points(15)
-@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
-def test_column_parallel_linear(verdicts):
-    _verdict(verdicts, "column")
-
-
-@pytest.mark.points(15)
-@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
-def test_row_parallel_linear(verdicts):
-    _verdict(verdicts, "row")
-
-
-@pytest.mark.points(10)
-@pytest.mark.timeout(RANK_TEST_TIMEOUT_S)
-def test_column_then_row_mlp(verdicts):
-    _verdict(verdicts, "mlp")
+@pytest.mark.parametrize("check", [pytest.param(check, marks=pytest.mark.points(points), id=name)
+                                   for check, points, name in EXERCISE_1])
+def test_tensor_parallel(verdicts, check):
+    _verdict(verdicts, check)
 
 
 # ================================================================ exercise 2, in this process

@@ -8,9 +8,10 @@ Per (backend, batch), two measurements:
 - step: one decode step over layer 4's paged cache (every sequence CONTEXT tokens long, K/V
   random, blocks shuffled) through layer 4's CudaGraphRunner buffers, captured as one CUDA
   graph and replayed: the GPU's time alone, tok/s = batch / step time, and MBU (weights + the
-  K/V read, over layer 0's copy bandwidth). The triton backend is also timed without its
-  fused small-batch kernels ("triton-general": ops.decode off) at --general-batches: those
-  rows choose how many tokens the fused path takes (backends.FUSED_DECODE_MAX_TOKENS).
+  K/V read, over layer 0's copy bandwidth). At --general-batches the triton backend is also
+  timed with its fused small-batch kernels forced on ("triton-fused", up to gemv.MAX_ROWS)
+  and off ("triton-general": ops.decode None): those rows choose how many tokens the fused
+  path takes (backends.FUSED_DECODE_MAX_TOKENS).
 - engine: layer 4's LLM.generate (cuda_graph=True, prefix caching off) of `batch` random
   128-token prompts, 64 new tokens, greedy, EOS ignored: decode tok/s = batch * 63 /
   (t(64 tokens) - t(1 token)), the better of two (the prefill cancels), as layer 5's
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib
 import json
 import time
 from pathlib import Path
@@ -35,6 +37,8 @@ import layer3_model as l3
 from layer3_model import bench as L3B
 from layer4_algorithms import LLM, PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
+
+GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
 
 T0 = time.perf_counter()
 #: Llama-3.1-8B's shape (as layer 5's planner.LLAMA_3_8B): Llama-3.2-1B's with these changed
@@ -72,10 +76,15 @@ def random_net(config: l3.ModelConfig, dtype: torch.dtype, device: str, seed: in
 
 
 def use(net: l3.LlamaModel, variant: str) -> None:
-    """Set the net's kernels: "torch", "triton", or "triton-general" (no fused decode)."""
+    """Set the net's kernels: "torch", "triton" (as the backend comes), "triton-general" (no
+    fused decode) or "triton-fused" (the fused path at up to layer 1's gemv.MAX_ROWS tokens,
+    whatever backends.FUSED_DECODE_MAX_TOKENS says)."""
     net.set_backend("torch" if variant == "torch" else "triton")
     if variant == "triton-general":
         net.ops = dataclasses.replace(net.ops, decode=None)
+    elif variant == "triton-fused" and net.ops.decode is not None:
+        net.ops = dataclasses.replace(net.ops, decode=dataclasses.replace(
+            net.ops.decode, max_tokens=GEMV.MAX_ROWS))
 
 
 # ---- step: one decode step replayed from a CUDA graph ---------------------------------------
@@ -286,8 +295,8 @@ def main(argv: list[str] | None = None) -> dict:
         log(f"paged cache: {bench.cache.k.numel() * 2 * bench.cache.k.element_size() / 2**30:.2f}"
             f" GiB, {bench.per_seq} blocks a sequence")
         plan = [(v, B) for B in batches for v in variants]
-        plan += [("triton-general", B) for B in general if "triton" in variants]
-        plan += [("triton", B) for B in general if "triton" in variants and B not in batches]
+        plan += [(v, B) for B in general if "triton" in variants
+                 for v in ("triton-fused", "triton-general")]
         logits = {}
         for variant, B in plan:
             if budget_left() <= 0:
@@ -341,14 +350,30 @@ def table(result: dict) -> list[str]:
     for part in ("step", "engine"):
         for B in sorted({r["batch"] for r in result["rows"] if r["part"] == part}):
             t, c = by.get((part, "torch", B)), by.get((part, "triton", B))
-            g = by.get((part, "triton-general", B))
+            g, fu = by.get((part, "triton-general", B)), by.get((part, "triton-fused", B))
             f = lambda r: f"{r['tokens_per_s']:10,.1f}" if r else f"{'-':>10}"  # noqa: E731
             ratio = f"{c['tokens_per_s'] / t['tokens_per_s']:.2f}x" if t and c else "-"
-            fused = (f"  fused/general {c['tokens_per_s'] / g['tokens_per_s']:.2f}x"
-                     if c and g else "")
-            lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}"
-                         f"  general {f(g)}{fused}")
+            fused = (f"  fused {f(fu)} general {f(g)} fused/general "
+                     f"{fu['tokens_per_s'] / g['tokens_per_s']:.2f}x" if fu and g else "")
+            lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}{fused}")
+    lines.append(f"  fused path up to {result['fused_decode_max_tokens']} tokens now; "
+                 f"not slower than the general path up to: {fused_limit(result)}")
     return lines
+
+
+def fused_limit(result: dict, tolerance: float = 0.01) -> int | None:
+    """The largest measured batch B such that at every measured batch <= B the fused step
+    ("triton-fused") was within `tolerance` of the general
+    path's time or faster (None: no fused-vs-general rows)."""
+    rows = {(r["variant"], r["batch"]): r["step_ms"] for r in result["rows"]
+            if r["part"] == "step"}
+    pairs = sorted(B for v, B in rows if v == "triton-general" and ("triton-fused", B) in rows)
+    best = None
+    for B in pairs:
+        if rows[("triton-fused", B)] > rows[("triton-general", B)] * (1 + tolerance):
+            break
+        best = B
+    return best
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""benchmarks/backend_sweep.py (triton vs torch backend decode, one GPU call) on a tiny CPU
+model: every planned row is measured and written, the variants agree on the logits, and the
+fused-path limit is read off the fused-vs-general rows as documented."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "backend_sweep.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("backend_sweep", BENCH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_smoke_run_writes_every_row(tmp_path):
+    bench = _load()
+    r = bench.main(["--shape", "8b", "--smoke", "--out", str(tmp_path), "--batches", "1,3",
+                    "--general-batches", "2", "--engine-batches", "2"])
+    got = {(row["part"], row["variant"], row["batch"]) for row in r["rows"]}
+    assert got == {("step", v, b) for v in ("torch", "triton") for b in (1, 3)} | {
+        ("step", "triton-fused", 2), ("step", "triton-general", 2),
+        ("engine", "torch", 2), ("engine", "triton", 2)}
+    assert all(row["tokens_per_s"] > 0 for row in r["rows"])
+    for row in r["rows"]:
+        if row["part"] == "step":  # every variant computes the torch backend's logits
+            assert row["argmax_agree"] == 1.0 and row["max_abs_logit_diff"] < 1e-3
+    assert json.loads((tmp_path / "backend_sweep_8b.json").read_text())["rows"] == r["rows"]
+    assert any("triton / torch" in line for line in bench.table(r))
+
+
+def test_fused_limit_is_the_last_batch_before_the_fused_step_gets_slower():
+    bench = _load()
+
+    def rows(pairs):
+        return {"rows": [{"part": "step", "variant": v, "batch": b, "step_ms": ms}
+                         for b, (fused, general) in pairs.items()
+                         for v, ms in (("triton-fused", fused), ("triton-general", general))]}
+    assert bench.fused_limit(rows({1: (1.0, 1.3), 2: (1.0, 1.1), 4: (1.2, 1.1),
+                                   8: (1.0, 2.0)})) == 2  # 8 is faster again: not counted
+    assert bench.fused_limit(rows({1: (1.0, 0.9)})) is None
+    assert bench.fused_limit(rows({1: (1.0, 1.2), 2: (1.005, 1.0)})) == 2  # within 1 %

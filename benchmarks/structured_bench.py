@@ -3,24 +3,30 @@
     python benchmarks/structured_bench.py --device cuda --out DIR      # the GPU run
     python benchmarks/structured_bench.py --device cpu --quick         # a smoke run here
 
-Rows:
-* decode throughput at batch B (default 32): B prompts, N new tokens each, every row under a
+Parts, in this order, each printed (flushed) as it ends, the whole bounded by --time-limit:
+* compile: grammar compile time per schema (tests/layer4/schemas.py: nested objects, arrays,
+  enums, bounded numbers, anyOf, patterns): a fresh compiler's first compile, then the
+  cached second request (a cache hit + a copy of the compiled matcher).
+* mask: the mask alone per step at batch B, B rows mid-document: the host fill with
+  llguidance's executor at 1, 2, 4, 8 threads and the engine's default, then the apply:
+  `TokenMasks.apply` as the engine calls it (fill + one copy + one kernel launch: host time,
+  then the time until the device is done), the Triton kernel alone and the torch reference
+  on device-resident inputs.
+* throughput at batch B (default 32): B prompts, N new tokens each, every row under a
   json_schema constraint that cannot finish within N tokens (an array of >= 64 objects), so
-  every step masks every row; against the same requests unconstrained, both with the engine's
-  default scheduling (async on a GPU; a constrained request steps synchronously) and both
-  synchronous (the mask's own cost). Generated tokens per wall second, each the best of
-  --repeats runs after an untimed warm-up.
-* the mask alone per step at batch B: llguidance filling B bitmask rows on the host
-  (fill_masks) and applying them to (B, V) logits on the device.
-* grammar compile time per schema (tests/layer4/schemas.py: nested objects, arrays, enums,
-  bounded numbers, anyOf, patterns): a fresh compiler's first compile, then the cached
-  second request (a cache hit + a copy of the compiled matcher).
+  every step masks every row; against the same requests unconstrained, with the engine's
+  default scheduling (async on a GPU, constrained rows included) and both synchronous.
+  Generated tokens per wall second, each the best of --repeats runs after an untimed
+  warm-up; with the engine's own per-step mask figures (host fill, host apply) and its step
+  count, and the wall time per step.
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
 import platform
 import statistics
 import sys
@@ -43,6 +49,11 @@ LONG = {"type": "array", "minItems": 64, "items": {
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}},
     "required": ["name", "age", "tags"], "additionalProperties": False}}
+T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f} s] {msg}", flush=True)
 
 
 def _sync(device: torch.device) -> float:
@@ -60,43 +71,104 @@ def throughput(model: l3.Model, batch: int, new: int, constrained: bool, repeats
     prompts = [f"{name}.\n" for name in ("HAMLET", "OPHELIA", "HORATIO", "LAERTES")] * (
         -(-batch // 4))
     llm.generate(prompts[:batch], params)  # warm-up: graphs, grammar compile, allocator
-    best = 0.0
+    best, steps, masks = 0.0, 0, {}
     for _ in range(repeats):
+        before = dict(llm.masks.stats)
         t0 = _sync(llm.model.net.device)
         outs = llm.generate(prompts[:batch], params)
         dt = _sync(llm.model.net.device) - t0
         tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-        best = max(best, tokens / dt)
+        if tokens / dt > best:
+            best, steps = tokens / dt, llm.stats.steps
+            step_ms = 1e3 * dt / max(1, steps)
+            masks = {k: llm.masks.stats[k] - before[k] for k in before}
     valid_prefix = all(o.outputs[0].text.startswith("[{") for o in outs) if constrained else None
-    return {"batch": batch, "new_tokens": new, "constrained": constrained,
-            "async_scheduling": llm.config.async_scheduling, "tokens_per_s": round(best, 1),
-            "json_prefix_ok": valid_prefix}
+    row = {"batch": batch, "new_tokens": new, "constrained": constrained,
+           "async_scheduling": llm.config.async_scheduling, "tokens_per_s": round(best, 1),
+           "steps": steps, "wall_ms_per_step": round(step_ms, 3),
+           "json_prefix_ok": valid_prefix}
+    if constrained and masks.get("steps"):
+        row["engine_fill_us_per_step"] = round(1e6 * masks["fill_s"] / masks["steps"], 1)
+        row["engine_apply_us_per_step"] = round(1e6 * masks["apply_s"] / masks["steps"], 1)
+        row["masked_steps"] = masks["steps"]
+    return row
 
 
-def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
-    """Host fill of B rows and the device apply, per step, at B rows mid-document."""
+def mid_document(model: l3.Model, batch: int) -> tuple[list, l4.GrammarCompiler]:
     compiler = l4.GrammarCompiler.for_model(model)
     states = [compiler.state(l4.StructuredOutputsParams(json=LONG)) for _ in range(batch)]
-    tok = model.tokenizer
-    prefix = tok.encode('[{"name":"Yorick","age":3,"tags":["red"]},{"name":"',
-                        add_special_tokens=False)
+    prefix = model.tokenizer.encode('[{"name":"Yorick","age":3,"tags":["red"]},{"name":"',
+                                    add_special_tokens=False)
     for s in states:
         for t in prefix:
             s.accept(t)
-    V, device = model.config.vocab_size, model.net.device
-    logits = torch.randn(batch, V, device=device)
-    bitmask = l4.structured.allocate(batch, V, pin=device.type == "cuda")
-    fill, apply = [], []
+    return states, compiler
+
+
+def _median_us(fn, steps: int, device: torch.device) -> float:
+    times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        l4.structured.fill_masks(states, bitmask)
-        t1 = _sync(device)
-        l4.apply_token_bitmask_(logits, bitmask)
+        fn()
+        times.append(_sync(device) - t0)
+    return round(1e6 * statistics.median(times), 1)
+
+
+def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
+    """Host fill of B rows (by executor threads) and the apply, per step, B rows mid-document."""
+    from layer4_algorithms.structured import bitmask as bm_mod
+    from layer4_algorithms.structured.grammar import llg
+
+    states, _ = mid_document(model, batch)
+    V, device = model.config.vocab_size, model.net.device
+    bitmask = l4.structured.allocate(batch, V, pin=device.type == "cuda")
+    pairs = [(s.matcher, j) for j, s in enumerate(states)]
+    W = bitmask.shape[1]
+    fill = {}
+    for n in (1, 2, 4, 8):
+        ex = llg().LLExecutor(n)
+        fill[str(n)] = _median_us(
+            lambda ex=ex: ex.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), W * 4, batch),
+            steps, torch.device("cpu"))
+    fill["engine"] = _median_us(lambda: l4.structured.fill_masks(states, bitmask), steps,
+                                torch.device("cpu"))
+    say(f"mask fill at batch {batch}, V={V}, us by executor threads: {fill} "
+        f"(the engine's: {bm_mod.fill_threads()} threads)")
+
+    class Row:
+        def __init__(self, g):
+            self.grammar = g
+
+    seqs = [Row(s) for s in states]
+    logits = torch.randn(batch, V, device=device)
+    masks = l4.structured.TokenMasks(V, device, rows=batch)
+    host_us, done_us = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        masks.apply(logits, seqs)
+        t1 = time.perf_counter()
         t2 = _sync(device)
-        fill.append(t1 - t0)
-        apply.append(t2 - t1)
-    return {"batch": batch, "vocab": V, "fill_us": round(1e6 * statistics.median(fill), 1),
-            "apply_us": round(1e6 * statistics.median(apply), 1)}
+        host_us.append(1e6 * (t1 - t0))
+        done_us.append(1e6 * (t2 - t0))
+    dev_bitmask = bitmask.to(device)
+    rows = torch.arange(batch, device=device)
+    apply = {"engine_apply_host_us": round(statistics.median(host_us), 1),
+             "engine_apply_done_us": round(statistics.median(done_us), 1)}
+    for impl in ("triton", "torch") if device.type == "cuda" else ("torch",):
+        # (on a CPU the kernel would run in Triton's interpreter: its time says nothing)
+        apply[f"{impl}_us"] = _median_us(
+            lambda impl=impl: l4.apply_token_bitmask_(logits, dev_bitmask, rows, impl=impl),
+            steps, device)
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        for impl in ("triton", "torch"):
+            apply[f"{impl}_device_us"] = round(1e3 * do_bench(
+                lambda impl=impl: l4.apply_token_bitmask_(logits, dev_bitmask, rows,
+                                                          impl=impl)), 1)
+    say(f"mask apply at batch {batch}: {apply}")
+    return {"batch": batch, "vocab": V, "fill_us_by_threads": fill,
+            "fill_us": fill["engine"], "engine_fill_threads": bm_mod.fill_threads(), **apply}
 
 
 def compile_times(model: l3.Model) -> dict:
@@ -114,11 +186,17 @@ def compile_times(model: l3.Model) -> dict:
         _ = compiler.state(spec).matcher
         second.append(time.perf_counter() - t0)
     ms = [round(1e3 * x, 3) for x in first]
-    return {"schemas": len(SCHEMAS), "vocabulary_ms": round(vocab_ms, 2),
-            "first_ms_median": round(1e3 * statistics.median(first), 3),
-            "first_ms_max": max(ms), "cached_ms_median": round(1e3 * statistics.median(second), 3),
-            "cached_ms_max": round(1e3 * max(second), 3), "first_ms_per_schema": ms,
-            "stats": compiler.stats}
+    out = {"schemas": len(SCHEMAS), "vocabulary_ms": round(vocab_ms, 2),
+           "first_ms_median": round(1e3 * statistics.median(first), 3),
+           "first_ms_max": max(ms), "cached_ms_median": round(1e3 * statistics.median(second), 3),
+           "cached_ms_max": round(1e3 * max(second), 3), "first_ms_per_schema": ms,
+           "cached_ms_per_schema": [round(1e3 * x, 4) for x in second],
+           "stats": compiler.stats}
+    compiler.close()
+    say(f"compile: {out['schemas']} schemas, first {out['first_ms_median']} ms median "
+        f"(max {out['first_ms_max']}), cached {out['cached_ms_median']} ms median "
+        f"(max {out['cached_ms_max']}); vocabulary once {out['vocabulary_ms']} ms")
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -128,42 +206,76 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--time-limit", type=float, default=170.0,
+                    help="seconds: throughput configs that would start later are skipped, "
+                         "and the process dumps its stacks and exits at this + 60")
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
     ap.add_argument("--out", type=Path, default=None, help="folder for structured_bench.json")
     args = ap.parse_args(argv)
+    faulthandler.dump_traceback_later(args.time_limit + 60, exit=True)
     if args.quick:
         args.batch, args.new_tokens, args.repeats = 4, 24, 1
     dtype = "bfloat16" if args.device == "cuda" else "float32"
     path = l3.course_model_dir("target") if args.model == "course" else args.model
+    say(f"loading {args.model} on {args.device} ({dtype})")
     model = l3.load(path, device=args.device, dtype=dtype)
     if model.tokenizer is None:
         raise SystemExit(f"{args.model} has no tokenizer: a grammar needs one")
     torch.set_grad_enabled(False)
-    rows = {"compile": compile_times(model), "mask": mask_cost(model, args.batch)}
-    tp = []
+    rows: dict = {"env": {
+        "device": torch.cuda.get_device_name() if args.device == "cuda" else
+        platform.processor() or "cpu", "cpus": os.cpu_count(), "torch": torch.__version__,
+        "model": args.model, "dtype": dtype, "batch": args.batch,
+        "new_tokens": args.new_tokens, "repeats": args.repeats,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}}
+
+    def save() -> None:
+        if args.out is not None:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / "structured_bench.json").write_text(json.dumps(rows, indent=1))
+
+    rows["compile"] = compile_times(model)
+    save()
+    rows["mask"] = mask_cost(model, args.batch)
+    save()
+    tp, skipped = [], []
     for sync in (None, False):  # the engine's default scheduling, then synchronous both
+        name = "default" if sync is None else "sync"
         engine = {} if sync is None else {"async_scheduling": False}
-        free = throughput(model, args.batch, args.new_tokens, False, args.repeats, **engine)
-        tight = throughput(model, args.batch, args.new_tokens, True, args.repeats, **engine)
-        tp.append({"scheduling": "default" if sync is None else "sync", "unconstrained": free,
-                   "json_schema": tight,
-                   "ratio": round(tight["tokens_per_s"] / free["tokens_per_s"], 3)})
-    rows["throughput"] = tp
-    rows["env"] = {"device": torch.cuda.get_device_name() if args.device == "cuda" else
-                   platform.processor() or "cpu", "torch": torch.__version__,
-                   "model": args.model, "dtype": dtype,
-                   "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        row = {"scheduling": name}
+        for key, constrained in (("unconstrained", False), ("json_schema", True)):
+            if time.perf_counter() - T0 > args.time_limit:
+                skipped.append(f"{name}/{key}")
+                say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
+                continue
+            r = throughput(model, args.batch, args.new_tokens, constrained, args.repeats,
+                           **engine)
+            row[key] = r
+            extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us + apply "
+                     f"{r.get('engine_apply_us_per_step')} us per step" if constrained else "")
+            say(f"{name}/{key}: {r['tokens_per_s']} tok/s (async={r['async_scheduling']}, "
+                f"{r['steps']} steps, {r['wall_ms_per_step']} ms a step{extra})")
+        if "unconstrained" in row and "json_schema" in row:
+            row["ratio"] = round(row["json_schema"]["tokens_per_s"]
+                                 / row["unconstrained"]["tokens_per_s"], 3)
+            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (target >= 0.9x)")
+        tp.append(row)
+        rows["throughput"] = tp
+        save()
+    rows["skipped"] = skipped
     c, m = rows["compile"], rows["mask"]
-    print(f"compile: {c['schemas']} schemas, first {c['first_ms_median']} ms median "
-          f"(max {c['first_ms_max']}), cached {c['cached_ms_median']} ms")
-    print(f"mask at batch {m['batch']}, V={m['vocab']}: fill {m['fill_us']} us (host), "
-          f"apply {m['apply_us']} us (device)")
+    print(f"SUMMARY compile: {c['schemas']} schemas, first {c['first_ms_median']} ms median "
+          f"(max {c['first_ms_max']}), cached {c['cached_ms_median']} ms", flush=True)
+    print(f"SUMMARY mask at batch {m['batch']}, V={m['vocab']}: fill {m['fill_us']} us (host, "
+          f"{m['engine_fill_threads']} threads), TokenMasks.apply {m['engine_apply_host_us']} "
+          f"us host / {m['engine_apply_done_us']} us to done (fill included)", flush=True)
     for r in tp:
-        print(f"{r['scheduling']:>8}: unconstrained {r['unconstrained']['tokens_per_s']} tok/s, "
-              f"json_schema {r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x")
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "structured_bench.json").write_text(json.dumps(rows, indent=1))
+        if "ratio" in r:
+            print(f"SUMMARY {r['scheduling']:>8}: unconstrained "
+                  f"{r['unconstrained']['tokens_per_s']} tok/s, json_schema "
+                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x", flush=True)
+    save()
+    faulthandler.cancel_dump_traceback_later()
     return rows
 
 

@@ -18,6 +18,10 @@ them; the scheduler rolls the KV back past the rejected ones).
 Async scheduling (config.async_scheduling): a step launches its GPU work and returns without
 waiting for its tokens; the next step() reads them while the GPU runs its own launch
 (launched_step.py tells how, and why a step of first tokens only is read at once).
+Constrained requests (structured outputs) keep it: a step with grammar rows launches its
+forward pass, then reads the previous step's tokens (their copy to the host was queued
+ahead of this forward, so the wait is short), advances the grammars with them, fills the
+masks on the host while the GPU runs the forward, and only then masks and samples.
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
 launch (`_launch`: speculation's proposals, the model, the rows to sample with
@@ -45,7 +49,7 @@ from .outputs import ProgressBar, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
-from .structured import GrammarCompiler, mask_spec
+from .structured import GrammarCompiler, TokenMasks, mask_spec
 
 
 class LLM(EngineRequestsMixin, EngineStatsMixin):
@@ -96,8 +100,10 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
-        self._host_sampling = 0  # live requests with penalties / logprobs / grammars: run sync
+        self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
+        self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
+                                rows=self.config.max_num_seqs)  # buffers made on first use
         self.closed = False
         self.reset_stats()
 
@@ -166,7 +172,9 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
             if not sync:  # first tokens only: out now, before another launch delays them
                 return self._end_step(start, advanced, finished, unfinished, delta)
         out = self.scheduler.schedule()
-        launched = self._launch(out, prev, sync) if out.scheduled else None
+        launched = None
+        if out.scheduled:
+            launched, prev = self._launch(out, prev, sync, advanced, finished)
         if launched is None and prev is None and not advanced:
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1
@@ -192,11 +200,15 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
             advanced = {q.request_id for q in finished}
         return self._outputs(advanced, unfinished, now, delta)
 
-    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None,
-                sync: bool) -> LaunchedStep:
+    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
+                advanced: set[str], finished: list[Sequence]
+                ) -> tuple[LaunchedStep, LaunchedStep | None]:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
-        host sync; penalties, logprobs, grammars and speculation take this path), else they
-        stay on the device and are copied back without waiting (read by `_complete`)."""
+        host sync; penalties, logprobs and speculation take this path), else they stay on
+        the device and are copied back without waiting (read by `_complete`). Returns the
+        launched step and prev, or None when it was read here: a step that masks grammar
+        rows reads prev's tokens after launching its forward pass and before sampling (the
+        masks follow the grammars, which follow the tokens)."""
         if self.speculator is not None:
             self.speculator.propose(out)
         # decoding sequences' inputs may be prev's tokens, still on the device
@@ -206,14 +218,19 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
         if not sync:
+            if prev is not None and any(q.grammar is not None for q in who):
+                self._complete(prev, advanced, finished)  # while the GPU runs the forward
+                prev = None
+            self.masks.apply(rows, who)  # fill (host), one copy, one kernel; no host sync
             tokens = self.runner.sample_tokens(rows, [q.params for q in who],
                                                [q.generator for q in who])
-            return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
-        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who),
+            return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad), prev
+        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
+                                                              self.masks),
                                         self.runner.last_bad)
         if spec:
             launched.sampled.update(self._verify(spec))
-        return launched
+        return launched, prev
 
     def _sampling_rows(self, out: SchedulerOutput,
                        logits: StepLogits) -> tuple[list[int], list[Sequence], list]:

@@ -11,7 +11,7 @@ import layer3_model as l3
 from .model_runner import ModelRunner
 from .scheduler import ScheduledSeq
 from .sequence import Sequence
-from .structured import mask_rows
+from .structured import TokenMasks, mask_rows
 
 
 def check_params(params: l3.SamplingParams, speculating: bool) -> None:
@@ -24,17 +24,20 @@ def check_params(params: l3.SamplingParams, speculating: bool) -> None:
 
 
 def host_sampled(params: l3.SamplingParams) -> bool:
-    """A request whose rows need the host between steps (penalties, logprobs, a grammar's
-    mask from the previous token): while one is live, the engine steps synchronously."""
-    return params.needs_logits_processing or params.structured_outputs is not None
+    """A request whose rows need the host between steps (penalties, logprobs): while one is
+    live, the engine steps synchronously. (A grammar's mask needs only the previous token on
+    the host, which async scheduling reads before it samples: engine.py.)"""
+    return params.needs_logits_processing
 
 
-def sample_rows(runner: ModelRunner, rows: torch.Tensor, seqs: Seq[Sequence]) -> list[int]:
+def sample_rows(runner: ModelRunner, rows: torch.Tensor, seqs: Seq[Sequence],
+                masks: TokenMasks | None = None) -> list[int]:
     """One token per row of rows (N, V), row i for seqs[i]. The plain sampler (one argmax for
     an all-greedy step) unless a row needs penalties or logprobs; those logprobs are appended
     to the sequence's `logprobs` (an EOS's too: outputs cut the list to the output tokens).
-    Rows of constrained sequences (`seq.grammar`) are masked first (structured/)."""
-    mask_rows(rows, seqs)
+    Rows of constrained sequences (`seq.grammar`) are masked first (structured/; masks: the
+    engine's reused buffers)."""
+    mask_rows(rows, seqs, masks)
     params = [q.params for q in seqs]
     generators = [q.generator for q in seqs]
     if not any(p.needs_logits_processing for p in params):  # the fast path

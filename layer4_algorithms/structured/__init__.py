@@ -1,16 +1,26 @@
 """Structured outputs: grammar-constrained decoding (JSON schema, JSON object, regex, choice,
 Lark grammar) with llguidance. `GrammarCompiler` (constraint -> compiled matcher, on a worker
 thread, cached by the constraint), `GrammarState` (one sequence's parser, advanced by each
-accepted token), the bitmask (`mask_rows` before sampling, `mask_spec` before speculative
+accepted token), the bitmask (`TokenMasks`: a step's masks in reused buffers, applied by
+one Triton kernel on CUDA; `mask_rows` before sampling, `mask_spec` before speculative
 verification, `apply_token_bitmask_` for any (R, V) logits) and `check` (ValueError naming
 what is wrong with a constraint, for layer 6's 400s). automaton.py: the mask at teaching size
 (lab 4's exercise 4)."""
 from .automaton import Automaton, advance, apply_bitmask, pack_bitmask, token_mask
-from .bitmask import allocate, apply_token_bitmask_, fill_masks, mask_rows, mask_spec, unpack
+from .bitmask import (
+    TokenMasks,
+    allocate,
+    apply_token_bitmask_,
+    fill_masks,
+    mask_rows,
+    mask_spec,
+    unpack,
+)
 from .grammar import GrammarCompiler, check, llg_tokenizer, to_grammar
 from .state import GrammarState
 
 __all__ = ["GrammarCompiler", "GrammarState", "check", "to_grammar", "llg_tokenizer",
            "allocate", "unpack", "apply_token_bitmask_", "fill_masks", "mask_rows", "mask_spec",
+           "TokenMasks",
            # lab 4's exercise 4: the same idea on a small automaton
            "Automaton", "advance", "token_mask", "pack_bitmask", "apply_bitmask"]

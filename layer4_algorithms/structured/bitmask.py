@@ -5,10 +5,19 @@ allowed when bit t % 32 of word t // 32 is set (llguidance's and xgrammar's layo
 a 32k vocabulary instead of 32k bools). Per step:
 
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
-            (llguidance walks its token trie against the lexer; ~10-100 us per row), in
-            pinned memory, on llguidance's own threads
-    copy    (R, W) to the device, non-blocking (R * W * 4 bytes: 16 KB at R = 32, V = 128k)
-    apply   unpack to (R, V) bools and set the refused logits to -inf, in place
+            (llguidance walks its token trie against the lexer; a few us per row at a 4k
+            vocabulary, more at 128k), in pinned memory reused step after step
+            (`TokenMasks`), on llguidance's own threads (they drop the GIL)
+    copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
+            (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
+    apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
+            -inf in place; on a CPU the torch reference (unpack + masked_fill_) does it
+
+The engine fills a step's masks after its forward pass is launched, so the host's fill runs
+while the GPU computes the logits; under async scheduling it first reads the previous step's
+tokens (already on their way to the host, ahead of this forward on the stream), advances the
+grammars with them, then fills, applies and samples: the mask of step t + 1 needs the token
+of step t, and nothing more.
 
 Rows without a grammar are not touched, and the mask acts on the logits after the forward
 pass (outside a CUDA graph: the graph's output buffer is masked before it is sampled), so
@@ -17,6 +26,8 @@ tokens: masking a logit to -inf is exactly renormalising the distribution over t
 """
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,13 +39,22 @@ if TYPE_CHECKING:
 _EXECUTOR: llguidance.LLExecutor | None = None
 
 
+def fill_threads() -> int:
+    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS, else half the
+    CPUs up to 8 (a row costs microseconds: more threads mostly add wake-up time)."""
+    env = os.environ.get("LLM_STACK_GRAMMAR_THREADS")
+    if env:
+        return max(1, int(env))
+    return max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def executor() -> llguidance.LLExecutor:
     """llguidance's thread pool for a batch's masks (made once, on first use)."""
     global _EXECUTOR
     if _EXECUTOR is None:
         from .grammar import llg
 
-        _EXECUTOR = llg().LLExecutor()
+        _EXECUTOR = llg().LLExecutor(fill_threads())
     return _EXECUTOR
 
 
@@ -56,17 +76,44 @@ def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return allowed.view(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
 
-def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
-    """logits (R, V) float, bitmask (R, W) int32 (any device): refused tokens -> -inf, in
-    place; returns logits."""
-    if logits.dim() != 2 or bitmask.dim() != 2 or logits.shape[0] != bitmask.shape[0]:
-        raise ValueError(f"need logits (R, V) and a bitmask (R, W); got {tuple(logits.shape)} "
+def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
+                         rows: torch.Tensor | Sequence[int] | None = None, *,
+                         impl: str = "auto") -> torch.Tensor:
+    """logits (N, V) float; bitmask (R, W) int32 (any device); rows (R,): the logits row each
+    bitmask row masks (None: R == N, row r masks row r). Refused tokens -> -inf, in place;
+    returns logits. impl: "auto" (the Triton kernel on CUDA tensors, the torch reference
+    elsewhere), "triton" (Triton's interpreter on a CPU), "torch"."""
+    if logits.dim() != 2 or bitmask.dim() != 2:
+        raise ValueError(f"need logits (N, V) and a bitmask (R, W); got {tuple(logits.shape)} "
                          f"and {tuple(bitmask.shape)}")
     if bitmask.shape[1] * 32 < logits.shape[1]:
         raise ValueError(f"a bitmask of {bitmask.shape[1]} words covers "
                          f"{bitmask.shape[1] * 32} tokens, the logits have {logits.shape[1]}")
-    mask = bitmask.to(logits.device, non_blocking=True)
-    return logits.masked_fill_(~unpack(mask, logits.shape[1]), float("-inf"))
+    if rows is None and logits.shape[0] != bitmask.shape[0]:
+        raise ValueError(f"{bitmask.shape[0]} bitmask rows for {logits.shape[0]} logits rows: "
+                         f"say which rows they mask (rows=)")
+    if rows is not None and len(rows) != bitmask.shape[0]:
+        raise ValueError(f"{len(rows)} row indices for {bitmask.shape[0]} bitmask rows")
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
+    if bitmask.device != logits.device:
+        bitmask = bitmask.to(logits.device, non_blocking=True)
+    if impl == "triton" or (impl == "auto" and logits.device.type == "cuda"):
+        from .mask_kernel import apply_bitmask_triton
+
+        if rows is None:
+            rows = torch.arange(bitmask.shape[0], device=logits.device)
+        elif not isinstance(rows, torch.Tensor):
+            rows = torch.tensor(list(rows), dtype=torch.int64).to(logits.device)
+        return apply_bitmask_triton(logits, bitmask.contiguous(), rows.to(logits.device))
+    refused = ~unpack(bitmask, logits.shape[1])
+    if rows is None:
+        return logits.masked_fill_(refused, float("-inf"))
+    if not isinstance(rows, torch.Tensor):
+        rows = torch.tensor(list(rows), dtype=torch.int64)
+    rows = rows.to(logits.device, torch.int64)
+    logits[rows] = logits[rows].masked_fill(refused, float("-inf"))
+    return logits
 
 
 def fill_masks(states: Sequence, bitmask: torch.Tensor) -> None:
@@ -84,20 +131,93 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor) -> None:
                 s.fill(rows[j])
 
 
-def mask_rows(rows: torch.Tensor, seqs: Sequence) -> None:
+class TokenMasks:
+    """A step's masks, in buffers kept from step to step: for one engine (its vocabulary V
+    and device). `apply(logits, seqs)` fills the bitmask rows of the constrained sequences
+    and masks their rows of logits.
+
+    The host side is one flat int32 buffer per arena, [R * W bitmask words | R row indices],
+    pinned on CUDA: one non-blocking copy moves both to the device buffer. Two arenas in
+    turn; an arena is rewritten only after the event recorded behind its last copy (with the
+    engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
+    twice the need) when a step has more constrained rows than they hold. `stats`: steps
+    masked, rows masked, seconds filling on the host and seconds launching the apply."""
+
+    def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
+        self.vocab_size = vocab_size
+        self.W = words(vocab_size)
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self._cap = max(1, rows) * (self.W + 1)
+        self._host: list[torch.Tensor | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._dev: torch.Tensor | None = None
+        self._arena = 0
+        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0}
+
+    def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the next arena's host buffer, the device buffer), each >= n int32 words."""
+        self._arena = a = 1 - self._arena
+        ev = self._events[a]
+        if ev is not None:
+            ev.synchronize()
+            self._events[a] = None
+        if n > self._cap:
+            self._cap = 2 * n
+            self._host, self._dev = [None, None], None
+        if self._host[a] is None:
+            self._host[a] = torch.empty(self._cap, dtype=torch.int32, pin_memory=self.cuda)
+        if self.cuda and self._dev is None:
+            self._dev = torch.empty(self._cap, dtype=torch.int32, device=self.device)
+        return self._host[a], self._dev
+
+    def apply(self, logits: torch.Tensor, seqs: Sequence) -> int:
+        """logits (N, V) on this engine's device, row i for seqs[i]: the rows of sequences
+        with a grammar (`seq.grammar`) are masked in place, the others untouched. Returns the
+        number of rows masked."""
+        idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
+        if not idx:
+            return 0
+        t0 = time.perf_counter()
+        R, W = len(idx), self.W
+        n = R * W + R
+        host, dev = self._buffers(n)
+        bitmask = host[:R * W].view(R, W)
+        fill_masks([seqs[i].grammar for i in idx], bitmask)
+        host.numpy()[R * W:n] = idx
+        t1 = time.perf_counter()
+        every = R == logits.shape[0]  # every row in order: no index needed on a CPU
+        if self.cuda:
+            dev[:n].copy_(host[:n], non_blocking=True)
+            ev = torch.cuda.Event()
+            ev.record()
+            self._events[self._arena] = ev
+            apply_token_bitmask_(logits, dev[:R * W].view(R, W), dev[R * W:n])
+        else:
+            apply_token_bitmask_(logits, bitmask, None if every else host[R * W:n])
+        st = self.stats
+        st["steps"] += 1
+        st["rows"] += R
+        st["fill_s"] += t1 - t0
+        st["apply_s"] += time.perf_counter() - t1
+        return R
+
+
+_MASKS: dict[tuple[int, torch.device], TokenMasks] = {}
+
+
+def mask_rows(rows: torch.Tensor, seqs: Sequence, masks: TokenMasks | None = None) -> None:
     """The engine's hook before sampling: rows (N, V) of logits, row i for seqs[i]; the rows
-    of sequences with a grammar (`seq.grammar`) are masked in place, the others untouched."""
-    idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
-    if not idx:
-        return
-    V = rows.shape[-1]
-    bitmask = allocate(len(idx), V, pin=rows.device.type == "cuda")
-    fill_masks([seqs[i].grammar for i in idx], bitmask)
-    if len(idx) == rows.shape[0]:
-        apply_token_bitmask_(rows, bitmask)
-        return
-    where = torch.tensor(idx, dtype=torch.int64, device=rows.device)
-    rows[where] = apply_token_bitmask_(rows[where], bitmask)
+    of sequences with a grammar (`seq.grammar`) are masked in place, the others untouched.
+    masks: the engine's TokenMasks (default: one shared per vocabulary size and device)."""
+    if masks is None:
+        if not any(getattr(q, "grammar", None) is not None for q in seqs):
+            return
+        key = (rows.shape[-1], rows.device)
+        masks = _MASKS.get(key)
+        if masks is None:
+            masks = _MASKS[key] = TokenMasks(rows.shape[-1], rows.device)
+    masks.apply(rows, seqs)
 
 
 def mask_spec(items: Sequence) -> None:

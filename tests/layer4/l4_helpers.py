@@ -26,3 +26,19 @@ def assert_no_leak(llm) -> None:
     assert not llm.has_unfinished()
     assert all(r == 0 for r in bm.ref_counts), bm.ref_counts
     assert bm.num_free_blocks == bm.num_blocks
+
+
+def random_bitmask_case(n: int, r: int, vocab: int, dtype=torch.float32, device="cpu",
+                        seed: int = 0):
+    """logits (n, vocab), a random (r, W) bitmask (bit 31 set in some words), the r rows it
+    masks (distinct, shuffled) and the expected result."""
+    from layer4_algorithms.structured import unpack
+
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, vocab, generator=g).to(dtype)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (r, (vocab + 31) // 32), generator=g,
+                            dtype=torch.int64).to(torch.int32)
+    rows = torch.randperm(n, generator=g)[:r]
+    want = logits.clone()
+    want[rows] = want[rows].masked_fill(~unpack(bitmask, vocab), float("-inf"))
+    return logits.to(device), bitmask.to(device), rows.to(device), want

@@ -14,6 +14,7 @@ import torch
 import layer3_model as l3
 import layer4_algorithms as l4
 
+from .l4_helpers import random_bitmask_case as random_case
 from .schemas import SCHEMAS
 
 SO = l4.StructuredOutputsParams
@@ -49,6 +50,69 @@ def test_bitmask_unpacks_bit_t_of_word_t_over_32():
     assert torch.equal(l4.apply_token_bitmask_(logits.clone(), bitmask), want)
     with pytest.raises(ValueError, match="covers 64 tokens"):
         l4.apply_token_bitmask_(logits.clone(), bitmask[:, :2])
+
+
+def test_bitmask_on_chosen_rows_leaves_the_others():
+    logits, bitmask, rows, want = random_case(7, 3, 100)
+    got = l4.apply_token_bitmask_(logits.clone(), bitmask, rows, impl="torch")
+    assert torch.equal(got, want)
+    got = l4.apply_token_bitmask_(logits.clone(), bitmask, rows.tolist(), impl="torch")
+    assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="say which rows"):
+        l4.apply_token_bitmask_(logits.clone(), bitmask)
+    with pytest.raises(ValueError, match="2 row indices for 3"):
+        l4.apply_token_bitmask_(logits.clone(), bitmask, rows[:2])
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_bitmask_kernel_equals_the_torch_reference_in_the_interpreter(dtype):
+    """The Triton kernel (Triton's CPU interpreter) against the torch path: a vocabulary that
+    is not a multiple of 32 nor of the kernel's block, a subset of rows, a padded row stride."""
+    logits, bitmask, rows, want = random_case(5, 3, 2100, dtype)
+    wide = torch.zeros(5, 2200, dtype=dtype)
+    wide[:, :2100] = logits
+    got = l4.apply_token_bitmask_(wide[:, :2100], bitmask, rows, impl="triton")
+    assert torch.equal(got, want)
+    assert torch.equal(wide[:, 2100:], torch.zeros(5, 100, dtype=dtype))  # past V: untouched
+
+
+def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model):
+    """TokenMasks: the constrained rows get their grammar's mask (as a fresh fill_masks +
+    apply would), the free rows are untouched, the host buffers are the same from step to
+    step (two arenas in turn) and grow when more rows are constrained than they hold."""
+    compiler = l4.GrammarCompiler.for_model(course_model)
+    V = course_model.config.vocab_size
+
+    class Row:
+        grammar = None
+
+    def rows_for(pattern):
+        out = []
+        for i, c in enumerate(pattern):
+            q = Row()
+            if c == "g":
+                q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
+            out.append(q)
+        return out
+
+    masks = l4.structured.TokenMasks(V, "cpu", rows=2)
+    seen = []
+    for pattern in ("fgfg", "ggff", "fgfg", "gfgggg", "fgfg", "gfgf"):
+        seqs = rows_for(pattern)
+        logits = torch.randn(len(seqs), V)
+        got = logits.clone()
+        assert masks.apply(got, seqs) == pattern.count("g")
+        idx = [i for i, c in enumerate(pattern) if c == "g"]
+        bitmask = l4.structured.allocate(len(idx), V)
+        l4.structured.fill_masks([seqs[i].grammar for i in idx], bitmask)
+        want = l4.apply_token_bitmask_(logits.clone(), bitmask, idx, impl="torch")
+        assert torch.equal(got, want)
+        seen.append(masks._host[masks._arena].data_ptr())
+    assert seen[0] != seen[1] and seen[2] == seen[0]  # two arenas in turn, reused
+    assert seen[3] not in seen[:3] and seen[5] == seen[3]  # grown at step 4, then reused
+    assert masks.stats["steps"] == 6 and masks.stats["rows"] == 15
+    assert masks.apply(torch.randn(2, V), rows_for("ff")) == 0
 
 
 def test_mask_rows_touches_only_constrained_rows(course_model):
@@ -138,15 +202,39 @@ def test_greedy_output_survives_preemption(course_model):
         valid(o.outputs[0].text, SCHEMAS[5])
 
 
-def test_async_scheduling_gives_the_synchronous_outputs(course_model):
+def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch):
+    """Constrained requests keep async scheduling: their decode steps take their inputs from
+    the previous step's device tokens (the overlap path), and the outputs (greedy and seeded
+    sampling, beside free rows, requests finishing at different steps) are the synchronous
+    engine's."""
+    overlapped = []
+    execute = l4.model_runner.ModelRunner.execute
+
+    def spy(self, out, prev_tokens=None):
+        if prev_tokens is not None:
+            overlapped.append(sum(s.pending >= 0 and s.seq.grammar is not None
+                                  for s in out.scheduled))
+        return execute(self, out, prev_tokens)
+
+    monkeypatch.setattr(l4.model_runner.ModelRunner, "execute", spy)
     ps = [params(SO(json=PERSON), 0, temperature=0), l4.SamplingParams(temperature=0,
-                                                                         max_tokens=10)]
+                                                                         max_tokens=10),
+          params(SO(json=SCHEMAS[17]), 1), params(SO(regex=r"(Aye|Nay), [a-z]{1,6}!"), 2),
+          l4.SamplingParams(temperature=0.9, seed=5, max_tokens=30),
+          params(SO(json=SCHEMAS[5]), 3, temperature=0)]
+    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n", "LEAR.\n", "PUCK.\n"]
     sync = l4.LLM(course_model, num_blocks=64, async_scheduling=False)
+    a = [o.outputs[0].text for o in sync.generate(prompts, ps)]
+    assert not overlapped
     overlap = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
-    a = [o.outputs[0].text for o in sync.generate(["HAMLET.\n", "ROMEO.\n"], ps)]
-    b = [o.outputs[0].text for o in overlap.generate(["HAMLET.\n", "ROMEO.\n"], ps)]
+    b = [o.outputs[0].text for o in overlap.generate(prompts, ps)]
     assert a == b
+    assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
+    assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
     valid(a[0], PERSON)
+    valid(a[2], SCHEMAS[17])
+    assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])
+    valid(a[5], SCHEMAS[5])
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])

@@ -1,6 +1,9 @@
 """Structured outputs and tool calls with SmolLM2-135M-Instruct (its ChatML template knows no
-tools: the server's fallback prompt), over HTTP with the official client. Skipped when the
-model cannot be pulled (`stack models pull smollm2`)."""
+tools: the server's fallback prompt), over HTTP with the official client: every schema of the
+suite (>= 50) as a strict json_schema, `chat.completions.parse` with a Pydantic model, a
+streamed json_schema, tools with tool_choice auto / required / named, streamed and not; every
+answer parsed and validated with `jsonschema`. Slow tier (~25 s on 2 CPU cores); skipped when
+the model cannot be pulled (`stack models pull smollm2`)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +16,7 @@ import layer6_serving as l6
 
 from ..layer4.schemas import SCHEMAS
 from .helpers import assert_json_schemas_hold
-from .test_structured_api import ADD, PARAMS, WEATHER, check_calls
+from .test_structured_api import ADD, PARAMS, WEATHER, Verdict, check_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -34,8 +37,39 @@ def smol():
 def test_smollm2_json_schemas_parse_and_validate(smol):
     _, srv = smol
     person = [{"role": "user", "content": "Describe a person."}]
-    assert_json_schemas_hold(srv.url, "smollm2", person, SCHEMAS[::5],  # 11 of them, at once
+    assert len(SCHEMAS) >= 50
+    assert_json_schemas_hold(srv.url, "smollm2", person, SCHEMAS,  # all of them, at once
                              temperature=0.7)
+
+
+def test_smollm2_parse_with_a_pydantic_model_and_a_streamed_schema(smol):
+    client, _ = smol
+    msg = [{"role": "user", "content": "Give a verdict on Hamlet as JSON."}]
+    r = client.chat.completions.parse(model="smollm2", messages=msg, response_format=Verdict,
+                                      max_tokens=64, temperature=0.7, seed=3)
+    parsed = r.choices[0].message.parsed
+    assert isinstance(parsed, Verdict) and 1 <= parsed.lines <= 9
+    schema = SCHEMAS[17]
+    stream = client.chat.completions.create(
+        model="smollm2", messages=msg, max_tokens=96, seed=5, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema,
+                                                                "strict": True}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
+def test_smollm2_auto_answers_in_text_or_valid_calls(smol):
+    client, _ = smol
+    for question in ("What is 2 plus 3?", "Hello! How are you?"):
+        r = client.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": question}],
+            tools=[WEATHER, ADD], tool_choice="auto", max_tokens=64, temperature=0)
+        ch = r.choices[0]
+        assert ch.finish_reason in ("stop", "length", "tool_calls")
+        if ch.finish_reason == "tool_calls":
+            check_calls(ch.message.tool_calls)
+        else:
+            assert ch.message.content and not ch.message.tool_calls
 
 
 def test_smollm2_calls_tools_streamed_and_not(smol):

@@ -14,7 +14,7 @@
 #   prefill     2048 tokens: MFU, eager and bucket graph
 #   paged32     the paged kernel's configs x split counts at batch 32 x 1k/4k/16k (sweep_paged.py)
 # A step starts only if its limit fits in what is left of TOTAL_S (default 560 s), so the call
-# ends inside the device's 600 s; skipped steps are named.
+# ends inside the device's 600 s; skipped steps are named. ONLY="sweep_8b kernel": just those.
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
@@ -29,8 +29,9 @@ timeout 40 python3 -c 'import layer3_model as l3; c = l3.load_ceilings("cuda"); 
 print(f"ceilings: {c.memory_bandwidth / 1e12:.2f} TB/s copy, bf16 {bf / 1e12:.0f} TFLOP/s")' 2>&1 \
     | tail -1 | tee -a "$out/env.txt"
 
-maybe() {  # maybe NAME LIMIT CMD...: step, if its limit fits in the call's time left
+maybe() {  # maybe NAME LIMIT CMD...: step, if named in ONLY (when set) and its limit fits
     local left=$((total - SECONDS))
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return 0; fi
     if [ "$2" -gt "$left" ]; then echo "== $1: SKIPPED ($2 s limit, $left s left)"; return 0; fi
     step "$@"
 }

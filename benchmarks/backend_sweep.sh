@@ -3,7 +3,8 @@
 # rows, in ONE device-machine call (one H100 or H200; worst case ~540 s, typical ~400 s):
 #   bash benchmarks/backend_sweep.sh          (results under $OUT; a short table last)
 # Steps, in order of importance, each with its own time limit (log: $OUT/NAME.log, JSON beside):
-#   pytest_gpu  the -m gpu tests of the kernels and paths this round touches
+#   pytest_gpu  the -m gpu tests of the kernels and paths this round touches (and of the shared
+#               capture helper / gemv prologue fold: prefill graph, speculative graph)
 #   sweep_8b    Llama-3.1-8B shape: decode tok/s, torch vs triton backend, batch 1/8/32/128/256,
 #               graph-replayed step and LLM.generate; fused vs general at batch 1/2/4/8;
 #               top kernels of a batch-32 step per backend            (backend_sweep.py)
@@ -35,9 +36,10 @@ maybe() {  # maybe NAME LIMIT CMD...: step, if named in ONLY (when set) and its 
     if [ "$2" -gt "$left" ]; then echo "== $1: SKIPPED ($2 s limit, $left s left)"; return 0; fi
     step "$@"
 }
-maybe pytest_gpu 70 python3 -m pytest -m gpu -q -p no:cacheprovider -x \
+maybe pytest_gpu 85 python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/layer3/test_fused_decode.py tests/layer1/test_paged_decode.py \
-    tests/layer4/test_paged_attention.py tests/layer4/test_cuda_graph_runner.py
+    tests/layer4/test_paged_attention.py tests/layer4/test_cuda_graph_runner.py \
+    tests/layer3/test_prefill_graph.py tests/layer4/test_speculative_graph.py
 tail -3 "$out/pytest_gpu.log"
 maybe sweep_8b 120 python3 benchmarks/backend_sweep.py --shape 8b --budget-s 105 --out "$out"
 grep -E "step |engine |top|us  x" "$out/sweep_8b.log" | tail -40
@@ -47,7 +49,7 @@ maybe decode 45 python3 benchmarks/decode_prefill_engine.py decode --out "$out"
 maybe engine 70 python3 benchmarks/decode_prefill_engine.py engine --out "$out"
 maybe prefill 50 python3 benchmarks/decode_prefill_engine.py prefill --out "$out"
 maybe paged32 45 python3 benchmarks/sweep_paged.py --shapes 32:1024,32:4096,32:16384 \
-    --budget-s 35 --out "$out"
+    --configs 4,5,10,11,12 --splits 1,2,3,4 --budget-s 35 --out "$out"
 grep -A5 "^batch context" "$out/paged32.log" 2>/dev/null
 
 { echo "== summary ($(date -u), $SECONDS s; JSON and logs under \$OUT) =="

@@ -74,9 +74,11 @@ def case(B: int, n, gen: torch.Generator) -> dict:
     return c
 
 
-def split_options(B: int, max_ctx: int) -> list[int]:
-    return [s for s in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
-            if s == 1 or (max_ctx // s >= 64 and B * HKV * s <= 132 * 48)]
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
+
+
+def split_options(B: int, max_ctx: int, splits=SPLITS) -> list[int]:
+    return [s for s in splits if s == 1 or (max_ctx // s >= 64 and B * HKV * s <= 132 * 48)]
 
 
 def cfg_dict(c) -> dict:
@@ -186,7 +188,7 @@ def defaults(args, do_bench) -> int:
     return 0
 
 
-def precompile(cases: dict) -> None:
+def precompile(cases: dict, configs=CONFIGS) -> None:
     """Compile every config for both index dtypes at once (Triton's async compile mode on a
     thread pool: LLVM and ptxas run outside the GIL), instead of one by one at first call."""
     from triton.runtime._async_compile import AsyncCompileMode
@@ -201,7 +203,7 @@ def precompile(cases: dict) -> None:
     try:
         with AsyncCompileMode(ThreadPoolExecutor(14)):
             for c in cases.values():
-                for cfg in CONFIGS:
+                for cfg in configs:
                     ours(c, cfg, 2)()
     finally:
         pd._paged_decode_kernel = real
@@ -215,6 +217,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="4 configs, 3 shapes (a smoke run)")
     ap.add_argument("--shapes", default=None, metavar="B:CTX,...",
                     help="sweep only these shapes (e.g. 32:1024,32:4096,32:16384)")
+    ap.add_argument("--configs", default=None, metavar="I,J,...",
+                    help="only these entries of CONFIGS (indices)")
+    ap.add_argument("--splits", default=None, metavar="S,...",
+                    help="only these split counts (default: 1 to 64)")
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
@@ -229,6 +235,9 @@ def main(argv=None) -> int:
     def bench_us(fn) -> float:  # as the bench's first column: median, L2 flushed
         return do_bench(fn, warmup=5, rep=25, return_mode="median") * 1e3
     configs = CONFIGS[:4] if args.quick else CONFIGS
+    if args.configs:
+        configs = [CONFIGS[int(i)] for i in args.configs.split(",")]
+    splits = tuple(int(x) for x in args.splits.split(",")) if args.splits else SPLITS
     shapes = SHAPES[:3] if args.quick else SHAPES
     if args.shapes:
         shapes = [(int(b), n if n == "engine" else int(n))
@@ -237,7 +246,7 @@ def main(argv=None) -> int:
     log(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     reps = {"int32": case(1, 1024, gen), "int64": case(2, "engine", gen)}
     try:
-        precompile(reps)
+        precompile(reps, configs)
         log("precompiled", len(configs), "configs x 2 index dtypes")
     except Exception as err:  # noqa: BLE001  (then each compiles at its first call)
         log("precompile failed:", type(err).__name__, str(err)[:200])
@@ -261,7 +270,7 @@ def main(argv=None) -> int:
         sweep = []
         est = max(2.0, c["kv_bytes"] / 2.5e6)  # us at 2.5 TB/s: sizes the replay count
         for cfg in configs:
-            for s in split_options(B, c["max_ctx"]):
+            for s in split_options(B, c["max_ctx"], splits):
                 fn = ours(c, cfg, s)
                 try:
                     out = fn().float()

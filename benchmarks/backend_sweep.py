@@ -37,6 +37,7 @@ import layer3_model as l3
 from layer3_model import bench as L3B
 from layer4_algorithms import LLM, PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
+from layer5_parallel.runtime.random_source import random_net
 
 GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
 
@@ -54,25 +55,6 @@ PROMPT_LEN, NEW_TOKENS = 128, 64
 
 def log(*a) -> None:
     print(f"[backend-sweep +{time.perf_counter() - T0:6.1f} s]", *a, flush=True)
-
-
-def random_net(config: l3.ModelConfig, dtype: torch.dtype, device: str, seed: int = 0,
-               std: float = 0.02) -> l3.LlamaModel:
-    """N(0, std) weights (norm weights 1) drawn on `device` (layer 3's random_model draws on
-    the CPU in fp32: minutes for the 8B shape)."""
-    with torch.device("meta"):
-        net = l3.LlamaModel(config)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    state = {}
-    for name, t in net.state_dict().items():
-        w = torch.empty(t.shape, dtype=dtype, device=device)
-        state[name] = w.fill_(1.0) if name.endswith("norm.weight") else \
-            w.normal_(0.0, std, generator=gen)
-    net.load_state_dict(state, strict=False, assign=True)
-    if config.tie_word_embeddings:
-        net.lm_head.weight = net.embed.weight
-    net.init_rope(device)
-    return net.eval()
 
 
 def use(net: l3.LlamaModel, variant: str) -> None:
@@ -261,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
         shape.update(TINY)
     config = l3.ModelConfig.from_dict(shape)
     dev, dtype = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
-    net = random_net(config, dtype, dev)
+    net = random_net(config, dtype=dtype, device=dev)  # drawn on the device: seconds, not minutes
     bw = None
     if gpu:
         torch.cuda.synchronize()

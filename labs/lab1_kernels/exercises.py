@@ -30,35 +30,13 @@ import torch
 # ---- plumbing (read, no need to edit) ------------------------------------------------
 # Triton decides between compiling and interpreting when a kernel is *defined*, from
 # TRITON_INTERPRET: set it before the first @triton.jit below when there is no GPU.
+# (The notebook and the grader also import layer1_kernels, whose interpreter.py fixes
+# Triton 3.6's interpreter for numpy >= 2.4: loops to a runtime bound work there too.)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
-
-
-def _let_interpreted_loops_run_to_runtime_bounds() -> None:
-    """Triton 3.6's interpreter fails on `for k in range(0, K, BLOCK)` with a runtime K under
-    numpy >= 2.4 (triton-lang/triton#9171, fixed after 3.6). Read the bound's one element
-    explicitly, so such loops work here as they do on a GPU."""
-    try:
-        from triton.runtime import interpreter as triton_interpreter
-    except ImportError:
-        return
-    original = getattr(triton_interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "_llm_stack_patched", False):
-        return
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._llm_stack_patched = True
-    triton_interpreter._patch_lang_tensor = patched
-
-
-if os.environ.get("TRITON_INTERPRET") == "1":
-    _let_interpreted_loops_run_to_runtime_bounds()
 
 
 def _check_impl(impl: str) -> None:

@@ -59,9 +59,11 @@ def log(*a) -> None:
 
 def use(net: l3.LlamaModel, variant: str) -> None:
     """Set the net's kernels: "torch", "triton" (as the backend comes), "triton-general" (no
-    fused decode) or "triton-fused" (the fused path at up to layer 1's gemv.MAX_ROWS tokens,
-    whatever backends.FUSED_DECODE_MAX_TOKENS says)."""
+    fused decode), "triton-fused" (the fused path at up to layer 1's gemv.MAX_ROWS tokens,
+    whatever backends.FUSED_DECODE_MAX_TOKENS says) or "triton-nopdl" (the backend as it
+    comes, without programmatic dependent launch)."""
     net.set_backend("torch" if variant == "torch" else "triton")
+    l3.comm.kernels.set_decode_pdl(variant != "triton-nopdl")
     if variant == "triton-general":
         net.ops = dataclasses.replace(net.ops, decode=None)
     elif variant == "triton-fused" and net.ops.decode is not None:
@@ -227,6 +229,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--engine-batches", default="32,256,1,8,128",
                     help="LLM.generate rows, in this order (the budget may cut the last); '' none")
     ap.add_argument("--variants", default="torch,triton")
+    ap.add_argument("--extra", default="triton-nopdl:1,triton-nopdl:32",
+                    help="more step rows, VARIANT:BATCH,...")
     ap.add_argument("--profile-batch", type=int, default=32, help="0: no profile")
     ap.add_argument("--context", type=int, default=CONTEXT)
     ap.add_argument("--budget-s", type=float, default=1e9)
@@ -273,12 +277,14 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['tokens_per_s']:10,.1f} tok/s  step {row['step_ms']:8.3f} ms{extra}")
 
     with torch.no_grad():
-        bench = StepBench(net, max(batches + general), args.context, gpu)
+        extra = [int(x.split(":")[1]) for x in args.extra.split(",") if x]
+        bench = StepBench(net, max(batches + general + extra), args.context, gpu)
         log(f"paged cache: {bench.cache.k.numel() * 2 * bench.cache.k.element_size() / 2**30:.2f}"
             f" GiB, {bench.per_seq} blocks a sequence")
         plan = [(v, B) for B in batches for v in variants]
         plan += [(v, B) for B in general if "triton" in variants
                  for v in ("triton-fused", "triton-general")]
+        plan += [(v, int(B)) for v, B in (x.split(":") for x in args.extra.split(",") if x)]
         logits = {}
         for variant, B in plan:
             if budget_left() <= 0:

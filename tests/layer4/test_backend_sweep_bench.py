@@ -20,10 +20,11 @@ def _load():
 def test_smoke_run_writes_every_row(tmp_path):
     bench = _load()
     r = bench.main(["--shape", "8b", "--smoke", "--out", str(tmp_path), "--batches", "1,3",
-                    "--general-batches", "2", "--engine-batches", "2"])
+                    "--general-batches", "2", "--engine-batches", "2",
+                    "--extra", "triton-nopdl:3"])
     got = {(row["part"], row["variant"], row["batch"]) for row in r["rows"]}
     assert got == {("step", v, b) for v in ("torch", "triton") for b in (1, 3)} | {
-        ("step", "triton-fused", 2), ("step", "triton-general", 2),
+        ("step", "triton-fused", 2), ("step", "triton-general", 2), ("step", "triton-nopdl", 3),
         ("engine", "torch", 2), ("engine", "triton", 2)}
     assert all(row["tokens_per_s"] > 0 for row in r["rows"])
     for row in r["rows"]:

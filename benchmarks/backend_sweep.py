@@ -168,54 +168,68 @@ def _generate(llm, prompts, n: int, gpu: bool) -> tuple[float, list[list[int]]]:
     return time.perf_counter() - t, [o.outputs[0].token_ids for o in outs]
 
 
-def engine_rows(net, variant: str, batches: list[int], gpu: bool, budget_left, emit,
-                new_tokens: int = NEW_TOKENS, repeats: int = 2) -> None:
-    use(net, variant)
-    big = max(batches)
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(0, net.config.vocab_size, (PROMPT_LEN,), generator=g).tolist()
-               for _ in range(big)]
-    longest = PROMPT_LEN + new_tokens + 16
-    t = time.perf_counter()
-    llm = LLM(l3.Model(net, None), cuda_graph=gpu, num_blocks=big * -(-longest // PAGE) + 16,
-              block_size=PAGE, max_num_seqs=big, max_model_len=longest,
-              enable_prefix_caching=False)
-    log(f"engine {variant}: up in {time.perf_counter() - t:.1f} s (graphs for "
-        f"{len(llm.runner.graph.buckets) if llm.runner.graph else 0} buckets)")
-    graph = llm.runner.graph
-    counts = {"graph": 0}
-    if graph is not None:
-        inner = graph.run
+class EngineBench:
+    """One LLM per variant over the same net (the graphs of each captured with its variant's
+    kernels; eager steps run the kernels set on the net, so `use` comes before each run)."""
 
-        def counted(*a, **kw):
-            counts["graph"] += 1
-            return inner(*a, **kw)
-        graph.run = counted
-    try:
-        _generate(llm, prompts[:2], 4, gpu)  # warm-up
-        for B in batches:
-            if budget_left() <= 0:
-                log(f"engine {variant} batch {B}: skipped (budget spent)")
-                continue
-            best = None
-            for _ in range(repeats):
-                t1, _ = _generate(llm, prompts[:B], 1, gpu)
-                counts["graph"] = 0
-                tn, _ = _generate(llm, prompts[:B], new_tokens, gpu)
-                steps = llm.stats.steps
-                decode_s = tn - t1
-                tok_s = B * (new_tokens - 1) / decode_s if decode_s > 0 else float("nan")
-                row = {"part": "engine", "variant": variant, "batch": B, "tokens_per_s": tok_s,
-                       "step_ms": 1e3 * decode_s / (new_tokens - 1), "steps": steps,
-                       "graph_steps": counts["graph"], "t1_s": t1, "tn_s": tn}
-                if best is None or not best["tokens_per_s"] >= tok_s:
-                    best = row
-            emit(best)
-    finally:
-        llm.close()
-        del llm
+    def __init__(self, net, variants: list[str], batches: list[int], gpu: bool,
+                 new_tokens: int = NEW_TOKENS) -> None:
+        self.net, self.gpu, self.new_tokens = net, gpu, new_tokens
+        big = max(batches)
+        g = torch.Generator().manual_seed(0)
+        self.prompts = [torch.randint(0, net.config.vocab_size, (PROMPT_LEN,),
+                                      generator=g).tolist() for _ in range(big)]
+        longest = PROMPT_LEN + new_tokens + 16
+        self.llms, self.counts = {}, {}
+        for variant in variants:
+            use(net, variant)
+            t = time.perf_counter()
+            llm = LLM(l3.Model(net, None), cuda_graph=gpu, block_size=PAGE, max_num_seqs=big,
+                      num_blocks=big * -(-longest // PAGE) + 16, max_model_len=longest,
+                      enable_prefix_caching=False)
+            self.llms[variant] = llm
+            self.counts[variant] = self._count_graph_steps(llm)
+            _generate(llm, self.prompts[:2], 4, gpu)  # warm-up
+            log(f"engine {variant}: up and warm in {time.perf_counter() - t:.1f} s (graphs for "
+                f"{len(llm.runner.graph.buckets) if llm.runner.graph else 0} buckets)")
+
+    @staticmethod
+    def _count_graph_steps(llm) -> dict:
+        counts = {"graph": 0}
+        graph = llm.runner.graph
+        if graph is not None:
+            inner = graph.run
+
+            def counted(*a, **kw):
+                counts["graph"] += 1
+                return inner(*a, **kw)
+            graph.run = counted
+        return counts
+
+    def row(self, variant: str, B: int, repeats: int = 2) -> dict:
+        """Decode tok/s of `B` prompts: B * (n - 1) / (t(n tokens) - t(1 token)), the better
+        of `repeats`; graph_steps: the decode steps the graphs ran (of `steps`)."""
+        use(self.net, variant)
+        llm, n, best = self.llms[variant], self.new_tokens, None
+        for _ in range(repeats):
+            t1, _ = _generate(llm, self.prompts[:B], 1, self.gpu)
+            self.counts[variant]["graph"] = 0
+            tn, _ = _generate(llm, self.prompts[:B], n, self.gpu)
+            decode_s = tn - t1
+            tok_s = B * (n - 1) / decode_s if decode_s > 0 else float("nan")
+            row = {"part": "engine", "variant": variant, "batch": B, "tokens_per_s": tok_s,
+                   "step_ms": 1e3 * decode_s / (n - 1), "steps": llm.stats.steps,
+                   "graph_steps": self.counts[variant]["graph"], "t1_s": t1, "tn_s": tn}
+            if best is None or not best["tokens_per_s"] >= tok_s:
+                best = row
+        return best
+
+    def close(self) -> None:
+        for llm in self.llms.values():
+            llm.close()
+        self.llms.clear()
         gc.collect()
-        if gpu:
+        if self.gpu:
             torch.cuda.empty_cache()
 
 
@@ -317,12 +331,18 @@ def main(argv: list[str] | None = None) -> dict:
         gc.collect()
         if gpu:
             torch.cuda.empty_cache()
-        for variant in variants if eng_batches else []:
-            if budget_left() <= 0:
-                result["skipped"].append(f"engine {variant}")
-                log(f"engine {variant}: skipped (budget spent)")
-                continue
-            engine_rows(net, variant, eng_batches, gpu, budget_left, emit)
+        engines = EngineBench(net, variants, eng_batches, gpu) if eng_batches else None
+        try:
+            for B in eng_batches:  # the variants side by side at each batch
+                for variant in variants:
+                    if budget_left() <= 0:
+                        result["skipped"].append(f"engine {variant} {B}")
+                        log(f"engine {variant} batch {B}: skipped (budget spent)")
+                        continue
+                    emit(engines.row(variant, B))
+        finally:
+            if engines is not None:
+                engines.close()
     path.write_text(json.dumps(result, indent=1, default=str))
     log("table:")
     for line in table(result):

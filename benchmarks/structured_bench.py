@@ -15,10 +15,12 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
 * throughput at batch B (default 32): B prompts, N new tokens each, every row under a
   json_schema constraint that cannot finish within N tokens (an array of >= 64 objects), so
   every step masks every row; against the same requests unconstrained, with the engine's
-  default scheduling (async on a GPU, constrained rows included) and both synchronous.
+  default scheduling (async on a GPU, constrained rows included) and both synchronous; on
+  CUDA both again with the decode steps replayed from CUDA graphs (cuda_graph=True).
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up; with the engine's own per-step mask figures (host fill, host apply) and its step
-  count, and the wall time per step.
+  count, and the wall time per step. json_schema runs twice: the fill on llguidance's
+  threads (the engine's default) and one by one on the engine's thread (serial fill).
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -63,8 +65,9 @@ def _sync(device: torch.device) -> float:
 
 
 def throughput(model: l3.Model, batch: int, new: int, constrained: bool, repeats: int,
-               **engine) -> dict:
+               fill_threads: int | None = None, **engine) -> dict:
     llm = l4.LLM(model, max_num_seqs=batch, **engine)
+    llm.masks.threads = fill_threads
     spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
     params = [l4.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
                                 structured_outputs=spec) for _ in range(batch)]
@@ -85,7 +88,8 @@ def throughput(model: l3.Model, batch: int, new: int, constrained: bool, repeats
     valid_prefix = all(o.outputs[0].text.startswith("[{") for o in outs) if constrained else None
     row = {"batch": batch, "new_tokens": new, "constrained": constrained,
            "async_scheduling": llm.config.async_scheduling, "tokens_per_s": round(best, 1),
-           "steps": steps, "wall_ms_per_step": round(step_ms, 3),
+           "fill_threads": l4.structured.bitmask.fill_threads() if fill_threads is None
+           else fill_threads, "steps": steps, "wall_ms_per_step": round(step_ms, 3),
            "json_prefix_ok": valid_prefix}
     if constrained and masks.get("steps"):
         row["engine_fill_us_per_step"] = round(1e6 * masks["fill_s"] / masks["steps"], 1)
@@ -125,15 +129,17 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
     pairs = [(s.matcher, j) for j, s in enumerate(states)]
     W = bitmask.shape[1]
     fill = {}
-    for n in (1, 2, 4, 8):
+    for n in (1, 2, 4, 8):  # llguidance's executor with n threads, warm (called back to back)
         ex = llg().LLExecutor(n)
         fill[str(n)] = _median_us(
             lambda ex=ex: ex.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), W * 4, batch),
             steps, torch.device("cpu"))
+    fill["serial"] = _median_us(lambda: l4.structured.fill_masks(states, bitmask, 0), steps,
+                                torch.device("cpu"))
     fill["engine"] = _median_us(lambda: l4.structured.fill_masks(states, bitmask), steps,
                                 torch.device("cpu"))
-    say(f"mask fill at batch {batch}, V={V}, us by executor threads: {fill} "
-        f"(the engine's: {bm_mod.fill_threads()} threads)")
+    say(f"mask fill at batch {batch}, V={V}, us by executor threads (serial: one by one on "
+        f"this thread): {fill} (the engine's: {bm_mod.fill_threads()} threads)")
 
     class Row:
         def __init__(self, g):
@@ -239,26 +245,34 @@ def main(argv: list[str] | None = None) -> dict:
     rows["mask"] = mask_cost(model, args.batch)
     save()
     tp, skipped = [], []
-    for sync in (None, False):  # the engine's default scheduling, then synchronous both
-        name = "default" if sync is None else "sync"
-        engine = {} if sync is None else {"async_scheduling": False}
-        row = {"scheduling": name}
-        for key, constrained in (("unconstrained", False), ("json_schema", True)):
+    modes = [("default", {}), ("sync", {"async_scheduling": False})]
+    if args.device == "cuda":  # and with the decode steps replayed from CUDA graphs
+        modes += [("graph", {"cuda_graph": True}),
+                  ("graph-sync", {"cuda_graph": True, "async_scheduling": False})]
+    for name, engine in modes:
+        row = {"scheduling": name, "engine": engine}
+        for key, constrained, threads in (("unconstrained", False, None),
+                                          ("json_schema", True, None),
+                                          ("json_schema_serial_fill", True, 0)):
             if time.perf_counter() - T0 > args.time_limit:
                 skipped.append(f"{name}/{key}")
                 say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
                 continue
             r = throughput(model, args.batch, args.new_tokens, constrained, args.repeats,
-                           **engine)
+                           threads, **engine)
             row[key] = r
             extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us + apply "
                      f"{r.get('engine_apply_us_per_step')} us per step" if constrained else "")
             say(f"{name}/{key}: {r['tokens_per_s']} tok/s (async={r['async_scheduling']}, "
                 f"{r['steps']} steps, {r['wall_ms_per_step']} ms a step{extra})")
         if "unconstrained" in row and "json_schema" in row:
-            row["ratio"] = round(row["json_schema"]["tokens_per_s"]
-                                 / row["unconstrained"]["tokens_per_s"], 3)
-            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (target >= 0.9x)")
+            free = row["unconstrained"]["tokens_per_s"]
+            row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
+            if "json_schema_serial_fill" in row:
+                row["ratio_serial_fill"] = round(
+                    row["json_schema_serial_fill"]["tokens_per_s"] / free, 3)
+            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (serial fill: "
+                f"{row.get('ratio_serial_fill')}x; target >= 0.9x)")
         tp.append(row)
         rows["throughput"] = tp
         save()
@@ -271,9 +285,11 @@ def main(argv: list[str] | None = None) -> dict:
           f"us host / {m['engine_apply_done_us']} us to done (fill included)", flush=True)
     for r in tp:
         if "ratio" in r:
-            print(f"SUMMARY {r['scheduling']:>8}: unconstrained "
+            serial = r.get("json_schema_serial_fill", {}).get("tokens_per_s")
+            print(f"SUMMARY {r['scheduling']:>10}: unconstrained "
                   f"{r['unconstrained']['tokens_per_s']} tok/s, json_schema "
-                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x", flush=True)
+                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (serial fill "
+                  f"{serial} tok/s -> {r.get('ratio_serial_fill')}x)", flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()
     return rows

@@ -36,26 +36,29 @@ import torch
 if TYPE_CHECKING:
     import llguidance
 
-_EXECUTOR: llguidance.LLExecutor | None = None
+_EXECUTORS: dict[int, llguidance.LLExecutor] = {}
+SERIAL_ROWS = 4  # up to this many rows a step fills them on the calling thread
 
 
 def fill_threads() -> int:
-    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS, else half the
-    CPUs up to 8 (a row costs microseconds: more threads mostly add wake-up time)."""
+    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0: always on the
+    calling thread), else half the CPUs up to 8. A row costs ~5-50 us at a 4k vocabulary, so
+    more threads mostly add wake-up time; and a pool thread asleep since the last step must
+    first be woken by the OS, which on a busy machine is what a small batch waits for."""
     env = os.environ.get("LLM_STACK_GRAMMAR_THREADS")
     if env:
-        return max(1, int(env))
+        return max(0, int(env))
     return max(1, min(8, (os.cpu_count() or 2) // 2))
 
 
-def executor() -> llguidance.LLExecutor:
-    """llguidance's thread pool for a batch's masks (made once, on first use)."""
-    global _EXECUTOR
-    if _EXECUTOR is None:
+def executor(threads: int | None = None) -> llguidance.LLExecutor:
+    """llguidance's thread pool for a batch's masks (one per thread count, made on first use)."""
+    n = fill_threads() if threads is None else threads
+    if n not in _EXECUTORS:
         from .grammar import llg
 
-        _EXECUTOR = llg().LLExecutor(fill_threads())
-    return _EXECUTOR
+        _EXECUTORS[n] = llg().LLExecutor(max(1, n))
+    return _EXECUTORS[n]
 
 
 def words(vocab_size: int) -> int:
@@ -116,15 +119,21 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
     return logits
 
 
-def fill_masks(states: Sequence, bitmask: torch.Tensor) -> None:
-    """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens, the
-    healthy ones in one call on llguidance's threads."""
+def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = None) -> None:
+    """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens: the
+    healthy ones in one call on llguidance's threads, or one by one on this thread (threads
+    0, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
     rows = bitmask.numpy()
+    n = fill_threads() if threads is None else threads
+    if n == 0 or len(states) <= SERIAL_ROWS:
+        for j, s in enumerate(states):
+            s.fill(rows[j])  # llguidance drops the GIL here too
+        return
     healthy = [(s.matcher, j) for j, s in enumerate(states)
                if not s.failed and not s.matcher.is_error()]
     if healthy:
-        executor().unsafe_compute_mask_ptr(healthy, bitmask.data_ptr(), rows.shape[1] * 4,
-                                           rows.shape[0])
+        executor(n).unsafe_compute_mask_ptr(healthy, bitmask.data_ptr(), rows.shape[1] * 4,
+                                            rows.shape[0])
     if len(healthy) < len(states):
         for j, s in enumerate(states):
             if s.failed or s.matcher.is_error():
@@ -140,8 +149,9 @@ class TokenMasks:
     pinned on CUDA: one non-blocking copy moves both to the device buffer. Two arenas in
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
-    twice the need) when a step has more constrained rows than they hold. `stats`: steps
-    masked, rows masked, seconds filling on the host and seconds launching the apply."""
+    twice the need) when a step has more constrained rows than they hold. `threads`: the
+    fill's llguidance threads (None: fill_threads(); 0: on the calling thread). `stats`:
+    steps masked, rows masked, seconds filling on the host and seconds launching the apply."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
         self.vocab_size = vocab_size
@@ -153,6 +163,7 @@ class TokenMasks:
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._dev: torch.Tensor | None = None
         self._arena = 0
+        self.threads: int | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -183,7 +194,7 @@ class TokenMasks:
         n = R * W + R
         host, dev = self._buffers(n)
         bitmask = host[:R * W].view(R, W)
-        fill_masks([seqs[i].grammar for i in idx], bitmask)
+        fill_masks([seqs[i].grammar for i in idx], bitmask, self.threads)
         host.numpy()[R * W:n] = idx
         t1 = time.perf_counter()
         every = R == logits.shape[0]  # every row in order: no index needed on a CPU

@@ -98,6 +98,7 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
 
     masks = l4.structured.TokenMasks(V, "cpu", rows=2)
     seen = []
+    masks.threads = 2  # the pool, whatever this machine's CPU count (5 rows > SERIAL_ROWS)
     for pattern in ("fgfg", "ggff", "fgfg", "gfgggg", "fgfg", "gfgf"):
         seqs = rows_for(pattern)
         logits = torch.randn(len(seqs), V)
@@ -106,6 +107,9 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
         idx = [i for i, c in enumerate(pattern) if c == "g"]
         bitmask = l4.structured.allocate(len(idx), V)
         l4.structured.fill_masks([seqs[i].grammar for i in idx], bitmask)
+        serial = l4.structured.allocate(len(idx), V)  # one by one on this thread: the same
+        l4.structured.fill_masks([seqs[i].grammar for i in idx], serial, threads=0)
+        assert torch.equal(serial, bitmask)
         want = l4.apply_token_bitmask_(logits.clone(), bitmask, idx, impl="torch")
         assert torch.equal(got, want)
         seen.append(masks._host[masks._arena].data_ptr())

@@ -63,8 +63,9 @@ def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, 
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
-    fused.ops = dataclasses.replace(
-        fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope))
+    fused.ops = dataclasses.replace(  # the kernels at every row count they take (gemv: 8)
+        fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope,
+                                              max_tokens=8))
     gen = torch.Generator().manual_seed(batch)
     prompt = [torch.randint(0, 97, (n,), generator=gen) for n in (5, 9, 2)[:batch]]
     if paged:
@@ -92,11 +93,13 @@ def test_general_path_kept_for_prefill_and_large_batches(monkeypatch):
         pytest.skip("interpreter check")
     cfg, fused, _ = _pair(TINY, torch.float32, "cpu", "triton")
     calls = _count_fused(monkeypatch)
-    cache = l3.ContiguousKVCache.for_model(cfg, 9, 16, dtype=torch.float32)
+    n = backends.FUSED_DECODE_MAX_TOKENS + 1  # one sequence more than the fused path takes
+    assert fused.ops.decode.max_tokens == n - 1
+    cache = l3.ContiguousKVCache.for_model(cfg, n, 16, dtype=torch.float32)
     fused.ops = dataclasses.replace(l3.make_ops("torch"), decode=fused.ops.decode)
     with torch.no_grad():  # torch kernels, the fused decode's gate: it must stay closed
-        fused(torch.randint(0, 97, (9 * 3,)), cache.context([3] * 9, [0] * 9), cache)
-        fused(torch.randint(0, 97, (9,)), cache.context([1] * 9, [3] * 9), cache)  # 9 > 8 rows
+        fused(torch.randint(0, 97, (n * 3,)), cache.context([3] * n, [0] * n), cache)
+        fused(torch.randint(0, 97, (n,)), cache.context([1] * n, [3] * n), cache)
     assert calls == []
     # the torch impl of the triton backend has no fused path at all
     assert l3.make_ops("triton", impl="torch").decode is None

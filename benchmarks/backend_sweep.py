@@ -16,7 +16,7 @@ Per (backend, batch), two measurements:
   128-token prompts, 64 new tokens, greedy, EOS ignored: decode tok/s = batch * 63 /
   (t(64 tokens) - t(1 token)), the better of two (the prefill cancels), as layer 5's
   tp_gpu_bench measures; with the count of decode steps the graphs ran (the rest ran eagerly).
-Then, at --profile-batch, the top kernels of one replayed step per backend (torch.profiler).
+Last, at --profile-batch, the top kernels of one replayed step per backend (torch.profiler).
 
 Each row is printed (flushed) and the JSON rewritten as soon as it is measured; past
 --budget-s the remaining measurements are skipped (said so), so a run cut short keeps its rows.
@@ -250,7 +250,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--budget-s", type=float, default=1e9)
     ap.add_argument("--out", type=Path, default=Path("."))
     ap.add_argument("--smoke", action="store_true", help="tiny model, fp32, CPU, eager")
+    ap.add_argument("--table-from", type=Path, default=None,
+                    help="print the table of an earlier run's JSON (nothing measured)")
     args = ap.parse_args(argv)
+    if args.table_from is not None:
+        result = json.loads(args.table_from.read_text())
+        print("\n".join(table(result)))
+        return result
     gpu = not args.smoke and torch.cuda.is_available()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     batches, general = ints(args.batches), ints(args.general_batches)
@@ -315,18 +321,6 @@ def main(argv: list[str] | None = None) -> dict:
             row["argmax_agree"] = float((out.argmax(-1) == ref.argmax(-1)).float().mean())
             row["max_abs_logit_diff"] = float((out - ref).abs().max())
             emit(row)
-        if gpu and args.profile_batch and budget_left() > 0:
-            for variant in variants:
-                use(net, variant)
-                try:
-                    result["profiles"][variant] = bench.profile(args.profile_batch)
-                except Exception as err:  # noqa: BLE001  (a profiler failure costs only this)
-                    result["profiles"][variant] = [{"error": f"{type(err).__name__}: {err}"}]
-                log(f"profile {variant} batch {args.profile_batch}:")
-                for k in result["profiles"][variant][:8]:
-                    us, n = k.get("us_per_step", 0), k.get("calls_per_step", 0)
-                    print(f"    {us:9.1f} us  x{n:5.1f}  {k.get('kernel', k.get('error'))}",
-                          flush=True)
         del bench
         gc.collect()
         if gpu:
@@ -343,6 +337,20 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             if engines is not None:
                 engines.close()
+        if gpu and args.profile_batch and budget_left() > 0:  # last: a profiler hang costs only it
+            bench = StepBench(net, args.profile_batch, args.context, gpu)
+            for variant in variants:
+                use(net, variant)
+                try:
+                    result["profiles"][variant] = bench.profile(args.profile_batch)
+                except Exception as err:  # noqa: BLE001  (a profiler failure costs only this)
+                    result["profiles"][variant] = [{"error": f"{type(err).__name__}: {err}"}]
+                path.write_text(json.dumps(result, indent=1, default=str))
+                log(f"profile {variant} batch {args.profile_batch}:")
+                for k in result["profiles"][variant][:8]:
+                    us, n = k.get("us_per_step", 0), k.get("calls_per_step", 0)
+                    print(f"    {us:9.1f} us  x{n:5.1f}  {k.get('kernel', k.get('error'))}",
+                          flush=True)
     path.write_text(json.dumps(result, indent=1, default=str))
     log("table:")
     for line in table(result):
@@ -364,6 +372,13 @@ def table(result: dict) -> list[str]:
             fused = (f"  fused {f(fu)} general {f(g)} fused/general "
                      f"{fu['tokens_per_s'] / g['tokens_per_s']:.2f}x" if fu and g else "")
             lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}{fused}")
+    known = ("torch", "triton", "triton-fused", "triton-general")
+    for r in result["rows"]:
+        if r["variant"] not in known:
+            c = by.get((r["part"], "triton", r["batch"]))
+            vs = f" ({r['tokens_per_s'] / c['tokens_per_s']:.2f}x triton)" if c else ""
+            lines.append(f"  {r['part']:6} B={r['batch']:<3} {r['variant']} "
+                         f"{r['tokens_per_s']:,.1f} tok/s{vs}")
     lines.append(f"  fused path up to {result['fused_decode_max_tokens']} tokens now; "
                  f"not slower than the general path up to: {fused_limit(result)}")
     return lines

@@ -55,7 +55,8 @@ grep -A5 "^batch context" "$out/paged32.log" 2>/dev/null
 { echo "== summary ($(date -u), $SECONDS s; JSON and logs under \$OUT) =="
   cat "$out/env.txt"
   tail -3 "$out/pytest_gpu.log" 2>/dev/null
-  for s in 8b 1b; do sed -n '/table:/,$p' "$out/sweep_$s.log" 2>/dev/null | tail -n +2; done
+  for s in 8b 1b; do [ -f "$out/backend_sweep_$s.json" ] && python3 benchmarks/backend_sweep.py \
+      --table-from "$out/backend_sweep_$s.json"; done
   grep -v "Warning\|sdpa(q" "$out/kernel.log" 2>/dev/null | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
   python3 benchmarks/decode_prefill_engine_summary.py "$out" 2>&1 | head -12
   grep -A5 "^batch context" "$out/paged32.log" 2>/dev/null; } | tee "$out/summary.txt"

@@ -6,8 +6,8 @@ leaks a stop string, logprobs, finish reason); leaving a stream aborts its reque
 `create_app(engines, api_key=)` is the FastAPI app (/v1/models, /v1/completions,
 /v1/chat/completions, /health, /metrics); `start_server(models)` runs it with uvicorn in a
 background thread and returns a `ServerHandle` (url, engines, stop()); `serve_main(argv)` is
-`stack serve`. Lab 6's exercises at teaching size (essentials.py): `safe_length`,
-`sse_frames`, `admit`.
+`stack serve`. (Lab 6's answer key, teaching-size twins of parts of this layer, is
+labs/lab6_serving/lab6_reference.py.)
 """
 import layer5_parallel as parallel  # the layer beneath, as a namespace: parallel.engine.LLM
 
@@ -15,7 +15,6 @@ from .api import create_app
 from .app_thread import AppThread, bind, run_until_interrupted, wait_healthy
 from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
 from .engine_state import EngineSnapshot, EngineStepError, RequestTimeoutError
-from .essentials import Pending, admit, safe_length, sse_frames
 from .server import ServerHandle, serve_main, start_server
 from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob
 
@@ -30,6 +29,4 @@ __all__ = [
     "EngineSnapshot",
     # errors
     "EngineOverloaded", "RequestTimeoutError", "EngineStepError",
-    # lab 6 at teaching size: the hold-back rule, SSE framing, a token-budget admission step
-    "safe_length", "sse_frames", "Pending", "admit",
 ]

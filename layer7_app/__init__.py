@@ -8,7 +8,6 @@
   round_robin / least_loaded / prefix_aware policies, health checks, failover, autoscaling;
 - request tracing (`layer7_app.trace`, `stack trace "prompt"`): one request's spans from the
   router down to the kernels, as a Perfetto JSON and a table of time per layer;
-- lab 7's reference answers (`layer7_app.essentials`): prefix keys, replica choice, history fitting;
 - the `stack` command-line interface (`layer7_app.cli`), which reaches the layers below
   through the `llm_stack.layers` entry points and never imports a layer directly.
 

@@ -4,10 +4,10 @@ separate process with timeouts, and collect a Gradescope-style report.
 A lab is three files (see labs/README.md): `labs/labN_<name>/exercises.py` (the student's
 work), `labs/labN_<name>/labN.ipynb` (the teaching notebook) and `tests/labs/test_labN.py`
 (the graded tests, with `@pytest.mark.points(n)`). The grading plugin in
-`tests/labs/conftest.py` loads the submission (or, with none named, the layer package
-the test file names as REFERENCE) and writes each test's outcome to a JSON file that
-isolated_pytest.py reads back, so a submission that crashes or hangs pytest loses points
-for the tests it broke, never the report: after a hard crash (a signal: segfault, abort,
+`tests/labs/conftest.py` loads the submission (or, with none named, the reference the
+test file names as REFERENCE: the layer package, or the lab's answer key labN_reference.py)
+and writes each test's outcome to a JSON file that isolated_pytest.py reads back, so a
+submission that crashes or hangs pytest loses points for the tests it broke, never the report: after a hard crash (a signal: segfault, abort,
 kill) the test that was running is named with the signal, and the tests after it are graded
 in a fresh process. A test skipped here (a GPU test on a CPU) is reported "not graded here" and
 counts neither way: the score is out of what was graded.
@@ -150,7 +150,7 @@ def grade_lab(
     """Grade lab `number`.
 
     submission: the exercises.py to grade; default the lab's working file.
-    reference:  grade the layer package instead (what plain `pytest` does).
+    reference:  grade the reference instead (what plain `pytest` does).
     test_timeout: seconds one test may take (pytest-timeout); total_timeout: the whole run.
     select: only the tests pytest's `-k` expression selects (default: all).
     env: variables to set for this run, over this process's environment.

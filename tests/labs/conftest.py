@@ -1,8 +1,9 @@
 """The grading plugin for lab tests.
 
 - The `impl` fixture is what a lab test grades: the student's exercises.py when
-  LLM_STACK_SUBMISSION names one (`stack grade`), else the layer package the test file
-  names in REFERENCE (plain `pytest`, so the repo's own run grades the reference).
+  LLM_STACK_SUBMISSION names one (`stack grade`), else what the test file names in
+  REFERENCE (plain `pytest`, so the repo's own run grades the reference): the layer package,
+  or the lab's answer key labN_reference.py (references.py).
   A submission is loaded behind the import guard (submission_guard.py): from then on the
   layer packages and the grader's files are out of its code's reach, however it asks.
 - `@pytest.mark.points(n)` gives a test its weight.
@@ -15,7 +16,6 @@
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -28,6 +28,7 @@ import pytest
 from layer7_app.grading import ENV_RESULTS, ENV_SUBMISSION
 
 from . import submission_guard
+from .references import import_reference
 
 MAX_OUTPUT_CHARS = 2000
 MAX_REASON_CHARS = 500
@@ -39,10 +40,11 @@ _results: dict[str, dict] = {}
 def impl(request: pytest.FixtureRequest) -> ModuleType:
     reference = getattr(request.module, "REFERENCE", None)
     if reference is None:
-        raise RuntimeError(f"{request.module.__name__} must set REFERENCE = '<layer package>'")
+        raise RuntimeError(f"{request.module.__name__} must set REFERENCE = '<layer package>' "
+                           "or 'labN_reference'")
     submission = os.environ.get(ENV_SUBMISSION)
     if not submission:
-        return importlib.import_module(reference)
+        return import_reference(reference)
     try:
         return submission_guard.load_submission(submission)
     except Exception as exc:  # a broken submission fails its tests, not the grader

@@ -150,10 +150,10 @@ def test_partial_work_hangs_and_crashes_are_scored_per_test(pooled_gradings):
 # some lab use it.
 def test_a_submission_that_imports_the_answers_earns_nothing(tmp_path):
     submission = tmp_path / "exercises.py"
-    submission.write_text("from layer7_app.essentials import *\n")
+    submission.write_text("from lab7_reference import *\n")
     report = grade_lab(7, submission=submission)
     assert report.score == 0
-    assert "the grader refuses `layer7_app.essentials`" in report.tests[0].output
+    assert "the grader refuses `lab7_reference`" in report.tests[0].output
 
 
 def test_a_submission_that_does_not_import_fails_cleanly(tmp_path, capsys, monkeypatch):

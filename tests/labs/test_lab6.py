@@ -1,8 +1,9 @@
 """Lab 6 grader: the hold-back rule, SSE framing and a token-budget admission step, against
-layer6_serving's reference (essentials.py) on hand-made cases and fresh random inputs.
+the lab's answer key (labs/lab6_serving/lab6_reference.py) on hand-made cases and fresh
+random inputs.
 
 Graded through the `impl` fixture (tests/labs/conftest.py): a student's exercises.py under
-`stack grade --lab 6`; under plain pytest the layer6_serving package. Seeds are drawn afresh
+`stack grade --lab 6`; under plain pytest the answer key. Seeds are drawn afresh
 every run and printed in every failure message.
 
 * safe_length: hand cases, then random texts and stop strings against a brute-force oracle
@@ -16,32 +17,15 @@ every run and printed in every failure message.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-REFERENCE = "layer6_serving"
+from .references import import_reference
 
-
-def _answer_key() -> ModuleType:
-    """layer6_serving's essentials.py (the lab's answers at teaching size, self-contained),
-    loaded alone: importing the serving package would bring torch and the engine along, some
-    seconds of every grading for the one function these tests compare with."""
-    package = importlib.util.find_spec(REFERENCE)  # finds it without running its __init__
-    path = Path(package.submodule_search_locations[0]) / "essentials.py"
-    spec = importlib.util.spec_from_file_location("lab6_answer_key", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-ref = _answer_key()
+REFERENCE = "lab6_reference"  # labs/lab6_serving/lab6_reference.py: no torch, no engine
+ref = import_reference(REFERENCE)
 seeds = random.SystemRandom()
 
 

@@ -1,9 +1,9 @@
 """Lab 7 grader: the prefix-aware routing choice and fitting a long history into the
-context window, against layer7_app's reference (essentials.py) on hand-made cases and fresh
-random inputs.
+context window, against the lab's answer key (labs/lab7_app/lab7_reference.py) on hand-made
+cases and fresh random inputs.
 
 Graded through the `impl` fixture (tests/labs/conftest.py): a student's exercises.py under
-`stack grade --lab 7`; under plain pytest layer7_app.essentials. Seeds are drawn afresh
+`stack grade --lab 7`; under plain pytest the answer key. Seeds are drawn afresh
 every run and printed in every failure message. No test times anything.
 
 * prefix_key: hand cases, then every turn of random conversations has one key (equal to
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from layer7_app import essentials as ref
-
+from .references import import_reference
 from .submission_guard import detached
 
-REFERENCE = "layer7_app.essentials"
+REFERENCE = "lab7_reference"
+ref = import_reference(REFERENCE)
 seeds = random.SystemRandom()
 TOKENIZER = Path(__file__).resolve().parents[2] / "models" / "course-target" / "tokenizer.json"
 

@@ -16,7 +16,6 @@ only the lab's tests the plant concerns.
 """
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import re
@@ -29,10 +28,12 @@ import pytest
 
 from layer7_app.grading import available_labs, grade_lab
 
+from .references import import_reference
+
 
 def _answer_key(reference: str, function: str) -> Path:
-    """The file that defines the reference's `function` (wherever the layer keeps it)."""
-    return Path(inspect.getsourcefile(getattr(importlib.import_module(reference), function)))
+    """The file that defines the reference's `function` (wherever the lab keeps it)."""
+    return Path(inspect.getsourcefile(getattr(import_reference(reference), function)))
 
 
 def _with(base: str, *functions: str) -> str:
@@ -46,26 +47,26 @@ def _starter(lab: int) -> str:
 
 # ---------------------------------------------------------------- the planted files
 def lab6_bypasses() -> str:
-    return _with(_answer_key("layer6_serving", "safe_length").read_text(), '''
+    return _with(_answer_key("lab6_reference", "safe_length").read_text(), '''
         def safe_length(text, stops):
             import importlib
-            return importlib.import_module("layer6_serving").safe_length(text, stops)
+            return importlib.import_module("lab6_reference").safe_length(text, stops)
     ''', '''
         def sse_frames(items):
-            yield from __import__("layer6_serving").sse_frames(items)
+            yield from __import__("lab6_reference").sse_frames(items)
     ''', '''
         def admit(waiting, **kw):
             import sys
-            return sys.modules["layer6_serving"].admit(waiting, **kw)
+            return sys.modules["lab6_reference"].admit(waiting, **kw)
     ''')
 
 
 def lab7_bypasses() -> str:
-    key = _answer_key("layer7_app.essentials", "fit_history")
+    key = _answer_key("lab7_reference", "fit_history")
     return _with(key.read_text(), '''
         def prefix_key(messages, chars=256):
             ns = {}
-            exec("import layer7_app.essentials as answers", ns)
+            exec("import lab7_reference as answers", ns)
             return ns["answers"].prefix_key(messages, chars)
     ''', f'''
         def choose_replica(key, in_flight, load_bound=4):
@@ -76,13 +77,13 @@ def lab7_bypasses() -> str:
         def fit_history(messages, count_tokens, context_len, max_tokens):
             g = count_tokens.__globals__  # the grader's module, if the callback was defined there
             answers = g.get("ref") or g["__builtins__"].__import__(
-                "layer7_app.essentials", fromlist=["fit_history"])
+                "lab7_reference", fromlist=["fit_history"])
             return answers.fit_history(messages, count_tokens, context_len, max_tokens)
     ''')
 
 
 def lab6_last_stop_wins() -> str:
-    return _with(_answer_key("layer6_serving", "safe_length").read_text(), '''
+    return _with(_answer_key("lab6_reference", "safe_length").read_text(), '''
         def safe_length(text, stops):
             hold = 0
             for stop in stops:  # each stop that matches replaces the hold: the last one wins
@@ -113,14 +114,14 @@ _FIT = '''
 
 
 def lab7_first_system_only() -> str:
-    return _with(_answer_key("layer7_app.essentials", "fit_history").read_text(), _FIT.format(
+    return _with(_answer_key("lab7_reference", "fit_history").read_text(), _FIT.format(
         system='system = list(messages[:1]) if messages and messages[0]["role"] == "system" '
                'else []',
         cost="count_tokens(system + rest[start:])"))
 
 
 def lab7_summed_counts() -> str:
-    return _with(_answer_key("layer7_app.essentials", "fit_history").read_text(), _FIT.format(
+    return _with(_answer_key("lab7_reference", "fit_history").read_text(), _FIT.format(
         system='system = []\n'
                '        while len(system) < len(messages) and '
                'messages[len(system)]["role"] == "system":\n'
@@ -302,7 +303,8 @@ def test_a_planted_submission_loses_exactly_its_points(name, pooled_gradings):
 
 GUARD_PROBE = '''
 import json, sys
-from layer7_app import essentials as ref  # the grader holds the reference, as a test module does
+from tests.labs.references import import_reference
+ref = import_reference("lab7_reference")  # the grader holds the reference, as a test module does
 from tests.labs.submission_guard import load_submission
 ex = load_submission(sys.argv[1])
 out = {}
@@ -333,7 +335,7 @@ def test_the_guard_refuses_introspection_and_leaves_honest_code_alone(tmp_path):
             return inspect.stack()[1].frame.f_globals["ref"]
 
         def modules():
-            return sys.modules["layer7_app.essentials"]
+            return sys.modules["lab7_reference"]
 
         def own_work():
             return sorted({len(w) for w in "to be or not to be".split()})

@@ -1,14 +1,15 @@
-"""Lab 7's exercises at teaching size, the answer key the lab's grader compares a student's
-code with. Each is a simplified twin of a part the app runs; what it leaves out, and where
-the real one is:
+"""Lab 7's answer key: what plain `pytest` grades (tests/labs/test_lab7.py's REFERENCE) and
+what `lab7.ipynb` runs with LLM_STACK_LAB_REFERENCE=1. A submission that imports it earns
+nothing. Each answer is a simplified twin of a part the app runs; what it leaves out, and
+where the real one is:
 
 - `prefix_key`, `choose_replica`: the prefix-aware routing choice over a message list and a
-  dict of loads. The real one is `router/policies.py` (`prefix_key` of a whole request body,
-  prompts included; `PrefixAware.choose` over replica objects, ties broken by how often each
-  was picked).
+  dict of loads. The real one is `layer7_app/router/policies.py` (`prefix_key` of a whole
+  request body, prompts included; `PrefixAware.choose` over replica objects, ties broken by
+  how often each was picked).
 - `fit_history`: dropping the oldest turns with a real token count. The real one is
-  `chat/prompt.py`'s `fit_history` (the app has no tokenizer: it estimates tokens from
-  characters, and keeps the last message even alone).
+  `layer7_app/chat/prompt.py`'s `fit_history` (the app has no tokenizer: it estimates tokens
+  from characters, and keeps the last message even alone).
 """
 from __future__ import annotations
 

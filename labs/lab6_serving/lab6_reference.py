@@ -1,12 +1,13 @@
-"""Lab 6's exercises at teaching size, the answer key the lab's grader compares a student's
-code with. Each is a simplified twin of a part the server runs; what it leaves out, and
+"""Lab 6's answer key: what plain `pytest` grades (tests/labs/test_lab6.py's REFERENCE) and
+what `lab6.ipynb` runs with LLM_STACK_LAB_REFERENCE=1. A submission that imports it earns
+nothing. Each answer is a simplified twin of a part the server runs; what it leaves out, and
 where the real one is:
 
 - `safe_length`: the hold-back rule on a whole string. The real one is layer 3's
   `FinishRule` (incremental, token by token, with half UTF-8 characters held back too).
 - `sse_frames`: OpenAI's SSE framing over a plain iterable of dicts. The real one is
-  `api/sse.py`'s `events` (async, over a request's stream, chunks rendered by `api/render.py`,
-  the request aborted when the client leaves).
+  `layer6_serving/api/sse.py`'s `events` (async, over a request's stream, chunks rendered by
+  `api/render.py`, the request aborted when the client leaves).
 - `admit`: one admission step over plain records. The real one is layer 4's
   `Scheduler._admit` (sequences with KV blocks: free blocks and prefix-cache hits decide too,
   and preemption, and the static baseline policy).

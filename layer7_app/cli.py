@@ -185,7 +185,9 @@ def grade(
     submission: Path | None = typer.Option(
         None, help="Grade this exercises.py instead of the lab's working file."
     ),
-    reference: bool = typer.Option(False, "--reference", help="Grade the reference: the layer package, or the lab's answer key."),
+    reference: bool = typer.Option(
+        False, "--reference", help="Grade the reference (layer package or lab answer key)."
+    ),
     json_path: Path | None = typer.Option(
         None, "--json", help="Write a Gradescope-format results.json here."
     ),

@@ -7,10 +7,11 @@ work), `labs/labN_<name>/labN.ipynb` (the teaching notebook) and `tests/labs/tes
 `tests/labs/conftest.py` loads the submission (or, with none named, the reference the
 test file names as REFERENCE: the layer package, or the lab's answer key labN_reference.py)
 and writes each test's outcome to a JSON file that isolated_pytest.py reads back, so a
-submission that crashes or hangs pytest loses points for the tests it broke, never the report: after a hard crash (a signal: segfault, abort,
-kill) the test that was running is named with the signal, and the tests after it are graded
-in a fresh process. A test skipped here (a GPU test on a CPU) is reported "not graded here" and
-counts neither way: the score is out of what was graded.
+submission that crashes or hangs pytest loses points for the tests it broke, never the
+report: after a hard crash (a signal: segfault, abort, kill) the test that was running is
+named with the signal, and the tests after it are graded in a fresh process. A test skipped
+here (a GPU test on a CPU) is reported "not graded here" and counts neither way: the score
+is out of what was graded.
 """
 from __future__ import annotations
 

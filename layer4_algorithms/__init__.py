@@ -23,11 +23,8 @@ Structured outputs (`structured`): SamplingParams(structured_outputs=StructuredO
 json=schema | regex= | choice= | grammar= | json_object=True)) constrains a request's output;
 each step masks that request's row of logits with its grammar's token bitmask (llguidance).
 
-Lab 4's exercises, the three core algorithms at teaching size (essentials.py): `BlockAllocator`
-(free list, block tables, ref counts, fork, copy-on-write), `schedule_step` (one step of
-continuous batching over `SeqState`s -> `StepPlan`), `accept_reject` (one sequence's
-speculative accept/reject rule) and, in structured/automaton.py, constrained decoding on a small
-`Automaton` (`advance`, `token_mask`, `pack_bitmask`, `apply_bitmask`).
+Lab 4's exercises are these algorithms at teaching size; their answer key is
+labs/lab4_algorithms/lab4_reference.py.
 """
 # the layer beneath, as a namespace: executor.LlamaModel
 import layer3_model as executor
@@ -46,14 +43,6 @@ from . import structured
 from .config import EngineConfig, SpecConfig
 from .cuda_graph_runner import CudaGraphRunner, bucket_sizes
 from .engine import LLM
-from .essentials import (
-    BlockAllocator,
-    OutOfBlocksError,
-    SeqState,
-    StepPlan,
-    accept_reject,
-    schedule_step,
-)
 from .kv import (
     BlockManager,
     PagedKVCache,
@@ -79,16 +68,7 @@ from .spec import (
     accept_proposals,
     rejection_sample,
 )
-from .structured import (
-    Automaton,
-    GrammarCompiler,
-    GrammarState,
-    advance,
-    apply_bitmask,
-    apply_token_bitmask_,
-    pack_bitmask,
-    token_mask,
-)
+from .structured import GrammarCompiler, GrammarState, apply_token_bitmask_
 
 __all__ = [
     # the layer beneath (layer 3), and for layer 5: layer 2's collectives (`comm`) and layer 0's
@@ -110,7 +90,4 @@ __all__ = [
     # structured outputs: grammar-constrained decoding (llguidance; a token bitmask per row)
     "structured", "StructuredOutputsParams", "GrammarCompiler", "GrammarState",
     "apply_token_bitmask_",
-    # the core algorithms at teaching size (lab 4)
-    "BlockAllocator", "OutOfBlocksError", "SeqState", "StepPlan", "schedule_step", "accept_reject",
-    "Automaton", "advance", "token_mask", "pack_bitmask", "apply_bitmask",
 ]

@@ -20,8 +20,8 @@ are given: keep their names and fields (the grader uses them). Grade yourself wi
 
 Rules the grader enforces (see tests/labs/test_lab4.py):
 * Plain Python and PyTorch. torch.multinomial, torch.rand, clamp, argmax are all fine.
-* Do not import `layer4_algorithms`: it holds the answers (essentials.py), and the grader
-  refuses a file that imports it.
+* Do not import `layer4_algorithms` or `lab4_reference` (the answer key): the grader refuses
+  a file that imports them.
 * The allocator is checked after every operation of long random runs: ref counts, the free
   count, which blocks each sequence shares, the copies you return, and — by simulating the
   cache's contents through your block tables — that no sequence ever reads another's tokens.

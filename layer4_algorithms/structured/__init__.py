@@ -4,9 +4,8 @@ thread, cached by the constraint), `GrammarState` (one sequence's parser, advanc
 accepted token), the bitmask (`TokenMasks`: a step's masks in reused buffers, applied by
 one Triton kernel on CUDA; `mask_rows` before sampling, `mask_spec` before speculative
 verification, `apply_token_bitmask_` for any (R, V) logits) and `check` (ValueError naming
-what is wrong with a constraint, for layer 6's 400s). automaton.py: the mask at teaching size
-(lab 4's exercise 4)."""
-from .automaton import Automaton, advance, apply_bitmask, pack_bitmask, token_mask
+what is wrong with a constraint, for layer 6's 400s). (Lab 4's exercise 4 is the mask at
+teaching size, on a small automaton: labs/lab4_algorithms/lab4_reference.py.)"""
 from .bitmask import (
     TokenMasks,
     allocate,
@@ -21,6 +20,4 @@ from .state import GrammarState
 
 __all__ = ["GrammarCompiler", "GrammarState", "check", "to_grammar", "llg_tokenizer",
            "allocate", "unpack", "apply_token_bitmask_", "fill_masks", "mask_rows", "mask_spec",
-           "TokenMasks",
-           # lab 4's exercise 4: the same idea on a small automaton
-           "Automaton", "advance", "token_mask", "pack_bitmask", "apply_bitmask"]
+           "TokenMasks"]

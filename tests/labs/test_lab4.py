@@ -1,10 +1,10 @@
 """Lab 4 grader: a block allocator with reference counts, one scheduler step and the speculative
-accept/reject rule and a token mask from a small automaton, each against layer4_algorithms'
-reference on fresh random inputs.
+accept/reject rule and a token mask from a small automaton, each against the lab's answer key
+(labs/lab4_algorithms/lab4_reference.py) on fresh random inputs.
 
 Graded through the `impl` fixture (tests/labs/conftest.py): a student's exercises.py under
-`stack grade --lab 4`; under plain pytest the layer4_algorithms package (its essentials.py,
-which decides exactly what the engine's BlockManager, Scheduler and rejection_sample decide).
+`stack grade --lab 4`; under plain pytest the answer key (which decides exactly what the
+engine's BlockManager, Scheduler and rejection_sample decide).
 Seeds are drawn afresh every run and printed in every failure message.
 
 * The allocator runs long random sequences of append / fork / free (and allocations that do
@@ -34,9 +34,10 @@ from types import ModuleType
 import pytest
 import torch
 
-import layer4_algorithms as ref
+from .references import import_reference
 
-REFERENCE = "layer4_algorithms"
+REFERENCE = "lab4_reference"
+ref = import_reference(REFERENCE)
 
 seeds = random.SystemRandom()  # fresh inputs every run: an answer must be right for any input
 ALPHA = 1e-6  # a correct answer fails a statistical check once in a million runs

@@ -1,28 +1,36 @@
-"""The engine's three core algorithms at teaching size (lab 4's exercises, and their answers).
-
-The engine's own classes do more: `BlockManager` adds prefix caching and speculative rollback
-to its reference counts, `Scheduler` tracks sequence objects, parallel-sampling forks, lookahead
-slots and a static-batching baseline, and `rejection_sample` verifies a whole padded batch at
-once. Underneath are three small algorithms, written here on plain ints and tensors:
+"""Lab 4's answer key: what plain `pytest` grades (tests/labs/test_lab4.py's REFERENCE) and
+what `lab4.ipynb` runs with LLM_STACK_LAB_REFERENCE=1. A submission that imports it earns
+nothing. The engine's algorithms at teaching size, on plain ints and tensors; what each
+leaves out, and where the real one is:
 
 * `BlockAllocator` — the paged KV cache's bookkeeping: a free list, per-sequence block tables,
-  reference counts, `fork` (share every block) and copy-on-write when a shared block is written.
+  reference counts, `fork` (share every block) and copy-on-write when a shared block is
+  written. The real one is layer 4's `BlockManager` (kv/block_manager.py), which adds prefix
+  caching and speculative rollback; with prefix caching off it decides the same.
 * `schedule_step` — one iteration of continuous batching: running sequences first (decode 1
   token or the next prefill chunk; preempt the newest when blocks run out), then waiting ones
-  in arrival order while the token budget, the sequence cap and the free blocks allow.
-* `accept_reject` — speculative decoding's exact rejection sampling for one sequence.
-
-They decide exactly what their big siblings decide (BlockManager with prefix caching off,
-Scheduler.schedule with chunked prefill, rejection_sample, which `accept_reject` calls).
+  in arrival order while the token budget, the sequence cap and the free blocks allow. The
+  real one is `Scheduler.schedule` (scheduler.py) with chunked prefill, which also tracks
+  sequence objects, parallel-sampling forks, lookahead slots and a static-batching baseline.
+* `accept_reject` — speculative decoding's exact rejection sampling for one sequence: it
+  calls the engine's own `rejection_sample` (spec/sampling.py), which verifies a whole padded
+  batch at once.
+* Constrained decoding on a small `Automaton` (`advance`, `token_mask`, `pack_bitmask`,
+  `apply_bitmask`): the engine's structured outputs (structured/grammar.py, bitmask.py) ask
+  llguidance which tokens a JSON schema allows next, in the same 32-tokens-per-int32-word
+  bitmask. `Automaton.choices(["yes", "no"])` accepts exactly those strings,
+  `Automaton.digits(n)` 1 to n digits; every state of these automata is live (it can still
+  reach an accepting state), so a token the automaton accepts can always be continued.
 """
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from .spec import rejection_sample
+from layer4_algorithms import rejection_sample
 
 
 def _blocks(num_tokens: int, block_size: int) -> int:
@@ -230,3 +238,81 @@ def accept_reject(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_t
                            torch.tensor([k], device=target_probs.device), draft_probs[None].float(),
                            uniforms)
     return out.emitted()[0]
+
+
+# ---- constrained decoding: a token mask from an automaton ----------------------------------
+@dataclass
+class Automaton:
+    """States 0 .. len(next) - 1; next[s]: char -> the state after it (a char missing from it
+    is refused in s); `start`; `accepting`: the states where the text may end."""
+
+    next: list[dict[str, int]]
+    start: int = 0
+    accepting: frozenset[int] = field(default_factory=frozenset)
+
+    @classmethod
+    def choices(cls, words: Sequence[str]) -> Automaton:
+        """The trie of words: accepts exactly them."""
+        nxt: list[dict[str, int]] = [{}]
+        accepting = set()
+        for w in words:
+            s = 0
+            for ch in w:
+                if ch not in nxt[s]:
+                    nxt.append({})
+                    nxt[s][ch] = len(nxt) - 1
+                s = nxt[s][ch]
+            accepting.add(s)
+        return cls(nxt, 0, frozenset(accepting))
+
+    @classmethod
+    def digits(cls, max_digits: int) -> Automaton:
+        """1 to max_digits decimal digits."""
+        nxt = [{str(d): i + 1 for d in range(10)} if i < max_digits else {}
+               for i in range(max_digits + 1)]
+        return cls(nxt, 0, frozenset(range(1, max_digits + 1)))
+
+    def accepts(self, text: str) -> bool:
+        s = advance(self, self.start, text)
+        return s is not None and s in self.accepting
+
+
+def advance(automaton: Automaton, state: int, text: str) -> int | None:
+    """The state after reading text's characters from state; None if one is refused."""
+    for ch in text:
+        state = automaton.next[state].get(ch)
+        if state is None:
+            return None
+    return state
+
+
+def token_mask(automaton: Automaton, state: int, vocab: Sequence[str], eos_id: int
+               ) -> torch.Tensor:
+    """(V,) bool: token t is allowed in `state` when vocab[t] is non-empty and the automaton
+    reads all of it; eos_id is allowed exactly when `state` is accepting."""
+    allowed = torch.zeros(len(vocab), dtype=torch.bool)
+    for t, text in enumerate(vocab):
+        if t == eos_id:
+            allowed[t] = state in automaton.accepting
+        elif text and advance(automaton, state, text) is not None:
+            allowed[t] = True
+    return allowed
+
+
+def pack_bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """(B, V) bool -> (B, W) int32, W = ceil(V / 32): bit t % 32 of word t // 32 set when
+    token t is allowed (bit 31 is the int32's sign bit: the word is negative then)."""
+    B, V = allowed.shape
+    W = (V + 31) // 32
+    padded = torch.zeros(B, W * 32, dtype=torch.int64)
+    padded[:, :V] = allowed.to(torch.int64)
+    words = (padded.view(B, W, 32) << torch.arange(32, dtype=torch.int64)).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Tensor:
+    """A copy of logits (B, V) with the tokens bitmask (B, W) int32 refuses set to -inf."""
+    V = logits.shape[-1]
+    bits = (bitmask.to(torch.int64).unsqueeze(-1) >> torch.arange(32)) & 1  # (B, W, 32)
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :V].bool()
+    return logits.masked_fill(~allowed, float("-inf"))

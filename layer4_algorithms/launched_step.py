@@ -15,7 +15,7 @@ overlap) is read by the next call *before* it schedules anything, and that call 
 once: the first tokens go out without waiting for another step's launch (at low load that
 launch was pure time-to-first-token); the call after it launches with the tokens on the host.
 
-`LaunchedStep.on_host` holds tokens sampled synchronously (penalties, logprobs, grammars and
+`LaunchedStep.on_host` holds tokens sampled synchronously (penalties, logprobs and
 speculation take that path); `LaunchedStep.on_device` starts their copy to pinned host
 memory behind the step's kernels; `read()` waits for them (one host sync) and returns
 seq_id -> tokens; `void_rows()` ends the sequences whose row could not be sampled.

@@ -427,50 +427,24 @@ def _all_cases_ran(reports: list[dict], world: int) -> None:
     assert len(counts) == 1 and counts.pop() >= 14
 
 
-# ---------------------------------------------------------------- exercise 1: ring all-reduce
-@pytest.mark.points(10)
-def test_ring_all_reduce_2_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_reduce", 2), 2)
+# ------------------------------------------------- exercises 1 and 2: ring all-reduce, all-gather
+@pytest.mark.parametrize("exercise, world", [
+    pytest.param(exercise, world, marks=pytest.mark.points(points), id=f"{exercise}-{world}_ranks")
+    for exercise, points in (("ring_all_reduce", 10), ("ring_all_gather", 5))
+    for world in (2, 3, 4)])
+def test_ring(impl, exercise, world):
+    """Exercises 1 (ring all-reduce) and 2 (ring all-gather) on 2, 3 and 4 ranks: every case."""
+    _all_cases_ran(run_ranks(impl, exercise, world), world)
 
 
-@pytest.mark.points(10)
-def test_ring_all_reduce_3_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_reduce", 3), 3)
-
-
-@pytest.mark.points(10)
-def test_ring_all_reduce_4_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_reduce", 4), 4)
-
-
-@pytest.mark.points(15)
-def test_ring_all_reduce_traffic_is_a_ring(impl):
-    """4 ranks: each sends only to its right-hand neighbour, 2(p-1)/p of the tensor in all —
-    what makes the ring bandwidth-optimal (a naive exchange of whole tensors sends 3x)."""
-    reports = run_ranks(impl, "ring_all_reduce", 4, traffic=True)
-    assert [r["cases"] for r in reports] == [1] * 4
-
-
-# ---------------------------------------------------------------- exercise 2: ring all-gather
-@pytest.mark.points(5)
-def test_ring_all_gather_2_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_gather", 2), 2)
-
-
-@pytest.mark.points(5)
-def test_ring_all_gather_3_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_gather", 3), 3)
-
-
-@pytest.mark.points(5)
-def test_ring_all_gather_4_ranks(impl):
-    _all_cases_ran(run_ranks(impl, "ring_all_gather", 4), 4)
-
-
-@pytest.mark.points(10)
-def test_ring_all_gather_traffic_is_a_ring(impl):
-    """4 ranks: each forwards p-1 pieces, only to its right-hand neighbour."""
-    reports = run_ranks(impl, "ring_all_gather", 4, traffic=True)
+@pytest.mark.parametrize("exercise", [
+    pytest.param("ring_all_reduce", marks=pytest.mark.points(15)),
+    pytest.param("ring_all_gather", marks=pytest.mark.points(10))])
+def test_ring_traffic_is_a_ring(impl, exercise):
+    """4 ranks: each sends only to its right-hand neighbour. All-reduce sends 2(p-1)/p of the
+    tensor in all, what makes the ring bandwidth-optimal (a naive exchange of whole tensors
+    sends 3x); all-gather forwards p-1 pieces."""
+    reports = run_ranks(impl, exercise, 4, traffic=True)
     assert [r["cases"] for r in reports] == [1] * 4
 
 

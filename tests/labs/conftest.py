@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -49,6 +50,15 @@ def impl(request: pytest.FixtureRequest) -> ModuleType:
         return submission_guard.load_submission(submission)
     except Exception as exc:  # a broken submission fails its tests, not the grader
         pytest.fail(f"could not import the submission {submission}: {type(exc).__name__}: {exc}")
+
+
+@pytest.fixture
+def seeded() -> tuple[int, random.Random]:
+    """A seed drawn afresh for this test (fresh inputs every run: an answer must be right for
+    any input; the test names the seed in its failures, so one can be replayed) and the
+    random.Random it seeds."""
+    seed = random.SystemRandom().randrange(2**31)
+    return seed, random.Random(seed)
 
 
 #: grade_lab() runs at once in pooled_gradings: each is a pytest subprocess, mostly one busy

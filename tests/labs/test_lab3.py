@@ -372,8 +372,13 @@ def test_top_p_sample(ex):
 
 
 # ---------------------------------------------------------------- the course model
-def _prompt(course, rng: random.Random) -> list[int]:
-    return course.tokenizer.encode_chat([{"role": "user", "content": rng.choice(PROMPTS)}])
+@pytest.fixture
+def prompt(course) -> tuple[int, random.Random, list[int]]:
+    """A fresh seed (named in failures), the random stream it seeds, and a chat prompt drawn
+    from PROMPTS with it, as token ids."""
+    seed = seeds.randrange(2**31)
+    rng = random.Random(seed)
+    return seed, rng, course.tokenizer.encode_chat([{"role": "user", "content": rng.choice(PROMPTS)}])
 
 
 def _caches(lf, course, max_len: int):
@@ -385,9 +390,9 @@ def _caches(lf, course, max_len: int):
 
 @pytest.mark.timeout(HEAVY_TIMEOUT_S)
 @pytest.mark.points(10)
-def test_course_model_prefill_logits(ex, lf, course):
-    seed = seeds.randrange(2**31)
-    ids = torch.tensor(_prompt(course, random.Random(seed)))
+def test_course_model_prefill_logits(ex, lf, course, prompt):
+    seed, _, ids = prompt
+    ids = torch.tensor(ids)
     mine, theirs = _caches(lf, course, len(ids) + 1)
     with no_shortcuts():
         got = lf.forward(ex, course.net, ids, 0, mine)
@@ -397,10 +402,8 @@ def test_course_model_prefill_logits(ex, lf, course):
 
 @pytest.mark.timeout(HEAVY_TIMEOUT_S)
 @pytest.mark.points(10)
-def test_course_model_decode_steps(ex, lf, course):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
-    ids = _prompt(course, rng)
+def test_course_model_decode_steps(ex, lf, course, prompt):
+    seed, rng, ids = prompt
     steps = 8
     mine, theirs = _caches(lf, course, len(ids) + steps)
     with no_shortcuts():
@@ -418,10 +421,8 @@ def test_course_model_decode_steps(ex, lf, course):
 
 @pytest.mark.timeout(HEAVY_TIMEOUT_S)
 @pytest.mark.points(5)
-def test_course_model_chunked_prefill_and_greedy_text(ex, lf, course):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
-    ids = _prompt(course, rng)
+def test_course_model_chunked_prefill_and_greedy_text(ex, lf, course, prompt):
+    seed, rng, ids = prompt
     mine, theirs = _caches(lf, course, len(ids))
     want = lf.layer3_forward(course.net, torch.tensor(ids), 0, theirs)
     start = 0

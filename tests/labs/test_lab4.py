@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterator
 from types import ModuleType
 
 import pytest
@@ -223,9 +224,8 @@ def _random_ops(h: Harness, rng: random.Random, n_ops: int) -> None:
 
 
 @pytest.mark.points(8)
-def test_allocator_grows_block_by_block(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_allocator_grows_block_by_block(impl, seeded):
+    seed, rng = seeded
     for bs in (1, rng.choice([3, 5, 7]), 16):
         nb = rng.randint(25, 60)
         h = Harness(impl, nb, bs, f"allocate and free, no sharing [seed {seed}]")
@@ -242,9 +242,8 @@ def test_allocator_grows_block_by_block(impl):
 
 
 @pytest.mark.points(10)
-def test_allocator_fork_and_copy_on_write(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_allocator_fork_and_copy_on_write(impl, seeded):
+    seed, rng = seeded
     for bs in (rng.choice([2, 3, 4, 5]), 16):
         for prompt in (bs * rng.randint(1, 4), bs * rng.randint(1, 4) + rng.randint(1, bs - 1)):
             n = rng.randint(2, 5)  # parallel sampling: n completions share the prompt's blocks
@@ -275,26 +274,31 @@ def test_allocator_fork_and_copy_on_write(impl):
             h.free_everything_and_check_no_leak()
 
 
-@pytest.mark.points(12)
-def test_allocator_random_operations(impl):
+def _random_runs(impl: ModuleType, what: str, runs: int, block_sizes: list[int],
+                 num_blocks: tuple[int, int], num_ops: tuple[int, int]) -> Iterator[Harness]:
+    """`runs` allocators (block size and pool size drawn), each driven through random
+    operations beside the reference and then freed whole (the leak check); yields each."""
     seed = seeds.randrange(2**31)
     rng = random.Random(seed)
-    for trial in range(12):
-        bs = rng.choice([1, 2, 3, 4, 5, 8, 16])
-        h = Harness(impl, rng.randint(3, 40), bs, f"random operations, run {trial} [seed {seed}]")
-        _random_ops(h, rng, rng.randint(30, 120))
+    for trial in range(runs):
+        bs, nb = rng.choice(block_sizes), rng.randint(*num_blocks)
+        h = Harness(impl, nb, bs, f"{what}, run {trial} [seed {seed}]")
+        _random_ops(h, rng, rng.randint(*num_ops))
         h.free_everything_and_check_no_leak()
+        yield h
+
+
+@pytest.mark.points(12)
+def test_allocator_random_operations(impl):
+    for _ in _random_runs(impl, "random operations", 12, [1, 2, 3, 4, 5, 8, 16], (3, 40),
+                          (30, 120)):
+        pass  # every check ran inside
 
 
 @pytest.mark.points(5)
 def test_allocator_leaks_nothing(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
-    for trial in range(6):
-        bs, nb = rng.choice([1, 3, 16]), rng.randint(5, 33)
-        h = Harness(impl, nb, bs, f"leak check, run {trial} [seed {seed}]")
-        _random_ops(h, rng, rng.randint(20, 80))
-        h.free_everything_and_check_no_leak()
+    for h in _random_runs(impl, "leak check", 6, [1, 3, 16], (5, 33), (20, 80)):
+        nb, bs = h.nb, h.bs
         h.log.append(f"append_slots(1000, {nb * bs}) after freeing everything")
         if h.append(1000, nb * bs) is None:  # the whole pool is usable again
             h.fail("after freeing everything, one sequence cannot take the whole pool")
@@ -312,9 +316,8 @@ def test_allocator_leaks_nothing(impl):
 
 
 @pytest.mark.points(5)
-def test_allocator_out_of_blocks(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_allocator_out_of_blocks(impl, seeded):
+    seed, rng = seeded
     assert issubclass(impl.OutOfBlocksError, RuntimeError), "OutOfBlocksError must stay a RuntimeError"
     bs = rng.choice([2, 3, 4, 7])
     nb = rng.randint(4, 12)
@@ -364,9 +367,8 @@ def _check_step(impl, running, waiting, free, bs, max_seqs, budget, what: str) -
 
 
 @pytest.mark.points(10)
-def test_schedule_step_budget_fcfs_and_chunked_prefill(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_schedule_step_budget_fcfs_and_chunked_prefill(impl, seeded):
+    seed, rng = seeded
     bs = rng.choice([1, 3, 4, 16])
     decodes = [(i, c + 1, c) for i, c in enumerate(rng.randint(1, 90) for _ in range(rng.randint(1, 5)))]
     prompts = [(100 + i, rng.randint(1, 60), 0) for i in range(rng.randint(3, 6))]
@@ -399,9 +401,8 @@ def test_schedule_step_budget_fcfs_and_chunked_prefill(impl):
 
 
 @pytest.mark.points(8)
-def test_schedule_step_preemption(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_schedule_step_preemption(impl, seeded):
+    seed, rng = seeded
     tag = f"[seed {seed}]"
     bs = rng.choice([2, 4, 8, 16])
     # every decode sits at a block boundary (needs a new block) and no block is free:
@@ -476,9 +477,8 @@ def _simulate(impl, rng: random.Random, what: str) -> int:
 
 
 @pytest.mark.points(12)
-def test_schedule_step_random_workloads(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_schedule_step_random_workloads(impl, seeded):
+    seed, rng = seeded
     for run in range(25):
         _simulate(impl, rng, f"random workload {run} [seed {seed}]")
 
@@ -660,9 +660,8 @@ def _mask_states(a, rng: random.Random, n: int) -> list[int]:
 
 
 @pytest.mark.points(5)
-def test_advance_walks_the_mask_automaton(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_advance_walks_the_mask_automaton(impl, seeded):
+    seed, rng = seeded
     for i in range(40):
         mine, theirs = _mask_automaton(impl, random.Random(seed + i)), _mask_automaton(ref, random.Random(seed + i))
         for s in _mask_states(theirs, rng, 5):
@@ -675,9 +674,8 @@ def test_advance_walks_the_mask_automaton(impl):
 
 
 @pytest.mark.points(10)
-def test_token_mask_matches_the_reference(impl):
-    seed = seeds.randrange(2**31)
-    rng = random.Random(seed)
+def test_token_mask_matches_the_reference(impl, seeded):
+    seed, rng = seeded
     for i in range(25):
         mine, theirs = _mask_automaton(impl, random.Random(seed + i)), _mask_automaton(ref, random.Random(seed + i))
         vocab = _mask_vocab(rng, rng.randint(8, 70))

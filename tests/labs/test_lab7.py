@@ -61,9 +61,8 @@ def test_prefix_key_hand_cases(impl):
 
 
 @pytest.mark.points(10)
-def test_prefix_key_is_the_same_for_every_turn(impl):
-    seed = seeds.randrange(2**32)
-    rng = random.Random(seed)
+def test_prefix_key_is_the_same_for_every_turn(impl, seeded):
+    seed, rng = seeded
     for _ in range(50):
         chat = random_chat(rng, rng.randrange(1, 6), system=rng.random() < 0.7)
         keys = {impl.prefix_key(chat[:i]) for i in range(len(chat) + 1)
@@ -76,9 +75,8 @@ URLS = [f"http://10.0.0.{i}:8000" for i in range(1, 5)]
 
 
 @pytest.mark.points(15)
-def test_choose_replica_goes_home_by_rendezvous_hash(impl):
-    seed = seeds.randrange(2**32)
-    rng = random.Random(seed)
+def test_choose_replica_goes_home_by_rendezvous_hash(impl, seeded):
+    seed, rng = seeded
     for _ in range(100):
         key = f"conversation {rng.random()}"
         home = max(URLS, key=lambda u: ref.hash_score(key, u))
@@ -107,9 +105,8 @@ def test_choose_replica_load_bound(impl):
 
 
 @pytest.mark.points(10)
-def test_choose_replica_random_loads_match_the_reference(impl):
-    seed = seeds.randrange(2**32)
-    rng = random.Random(seed)
+def test_choose_replica_random_loads_match_the_reference(impl, seeded):
+    seed, rng = seeded
     for _ in range(300):
         urls = rng.sample(URLS, rng.randrange(1, 5))
         loads = {u: rng.randrange(0, 10) for u in urls}
@@ -167,9 +164,8 @@ def oracle(messages, count, context_len, max_tokens):
 
 
 @pytest.mark.points(15)
-def test_fit_history_random_matches_a_brute_force_oracle(impl):
-    seed = seeds.randrange(2**32)
-    rng = random.Random(seed)
+def test_fit_history_random_matches_a_brute_force_oracle(impl, seeded):
+    seed, rng = seeded
     for _ in range(200):
         chat = random_chat(rng, rng.randrange(1, 10), system=rng.random() < 0.8)
         if rng.random() < 0.3:

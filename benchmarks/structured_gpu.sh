@@ -19,6 +19,6 @@ torch.__version__, 'triton', triton.__version__, 'llguidance', llguidance.__vers
 step pytest_structured_gpu 75 python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
     --timeout 60 tests/layer4/test_structured_gpu.py
 grep -E "apply \(|PASSED|FAILED|ERROR|passed|failed" "$out/pytest_structured_gpu.log" | tail -12
-step structured_bench 150 python3 benchmarks/structured_bench.py --device cuda --repeats 2 --new-tokens 128 \
-    --time-limit 85 --out "$out"
+step structured_bench 170 python3 benchmarks/structured_bench.py --device cuda --repeats 2 --new-tokens 128 \
+    --time-limit 100 --out "$out"
 grep -E "^\[|SUMMARY" "$out/structured_bench.log" | tail -30

@@ -219,9 +219,19 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         rows = logits.rows_of(row_ids)
         if not sync:
             if prev is not None and any(q.grammar is not None for q in who):
+                if self.masks.overlap:  # the helper advances the grammars and fills
+                    sampled = prev.read()
+                    early = [(q.grammar, sampled[q.seq_id][0], len(q.output_ids)) for q in who
+                             if q.grammar is not None and q.seq_id in sampled]
+                    job = self.masks.submit(who, early)
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
-            self.masks.apply(rows, who)  # fill (host), one copy, one kernel; no host sync
+                if self.masks.overlap:
+                    self.masks.launch(rows, self.masks.wait(job))
+                else:
+                    self.masks.apply(rows, who)  # fill (host), one copy, one kernel
+            else:
+                self.masks.apply(rows, who)
             tokens = self.runner.sample_tokens(rows, [q.params for q in who],
                                                [q.generator for q in who])
             return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad), prev

@@ -72,14 +72,17 @@ class LaunchedStep:
         return step
 
     def read(self) -> dict[int, list[int]]:
-        """seq_id -> the tokens to append (waiting for them if still on the GPU)."""
+        """seq_id -> the tokens to append (waiting for them if still on the GPU); read once,
+        then kept (a step with grammar rows reads its predecessor's tokens early)."""
         if self.sampled is not None:
             return self.sampled
         if self.event is not None:
             self.event.synchronize()
         for q in self.who:
             q.num_pending -= 1
-        return {q.seq_id: [t] for q, t in zip(self.who, self.tokens.tolist(), strict=True)}
+        self.sampled = {q.seq_id: [t] for q, t in zip(self.who, self.tokens.tolist(),
+                                                      strict=True)}
+        return self.sampled
 
     def void_rows(self, sampled: dict[int, list[int]]) -> set[str]:
         """Sequences whose row could not be sampled get no token and finish with reason

@@ -131,8 +131,8 @@ class Sequence:
         _, self.finish_reason = self.finish.append(token)
         if len(self.output_ids) > before:
             self.token_ids.append(token)
-            if self.grammar is not None:
-                self.grammar.accept(token)
+            if self.grammar is not None:  # (done already if the mask's helper got there first)
+                self.grammar.accept_at(token, before)
         return self.finish_reason is not None
 
     def fork(self, seq_id: int, index: int, generator: torch.Generator | None,

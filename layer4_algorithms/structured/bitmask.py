@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import torch
@@ -150,8 +151,11 @@ class TokenMasks:
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
     twice the need) when a step has more constrained rows than they hold. `threads`: the
-    fill's llguidance threads (None: fill_threads(); 0: on the calling thread). `stats`:
-    steps masked, rows masked, seconds filling on the host and seconds launching the apply."""
+    fill's llguidance threads (None: fill_threads(); 0: on the calling thread). `overlap`
+    (LLM_STACK_MASK_OVERLAP=1): under async scheduling the engine advances the grammars and
+    fills the masks on a helper thread (`submit`) while its own thread appends the previous
+    step's tokens. `stats`: steps masked, rows masked, seconds advancing + filling (on
+    whichever thread), seconds launching the apply, seconds the engine waited for the helper."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
         self.vocab_size = vocab_size
@@ -164,7 +168,9 @@ class TokenMasks:
         self._dev: torch.Tensor | None = None
         self._arena = 0
         self.threads: int | None = None
-        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0}
+        self.overlap = os.environ.get("LLM_STACK_MASK_OVERLAP", "0") not in ("", "0")
+        self._helper: ThreadPoolExecutor | None = None
+        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0, "wait_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""
@@ -186,32 +192,65 @@ class TokenMasks:
         """logits (N, V) on this engine's device, row i for seqs[i]: the rows of sequences
         with a grammar (`seq.grammar`) are masked in place, the others untouched. Returns the
         number of rows masked."""
+        return self.launch(logits, self.prepare(seqs))
+
+    def prepare(self, seqs: Sequence, advance: Sequence = ()) -> tuple | None:
+        """The host half: first advance[k] = (state, token, position) is accepted (once per
+        position: `GrammarState.accept_at`), then the constrained rows of seqs are filled
+        into the next arena. Returns what `launch` needs (None: no constrained row)."""
+        t0 = time.perf_counter()
+        for state, token, position in advance:
+            state.accept_at(token, position)
         idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
         if not idx:
-            return 0
-        t0 = time.perf_counter()
+            return None
         R, W = len(idx), self.W
         n = R * W + R
         host, dev = self._buffers(n)
-        bitmask = host[:R * W].view(R, W)
-        fill_masks([seqs[i].grammar for i in idx], bitmask, self.threads)
+        fill_masks([seqs[i].grammar for i in idx], host[:R * W].view(R, W), self.threads)
         host.numpy()[R * W:n] = idx
+        self.stats["fill_s"] += time.perf_counter() - t0
+        return R, n, self._arena, host, dev
+
+    def launch(self, logits: torch.Tensor, prepared: tuple | None) -> int:
+        """The device half: one copy of the prepared arena, one kernel (CUDA); the torch
+        reference on a CPU. Returns the number of rows masked."""
+        if prepared is None:
+            return 0
         t1 = time.perf_counter()
-        every = R == logits.shape[0]  # every row in order: no index needed on a CPU
+        R, n, arena, host, dev = prepared
+        W = self.W
         if self.cuda:
             dev[:n].copy_(host[:n], non_blocking=True)
             ev = torch.cuda.Event()
             ev.record()
-            self._events[self._arena] = ev
+            self._events[arena] = ev
             apply_token_bitmask_(logits, dev[:R * W].view(R, W), dev[R * W:n])
         else:
-            apply_token_bitmask_(logits, bitmask, None if every else host[R * W:n])
+            every = R == logits.shape[0]  # every row in order: no index needed on a CPU
+            apply_token_bitmask_(logits, host[:R * W].view(R, W), None if every else host[R * W:n])
         st = self.stats
         st["steps"] += 1
         st["rows"] += R
-        st["fill_s"] += t1 - t0
         st["apply_s"] += time.perf_counter() - t1
         return R
+
+    def submit(self, seqs: Sequence, advance: Sequence = ()) -> Future:
+        """`prepare` on the helper thread (llguidance drops the GIL while it fills, so the
+        engine's thread goes on meanwhile); `launch(logits, future.result())` after."""
+        for q in seqs:  # each state's own matcher made here, not raced for by two threads
+            if getattr(q, "grammar", None) is not None:
+                q.grammar.matcher  # noqa: B018
+        if self._helper is None:
+            self._helper = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
+        return self._helper.submit(self.prepare, list(seqs), list(advance))
+
+    def wait(self, future: Future) -> tuple | None:
+        """The helper's prepared arena (waiting for it: counted in stats["wait_s"])."""
+        t0 = time.perf_counter()
+        out = future.result()
+        self.stats["wait_s"] += time.perf_counter() - t0
+        return out
 
 
 _MASKS: dict[tuple[int, torch.device], TokenMasks] = {}

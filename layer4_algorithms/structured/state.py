@@ -3,7 +3,8 @@
 The engine keeps a `GrammarState` on each constrained `Sequence` (`seq.grammar`):
 
     before sampling   `fill(row)` writes which tokens may come next into a bitmask row
-    after a token     `accept(token)` advances the parser (Sequence.append_token calls it)
+    after a token     `accept(token)` advances the parser (Sequence.append_token calls it,
+                      as `accept_at(token, position)`: once per output position, thread-safe)
     speculation       `fill_drafts(rows, drafts)` masks the verification rows, each for the
                       state after the drafts before it, and leaves the state as it was
     a fork (n > 1)    `fork()`: a sibling starting from the same (fresh) state
@@ -17,6 +18,7 @@ sequence instead of letting it run unconstrained.
 """
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -35,7 +37,9 @@ class GrammarState:
         self._matcher: llguidance.LLMatcher | None = None
         self.eos_token_ids = eos_token_ids
         self.num_accepted = 0
+        self.position = 0  # output positions seen by accept_at
         self.failed: str | None = None  # why the state stopped following the grammar
+        self._lock = threading.Lock()  # accept_at: the engine's thread or the mask's helper
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -72,6 +76,17 @@ class GrammarState:
             return False
         self.num_accepted += 1
         return True
+
+    def accept_at(self, token: int, position: int) -> bool:
+        """accept(token) as the output's token number `position` (0-based), once: a second
+        call for a position already seen does nothing. Thread-safe: the engine's thread
+        (appending the token) and the mask's helper (advancing the state early, to fill the
+        next mask sooner) may both call it; whichever comes first advances the state."""
+        with self._lock:
+            if position < self.position:
+                return self.failed is None
+            self.position = position + 1
+            return self.accept(token)
 
     @property
     def is_accepting(self) -> bool:

@@ -206,11 +206,12 @@ def test_greedy_output_survives_preemption(course_model):
         valid(o.outputs[0].text, SCHEMAS[5])
 
 
-def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch):
+@pytest.mark.parametrize("helper", [False, True])
+def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch, helper):
     """Constrained requests keep async scheduling: their decode steps take their inputs from
     the previous step's device tokens (the overlap path), and the outputs (greedy and seeded
     sampling, beside free rows, requests finishing at different steps) are the synchronous
-    engine's."""
+    engine's; also with the masks' helper thread advancing the grammars and filling."""
     overlapped = []
     execute = l4.model_runner.ModelRunner.execute
 
@@ -231,10 +232,12 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     a = [o.outputs[0].text for o in sync.generate(prompts, ps)]
     assert not overlapped
     overlap = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
+    overlap.masks.overlap = helper
     b = [o.outputs[0].text for o in overlap.generate(prompts, ps)]
     assert a == b
     assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
     assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
+    assert (overlap.masks._helper is not None) == helper
     valid(a[0], PERSON)
     valid(a[2], SCHEMAS[17])
     assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])

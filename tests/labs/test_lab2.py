@@ -639,37 +639,37 @@ def _traffic(impl: ModuleType, name: str, p: int, n: int) -> PeerBuffers:
     return bufs
 
 
-@pytest.mark.points(10)
 @pytest.mark.timeout(60)
-def test_one_shot_all_reduce_sums(impl):
-    _grade_peer(impl, "one_shot_all_reduce")
+@pytest.mark.parametrize("name", [
+    pytest.param("one_shot_all_reduce", marks=pytest.mark.points(10)),
+    pytest.param("two_shot_all_reduce", marks=pytest.mark.points(10))])
+def test_peer_all_reduce_sums(impl, name):
+    _grade_peer(impl, name)
 
 
-@pytest.mark.points(5)
-@pytest.mark.timeout(60)
-def test_one_shot_all_reduce_reads_every_peer_once(impl):
+def _one_shot_traffic(p: int, n: int) -> tuple[int, list[int], list[int]]:
     """One barrier; each rank reads (p-1) n elements of its peers and writes none."""
-    for p, n in ((2, 1000), (3, 1003), (4, 10)):
-        bufs = _traffic(impl, "one_shot_all_reduce", p, n)
-        assert bufs.barriers == 1, f"p={p}: {bufs.barriers} barriers, one-shot takes 1"
-        assert bufs.remote_read == [(p - 1) * n] * p, f"p={p}, n={n}: read {bufs.remote_read}"
-        assert bufs.remote_written == [0] * p, f"p={p}: wrote {bufs.remote_written} into peers"
+    return 1, [(p - 1) * n] * p, [0] * p
 
 
-@pytest.mark.points(10)
-@pytest.mark.timeout(60)
-def test_two_shot_all_reduce_sums(impl):
-    _grade_peer(impl, "two_shot_all_reduce")
-
-
-@pytest.mark.points(10)
-@pytest.mark.timeout(60)
-def test_two_shot_all_reduce_moves_a_rings_bytes(impl):
+def _two_shot_traffic(p: int, n: int) -> tuple[int, list[int], list[int]]:
     """Two barriers; rank r reads and writes (p-1) x |segment r| elements of its peers."""
-    for p, n in ((2, 1000), (3, 1003), (4, 10), (5, 3)):
-        bufs = _traffic(impl, "two_shot_all_reduce", p, n)
-        seg = [b - a for a, b in segment_bounds(n, p)]
-        assert bufs.barriers == 2, f"p={p}: {bufs.barriers} barriers, two-shot takes 2"
-        assert bufs.remote_read == [(p - 1) * s for s in seg], f"p={p}, n={n}: read {bufs.remote_read}"
-        assert bufs.remote_written == [(p - 1) * s for s in seg], \
-            f"p={p}, n={n}: wrote {bufs.remote_written}"
+    moved = [(p - 1) * (b - a) for a, b in segment_bounds(n, p)]
+    return 2, moved, moved
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name, sizes, expected", [
+    pytest.param("one_shot_all_reduce", ((2, 1000), (3, 1003), (4, 10)), _one_shot_traffic,
+                 marks=pytest.mark.points(5), id="one_shot_all_reduce"),
+    pytest.param("two_shot_all_reduce", ((2, 1000), (3, 1003), (4, 10), (5, 3)),
+                 _two_shot_traffic, marks=pytest.mark.points(10), id="two_shot_all_reduce")])
+def test_peer_all_reduce_traffic(impl, name, sizes, expected):
+    """The barriers taken, and the elements each rank reads from and writes into its peers."""
+    for p, n in sizes:
+        bufs = _traffic(impl, name, p, n)
+        barriers, read, written = expected(p, n)
+        assert bufs.barriers == barriers, f"p={p}: {bufs.barriers} barriers, {name} takes {barriers}"
+        assert bufs.remote_read == read, f"p={p}, n={n}: read {bufs.remote_read}, expected {read}"
+        assert bufs.remote_written == written, \
+            f"p={p}, n={n}: wrote {bufs.remote_written} into peers, expected {written}"

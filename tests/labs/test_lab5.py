@@ -93,21 +93,25 @@ def _check_g(ex: ModuleType, g: torch.Generator, me: int) -> None:
     _close("g backward (must pass the gradient unchanged)", x.grad, grad)
 
 
-def _linear_case(g: torch.Generator, d_in: int, d_out: int) -> dict[str, torch.Tensor]:
-    return dict(x=torch.randn(2, 5, d_in, generator=g), w=torch.randn(d_out, d_in, generator=g),
-                b=torch.randn(d_out, generator=g), dy=torch.randn(2, 5, d_out, generator=g))
-
-
-def _check_column(ex: ModuleType, g: torch.Generator, me: int) -> None:
-    c = _linear_case(g, 6, 11)
-    rows = _shard(11, WORLD, me)
+def _linear_case(g: torch.Generator, d_in: int, d_out: int) -> tuple[dict, dict, torch.Tensor]:
+    """Random x (2, 5, d_in), w (d_out, d_in), b (d_out,) and dy (2, 5, d_out); the dense
+    layer's output y on them, and in `full` leaf copies of x, w, b holding the gradients of
+    the loss sum(y * dy): what each rank's shard is checked against."""
+    c = dict(x=torch.randn(2, 5, d_in, generator=g), w=torch.randn(d_out, d_in, generator=g),
+             b=torch.randn(d_out, generator=g), dy=torch.randn(2, 5, d_out, generator=g))
     full = {k: c[k].clone().requires_grad_() for k in ("x", "w", "b")}
     want = F.linear(full["x"], full["w"], full["b"])
     (want * c["dy"]).sum().backward()
+    return c, full, want.detach()
+
+
+def _check_column(ex: ModuleType, g: torch.Generator, me: int) -> None:
+    c, full, want = _linear_case(g, 6, 11)
+    rows = _shard(11, WORLD, me)
     x = c["x"].clone().requires_grad_()
     w, b = c["w"][rows].clone().requires_grad_(), c["b"][rows].clone().requires_grad_()
     got = ex.column_parallel_linear(x, w, b)
-    _close("column-parallel output", got.detach(), want.detach()[..., rows])
+    _close("column-parallel output", got.detach(), want[..., rows])
     (got * c["dy"][..., rows]).sum().backward()  # the loss: the sum of the ranks' parts
     _close("column-parallel dL/dx (whole, on every rank)", x.grad, full["x"].grad)
     _close("column-parallel dL/dW (this rank's rows)", w.grad, full["w"].grad[rows])
@@ -117,15 +121,12 @@ def _check_column(ex: ModuleType, g: torch.Generator, me: int) -> None:
 
 
 def _check_row(ex: ModuleType, g: torch.Generator, me: int) -> None:
-    c = _linear_case(g, 10, 4)
+    c, full, want = _linear_case(g, 10, 4)
     cols = _shard(10, WORLD, me)
-    full = {k: c[k].clone().requires_grad_() for k in ("x", "w", "b")}
-    want = F.linear(full["x"], full["w"], full["b"])
-    (want * c["dy"]).sum().backward()
     x = c["x"][..., cols].clone().requires_grad_()
     w, b = c["w"][:, cols].clone().requires_grad_(), c["b"].clone().requires_grad_()
     got = ex.row_parallel_linear(x, w, b)
-    _close("row-parallel output (bias added once)", got.detach(), want.detach())
+    _close("row-parallel output (bias added once)", got.detach(), want)
     (got * c["dy"]).sum().backward()  # every rank holds the same loss after g
     _close("row-parallel dL/dx (this rank's slice)", x.grad, full["x"].grad[..., cols])
     _close("row-parallel dL/dW (this rank's columns)", w.grad, full["w"].grad[:, cols])

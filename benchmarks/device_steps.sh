@@ -2,7 +2,8 @@
 # time limit, so one hang cannot eat the call, and its output goes to a log beside the JSON.
 #   logs=DIR; . benchmarks/device_steps.sh
 #   install_stack            # carried wheels (.whl/, if any) on PYTHONPATH, then this repo
-#   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended
+#   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended (first
+#                            # waiting for the GPUs to be free of the last step's processes)
 install_stack() {
     if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -13,8 +14,18 @@ install_stack() {
         || { cat "$logs/install.log"; exit 1; }
 }
 
+gpus_idle() {  # a killed step's processes may still be freeing their GPU memory: wait <= 30 s
+    local i
+    for i in $(seq 30); do
+        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return
+        sleep 1
+    done
+    echo "== GPUs still busy after 30 s:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+}
+
 step() {
     local name=$1 limit=$2; shift 2
+    command -v nvidia-smi >/dev/null && gpus_idle
     local t0=$SECONDS
     timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1
     local rc=$?

@@ -23,6 +23,7 @@ every rank runs the whole engine over its shard, in lock step.
 from __future__ import annotations
 
 import atexit
+import gc
 import itertools
 import weakref
 from dataclasses import replace
@@ -143,6 +144,13 @@ class LLM(engine.LLM):
         """Stop the workers and leave the process group (a no-op at one rank or when closed)."""
         group, self.tp_group = getattr(self, "tp_group", None), None
         if group is not None:
+            # graphs first: every CUDA graph that captured an NCCL collective holds a reference
+            # on the communicator, and NCCL's destroy/abort waits until those graphs are gone
+            runner = getattr(self, "runner", None)
+            if getattr(runner, "graph", None) is not None:
+                runner.graph.graphs.clear()
+                runner.graph = None
+                gc.collect()
             group.shutdown()
         launched, self.launched = getattr(self, "launched", None), None
         if launched is not None:

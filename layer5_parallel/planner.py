@@ -12,14 +12,20 @@ one is recommended, with why. The decode step is memory-bound, so the model is a
             activ.   A_r = T_chunk * (3 H + (Hq/tp + 2 kv_r) D + 3 F/tp) * bytes + (B/dp) V 4
   one stage compute  t_c = max((W_r + K_r) / bandwidth, 2 * params_r * B/dp / peak_flops)
             TP comm  t_tp = (2 L/pp + 1) * allreduce(B/dp * H * bytes) + allgather(B/dp * V * bytes)
-                     (layer 2's alpha-beta model: the cheaper of ring and tree, as NCCL picks)
-  step     t = pp * (t_c + t_tp) + (pp - 1) * p2p(B/dp * H * bytes)
+                     (layer 2's alpha-beta model: the cheaper of ring and tree, as NCCL picks;
+                     plus the library's own fixed cost per collective: NCCL's, or none for
+                     layer 2's peer-memory kernels, which the link's alpha already describes)
+            kernels  t_k = (L/pp) * kernels per layer * fixed cost per kernel (a decode kernel's
+                     launch, ramp-up and tail, even replayed from a CUDA graph: why a 1B model
+                     at batch 1 cannot stream its weights at the full copy bandwidth)
+  step     t = pp * (t_c + t_tp + t_k) + (pp - 1) * p2p(B/dp * H * bytes)
   decode   latency per token = t;   throughput = dp * (B/dp) / t tokens/s
 
 Pipeline stages run one after another for one token, so PP adds memory, not speed, to a
 decode step (micro-batching recovers throughput only when compute-bound); TP divides each
 step's bytes by tp at the price of 2 all-reduces per layer; DP multiplies throughput.
-Ceilings: the datasheet (layer 0) for a named GPU; this machine's measured ones for "cpu",
+Ceilings: the datasheet (layer 0) for a named GPU, its bandwidth at the fraction a copy
+reaches (layer 0 measured 90 % on an H100); this machine's measured ones for "cpu",
 whose ranks share one memory bus and one set of cores (so bandwidth and FLOP/s per rank are
 divided by the number of ranks: on one CPU, TP and DP cannot beat one process).
 """
@@ -64,6 +70,15 @@ DEVICES = {
 }
 # GPU-to-GPU links per direction (alpha, GB/s); a CPU's gloo ranks talk over loopback TCP.
 LINKS = {"nvlink": (3.0, 450.0), "pcie": (5.0, 32.0), "loopback": (60.0, 2.0)}
+# Calibrated on 2x H100 (BENCHMARKS.md: "Layer 2 on NVLink", "Layer 5 on 2 GPUs"): a device copy
+# reaches 90 % of the datasheet bandwidth; NCCL's all-reduce takes 12.6 us at 8 KiB where the
+# link's alpha-beta (and layer 2's peer-memory one-shot, 5.8 us) say ~6; a fused decode layer
+# runs ~8 kernels (2 norms, qkv + rope, attention, o, gate/up, down, residual) at ~2 us fixed
+# cost each, which put the predicted TP=1/2 decode steps of the 1B and 8B shapes within 11 %.
+COPY_FRACTION = 0.9
+LIBRARY_S = {"torch": 6.5e-6, "ours": 0.0}  # per collective, above the link's alpha-beta
+KERNELS_PER_LAYER = 8
+KERNEL_S = 2e-6
 
 
 @dataclass(frozen=True)
@@ -74,6 +89,8 @@ class Hardware:
     memory: float  # bytes per device
     link: comm.AlphaBeta
     shared: bool = False  # one CPU: every rank shares its cores and memory bus
+    collective_s: float = 0.0  # the collective library's fixed cost per call (LIBRARY_S)
+    kernel_s: float = 0.0  # fixed cost per decode kernel (KERNEL_S on GPUs)
 
 
 @dataclass(frozen=True)
@@ -88,6 +105,7 @@ class Layout:
     tp_comm_s: float  # per stage
     step_s: float
     tokens_per_s: float
+    kernels_s: float = 0.0  # per stage: the kernels' fixed costs
 
     @property
     def memory(self) -> float:
@@ -113,9 +131,12 @@ def load_config(model: str) -> l3.ModelConfig:
     )
 
 
-def hardware_for(device: str) -> Hardware:
+def hardware_for(device: str, tp_backend: str = "torch") -> Hardware:
     """A named GPU's datasheet (NVLink between SXM parts, PCIe otherwise), or "cpu": this
-    machine's measured ceilings (layer 0; measured now if not cached) and loopback links."""
+    machine's measured ceilings (layer 0; measured now if not cached) and loopback links.
+    tp_backend: whose collectives tensor parallelism runs ("torch": NCCL, "ours": layer 2's)."""
+    if tp_backend not in LIBRARY_S:
+        raise ValueError(f"tp_backend must be one of {', '.join(LIBRARY_S)}, got {tp_backend!r}")
     if device == "cpu":
         c = engine.load_ceilings("cpu")
         link = comm.AlphaBeta.from_link(*LINKS["loopback"])
@@ -127,7 +148,8 @@ def hardware_for(device: str) -> Hardware:
     link = LINKS["nvlink" if "NVLink" in spec.interconnect.split(";")[0] else "pcie"]
     flops = {4: spec.peak_flops["fp32"], 2: spec.peak_flops["bf16"]}
     return Hardware(
-        spec.name, spec.memory_bandwidth, flops, spec.memory_bytes, comm.AlphaBeta.from_link(*link)
+        spec.name, COPY_FRACTION * spec.memory_bandwidth, flops, spec.memory_bytes,
+        comm.AlphaBeta.from_link(*link), collective_s=LIBRARY_S[tp_backend], kernel_s=KERNEL_S,
     )
 
 
@@ -159,9 +181,10 @@ def kv_bytes(c, tp: int, pp: int, seqs: int, context: int, nbytes: int = 2) -> i
     return seqs * context * 2 * layers * kv_heads_per_rank(c, tp) * c.head_dim * nbytes
 
 
-def tp_comm_seconds(c, tp: int, pp: int, seqs: int, link, nbytes: int = 2) -> float:
+def tp_comm_seconds(c, tp: int, pp: int, seqs: int, link, nbytes: int = 2,
+                    collective_s: float = 0.0) -> float:
     """One stage's collectives per decode step: 2 all-reduces per layer + the embedding's,
-    and the logits' all-gather."""
+    and the logits' all-gather; collective_s: the library's fixed cost of each."""
     if tp == 1:
         return 0.0
     msg = seqs * c.hidden_size * nbytes
@@ -172,7 +195,7 @@ def tp_comm_seconds(c, tp: int, pp: int, seqs: int, link, nbytes: int = 2) -> fl
     layers = math.ceil(c.num_hidden_layers / pp)
     return (2 * layers + 1) * ar + comm.predict(
         "ring_all_gather", seqs * c.vocab_size * nbytes, tp, link
-    )
+    ) + (2 * layers + 2) * collective_s
 
 
 def cost(
@@ -203,10 +226,11 @@ def cost(
     ranks = tp * pp * dp if hw.shared else 1  # a CPU's ranks split one bus and one set of cores
     flops = hw.flops.get(nbytes, hw.flops[2])
     compute = max((W + K) * ranks / hw.bandwidth, 2 * params * seqs * ranks / flops)
-    tp_s = tp_comm_seconds(c, tp, pp, seqs, hw.link, nbytes)
+    tp_s = tp_comm_seconds(c, tp, pp, seqs, hw.link, nbytes, hw.collective_s)
+    kernels = math.ceil(c.num_hidden_layers / pp) * KERNELS_PER_LAYER * hw.kernel_s
     p2p = hw.link.message(seqs * c.hidden_size * nbytes) if pp > 1 else 0.0
-    step = pp * (compute + tp_s) + (pp - 1) * p2p
-    return Layout(tp, pp, dp, W, K, A, compute, tp_s, step, dp * seqs / step)
+    step = pp * (compute + tp_s + kernels) + (pp - 1) * p2p
+    return Layout(tp, pp, dp, W, K, A, compute, tp_s, step, dp * seqs / step, kernels)
 
 
 def layouts(c, hw: Hardware, gpus: int, **workload) -> list[Layout]:

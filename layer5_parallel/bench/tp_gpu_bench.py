@@ -128,6 +128,21 @@ def measure(llm, prompts, n: int, repeats: int) -> dict:
     return best
 
 
+def host_profile(llm, prompts, n: int, top: int = 14) -> str:
+    """Where rank 0's host time goes: one run under cProfile, the functions by own time."""
+    import cProfile  # noqa: PLC0415 - only with --profile-host
+    import io  # noqa: PLC0415
+    import pstats  # noqa: PLC0415
+
+    prof = cProfile.Profile()
+    prof.enable()
+    _generate(llm, prompts, n)
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(top)
+    return "\n".join(line for line in text.getvalue().splitlines() if line.strip())
+
+
 def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
     """The earliest position where any sequence's tokens differ (None: all equal)."""
     diffs = [next((k for k in range(len(x)) if x[k] != y[k]), None) for x, y in zip(a, b,
@@ -138,9 +153,10 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
 
 def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 backend: str = "triton", workloads=WORKLOADS, log=_quiet,
-                tp_timeout_s: float = 300.0) -> list[dict]:
+                tp_timeout_s: float = 300.0, profile_host: bool = False) -> list[dict]:
     """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed).
-    log: told when each phase ends (Progress)."""
+    log: told when each phase ends (Progress). profile_host: also print where rank 0's host
+    time goes at the largest batch (cProfile, one more run)."""
     config = l3.ModelConfig.from_dict(SHAPES[name])
     net = random_weights(config, backend=backend, device="cuda:0")
     torch.cuda.synchronize()
@@ -153,7 +169,6 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                for _ in range(big)]
     longest = PROMPT_LEN + max(n for _, n in workloads) + 16
     blocks = big * -(-longest // 16) + 16
-    hw = planner.hardware_for("h100")
     rows, ref = [], {}
     for tp, tp_backend in layouts:
         what = f"{name} TP={tp} {tp_backend}"
@@ -170,6 +185,7 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 tokens = r.pop("tokens")
                 if tp == 1 and batch not in ref:
                     ref[batch] = tokens
+                hw = planner.hardware_for("h100", tp_backend=tp_backend)
                 pred = planner.cost(config, hw, tp, 1, 1, batch=batch,
                                     context=PROMPT_LEN + n // 2, nbytes=2)
                 diff = first_difference(ref[batch], tokens)
@@ -181,6 +197,10 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 log(f"{what}: batch {batch} x {n} tokens: {r['decode_tok_s']:,.0f} tok/s, "
                     f"step {r['step_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms/step, "
                     f"same tokens as TP=1: {'yes' if diff is None else f'until {diff}'}")
+            if profile_host:
+                batch, n = max(workloads)
+                log(f"{what}: rank 0's host, batch {batch}, by own time:\n"
+                    + host_profile(llm, prompts[:batch], n))
         finally:
             llm.close()
             llm = None
@@ -226,7 +246,8 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
-                 tp_backends: tuple[str, ...] = ("torch",), log=_quiet) -> dict:
+                 tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
+                 profile_host: bool = False) -> dict:
     gpus = torch.cuda.device_count()
     tps = [t for t in (1, 2, 4, 8) if t <= gpus]
     rows: list[dict] = []
@@ -235,7 +256,7 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps if t > 1]
     for name in shapes:
-        new = bench_shape(name, layouts, repeats=repeats, log=log)
+        new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host)
         rows += new
         (out_dir / "tp_gpu.json").write_text(json.dumps(result, indent=2))  # as it goes
         print(format_rows(new), flush=True)
@@ -264,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp-backends", default="torch")
     ap.add_argument("--phase-timeout", type=float, default=240.0,
                     help="seconds any one phase may take (0: no bound); past it: stacks, exit")
+    ap.add_argument("--profile-host", action="store_true",
+                    help="also print where rank 0's host time goes at the largest batch")
     args = ap.parse_args(argv)
     log = Progress(args.phase_timeout or None)
     log(f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}; shapes {args.shapes}, "
@@ -271,7 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     runtime_group.progress = log  # the engine's start-up phases too
     try:
         r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
-                         tp_backends=tuple(args.tp_backends.split(",")), log=log)
+                         tp_backends=tuple(args.tp_backends.split(",")), log=log,
+                         profile_host=args.profile_host)
     finally:
         runtime_group.progress = None
         log.done()

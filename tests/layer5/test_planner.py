@@ -61,6 +61,18 @@ def test_tp_comm_is_two_all_reduces_per_layer_plus_embedding_and_logits():
     expected = (2 * c.num_hidden_layers + 1) * ar + gather
     assert planner.tp_comm_seconds(c, tp, 1, seqs, link) == pytest.approx(expected)
     assert planner.tp_comm_seconds(c, 1, 1, seqs, link) == 0.0
+    # a library's fixed cost per call: every all-reduce and the all-gather pay it
+    extra = planner.tp_comm_seconds(c, tp, 1, seqs, link, collective_s=1e-5) - expected
+    assert extra == pytest.approx((2 * c.num_hidden_layers + 2) * 1e-5)
+
+
+def test_nccl_costs_more_per_collective_than_peer_memory():
+    c = planner.load_config("llama-3-8b")
+    nccl, ours = planner.hardware_for("h100"), planner.hardware_for("h100", tp_backend="ours")
+    a, b = (planner.cost(c, hw, 2, 1, 1, batch=1, context=256) for hw in (nccl, ours))
+    assert a.compute_s == b.compute_s and a.tp_comm_s > b.tp_comm_s
+    with pytest.raises(ValueError, match="tp_backend"):
+        planner.hardware_for("h100", tp_backend="mpi")
 
 
 def test_decode_step_is_the_roofline_plus_comm():
@@ -70,7 +82,9 @@ def test_decode_step_is_the_roofline_plus_comm():
     K = planner.kv_bytes(c, 2, 2, 4, 1000)
     assert lay.compute_s == pytest.approx((W + K) / hw.bandwidth)  # batch 4: memory-bound
     p2p = hw.link.message(4 * c.hidden_size * 2)
-    assert lay.step_s == pytest.approx(2 * (lay.compute_s + lay.tp_comm_s) + p2p)
+    kernels = c.num_hidden_layers // 2 * planner.KERNELS_PER_LAYER * planner.KERNEL_S
+    assert lay.kernels_s == pytest.approx(kernels)
+    assert lay.step_s == pytest.approx(2 * (lay.compute_s + lay.tp_comm_s + kernels) + p2p)
     assert lay.tokens_per_s == pytest.approx(4 / lay.step_s)
 
 

@@ -11,9 +11,7 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -32,8 +30,7 @@ from layer2_comm import (
     world_size,
 )
 from layer2_comm.ring import Stage, run_pipeline
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmark_script import load
 
 
 def integers(n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:
@@ -179,14 +176,6 @@ def test_chunks_must_be_a_positive_integer():
             ring_all_reduce(torch.ones(3), chunks=bad)
 
 
-def _summary_module():
-    spec = importlib.util.spec_from_file_location("collectives_summary",
-                                                  ROOT / "benchmarks" / "collectives_summary.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_tune_command_and_session_summary_on_gloo(tmp_path, capsys):
     argv = ["--world", "2", "--backend", "gloo", "--sizes", "65536", "--iters", "2", "--out", str(tmp_path)]
     assert commands.tune(argv) == 0
@@ -202,7 +191,7 @@ def test_tune_command_and_session_summary_on_gloo(tmp_path, capsys):
     assert commands.bench(bench) == 0
     log = tmp_path / "pytest.log"
     log.write_text("....\n12 passed, 3 skipped in 80.1s\npytest exit code 0\n")
-    text = _summary_module().summarize(tmp_path, log)
+    text = load("collectives_summary").summarize(tmp_path, log)
     assert "12 passed, 3 skipped" in text and "(pytest exit code 0)" in text
     for needle in ("all_reduce", "all_gather", "reduce_scatter", "target >= 0.85x", "alpha-beta",
                    "overlap: not measured", "one ring step", "header check"):

@@ -3,18 +3,13 @@ model: every planned row is measured and written, the variants agree on the logi
 fused-path limit is read off the fused-vs-general rows as documented."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "backend_sweep.py"
+from tests.benchmark_script import load
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("backend_sweep", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("backend_sweep")
 
 
 def test_smoke_run_writes_every_row(tmp_path):

@@ -4,17 +4,7 @@ JSON with the fields the summary reads, and the summary reports a missing part a
 instead of failing."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
-
-
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from tests.benchmark_script import load as _load
 
 
 def test_parts_write_what_the_summary_reads(tmp_path):

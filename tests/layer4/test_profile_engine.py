@@ -3,20 +3,15 @@ own code on a tiny CPU model (per-step rows, graph coverage, JSON), so the GPU r
 typo."""
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "profile_engine.py"
+from tests.benchmark_script import load
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("profile_engine", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("profile_engine")
 
 
 def test_union_within_clips_and_merges():

@@ -65,6 +65,18 @@ def assert_json_schemas_hold(url: str, model: str, messages: list[dict], schemas
         jsonschema.validate(json.loads(ch.message.content), schema)
 
 
+def assert_streamed_json_schema_holds(client: openai.OpenAI, model: str, messages: list[dict],
+                                      schema: dict) -> None:
+    """The schema as a strict response_format, streamed: the joined deltas are JSON that it
+    validates."""
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=96, seed=5, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema,
+                                                                "strict": True}})
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    jsonschema.validate(json.loads(text), schema)
+
+
 def greedy_texts_match_offline(client, offline) -> list[str]:
     """Greedy completions of PROMPTS through `client` (one by one, then streamed) equal the
     offline engine's; returns the offline texts."""

@@ -19,7 +19,7 @@ import pytest
 from layer6_serving.api import tool_calls, tools
 
 from ..layer4.schemas import SCHEMAS
-from .helpers import assert_json_schemas_hold, sse_events
+from .helpers import assert_json_schemas_hold, assert_streamed_json_schema_holds, sse_events
 
 MSG = [{"role": "user", "content": "Answer in JSON."}]
 WEATHER = {"type": "function", "function": {
@@ -79,13 +79,7 @@ def test_json_object_and_streamed_json_schema(client):
     assert text.startswith("{")
     if r.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(text), dict)
-    schema = SCHEMAS[17]
-    stream = client.chat.completions.create(
-        model="course", messages=MSG, max_tokens=96, seed=5, stream=True,
-        response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema,
-                                                                "strict": True}})
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    jsonschema.validate(json.loads(text), schema)
+    assert_streamed_json_schema_holds(client, "course", MSG, SCHEMAS[17])
 
 
 def test_completions_take_vllms_structured_outputs(client):

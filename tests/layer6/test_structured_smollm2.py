@@ -15,7 +15,7 @@ import pytest
 import layer6_serving as l6
 
 from ..layer4.schemas import SCHEMAS
-from .helpers import assert_json_schemas_hold
+from .helpers import assert_json_schemas_hold, assert_streamed_json_schema_holds
 from .test_structured_api import ADD, PARAMS, WEATHER, Verdict, check_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -49,13 +49,7 @@ def test_smollm2_parse_with_a_pydantic_model_and_a_streamed_schema(smol):
                                       max_tokens=64, temperature=0.7, seed=3)
     parsed = r.choices[0].message.parsed
     assert isinstance(parsed, Verdict) and 1 <= parsed.lines <= 9
-    schema = SCHEMAS[17]
-    stream = client.chat.completions.create(
-        model="smollm2", messages=msg, max_tokens=96, seed=5, stream=True,
-        response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema,
-                                                                "strict": True}})
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    jsonschema.validate(json.loads(text), schema)
+    assert_streamed_json_schema_holds(client, "smollm2", msg, SCHEMAS[17])
 
 
 def test_smollm2_auto_answers_in_text_or_valid_calls(smol):

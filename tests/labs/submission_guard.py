@@ -16,7 +16,7 @@ the layer packages (and the grader's own files) are out of its code's reach, how
 3. The submission's builtins are a copy whose `__import__` refuses those names outright. The
    copy also marks the submission's frames: code it compiles, execs or evals inherits it.
 4. An audit hook refuses, to the submission's code, opening the files of the layer packages,
-   of labs/ and of tests/ (no `exec(open(".../essentials.py").read())`, no
+   of labs/ and of tests/ (no `exec(open(".../lab7_reference.py").read())`, no
    `spec_from_file_location`; what tracebacks left of them in linecache is dropped), and
    taking frames or heap objects directly (`sys._getframe`, `inspect.stack()`, a traceback's
    or generator's frame, `gc.get_objects`).

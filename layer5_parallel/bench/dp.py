@@ -44,6 +44,20 @@ def course(device: str) -> l3.Model:
     return l3.load(l3.course_model_dir("target"), dtype="float32", device=device)
 
 
+def wait_for_free_gpus(gpus: int, timeout_s: float = 60.0) -> None:
+    """Until every GPU is (nearly) empty: the last layout's processes may still be freeing
+    theirs, and a replica sizes its KV cache from the memory free when it starts."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if all(torch.cuda.mem_get_info(i)[0] > 0.9 * torch.cuda.mem_get_info(i)[1]
+               for i in range(gpus)):
+            return
+        time.sleep(0.5)
+    print(f"  (GPUs still busy after {timeout_s:g} s: free "
+          f"{[round(torch.cuda.mem_get_info(i)[0] / 2**30, 1) for i in range(gpus)]} GiB)",
+          flush=True)
+
+
 def run_layout(name: str, factory, prompts, max_tokens: list[int], **sizes) -> dict:
     """One layout in processes of its own: warm up, then time one generate of every prompt."""
     start = time.perf_counter()
@@ -99,6 +113,8 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
         kw = dict(engine_kw, **plan[key])
         if on_gpu and key in ("1", "dp", "tp"):
             kw.setdefault("cuda_graph", True)
+        if on_gpu:
+            wait_for_free_gpus(gpus)
         rows.append(run_layout(names[key], factory, prompts, max_tokens, **kw))
         r = rows[-1]
         print(f"  {r['layout']}: {r['tok_s']:,.0f} tok/s ({r['seconds']:.1f} s, started in "

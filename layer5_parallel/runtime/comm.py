@@ -42,6 +42,9 @@ _DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.int
 
 
 ABORT_S = 10.0  # the longest close() waits for an NCCL communicator's abort
+# after a failure the abort may never finish (a stuck collective kernel, graphs that captured
+# it still alive): wait only briefly, the abort goes on in its daemon thread
+FAILED_ABORT_S = 1.0
 
 
 def _abort(pg) -> None:
@@ -106,8 +109,9 @@ class TPComm:
         self.peer = None  # "ours" on CUDA: layer 2's PeerAllReduce, made at the first call
         self.seconds_by = {"all_reduce": 0.0, "all_gather": 0.0, "broadcast": 0.0}
 
-    def close(self) -> None:
-        """Drop this group (NCCL: abort its communicator); collectives fail afterwards."""
+    def close(self, abort_wait_s: float = ABORT_S) -> None:
+        """Drop this group (NCCL: abort its communicator, waiting at most abort_wait_s);
+        collectives fail afterwards."""
         pg, self.closed = self.pg, True
         if self.peer is not None:
             self.peer.close()
@@ -116,7 +120,7 @@ class TPComm:
             # bounded: an abort waiting on a stuck device must not hang the engine's close
             done = threading.Thread(target=_abort, args=(pg,), daemon=True, name="nccl-abort")
             done.start()
-            done.join(ABORT_S)
+            done.join(abort_wait_s)
 
     def _count(self, x: torch.Tensor) -> None:
         self.calls += 1

@@ -35,7 +35,7 @@ import torch.multiprocessing as mp
 
 import layer4_algorithms as engine
 
-from .comm import TPComm, host_store, new_group
+from .comm import ABORT_S, FAILED_ABORT_S, TPComm, host_store, new_group
 from .shm_broadcast import RingConn, ShmRing
 from .worker import worker_main
 
@@ -63,7 +63,7 @@ def end_processes(procs, deadline: float) -> None:
             p.join(2.0)
         if p.is_alive():
             p.kill()
-            p.join(2.0)
+            p.join(10.0)  # a killed process frees its GPU memory before it is reaped
 
 
 class WorkerGroup:
@@ -246,7 +246,7 @@ class WorkerGroup:
         self.error = self.error or "the engine was closed (llm.close())"
         self._restore_threads()
         if self.comm is not None and self.comm.pg is not None:  # our own group
-            self.comm.close()
+            self.comm.close(ABORT_S if graceful else FAILED_ABORT_S)
         elif self.store is None:  # "ours": the default group
             engine.comm.destroy()
         self.store = None

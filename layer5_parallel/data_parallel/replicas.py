@@ -27,6 +27,7 @@ import os
 import threading
 import time
 import weakref
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -61,6 +62,34 @@ def replica_devices(config: EngineConfig) -> list[str]:
     return ["cpu"] * dp
 
 
+def visible_devices(devices: str, parent: str | None) -> str:
+    """CUDA_VISIBLE_DEVICES for a replica on `devices` (ordinals as this process sees them,
+    "2,3"), through this process's own mask `parent` (None: every GPU)."""
+    if parent is None or not parent.strip():
+        return devices
+    mine = [d.strip() for d in parent.split(",") if d.strip()]
+    return ",".join(mine[int(d)] for d in devices.split(","))
+
+
+@contextmanager
+def spawn_env(**env: str | None):
+    """os.environ with `env` set while a child is spawned (it starts with a copy): a GPU mask
+    must be in place before the child's first CUDA call, and unpickling its arguments may
+    import modules that already ask CUDA how many devices there are."""
+    saved = {k: os.environ.get(k) for k in env}
+    try:
+        for k, v in env.items():
+            if v is not None:
+                os.environ[k] = v
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def shares(n: int, dp: int) -> list[range]:
     """n items cut into dp contiguous ranges whose sizes differ by at most one."""
     return even_ranges(n, dp)
@@ -72,9 +101,7 @@ def _replica_main(index: int, devices: str, model, config: EngineConfig, threads
     serving the parent's messages until ("stop",); it dies with its parent (pdeathsig: the
     parent started it from its main thread; see runtime/worker.py's die_with_parent)."""
 
-    def body() -> None:
-        if devices != "cpu":  # before anything touches CUDA: this replica's GPUs are 0..
-            os.environ["CUDA_VISIBLE_DEVICES"] = devices
+    def body() -> None:  # CUDA_VISIBLE_DEVICES came with the spawn: this replica's GPUs are 0..
         torch.set_num_threads(threads)
         from ..llm import LLM  # noqa: PLC0415 (a fresh process: import after the env is set)
 
@@ -138,7 +165,10 @@ class ReplicaSet:
             p = ctx.Process(target=_replica_main, name=f"replica{i}", daemon=False,
                             args=(i, dev, model, per, threads, theirs,
                                   threading.current_thread() is threading.main_thread()))
-            p.start()
+            mask = None if dev == "cpu" else visible_devices(
+                dev, os.environ.get("CUDA_VISIBLE_DEVICES"))
+            with spawn_env(CUDA_VISIBLE_DEVICES=mask):
+                p.start()
             theirs.close()
             self.procs.append(p)
             self.conns.append(mine)

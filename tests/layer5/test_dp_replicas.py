@@ -8,12 +8,18 @@ Bad sizes get one clear error.
 from __future__ import annotations
 
 import multiprocessing
+import os
 
 import pytest
 import torch
 
 import layer5_parallel as l5
-from layer5_parallel.data_parallel.replicas import replica_devices, shares
+from layer5_parallel.data_parallel.replicas import (
+    replica_devices,
+    shares,
+    spawn_env,
+    visible_devices,
+)
 
 from .test_pp_engine import random_config
 
@@ -80,3 +86,26 @@ def test_more_replicas_than_gpus_is_one_error(monkeypatch):
                                            pipeline_parallel_size=1)) == ["0,1"]
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert replica_devices(config) == ["cpu"] * 4  # no GPUs: replicas share the CPU
+
+
+def _report_mask(q) -> None:
+    import os  # noqa: PLC0415 - in the spawned child
+    q.put(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def test_a_replica_starts_with_its_gpu_mask_in_place(monkeypatch):
+    """The mask must be in the child's environment from its start (set inside the child, it
+    came too late: unpickling the arguments had already asked CUDA for its devices, and two
+    replicas landed on GPU 0); through the parent's own mask; the parent's env unchanged."""
+    assert visible_devices("1", None) == "1"
+    assert visible_devices("0,1", "4,6,7") == "4,6"
+    assert visible_devices("2", " 3, 5,7 ") == "7"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=_report_mask, args=(q,))
+    with spawn_env(CUDA_VISIBLE_DEVICES=visible_devices("1", "5,6")):
+        child.start()
+    assert q.get(timeout=60) == "6"
+    child.join(30)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "5,6"

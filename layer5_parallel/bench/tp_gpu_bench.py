@@ -220,7 +220,8 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """Decode tokens/s against GPUs, one line per shape x batch, each with its ideal line."""
+    """Decode tokens/s against GPUs: a panel per shape x batch, a line per TP backend (all from
+    the same TP=1 point), and the ideal line."""
     import matplotlib  # noqa: PLC0415 - only for the figure
 
     matplotlib.use("Agg")
@@ -229,11 +230,15 @@ def plot(rows: list[dict], path: Path) -> None:
     keys = sorted({(r["shape"], r["batch"]) for r in rows})
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
     for ax, (shape, batch) in zip(axes[0], keys, strict=True):
-        pts = sorted((r["tp"], r["decode_tok_s"]) for r in rows
-                     if r["shape"] == shape and r["batch"] == batch)
-        x = [p[0] for p in pts]
-        ax.plot(x, [p[1] for p in pts], "o-", label="measured")
-        ax.plot(x, [pts[0][1] * t / pts[0][0] for t in x], "--", color="gray", label="ideal")
+        mine = [r for r in rows if r["shape"] == shape and r["batch"] == batch]
+        base = next(r["decode_tok_s"] for r in mine if r["tp"] == 1)
+        for backend in sorted({r["tp_backend"] for r in mine if r["tp"] > 1}):
+            pts = [(1, base)] + sorted((r["tp"], r["decode_tok_s"]) for r in mine
+                                       if r["tp"] > 1 and r["tp_backend"] == backend)
+            name = {"torch": "NCCL", "ours": "layer 2's all-reduce"}.get(backend, backend)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"measured, {name}")
+        x = sorted({r["tp"] for r in mine})
+        ax.plot(x, [base * t for t in x], "--", color="gray", label="ideal (N x TP=1)")
         ax.set_title(f"{shape}, batch {batch}")
         ax.set_xlabel("GPUs (tensor parallel)")
         ax.set_xticks(x)
@@ -260,7 +265,7 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
         rows += new
         (out_dir / "tp_gpu.json").write_text(json.dumps(result, indent=2))  # as it goes
         print(format_rows(new), flush=True)
-    plot([r for r in rows if r["tp_backend"] == "torch"], out_dir / "tp_gpu.png")
+    plot(rows, out_dir / "tp_gpu.png")
     return result
 
 

@@ -11,9 +11,9 @@ device(s): GPU i for replica i on CUDA (CUDA_VISIBLE_DEVICES set before the repl
 CUDA, so a TP=2 replica gets GPUs 2i, 2i+1), the CPU otherwise (its cores shared out).
 
 Two ways to drive them, as layer 4's engine:
-- `generate(prompts, params)`: the prompts are dealt out in contiguous, nearly equal shares
-  (`shares`), every replica runs its share at the same time, the outputs come back in
-  prompt order;
+- `generate(prompts, params)`: the prompts are dealt out by the work they ask for (`deal`:
+  new tokens, the largest first), every replica runs its hand at the same time, the outputs
+  come back in prompt order;
 - `add_request` / `step` / `abort` / `has_unfinished`: each request goes to the replica with
   the fewest unfinished requests; a step steps every busy replica at once.
 Each replica's tokens are its own engine's, so greedy outputs equal one engine's.
@@ -39,7 +39,6 @@ import layer4_algorithms as engine
 from ..engine_config import EngineConfig
 from ..runtime.group import end_processes
 from ..runtime.worker import control_messages, run_worker
-from ..split import even_ranges
 
 l3 = engine.executor
 
@@ -90,9 +89,18 @@ def spawn_env(**env: str | None):
                 os.environ[k] = v
 
 
-def shares(n: int, dp: int) -> list[range]:
-    """n items cut into dp contiguous ranges whose sizes differ by at most one."""
-    return even_ranges(n, dp)
+def deal(work: list[float], dp: int) -> list[list[int]]:
+    """Indices of `work` dealt to dp replicas so their sums are close: the largest first, each
+    to the replica with the least so far (longest-processing-time first: within 4/3 of the
+    best split). Contiguous equal-count shares are not: with outputs of 100..1024 tokens the
+    replica that drew the long ones sets the time while the other idles."""
+    hands: list[list[int]] = [[] for _ in range(dp)]
+    sums = [0.0] * dp
+    for i in sorted(range(len(work)), key=lambda k: (-work[k], k)):
+        r = min(range(dp), key=lambda j: (sums[j], j))
+        hands[r].append(i)
+        sums[r] += work[i]
+    return [sorted(h) for h in hands]
 
 
 def _replica_main(index: int, devices: str, model, config: EngineConfig, threads: int,
@@ -221,23 +229,29 @@ class ReplicaSet:
 
     # ---- the offline loop ----------------------------------------------------------------------
     def generate(self, prompts, params=None, **_) -> list:
-        """Every prompt to completion, the replicas each running a contiguous share at once;
-        outputs in prompt order (each replica's request ids are its own)."""
+        """Every prompt to completion, the replicas each running their hand at once (dealt by
+        new tokens to generate, then prompt tokens: `deal`); outputs in prompt order (each
+        replica's request ids are its own)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         prompts = list(prompts)
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        busy = []
-        for i, share in enumerate(shares(len(prompts), self.data_parallel_size)):
-            if share:
-                self._send(i, ("generate", prompts[share.start:share.stop],
-                               plist[share.start:share.stop]))
-                busy.append(i)
+        work = [(getattr(p, "max_tokens", None) or 0) + len(q) / 1e6  # prompts: tie-break
+                for p, q in zip(plist, prompts, strict=True)]
+        hands = deal(work, self.data_parallel_size)
+        busy = [i for i, hand in enumerate(hands) if hand]
+        for i in busy:
+            mine = hands[i]
+            self._send(i, ("generate", [prompts[k] for k in mine], [plist[k] for k in mine]))
         replies = self._gather(busy, "outputs")
         self.replica_seconds = {i: m[2] for i, m in zip(busy, replies, strict=True)}
-        return [o for m in replies for o in m[1]]
+        out: list = [None] * len(prompts)
+        for i, m in zip(busy, replies, strict=True):
+            for k, o in zip(hands[i], m[1], strict=True):
+                out[k] = o
+        return out
 
     # ---- the online loop -----------------------------------------------------------------------
     def add_request(self, prompt, params=None, request_id: str | None = None) -> str:

@@ -15,8 +15,8 @@ import torch
 
 import layer5_parallel as l5
 from layer5_parallel.data_parallel.replicas import (
+    deal,
     replica_devices,
-    shares,
     spawn_env,
     visible_devices,
 )
@@ -62,9 +62,13 @@ def test_dp2_equals_one_engine_offline_and_online(model):
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("replica")]
 
 
-def test_shares_and_bad_sizes():
-    assert [len(r) for r in shares(7, 3)] == [3, 2, 2]
-    assert [len(r) for r in shares(1, 2)] == [1, 0]
+def test_dealing_and_bad_sizes():
+    hands = deal([1000] + [100] * 10, 2)  # the long request alone; the ten short ones
+    assert hands == [[0], list(range(1, 11))]
+    hands = deal([5, 1, 4, 2, 3, 3], 3)  # every index once, sums 6 / 6 / 6
+    assert sorted(k for h in hands for k in h) == list(range(6))
+    assert sorted(sum([5, 1, 4, 2, 3, 3][k] for k in h) for h in hands) == [6, 6, 6]
+    assert deal([1], 2) == [[0], []]
     with pytest.raises(ValueError, match="data_parallel_size must be a positive int"):
         l5.EngineConfig(data_parallel_size=0)
     with pytest.raises(ValueError, match="dp_devices names 1 devices"):

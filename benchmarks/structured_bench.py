@@ -15,8 +15,9 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
 * throughput at batch B (default 32): B prompts, N new tokens each, every row under a
   json_schema constraint that cannot finish within N tokens (an array of >= 64 objects), so
   every step masks every row; against the same requests unconstrained, with the engine's
-  default scheduling (async on a GPU, constrained rows included) and both synchronous; on
-  CUDA both again with the decode steps replayed from CUDA graphs (cuda_graph=True).
+  default scheduling (async on a GPU, constrained rows included; forced on on a CPU, whose
+  default is synchronous) and both synchronous; on CUDA both again with the decode steps
+  replayed from CUDA graphs (cuda_graph=True).
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up; with the engine's own per-step mask figures (host fill, host apply) and its step
   count, and the wall time per step. Under async scheduling json_schema runs three ways: the
@@ -252,14 +253,15 @@ def main(argv: list[str] | None = None) -> dict:
     tp, skipped = [], []
     sync = {"async_scheduling": False}
     graph = {"cuda_graph": True}
-    modes = [("default", {}), ("sync", sync)]
+    # on a CPU the engine's default is synchronous: async is forced on to run its path
+    modes = [("async", {"async_scheduling": True}), ("sync", sync)]
     if args.device == "cuda":  # and with the decode steps replayed from CUDA graphs
         modes = [("default", {}), ("graph", graph), ("sync", sync),
                  ("graph-sync", {**graph, **sync})]
     for name, engine in modes:
         row = {"scheduling": name, "engine": engine}
         variants = [("unconstrained", False, None, False), ("json_schema", True, None, False)]
-        if "async_scheduling" not in engine:  # async: the fill's other ways too
+        if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
             variants += [("json_schema_serial_fill", True, 0, False),
                          ("json_schema_helper", True, None, True)]
         for key, constrained, threads, helper in variants:

@@ -75,6 +75,11 @@ def test_bitmask_kernel_equals_the_torch_reference_in_the_interpreter(dtype):
     got = l4.apply_token_bitmask_(wide[:, :2100], bitmask, rows, impl="triton")
     assert torch.equal(got, want)
     assert torch.equal(wide[:, 2100:], torch.zeros(5, 100, dtype=dtype))  # past V: untouched
+    flat = torch.cat([bitmask.view(-1), rows.to(torch.int32)])  # as TokenMasks sends them
+    R, W = bitmask.shape
+    got = l4.apply_token_bitmask_(logits.clone(), flat[:R * W].view(R, W), flat[R * W:],
+                                  impl="triton")
+    assert torch.equal(got, want)
 
 
 def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model):

@@ -27,7 +27,6 @@ import os
 import threading
 import time
 import weakref
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +36,7 @@ import torch.multiprocessing as mp
 import layer4_algorithms as engine
 
 from ..engine_config import EngineConfig
+from ..runtime.environ import environ
 from ..runtime.group import end_processes
 from ..runtime.worker import control_messages, run_worker
 
@@ -68,25 +68,6 @@ def visible_devices(devices: str, parent: str | None) -> str:
         return devices
     mine = [d.strip() for d in parent.split(",") if d.strip()]
     return ",".join(mine[int(d)] for d in devices.split(","))
-
-
-@contextmanager
-def spawn_env(**env: str | None):
-    """os.environ with `env` set while a child is spawned (it starts with a copy): a GPU mask
-    must be in place before the child's first CUDA call, and unpickling its arguments may
-    import modules that already ask CUDA how many devices there are."""
-    saved = {k: os.environ.get(k) for k in env}
-    try:
-        for k, v in env.items():
-            if v is not None:
-                os.environ[k] = v
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def deal(work: list[float], dp: int) -> list[list[int]]:
@@ -175,7 +156,9 @@ class ReplicaSet:
                                   threading.current_thread() is threading.main_thread()))
             mask = None if dev == "cpu" else visible_devices(
                 dev, os.environ.get("CUDA_VISIBLE_DEVICES"))
-            with spawn_env(CUDA_VISIBLE_DEVICES=mask):
+            # in the environment the child starts with: set inside it, the mask came too late
+            # (unpickling its arguments may import modules that already ask CUDA for devices)
+            with environ(CUDA_VISIBLE_DEVICES=mask):
                 p.start()
             theirs.close()
             self.procs.append(p)

@@ -36,6 +36,7 @@ import torch.multiprocessing as mp
 import layer4_algorithms as engine
 
 from .comm import ABORT_S, FAILED_ABORT_S, TPComm, host_store, new_group
+from .environ import environ
 from .shm_broadcast import RingConn, ShmRing
 from .worker import worker_main
 
@@ -254,15 +255,6 @@ class WorkerGroup:
 
 def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:
     """Join as rank 0 through layer 2's init (env://), leaving this process's env as it was."""
-    keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ.update(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    try:
+    with environ(RANK="0", WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)):
         engine.comm.init(backend, timeout_s=timeout_s)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v

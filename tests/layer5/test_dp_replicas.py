@@ -17,9 +17,9 @@ import layer5_parallel as l5
 from layer5_parallel.data_parallel.replicas import (
     deal,
     replica_devices,
-    spawn_env,
     visible_devices,
 )
+from layer5_parallel.runtime.environ import environ
 
 from .test_pp_engine import random_config
 
@@ -108,7 +108,7 @@ def test_a_replica_starts_with_its_gpu_mask_in_place(monkeypatch):
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()
     child = ctx.Process(target=_report_mask, args=(q,))
-    with spawn_env(CUDA_VISIBLE_DEVICES=visible_devices("1", "5,6")):
+    with environ(CUDA_VISIBLE_DEVICES=visible_devices("1", "5,6")):
         child.start()
     assert q.get(timeout=60) == "6"
     child.join(30)

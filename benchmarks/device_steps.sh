@@ -33,3 +33,11 @@ step() {
     [ $rc = 0 ] || tail -"${STEP_TAIL:-4}" "$logs/$name.log"
     return 0
 }
+
+maybe() {  # maybe NAME LIMIT CMD...: step, if named in ONLY (when set) and its limit fits in
+    # what is left of TOTAL_S (default 560: the device's 600 s a call); else say it was skipped
+    local left=$(( ${TOTAL_S:-560} - SECONDS ))
+    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return 0; fi
+    if [ "$2" -gt "$left" ]; then echo "== $1: SKIPPED ($2 s limit, $left s left)"; return 0; fi
+    step "$@"
+}

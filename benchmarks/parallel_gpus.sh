@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Layers 2 and 5 on every GPU of one machine (2 or 4), in ONE device call (<= ~570 s):
+#   bash benchmarks/parallel_gpus.sh                  (carry .whl: layer 4 imports llguidance)
+# Steps, in order of importance, each with its own limit and only if it fits in TOTAL_S (560 s);
+# logs and JSON under $OUT, a summary last. ONLY="tp_8b dp": just those.
+#   tests_tp     pytest -m multigpu: TP with CUDA graphs on every rank equals TP=1 (course model
+#                fp32, bf16 Llama shape: logits, near-ties), TP=2 NCCL equals TP=1, a worker
+#                dying / hanging in a graph step fails rank 0 with one error in time
+#   tests_forms  DP=N equals one engine, PP=2 equals PP=1, TP=2 x PP=2 (4 GPUs)
+#   tests_l2     layer 2's peer-memory all-reduce equals NCCL (every dtype, odd sizes, graphs)
+#   tp_8b        decode tok/s of the Llama-3.1-8B shape at TP=1..N, NCCL and layer 2's
+#                all-reduce, batch 1 and 32, host ms per step, the planner's step
+#                (layer5_parallel/bench/tp_gpu_bench.py -> tp_gpu.json, tp_gpu.png)
+#   dp           nano-vllm's workload on the 1B shape: 1 GPU, DP=N, PP=N (layer5_parallel/bench/dp.py)
+#   tp_1b        the TP bench on the Llama-3.2-1B shape
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
+out=${OUT:-gpu-out}; mkdir -p "$out"
+logs=$out; . "$(dirname "$0")/device_steps.sh"
+install_stack
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+gpus=$(nvidia-smi -L | wc -l)
+{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  date -u; } 2>&1 | tee "$out/env.txt"
+# -s: each test prints its own diagnosis as it runs; thread timeouts: stacks even from a CUDA call
+T="python3 -m pytest -v -s -m multigpu -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+verdicts() { grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/$1.log" | tail -"${2:-10}"; }
+maybe tests_tp 170 $T tests/layer5/test_tp_graph_gpu.py tests/layer5/test_tp_gpu.py; verdicts tests_tp
+maybe tests_forms 90 $T tests/layer5/test_forms_gpu.py tests/layer5/test_pp_engine_gpu.py; verdicts tests_forms
+maybe tests_l2 80 $T tests/layer2/test_peer_all_reduce.py; verdicts tests_l2 5
+maybe tp_8b 150 python3 -m layer5_parallel.bench.tp_gpu_bench --shapes llama-3.1-8b \
+    --tp-backends torch,ours --phase-timeout 90 --out "$out"
+grep -s "tok/s" "$out/tp_8b.log" | cut -c1-150
+maybe dp 200 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,dp,ppN --out "$out/dp.json"
+grep -s "tok/s" "$out/dp.log" | tail -6
+maybe tp_1b 90 python3 -m layer5_parallel.bench.tp_gpu_bench --shapes llama-3.2-1b \
+    --tp-backends torch,ours --phase-timeout 60 --out "$out/1b"
+echo "== done in $SECONDS s"

@@ -145,9 +145,11 @@ class LLM(engine.LLM):
         group, self.tp_group = getattr(self, "tp_group", None), None
         if group is not None:
             # graphs first: every CUDA graph that captured an NCCL collective holds a reference
-            # on the communicator, and NCCL's destroy/abort waits until those graphs are gone
+            # on the communicator, and NCCL's destroy/abort waits until those graphs are gone.
+            # Not after a failure: a graph's memory is freed with a device-wide sync, which a
+            # collective stuck on the device never lets return (the process's exit frees it)
             runner = getattr(self, "runner", None)
-            if getattr(runner, "graph", None) is not None:
+            if group.error is None and getattr(runner, "graph", None) is not None:
                 runner.graph.graphs.clear()
                 runner.graph = None
                 gc.collect()

@@ -14,8 +14,8 @@ graphs on every rank:
 - the measured decode step beside the planner's predicted one (planner.cost on the H100's
   datasheet ceilings and NVLink's alpha-beta);
 - rank 0's host time per decode step: the engine's step() time minus the time it waited for
-  the GPU (the step's event), i.e. what the CPU spends launching a step (target at TP=N:
-  <= 1.3x TP=1's);
+  the GPU (the step's event) and for the workers to take the next step (a full shared-memory
+  ring), i.e. what the CPU spends launching a step (target at TP=N: <= 1.3x TP=1's);
 - whether TP=N's greedy tokens equal TP=1's (bf16: the all-reduce sums in another order,
   so a near-tie may flip late in a sequence: the first differing position is reported).
 
@@ -54,19 +54,26 @@ PROMPT_LEN = 128
 
 
 class HostClock:
-    """Rank 0's time waiting for step events, so host time = step time - waits."""
+    """Rank 0's time waiting: for step events, and for the workers to free a slot of the
+    shared-memory ring (a GPU-bound step's back-pressure), so host time = step time - waits."""
 
     def __init__(self, llm) -> None:
-        self.wait_s, inner = 0.0, llm._complete
+        self._waited, inner = 0.0, llm._complete
+        group = getattr(llm, "tp_group", None)
+        self.ring = getattr(group, "ring", None)
 
         def timed(launched, advanced, finished) -> None:
             if launched.event is not None:
                 t = time.perf_counter()
                 launched.event.synchronize()
-                self.wait_s += time.perf_counter() - t
+                self._waited += time.perf_counter() - t
             inner(launched, advanced, finished)
 
         llm._complete = timed
+
+    @property
+    def wait_s(self) -> float:
+        return self._waited + (self.ring.waited_s if self.ring is not None else 0.0)
 
 
 class Progress:

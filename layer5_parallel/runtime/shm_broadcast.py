@@ -52,6 +52,7 @@ class ShmRing:
         self.shm, self.readers, self.slots, self.slot_bytes = shm, readers, slots, slot_bytes
         self.reader, self.owner, self.spin_s = reader, owner, spin_s
         self.count = 0  # messages written (writer) or read (reader r) so far
+        self.waited_s = 0.0  # time spent waiting: the writer, for a slot its readers still hold
         buf, flag_w = shm.buf, _round8(readers)
         self.seq = np.ndarray((slots,), np.int64, buf, 0)
         self.nbytes = np.ndarray((slots,), np.int64, buf, 8 * slots)
@@ -160,19 +161,22 @@ class ShmRing:
               alive: Callable[[], None] | None, what: Callable[[], str]) -> None:
         start = time.monotonic()
         spin_until, next_check, nap = start + self.spin_s, start + POLL_S, 2e-5
-        while not ready():
-            now = time.monotonic()
-            if timeout_s is not None and now - start > timeout_s:
-                raise TimeoutError(what())
-            if now >= next_check:
-                next_check = now + POLL_S
-                if alive is not None:
-                    alive()
-            if now < spin_until:
-                os.sched_yield()
-            else:
-                time.sleep(nap)
-                nap = min(2 * nap, MAX_NAP_S)
+        try:
+            while not ready():
+                now = time.monotonic()
+                if timeout_s is not None and now - start > timeout_s:
+                    raise TimeoutError(what())
+                if now >= next_check:
+                    next_check = now + POLL_S
+                    if alive is not None:
+                        alive()
+                if now < spin_until:
+                    os.sched_yield()
+                else:
+                    time.sleep(nap)
+                    nap = min(2 * nap, MAX_NAP_S)
+        finally:
+            self.waited_s += time.monotonic() - start
 
 
 class _ReaderEnd:

@@ -59,6 +59,7 @@ def test_writer_names_a_reader_that_does_not_read():
         with pytest.raises(TimeoutError, match=r"reader\(s\) \[0, 1\]|reader\(s\) \[1\]"):
             ring.put(2, timeout_s=0.3)
         assert time.monotonic() - start < 5.0
+        assert 0.3 <= ring.waited_s < 5.0  # the writer's waits are counted (host-time reports)
         with pytest.raises(RuntimeError, match="peer gone"):  # alive() turns a wait into an error
             ring.put(2, timeout_s=30.0, alive=_gone)
     finally:

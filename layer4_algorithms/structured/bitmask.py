@@ -42,8 +42,8 @@ SERIAL_ROWS = 4  # up to this many rows a step fills them on the calling thread
 
 
 def fill_threads() -> int:
-    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0: always on the
-    calling thread), else half the CPUs up to 8. A row costs ~5-50 us at a 4k vocabulary, so
+    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0 or 1: always on
+    the calling thread), else half the CPUs up to 8 (1, so the calling thread, on 2 CPUs). A row costs ~5-50 us at a 4k vocabulary, so
     more threads mostly add wake-up time; and a pool thread asleep since the last step must
     first be woken by the OS, which on a busy machine is what a small batch waits for."""
     env = os.environ.get("LLM_STACK_GRAMMAR_THREADS")
@@ -123,10 +123,10 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
 def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = None) -> None:
     """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens: the
     healthy ones in one call on llguidance's threads, or one by one on this thread (threads
-    0, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
+    0 or 1, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
     rows = bitmask.numpy()
     n = fill_threads() if threads is None else threads
-    if n == 0 or len(states) <= SERIAL_ROWS:
+    if n <= 1 or len(states) <= SERIAL_ROWS:  # (a pool of one thread only adds a hand-over)
         for j, s in enumerate(states):
             s.fill(rows[j])  # llguidance drops the GIL here too
         return

@@ -111,7 +111,7 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
         assert masks.apply(got, seqs) == pattern.count("g")
         idx = [i for i, c in enumerate(pattern) if c == "g"]
         bitmask = l4.structured.allocate(len(idx), V)
-        l4.structured.fill_masks([seqs[i].grammar for i in idx], bitmask)
+        l4.structured.fill_masks([seqs[i].grammar for i in idx], bitmask, threads=2)
         serial = l4.structured.allocate(len(idx), V)  # one by one on this thread: the same
         l4.structured.fill_masks([seqs[i].grammar for i in idx], serial, threads=0)
         assert torch.equal(serial, bitmask)

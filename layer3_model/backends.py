@@ -23,7 +23,7 @@ one (layer 4's paged cache: a kernel that reads k/v through block tables in plac
 torch and triton op sets alike; see attention_context.KVCache.
 
 The triton op set also brings `decode`: fused kernels for small decode steps (at most
-DecodeKernels.max_tokens tokens, one per sequence), which the model uses instead of the ops
+FUSED_DECODE_MAX_TOKENS tokens, one per sequence), which the model uses instead of the ops
 above when `decode.applies(...)` (see LlamaModel.forward): per layer
     qkv = gemv(rms_norm(x + residual))       one launch: the norm is the GEMV's prologue,
       rope(q, k) + write k, v to the cache      RoPE and the cache write its epilogue
@@ -194,12 +194,15 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
 
 #: Most tokens (sequences) a decode step may have to take the fused path; larger steps take
 #: the general path (cuBLAS GEMMs, layer 1's norm / RoPE / SiLU kernels). Layer 1's gemv takes
-#: up to 8 rows, but each of its programs re-reads the step's activations (and, with the norm
-#: in its prologue, the residual row for the statistics) from L2 for its few weight rows, so
-#: the L2 traffic grows with the rows while the weight bytes do not: past a few rows cuBLAS
-#: is faster. Chosen from benchmarks/backend_sweep.py's fused-vs-general step rows (CUDA-graph
-#: replay, 1B and 8B shapes): the largest batch at which the fused step was not slower.
-FUSED_DECODE_MAX_TOKENS = 8
+#: up to 8 rows, but it keeps its (rows x BLOCK_N x BLOCK_K) product tile in registers, so the
+#: weight tile one loop step loads shrinks as 1/rows, and each program recomputes the norm (or
+#: SiLU) of every row. Weight bytes in flight per SM (benchmarks/gemv_occupancy.py: compiled
+#: for sm_90a with ptxas, no GPU), 1B o_proj / gate_up / down, 8B gate_up / down: 62/40/62/64/64
+#: KB at 1 row (measured 2.1-3.1 TB/s on an H100), 31/36/8/32/31 at 2, 12/16/4/18/16 at 4,
+#: 6/7/2/8/8 at 8: eight rows starve every projection, so from 5 rows on the general path.
+#: Not yet measured on a GPU: benchmarks/backend_sweep.py's fused-vs-general step rows (1B
+#: and 8B shapes, graph replay) say where the limit belongs.
+FUSED_DECODE_MAX_TOKENS = 4
 
 
 @dataclass(frozen=True)

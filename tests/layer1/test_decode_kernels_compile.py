@@ -79,3 +79,27 @@ def test_decode_kernels_compile_for_sm90():
     if "No module named" in run.stderr and "triton" in run.stderr:
         pytest.skip("Triton is not installed")
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
+
+
+def test_gemv_occupancy_shows_the_rows_starving_the_tile():
+    """benchmarks/gemv_occupancy.py (what layer 3's FUSED_DECODE_MAX_TOKENS rests on): compiled
+    for sm_90a, the GEMV loads 16-byte vectors at one row and has far fewer weight bytes in
+    flight per SM at eight rows than at one."""
+    root = Path(__file__).resolve().parents[2]
+    code = ("import json, sys; sys.argv = ['x']; import importlib.util as u; "
+            "s = u.spec_from_file_location('g', 'benchmarks/gemv_occupancy.py'); "
+            "m = u.module_from_spec(s); s.loader.exec_module(m); "
+            "print('JSON', json.dumps(m.main(['--shapes', '1B gate_up', '--rows', '1,8'])))")
+    try:
+        run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                             text=True, timeout=600, env={**__import__("os").environ,
+                                                          "TRITON_INTERPRET": "0"})
+    except subprocess.TimeoutExpired:
+        pytest.fail("compiling two GEMV configs took over 600 s")
+    if "No module named" in run.stderr and "triton" in run.stderr:
+        pytest.skip("Triton is not installed")
+    assert run.returncode == 0, run.stderr[-3000:]
+    import json
+    one, eight = json.loads(run.stdout.split("JSON ", 1)[1])
+    assert "ld.global.v4.b32" in one["loads"]
+    assert eight["in_flight_KB_per_SM"] * 4 < one["in_flight_KB_per_SM"]

@@ -19,7 +19,6 @@
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
-total=${TOTAL_S:-560}
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 install_stack
 { nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
@@ -30,12 +29,6 @@ timeout 40 python3 -c 'import layer3_model as l3; c = l3.load_ceilings("cuda"); 
 print(f"ceilings: {c.memory_bandwidth / 1e12:.2f} TB/s copy, bf16 {bf / 1e12:.0f} TFLOP/s")' 2>&1 \
     | tail -1 | tee -a "$out/env.txt"
 
-maybe() {  # maybe NAME LIMIT CMD...: step, if named in ONLY (when set) and its limit fits
-    local left=$((total - SECONDS))
-    if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $1 "* ]]; then return 0; fi
-    if [ "$2" -gt "$left" ]; then echo "== $1: SKIPPED ($2 s limit, $left s left)"; return 0; fi
-    step "$@"
-}
 maybe pytest_gpu 85 python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/layer3/test_fused_decode.py tests/layer1/test_paged_decode.py \
     tests/layer4/test_paged_attention.py tests/layer4/test_cuda_graph_runner.py \

@@ -169,10 +169,11 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cases = [{"kind": "pingpong", "timeout": t, "n": 200} for t in (True, False)]
-    # x: a micro-batch's stream (2 * rows * hidden * 2 bytes; 1B shape, 128 rows: 1 MiB;
-    # 1024 rows: 8 MiB); logits: rows * 128256 * 4 bytes (128 rows: 63 MiB)
+    # x: a micro-batch's stream (2 * rows * hidden * 2 bytes; 1B shape, 128 rows: 1 MiB,
+    # 1024 rows: 8 MiB; 8B shape, 1024 rows: 16 MiB); logits: rows * 128256 * 4 bytes (128
+    # rows: 63 MiB). Past what NCCL buffers (a few MiB a channel) both sides wait.
     for x, lg in ((1 * MiB, 2 * MiB), (1 * MiB, 64 * MiB), (8 * MiB, 2 * MiB),
-                  (8 * MiB, 64 * MiB)):
+                  (8 * MiB, 64 * MiB), (32 * MiB, 64 * MiB)):
         cases += [{"kind": "order", "groups": g, "x_bytes": x, "l_bytes": lg} for g in (1, 2)]
     rows = []
     print(f"backend {backend}, torch {torch.__version__}"

@@ -103,9 +103,28 @@ def one(args) -> dict:
             row["ranks"] = [{"rank": r["rank"], "busy_s": r["busy_s"], "wall_s": r["wall_s"],
                              "forwards": r["forwards"]} for r in ranks]
             row["control_s"] = llm.tp_group.control_s
+            row["last_forwards"] = _last_forwards(ranks, args.timeline)
         return row
     finally:
         llm.close()
+
+
+def _last_forwards(ranks: list[dict], png: str | None, n: int = 3) -> dict:
+    """The last n pipelined forwards: rank 0's spans and every rank's ("F", micro-batch,
+    start, end) host intervals, in ms from the first span's start (perf_counter is one clock
+    for every process here); drawn to `png` if given (one lane per rank)."""
+    spans = ranks[0]["spans"][-n:]
+    if not spans:
+        return {}
+    t0 = spans[0][0]
+    lanes = [[e for e in r["events"] if e[2] >= t0] for r in ranks]
+    if png:
+        from layer5_parallel.bench.timeline import plot_timeline
+
+        plot_timeline(lanes, png, f"last {len(spans)} pipelined forwards (host intervals)")
+    ms = lambda t: round(1e3 * (t - t0), 3)  # noqa: E731
+    return {"spans_ms": [[ms(a), ms(b)] for a, b in spans],
+            "events_ms": [[[e[1], ms(e[2]), ms(e[3])] for e in lane] for lane in lanes]}
 
 
 def driver(args) -> int:
@@ -140,6 +159,8 @@ def driver(args) -> int:
                "--graph", str(graph), "--seqs", str(n), "--max-tokens", str(tokens),
                "--prompt-len", str(hi), "--prompt-min", str(lo),
                "--timeout-s", str(args.timeout_s)]
+        if pp > 1:
+            cmd += ["--timeline", str(out / f"timeline_n{n}_{lo}-{hi}_m{micro}_{wait}.png")]
         env = dict(os.environ, PP_WAIT=wait)
         if gpus >= 2:  # the last run's processes may still be freeing their memory
             wait_for_free_gpus(gpus)
@@ -192,6 +213,7 @@ def main() -> int:
     ap.add_argument("--micro", type=int, default=1)
     ap.add_argument("--graph", type=int, default=0)
     ap.add_argument("--seqs", type=int, default=64)
+    ap.add_argument("--timeline", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         print("ROW " + json.dumps(one(args)), flush=True)

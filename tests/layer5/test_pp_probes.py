@@ -50,7 +50,7 @@ def test_p2p_probe_order_and_pingpong_on_gloo():
 def test_gpu_probe_runs_one_pipelined_configuration_on_cpu():
     probe = load("pp_gpu_probe")
     args = argparse.Namespace(pp=2, micro=2, graph=0, seqs=4, max_tokens=4, prompt_len=12,
-                              prompt_min=6, timeout_s=60.0)
+                              prompt_min=6, timeout_s=60.0, timeline=None)
     threads = torch.get_num_threads()  # one() sets this process's, as each rank's
     try:
         row = probe.one(args)

@@ -60,11 +60,13 @@ def place(rank: int, tp: int) -> tuple[int, int]:
 
 def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor | None,
               parts: list, cache, last_only: bool, timeout_s: float, events,
-              fault: str | None = None, checked: bool = True) -> tuple[list, float]:
+              fault: str | None = None, checked: bool = True,
+              back=None) -> tuple[list, float]:
     """This rank's share of one step: every micro-batch in, through its layers, out (rank 0
     and the workers alike). Returns the sends still in flight and the seconds computed;
     appends ("F", i, start, end) per micro-batch to events. checked: hand-offs carry a
-    checked header (stage.headers_on)."""
+    checked header (stage.headers_on). back: the group the logits go back to rank 0 on
+    (logits_group; None: pg)."""
     s, t = place(rank, tp)
     hidden = stage.full_config.hidden_size
     sends, busy = [], 0.0
@@ -84,7 +86,7 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
         if not stage.last:
             sends += S.send(pg, out, rank + tp, i, checked=checked)
         elif t == 0:  # the last stage's shards all hold the logits: one sends them
-            sends += S.send(pg, out, 0, i, checked=checked)
+            sends += S.send(pg if back is None else back, out, 0, i, checked=checked)
     return sends, busy
 
 
@@ -94,9 +96,9 @@ class PPModel(RankZeroModel):
     stats: forwards, their wall seconds, and seconds rank 0 computed inside them."""
 
     def __init__(self, shard: S.StageNet, group: WorkerGroup, micro_batches: int,
-                 tp: int = 1) -> None:
+                 tp: int = 1, back=None) -> None:
         super().__init__(shard, group)
-        self.micro_batches, self.tp = micro_batches, tp
+        self.micro_batches, self.tp, self.back = micro_batches, tp, back
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
         self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
         self.spans: deque = deque(maxlen=EVENTS)  # (start, end) of each forward, latest
@@ -115,11 +117,12 @@ class PPModel(RankZeroModel):
             pg, timeout = group.comm.pg, group.timeout_s
             checked = S.headers_on(dev, group.comm.check)
             sends, busy = run_stage(shard, pg, 0, self.tp, input_ids, parts, cache, last_only,
-                                    timeout, self.events, checked=checked)
+                                    timeout, self.events, checked=checked, back=self.back)
             vocab, last, logits = shard.full_config.vocab_size, group.world - self.tp, []
+            back = pg if self.back is None else self.back
             for i, (t0, t1, mctx, final) in enumerate(parts):
                 rows = mctx.num_seqs if last_only else t1 - t0
-                x = S.recv(pg, (rows, vocab), torch.float32, last, i, dev, timeout,
+                x = S.recv(back, (rows, vocab), torch.float32, last, i, dev, timeout,
                            "rank 0 receiving logits", checked=checked)
                 # last_only: a sequence cut across micro-batches samples from its last piece
                 logits.append(x if not last_only or len(final) == rows else x[final])
@@ -152,10 +155,11 @@ class PPModel(RankZeroModel):
 
 
 class StageProgram:
-    """A worker's part of a pipeline: its stage (or its shard of it) and the stage's KV cache."""
+    """A worker's part of a pipeline: its stage (or its shard of it) and the stage's KV cache;
+    back: the group its logits go back to rank 0 on (logits_group)."""
 
-    def __init__(self, stage: S.StageNet, tp: int) -> None:
-        self.module, self.tp = stage, tp
+    def __init__(self, stage: S.StageNet, tp: int, back=None) -> None:
+        self.module, self.tp, self.back = stage, tp, back
 
     def make_cache(self, num_blocks: int, block_size: int) -> S.StageKVCache:
         return S.StageKVCache.for_stage(self.module, num_blocks, block_size)
@@ -167,7 +171,7 @@ class StageProgram:
                                  me.device)
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,
                                 last_only, me.timeout_s, events, fault,
-                                checked=S.headers_on(me.device, me.comm.check))
+                                checked=S.headers_on(me.device, me.comm.check), back=self.back)
         S.wait_sends(sends, me.timeout_s, f"rank {me.rank} sending")
         return busy
 
@@ -191,13 +195,27 @@ def _tp_comm(store, rank: int, tp: int, backend: str, check: bool,
                                                      timeout_s))
 
 
+def logits_group(store, rank: int, world: int, backend: str, timeout_s: float):
+    """A second group over every rank, for the logits the last stage sends back to rank 0
+    (None under "ours", no store: they go over the one default group). Under NCCL the
+    p2p of one pair of ranks in one group share one communicator and one stream, run in the
+    order posted: with 2 stages rank 0 posts send x0, send x1, recv logits0 and rank 1
+    recv x0, send logits0, recv x1, so rank 0's `send x1` and rank 1's `send logits0` wait on
+    each other once both outgrow NCCL's buffers (a long micro-batch beside many sampled rows):
+    a hang. The logits on a group of their own take another communicator and stream."""
+    if store is None:
+        return None
+    return TPComm("torch", pg=sub_group(store, "logits", backend, rank, world, timeout_s))
+
+
 def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False,
                 expert_parallel: bool = False) -> StageProgram:
     """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`."""
     backend = "nccl" if me.device.type == "cuda" else "gloo"
     comm = _tp_comm(me.store, me.rank, tp, backend, check, me.timeout_s)
+    back = logits_group(me.store, me.rank, me.world, backend, me.timeout_s)
     return StageProgram(_stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
-                        tp)
+                        tp, None if back is None else back.pg)
 
 
 def start_pipeline(full: l3.Model, source: tuple, config,
@@ -221,12 +239,16 @@ def start_pipeline(full: l3.Model, source: tuple, config,
     try:
         with group.guard("building stage 0"):
             comm = _tp_comm(group.store, 0, tp, group.backend, config.tp_check, group.timeout_s)
+            back = logits_group(group.store, 0, group.world, group.backend, group.timeout_s)
+            if back is not None:
+                group.extra_comms.append(back)  # aborted with the group's own (shutdown)
             shard = _stage_of(net, 0, stages, tp, comm, net.device, ep)
         info = group.wait_ready()
         with group.guard("checking the stages"):
             _check_stages(info, net.config, stages, tp)
         micro = config.pp_micro_batches or stages
-        return group, l3.Model(PPModel(shard, group, micro, tp), full.tokenizer)
+        return group, l3.Model(PPModel(shard, group, micro, tp, None if back is None else back.pg),
+                               full.tokenizer)
     except BaseException:
         group.shutdown(graceful=False)
         raise

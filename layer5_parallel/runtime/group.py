@@ -79,6 +79,7 @@ class WorkerGroup:
         self.label = "tensor-parallel"
         self.store = None  # the TCPStore rank 0 hosts (own process group)
         self.ring: ShmRing | None = None  # rank 0 -> every worker: each step's message
+        self.extra_comms: list[TPComm] = []  # more groups of rank 0's (pipeline: the logits')
         self.control_s = 0.0  # seconds rank 0 spent sending control messages (pipes)
         self._threads_set = False
         # per worker: ("ready", full config, shard config, weight bytes)
@@ -246,6 +247,9 @@ class WorkerGroup:
         self.procs, self.conns = [], []
         self.error = self.error or "the engine was closed (llm.close())"
         self._restore_threads()
+        for comm in self.extra_comms:
+            comm.close(ABORT_S if graceful else FAILED_ABORT_S)
+        self.extra_comms = []
         if self.comm is not None and self.comm.pg is not None:  # our own group
             self.comm.close(ABORT_S if graceful else FAILED_ABORT_S)
         elif self.store is None:  # "ours": the default group

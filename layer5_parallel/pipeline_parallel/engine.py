@@ -122,8 +122,8 @@ class PPModel(RankZeroModel):
             back = pg if self.back is None else self.back
             for i, (t0, t1, mctx, final) in enumerate(parts):
                 rows = mctx.num_seqs if last_only else t1 - t0
-                x = S.recv(back, (rows, vocab), torch.float32, last, i, dev, timeout,
-                           "rank 0 receiving logits", checked=checked)
+                x = S.recv(back, (rows, vocab), shard.dtype, last, i, dev, timeout,
+                           "rank 0 receiving logits", checked=checked).float()
                 # last_only: a sequence cut across micro-batches samples from its last piece
                 logits.append(x if not last_only or len(final) == rows else x[final])
             S.wait_sends(sends, timeout, "rank 0 sending")

@@ -102,7 +102,9 @@ class StageNet(nn.Module):
             rows = ctx.query_start_loc[1:] - 1
             x, residual = x[rows], residual[rows]
         x, _ = self.norm(x, self.ops, residual)
-        return self.lm_head(x).float()
+        # in the weights' dtype: half the hand-off's bytes in bf16 (a 128k vocabulary makes
+        # the logits the largest message of a step); rank 0 widens them, the same values
+        return self.lm_head(x)
 
 
 class StageKVCache(engine.PagedKVCache):

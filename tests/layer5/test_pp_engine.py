@@ -140,6 +140,23 @@ def test_stages_chained_in_one_process_equal_the_model():
         torch.testing.assert_close(x, want, atol=1e-5, rtol=0)
 
 
+def test_the_last_stage_hands_off_logits_in_the_weights_dtype():
+    """bf16 weights: the last stage's logits leave in bf16 (half the bytes of the largest
+    message of a step) and, widened on rank 0, are exactly the model's."""
+    net = l3.random_model(random_config(), seed=5, std=0.3, dtype=torch.bfloat16)
+    full_cache = l5.engine.PagedKVCache.for_model(net.config, 8, 4, dtype=torch.bfloat16)
+    stages = [pp_stage.StageNet(net, s, 2) for s in range(2)]
+    caches = [pp_stage.StageKVCache.for_stage(s, 8, 4) for s in stages]
+    ctx = full_cache.context([6, 3], [0, 0], [[0, 1], [2]])
+    ids = torch.arange(9) % 211
+    want = net(ids, ctx, full_cache)
+    x = ids
+    for stage, cache in zip(stages, caches, strict=True):
+        x = stage(x, ctx, cache)
+    assert x.dtype == torch.bfloat16
+    torch.testing.assert_close(x.float(), want.float(), atol=0, rtol=0)
+
+
 def test_micro_batches_cut_the_tokens_evenly():
     mb = pp_stage.micro_batches
     assert mb((1, 1, 1, 1), 2) == [(0, 2), (2, 4)]

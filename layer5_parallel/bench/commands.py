@@ -173,7 +173,8 @@ def bench(argv: list[str] | None = None) -> int:
 
         console.rule("tensor parallelism on GPUs: Llama-3.2-1B and 3.1-8B shapes, random bf16")
         shapes = ["llama-3.2-1b"] if args.quick else ["llama-3.2-1b", "llama-3.1-8b"]
-        r = bench_tp_gpu(shapes, results_dir(), repeats=1 if args.quick else 2)
+        r = bench_tp_gpu(shapes, results_dir(), repeats=1 if args.quick else 2,
+                         tp_backends=("torch", "ours"))  # NCCL and layer 2's all-reduce
         results["tp_gpu"] = r
         console.print(format_rows(r["rows"]))
     pp_device = "cuda" if torch.cuda.device_count() >= 2 else "cpu"
@@ -183,9 +184,10 @@ def bench(argv: list[str] | None = None) -> int:
     results["pp"] = {k: v for k, v in r.items() if k != "memory"}
     console.print(format_pp(r))
     if device == "cuda" and torch.cuda.device_count() >= 2:  # replicas vs splitting the model
-        console.rule("data vs tensor vs pipeline parallelism on 2 GPUs (nano-vllm's workload)")
+        gpus = 4 if torch.cuda.device_count() >= 4 else 2
+        console.rule(f"data vs tensor vs pipeline parallelism on {gpus} GPUs (nano-vllm workload)")
         torch.cuda.empty_cache()  # the replicas size their KV pools from the free memory
-        r = bench_dp(2, layouts=("1", "dp", "tp") if args.quick else ("1", "dp", "tp", "pp1"),
+        r = bench_dp(gpus, layouts=("1", "dp", "tp") if args.quick else ("1", "dp", "tp", "pp1"),
                      max_out=256 if args.quick else 1024)
         results["dp"] = r
         console.print(format_dp(r))

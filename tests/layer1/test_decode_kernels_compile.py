@@ -4,6 +4,8 @@ a `return` inside a constexpr branch that the compiler does not honour). A subpr
 TRITON_INTERPRET=0 compiles each kernel ahead of time for cuda:90 (ptxas ships with Triton)."""
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,16 +70,22 @@ print("compiled")
 '''
 
 
-def test_decode_kernels_compile_for_sm90():
+def _compile_in_a_subprocess(code: str, what: str) -> subprocess.CompletedProcess:
+    """Run `code` with the real Triton compiler (TRITON_INTERPRET off) from the repo root;
+    skip when Triton is missing, fail past 600 s."""
     root = Path(__file__).resolve().parents[2]
     try:
-        run = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, capture_output=True,
-                             text=True, timeout=600, env={**__import__("os").environ,
-                                                          "TRITON_INTERPRET": "0"})
+        run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
+                             text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
     except subprocess.TimeoutExpired:
-        pytest.fail("compiling the decode kernels took over 600 s")
+        pytest.fail(f"{what} took over 600 s")
     if "No module named" in run.stderr and "triton" in run.stderr:
         pytest.skip("Triton is not installed")
+    return run
+
+
+def test_decode_kernels_compile_for_sm90():
+    run = _compile_in_a_subprocess(SCRIPT, "compiling the decode kernels")
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 
@@ -85,21 +93,12 @@ def test_gemv_occupancy_shows_the_rows_starving_the_tile():
     """benchmarks/gemv_occupancy.py (what layer 3's FUSED_DECODE_MAX_TOKENS rests on): compiled
     for sm_90a, the GEMV loads 16-byte vectors at one row and has far fewer weight bytes in
     flight per SM at eight rows than at one."""
-    root = Path(__file__).resolve().parents[2]
     code = ("import json, sys; sys.argv = ['x']; import importlib.util as u; "
             "s = u.spec_from_file_location('g', 'benchmarks/gemv_occupancy.py'); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); "
             "print('JSON', json.dumps(m.main(['--shapes', '1B gate_up', '--rows', '1,8'])))")
-    try:
-        run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
-                             text=True, timeout=600, env={**__import__("os").environ,
-                                                          "TRITON_INTERPRET": "0"})
-    except subprocess.TimeoutExpired:
-        pytest.fail("compiling two GEMV configs took over 600 s")
-    if "No module named" in run.stderr and "triton" in run.stderr:
-        pytest.skip("Triton is not installed")
+    run = _compile_in_a_subprocess(code, "compiling two GEMV configs")
     assert run.returncode == 0, run.stderr[-3000:]
-    import json
     one, eight = json.loads(run.stdout.split("JSON ", 1)[1])
     assert "ld.global.v4.b32" in one["loads"]
     assert eight["in_flight_KB_per_SM"] * 4 < one["in_flight_KB_per_SM"]

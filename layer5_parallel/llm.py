@@ -23,7 +23,6 @@ every rank runs the whole engine over its shard, in lock step.
 from __future__ import annotations
 
 import atexit
-import gc
 import itertools
 import weakref
 from dataclasses import replace
@@ -144,15 +143,10 @@ class LLM(engine.LLM):
         """Stop the workers and leave the process group (a no-op at one rank or when closed)."""
         group, self.tp_group = getattr(self, "tp_group", None), None
         if group is not None:
-            # graphs first: every CUDA graph that captured an NCCL collective holds a reference
-            # on the communicator, and NCCL's destroy/abort waits until those graphs are gone.
-            # Not after a failure: a graph's memory is freed with a device-wide sync, which a
-            # collective stuck on the device never lets return (the process's exit frees it)
             runner = getattr(self, "runner", None)
             if group.error is None and getattr(runner, "graph", None) is not None:
-                runner.graph.graphs.clear()
+                runner.graph.release()  # before the communicator its graphs captured
                 runner.graph = None
-                gc.collect()
             group.shutdown()
         launched, self.launched = getattr(self, "launched", None), None
         if launched is not None:

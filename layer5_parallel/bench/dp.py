@@ -48,14 +48,15 @@ def wait_for_free_gpus(gpus: int, timeout_s: float = 60.0) -> None:
     """Until every GPU is (nearly) empty: the last layout's processes may still be freeing
     theirs, and a replica sizes its KV cache from the memory free when it starts."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if all(torch.cuda.mem_get_info(i)[0] > 0.9 * torch.cuda.mem_get_info(i)[1]
-               for i in range(gpus)):
+    while True:
+        info = [torch.cuda.mem_get_info(i) for i in range(gpus)]  # (free, total) bytes
+        if all(free > 0.9 * total for free, total in info):
             return
+        if time.monotonic() > deadline:
+            break
         time.sleep(0.5)
     print(f"  (GPUs still busy after {timeout_s:g} s: free "
-          f"{[round(torch.cuda.mem_get_info(i)[0] / 2**30, 1) for i in range(gpus)]} GiB)",
-          flush=True)
+          f"{[round(free / 2**30, 1) for free, _ in info]} GiB)", flush=True)
 
 
 def run_layout(name: str, factory, prompts, max_tokens: list[int], **sizes) -> dict:

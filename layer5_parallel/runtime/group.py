@@ -247,11 +247,12 @@ class WorkerGroup:
         self.procs, self.conns = [], []
         self.error = self.error or "the engine was closed (llm.close())"
         self._restore_threads()
+        abort_wait_s = ABORT_S if graceful else FAILED_ABORT_S
         for comm in self.extra_comms:
-            comm.close(ABORT_S if graceful else FAILED_ABORT_S)
+            comm.close(abort_wait_s)
         self.extra_comms = []
         if self.comm is not None and self.comm.pg is not None:  # our own group
-            self.comm.close(ABORT_S if graceful else FAILED_ABORT_S)
+            self.comm.close(abort_wait_s)
         elif self.store is None:  # "ours": the default group
             engine.comm.destroy()
         self.store = None

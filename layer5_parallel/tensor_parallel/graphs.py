@@ -31,6 +31,8 @@ the CPU suite tests this path too.
 """
 from __future__ import annotations
 
+import gc
+
 import torch
 
 import layer4_algorithms as engine
@@ -82,6 +84,14 @@ class TPGraphRunner(engine.CudaGraphRunner):
         else:
             event.synchronize()
         super()._capture(warmup)
+
+    def release(self) -> None:
+        """Drop the captured graphs: each holds a reference on the NCCL communicator whose
+        collectives it captured, and NCCL's destroy/abort waits until they are gone. Not after
+        a failure: freeing a graph's memory syncs the device, which a stuck collective never
+        lets return."""
+        self.graphs.clear()
+        gc.collect()
 
     def bucket(self, batch: int) -> int:
         return next(b for b in self.buckets if b >= batch)

@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layouts", default="1,dp,tp,pp1,ppN")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.dp < 1 or args.num_seqs < 1 or args.max_in < 1 or args.max_out < 1:
+        ap.error("--dp, --num-seqs, --max-in and --max-out must be >= 1")
     r = bench_dp(args.dp, num_seqs=args.num_seqs, max_in=args.max_in, max_out=args.max_out,
                  layouts=tuple(args.layouts.split(",")))
     print(format_dp(r), flush=True)

@@ -300,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-host", action="store_true",
                     help="also print where rank 0's host time goes at the largest batch")
     args = ap.parse_args(argv)
+    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
+    if not torch.cuda.is_available():
+        ap.error("needs CUDA GPUs (on a CPU: `stack bench --layer 5` runs the course model)")
     log = Progress(args.phase_timeout or None)
     log(f"{torch.cuda.device_count()} GPU(s), torch {torch.__version__}; shapes {args.shapes}, "
         f"TP backends {args.tp_backends}")

@@ -67,7 +67,11 @@ def visible_devices(devices: str, parent: str | None) -> str:
     if parent is None or not parent.strip():
         return devices
     mine = [d.strip() for d in parent.split(",") if d.strip()]
-    return ",".join(mine[int(d)] for d in devices.split(","))
+    wanted = [int(d) for d in devices.split(",")]
+    if any(not 0 <= d < len(mine) for d in wanted):
+        raise ValueError(f"replica devices {devices!r}: this process sees {len(mine)} GPU(s) "
+                         f"(CUDA_VISIBLE_DEVICES={parent!r})")
+    return ",".join(mine[d] for d in wanted)
 
 
 def deal(work: list[float], dp: int) -> list[list[int]]:

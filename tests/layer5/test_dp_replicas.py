@@ -104,6 +104,8 @@ def test_a_replica_starts_with_its_gpu_mask_in_place(monkeypatch):
     assert visible_devices("1", None) == "1"
     assert visible_devices("0,1", "4,6,7") == "4,6"
     assert visible_devices("2", " 3, 5,7 ") == "7"
+    with pytest.raises(ValueError, match="sees 2 GPU"):
+        visible_devices("2", "5,6")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5,6")
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()

@@ -24,3 +24,15 @@ def test_table_and_plot(tmp_path):
     assert "llama-3.1-8b" in text and " 40" in text and "ours" in text
     plot(rows[:4] + [dict(rows[1], tp_backend="ours", decode_tok_s=150.0)], tmp_path / "tp.png")
     assert (tmp_path / "tp.png").stat().st_size > 10_000
+
+
+def test_bad_arguments_are_one_line_each():
+    import pytest  # noqa: PLC0415
+
+    from layer5_parallel.bench import dp, tp_gpu_bench  # noqa: PLC0415
+
+    for main, argv in ((tp_gpu_bench.main, ["--shapes", "llama-9"]), (dp.main, ["--dp", "0"]),
+                       (dp.main, ["--max-out", "-3"])):
+        with pytest.raises(SystemExit) as info:
+            main(argv)
+        assert info.value.code == 2

@@ -43,13 +43,34 @@ SERIAL_ROWS = 4  # up to this many rows a step fills them on the calling thread
 
 def fill_threads() -> int:
     """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0 or 1: always on
-    the calling thread), else half the CPUs up to 8 (1, so the calling thread, on 2 CPUs). A row costs ~5-50 us at a 4k vocabulary, so
-    more threads mostly add wake-up time; and a pool thread asleep since the last step must
-    first be woken by the OS, which on a busy machine is what a small batch waits for."""
-    env = os.environ.get("LLM_STACK_GRAMMAR_THREADS")
+    the calling thread; more than the CPUs: the CPUs), else half the CPUs up to 8 (1, so the
+    calling thread, on 2 CPUs). A row costs ~5-50 us at a 4k vocabulary, so more threads
+    mostly add wake-up time; and a pool thread asleep since the last step must first be
+    woken by the OS, which on a busy machine is what a small batch waits for. ValueError
+    for a value that is not a whole number >= 0."""
+    cpus = os.cpu_count() or 2
+    env = os.environ.get("LLM_STACK_GRAMMAR_THREADS", "").strip()
     if env:
-        return max(0, int(env))
-    return max(1, min(8, (os.cpu_count() or 2) // 2))
+        try:
+            n = int(env)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(f"LLM_STACK_GRAMMAR_THREADS={env!r}: need a whole number of "
+                             f"threads >= 0 (0 or 1: fill on the engine's thread)")
+        return min(n, cpus)
+    return max(1, min(8, cpus // 2))
+
+
+def mask_overlap() -> bool:
+    """LLM_STACK_MASK_OVERLAP: 1 (or true/yes/on) for TokenMasks' helper thread, 0 (or
+    false/no/off, or unset) without; ValueError for anything else."""
+    env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
+    if env in ("", "0", "false", "no", "off"):
+        return False
+    if env in ("1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1 or 0")
 
 
 def executor(threads: int | None = None) -> llguidance.LLExecutor:
@@ -151,8 +172,9 @@ class TokenMasks:
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
     twice the need) when a step has more constrained rows than they hold. `threads`: the
-    fill's llguidance threads (None: fill_threads(); 0: on the calling thread). `overlap`
-    (LLM_STACK_MASK_OVERLAP=1): under async scheduling the engine advances the grammars and
+    fill's llguidance threads (fill_threads() at construction; None: read it again each
+    step; 0: on the calling thread). `overlap` (LLM_STACK_MASK_OVERLAP=1, read once
+    here): under async scheduling the engine advances the grammars and
     fills the masks on a helper thread (`submit`) while its own thread appends the previous
     step's tokens. `stats`: steps masked, rows masked, seconds advancing + filling (on
     whichever thread), seconds launching the apply, seconds the engine waited for the helper."""
@@ -167,8 +189,8 @@ class TokenMasks:
         self._events: list[torch.cuda.Event | None] = [None, None]
         self._dev: torch.Tensor | None = None
         self._arena = 0
-        self.threads: int | None = None
-        self.overlap = os.environ.get("LLM_STACK_MASK_OVERLAP", "0") not in ("", "0")
+        self.threads: int | None = fill_threads()  # read (and checked) once, at start-up
+        self.overlap = mask_overlap()
         self._helper: ThreadPoolExecutor | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0, "wait_s": 0.0}
 

@@ -5,6 +5,7 @@ async scheduling; the bitmask itself against a plain reference."""
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import jsonschema
@@ -65,6 +66,23 @@ def test_bitmask_on_chosen_rows_leaves_the_others():
 
 
 @pytest.mark.interpreter
+def test_mask_env_knobs_are_checked(monkeypatch):
+    bm = l4.structured.bitmask
+    for bad in ("-1", "two", "1.5"):
+        monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", bad)
+        with pytest.raises(ValueError, match="LLM_STACK_GRAMMAR_THREADS"):
+            bm.fill_threads()
+    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "10000000")
+    assert bm.fill_threads() <= (os.cpu_count() or 2)
+    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "0")
+    assert bm.fill_threads() == 0
+    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "maybe")
+    with pytest.raises(ValueError, match="LLM_STACK_MASK_OVERLAP"):
+        bm.TokenMasks(64, "cpu")
+    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "1")
+    assert bm.TokenMasks(64, "cpu").overlap
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_bitmask_kernel_equals_the_torch_reference_in_the_interpreter(dtype):
     """The Triton kernel (Triton's CPU interpreter) against the torch path: a vocabulary that

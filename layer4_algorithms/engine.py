@@ -218,20 +218,18 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
         if not sync:
+            job = None
             if prev is not None and any(q.grammar is not None for q in who):
                 if self.masks.overlap:  # the helper advances the grammars and fills
                     sampled = prev.read()
-                    early = [(q.grammar, sampled[q.seq_id][0], len(q.output_ids)) for q in who
-                             if q.grammar is not None and q.seq_id in sampled]
-                    job = self.masks.submit(who, early)
+                    job = self.masks.submit(who, [
+                        (q.grammar, sampled[q.seq_id][0], len(q.output_ids)) for q in who
+                        if q.grammar is not None and q.seq_id in sampled])
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
-                if self.masks.overlap:
-                    self.masks.launch(rows, self.masks.wait(job))
-                else:
-                    self.masks.apply(rows, who)  # fill (host), one copy, one kernel
-            else:
-                self.masks.apply(rows, who)
+            # fill (host; the helper's, if it ran), one copy, one kernel
+            self.masks.launch(rows, self.masks.wait(job) if job is not None
+                              else self.masks.prepare(who))
             tokens = self.runner.sample_tokens(rows, [q.params for q in who],
                                                [q.generator for q in who])
             return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad), prev

@@ -275,20 +275,14 @@ class TokenMasks:
         return out
 
 
-_MASKS: dict[tuple[int, torch.device], TokenMasks] = {}
-
-
 def mask_rows(rows: torch.Tensor, seqs: Sequence, masks: TokenMasks | None = None) -> None:
     """The engine's hook before sampling: rows (N, V) of logits, row i for seqs[i]; the rows
     of sequences with a grammar (`seq.grammar`) are masked in place, the others untouched.
-    masks: the engine's TokenMasks (default: one shared per vocabulary size and device)."""
+    masks: the engine's TokenMasks (default: buffers made for this one call)."""
     if masks is None:
         if not any(getattr(q, "grammar", None) is not None for q in seqs):
             return
-        key = (rows.shape[-1], rows.device)
-        masks = _MASKS.get(key)
-        if masks is None:
-            masks = _MASKS[key] = TokenMasks(rows.shape[-1], rows.device)
+        masks = TokenMasks(rows.shape[-1], rows.device, rows=rows.shape[0])
     masks.apply(rows, seqs)
 
 

@@ -123,19 +123,17 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
     if bitmask.device != logits.device:
         bitmask = bitmask.to(logits.device, non_blocking=True)
+    if rows is not None and not isinstance(rows, torch.Tensor):
+        rows = torch.tensor(list(rows), dtype=torch.int64)
     if impl == "triton" or (impl == "auto" and logits.device.type == "cuda"):
         from .mask_kernel import apply_bitmask_triton
 
         if rows is None:
             rows = torch.arange(bitmask.shape[0], device=logits.device)
-        elif not isinstance(rows, torch.Tensor):
-            rows = torch.tensor(list(rows), dtype=torch.int64).to(logits.device)
         return apply_bitmask_triton(logits, bitmask.contiguous(), rows.to(logits.device))
     refused = ~unpack(bitmask, logits.shape[1])
     if rows is None:
         return logits.masked_fill_(refused, float("-inf"))
-    if not isinstance(rows, torch.Tensor):
-        rows = torch.tensor(list(rows), dtype=torch.int64)
     rows = rows.to(logits.device, torch.int64)
     logits[rows] = logits[rows].masked_fill(refused, float("-inf"))
     return logits

@@ -79,7 +79,8 @@ class Throughput:
                  fill_threads: int | None = None, helper: bool = False, **engine) -> None:
         blocks = batch * (-(-(new + 16) // 16) + 1) + 16  # every sequence's KV, no more
         self.llm = l4.LLM(model, max_num_seqs=batch, num_blocks=blocks, **engine)
-        self.llm.masks.threads = fill_threads
+        if fill_threads is not None:  # else the engine's own (fill_threads(), read at start)
+            self.llm.masks.threads = fill_threads
         self.llm.masks.overlap = helper
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
         self.params = [l4.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
@@ -89,8 +90,8 @@ class Throughput:
         self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
-                    "fill_threads": l4.structured.bitmask.fill_threads() if fill_threads is None
-                    else fill_threads, "helper": helper, "tokens_per_s": 0.0, "runs": []}
+                    "fill_threads": self.llm.masks.threads, "helper": helper,
+                    "tokens_per_s": 0.0, "runs": []}
 
     def run(self) -> None:
         llm, row = self.llm, self.row

@@ -37,16 +37,13 @@ import layer3_model as l3
 from layer3_model import bench as L3B
 from layer4_algorithms import LLM, PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
+from layer5_parallel.planner import LLAMA_3_8B
 from layer5_parallel.runtime.random_source import random_net
 
 GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
 
 T0 = time.perf_counter()
-#: Llama-3.1-8B's shape (as layer 5's planner.LLAMA_3_8B): Llama-3.2-1B's with these changed
-LLAMA_3_1_8B = dict(l3.LLAMA_3_2_1B, hidden_size=4096, intermediate_size=14336,
-                    num_hidden_layers=32, num_key_value_heads=8, head_dim=128,
-                    tie_word_embeddings=False)
-SHAPES = {"1b": l3.LLAMA_3_2_1B, "8b": LLAMA_3_1_8B}
+SHAPES = {"1b": l3.LLAMA_3_2_1B, "8b": LLAMA_3_8B}  # (planner's 8B: Llama-3.1-8B's shape)
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=512)
 CONTEXT, PAGE = 192, 16  # step rows: each sequence's length (the engine rows' 128 + 64)

@@ -251,7 +251,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="print the table of an earlier run's JSON (nothing measured)")
     args = ap.parse_args(argv)
     if args.table_from is not None:
-        result = json.loads(args.table_from.read_text())
+        try:
+            result = json.loads(args.table_from.read_text())
+        except (OSError, ValueError) as err:  # missing, unreadable, empty or cut short
+            ap.error(f"--table-from {args.table_from}: not a backend_sweep JSON "
+                     f"({type(err).__name__}: {err})")
         print("\n".join(table(result)))
         return result
     gpu = not args.smoke and torch.cuda.is_available()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.benchmark_script import load
 
 
@@ -40,3 +42,14 @@ def test_fused_limit_is_the_last_batch_before_the_fused_step_gets_slower():
                                    8: (1.0, 2.0)})) == 2  # 8 is faster again: not counted
     assert bench.fused_limit(rows({1: (1.0, 0.9)})) is None
     assert bench.fused_limit(rows({1: (1.0, 1.2), 2: (1.005, 1.0)})) == 2  # within 1 %
+
+
+def test_table_from_a_missing_or_empty_file_says_so(tmp_path, capsys):
+    bench = _load()
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    for path in (tmp_path / "missing.json", empty):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main(["--table-from", str(path)])
+        assert exit_.value.code == 2
+        assert f"--table-from {path}: not a backend_sweep JSON" in capsys.readouterr().err

@@ -263,6 +263,9 @@ def main(argv: list[str] | None = None) -> dict:
     batches, general = ints(args.batches), ints(args.general_batches)
     eng_batches = ints(args.engine_batches)
     variants = args.variants.split(",")
+    extra = [int(x.split(":")[1]) for x in args.extra.split(",") if x]
+    if not batches + general + extra:  # (the step cache is sized for their largest)
+        ap.error("no step rows to measure: --batches, --general-batches and --extra are empty")
     shape = dict(SHAPES[args.shape])
     if args.smoke:
         shape.update(TINY)
@@ -298,7 +301,6 @@ def main(argv: list[str] | None = None) -> dict:
             f"{row['tokens_per_s']:10,.1f} tok/s  step {row['step_ms']:8.3f} ms{extra}")
 
     with torch.no_grad():
-        extra = [int(x.split(":")[1]) for x in args.extra.split(",") if x]
         bench = StepBench(net, max(batches + general + extra), args.context, gpu)
         log(f"paged cache: {bench.cache.k.numel() * 2 * bench.cache.k.element_size() / 2**30:.2f}"
             f" GiB, {bench.per_seq} blocks a sequence")

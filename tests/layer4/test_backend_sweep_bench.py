@@ -53,3 +53,10 @@ def test_table_from_a_missing_or_empty_file_says_so(tmp_path, capsys):
             bench.main(["--table-from", str(path)])
         assert exit_.value.code == 2
         assert f"--table-from {path}: not a backend_sweep JSON" in capsys.readouterr().err
+
+
+def test_no_step_rows_is_a_usage_error(capsys):
+    bench = _load()
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--smoke", "--batches", "", "--general-batches", "", "--extra", ""])
+    assert exit_.value.code == 2 and "no step rows to measure" in capsys.readouterr().err

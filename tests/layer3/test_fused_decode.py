@@ -5,12 +5,15 @@ identical)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
 
 import pytest
 import torch
 
 import layer3_model as l3
 from layer3_model import backends
+
+GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
 
 TINY = dict(l3.LLAMA_3_2_1B, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
             num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=97)
@@ -63,9 +66,9 @@ def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, 
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
-    fused.ops = dataclasses.replace(  # the kernels at every row count they take (gemv: 8)
+    fused.ops = dataclasses.replace(  # the kernels at every row count they take
         fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope,
-                                              max_tokens=8))
+                                              max_tokens=GEMV.MAX_ROWS))
     gen = torch.Generator().manual_seed(batch)
     prompt = [torch.randint(0, 97, (n,), generator=gen) for n in (5, 9, 2)[:batch]]
     if paged:

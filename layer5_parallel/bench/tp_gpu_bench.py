@@ -192,7 +192,7 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 tokens = r.pop("tokens")
                 if tp == 1 and batch not in ref:
                     ref[batch] = tokens
-                hw = planner.hardware_for("h100", tp_backend=tp_backend)
+                hw = planner.hardware_for(_datasheet(), tp_backend=tp_backend)
                 pred = planner.cost(config, hw, tp, 1, 1, batch=batch,
                                     context=PROMPT_LEN + n // 2, nbytes=2)
                 diff = first_difference(ref[batch], tokens)
@@ -257,16 +257,22 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _datasheet() -> str:
+    """The planner's name for this GPU (its datasheet predicts the step), H100 if unknown."""
+    return "h200" if "H200" in torch.cuda.get_device_name(0) else "h100"
+
+
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
-                 profile_host: bool = False) -> dict:
+                 profile_host: bool = False, tps: list[int] | None = None) -> dict:
+    """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs)."""
     gpus = torch.cuda.device_count()
-    tps = [t for t in (1, 2, 4, 8) if t <= gpus]
+    tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
     rows: list[dict] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps if t > 1]
+    layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps]
     for name in shapes:
         new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host)
         rows += new
@@ -297,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tp-backends", default="torch")
     ap.add_argument("--phase-timeout", type=float, default=240.0,
                     help="seconds any one phase may take (0: no bound); past it: stacks, exit")
+    ap.add_argument("--tps", default="2,4,8",
+                    help="TP sizes beyond 1, comma-separated (those above the GPUs are skipped)")
     ap.add_argument("--profile-host", action="store_true",
                     help="also print where rank 0's host time goes at the largest batch")
     args = ap.parse_args(argv)
@@ -312,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
-                         profile_host=args.profile_host)
+                         profile_host=args.profile_host,
+                         tps=[int(t) for t in args.tps.split(",")])
     finally:
         runtime_group.progress = None
         log.done()

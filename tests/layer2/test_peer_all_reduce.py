@@ -8,6 +8,7 @@ show only on repetition), on every visible GPU (any world size); bad input raise
 """
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -162,7 +163,8 @@ def _gpu_checks() -> list[str]:
             dist.all_gather_into_tensor(want, x)
             if not torch.equal(ar.all_gather(x), want):
                 bad.append(f"all_gather {dtype} n={n}: differs from NCCL")
-            y = _data(n * world + world - 1, dtype, 600 + i)  # uneven segments
+            # uneven segments, within the registered 1 MiB at any world size
+            y = _data(min(n * world + world - 1, (1 << 18) - 1), dtype, 600 + i)
             mine = torch.tensor_split(_nccl(y), world)[dist.get_rank()]
             if not torch.equal(ar.reduce_scatter(y), mine):
                 bad.append(f"reduce_scatter {dtype} n={y.numel()}: differs from NCCL")
@@ -270,5 +272,8 @@ def test_peer_all_reduce_names_mismatched_ranks():
 @pytest.mark.multigpu
 def test_peer_all_reduce_times_out_on_an_absent_rank():
     messages = launch(_absent_peer, _gpus(), backend="nccl", timeout_s=120)
-    assert "waiting for rank 1" in messages[0] and "timed out" in messages[0], messages
+    # any absent peer may be the first rank 0's barrier finds missing
+    missing = re.search(r"waiting for rank (\d+)", messages[0])
+    assert missing and 0 < int(missing.group(1)) < len(messages), messages
+    assert "timed out" in messages[0], messages
     assert float(messages[0].split("s ")[0]) < 10.0

@@ -4,7 +4,8 @@
 #   install_stack            # carried wheels (.whl/, if any) on PYTHONPATH, then this repo
 #   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended (first
 #                            # waiting for the GPUs to be free of the last step's processes)
-install_stack() {
+install_stack() {  # once per call: suites started from one script share the install
+    [ -n "${LLM_STACK_INSTALLED:-}" ] && return 0
     if [ -d .whl ]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl || exit 1
@@ -12,15 +13,19 @@ install_stack() {
     fi
     python3 -m pip install -q --no-deps --no-build-isolation -e . >"$logs/install.log" 2>&1 \
         || { cat "$logs/install.log"; exit 1; }
+    export LLM_STACK_INSTALLED=1
 }
 
 gpus_idle() {  # a killed step's processes may still be freeing their GPU memory: wait <= 30 s
-    local i
+    # (only this step's GPUs: CUDA_VISIBLE_DEVICES, when set, as when suites share a machine)
+    local i ids=(${CUDA_VISIBLE_DEVICES:+-i "$CUDA_VISIBLE_DEVICES"})
     for i in $(seq 30); do
-        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] && return
+        [ -z "$(nvidia-smi "${ids[@]}" --query-compute-apps=pid --format=csv,noheader 2>/dev/null)" ] \
+            && return
         sleep 1
     done
-    echo "== GPUs still busy after 30 s:"; nvidia-smi --query-compute-apps=pid,used_memory --format=csv
+    echo "== GPUs still busy after 30 s:"
+    nvidia-smi "${ids[@]}" --query-compute-apps=pid,used_memory --format=csv
 }
 
 step() {

@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from .symmetric_group import symmetric_group
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -95,13 +97,14 @@ class PeerAllReduce:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         import torch.distributed._symmetric_memory as symm_mem
 
-        self.group = group if group is not None else dist.group.WORLD
-        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.device = torch.device(device) if device is not None else \
             torch.device("cuda", torch.cuda.current_device())
         if self.device.type != "cuda":
             raise RuntimeError(f"PeerAllReduce needs CUDA peer access; device {self.device} is not "
                                "a CUDA device")
+        # not a name an earlier group of this process used (see symmetric_group.py)
+        self.group = symmetric_group(group if group is not None else dist.group.WORLD, self.device)
+        self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.max_bytes = -(-max_bytes // 32) * 32  # whole 16-byte vectors in every dtype
         self.one_shot_max_bytes = (default_one_shot_max_bytes(self.world)
                                    if one_shot_max_bytes is None else int(one_shot_max_bytes))

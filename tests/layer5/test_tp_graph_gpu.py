@@ -1,7 +1,7 @@
-"""On two GPUs: TP=2 with CUDA graphs on every rank (NCCL collectives inside the graphs, the
-step's inputs broadcast inside them, the step message through shared memory) gives TP=1's
-greedy tokens and logprobs within tolerance; a worker that dies or hangs in a graph step
-fails rank 0 with one clear error within the timeout, every worker gone."""
+"""On two and four GPUs: TP=2 and TP=4 with CUDA graphs on every rank (the collectives inside
+the graphs, the step's inputs broadcast inside them, the step message through shared memory)
+gives TP=1's greedy tokens and logprobs within tolerance; a worker that dies or hangs in a
+graph step fails rank 0 with one clear error within the timeout, every worker gone."""
 from __future__ import annotations
 
 import multiprocessing
@@ -117,6 +117,19 @@ def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens(backend):
     """bf16 at Llama-3.2-1B's widths (4 layers): every prompt's full-vocabulary prefill logits
     within bf16 tolerance of TP=1's; greedy tokens (decode steps replayed from the graphs) equal
     until a near-tie of TP=1's own logits, logprobs within tolerance until then."""
+    _bf16_tp_equals_tp1(backend, 2, "torch")
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("tp_backend", ["torch", "ours"])  # ours: layer 2's peer all-reduce
+def test_tp4_bf16_llama_shape_graphs_equal_tp1_tokens(tp_backend):
+    """The same at TP=4 (8 KV heads: 2 per rank), with NCCL's and with our all-reduce."""
+    if torch.cuda.device_count() < 4:
+        pytest.skip(f"TP=4 needs 4 GPUs; {torch.cuda.device_count()} visible")
+    _bf16_tp_equals_tp1("triton", 4, tp_backend)
+
+
+def _bf16_tp_equals_tp1(backend: str, tp: int, tp_backend: str) -> None:
     config = l3.ModelConfig.from_dict(dict(l3.LLAMA_3_2_1B, num_hidden_layers=4))
     model = l3.Model(l3.random_model(config, backend=backend, dtype=torch.bfloat16,
                                      device="cuda", seed=0))
@@ -128,14 +141,14 @@ def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens(backend):
     ref = l5.LLM(model, **kw)
     r1 = ref.generate(prompts, params)
     want = ref.prompt_logits(prompts)
-    with l5.LLM(model, tensor_parallel_size=2, **kw) as tp:
-        assert tp.runner.graph.captured
-        r2 = tp.generate(prompts, params)
-        got = tp.prompt_logits(prompts)
+    with l5.LLM(model, tensor_parallel_size=tp, tp_backend=tp_backend, **kw) as llm:
+        assert llm.runner.graph.captured
+        r2 = llm.generate(prompts, params)
+        got = llm.prompt_logits(prompts)
     problems = []
     for i, (w, x) in enumerate(zip(want, got, strict=True)):
         d = (w.float() - x.float()).abs()
-        line = (f"prompt {i}: prefill logits |TP=2 - TP=1| max {float(d.max()):.3g}, mean "
+        line = (f"prompt {i}: prefill logits |TP={tp} - TP=1| max {float(d.max()):.3g}, mean "
                 f"{float(d.mean()):.3g} (logits' std {float(w.float().std()):.3g})")
         print(line)
         if float(d.max()) > BF16_LOGITS_ATOL or float(d.mean()) > BF16_LOGITS_MEAN:
@@ -144,13 +157,31 @@ def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens(backend):
     assert not problems, "\n".join(problems)
 
 
-def _tiny_tp2(fault: str, timeout: float):
+@pytest.mark.multigpu
+def test_a_second_engine_with_our_all_reduce_in_one_process_starts():
+    """Torch symmetric memory caches a group name's store for the process's life and a new
+    default group reuses the name "0": the second engine must still rendezvous (it hung)."""
+    for tp in sorted({2, min(4, torch.cuda.device_count())}):
+        with _tiny_tp(tp, tp_backend="ours") as llm:
+            out = llm.generate([[1, 2, 3], [4, 5]], l5.SamplingParams(temperature=0.0,
+                                                                    max_tokens=4))
+            assert [len(o.outputs[0].token_ids) for o in out] == [4, 4]
+    with _tiny_tp(2, tp_backend="ours") as llm:  # and the same size again
+        assert llm.generate([[1, 2]], l5.SamplingParams(max_tokens=2))[0].outputs[0].token_ids
+    assert _no_workers()
+
+
+def _tiny_tp(tp: int, timeout: float = 60.0, **kw):
     config = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=64,
                             intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, max_position_embeddings=128)
+                            num_key_value_heads=4, head_dim=16, max_position_embeddings=128)
     model = l3.Model(l3.random_model(config, seed=2, device="cuda"))
-    return l5.LLM(model, tensor_parallel_size=2, cuda_graph=True, num_blocks=32, max_num_seqs=4,
-                  tp_timeout_s=timeout, _tp_faults={1: fault})
+    return l5.LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=32, max_num_seqs=4,
+                  tp_timeout_s=timeout, **kw)
+
+
+def _tiny_tp2(fault: str, timeout: float):
+    return _tiny_tp(2, timeout, _tp_faults={1: fault})
 
 
 def _fail_in_a_child(fault: str, timeout: float, answer) -> None:

@@ -40,6 +40,8 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
+from .matmul import _store_tile, _tile_offsets  # the tile layout matmul's kernel uses
+
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -94,10 +96,8 @@ def _w8a16_kernel(
 ):
     pid_m = tl.program_id(0)  # m fastest: programs sharing one weight panel run together
     pid_n = tl.program_id(1)
-    # Wrap (modulo) past the edges so the loads need no M/N masks; wrapped rows aren't stored.
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
+    # wrapped past the edges (modulo): the loads need no M/N masks; wrapped rows aren't stored
+    offs_m, offs_n, offs_k = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
     w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
 
@@ -107,11 +107,8 @@ def _w8a16_kernel(
                       offs_k, PRECISION)
 
     scale = tl.load(s_ptr + offs_n).to(tl.float32)        # per output channel, once
-    out = acc * scale[None, :]
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    o_ptrs = o_ptr + rows[:, None] * stride_om + cols[None, :] * stride_on
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    _store_tile(o_ptr, acc * scale[None, :], pid_m, pid_n, M, N, stride_om, stride_on,
+                BLOCK_M, BLOCK_N)
 
 
 def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -114,6 +114,29 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
+def _tile_offsets(pid_m, pid_n, M, N,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (pid_m, pid_n) tile's row and column offsets, and the K offsets of one step.
+    Rows/cols past the edge wrap (modulo) instead of being masked: the loads stay in bounds
+    and unmasked along M/N; the wrapped results are simply never stored (`_store_tile`).
+    (The int8 kernel's tiles are laid out the same way.)"""
+    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
+    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
+    return offs_m, offs_n, tl.arange(0, BLOCK_K)
+
+
+@triton.jit
+def _store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Store the fp32 tile acc as C's (pid_m, pid_n) tile, in C's dtype; the rows and columns
+    past the edge (wrapped by `_tile_offsets`) are masked off."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+
+
+@triton.jit
 def _matmul_kernel(
     a_ptr, b_ptr, c_ptr, scale_a_ptr, scale_b_ptr,
     M, N, K,
@@ -122,12 +145,7 @@ def _matmul_kernel(
     GROUP_M: tl.constexpr, INPUT_PRECISION: tl.constexpr, HAS_SCALE: tl.constexpr,
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
-
-    # Rows/cols past the edge wrap (modulo) instead of being masked: the loads stay in
-    # bounds and unmasked along M/N; the wrapped results are simply never stored.
-    offs_m = (pid_m * BLOCK_M + tl.arange(0, BLOCK_M)) % M
-    offs_n = (pid_n * BLOCK_N + tl.arange(0, BLOCK_N)) % N
-    offs_k = tl.arange(0, BLOCK_K)
+    offs_m, offs_n, offs_k = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
     a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
     b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
 
@@ -139,10 +157,7 @@ def _matmul_kernel(
     if HAS_SCALE:  # fp8: per-tensor dequantization scales, applied once in the epilogue
         acc = acc * (tl.load(scale_a_ptr) * tl.load(scale_b_ptr))
 
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    c_ptrs = c_ptr + rows[:, None] * stride_cm + cols[None, :] * stride_cn
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=(rows[:, None] < M) & (cols[None, :] < N))
+    _store_tile(c_ptr, acc, pid_m, pid_n, M, N, stride_cm, stride_cn, BLOCK_M, BLOCK_N)
 
 
 # One kernel, two tuners: the fp8 one searches deeper K steps.

@@ -9,7 +9,7 @@ background thread and returns a `ServerHandle` (url, engines, stop()); `serve_ma
 `stack serve`. (Lab 6's answer key, teaching-size twins of parts of this layer, is
 labs/lab6_serving/lab6_reference.py.)
 """
-import layer5_parallel as parallel  # the layer beneath, as a namespace: parallel.engine.LLM
+import layer5_parallel as parallel  # the layer beneath, as a namespace: parallel.LLM
 
 from .api import create_app
 from .app_thread import AppThread, bind, run_until_interrupted, wait_healthy

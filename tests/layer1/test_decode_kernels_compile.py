@@ -1,6 +1,6 @@
-"""The decode kernels compile for a Hopper GPU (sm_90), checked on any machine: Triton's
-interpreter runs kernel code as Python, so it accepts code the compiler rejects (it once hid
-a `return` inside a constexpr branch that the compiler does not honour). A subprocess with
+"""The decode kernels (and the tiled matmuls) compile for a Hopper GPU (sm_90), checked on any
+machine: Triton's interpreter runs kernel code as Python, so it accepts code the compiler
+rejects (it once hid a `return` inside a constexpr branch that the compiler does not honour). A subprocess with
 TRITON_INTERPRET=0 compiles each kernel ahead of time for cuda:90 (ptxas ships with Triton)."""
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import importlib
 # (import_module: the package's `gemv` and `paged_decode` names are the functions)
-G, P, R, GR, A = (importlib.import_module(f"layer1_kernels.{m}")
-                  for m in ("gemv", "paged_decode", "rope_kv_write", "gemv_rope", "argmax"))
+G, P, R, GR, A, MM, I8 = (importlib.import_module(f"layer1_kernels.{m}") for m in (
+    "gemv", "paged_decode", "rope_kv_write", "gemv_rope", "argmax", "matmul", "int8_matmul"))
 
 def compile_(fn, consts, ptrs, opts):
     sig, cx = {}, {}
@@ -66,6 +66,12 @@ compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8
 compile_(A._argmax_kernel, dict(BLOCK=4096, PIECES=32, PDL=True),
          {"x_ptr": "*fp32", "out_ptr": "*i64", "part_v_ptr": "*fp32", "part_i_ptr": "*i32",
           "count_ptr": "*i32"}, {"num_warps": 4, "launch_pdl": True})
+# the tiled matmul and its int8-weight variant (they share jit helpers: _tile_offsets, _store_tile)
+compile_(MM._matmul_kernel, dict(BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8,
+         INPUT_PRECISION="tf32", HAS_SCALE=True), {"scale_a_ptr": "*fp32", "scale_b_ptr": "*fp32"},
+         {"num_warps": 8, "num_stages": 3})
+compile_(I8._w8a16_kernel.fn, dict(BLOCK_M=16, BLOCK_N=32, BLOCK_K=256, PRECISION="tf32"),
+         {"w_ptr": "*i8"}, {"num_warps": 4, "num_stages": 4})
 print("compiled")
 '''
 

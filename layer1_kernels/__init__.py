@@ -7,7 +7,8 @@ the tests check it without a GPU); `impl="torch"` forces the reference.
 
 Triton kernels: vector add, fused row softmax (online max/sum), RMSNorm/LayerNorm with a
 fused residual add, RoPE on q and k in one pass, SiLU-and-multiply, a grouped, autotuned
-matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA) and a
+matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA; one sequence,
+or many of different lengths in one launch, over packed rows or a paged cache) and a
 weight-only int8 matmul (W8A16); for decode, skinny GEMVs with RMSNorm or SiLU-and-multiply
 fused into their prologue, RoPE fused with the KV-cache write, and split-context (flash-
 decoding) attention over a paged or contiguous cache.
@@ -26,6 +27,7 @@ from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a mach
 from .argmax import argmax, argmax_reference
 from .cupy_support import cupy_available
 from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
+from .flash_attention_varlen import flash_attention_varlen, flash_attention_varlen_reference
 from .gemv import TUNED as GEMV_TUNED
 from .gemv import (
     gemv,
@@ -78,6 +80,7 @@ __all__ = [
     "silu_and_mul", "silu_and_mul_reference",
     "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
     "flash_attention", "flash_attention_reference", "flash_attention_tokens",
+    "flash_attention_varlen", "flash_attention_varlen_reference",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",

@@ -233,6 +233,13 @@ class KVCache(Protocol):
     sequence b's one new token, whose k, v `write` has already stored). It must give what
     `read` + masked attention would (keys at positions < seq_lens[b], and > position - window
     with a sliding window) and must not copy to the host (the decode step is graph-captured).
+
+    Further optional views for the triton backend's fused kernels (layer 4's paged cache has
+    both; a cache without them gets `write` and `read`):
+
+        slot_views(layer)  -> k, v (slots, kv_heads, head_dim): the rows ctx.slot_mapping names
+        block_views(layer) -> k, v (blocks, block_size, kv_heads, head_dim): the blocks
+                              ctx.block_tables names (prefill attention reads keys in place)
     """
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: AttentionContext) -> None:

@@ -3,7 +3,8 @@
 - "torch":   plain PyTorch, written out below: the reference everything is checked against.
 - "triton":  layer 1's fused kernels through layer 2's API: RMSNorm with the residual add
              fused in, RoPE on q and k in one pass, SiLU-and-multiply, FlashAttention-2 for
-             prefill. With impl="auto" they run Triton on CUDA tensors and the torch
+             prefill (every sequence of a step in one launch; keys after a cached prefix
+             read through the cache's block tables in place). With impl="auto" they run Triton on CUDA tensors and the torch
              reference on CPU tensors; impl="triton" forces the kernels (Triton's
              interpreter on a CPU: slow, but it checks the real kernel code path).
 - "compile": torch.compile of the torch norm, RoPE and SiLU-and-multiply: inductor fuses
@@ -169,6 +170,18 @@ def _slot_views(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
+def _block_views(cache, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """This layer's cache as (blocks, page, kv_heads, head_dim) views that ctx.block_tables
+    index (block_tables None: sequence b is block b): the cache's own `block_views` (layer
+    4's paged cache), or layer 3's contiguous cache (a block is a row of max_len slots)."""
+    views = getattr(cache, "block_views", None)
+    if callable(views):
+        return views(layer)
+    if isinstance(cache, ContiguousKVCache):
+        return cache.k[layer], cache.v[layer]
+    return None
+
+
 def _num_splits(batch: int, kv_heads: int, context: int, device: torch.device) -> int:
     """Parts per context: ~8 programs per SM, none shorter than MIN_SPLIT_TOKENS. Host ints."""
     sms = (torch.cuda.get_device_properties(device).multi_processor_count
@@ -196,13 +209,12 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
 #: the general path (cuBLAS GEMMs, layer 1's norm / RoPE / SiLU kernels). Layer 1's gemv takes
 #: up to 8 rows, but it keeps its (rows x BLOCK_N x BLOCK_K) product tile in registers, so the
 #: weight tile one loop step loads shrinks as 1/rows, and each program recomputes the norm (or
-#: SiLU) of every row. Weight bytes in flight per SM (benchmarks/gemv_occupancy.py: compiled
-#: for sm_90a with ptxas, no GPU), 1B o_proj / gate_up / down, 8B gate_up / down: 62/40/62/64/64
-#: KB at 1 row (measured 2.1-3.1 TB/s on an H100), 31/36/8/32/31 at 2, 12/16/4/18/16 at 4,
-#: 6/7/2/8/8 at 8: eight rows starve every projection, so from 5 rows on the general path.
-#: Not yet measured on a GPU: benchmarks/backend_sweep.py's fused-vs-general step rows (1B
-#: and 8B shapes, graph replay) say where the limit belongs.
-FUSED_DECODE_MAX_TOKENS = 4
+#: SiLU) of every row: weight bytes in flight per SM (benchmarks/gemv_occupancy.py, compiled
+#: for sm_90a), 1B o_proj / gate_up / down, 8B gate_up / down: 62/40/62/64/64 KB at 1 row,
+#: 31/36/8/32/31 at 2, 12/16/4/18/16 at 4, 6/7/2/8/8 at 8. Measured (benchmarks/backend_sweep.py,
+#: H200, graph replay, context 192), fused / general step tok/s at 1, 2, 4, 8 sequences:
+#: 1B 1.27x, 0.45x, 0.22x, 0.08x; 8B 1.06x, 0.50x, 0.19x, 0.06x. The fused path wins only at 1.
+FUSED_DECODE_MAX_TOKENS = 1
 
 
 @dataclass(frozen=True)
@@ -289,30 +301,32 @@ def _triton_ops(impl: str) -> Ops:
             return cache.decode_attention(layer, q, ctx, scale, window)
         head_dim = q.shape[-1]
         windowed = window is not None and ctx.max_seq_len > window
-        # The flash kernel has no padding mask and no sliding window: it runs prefill one
-        # sequence at a time (its bottom-right causal alignment is exactly right for a chunk
-        # of new queries after a cached prefix). Decode steps take the padded torch path,
+        # The flash kernels have no sliding window. Decode steps take the padded torch path,
         # which has fixed shapes and so can be captured in a CUDA graph.
         if ctx.max_query_len == 1 or windowed or head_dim not in _FLASH_HEAD_DIMS:
             return torch_attention(q, k, v, ctx, cache, layer, scale, window)
-        # Token-major (n, H, D) rows throughout, read by the kernel through their strides: a
-        # prefill with nothing cached reads its own k/v rows (no padded copy), and each
-        # sequence's output lands in its rows of `out` (no views per call: host time).
-        fresh = cache is None or ctx.is_prefill
+        # Token-major (n, H, D) rows throughout, read by the kernels through their strides,
+        # each sequence's output landing in its rows of `out`. Causal alignment bottom-right:
+        # exactly right for a chunk of new queries after a cached prefix.
         out = torch.empty_like(q)
-        if fresh and len(ctx.query_lens_host) == 1:  # one prompt: all rows are its own
-            return kernels.flash_attention_tokens(q, k, v, out, scale=scale, impl=impl)
-        keys, values = (k, v) if fresh else cache.read(layer, ctx)
-        start = 0
-        for b, (n_q, n_kv) in enumerate(zip(ctx.query_lens_host, ctx.seq_lens_host, strict=True)):
-            rows = slice(start, start + n_q)
-            if fresh:
-                kb, vb = keys[rows], values[rows]
-            else:  # (B, Hkv, S, D) cache views -> this sequence's (n_kv, Hkv, D)
-                kb, vb = keys[b, :, :n_kv].transpose(0, 1), values[b, :, :n_kv].transpose(0, 1)
-            kernels.flash_attention_tokens(q[rows], kb, vb, out[rows], scale=scale, impl=impl)
-            start += n_q
-        return out
+        if cache is None or ctx.is_prefill:  # keys: this step's own rows, nothing cached
+            if len(ctx.query_lens_host) == 1:  # one prompt: the single-sequence kernel
+                return kernels.flash_attention_tokens(q, k, v, out, scale=scale, impl=impl)
+            return kernels.flash_attention_varlen(q, k, v, out, ctx.query_start_loc,
+                                                  ctx.query_lens, ctx.max_query_len,
+                                                  scale=scale, impl=impl)
+        # Keys in the cache (this step's already written): every sequence in one launch,
+        # read through the block tables in place; a cache without block views is gathered
+        # (its `read`: (B, Hkv, S, D)) and read as one row per sequence.
+        views = _block_views(cache, layer)
+        if views is None:
+            keys, values = cache.read(layer, ctx)
+            views, tables = (keys.transpose(1, 2), values.transpose(1, 2)), None
+        else:
+            tables = ctx.block_tables
+        return kernels.flash_attention_varlen(q, *views, out, ctx.query_start_loc, ctx.seq_lens,
+                                              ctx.max_query_len, block_tables=tables,
+                                              paged=True, scale=scale, impl=impl)
 
     def rope_write(q, k, v, cos, sin, ctx: AttentionContext, cache, layer: int) -> bool:
         """Rotate q, k in place and write k, v at ctx.slot_mapping in one launch (layer 1's

@@ -144,6 +144,11 @@ class PagedKVCache:
         k, v = self.k[layer], self.v[layer]
         return k.view(-1, *k.shape[-2:]), v.view(-1, *v.shape[-2:])
 
+    def block_views(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's k and v as (blocks, block_size, kv_heads, head_dim), the blocks that
+        ctx.block_tables name: layer 3's prefill attention reads keys through them in place."""
+        return self.k[layer], self.v[layer]
+
     def read(self, layer: int, ctx: l3.AttentionContext) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather every sequence's blocks: two (B, kv_heads, max_seq_len, head_dim) tensors,
         sequence b's keys at [:seq_lens[b]] (the rest: padding blocks' contents, masked)."""

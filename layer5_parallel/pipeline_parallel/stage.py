@@ -126,6 +126,12 @@ class StageKVCache(engine.PagedKVCache):
     def read(self, layer: int, ctx):
         return super().read(layer - self.first, ctx)
 
+    def slot_views(self, layer: int):
+        return super().slot_views(layer - self.first)
+
+    def block_views(self, layer: int):
+        return super().block_views(layer - self.first)
+
     def decode_attention(self, layer: int, q, ctx, scale: float, window):
         return super().decode_attention(layer - self.first, q, ctx, scale, window)
 

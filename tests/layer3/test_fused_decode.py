@@ -172,6 +172,8 @@ def test_fused_decode_under_cuda_graph_gpu():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, _ = _pair(dict(TINY, vocab_size=512), torch.bfloat16, "cuda", "auto")
+    fused.ops = dataclasses.replace(  # two sequences: more than the default limit takes
+        fused.ops, decode=dataclasses.replace(fused.ops.decode, max_tokens=2))
     cache = l3.ContiguousKVCache.for_model(cfg, 2, 48, dtype=torch.bfloat16, device="cuda")
     with torch.no_grad():
         fused(torch.randint(0, 512, (10,), device="cuda"), cache.context([4, 6], [0, 0]), cache)

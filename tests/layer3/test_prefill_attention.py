@@ -1,6 +1,8 @@
-"""The triton backend's prefill attention (layer 1's FlashAttention per sequence, reading k/v
-and writing its output through strided views) against the torch backend, on fresh random
-weights at awkward lengths: a batch of fresh prompts, then chunks after cached prefixes."""
+"""The triton backend's prefill attention (layer 1's FlashAttention: one prompt, or every
+sequence of a step in one varlen launch, reading k/v and writing its output through strided
+views, keys after a cached prefix read from the cache in place) against the torch backend, on
+fresh random weights at awkward lengths: a batch of fresh prompts, then chunks after cached
+prefixes, steps that mix decodes with chunks, cache rows out of order."""
 from __future__ import annotations
 
 import pytest
@@ -37,6 +39,24 @@ def test_prefill_then_chunks_match_torch_backend(seed: int) -> None:
             outs = [n(ids, c.context(lens, done), c) for n, c in zip((ref, fast), caches,
                                                                      strict=True)]
             torch.testing.assert_close(outs[1], outs[0], atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.interpreter
+def test_mixed_steps_in_permuted_rows_match_torch_backend() -> None:
+    """Sequences in cache rows [3, 0, 2] (block tables), then a step where two of them decode
+    one token while the third brings a chunk: one launch, keys read through the tables."""
+    ref, fast = _pair(4)
+    gen = torch.Generator().manual_seed(4)
+    caches = [l3.ContiguousKVCache.for_model(n.config, 4, 48, dtype=torch.float32)
+              for n in (ref, fast)]
+    rows, done = [3, 0, 2], [0, 0, 0]
+    with torch.no_grad():
+        for lens in ([9, 2, 17], [1, 1, 6], [1, 12, 1]):
+            ids = torch.randint(0, SHAPE["vocab_size"], (sum(lens),), generator=gen)
+            outs = [n(ids, c.context(lens, done, rows), c) for n, c in zip((ref, fast), caches,
+                                                                           strict=True)]
+            torch.testing.assert_close(outs[1], outs[0], atol=2e-4, rtol=1e-4)
+            done = [d + n for d, n in zip(done, lens, strict=True)]
 
 
 @pytest.mark.interpreter

@@ -5,6 +5,7 @@ whole model. CPU: Triton's interpreter, fp32, a one-rank gloo group (its collect
 identity, so the shard's logits equal the model's); two GPUs: tests/layer5/test_tp_graph_gpu.py."""
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import torch
@@ -46,6 +47,8 @@ def test_a_shard_takes_the_fused_decode_path(monkeypatch):
     pg = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=30))
     shard = l5.shard_model(net, 0, 1, l5.TPComm("torch", pg=pg))
     shard.set_backend("triton", impl="triton")
+    shard.ops = dataclasses.replace(  # two sequences: more than the default limit takes
+        shard.ops, decode=dataclasses.replace(shard.ops.decode, max_tokens=2))
     comm = shard.layers[0].attn.o_proj.comm
     want = _decode(net)
     before = comm.calls

@@ -46,13 +46,21 @@ from .host import cdiv
 @triton.jit
 def _key_rows(offs_n, b, q_start, Nk, tables_ptr, stride_tb, PAGE: tl.constexpr,
               PAGED: tl.constexpr, IDENTITY: tl.constexpr):
-    """(block, row) of keys offs_n of sequence b; keys >= Nk get block 0 (their loads are masked)."""
+    """(block, row) of keys offs_n of sequence b, int64; keys >= Nk get block 0 (their loads
+    are masked). One return: the compiler types every return alike, constexpr branches too."""
+    offs = offs_n.to(tl.int64)
     if PAGED:
         if IDENTITY:
-            return offs_n * 0 + b, offs_n
-        blk = tl.load(tables_ptr + b * stride_tb + offs_n // PAGE, mask=offs_n < Nk, other=0)
-        return blk.to(tl.int64), offs_n % PAGE
-    return offs_n * 0, q_start + offs_n
+            blk = offs * 0 + b
+            row = offs
+        else:
+            blk = tl.load(tables_ptr + b * stride_tb + offs // PAGE, mask=offs_n < Nk,
+                          other=0).to(tl.int64)
+            row = offs % PAGE
+    else:
+        blk = offs * 0
+        row = q_start + offs
+    return blk, row
 
 
 @triton.jit

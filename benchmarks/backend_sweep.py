@@ -15,7 +15,10 @@ Per (backend, batch), two measurements:
 - engine: layer 4's LLM.generate (cuda_graph=True, prefix caching off) of `batch` random
   128-token prompts, 64 new tokens, greedy, EOS ignored: decode tok/s = batch * 63 /
   (t(64 tokens) - t(1 token)), the better of two (the prefill cancels), as layer 5's
-  tp_gpu_bench measures; with the count of decode steps the graphs ran (the rest ran eagerly).
+  tp_gpu_bench measures; with the count of decode steps the graphs ran (the rest ran eagerly)
+  and t(1 token) ("prefill+1": the B prompts' prefill and one token). The prefill does not
+  cancel entirely: with 64 tokens the steps that admit new prompts also carry the decodes of
+  those admitted before (mixed steps, eager), which a 1-token run has not.
 Last, at --profile-batch, the top kernels of one replayed step per backend (torch.profiler).
 
 Each row is printed (flushed) and the JSON rewritten as soon as it is measured; past
@@ -296,7 +299,8 @@ def main(argv: list[str] | None = None) -> dict:
         result["rows"].append(row)
         path.write_text(json.dumps(result, indent=1, default=str))
         extra = (f" MBU {row['MBU']:.0%}" if row.get("MBU") else "") + (
-            f" graph steps {row['graph_steps']}/{row['steps']}" if "graph_steps" in row else "")
+            f" graph steps {row['graph_steps']}/{row['steps']}" if "graph_steps" in row else "") + (
+            f" prefill+1 {row['t1_s']:.3f} s" if "t1_s" in row else "")
         log(f"{args.shape} {row['part']:6} {row['variant']:14} batch {row['batch']:>3}: "
             f"{row['tokens_per_s']:10,.1f} tok/s  step {row['step_ms']:8.3f} ms{extra}")
 
@@ -374,7 +378,10 @@ def table(result: dict) -> list[str]:
             ratio = f"{c['tokens_per_s'] / t['tokens_per_s']:.2f}x" if t and c else "-"
             fused = (f"  fused {f(fu)} general {f(g)} fused/general "
                      f"{fu['tokens_per_s'] / g['tokens_per_s']:.2f}x" if fu and g else "")
-            lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}{fused}")
+            prefill = (f"  prefill+1 s: torch {t['t1_s']:.3f} triton {c['t1_s']:.3f}"
+                       if t and c and "t1_s" in t and "t1_s" in c else "")
+            lines.append(f"  {part:6} B={B:<3} torch {f(t)}  triton {f(c)}  {ratio:>6}{fused}"
+                         f"{prefill}")
     known = ("torch", "triton", "triton-fused", "triton-general")
     for r in result["rows"]:
         if r["variant"] not in known:

@@ -4,7 +4,8 @@
 #   bash benchmarks/backend_sweep.sh          (results under $OUT; a short table last)
 # Steps, in order of importance, each with its own time limit (log: $OUT/NAME.log, JSON beside):
 #   pytest_gpu  the -m gpu tests of the kernels and paths this round touches (and of the shared
-#               capture helper / gemv prologue fold: prefill graph, speculative graph)
+#               capture helper / gemv prologue fold: prefill graph, speculative graph; the
+#               varlen prefill attention against the per-sequence kernel and the torch backend)
 #   sweep_8b    Llama-3.1-8B shape: decode tok/s, torch vs triton backend, batch 1/8/32/128/256,
 #               graph-replayed step and LLM.generate; fused vs general at batch 1/2/4/8;
 #               top kernels of a batch-32 step per backend            (backend_sweep.py)
@@ -29,7 +30,8 @@ timeout 40 python3 -c 'import layer3_model as l3; c = l3.load_ceilings("cuda"); 
 print(f"ceilings: {c.memory_bandwidth / 1e12:.2f} TB/s copy, bf16 {bf / 1e12:.0f} TFLOP/s")' 2>&1 \
     | tail -1 | tee -a "$out/env.txt"
 
-maybe pytest_gpu 85 python3 -m pytest -m gpu -q -p no:cacheprovider \
+maybe pytest_gpu 100 python3 -m pytest -m gpu -q -p no:cacheprovider \
+    tests/layer1/test_flash_attention_varlen.py tests/layer3/test_prefill_attention.py \
     tests/layer3/test_fused_decode.py tests/layer1/test_paged_decode.py \
     tests/layer4/test_paged_attention.py tests/layer4/test_cuda_graph_runner.py \
     tests/layer3/test_prefill_graph.py tests/layer4/test_speculative_graph.py

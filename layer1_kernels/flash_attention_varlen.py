@@ -15,16 +15,19 @@ Its keys come from one of two places:
 Causal, aligned bottom-right per sequence: query i of sequence b (i < n_q) sees keys
 j <= i + (seq_lens[b] - n_q), i.e. its own position and everything before it.
 
-Why one launch. flash_attention_tokens takes one sequence: a step of 256 prompts x 32 layers
-was 8,192 launches from a Python loop, and a step mixing 200 decodes with 16 prompts ~7,000
-more, the host's time (~40-60 us a sequence, more than the GPU's) for every one of them. Here
-the grid is (B * Hq, query blocks of the longest sequence): program (b*Hq + h, m) loads its
-sequence's bounds from query_start_loc / seq_lens and does nothing (no loop, no memory
-touched) when its query block is past the sequence's end; the rest is flash_attention.py's program (one BLOCK_M x D query tile,
-online softmax over BLOCK_N keys at a time, unmasked blocks first, the diagonal masked, blocks
-past the diagonal skipped). The bottom query blocks (the most keys) launch first. Paged keys
-are gathered by row (a block id per key from the table, cached in L1/L2): no padded copy of
-the cache, which the general path (cache.read) makes for every layer.
+Why one launch. flash_attention_tokens takes one sequence, so a step of B sequences cost B
+launches per layer from a Python loop. In the engine's big runs (128-256 prompts of 128 tokens,
+2,048-token steps) the steps that admit 16 new prompts beside up to 240 decoding sequences made
+~250 launches per layer, and LLM.generate on the triton backend fell to 0.31x the torch
+backend's at 256 sequences (8B shape, H200) while its decode step alone was 1.43x faster: the
+host's time per launch (some tens of us), not the GPU's, set the pace of those steps.
+Here the grid is (B * Hq, query blocks of the longest sequence): program (b*Hq + h, m) loads
+its sequence's bounds from query_start_loc / seq_lens and does nothing (no loop, no memory
+touched) when its query block is past the sequence's end; the rest is flash_attention.py's
+program (one BLOCK_M x D query tile, online softmax over BLOCK_N keys at a time, unmasked
+blocks first, the diagonal masked, blocks past the diagonal skipped). The bottom query blocks
+(the most keys) launch first. Paged keys are gathered by row (a block id per key from the
+table): no padded copy of the cache, which the general path (cache.read) makes every layer.
 """
 from __future__ import annotations
 
@@ -38,8 +41,14 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-from .flash_attention import _DTYPES, _HEAD_DIMS, _LOG2E, _check_common, _pick_config
-from .flash_attention import flash_attention_reference
+from .flash_attention import (
+    _DTYPES,
+    _HEAD_DIMS,
+    _LOG2E,
+    _check_common,
+    _pick_config,
+    flash_attention_reference,
+)
 from .host import cdiv
 
 

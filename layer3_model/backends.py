@@ -4,9 +4,10 @@
 - "triton":  layer 1's fused kernels through layer 2's API: RMSNorm with the residual add
              fused in, RoPE on q and k in one pass, SiLU-and-multiply, FlashAttention-2 for
              prefill (every sequence of a step in one launch; keys after a cached prefix
-             read through the cache's block tables in place). With impl="auto" they run Triton on CUDA tensors and the torch
-             reference on CPU tensors; impl="triton" forces the kernels (Triton's
-             interpreter on a CPU: slow, but it checks the real kernel code path).
+             read through the cache's block tables in place). With impl="auto" they run
+             Triton on CUDA tensors and the torch reference on CPU tensors; impl="triton"
+             forces the kernels (Triton's interpreter on a CPU: slow, but it checks the real
+             kernel code path).
 - "compile": torch.compile of the torch norm, RoPE and SiLU-and-multiply: inductor fuses
              each op's elementwise chain into one kernel (the automatic version of what
              layer 1 wrote by hand). Attention stays eager torch: its matmuls go to the

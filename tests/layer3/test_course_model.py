@@ -2,6 +2,7 @@
 and write play-form text; `stack run --layer 3` and the bench helpers work on a CPU."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -66,6 +67,10 @@ def test_bench_arithmetic_on_a_small_model():
     net = l3.random_model(cfg)
     n_params = sum(p.numel() for p in net.parameters())
     assert bench.weight_bytes_read(net) == 4 * n_params  # fp32, tied head counted once
+    untied = l3.random_model(dataclasses.replace(cfg, tie_word_embeddings=False))
+    n_untied = sum(p.numel() for p in untied.parameters())  # the lookup reads one row of embed
+    read = n_untied - (cfg.vocab_size - 1) * cfg.hidden_size
+    assert bench.weight_bytes_read(untied) == 4 * read
     norms = sum(p.numel() for n, p in net.named_parameters() if "norm" in n)
     assert bench.matmul_params(net) == n_params - norms - cfg.vocab_size * cfg.hidden_size
     assert bench.kv_bytes_per_position(net) == 2 * 3 * 2 * 8 * 4

@@ -17,6 +17,8 @@
 #   paged32     the paged kernel's configs x split counts at batch 32 x 1k/4k/16k (sweep_paged.py)
 # A step starts only if its limit fits in what is left of TOTAL_S (default 560 s), so the call
 # ends inside the device's 600 s; skipped steps are named. ONLY="sweep_8b kernel": just those.
+# SWEEP_ARGS: more backend_sweep.py options for both sweeps, one word each (e.g.
+# "--general-batches=1 --extra= --profile-batch=0": the backend and engine rows, quicker).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 export PYTHONUNBUFFERED=1 LLM_STACK_RESULTS=$out/results LLM_STACK_CACHE=/tmp/llm-stack-cache
@@ -36,9 +38,11 @@ maybe pytest_gpu 100 python3 -m pytest -m gpu -q -p no:cacheprovider \
     tests/layer4/test_paged_attention.py tests/layer4/test_cuda_graph_runner.py \
     tests/layer3/test_prefill_graph.py tests/layer4/test_speculative_graph.py
 tail -3 "$out/pytest_gpu.log"
-maybe sweep_8b 150 python3 benchmarks/backend_sweep.py --shape 8b --budget-s 135 --out "$out"
+maybe sweep_8b 150 python3 benchmarks/backend_sweep.py --shape 8b --budget-s 135 --out "$out" \
+    ${SWEEP_ARGS:-}
 grep -E "step |engine |top|us  x" "$out/sweep_8b.log" | tail -40
-maybe sweep_1b 100 python3 benchmarks/backend_sweep.py --shape 1b --budget-s 85 --out "$out"
+maybe sweep_1b 100 python3 benchmarks/backend_sweep.py --shape 1b --budget-s 85 --out "$out" \
+    ${SWEEP_ARGS:-}
 maybe kernel 50 stack bench --layer 4 --only kernel
 maybe decode 45 python3 benchmarks/decode_prefill_engine.py decode --out "$out"
 maybe engine 65 python3 benchmarks/decode_prefill_engine.py engine --out "$out"

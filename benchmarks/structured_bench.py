@@ -22,9 +22,10 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   warm-up, a mode's variants run in turn (round robin) so a slow spell hits them alike;
   with the engine's own per-step mask figures (host fill, host apply) and its step count,
   and the wall time per step. Under async scheduling json_schema runs three ways: the
-  engine's default (fill on llguidance's pool past 4 rows), serial fill (one by one on the
-  engine's thread) and the helper (TokenMasks.overlap: grammars advanced and masks filled on
-  a helper thread while the engine's thread appends the previous tokens).
+  engine's default (TokenMasks.overlap: the fill handed to a helper thread, one GIL-free
+  call of llguidance's executor, while the engine's thread builds the step's outputs;
+  masked and sampled after), serial fill (one by one on the engine's thread, no helper)
+  and pool (no helper, llguidance's pool of 8 threads: the earlier default).
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -76,12 +77,14 @@ class Throughput:
     a shared host does not land on one variant only)."""
 
     def __init__(self, model: l3.Model, batch: int, new: int, constrained: bool,
-                 fill_threads: int | None = None, helper: bool = False, **engine) -> None:
+                 fill_threads: int | None = None, helper: bool | None = None,
+                 **engine) -> None:
         blocks = batch * (-(-(new + 16) // 16) + 1) + 16  # every sequence's KV, no more
         self.llm = l4.LLM(model, max_num_seqs=batch, num_blocks=blocks, **engine)
         if fill_threads is not None:  # else the engine's own (fill_threads(), read at start)
             self.llm.masks.threads = fill_threads
-        self.llm.masks.overlap = helper
+        if helper is not None:  # else the engine's own (mask_overlap(), read at start)
+            self.llm.masks.overlap = helper
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
         self.params = [l4.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
                                          structured_outputs=spec) for _ in range(batch)]
@@ -90,7 +93,8 @@ class Throughput:
         self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
-                    "fill_threads": self.llm.masks.threads, "helper": helper,
+                    "fill_threads": self.llm.masks.threads,
+                    "helper": self.llm.masks.overlap and self.llm.config.async_scheduling,
                     "tokens_per_s": 0.0, "runs": []}
 
     def run(self) -> None:
@@ -114,6 +118,7 @@ class Throughput:
             row.update(masked_steps=n,
                        engine_fill_us_per_step=round(1e6 * masks["fill_s"] / n, 1),
                        engine_apply_us_per_step=round(1e6 * masks["apply_s"] / n, 1),
+                       engine_helper_fill_us_per_step=round(1e6 * masks["helper_s"] / n, 1),
                        engine_wait_us_per_step=round(1e6 * masks["wait_s"] / n, 1))
 
 
@@ -134,6 +139,17 @@ def _median_us(fn, steps: int, device: torch.device) -> float:
         t0 = time.perf_counter()
         fn()
         times.append(_sync(device) - t0)
+    return round(1e6 * statistics.median(times), 1)
+
+
+def _host_us(fn, steps: int, device: torch.device) -> float:
+    """Median host time of fn (its device work waited for after each call, untimed)."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        _sync(device)
     return round(1e6 * statistics.median(times), 1)
 
 
@@ -179,6 +195,25 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
     rows = torch.arange(batch, device=device)
     apply = {"engine_apply_host_us": round(statistics.median(host_us), 1),
              "engine_apply_done_us": round(statistics.median(done_us), 1)}
+    # TokenMasks' parts, host time only (each call's device work waited for outside the
+    # timing): the fill on this thread, the fill handed to the helper and waited for, and
+    # the launch (one copy + one event + one kernel), then the copy and the kernel alone
+    apply["engine_prepare_host_us"] = _host_us(lambda: masks.prepare(seqs), steps, device)
+    apply["engine_helper_fill_us"] = _host_us(lambda: masks.wait(masks.submit(seqs)), steps,
+                                              device)
+    prepared = masks.prepare(seqs)
+    apply["engine_launch_host_us"] = _host_us(lambda: masks.launch(logits, prepared), steps,
+                                              device)
+    if device.type == "cuda":
+        from layer4_algorithms.structured.mask_kernel import apply_bitmask_triton
+
+        R, n, _, host, dev = prepared
+        W = masks.W
+        apply["copy_host_us"] = _host_us(
+            lambda: dev[:n].copy_(host[:n], non_blocking=True), steps, device)
+        apply["kernel_launch_host_us"] = _host_us(
+            lambda: apply_bitmask_triton(logits, dev[:R * W].view(R, W), dev[R * W:n]), steps,
+            device)
     for impl in ("triton", "torch") if device.type == "cuda" else ("torch",):
         # (on a CPU the kernel would run in Triton's interpreter: its time says nothing)
         apply[f"{impl}_us"] = _median_us(
@@ -273,10 +308,10 @@ def main(argv: list[str] | None = None) -> dict:
                  ("graph-sync", {**graph, **sync})]
     for name, engine in modes:
         row = {"scheduling": name, "engine": engine}
-        variants = [("unconstrained", False, None, False), ("json_schema", True, None, False)]
+        variants = [("unconstrained", False, None, None), ("json_schema", True, None, None)]
         if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
             variants += [("json_schema_serial_fill", True, 0, False),
-                         ("json_schema_helper", True, None, True)]
+                         ("json_schema_pool", True, 8, False)]
         runs = {}
         for key, constrained, threads, helper in variants:
             if time.perf_counter() - T0 > args.time_limit:
@@ -293,7 +328,8 @@ def main(argv: list[str] | None = None) -> dict:
                 r.run()
         for key, t in runs.items():
             r = row[key] = t.row
-            extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us + apply "
+            extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us (helper "
+                     f"{r.get('engine_helper_fill_us_per_step')} us) + apply "
                      f"{r.get('engine_apply_us_per_step')} us (waited "
                      f"{r.get('engine_wait_us_per_step')} us) per step"
                      if r["constrained"] else "")
@@ -305,11 +341,11 @@ def main(argv: list[str] | None = None) -> dict:
         if "unconstrained" in row and "json_schema" in row:
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("serial_fill", "helper"):
+            for v in ("serial_fill", "pool"):
                 if f"json_schema_{v}" in row:
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x (serial fill: "
-                f"{row.get('ratio_serial_fill')}x, helper thread: {row.get('ratio_helper')}x; "
+                f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x; "
                 f"target >= 0.9x)")
         tp.append(row)
         rows["throughput"] = tp
@@ -326,7 +362,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(f"SUMMARY {r['scheduling']:>10}: unconstrained "
                   f"{r['unconstrained']['tokens_per_s']} tok/s, json_schema "
                   f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (serial fill "
-                  f"{r.get('ratio_serial_fill')}x, helper {r.get('ratio_helper')}x)",
+                  f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x)",
                   flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()

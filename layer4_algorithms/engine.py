@@ -179,6 +179,8 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1
             self._complete(prev, advanced, finished)
+        if callable(launched):  # its masks are being filled on the helper thread
+            return self._end_step(start, advanced, finished, unfinished, delta, launched)
         if launched is not None and launched.sampled is None:
             self._inflight = launched  # its tokens are still on their way: the next step reads them
         elif launched is not None:
@@ -193,12 +195,19 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
                 f"checked to fit when added)")
 
     def _end_step(self, start: float, advanced: set[str], finished: list[Sequence],
-                  unfinished: bool, delta: bool) -> list[RequestOutput]:
+                  unfinished: bool, delta: bool, sample=None) -> list[RequestOutput]:
+        """The outputs of the requests advanced. sample: this step's masking and sampling,
+        left until the outputs are built (the helper thread fills the masks meanwhile); it
+        returns the step launched on the device, which the next step reads."""
         now = time.perf_counter()
-        self._stats.elapsed_s += now - start
         if not unfinished:  # only the requests that finished: no output for the others
             advanced = {q.request_id for q in finished}
-        return self._outputs(advanced, unfinished, now, delta)
+        try:
+            return self._outputs(advanced, unfinished, now, delta)
+        finally:
+            if sample is not None:
+                self._inflight = sample()
+            self._stats.elapsed_s += time.perf_counter() - start
 
     def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
                 advanced: set[str], finished: list[Sequence]
@@ -218,27 +227,42 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
         if not sync:
-            job = None
-            if prev is not None and any(q.grammar is not None for q in who):
-                if self.masks.overlap:  # the helper advances the grammars and fills
+            constrained = any(q.grammar is not None for q in who)
+            if constrained and self.masks.overlap:
+                # prev's tokens advance the grammars first (each state takes a position
+                # once: appending them below does not again), the helper fills the masks
+                # while this thread appends prev's tokens and step() builds the outputs,
+                # then step() calls this to mask and sample (before anything else launches)
+                if prev is not None:
                     sampled = prev.read()
-                    job = self.masks.submit(who, [
-                        (q.grammar, sampled[q.seq_id][0], len(q.output_ids)) for q in who
-                        if q.grammar is not None and q.seq_id in sampled])
+                    bad = {q.seq_id for q, b in zip(prev.who, prev.bad.tolist(), strict=True)
+                           if b} if prev.bad is not None else ()  # voided: no token
+                    for q in who:
+                        if q.grammar is not None and q.seq_id in sampled and q.seq_id not in bad:
+                            q.grammar.accept_at(sampled[q.seq_id][0], len(q.output_ids))
+                job = self.masks.submit(who)
+                if prev is not None:
+                    self._complete(prev, advanced, finished)
+                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job)), None
+            if prev is not None and constrained:  # the masks follow prev's tokens
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
-            # fill (host; the helper's, if it ran), one copy, one kernel
-            self.masks.launch(rows, self.masks.wait(job) if job is not None
-                              else self.masks.prepare(who))
-            tokens = self.runner.sample_tokens(rows, [q.params for q in who],
-                                               [q.generator for q in who])
-            return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad), prev
+            return self._sample_on_device(out, rows, who, self.masks.prepare(who)), prev
         launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
                                                               self.masks),
                                         self.runner.last_bad)
         if spec:
             launched.sampled.update(self._verify(spec))
         return launched, prev
+
+    def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
+                          prepared: tuple | None) -> LaunchedStep:
+        """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
+        the tokens stay there (their copy back starts behind the sampling)."""
+        self.masks.launch(rows, prepared)
+        tokens = self.runner.sample_tokens(rows, [q.params for q in who],
+                                           [q.generator for q in who])
+        return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
 
     def _sampling_rows(self, out: SchedulerOutput,
                        logits: StepLogits) -> tuple[list[int], list[Sequence], list]:

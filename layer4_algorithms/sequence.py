@@ -131,7 +131,7 @@ class Sequence:
         _, self.finish_reason = self.finish.append(token)
         if len(self.output_ids) > before:
             self.token_ids.append(token)
-            if self.grammar is not None:  # (done already if the mask's helper got there first)
+            if self.grammar is not None:  # once per output position (accept_at)
                 self.grammar.accept_at(token, before)
         return self.finish_reason is not None
 

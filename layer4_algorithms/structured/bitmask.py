@@ -7,7 +7,8 @@ a 32k vocabulary instead of 32k bools). Per step:
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
             (llguidance walks its token trie against the lexer; a few us per row at a 4k
             vocabulary, more at 128k), in pinned memory reused step after step
-            (`TokenMasks`), on llguidance's own threads (they drop the GIL)
+            (`TokenMasks`): one by one on the engine's thread, or (async scheduling) all
+            rows in one call on a helper thread, which drops the GIL
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -16,8 +17,11 @@ a 32k vocabulary instead of 32k bools). Per step:
 The engine fills a step's masks after its forward pass is launched, so the host's fill runs
 while the GPU computes the logits; under async scheduling it first reads the previous step's
 tokens (already on their way to the host, ahead of this forward on the stream), advances the
-grammars with them, then fills, applies and samples: the mask of step t + 1 needs the token
-of step t, and nothing more.
+grammars with them, hands the fill to the helper thread, appends those tokens to their
+sequences and builds the step's outputs meanwhile, then applies and samples: the mask of
+step t + 1 needs the token of step t, and nothing more. (A host-bound step, as a small model's
+under CUDA graphs is, gains nothing from overlapping the fill with the GPU; it gains what the
+fill overlaps of the host's own work.)
 
 Rows without a grammar are not touched, and the mask acts on the logits after the forward
 pass (outside a CUDA graph: the graph's output buffer is masked before it is sampled), so
@@ -27,9 +31,10 @@ tokens: masking a logit to -inf is exactly renormalising the distribution over t
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 import torch
@@ -38,16 +43,22 @@ if TYPE_CHECKING:
     import llguidance
 
 _EXECUTORS: dict[int, llguidance.LLExecutor] = {}
-SERIAL_ROWS = 4  # up to this many rows a step fills them on the calling thread
+SERIAL_ROWS = 4  # with a pool, up to this many rows a step still fills on the calling thread
 
 
 def fill_threads() -> int:
-    """llguidance's threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0 or 1: always on
-    the calling thread; more than the CPUs: the CPUs), else half the CPUs up to 8 (1, so the
-    calling thread, on 2 CPUs). A row costs ~5-50 us at a 4k vocabulary, so more threads
-    mostly add wake-up time; and a pool thread asleep since the last step must first be
-    woken by the OS, which on a busy machine is what a small batch waits for. ValueError
-    for a value that is not a whole number >= 0."""
+    """llguidance's pool threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0 or 1: one
+    by one on the calling thread; more than the CPUs: the CPUs), else 0.
+
+    Why 0 by default: on an H200 host (64 CPUs, course model, V = 4096, batch 32) the pool
+    never paid. Filling 32 mid-JSON rows back to back took 52.8 us on 1 pool thread, 60.1 on
+    2, 93.7 on 4, 118.6 on 8; inside the engine, where the pool's threads have slept since
+    the last step and must be woken by the OS every step, the fill took 1.0-1.7 ms a step on
+    8 threads against 0.4 ms one by one on the engine's thread, and constrained decoding ran
+    at 0.59x the unconstrained tokens/s instead of 0.93x (eager, async). A larger vocabulary
+    costs more per row (the trie walk grows with V) and may tip the balance at large batches;
+    that is not measured yet, so the pool is opt-in (a number here) rather than guessed at
+    by a batch or vocabulary threshold. ValueError for a value that is not a whole number >= 0."""
     cpus = os.cpu_count() or 2
     env = os.environ.get("LLM_STACK_GRAMMAR_THREADS", "").strip()
     if env:
@@ -59,16 +70,17 @@ def fill_threads() -> int:
             raise ValueError(f"LLM_STACK_GRAMMAR_THREADS={env!r}: need a whole number of "
                              f"threads >= 0 (0 or 1: fill on the engine's thread)")
         return min(n, cpus)
-    return max(1, min(8, cpus // 2))
+    return 0
 
 
 def mask_overlap() -> bool:
-    """LLM_STACK_MASK_OVERLAP: 1 (or true/yes/on) for TokenMasks' helper thread, 0 (or
-    false/no/off, or unset) without; ValueError for anything else."""
+    """LLM_STACK_MASK_OVERLAP: 0 (or false/no/off) to fill every mask on the engine's thread;
+    1 (or true/yes/on, or unset) for TokenMasks' helper thread under async scheduling (the
+    default); ValueError for anything else."""
     env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
-    if env in ("", "0", "false", "no", "off"):
+    if env in ("0", "false", "no", "off"):
         return False
-    if env in ("1", "true", "yes", "on"):
+    if env in ("", "1", "true", "yes", "on"):
         return True
     raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1 or 0")
 
@@ -160,6 +172,46 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = No
                 s.fill(rows[j])
 
 
+class _Helper:
+    """One thread that runs one GIL-free call at a time for the engine's thread.
+
+    `run(fn, *args)` hands fn over and returns its Future once the helper has started it:
+    the engine's thread waits (GIL released) until the helper is about to call fn, so the
+    helper is not left waiting for the GIL behind the engine's Python (CPython hands it over
+    only every few milliseconds to a thread that asks). fn must drop the GIL for its work
+    (llguidance's executor does): the engine's thread then runs Python beside it, and the
+    helper takes the GIL back to return only when the engine's thread blocks on the Future."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: tuple | None = None
+        self._started = threading.Event()
+        threading.Thread(target=self._loop, name="token-masks", daemon=True).start()
+
+    def run(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self._started.clear()
+        with self._cond:
+            self._job = (fn, args, fut)
+            self._cond.notify()
+        self._started.wait()
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None:
+                    self._cond.wait()
+                fn, args, fut = self._job
+                self._job = None
+            self._started.set()
+            t0 = time.perf_counter()
+            try:
+                fut.set_result((fn(*args), time.perf_counter() - t0))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting engine
+                fut.set_exception(e)
+
+
 class TokenMasks:
     """A step's masks, in buffers kept from step to step: for one engine (its vocabulary V
     and device). `apply(logits, seqs)` fills the bitmask rows of the constrained sequences
@@ -170,12 +222,14 @@ class TokenMasks:
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
     twice the need) when a step has more constrained rows than they hold. `threads`: the
-    fill's llguidance threads (fill_threads() at construction; None: read it again each
-    step; 0: on the calling thread). `overlap` (LLM_STACK_MASK_OVERLAP=1, read once
-    here): under async scheduling the engine advances the grammars and
-    fills the masks on a helper thread (`submit`) while its own thread appends the previous
-    step's tokens. `stats`: steps masked, rows masked, seconds advancing + filling (on
-    whichever thread), seconds launching the apply, seconds the engine waited for the helper."""
+    fill's llguidance pool threads (fill_threads() at construction; None: read it again each
+    step; 0: on the calling thread). `overlap` (mask_overlap(), read once here; on unless
+    LLM_STACK_MASK_OVERLAP=0): under async scheduling the engine hands the fill to a helper
+    thread (`submit`: one call of llguidance's executor over all the rows, which drops the
+    GIL) and builds the step's outputs meanwhile, masking and sampling after (`wait`,
+    `launch`). `stats`: steps masked, rows masked, seconds the engine's thread spent filling
+    (or handing the fill over), seconds the helper filled, seconds launching the apply,
+    seconds the engine waited for the helper."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
         self.vocab_size = vocab_size
@@ -184,21 +238,22 @@ class TokenMasks:
         self.cuda = self.device.type == "cuda"
         self._cap = max(1, rows) * (self.W + 1)
         self._host: list[torch.Tensor | None] = [None, None]
-        self._events: list[torch.cuda.Event | None] = [None, None]
+        self._events: list[torch.cuda.Event | None] = [None, None]  # made once, re-recorded
+        self._recorded = [False, False]
         self._dev: torch.Tensor | None = None
         self._arena = 0
         self.threads: int | None = fill_threads()  # read (and checked) once, at start-up
         self.overlap = mask_overlap()
-        self._helper: ThreadPoolExecutor | None = None
-        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0, "wait_s": 0.0}
+        self._helper: _Helper | None = None
+        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
+                      "wait_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""
         self._arena = a = 1 - self._arena
-        ev = self._events[a]
-        if ev is not None:
-            ev.synchronize()
-            self._events[a] = None
+        if self._recorded[a]:
+            self._events[a].synchronize()
+            self._recorded[a] = False
         if n > self._cap:
             self._cap = 2 * n
             self._host, self._dev = [None, None], None
@@ -214,23 +269,67 @@ class TokenMasks:
         number of rows masked."""
         return self.launch(logits, self.prepare(seqs))
 
-    def prepare(self, seqs: Sequence, advance: Sequence = ()) -> tuple | None:
-        """The host half: first advance[k] = (state, token, position) is accepted (once per
-        position: `GrammarState.accept_at`), then the constrained rows of seqs are filled
-        into the next arena. Returns what `launch` needs (None: no constrained row)."""
-        t0 = time.perf_counter()
-        for state, token, position in advance:
-            state.accept_at(token, position)
+    def _arena_for(self, seqs: Sequence) -> tuple | None:
         idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
         if not idx:
             return None
         R, W = len(idx), self.W
         n = R * W + R
         host, dev = self._buffers(n)
-        fill_masks([seqs[i].grammar for i in idx], host[:R * W].view(R, W), self.threads)
         host.numpy()[R * W:n] = idx
+        return [seqs[i].grammar for i in idx], (R, n, self._arena, host, dev)
+
+    def prepare(self, seqs: Sequence) -> tuple | None:
+        """The host half, on this thread: the constrained rows of seqs are filled into the
+        next arena. Returns what `launch` needs (None: no constrained row)."""
+        t0 = time.perf_counter()
+        got = self._arena_for(seqs)
+        if got is None:
+            return None
+        states, prepared = got
+        R, W, host = prepared[0], self.W, prepared[3]
+        fill_masks(states, host[:R * W].view(R, W), self.threads)
         self.stats["fill_s"] += time.perf_counter() - t0
-        return R, n, self._arena, host, dev
+        return prepared
+
+    def submit(self, seqs: Sequence) -> Future | None:
+        """`prepare` with the fill on the helper thread: this thread readies the arena (and
+        the rows of failed grammars, EOS only) and hands the healthy rows over in one call of
+        llguidance's executor, which drops the GIL; returns a Future of what `launch` needs
+        (None: no constrained row). The grammars must not advance until `wait` returns."""
+        t0 = time.perf_counter()
+        got = self._arena_for(seqs)
+        if got is None:
+            return None
+        states, prepared = got
+        R, W, host = prepared[0], self.W, prepared[3]
+        rows = host[:R * W].view(R, W).numpy()
+        healthy = []
+        for j, s in enumerate(states):  # each matcher made here (waits for its compile)
+            if s.failed or s.matcher.is_error():
+                s.fill(rows[j])  # EOS only
+            else:
+                healthy.append((s.matcher, j))
+        if self._helper is None:
+            self._helper = _Helper()
+        fut = None
+        if healthy:
+            fut = self._helper.run(executor(max(1, self.threads or 1)).unsafe_compute_mask_ptr,
+                                   healthy, rows.ctypes.data, W * 4, R)
+        self.stats["fill_s"] += time.perf_counter() - t0
+        return _Submitted(fut, prepared)
+
+    def wait(self, submitted: _Submitted | None) -> tuple | None:
+        """The prepared arena of `submit`, once the helper has filled it (the time waited is
+        counted in stats["wait_s"], the helper's fill in stats["helper_s"])."""
+        if submitted is None:
+            return None
+        if submitted.future is not None:
+            t0 = time.perf_counter()
+            _, took = submitted.future.result()
+            self.stats["wait_s"] += time.perf_counter() - t0
+            self.stats["helper_s"] += took
+        return submitted.prepared
 
     def launch(self, logits: torch.Tensor, prepared: tuple | None) -> int:
         """The device half: one copy of the prepared arena, one kernel (CUDA); the torch
@@ -242,10 +341,14 @@ class TokenMasks:
         W = self.W
         if self.cuda:
             dev[:n].copy_(host[:n], non_blocking=True)
-            ev = torch.cuda.Event()
+            ev = self._events[arena]
+            if ev is None:
+                ev = self._events[arena] = torch.cuda.Event()
             ev.record()
-            self._events[arena] = ev
-            apply_token_bitmask_(logits, dev[:R * W].view(R, W), dev[R * W:n])
+            self._recorded[arena] = True
+            from .mask_kernel import apply_bitmask_triton  # (checked shapes: straight in)
+
+            apply_bitmask_triton(logits, dev[:R * W].view(R, W), dev[R * W:n])
         else:
             every = R == logits.shape[0]  # every row in order: no index needed on a CPU
             apply_token_bitmask_(logits, host[:R * W].view(R, W), None if every else host[R * W:n])
@@ -255,22 +358,15 @@ class TokenMasks:
         st["apply_s"] += time.perf_counter() - t1
         return R
 
-    def submit(self, seqs: Sequence, advance: Sequence = ()) -> Future:
-        """`prepare` on the helper thread (llguidance drops the GIL while it fills, so the
-        engine's thread goes on meanwhile); `launch(logits, future.result())` after."""
-        for q in seqs:  # each state's own matcher made here, not raced for by two threads
-            if getattr(q, "grammar", None) is not None:
-                q.grammar.matcher  # noqa: B018
-        if self._helper is None:
-            self._helper = ThreadPoolExecutor(1, thread_name_prefix="token-masks")
-        return self._helper.submit(self.prepare, list(seqs), list(advance))
 
-    def wait(self, future: Future) -> tuple | None:
-        """The helper's prepared arena (waiting for it: counted in stats["wait_s"])."""
-        t0 = time.perf_counter()
-        out = future.result()
-        self.stats["wait_s"] += time.perf_counter() - t0
-        return out
+class _Submitted:
+    """A fill handed to the helper: its Future (None: no healthy row to fill) and the arena."""
+
+    __slots__ = ("future", "prepared")
+
+    def __init__(self, future: Future | None, prepared: tuple) -> None:
+        self.future = future
+        self.prepared = prepared
 
 
 def mask_rows(rows: torch.Tensor, seqs: Sequence, masks: TokenMasks | None = None) -> None:

@@ -81,6 +81,85 @@ def test_mask_env_knobs_are_checked(monkeypatch):
         bm.TokenMasks(64, "cpu")
     monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "1")
     assert bm.TokenMasks(64, "cpu").overlap
+    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "off")
+    assert not bm.TokenMasks(64, "cpu").overlap
+    # unset: one by one on the calling thread (the pool lost at every size measured), and
+    # the fill handed to the helper thread under async scheduling
+    monkeypatch.delenv("LLM_STACK_MASK_OVERLAP")
+    monkeypatch.delenv("LLM_STACK_GRAMMAR_THREADS")
+    assert bm.fill_threads() == 0
+    masks = bm.TokenMasks(64, "cpu")
+    assert masks.overlap and masks.threads == 0
+
+
+@pytest.mark.interpreter
+def test_the_helper_thread_runs_one_call_and_hands_back_its_result_or_error():
+    import threading
+
+    helper = l4.structured.bitmask._Helper()
+    seen = []
+
+    def work(x):
+        seen.append(threading.current_thread().name)
+        return 2 * x
+
+    fut = helper.run(work, 21)
+    assert seen == ["token-masks"] or fut.result()  # started before run() returned
+    assert fut.result()[0] == 42 and fut.result()[1] >= 0  # (value, seconds it ran)
+    assert seen == ["token-masks"]
+
+    def boom():
+        raise RuntimeError("no mask")
+
+    with pytest.raises(RuntimeError, match="no mask"):
+        helper.run(boom).result()
+    assert helper.run(work, 1).result()[0] == 2  # still serving after an error
+
+
+def test_masks_filled_on_the_helper_equal_the_serial_fill(course_model):
+    """TokenMasks.submit (the healthy rows in one call of llguidance's executor on the helper
+    thread, failed grammars' rows EOS only on this thread) + wait + launch masks the logits
+    exactly as prepare + launch (one by one on this thread), free rows untouched."""
+    compiler = l4.GrammarCompiler.for_model(course_model)
+    V = course_model.config.vocab_size
+
+    class Row:
+        grammar = None
+
+    def rows_for(pattern):
+        out = []
+        for i, c in enumerate(pattern):
+            q = Row()
+            if c in "gx":
+                q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
+                if c == "x":  # a failed state: EOS only
+                    q.grammar.accept(course_model.tokenizer.encode(
+                        "zzz", add_special_tokens=False)[0])
+                    assert q.grammar.failed
+            out.append(q)
+        return out
+
+    for pattern in ("gfgggfgg", "fxgf", "ffff", "x"):
+        seqs = rows_for(pattern)
+        logits = torch.randn(len(seqs), V)
+        serial = l4.structured.TokenMasks(V, "cpu", rows=2)
+        serial.threads = 0
+        want = logits.clone()
+        serial.launch(want, serial.prepare(seqs))
+        helped = l4.structured.TokenMasks(V, "cpu", rows=2)
+        got = logits.clone()
+        job = helped.submit(seqs)
+        assert (job is None) == ("g" not in pattern and "x" not in pattern)
+        assert helped.launch(got, helped.wait(job)) == pattern.count("g") + pattern.count("x")
+        assert torch.equal(got, want)
+        for i, c in enumerate(pattern):
+            if c == "f":
+                assert torch.equal(got[i], logits[i])
+            if c == "x":
+                allowed = torch.isfinite(got[i]).nonzero()[:, 0].tolist()
+                assert allowed == sorted(seqs[i].grammar.eos_token_ids)
+        if "g" in pattern:
+            assert helped.stats["helper_s"] > 0 and helped._helper is not None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -234,7 +313,8 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     """Constrained requests keep async scheduling: their decode steps take their inputs from
     the previous step's device tokens (the overlap path), and the outputs (greedy and seeded
     sampling, beside free rows, requests finishing at different steps) are the synchronous
-    engine's; also with the masks' helper thread advancing the grammars and filling."""
+    engine's; with the fill on the engine's thread, and on the masks' helper thread while
+    the engine builds the step's outputs (masking and sampling after)."""
     overlapped = []
     execute = l4.model_runner.ModelRunner.execute
 
@@ -261,6 +341,7 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
     assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
     assert (overlap.masks._helper is not None) == helper
+    assert (overlap.masks.stats["helper_s"] > 0) == helper
     valid(a[0], PERSON)
     valid(a[2], SCHEMAS[17])
     assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])
@@ -283,3 +364,38 @@ def test_speculative_decoding_verifies_drafts_against_the_mask(course_model, met
         assert a.outputs[0].text == b.outputs[0].text
     for o in fast:
         valid(o.outputs[0].text, SCHEMAS[17])
+
+
+def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
+    """Async scheduling with the fill on the helper: a constrained request whose row cannot be
+    sampled (its temperature slipped past normalization) joins constrained requests already
+    decoding; it ends with "error" and its bad token never reaches its grammar, the others
+    are exactly those of a run without it and validate."""
+    ps = [params(SO(json=PERSON), i, temperature=0) for i in range(3)]
+    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n"]
+
+    def run(hostile: bool):
+        llm = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
+        assert llm.masks.overlap
+        rids = [llm.add_request(p, sp) for p, sp in zip(prompts, ps, strict=True)]
+        done, bad, steps = {}, None, 0
+        while llm.has_unfinished():
+            steps += 1
+            if hostile and steps == 4:  # the others are decoding: not a first-tokens step
+                bad = llm.add_request("PUCK.\n", params(SO(json=PERSON), 9))
+                seq = llm._requests[bad][1][0]
+                seq.params = l4.SamplingParams(temperature=1e-40, max_tokens=96,
+                                               structured_outputs=SO(json=PERSON))
+            for o in llm.step(unfinished=False):
+                done[o.request_id] = o
+        for o in llm.drain():
+            done[o.request_id] = o
+        return [done[r] for r in rids], (done[bad], seq) if hostile else None
+
+    ref, _ = run(False)
+    got, (bad, seq) = run(True)
+    assert bad.outputs[0].finish_reason == "error"
+    assert seq.grammar.position == len(seq.output_ids)  # no token taken for the void row
+    assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in ref]
+    for o in got:
+        valid(o.outputs[0].text, PERSON)

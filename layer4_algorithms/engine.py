@@ -227,8 +227,8 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
         if not sync:
-            constrained = any(q.grammar is not None for q in who)
-            if constrained and self.masks.overlap:
+            constrained = sum(q.grammar is not None for q in who)
+            if constrained >= self.masks.overlap_rows and self.masks.overlap:
                 # prev's tokens advance the grammars first (each state takes a position
                 # once: appending them below does not again), the helper fills the masks
                 # while this thread appends prev's tokens and step() builds the outputs,

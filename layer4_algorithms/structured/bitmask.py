@@ -224,12 +224,13 @@ class TokenMasks:
     twice the need) when a step has more constrained rows than they hold. `threads`: the
     fill's llguidance pool threads (fill_threads() at construction; None: read it again each
     step; 0: on the calling thread). `overlap` (mask_overlap(), read once here; on unless
-    LLM_STACK_MASK_OVERLAP=0): under async scheduling the engine hands the fill to a helper
-    thread (`submit`: one call of llguidance's executor over all the rows, which drops the
-    GIL) and builds the step's outputs meanwhile, masking and sampling after (`wait`,
-    `launch`). `stats`: steps masked, rows masked, seconds the engine's thread spent filling
-    (or handing the fill over), seconds the helper filled, seconds launching the apply,
-    seconds the engine waited for the helper."""
+    LLM_STACK_MASK_OVERLAP=0): under async scheduling a step of at least `overlap_rows`
+    constrained rows hands the fill to a helper thread (`submit`: one call of llguidance's
+    executor over all the rows, which drops the GIL), appends the previous tokens and builds
+    the step's outputs meanwhile, masking and sampling after (`wait`, `launch`). `stats`:
+    steps masked, rows masked, seconds the engine's thread spent filling (or handing the
+    fill over), seconds the helper filled, seconds launching the apply, seconds the engine
+    waited for the helper."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
         self.vocab_size = vocab_size
@@ -244,6 +245,9 @@ class TokenMasks:
         self._arena = 0
         self.threads: int | None = fill_threads()  # read (and checked) once, at start-up
         self.overlap = mask_overlap()
+        # the hand-over to the helper and back costs two thread wake-ups (~50 us on a busy
+        # 2-CPU host), a row's fill 5-40 us: up to SERIAL_ROWS rows stay on the engine's thread
+        self.overlap_rows = SERIAL_ROWS + 1
         self._helper: _Helper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0}

@@ -336,6 +336,7 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     assert not overlapped
     overlap = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
     overlap.masks.overlap = helper
+    overlap.masks.overlap_rows = 1  # (at most 4 rows here: the helper takes even one)
     b = [o.outputs[0].text for o in overlap.generate(prompts, ps)]
     assert a == b
     assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
@@ -377,6 +378,7 @@ def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
     def run(hostile: bool):
         llm = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
         assert llm.masks.overlap
+        llm.masks.overlap_rows = 1
         rids = [llm.add_request(p, sp) for p, sp in zip(prompts, ps, strict=True)]
         done, bad, steps = {}, None, 0
         while llm.has_unfinished():
@@ -399,3 +401,16 @@ def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
     assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in ref]
     for o in got:
         valid(o.outputs[0].text, PERSON)
+
+
+def test_the_helper_takes_the_fill_only_past_a_few_rows(course_model):
+    """Under async scheduling a step of up to SERIAL_ROWS constrained rows fills them on the
+    engine's thread (the hand-over would cost more than the fill); more go to the helper."""
+    llm = l4.LLM(course_model, num_blocks=128, max_num_seqs=8, async_scheduling=True)
+    assert llm.masks.overlap and llm.masks.overlap_rows == l4.structured.bitmask.SERIAL_ROWS + 1
+    few = [params(SO(json=PERSON), i, max_tokens=12) for i in range(2)]
+    llm.generate(["HAMLET.\n"] * 2, few)
+    assert llm.masks.stats["steps"] > 0 and llm.masks._helper is None
+    many = [params(SO(json=PERSON), i, max_tokens=12) for i in range(6)]
+    llm.generate(["HAMLET.\n"] * 6, many)
+    assert llm.masks._helper is not None and llm.masks.stats["helper_s"] > 0

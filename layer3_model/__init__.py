@@ -44,7 +44,7 @@ paged decode kernel `paged_decode`, `paged_decode_splits` (layer 1's); `time_fn`
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
-from .backends import BACKENDS, Ops, make_ops
+from .backends import BACKENDS, Ops, make_ops, pads_prefill_attention
 from .bench_rows import rows_table, unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
@@ -119,6 +119,7 @@ __all__ = [
     "Tokenizer", "IncrementalDecoder", "encode_prompt",
     # the network, its kernels and the KV-cache seam
     "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
+    "pads_prefill_attention",
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling
     "SamplingParams", "sample", "sample_guarded", "make_generator", "top_k_filter", "top_p_filter",

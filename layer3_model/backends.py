@@ -346,6 +346,20 @@ def _triton_ops(impl: str) -> Ops:
                None if impl == "torch" else rope_write)
 
 
+def pads_prefill_attention(net) -> bool:
+    """Whether net's attention pads a multi-token step: the general path (torch_attention)
+    pads every sequence's queries to the step's longest and its keys to the longest context,
+    B x max_query_len x max_seq_len scores (what layer 4's runner bounds by splitting a step
+    into passes). The triton backend's flash kernels take each sequence at its own length,
+    except where a layer falls back to the general path: a sliding window, or a head_dim the
+    kernels lack. A net without ops or a config: True."""
+    ops, config = getattr(net, "ops", None), getattr(net, "config", None)
+    if getattr(ops, "name", None) != "triton" or config is None:
+        return True
+    return (config.head_dim not in _FLASH_HEAD_DIMS
+            or any(w is not None for w in config.layer_windows))
+
+
 def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:
     """The op set for a backend ("torch", "triton", "compile"). impl ("auto", "triton",
     "torch") is passed to layer 1's kernels by the "triton" backend."""

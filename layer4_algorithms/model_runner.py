@@ -11,7 +11,8 @@ Layer 3's general attention path pads every sequence's queries to the step's lon
 B * Hq * max_query_len * max_seq_len floats. A step with 256 decodes and one 1024-token chunk
 would pad all 256 to 1024 queries. `plan_passes` keeps that bounded: a step whose padded
 scores would exceed attn_bytes_limit runs as several passes (the decodes together, where
-the paged decode kernel takes over, then the chunks in groups).
+the paged decode kernel takes over, then the chunks in groups). The triton backend's flash
+kernels pad nothing (layer 3's `pads_prefill_attention`): its mixed steps stay one pass.
 
 No step copies to the host until its tokens are read: the step's index arrays go to the
 device from reusable pinned buffers without waiting for the GPU (layer 3's HostStaging),
@@ -62,6 +63,8 @@ class ModelRunner:
         """fp32 score bytes of layer 3's padded attention for these sequences in one pass."""
         if all(s.query_len == 1 for s in group):
             return 0  # a decode pass: the cache's decode_attention, no padded queries
+        if not l3.pads_prefill_attention(self.net):
+            return 0  # flash kernels at each sequence's length (triton backend): no padding
         max_q = max(s.query_len for s in group)
         max_s = max(s.context_len + s.query_len for s in group)
         return len(group) * self.net.config.num_attention_heads * max_q * max_s * 4

@@ -2,6 +2,7 @@
 speculator hook end to end with an oracle-and-noise proposer (greedy output must not change)."""
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import torch
@@ -16,7 +17,7 @@ from layer4_algorithms import (
     SpecCounts,
 )
 
-from .l4_helpers import assert_no_leak, greedy, random_prompts
+from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 
 def sched(query_len: int, context: int, spec: int = 0) -> ScheduledSeq:
@@ -36,6 +37,23 @@ def test_plan_passes_keeps_padded_attention_bounded(tiny_model):
     assert runner.padded_attention_bytes([step[0], step[2]]) == 0  # decodes use decode_attention
     runner.attn_bytes_limit = 1
     assert runner.plan_passes(step) == [[0, 2], [1], [3], [4]]
+
+
+def test_the_triton_backend_keeps_a_mixed_step_in_one_pass():
+    """Its flash kernels pad nothing, so no limit splits a step; the torch backend's padded
+    path is split as before, and so is the triton backend's where a layer has a sliding
+    window (it leaves those to the padded path)."""
+    config = l3.ModelConfig.from_dict(TINY)
+    net = l3.random_model(config, backend="triton", seed=0)
+    runner = LLM(l3.Model(net, None), num_blocks=16).runner
+    runner.attn_bytes_limit = 1
+    step = [sched(1, 40), sched(30, 0), sched(1, 7), sched(20, 5), sched(1, 3, spec=2)]
+    assert runner.plan_passes(step) == [[0, 1, 2, 3, 4]]
+    net.set_backend("torch")
+    assert runner.plan_passes(step) == [[0, 2], [1], [3], [4]]
+    windows = (None,) * (config.num_hidden_layers - 1) + (8,)
+    windowed = dataclasses.replace(config, layer_windows=windows)
+    assert l3.pads_prefill_attention(l3.random_model(windowed, backend="triton", seed=0))
 
 
 def test_sample_matches_layer3_row_by_row(tiny_model):

@@ -143,11 +143,70 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
                          "time_s": t, "algbw": real / t if t and t == t else math.nan,
                          "busbw": busbw(real / t, "all_reduce", world) if t and t == t else math.nan,
                          "ok": ok, "error": error, "blocks": ours.blocks if name in OURS else None})
+    rows += _knob_rows(small, large, iters, dtype, dev, per_graph)
     small.close()
     large.close()
     rows += _gather_scatter_rows(bandwidth_sizes, iters, dtype, dev, per_graph)
     rows += _eager_rows(EAGER_SIZES, iters, dtype, dev)
     return {"rows": rows} if dist.get_rank() == 0 else None
+
+
+# The kernel's knobs, each changed alone from the defaults, at the sizes where the targets
+# are (decode sizes in graphs, 256 MiB eager): which way each one moves the time.
+KNOB_SIZES = [(8, "one_shot"), (8 << 10, "one_shot"), (32 << 10, "one_shot"),
+              (512 << 10, "one_shot"), (512 << 10, "two_shot"), (2 << 20, "two_shot"),
+              (256 << 20, "two_shot")]
+KNOBS = {"defaults": {}, "serial barrier": {"serial_barrier": True},
+         "push gather": {"pull_gather": False}, "8 warps": {"num_warps": 8},
+         "32 warps": {"num_warps": 32}}
+
+
+def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, dev,
+               per_graph: int) -> list[dict]:
+    """Rows "knob <name> <algorithm>": one knob changed on the same instances, the rest at
+    their defaults. The 8 B row also tells whether the main table's first size paid a warm-up
+    (here everything is warm): it is the only size whose element count is not a multiple of
+    16, which Triton compiles separately."""
+    world, me = dist.get_world_size(), dist.get_rank()
+    elsize = torch.empty(0, dtype=dtype).element_size()
+    rows = []
+    for nbytes, algo in KNOB_SIZES:
+        n = max(1, nbytes // elsize)
+        ours = small if n * elsize <= small.max_bytes else large
+        if n * elsize > ours.max_bytes:
+            continue
+        data = ((torch.arange(n, device=dev) % 7) + me).to(dtype)
+        out = torch.empty_like(data)
+        for knob, settings in KNOBS.items():
+            if knob == "push gather" and algo != "two_shot":
+                continue
+            saved = {k: getattr(ours, k) for k in settings}
+            error, t, ok = None, math.nan, False
+            try:
+                for k, v in settings.items():
+                    setattr(ours, k, v)
+                ours._launch(data, out, algo)
+                ok = _agree(bool(torch.equal(out, _expected(n, dtype, world, dev))), dev)
+                call = lambda: ours._launch(data, out, algo)  # noqa: E731
+                if n * elsize <= GRAPHED_MAX:
+                    t = _graph_time(call, per_graph, iters, dev)
+                else:
+                    t = statistics.median(time_collective(call, iters, 2, dev))
+            except Exception as exc:  # a knob that cannot run here is reported, not fatal
+                error = f"{type(exc).__name__}: {str(exc)[:200]}"
+                torch.cuda.synchronize(dev)
+            finally:
+                for k, v in saved.items():
+                    setattr(ours, k, v)
+            rows.append({"impl": f"knob {knob} {algo}", "knob": knob, "algorithm": algo,
+                         "bytes": n * elsize, "dtype": str(dtype).removeprefix("torch."),
+                         "world": world, "timing": "cuda graph" if n * elsize <= GRAPHED_MAX else "eager",
+                         "time_s": t, "algbw": n * elsize / t if t == t else math.nan,
+                         "busbw": busbw(n * elsize / t, "all_reduce", world) if t == t else math.nan,
+                         "ok": ok, "error": error, "blocks": ours.blocks,
+                         "active": ours.active_blocks(algo, n, elsize)
+                         if hasattr(ours, "active_blocks") else None})
+    return rows
 
 
 def _eager_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]:

@@ -237,7 +237,7 @@ def peer(argv: list[str] | None = None) -> int:
     """Our peer-memory all-reduce vs NCCL vs torch symm_mem: tables, crossovers, JSON, plot."""
     from .bench_peer import BANDWIDTH_SIZES, LATENCY_SIZES, peer_bench_rank, summarize
     from .peer_report import (choice_table, crossover_lines, eager_lines, gather_scatter_table,
-                              latency_table, markdown, plot_peer_busbw)
+                              knob_lines, latency_table, markdown, plot_peer_busbw)
 
     parser = _parser("stack bench --layer 2 --peer", peer.__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -268,6 +268,8 @@ def peer(argv: list[str] | None = None) -> int:
     console.print(choice_table(summary))
     for line in crossover_lines(summary) + eager_lines(rows):
         console.print(line)
+    for line in knob_lines(rows):
+        console.print(line, markup=False, highlight=False)
     out = args.out or hardware.results_dir(2)
     out.mkdir(parents=True, exist_ok=True)
     info = hardware.system_info()

@@ -165,16 +165,38 @@ class PeerAllReduce:
             self.check()
         return out
 
+    # Kernel knobs (class defaults; set on an instance to measure the alternatives):
+    # serial_barrier: thread 0 signals and waits for the peers in turn (the first version)
+    # instead of one lane per peer; pull_gather: two-shot's second half reads the owners'
+    # sums from their buffers (False: owners push them into every buffer, then a local copy).
+    serial_barrier = False
+    pull_gather = True
+
+    def block_elems(self, elsize: int) -> int:
+        """Elements one block moves per pass: one 16-byte vector per thread (with more, the
+        compiler interleaves the second vector's loads with the first's adds, and each
+        waits for an NVLink round trip of its own)."""
+        return self.num_warps * 32 * (16 // elsize)
+
+    def active_blocks(self, name: str, numel: int, elsize: int) -> int:
+        """How many of the grid's blocks work on a message of numel elements: one pass each
+        up to the grid (a two-shot pass is a tile of W pieces)."""
+        unit = self.block_elems(elsize) * (self.world if name == "two_shot" else 1)
+        return max(1, min(self.blocks, -(-numel // unit)))
+
     def _launch(self, x: torch.Tensor, out: torch.Tensor, name: str, *segment: int) -> None:
         from . import peer_kernels
 
         kernel = getattr(peer_kernels, f"{name}_kernel")
         elsize = x.element_size()
-        block = self.num_warps * 32 * (32 // elsize)  # two 16-byte vectors per thread per pass
+        extra = {"PULL": bool(self.pull_gather)} if name == "two_shot" else {}
+        serial = bool(self.serial_barrier) or self.world > peer_kernels.PARALLEL_MAX_WORLD
         kernel[(self.blocks,)](
-            x, out, x.numel(), *segment, self._buffers(x.dtype), self._pads, self._state,
+            x, out, x.numel(), self.active_blocks(name, x.numel(), elsize), *segment,
+            self._buffers(x.dtype), self._pads, self._state,
             self._status.data_ptr(), int(self.timeout_s * 1e9), self.max_bytes // elsize,
-            RANK=self.rank, WORLD=self.world, BLOCK=block, num_warps=self.num_warps)
+            RANK=self.rank, WORLD=self.world, BLOCK=self.block_elems(elsize), SERIAL=serial,
+            num_warps=self.num_warps, **extra)
 
     # ---- all-gather and reduce-scatter through the same buffers ------------------------
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

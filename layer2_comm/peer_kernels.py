@@ -9,13 +9,25 @@ Ordering across GPUs (the whole difficulty). Data written to my buffer is only s
 peer to read once the peer knows the write is done, and the flag that tells it so must not
 overtake the data. So a barrier is:
   1. every thread of the block finishes its stores (`tl.debug_barrier`, a CTA barrier),
-  2. thread 0 release-stores a flag into each peer's signal pad (`st.release.sys`: every
-     write the block made before becomes visible to the peer no later than the flag),
-  3. thread 0 acquire-loads its own pad until each peer's flag has arrived
+  2. thread p of the block (p < W, p != my rank: one lane per peer, all in warp 0, in
+     parallel) release-stores a flag into peer p's signal pad (`st.release.sys`: every write
+     the block made before becomes visible to the peer no later than the flag),
+  3. the same thread p acquire-loads my own pad until peer p's flag has arrived
      (`ld.acquire.sys` in a spin loop: nothing after it is read before the flag),
-  4. the block waits for thread 0 (`tl.debug_barrier` again).
+  4. the block waits for those threads (`tl.debug_barrier` again).
+One lane per peer matters from 3 ranks up: a release store is a system-wide fence plus the
+store, and the fence waits for the previous remote store to land, so one thread signalling
+W-1 peers in turn pays W-1 NVLink round trips (3 `MEMBAR.SYS` in a row at W = 4), where the
+lanes of one warp pay one. (Above 8 ranks the kernels fall back to thread 0 doing all of it.)
 Flags are per block: block b on every rank syncs with block b on the others only, for the
 elements block b handles (the grid is the same on every rank, so the blocks line up).
+
+Blocks by size. The grid is always the same `grid` blocks (each keeps its own counters, see
+below), but only the first `active` of them move data and take barriers, `active` = as many
+as the message has passes of BLOCK elements (capped at grid): an 8 KiB message is one block
+meeting its three peers, not 64 blocks each meeting them. The others only count the call.
+`active` is the same on every rank (it depends on the size only), so block b's barriers
+still pair up across ranks.
 
 Flags hold epochs, not 0/1. Each block keeps two counters in device memory beside the pad
 (calls made, barriers passed); a barrier's flag is "barriers passed + 1" and the wait is for
@@ -25,11 +37,13 @@ number of times: each replay reads the counters the previous one left.
 
 Reuse across calls. One-shot has one barrier: after it, peers read my buffer for the rest of
 the kernel. If my next call copied its input into the same buffer at once, a slow peer could
-still be reading the old values. So one-shot alternates two halves of the buffer (by the
-calls counter): by the time I write a half again, I have passed a barrier of the call in
-between, which every peer entered only after finishing the kernel before it. Two-shot has a
-second barrier before anyone reads data a peer wrote, so it needs no second half for itself,
-but it uses the same alternation so the two kernels can follow each other in any order.
+still be reading the old values. So every kernel alternates two halves of the buffer (by the
+calls counter, which every block of the grid advances on every call, active or not): by the
+time I write a half again, I have passed a barrier of the call in between (block 0 is always
+active), which every peer entered only after finishing the kernel before it. This holds
+whatever the blocks' share of the data was in either call. Two-shot reads peers' buffers
+after its last barrier too (its all-gather half pulls the owners' sums), so it relies on the
+same alternation, and all the kernels can follow each other in any order.
 
 A peer that never arrives. The spin loop reads `%globaltimer`; after `timeout_ns` it gives up,
 writes 1 + the missing peer's rank into a status word (host memory, which the host reads
@@ -92,119 +106,350 @@ def _wait(addr, value, timeout_ns, status_addr, code):
         dtype=tl.int32, is_pure=False, pack=1)
 
 
+# Lanes 0..7 of warp 0 each take one peer (all 8 pads are passed; lanes >= WORLD and my own
+# rank's lane do nothing). A lane picks its peer's pad among the 8 operands by %tid.x.
+PARALLEL_MAX_WORLD = 8
+
+
 @triton.jit
-def _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK: tl.constexpr, WORLD: tl.constexpr):
-    """Block `pid` of every rank meets here (see the module docstring for the ordering)."""
+def _signal_lanes(a0, a1, a2, a3, a4, a5, a6, a7, value, WORLD: tl.constexpr, RANK: tl.constexpr):
+    """Lane p < WORLD of warp 0 (p != RANK): release-store `value` at a<p> (peer p's flag)."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .u32 %me;
+        .reg .u64 %a;
+        .reg .pred %p;
+        mov.u32 $0, 0;
+        mov.u32 %me, %tid.x;
+        setp.ge.u32 %p, %me, $10;
+        @%p bra SKIP;
+        setp.eq.u32 %p, %me, $11;
+        @%p bra SKIP;
+        mov.u64 %a, $1;
+        setp.eq.u32 %p, %me, 1;
+        @%p mov.u64 %a, $2;
+        setp.eq.u32 %p, %me, 2;
+        @%p mov.u64 %a, $3;
+        setp.eq.u32 %p, %me, 3;
+        @%p mov.u64 %a, $4;
+        setp.eq.u32 %p, %me, 4;
+        @%p mov.u64 %a, $5;
+        setp.eq.u32 %p, %me, 5;
+        @%p mov.u64 %a, $6;
+        setp.eq.u32 %p, %me, 6;
+        @%p mov.u64 %a, $7;
+        setp.eq.u32 %p, %me, 7;
+        @%p mov.u64 %a, $8;
+        st.release.sys.global.u32 [%a], $9;
+        SKIP:
+        }""",
+        "=r,l,l,l,l,l,l,l,l,r,r,r",
+        [a0, a1, a2, a3, a4, a5, a6, a7, value, WORLD, RANK],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wait_lanes(mine, value, timeout_ns, status_addr, WORLD: tl.constexpr, RANK: tl.constexpr):
+    """Lane p < WORLD of warp 0 (p != RANK): spin until my flag from peer p (mine + p) reaches
+    `value` (acquire), or until timeout_ns have passed, then store p + 1 into the status word."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .u32 %me, %v;
+        .reg .s32 %d;
+        .reg .u64 %a, %t0, %t1;
+        .reg .pred %p, %q;
+        mov.u32 $0, 0;
+        mov.u32 %me, %tid.x;
+        setp.ge.u32 %p, %me, $5;
+        @%p bra DONE;
+        setp.eq.u32 %p, %me, $6;
+        @%p bra DONE;
+        mul.wide.u32 %a, %me, 4;
+        add.u64 %a, %a, $1;
+        mov.u64 %t0, %globaltimer;
+        SPIN:
+        ld.acquire.sys.global.u32 %v, [%a];
+        sub.s32 %d, %v, $2;
+        setp.ge.s32 %q, %d, 0;
+        @%q bra DONE;
+        mov.u64 %t1, %globaltimer;
+        sub.u64 %t1, %t1, %t0;
+        setp.lt.u64 %q, %t1, $3;
+        @%q bra SPIN;
+        add.u32 %v, %me, 1;
+        st.relaxed.sys.global.u32 [$4], %v;
+        DONE:
+        }""",
+        "=r,l,r,l,l,r,r", [mine, value, timeout_ns, status_addr, WORLD, RANK],
+        dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _pad(pads, p: tl.constexpr, WORLD: tl.constexpr):
+    """pads[p], or pads[0] for the lanes past the world (never used: those lanes skip)."""
+    return pads[p if p < WORLD else 0]
+
+
+@triton.jit
+def _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK: tl.constexpr, WORLD: tl.constexpr,
+             SERIAL: tl.constexpr):
+    """Block `pid` of every rank meets here (see the module docstring for the ordering).
+    SERIAL: thread 0 signals and waits for every peer in turn (the first version, kept to be
+    measured against; the caller must pass it above PARALLEL_MAX_WORLD ranks)."""
     tl.debug_barrier()  # every thread's stores are issued before the flags go out
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            _signal(pads[p] + pid * WORLD + RANK, epoch)
-    for p in tl.static_range(WORLD):
-        if p != RANK:
-            _wait(pads[RANK] + pid * WORLD + p, epoch, timeout_ns, status_ptr, p + 1)
-    tl.debug_barrier()  # nobody reads peer data before thread 0 has seen every flag
+    if SERIAL:
+        for p in tl.static_range(WORLD):
+            if p != RANK:
+                _signal(pads[p] + pid * WORLD + RANK, epoch)
+        for p in tl.static_range(WORLD):
+            if p != RANK:
+                _wait(pads[RANK] + pid * WORLD + p, epoch, timeout_ns, status_ptr, p + 1)
+    else:
+        at = pid * WORLD + RANK
+        _signal_lanes(_pad(pads, 0, WORLD) + at, _pad(pads, 1, WORLD) + at,
+                      _pad(pads, 2, WORLD) + at, _pad(pads, 3, WORLD) + at,
+                      _pad(pads, 4, WORLD) + at, _pad(pads, 5, WORLD) + at,
+                      _pad(pads, 6, WORLD) + at, _pad(pads, 7, WORLD) + at,
+                      epoch, WORLD, RANK)
+        _wait_lanes(pads[RANK] + pid * WORLD, epoch, timeout_ns, status_ptr, WORLD, RANK)
+    tl.debug_barrier()  # nobody reads peer data before every peer's flag has been seen
 
 
 @triton.jit
 def _begin(state_ptr, status_addr, timeout_ns, half_elems):
-    """This block's start of a call: (pid, grid, calls, epoch, half, status_ptr, timeout_ns).
+    """This block's start of a call: (pid, calls, epoch, half, status_ptr, timeout_ns).
     calls and epoch - 1 are the block's counters (calls made, barriers passed); half is the
     offset of the buffer half this call uses (alternating with calls)."""
     pid = tl.program_id(0)
-    grid = tl.num_programs(0)
     calls = tl.load(state_ptr + 2 * pid)
     epoch = tl.load(state_ptr + 2 * pid + 1) + 1
     half = (calls % 2).to(tl.int64) * half_elems.to(tl.int64)
     status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-    return pid, grid, calls, epoch, half, status_ptr, timeout_ns.to(tl.int64)
+    return pid, calls, epoch, half, status_ptr, timeout_ns.to(tl.int64)
 
 
 @triton.jit
-def _end(state_ptr, pid, calls, epoch):
-    """This block's end of a call: one more call made, `epoch` barriers passed."""
+def _end(state_ptr, pid, calls, barriers):
+    """This block's end of a call: one more call made, `barriers` barriers passed in all."""
     tl.store(state_ptr + 2 * pid, calls + 1)
-    tl.store(state_ptr + 2 * pid + 1, epoch)
+    tl.store(state_ptr + 2 * pid + 1, barriers)
+
+
+@triton.jit
+def _load_rank(x_ptr, bufs, half, offs, mask, p: tl.constexpr, RANK: tl.constexpr):
+    """Rank p's copy of the elements `offs`: mine from x (the same bits as my copy), a peer's
+    from its buffer (.cg: from L2, see the module docstring)."""
+    if p == RANK:
+        v = tl.load(x_ptr + offs, mask=mask)
+    else:
+        v = tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg")
+    return v
 
 
 @triton.jit
 def _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK: tl.constexpr, WORLD: tl.constexpr,
                     BLOCK: tl.constexpr):
     """(BLOCK,) fp32: the elements `offs` summed over every rank's copy, in rank order (so all
-    ranks get the same bits); my own contribution is read from x, the same bits as my copy."""
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    for p in tl.static_range(WORLD):
-        if p == RANK:
-            acc += tl.load(x_ptr + offs, mask=mask).to(tl.float32)
-        else:
-            acc += tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg").to(tl.float32)
+    ranks get the same bits); my own contribution is read from x, the same bits as my copy.
+
+    Every load is issued before the first add. A GPU issues in program order, so an add that
+    needs peer 0's value stalls the thread until that value is back, and a load written after
+    the add leaves only then: summing as it loads costs one NVLink round trip per peer and
+    per 16-byte vector (6 in a row at 4 ranks, about 1 us each), loading first costs one.
+    Up to 8 ranks are loaded this way; beyond, the rest one after another."""
+    v0 = _load_rank(x_ptr, bufs, half, offs, mask, 0, RANK)
+    if WORLD > 1:
+        v1 = _load_rank(x_ptr, bufs, half, offs, mask, 1, RANK)
+    if WORLD > 2:
+        v2 = _load_rank(x_ptr, bufs, half, offs, mask, 2, RANK)
+    if WORLD > 3:
+        v3 = _load_rank(x_ptr, bufs, half, offs, mask, 3, RANK)
+    if WORLD > 4:
+        v4 = _load_rank(x_ptr, bufs, half, offs, mask, 4, RANK)
+    if WORLD > 5:
+        v5 = _load_rank(x_ptr, bufs, half, offs, mask, 5, RANK)
+    if WORLD > 6:
+        v6 = _load_rank(x_ptr, bufs, half, offs, mask, 6, RANK)
+    if WORLD > 7:
+        v7 = _load_rank(x_ptr, bufs, half, offs, mask, 7, RANK)
+    acc = v0.to(tl.float32)
+    if WORLD > 1:
+        acc += v1.to(tl.float32)
+    if WORLD > 2:
+        acc += v2.to(tl.float32)
+    if WORLD > 3:
+        acc += v3.to(tl.float32)
+    if WORLD > 4:
+        acc += v4.to(tl.float32)
+    if WORLD > 5:
+        acc += v5.to(tl.float32)
+    if WORLD > 6:
+        acc += v6.to(tl.float32)
+    if WORLD > 7:
+        acc += v7.to(tl.float32)
+    for p in tl.static_range(8, WORLD):
+        acc += _load_rank(x_ptr, bufs, half, offs, mask, p, RANK).to(tl.float32)
     return acc
 
 
 @triton.jit
-def one_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, timeout_ns,
-                    half_elems, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
-    """out = sum over ranks of x. Each rank copies x into its buffer, meets the others, then
-    reads every peer's copy and sums it: one barrier, (W-1) x n bytes read over NVLink.
-
-    x_ptr, out_ptr: this rank's numel elements; bufs/pads: tuples of W pointers (rank order);
-    state_ptr: int32[2 * grid] counters (calls, barriers) per block; status_addr: int32 word.
-    """
-    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
-        state_ptr, status_addr, timeout_ns, half_elems)
-    lanes = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, numel, grid * BLOCK):
-        offs = start + lanes
-        mask = offs < numel
-        tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
-    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
-    for start in range(pid * BLOCK, numel, grid * BLOCK):
-        offs = start + lanes
-        mask = offs < numel
-        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
-        tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    _end(state_ptr, pid, calls, epoch)
+def _piece_load(x_ptr, bufs, half, start, lanes, numel, r: tl.constexpr, FROM: tl.constexpr,
+                PIECE: tl.constexpr, RANK: tl.constexpr):
+    """Piece r (elements start + r * PIECE + lanes): FROM 0 = from x, 1 = from rank r's
+    buffer, 2 = from my own buffer."""
+    offs = start + r * PIECE + lanes
+    mask = offs < numel
+    if FROM == 0:
+        v = tl.load(x_ptr + offs, mask=mask)
+    elif FROM == 1:
+        v = tl.load(bufs[r] + half + offs, mask=mask, cache_modifier=".cg")
+    else:
+        v = tl.load(bufs[RANK] + half + offs, mask=mask, cache_modifier=".cg")
+    return v
 
 
 @triton.jit
-def two_shot_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, timeout_ns,
-                    half_elems, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def _piece_store(dst, v, start, lanes, numel, r: tl.constexpr, PIECE: tl.constexpr,
+                 STRIDE):
+    """Store piece r at dst + r * STRIDE + (start + r * PIECE + lanes)."""
+    offs = start + r * PIECE + lanes
+    tl.store(dst + r * STRIDE + offs, v, mask=offs < numel)
+
+
+@triton.jit
+def _copy_pieces(x_ptr, bufs, half, dst, start, lanes, numel, STRIDE, FROM: tl.constexpr,
+                 PIECE: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Every piece r != RANK (r < WORLD) from its source (see _piece_load) to dst: all the
+    loads first, then the stores (a store waits for its load; a load written after it would
+    leave only then: one round trip per piece instead of one for all). Up to 8 ranks loaded
+    together; beyond, one after another."""
+    if 0 != RANK:
+        g0 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 0, FROM, PIECE, RANK)
+    if WORLD > 1:
+        if 1 != RANK:
+            g1 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 1, FROM, PIECE, RANK)
+    if WORLD > 2:
+        if 2 != RANK:
+            g2 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 2, FROM, PIECE, RANK)
+    if WORLD > 3:
+        if 3 != RANK:
+            g3 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 3, FROM, PIECE, RANK)
+    if WORLD > 4:
+        if 4 != RANK:
+            g4 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 4, FROM, PIECE, RANK)
+    if WORLD > 5:
+        if 5 != RANK:
+            g5 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 5, FROM, PIECE, RANK)
+    if WORLD > 6:
+        if 6 != RANK:
+            g6 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 6, FROM, PIECE, RANK)
+    if WORLD > 7:
+        if 7 != RANK:
+            g7 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 7, FROM, PIECE, RANK)
+    if 0 != RANK:
+        _piece_store(dst, g0, start, lanes, numel, 0, PIECE, STRIDE)
+    if WORLD > 1:
+        if 1 != RANK:
+            _piece_store(dst, g1, start, lanes, numel, 1, PIECE, STRIDE)
+    if WORLD > 2:
+        if 2 != RANK:
+            _piece_store(dst, g2, start, lanes, numel, 2, PIECE, STRIDE)
+    if WORLD > 3:
+        if 3 != RANK:
+            _piece_store(dst, g3, start, lanes, numel, 3, PIECE, STRIDE)
+    if WORLD > 4:
+        if 4 != RANK:
+            _piece_store(dst, g4, start, lanes, numel, 4, PIECE, STRIDE)
+    if WORLD > 5:
+        if 5 != RANK:
+            _piece_store(dst, g5, start, lanes, numel, 5, PIECE, STRIDE)
+    if WORLD > 6:
+        if 6 != RANK:
+            _piece_store(dst, g6, start, lanes, numel, 6, PIECE, STRIDE)
+    if WORLD > 7:
+        if 7 != RANK:
+            _piece_store(dst, g7, start, lanes, numel, 7, PIECE, STRIDE)
+    for r in tl.static_range(8, WORLD):
+        if r != RANK:
+            g = _piece_load(x_ptr, bufs, half, start, lanes, numel, r, FROM, PIECE, RANK)
+            _piece_store(dst, g, start, lanes, numel, r, PIECE, STRIDE)
+
+
+@triton.jit
+def one_shot_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status_addr,
+                    timeout_ns, half_elems, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr, SERIAL: tl.constexpr = False):
+    """out = sum over ranks of x. Each rank copies x into its buffer, meets the others, then
+    reads every peer's copy and sums it: one barrier, (W-1) x n bytes read over NVLink.
+
+    x_ptr, out_ptr: this rank's numel elements; active: how many blocks of the grid work
+    (pass b handles elements [b, b + active, ...] x BLOCK); bufs/pads: tuples of W pointers
+    (rank order); state_ptr: int32[2 * grid] counters (calls, barriers) per block;
+    status_addr: int32 word.
+    """
+    pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
+    if pid < active:
+        lanes = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, numel, active * BLOCK):
+            offs = start + lanes
+            mask = offs < numel
+            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+        _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        for start in range(pid * BLOCK, numel, active * BLOCK):
+            offs = start + lanes
+            mask = offs < numel
+            acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
+            tl.store(out_ptr + offs, acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _end(state_ptr, pid, calls, epoch)
+    else:
+        _end(state_ptr, pid, calls, epoch - 1)
+
+
+@triton.jit
+def two_shot_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status_addr,
+                    timeout_ns, half_elems, RANK: tl.constexpr, WORLD: tl.constexpr,
+                    BLOCK: tl.constexpr, SERIAL: tl.constexpr = False, PULL: tl.constexpr = True):
     """out = sum over ranks of x, as reduce-scatter then all-gather through peer memory.
 
     The data is cut into tiles of W x BLOCK elements; rank r owns the r-th BLOCK of every
     tile. After the first barrier each rank sums its pieces over all peers' buffers and
-    writes the sum into every peer's buffer (the all-gather by push); after the second, each
-    rank copies the other ranks' pieces from its own buffer into out. Every link carries
-    2 (W-1)/W x n bytes, as in a ring, in two barriers instead of 2 (W-1) steps.
+    writes the sum into out and into its own buffer; after the second, each rank reads the
+    other owners' sums from their buffers into out (PULL). Every rank reads 2 (W-1)/W x n
+    bytes from its peers, as much as a ring moves, in two barriers instead of 2 (W-1) steps.
+    PULL=False is the first version: owners push their sums into every peer's buffer and
+    each rank then copies them from its own buffer into out (the same NVLink bytes, written
+    instead of read, plus a local copy of (W-1)/W x n).
     """
-    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+    pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
         state_ptr, status_addr, timeout_ns, half_elems)
-    lanes = tl.arange(0, BLOCK)
-    TILE: tl.constexpr = WORLD * BLOCK
-    for start in range(pid * TILE, numel, grid * TILE):
-        for r in tl.static_range(WORLD):
-            if r != RANK:  # my own pieces nobody else reads: I sum them from x
-                offs = start + r * BLOCK + lanes
-                mask = offs < numel
-                tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
-    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
-    for start in range(pid * TILE, numel, grid * TILE):
-        offs = start + RANK * BLOCK + lanes
-        mask = offs < numel
-        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
-        total = acc.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + offs, total, mask=mask)
-        for p in tl.static_range(WORLD):
-            if p != RANK:
-                tl.store(bufs[p] + half + offs, total, mask=mask)
-    _barrier(pads, pid, epoch + 1, timeout_ns, status_ptr, RANK, WORLD)
-    for start in range(pid * TILE, numel, grid * TILE):
-        for r in tl.static_range(WORLD):
-            if r != RANK:
-                offs = start + r * BLOCK + lanes
-                mask = offs < numel
-                got = tl.load(bufs[RANK] + half + offs, mask=mask, cache_modifier=".cg")
-                tl.store(out_ptr + offs, got, mask=mask)
-    _end(state_ptr, pid, calls, epoch + 1)
+    if pid < active:
+        lanes = tl.arange(0, BLOCK)
+        TILE: tl.constexpr = WORLD * BLOCK
+        for start in range(pid * TILE, numel, active * TILE):
+            # the pieces the other owners read; my own nobody else reads: I sum them from x
+            _copy_pieces(x_ptr, bufs, half, bufs[RANK] + half, start, lanes, numel, 0, 0,
+                         BLOCK, RANK, WORLD)
+        _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        for start in range(pid * TILE, numel, active * TILE):
+            offs = start + RANK * BLOCK + lanes
+            mask = offs < numel
+            acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
+            total = acc.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + offs, total, mask=mask)
+            if PULL:
+                tl.store(bufs[RANK] + half + offs, total, mask=mask)
+            else:
+                for p in tl.static_range(WORLD):
+                    if p != RANK:
+                        tl.store(bufs[p] + half + offs, total, mask=mask)
+        _barrier(pads, pid, epoch + 1, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        for start in range(pid * TILE, numel, active * TILE):
+            _copy_pieces(x_ptr, bufs, half, out_ptr, start, lanes, numel, 0, 1 if PULL else 2,
+                         BLOCK, RANK, WORLD)
+        _end(state_ptr, pid, calls, epoch + 1)
+    else:
+        _end(state_ptr, pid, calls, epoch - 1)
 
 
 @triton.jit
@@ -215,52 +460,55 @@ def _first_tile(lo, pid, grid, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def all_gather_kernel(x_ptr, out_ptr, numel, bufs, pads, state_ptr, status_addr, timeout_ns,
-                      half_elems, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def all_gather_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status_addr,
+                      timeout_ns, half_elems, RANK: tl.constexpr, WORLD: tl.constexpr,
+                      BLOCK: tl.constexpr, SERIAL: tl.constexpr = False):
     """out[p * numel:(p + 1) * numel] = rank p's x, for every p: copy in, one barrier, read.
 
     The one-shot pattern with a copy instead of a sum: each rank reads (W-1) x numel elements
-    from its peers. Tile t of x (BLOCK elements) is handled by block t % grid in both phases,
-    so the barrier of block b covers exactly the tiles block b reads.
+    from its peers. Tile t of x (BLOCK elements) is handled by block t % active in both
+    phases, so the barrier of block b covers exactly the tiles block b reads.
     """
-    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+    pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
         state_ptr, status_addr, timeout_ns, half_elems)
-    lanes = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, numel, grid * BLOCK):
-        offs = start + lanes
-        mask = offs < numel
-        v = tl.load(x_ptr + offs, mask=mask)
-        tl.store(bufs[RANK] + half + offs, v, mask=mask)
-        tl.store(out_ptr + RANK * numel + offs, v, mask=mask)
-    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
-    for start in range(pid * BLOCK, numel, grid * BLOCK):
-        offs = start + lanes
-        mask = offs < numel
-        for p in tl.static_range(WORLD):
-            if p != RANK:
-                v = tl.load(bufs[p] + half + offs, mask=mask, cache_modifier=".cg")
-                tl.store(out_ptr + p * numel + offs, v, mask=mask)
-    _end(state_ptr, pid, calls, epoch)
+    if pid < active:
+        lanes = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, numel, active * BLOCK):
+            offs = start + lanes
+            mask = offs < numel
+            v = tl.load(x_ptr + offs, mask=mask)
+            tl.store(bufs[RANK] + half + offs, v, mask=mask)
+            tl.store(out_ptr + RANK * numel + offs, v, mask=mask)
+        _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        for start in range(pid * BLOCK, numel, active * BLOCK):
+            _copy_pieces(x_ptr, bufs, half, out_ptr, start, lanes, numel, numel, 1, 0, RANK, WORLD)
+        _end(state_ptr, pid, calls, epoch)
+    else:
+        _end(state_ptr, pid, calls, epoch - 1)
 
 
 @triton.jit
-def reduce_scatter_kernel(x_ptr, out_ptr, numel, seg_lo, seg_hi, bufs, pads, state_ptr,
+def reduce_scatter_kernel(x_ptr, out_ptr, numel, active, seg_lo, seg_hi, bufs, pads, state_ptr,
                           status_addr, timeout_ns, half_elems, RANK: tl.constexpr,
-                          WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                          WORLD: tl.constexpr, BLOCK: tl.constexpr, SERIAL: tl.constexpr = False):
     """out = x[seg_lo:seg_hi] summed over ranks (this rank's segment): copy in, one barrier,
     then sum my segment over every peer's buffer. Each rank reads (W-1)/W x numel elements.
-    Only the elements outside my segment are copied in: nobody else reads mine."""
-    pid, grid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+    Only the elements outside my segment are copied in: nobody else reads mine. Tile t
+    (BLOCK elements of x) is block t % active's in both phases."""
+    pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
         state_ptr, status_addr, timeout_ns, half_elems)
-    lanes = tl.arange(0, BLOCK)
-    for start in range(pid * BLOCK, numel, grid * BLOCK):
-        offs = start + lanes
-        mask = (offs < numel) & ((offs < seg_lo) | (offs >= seg_hi))
-        tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
-    _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD)
-    for t in range(_first_tile(seg_lo, pid, grid, BLOCK), tl.cdiv(seg_hi, BLOCK), grid):
-        offs = t * BLOCK + lanes
-        mask = (offs >= seg_lo) & (offs < seg_hi)
-        acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
-        tl.store(out_ptr + (offs - seg_lo), acc.to(out_ptr.dtype.element_ty), mask=mask)
-    _end(state_ptr, pid, calls, epoch)
+    if pid < active:
+        lanes = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, numel, active * BLOCK):
+            offs = start + lanes
+            mask = (offs < numel) & ((offs < seg_lo) | (offs >= seg_hi))
+            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+        _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        for t in range(_first_tile(seg_lo, pid, active, BLOCK), tl.cdiv(seg_hi, BLOCK), active):
+            offs = t * BLOCK + lanes
+            mask = (offs >= seg_lo) & (offs < seg_hi)
+            acc = _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK, WORLD, BLOCK)
+            tl.store(out_ptr + (offs - seg_lo), acc.to(out_ptr.dtype.element_ty), mask=mask)
+        _end(state_ptr, pid, calls, epoch)
+    else:
+        _end(state_ptr, pid, calls, epoch - 1)

@@ -66,6 +66,33 @@ def gather_scatter_table(rows: list[dict]) -> Table:
     return table
 
 
+def knob_lines(rows: list[dict]) -> list[str]:
+    """The knob sweep (bench_peer.KNOBS) as markdown: one row per size and algorithm, one
+    column per knob (us per call; NCCL's and torch two-shot's time at that size beside)."""
+    knobs = [r for r in rows if r["impl"].startswith("knob ")]
+    if not knobs:
+        return []
+    names = list(dict.fromkeys(r["knob"] for r in knobs))
+    ref = {(r["bytes"], r["impl"]): r["time_s"] for r in rows if r["impl"] in ORDER}
+    lines = ["| size | algorithm | active blocks | " + " | ".join(f"{k} (us)" for k in names)
+             + " | NCCL (us) | torch 2-shot (us) |", "| --- " * (len(names) + 5) + "|"]
+    cases = list(dict.fromkeys((r["bytes"], r["algorithm"]) for r in knobs))
+    for size, algo in cases:
+        per = {r["knob"]: r for r in knobs if r["bytes"] == size and r["algorithm"] == algo}
+        cells = []
+        for k in names:
+            r = per.get(k)
+            cells.append("-" if r is None else (_us(r["time_s"]) + ("" if r["ok"] else " (WRONG)")
+                                               if r["error"] is None else "error"))
+        active = per.get("defaults", {}).get("active")
+        lines.append(f"| {human(size)} | {algo} | {active if active is not None else '-'} | "
+                     + " | ".join(cells) + f" | {_us(ref.get((size, 'NCCL'), math.nan))} | "
+                     f"{_us(ref.get((size, 'torch symm_mem two_shot'), math.nan))} |")
+    errors = [f"- knob {r['knob']} {r['algorithm']} {human(r['bytes'])}: {r['error']}"
+              for r in knobs if r["error"]]
+    return lines + errors
+
+
 def choice_table(summary: dict) -> Table:
     table = Table(title="choice by size: what PeerAllReduce.algorithm picks, what was fastest, "
                         "and the alpha-beta model's times (us)")
@@ -140,4 +167,7 @@ def markdown(rows: list[dict], summary: dict) -> str:
     lines += ["", "| size | chosen | fastest measured |", "| --- | --- | --- |"]
     lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |" for r in summary["choice"]]
     lines += [""] + [f"- {line}" for line in crossover_lines(summary) + eager_lines(rows)]
+    knobs = knob_lines(rows)
+    if knobs:
+        lines += ["", "Knobs, one at a time (the rest at their defaults):", ""] + knobs
     return "\n".join(lines) + "\n"

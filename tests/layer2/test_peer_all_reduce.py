@@ -277,3 +277,30 @@ def test_peer_all_reduce_times_out_on_an_absent_rank():
     assert missing and 0 < int(missing.group(1)) < len(messages), messages
     assert "timed out" in messages[0], messages
     assert float(messages[0].split("s ")[0]) < 10.0
+
+
+def test_peer_report_knob_table_from_rows():
+    """The bench's knob rows become one markdown row per size and algorithm (no GPU needed)."""
+    from layer2_comm.bench_peer import summarize
+    from layer2_comm.peer_report import knob_lines, markdown
+
+    rows = []
+    for size in (8 << 10, 512 << 10):
+        for impl, t in (("ours one_shot", 6e-6), ("ours two_shot", 8e-6), ("ours (by size)", 6e-6),
+                        ("NCCL", 15e-6), ("torch symm_mem two_shot", 7e-6)):
+            rows.append({"impl": impl, "bytes": size, "time_s": t * (1 + size / (1 << 20)),
+                         "busbw": 1e9, "ok": True, "error": None})
+        for knob, t in (("defaults", 6e-6), ("serial barrier", 8e-6), ("8 warps", None)):
+            rows.append({"impl": f"knob {knob} one_shot", "knob": knob, "algorithm": "one_shot",
+                         "bytes": size, "time_s": t or float("nan"), "ok": t is not None,
+                         "error": None if t else "OutOfResources: x", "active": 1})
+    for kind in ("all_gather", "reduce_scatter"):
+        for impl in ("ours", "NCCL"):
+            rows.append({"impl": f"{impl} {kind}", "bytes": 256 << 20, "time_s": 1e-3,
+                         "busbw": 3e11, "ok": True, "error": None})
+    lines = knob_lines(rows)
+    assert lines[0].startswith("| size | algorithm | active blocks | defaults (us) | serial barrier (us)")
+    assert lines[2].startswith("| 8 KiB | one_shot | 1 | 6.0 | 8.0 | error | 15.1 | 7.1 |"), lines[2]
+    assert any("knob 8 warps one_shot" in line and "OutOfResources" in line for line in lines)
+    text = markdown(rows, summarize(rows, 4))
+    assert "Knobs, one at a time" in text and lines[2] in text

@@ -8,7 +8,7 @@ the pull/push two-shot, against the exact sum, over many calls in a row with siz
 algorithms interleaved. The cross-GPU barrier itself is PTX (one lane per peer, `st.release.sys`
 / `ld.acquire.sys`) that the interpreter cannot run: here it is replaced by the same protocol
 in Python (epoch flags per block in the shared pads), so ordering bugs in the data logic still
-show as wrong sums. The PTX is compiled (not run) by test_peer_kernels_compile below.
+show as wrong sums. The PTX is compiled (not run) in test_peer_kernels_compile.py.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ import torch
 if TYPE_CHECKING:
     import llguidance
 
-_EXECUTORS: dict[int, llguidance.LLExecutor] = {}
+_EXECUTORS: dict[tuple[int, int], llguidance.LLExecutor] = {}  # (pid, threads) ->
 SERIAL_ROWS = 4  # with a pool, up to this many rows a step still fills on the calling thread
 
 
@@ -86,13 +86,15 @@ def mask_overlap() -> bool:
 
 
 def executor(threads: int | None = None) -> llguidance.LLExecutor:
-    """llguidance's thread pool for a batch's masks (one per thread count, made on first use)."""
+    """llguidance's thread pool for a batch's masks (one per thread count, made on first use;
+    and again in a forked child, where the parent's pool threads do not exist)."""
     n = fill_threads() if threads is None else threads
-    if n not in _EXECUTORS:
+    key = (os.getpid(), n)
+    if key not in _EXECUTORS:
         from .grammar import llg
 
-        _EXECUTORS[n] = llg().LLExecutor(max(1, n))
-    return _EXECUTORS[n]
+        _EXECUTORS[key] = llg().LLExecutor(max(1, n))
+    return _EXECUTORS[key]
 
 
 def words(vocab_size: int) -> int:
@@ -186,6 +188,7 @@ class _Helper:
         self._cond = threading.Condition()
         self._job: tuple | None = None
         self._started = threading.Event()
+        self.pid = os.getpid()  # the process whose thread it is
         threading.Thread(target=self._loop, name="token-masks", daemon=True).start()
 
     def run(self, fn, *args) -> Future:
@@ -314,7 +317,7 @@ class TokenMasks:
                 s.fill(rows[j])  # EOS only
             else:
                 healthy.append((s.matcher, j))
-        if self._helper is None:
+        if self._helper is None or self._helper.pid != os.getpid():  # (a forked child: anew)
             self._helper = _Helper()
         fut = None
         if healthy:

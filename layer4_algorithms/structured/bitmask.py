@@ -52,8 +52,8 @@ def fill_threads() -> int:
 
     Why 0 by default: on an H200 host (64 CPUs, course model, V = 4096, batch 32) the pool
     never paid. Filling 32 mid-JSON rows back to back took 52.8 us on 1 pool thread, 60.1 on
-    2, 93.7 on 4, 118.6 on 8; inside the engine, where the pool's threads have slept since
-    the last step and must be woken by the OS every step, the fill took 1.0-1.7 ms a step on
+    2, 93.7 on 4, 118.6 on 8; inside the engine (where, likely, the pool's threads have slept
+    since the last step and must be woken every step) the fill took 0.5-1.8 ms a step on
     8 threads against 0.4 ms one by one on the engine's thread, and constrained decoding ran
     at 0.59x the unconstrained tokens/s instead of 0.93x (eager, async). A larger vocabulary
     costs more per row (the trie walk grows with V) and may tip the balance at large batches;

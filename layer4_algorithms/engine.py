@@ -21,7 +21,10 @@ waiting for its tokens; the next step() reads them while the GPU runs its own la
 Constrained requests (structured outputs) keep it: a step with grammar rows launches its
 forward pass, then reads the previous step's tokens (their copy to the host was queued
 ahead of this forward, so the wait is short), advances the grammars with them, fills the
-masks on the host while the GPU runs the forward, and only then masks and samples.
+masks on the host while the GPU runs the forward, and only then masks and samples. Past a
+few such rows the fill goes to the masks' helper thread while this thread appends the
+previous tokens and builds the step's outputs; the masking and sampling come after those
+(`_launch` returns them as a callable, which `_end_step` runs).
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
 launch (`_launch`: speculation's proposals, the model, the rows to sample with
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import fields, replace
 from pathlib import Path
@@ -211,13 +215,15 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
 
     def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
                 advanced: set[str], finished: list[Sequence]
-                ) -> tuple[LaunchedStep, LaunchedStep | None]:
+                ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
         host sync; penalties, logprobs and speculation take this path), else they stay on
         the device and are copied back without waiting (read by `_complete`). Returns the
         launched step and prev, or None when it was read here: a step that masks grammar
         rows reads prev's tokens after launching its forward pass and before sampling (the
-        masks follow the grammars, which follow the tokens)."""
+        masks follow the grammars, which follow the tokens). With the masks' fill on the
+        helper thread the first is a callable that masks, samples and returns the launched
+        step: step() builds the outputs first."""
         if self.speculator is not None:
             self.speculator.propose(out)
         # decoding sequences' inputs may be prev's tokens, still on the device

@@ -187,7 +187,8 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
                     setattr(ours, k, v)
                 ours._launch(data, out, algo)
                 ok = _agree(bool(torch.equal(out, _expected(n, dtype, world, dev))), dev)
-                call = lambda: ours._launch(data, out, algo)  # noqa: E731
+                def call(ours=ours, data=data, out=out, algo=algo) -> None:
+                    ours._launch(data, out, algo)
                 if n * elsize <= GRAPHED_MAX:
                     t = _graph_time(call, per_graph, iters, dev)
                 else:
@@ -200,9 +201,11 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
                     setattr(ours, k, v)
             rows.append({"impl": f"knob {knob} {algo}", "knob": knob, "algorithm": algo,
                          "bytes": n * elsize, "dtype": str(dtype).removeprefix("torch."),
-                         "world": world, "timing": "cuda graph" if n * elsize <= GRAPHED_MAX else "eager",
+                         "world": world,
+                         "timing": "cuda graph" if n * elsize <= GRAPHED_MAX else "eager",
                          "time_s": t, "algbw": n * elsize / t if t == t else math.nan,
-                         "busbw": busbw(n * elsize / t, "all_reduce", world) if t == t else math.nan,
+                         "busbw": (busbw(n * elsize / t, "all_reduce", world)
+                                   if t == t else math.nan),
                          "ok": ok, "error": error, "blocks": ours.blocks,
                          "active": ours.active_blocks(algo, n, elsize)
                          if hasattr(ours, "active_blocks") else None})

@@ -286,8 +286,9 @@ def test_peer_report_knob_table_from_rows():
 
     rows = []
     for size in (8 << 10, 512 << 10):
-        for impl, t in (("ours one_shot", 6e-6), ("ours two_shot", 8e-6), ("ours (by size)", 6e-6),
-                        ("NCCL", 15e-6), ("torch symm_mem two_shot", 7e-6)):
+        for impl, t in (("ours one_shot", 6e-6), ("ours two_shot", 8e-6),
+                        ("ours (by size)", 6e-6), ("NCCL", 15e-6),
+                        ("torch symm_mem two_shot", 7e-6)):
             rows.append({"impl": impl, "bytes": size, "time_s": t * (1 + size / (1 << 20)),
                          "busbw": 1e9, "ok": True, "error": None})
         for knob, t in (("defaults", 6e-6), ("serial barrier", 8e-6), ("8 warps", None)):
@@ -299,8 +300,10 @@ def test_peer_report_knob_table_from_rows():
             rows.append({"impl": f"{impl} {kind}", "bytes": 256 << 20, "time_s": 1e-3,
                          "busbw": 3e11, "ok": True, "error": None})
     lines = knob_lines(rows)
-    assert lines[0].startswith("| size | algorithm | active blocks | defaults (us) | serial barrier (us)")
-    assert lines[2].startswith("| 8 KiB | one_shot | 1 | 6.0 | 8.0 | error | 15.1 | 7.1 |"), lines[2]
+    assert lines[0].startswith(
+        "| size | algorithm | active blocks | defaults (us) | serial barrier (us)")
+    want = "| 8 KiB | one_shot | 1 | 6.0 | 8.0 | error | 15.1 | 7.1 |"
+    assert lines[2].startswith(want), lines[2]
     assert any("knob 8 warps one_shot" in line and "OutOfResources" in line for line in lines)
     text = markdown(rows, summarize(rows, 4))
     assert "Knobs, one at a time" in text and lines[2] in text

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -44,19 +42,21 @@ for i, a in enumerate(fn.arg_names):
         sig[a] = "i64"
     elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL"):
         sig[a] = "constexpr"
-        consts[a] = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * 8, "SERIAL": serial, "PULL": True}[a]
+        consts[a] = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * 8, "SERIAL": serial,
+                     "PULL": True}[a]
     else:
         sig[a] = "i32"
         if a in ("numel", "half_elems"):
             attrs[(i,)] = [["tt.divisibility", 16]]
-src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()},
-                attrs=attrs)
+src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
 ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 16})
 path = os.path.join(sys.argv[4], f"{name}_{world}.cubin")
 open(path, "wb").write(ck.asm["cubin"])
 tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-ops = [m.group(1) for m in re.finditer(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", sass, re.M)]
+line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
+ops = [m.group(1) for m in line.finditer(sass)]
 print(json.dumps(ops))
 '''
 
@@ -70,7 +70,8 @@ def _ptxas_here() -> bool:
     return (bin_dir / "ptxas").exists() and (bin_dir / "cuobjdump").exists()
 
 
-pytestmark = pytest.mark.skipif(not _ptxas_here(), reason="Triton's wheel has no ptxas/cuobjdump here")
+pytestmark = pytest.mark.skipif(not _ptxas_here(),
+                                reason="Triton's wheel has no ptxas/cuobjdump here")
 
 
 def _sass(world: int, name: str, serial: bool, tmp_path) -> list[str]:

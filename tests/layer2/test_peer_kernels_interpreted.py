@@ -20,7 +20,8 @@ import torch
 
 from layer1_kernels import interpreter  # noqa: F401  (first: TRITON_INTERPRET on a CPU)
 
-pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the multigpu tests run the real kernels")
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
+                                reason="the multigpu tests run the real kernels")
 
 
 def _interpreted(kernels) -> bool:
@@ -129,7 +130,8 @@ def test_kernels_equal_the_exact_sum_on_simulated_ranks(world, blocks, num_warps
     # two halves of 32 KiB per rank (the plan's largest message is 4099 x 4 bytes)
     shared = {
         "bufs": [torch.zeros(2 * 32768, dtype=torch.uint8).share_memory_() for _ in range(world)],
-        "pads": [torch.zeros(blocks * world, dtype=torch.int32).share_memory_() for _ in range(world)],
+        "pads": [torch.zeros(blocks * world, dtype=torch.int32).share_memory_()
+                 for _ in range(world)],
     }
     results = torch.zeros(world, len(_plan(world)), dtype=torch.int32).share_memory_()
     pids = []

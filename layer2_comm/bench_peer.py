@@ -158,7 +158,7 @@ KNOB_SIZES = [(8, "one_shot"), (8 << 10, "one_shot"), (32 << 10, "one_shot"),
               (256 << 20, "two_shot")]
 KNOBS = {"defaults": {}, "serial barrier": {"serial_barrier": True},
          "push gather": {"pull_gather": False}, "8 warps": {"num_warps": 8},
-         "32 warps": {"num_warps": 32}}
+         "32 warps": {"num_warps": 32}, "2x blocks": {}}
 
 
 def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, dev,
@@ -166,10 +166,12 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
     """Rows "knob <name> <algorithm>": one knob changed on the same instances, the rest at
     their defaults. The 8 B row also tells whether the main table's first size paid a warm-up
     (here everything is warm): it is the only size whose element count is not a multiple of
-    16, which Triton compiles separately."""
+    16, which Triton compiles separately. "2x blocks" (above the small instance's buffer
+    only) is a second large instance with twice the grid."""
     world, me = dist.get_world_size(), dist.get_rank()
     elsize = torch.empty(0, dtype=dtype).element_size()
     rows = []
+    wide: PeerAllReduce | None = None
     for nbytes, algo in KNOB_SIZES:
         n = max(1, nbytes // elsize)
         ours = small if n * elsize <= small.max_bytes else large
@@ -180,6 +182,13 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
         for knob, settings in KNOBS.items():
             if knob == "push gather" and algo != "two_shot":
                 continue
+            if knob == "2x blocks":
+                if ours is small:
+                    continue
+                if wide is None:  # collective: every rank gets here in the same order
+                    wide = PeerAllReduce(max_bytes=large.max_bytes, device=dev,
+                                         blocks=2 * large.blocks)
+                ours = wide
             saved = {k: getattr(ours, k) for k in settings}
             error, t, ok = None, math.nan, False
             try:
@@ -195,7 +204,8 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
                     t = statistics.median(time_collective(call, iters, 2, dev))
             except Exception as exc:  # a knob that cannot run here is reported, not fatal
                 error = f"{type(exc).__name__}: {str(exc)[:200]}"
-                torch.cuda.synchronize(dev)
+                if torch.device(dev).type == "cuda":
+                    torch.cuda.synchronize(dev)
             finally:
                 for k, v in saved.items():
                     setattr(ours, k, v)
@@ -209,6 +219,8 @@ def _knob_rows(small: PeerAllReduce, large: PeerAllReduce, iters: int, dtype, de
                          "ok": ok, "error": error, "blocks": ours.blocks,
                          "active": ours.active_blocks(algo, n, elsize)
                          if hasattr(ours, "active_blocks") else None})
+    if wide is not None:
+        wide.close()
     return rows
 
 

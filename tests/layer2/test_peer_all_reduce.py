@@ -307,3 +307,62 @@ def test_peer_report_knob_table_from_rows():
     assert any("knob 8 warps one_shot" in line and "OutOfResources" in line for line in lines)
     text = markdown(rows, summarize(rows, 4))
     assert "Knobs, one at a time" in text and lines[2] in text
+
+
+class _FakePeer:
+    """Stands in for PeerAllReduce on CPU ranks (gloo): `_launch` all-reduces with gloo, so the
+    bench's knob sweep runs its Python (knobs set and restored, the wide instance built and
+    closed collectively, correctness agreed across ranks) without a GPU."""
+
+    made: list = []
+
+    def __init__(self, max_bytes=8 << 20, device=None, blocks=None, **_):
+        self.max_bytes, self.blocks = max_bytes, blocks or (64 if max_bytes <= 8 << 20 else 128)
+        self.num_warps, self.serial_barrier, self.pull_gather = 16, False, True
+        self.closed = False
+        _FakePeer.made.append(self)
+
+    def active_blocks(self, name, numel, elsize):
+        pieces = dist.get_world_size() if name == "two_shot" else 1
+        unit = self.num_warps * 32 * (16 // elsize) * pieces
+        return max(1, min(self.blocks, -(-numel // unit)))
+
+    def _launch(self, x, out, name):
+        if self.num_warps == 32 and self.max_bytes > 8 << 20:
+            raise RuntimeError("out of resources (a knob that fails is reported, not fatal)")
+        out.copy_(x)
+        dist.all_reduce(out)
+
+    def close(self):
+        self.closed = True
+
+
+def _knob_sweep_on_cpu_rank():
+    from layer2_comm import bench_peer
+
+    bench_peer.PeerAllReduce = _FakePeer
+    bench_peer._graph_time = lambda call, per_graph, iters, dev: (call(), 5e-6)[1]
+    bench_peer.time_collective = lambda call, iters, warmup, dev: [(call(), 1e-3)[1]] * iters
+    small, large = _FakePeer(), _FakePeer(max_bytes=256 << 20)
+    rows = bench_peer._knob_rows(small, large, 3, torch.float32, torch.device("cpu"), 2)
+    wide = [p for p in _FakePeer.made if p.blocks == 2 * large.blocks]
+    return rows, (small.num_warps, small.serial_barrier, large.pull_gather), \
+        [p.closed for p in wide]
+
+
+def test_peer_bench_knob_sweep_runs_on_cpu_ranks():
+    results = launch(_knob_sweep_on_cpu_rank, 2, backend="gloo", timeout_s=120)
+    rows, restored, wide_closed = results[0]
+    assert restored == (16, False, True)  # every knob put back
+    assert wide_closed == [True]  # the 2x-blocks instance: built once, closed
+    by = {(r["knob"], r["bytes"], r["algorithm"]): r for r in rows}
+    small_default = by[("defaults", 8 << 10, "one_shot")]
+    assert small_default["ok"] and small_default["active"] == 1
+    assert ("push gather", 8 << 10, "one_shot") not in by  # two-shot only
+    assert ("2x blocks", 2 << 20, "two_shot") not in by  # the large instance only
+    assert by[("2x blocks", 256 << 20, "two_shot")]["blocks"] == 256
+    assert by[("defaults", 256 << 20, "two_shot")]["timing"] == "eager"
+    assert by[("defaults", 8, "one_shot")]["bytes"] == 8
+    assert all(r["ok"] for r in rows if r["error"] is None)
+    failed = by[("32 warps", 256 << 20, "two_shot")]
+    assert "out of resources" in failed["error"] and failed["time_s"] != failed["time_s"]

@@ -86,8 +86,8 @@ BF16_NEAR_TIE = 2 * BF16_LOGITS_ATOL
 BF16_LOGPROB_ATOL = 0.1
 
 
-def bf16_diagnosis(ref_llm, prompts, r1, r2) -> list[str]:
-    """Per prompt: where TP=2's greedy tokens first differ from TP=1's, TP=1's margin there
+def bf16_diagnosis(ref_llm, prompts, r1, r2, tp: int = 2) -> list[str]:
+    """Per prompt: where TP=tp's greedy tokens first differ from TP=1's, TP=1's margin there
     (its logits of the common prefix) and the largest logprob gap before; problems listed."""
     problems = []
     for i, (a, b) in enumerate(zip(r1, r2, strict=True)):
@@ -102,7 +102,7 @@ def bf16_diagnosis(ref_llm, prompts, r1, r2) -> list[str]:
             last = ref_llm.prompt_logits([prompts[i] + ta[:n]])[0][-1].float()
             margin = float(last[ta[n]] - last[tb[n]])
             top = float(last.max())
-            line += (f"; token {n}: TP=1 {ta[n]}, TP=2 {tb[n]}, TP=1's margin {margin:.4g} "
+            line += (f"; token {n}: TP=1 {ta[n]}, TP={tp} {tb[n]}, TP=1's margin {margin:.4g} "
                      f"(top logit {top:.4g})")
             bad = bad or abs(margin) > BF16_NEAR_TIE
         print(line)
@@ -153,7 +153,7 @@ def _bf16_tp_equals_tp1(backend: str, tp: int, tp_backend: str) -> None:
         print(line)
         if float(d.max()) > BF16_LOGITS_ATOL or float(d.mean()) > BF16_LOGITS_MEAN:
             problems.append(line)
-    problems += bf16_diagnosis(ref, prompts, r1, r2)
+    problems += bf16_diagnosis(ref, prompts, r1, r2, tp)
     assert not problems, "\n".join(problems)
 
 

@@ -284,7 +284,8 @@ class TokenMasks:
         n = R * W + R
         host, dev = self._buffers(n)
         host.numpy()[R * W:n] = idx
-        return [seqs[i].grammar for i in idx], (R, n, self._arena, host, dev)
+        rows = host[:R * W].view(R, W)  # the (R, W) mask words, filled by the caller
+        return [seqs[i].grammar for i in idx], rows, (R, n, self._arena, host, dev)
 
     def prepare(self, seqs: Sequence) -> tuple | None:
         """The host half, on this thread: the constrained rows of seqs are filled into the
@@ -293,9 +294,8 @@ class TokenMasks:
         got = self._arena_for(seqs)
         if got is None:
             return None
-        states, prepared = got
-        R, W, host = prepared[0], self.W, prepared[3]
-        fill_masks(states, host[:R * W].view(R, W), self.threads)
+        states, rows, prepared = got
+        fill_masks(states, rows, self.threads)
         self.stats["fill_s"] += time.perf_counter() - t0
         return prepared
 
@@ -308,9 +308,9 @@ class TokenMasks:
         got = self._arena_for(seqs)
         if got is None:
             return None
-        states, prepared = got
-        R, W, host = prepared[0], self.W, prepared[3]
-        rows = host[:R * W].view(R, W).numpy()
+        states, rows, prepared = got
+        R, W = prepared[0], self.W
+        rows = rows.numpy()
         healthy = []
         for j, s in enumerate(states):  # each matcher made here (waits for its compile)
             if s.failed or s.matcher.is_error():

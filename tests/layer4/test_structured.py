@@ -38,6 +38,26 @@ def valid(text: str, schema: dict) -> None:
 
 
 # ---- the bitmask ---------------------------------------------------------------------------
+class Row:
+    """A sequence as TokenMasks reads it: only its grammar (None: a free row)."""
+    grammar = None
+
+
+def rows_for(model, compiler, pattern: str) -> list[Row]:
+    """One Row a letter of pattern: "f" free, "g" a grammar (one of SCHEMAS), "x" a grammar
+    that has failed (EOS only)."""
+    out = []
+    for i, c in enumerate(pattern):
+        q = Row()
+        if c in "gx":
+            q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
+            if c == "x":
+                q.grammar.accept(model.tokenizer.encode("zzz", add_special_tokens=False)[0])
+                assert q.grammar.failed
+        out.append(q)
+    return out
+
+
 def test_bitmask_unpacks_bit_t_of_word_t_over_32():
     g = torch.Generator().manual_seed(0)
     allowed = torch.rand(3, 70, generator=g) < 0.3  # 70 tokens: 3 words, the last one partial
@@ -122,25 +142,8 @@ def test_masks_filled_on_the_helper_equal_the_serial_fill(course_model):
     exactly as prepare + launch (one by one on this thread), free rows untouched."""
     compiler = l4.GrammarCompiler.for_model(course_model)
     V = course_model.config.vocab_size
-
-    class Row:
-        grammar = None
-
-    def rows_for(pattern):
-        out = []
-        for i, c in enumerate(pattern):
-            q = Row()
-            if c in "gx":
-                q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
-                if c == "x":  # a failed state: EOS only
-                    q.grammar.accept(course_model.tokenizer.encode(
-                        "zzz", add_special_tokens=False)[0])
-                    assert q.grammar.failed
-            out.append(q)
-        return out
-
     for pattern in ("gfgggfgg", "fxgf", "ffff", "x"):
-        seqs = rows_for(pattern)
+        seqs = rows_for(course_model, compiler, pattern)
         logits = torch.randn(len(seqs), V)
         serial = l4.structured.TokenMasks(V, "cpu", rows=2)
         serial.threads = 0
@@ -185,24 +188,11 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
     step (two arenas in turn) and grow when more rows are constrained than they hold."""
     compiler = l4.GrammarCompiler.for_model(course_model)
     V = course_model.config.vocab_size
-
-    class Row:
-        grammar = None
-
-    def rows_for(pattern):
-        out = []
-        for i, c in enumerate(pattern):
-            q = Row()
-            if c == "g":
-                q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
-            out.append(q)
-        return out
-
     masks = l4.structured.TokenMasks(V, "cpu", rows=2)
     seen = []
     masks.threads = 2  # the pool, whatever this machine's CPU count (5 rows > SERIAL_ROWS)
     for pattern in ("fgfg", "ggff", "fgfg", "gfgggg", "fgfg", "gfgf"):
-        seqs = rows_for(pattern)
+        seqs = rows_for(course_model, compiler, pattern)
         logits = torch.randn(len(seqs), V)
         got = logits.clone()
         assert masks.apply(got, seqs) == pattern.count("g")
@@ -220,15 +210,11 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
     # grown at step 4 (a new buffer: the allocator may hand back a freed address), then reused
     assert seen[3][1] > seen[2][1] and seen[5] == seen[3]
     assert masks.stats["steps"] == 6 and masks.stats["rows"] == 15
-    assert masks.apply(torch.randn(2, V), rows_for("ff")) == 0
+    assert masks.apply(torch.randn(2, V), rows_for(course_model, compiler, "ff")) == 0
 
 
 def test_mask_rows_touches_only_constrained_rows(course_model):
     compiler = l4.GrammarCompiler.for_model(course_model)
-
-    class Row:
-        grammar = None
-
     free, tight = Row(), Row()
     tight.grammar = compiler.state(SO(choice=["yes", "no"]))
     logits = torch.randn(2, course_model.config.vocab_size)
@@ -424,13 +410,7 @@ def test_a_forked_child_gets_its_own_helper_and_pool(course_model, monkeypatch):
     bm = l4.structured.bitmask
     compiler = l4.GrammarCompiler.for_model(course_model)
     V = course_model.config.vocab_size
-
-    class Row:
-        grammar = None
-
-    seqs = [Row() for _ in range(6)]
-    for i, q in enumerate(seqs):
-        q.grammar = compiler.state(SO(json=SCHEMAS[i]))
+    seqs = rows_for(course_model, compiler, "gggggg")
     masks = bm.TokenMasks(V, "cpu", rows=6)
     want = torch.randn(6, V)
     got = want.clone()

@@ -10,24 +10,12 @@ import importlib
 import pytest
 import torch
 
-import layer3_model as l3
 from layer4_algorithms import PagedKVCache
 
+from ..layer3.test_prefill_attention import SHAPE, _pair  # (same small model, torch and triton)
+
 VARLEN = importlib.import_module("layer1_kernels.flash_attention_varlen")
-SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=128)
 PAGE = 4
-
-
-def _pair(seed: int) -> tuple[l3.LlamaModel, l3.LlamaModel]:
-    shape = dict(l3.LLAMA_3_2_1B)
-    shape.update(SHAPE)
-    shape.pop("rope_scaling", None)
-    cfg = l3.ModelConfig.from_dict(shape)
-    ref = l3.random_model(cfg, backend="torch", seed=seed, std=0.2)
-    fast = l3.random_model(cfg, backend="torch", seed=seed, std=0.2)
-    fast.set_backend("triton", impl="triton")  # the kernels, through the interpreter on a CPU
-    return ref, fast
 
 
 class Launches:

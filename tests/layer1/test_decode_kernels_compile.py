@@ -1,43 +1,22 @@
 """The decode kernels (and the tiled matmuls) compile for a Hopper GPU (sm_90), checked on any
 machine: Triton's interpreter runs kernel code as Python, so it accepts code the compiler
-rejects (it once hid a `return` inside a constexpr branch that the compiler does not honour). A subprocess with
-TRITON_INTERPRET=0 compiles each kernel ahead of time for cuda:90 (ptxas ships with Triton)."""
+rejects (it once hid a `return` inside a constexpr branch that the compiler does not honour).
+A subprocess with TRITON_INTERPRET=0 compiles each kernel ahead of time for cuda:90 (ptxas
+ships with Triton)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-import pytest
+from .sm90 import run_compile_script
 
 SCRIPT = r'''
 import os
 os.environ["TRITON_INTERPRET"] = "0"
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
 import importlib
+from tests.layer1.sm90 import compile_for_sm90 as compile_
 # (import_module: the package's `gemv` and `paged_decode` names are the functions)
 G, P, R, GR, A, MM, I8 = (importlib.import_module(f"layer1_kernels.{m}") for m in (
     "gemv", "paged_decode", "rope_kv_write", "gemv_rope", "argmax", "matmul", "int8_matmul"))
-
-def compile_(fn, consts, ptrs, opts):
-    sig, cx = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in consts:
-            sig[n] = "constexpr"; cx[(i,)] = consts[n]
-        elif n in ptrs:
-            sig[n] = ptrs[n]
-        elif n.endswith("_ptr"):
-            sig[n] = "*bf16"
-        elif n in ("eps", "qk_scale"):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx),
-                   target=GPUTarget("cuda", 90, 32), options=opts)
 
 CASES = [(1, True, 1, 2, 2048, 2048, True), (0, False, 1, 2, 2048, 2048, True),
          (2, False, 1, 8, 2048, 8192, True), (1, True, 4, 2, 512, 2048, False),
@@ -76,22 +55,8 @@ print("compiled")
 '''
 
 
-def _compile_in_a_subprocess(code: str, what: str) -> subprocess.CompletedProcess:
-    """Run `code` with the real Triton compiler (TRITON_INTERPRET off) from the repo root;
-    skip when Triton is missing, fail past 600 s."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        run = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    except subprocess.TimeoutExpired:
-        pytest.fail(f"{what} took over 600 s")
-    if "No module named" in run.stderr and "triton" in run.stderr:
-        pytest.skip("Triton is not installed")
-    return run
-
-
 def test_decode_kernels_compile_for_sm90():
-    run = _compile_in_a_subprocess(SCRIPT, "compiling the decode kernels")
+    run = run_compile_script(SCRIPT, "compiling the decode kernels")
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 
@@ -103,7 +68,7 @@ def test_gemv_occupancy_shows_the_rows_starving_the_tile():
             "s = u.spec_from_file_location('g', 'benchmarks/gemv_occupancy.py'); "
             "m = u.module_from_spec(s); s.loader.exec_module(m); "
             "print('JSON', json.dumps(m.main(['--shapes', '1B gate_up', '--rows', '1,8'])))")
-    run = _compile_in_a_subprocess(code, "compiling two GEMV configs")
+    run = run_compile_script(code, "compiling two GEMV configs")
     assert run.returncode == 0, run.stderr[-3000:]
     one, eight = json.loads(run.stdout.split("JSON ", 1)[1])
     assert "ld.global.v4.b32" in one["loads"]

@@ -183,25 +183,14 @@ COMPILE = r'''
 import os
 os.environ["TRITON_INTERPRET"] = "0"
 import importlib
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.layer1.sm90 import compile_for_sm90
 V = importlib.import_module("layer1_kernels.flash_attention_varlen")
-fn = V._flash_varlen_kernel
 ptrs = {"q_start_ptr": "*i64", "seq_lens_ptr": "*i64", "tables_ptr": "*i64"}
 for paged, identity, page, bm, warps in [(False, False, 1, 64, 4), (True, False, 16, 128, 8),
                                          (True, True, 1, 64, 4)]:
     consts = dict(HEAD_DIM=128, BLOCK_M=bm, BLOCK_N=64, PAGE=page, PAGED=paged,
                   IDENTITY=identity, PRECISION="tf32")
-    sig, cx = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in consts:
-            sig[n] = "constexpr"; cx[(i,)] = consts[n]
-        else:
-            sig[n] = ptrs.get(n, "*bf16" if n.endswith("_ptr") else
-                              "fp32" if n == "qk_scale" else "i32")
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx),
-                   target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
+    compile_for_sm90(V._flash_varlen_kernel, consts, ptrs, {"num_warps": warps, "num_stages": 3})
 print("compiled")
 '''
 
@@ -210,13 +199,6 @@ def test_compiles_for_sm90() -> None:
     """The interpreter runs kernel code as Python and accepts what the compiler rejects: the
     real compiler builds the kernel for cuda:90 in all three key layouts (ptxas ships with
     Triton; no GPU needed)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    root = Path(__file__).resolve().parents[2]
-    run = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, capture_output=True, text=True,
-                         timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    if "No module named" in run.stderr and "triton" in run.stderr:
-        pytest.skip("Triton is not installed")
+    from .sm90 import run_compile_script
+    run = run_compile_script(COMPILE, "compiling the varlen attention kernel")
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]

@@ -9,10 +9,6 @@ must not read."""
 from __future__ import annotations
 
 import importlib
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +16,7 @@ import torch
 from layer1_kernels import interpreter
 
 from ..paged_case import make_case
+from .sm90 import run_compile_script
 
 pd = importlib.import_module("layer1_kernels.paged_decode")  # the package's name is the function
 
@@ -107,11 +104,8 @@ COMPILE = r'''
 import os
 os.environ["TRITON_INTERPRET"] = "0"
 import importlib
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from tests.layer1.sm90 import compile_for_sm90
 P = importlib.import_module("layer1_kernels.paged_decode")
-fn = P._paged_decode_kernel
 ptrs = {"tables_ptr": "*i32", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
 for ident, fused, hf, bn, warps, stages in [(True, True, False, 64, 4, 2),
@@ -120,27 +114,14 @@ for ident, fused, hf, bn, warps, stages in [(True, True, False, 64, 4, 2),
     consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16, BLOCK_N=bn, WINDOWED=True,
                   IDENTITY=ident, FUSED_MERGE=fused, PDL=True, MERGE_G=4, MERGE_S=16,
                   HEADS_FIRST=hf)
-    sig, cx = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in consts:
-            sig[n] = "constexpr"; cx[(i,)] = consts[n]
-        else:
-            sig[n] = ptrs.get(n, "*bf16" if n.endswith("_ptr") else
-                              "fp32" if n == "qk_scale" else "i32")
-    triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx),
-                   target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": warps, "num_stages": stages, "launch_pdl": True})
+    compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
+                     {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
 '''
 
 
 def test_compiles_for_sm90():
-    root = Path(__file__).resolve().parents[2]
-    try:
-        run = subprocess.run([sys.executable, "-c", COMPILE], cwd=root, capture_output=True,
-                             text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "0"})
-    except subprocess.TimeoutExpired:
-        pytest.fail("compiling the paged decode kernel took over 600 s")
+    run = run_compile_script(COMPILE, "compiling the paged decode kernel")
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 

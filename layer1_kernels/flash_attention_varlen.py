@@ -46,6 +46,7 @@ from .flash_attention import (
     _HEAD_DIMS,
     _LOG2E,
     _check_common,
+    _online_softmax_step,
     _pick_config,
     flash_attention_reference,
 )
@@ -97,21 +98,8 @@ def _fold_keys(acc, l_i, m_i, q, k_ptr, v_ptr, offs_m, lo, hi, b, q_start, Nk, c
         else:
             k = tl.load(k_ptrs)
             v = tl.load(v_ptrs)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
-        if MASKED:
-            keep = in_bounds[None, :] & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
-            s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        if MASKED:  # a row that saw only masked keys keeps m = -inf: subtract 0, not -inf
-            m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_sub = m_new
-        p = tl.math.exp2(s * qk_scale - m_sub[:, None])
-        alpha = tl.math.exp2(m_i - m_sub)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=PRECISION)
-        m_i = m_new
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, q, k, v, offs_m, offs_n, Nk,
+                                             causal_offset, qk_scale, MASKED, True, PRECISION)
     return acc, l_i, m_i
 
 

@@ -27,7 +27,7 @@ previous tokens and builds the step's outputs; the masking and sampling come aft
 (`_launch` returns them as a callable, which `_end_step` runs).
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
-launch (`_launch`: speculation's proposals, the model, the rows to sample with
+launch (`_launch`, engine_launch.py: speculation's proposals, the model, the rows to sample with
 parallel-sampling forks, sampling on the host or on the device), read the previous launch
 while this one runs, and build the outputs of the requests it advanced.
 """
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import fields, replace
 from pathlib import Path
@@ -43,20 +42,20 @@ from pathlib import Path
 import layer3_model as l3
 
 from .config import EngineConfig
+from .engine_launch import EngineLaunchMixin
 from .engine_requests import EngineRequestsMixin
-from .engine_sampling import count_speculation, sample_rows
 from .engine_stats import EngineStatsMixin
 from .kv import BlockManager, PagedKVCache, blocks_for_budget
 from .launched_step import LaunchedStep
-from .model_runner import ModelRunner, StepLogits
+from .model_runner import ModelRunner
 from .outputs import ProgressBar, RequestOutput
-from .scheduler import Scheduler, SchedulerOutput
+from .scheduler import Scheduler
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
-from .structured import GrammarCompiler, TokenMasks, mask_spec
+from .structured import GrammarCompiler, TokenMasks
 
 
-class LLM(EngineRequestsMixin, EngineStatsMixin):
+class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
     """The engine. model: a checkpoint directory, or an already-loaded layer-3 `Model` (its
     `.net` runs the steps; the KV cache is sized from its `.config`). config: an EngineConfig
     (default EngineConfig()); keyword overrides are applied to it with dataclasses.replace,
@@ -212,88 +211,6 @@ class LLM(EngineRequestsMixin, EngineStatsMixin):
             if sample is not None:
                 self._inflight = sample()
             self._stats.elapsed_s += time.perf_counter() - start
-
-    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
-                advanced: set[str], finished: list[Sequence]
-                ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
-        """Run the scheduled step and sample it. sync: the tokens come back as a list (one
-        host sync; penalties, logprobs and speculation take this path), else they stay on
-        the device and are copied back without waiting (read by `_complete`). Returns the
-        launched step and prev, or None when it was read here: a step that masks grammar
-        rows reads prev's tokens after launching its forward pass and before sampling (the
-        masks follow the grammars, which follow the tokens). With the masks' fill on the
-        helper thread the first is a callable that masks, samples and returns the launched
-        step: step() builds the outputs first."""
-        if self.speculator is not None:
-            self.speculator.propose(out)
-        # decoding sequences' inputs may be prev's tokens, still on the device
-        logits = self.runner.execute(out, prev.device_tokens if prev is not None else None)
-        row_ids, who, spec = self._sampling_rows(out, logits)
-        self._stats.steps += 1
-        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
-        rows = logits.rows_of(row_ids)
-        if not sync:
-            constrained = sum(q.grammar is not None for q in who)
-            if constrained >= self.masks.overlap_rows and self.masks.overlap:
-                # prev's tokens advance the grammars first (each state takes a position
-                # once: appending them below does not again), the helper fills the masks
-                # while this thread appends prev's tokens and step() builds the outputs,
-                # then step() calls this to mask and sample (before anything else launches)
-                if prev is not None:
-                    sampled = prev.read()
-                    bad = {q.seq_id for q, b in zip(prev.who, prev.bad.tolist(), strict=True)
-                           if b} if prev.bad is not None else ()  # voided: no token
-                    for q in who:
-                        if q.grammar is not None and q.seq_id in sampled and q.seq_id not in bad:
-                            q.grammar.accept_at(sampled[q.seq_id][0], len(q.output_ids))
-                job = self.masks.submit(who)
-                if prev is not None:
-                    self._complete(prev, advanced, finished)
-                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job)), None
-            if prev is not None and constrained:  # the masks follow prev's tokens
-                self._complete(prev, advanced, finished)  # while the GPU runs the forward
-                prev = None
-            return self._sample_on_device(out, rows, who, self.masks.prepare(who)), prev
-        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
-                                                              self.masks),
-                                        self.runner.last_bad)
-        if spec:
-            launched.sampled.update(self._verify(spec))
-        return launched, prev
-
-    def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
-                          prepared: tuple | None) -> LaunchedStep:
-        """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
-        the tokens stay there (their copy back starts behind the sampling)."""
-        self.masks.launch(rows, prepared)
-        tokens = self.runner.sample_tokens(rows, [q.params for q in who],
-                                           [q.generator for q in who])
-        return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
-
-    def _sampling_rows(self, out: SchedulerOutput,
-                       logits: StepLogits) -> tuple[list[int], list[Sequence], list]:
-        """Which logits row each sampling sequence takes (parallel-sampling children share
-        their parent's, forked here at its first token), and the speculating sequences with
-        their verify logits."""
-        row_ids, who, spec = [], [], []
-        for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
-            row = logits.row[i]
-            if row is None:
-                continue
-            if s.spec_token_ids:
-                spec.append((s, logits.spec[i]))
-                continue
-            seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
-            row_ids += [row] * len(seqs)
-            who += seqs
-        return row_ids, who, spec
-
-    def _verify(self, spec: list) -> dict[int, list[int]]:
-        """Speculation's drafts checked by the target: the tokens to append per sequence."""
-        mask_spec(spec)  # constrained sequences: drafts checked against the grammar
-        verified = self.speculator.verify(spec)
-        count_speculation(spec, verified)
-        return verified
 
     def _complete(self, launched: LaunchedStep, advanced: set[str],
                   finished: list[Sequence]) -> None:

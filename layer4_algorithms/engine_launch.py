@@ -1,0 +1,104 @@
+"""The engine's launch of a scheduled step: speculation's proposals, the forward pass, the
+rows to sample (parallel-sampling children forked at their first token), and the sampling:
+on the host (one sync: penalties, logprobs, speculation's verification) or on the device,
+where the tokens stay until the next step reads them (async scheduling, launched_step.py).
+Grammar rows (structured outputs) are masked first: their masks follow the grammars, which
+follow the previous step's tokens, so a step with such rows reads those tokens after its
+forward pass is queued and before it samples. Kept apart from the step loop (engine.py)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .engine_sampling import count_speculation, sample_rows
+from .launched_step import LaunchedStep
+from .model_runner import StepLogits
+from .scheduler import SchedulerOutput
+from .sequence import Sequence
+from .structured import mask_spec
+
+
+class EngineLaunchMixin:
+    """For LLM: reads self.runner, self.masks, self.speculator, self._stats; calls
+    self._complete (engine.py) and self._fork (engine_requests.py)."""
+
+    def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
+                advanced: set[str], finished: list[Sequence]
+                ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
+        """Run the scheduled step and sample it. sync: the tokens come back as a list (one
+        host sync; penalties, logprobs and speculation take this path), else they stay on
+        the device and are copied back without waiting (read by `_complete`). Returns the
+        launched step and prev, or None when it was read here: a step that masks grammar
+        rows reads prev's tokens after launching its forward pass and before sampling (the
+        masks follow the grammars, which follow the tokens). With the masks' fill on the
+        helper thread the first is a callable that masks, samples and returns the launched
+        step: step() builds the outputs first."""
+        if self.speculator is not None:
+            self.speculator.propose(out)
+        # decoding sequences' inputs may be prev's tokens, still on the device
+        logits = self.runner.execute(out, prev.device_tokens if prev is not None else None)
+        row_ids, who, spec = self._sampling_rows(out, logits)
+        self._stats.steps += 1
+        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
+        rows = logits.rows_of(row_ids)
+        if not sync:
+            constrained = sum(q.grammar is not None for q in who)
+            if constrained >= self.masks.overlap_rows and self.masks.overlap:
+                # prev's tokens advance the grammars first (each state takes a position
+                # once: appending them below does not again), the helper fills the masks
+                # while this thread appends prev's tokens and step() builds the outputs,
+                # then step() calls this to mask and sample (before anything else launches)
+                if prev is not None:
+                    sampled = prev.read()
+                    bad = {q.seq_id for q, b in zip(prev.who, prev.bad.tolist(), strict=True)
+                           if b} if prev.bad is not None else ()  # voided: no token
+                    for q in who:
+                        if q.grammar is not None and q.seq_id in sampled and q.seq_id not in bad:
+                            q.grammar.accept_at(sampled[q.seq_id][0], len(q.output_ids))
+                job = self.masks.submit(who)
+                if prev is not None:
+                    self._complete(prev, advanced, finished)
+                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job)), None
+            if prev is not None and constrained:  # the masks follow prev's tokens
+                self._complete(prev, advanced, finished)  # while the GPU runs the forward
+                prev = None
+            return self._sample_on_device(out, rows, who, self.masks.prepare(who)), prev
+        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
+                                                              self.masks),
+                                        self.runner.last_bad)
+        if spec:
+            launched.sampled.update(self._verify(spec))
+        return launched, prev
+
+    def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
+                          prepared: tuple | None) -> LaunchedStep:
+        """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
+        the tokens stay there (their copy back starts behind the sampling)."""
+        self.masks.launch(rows, prepared)
+        tokens = self.runner.sample_tokens(rows, [q.params for q in who],
+                                           [q.generator for q in who])
+        return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
+
+    def _sampling_rows(self, out: SchedulerOutput,
+                       logits: StepLogits) -> tuple[list[int], list[Sequence], list]:
+        """Which logits row each sampling sequence takes (parallel-sampling children share
+        their parent's, forked here at its first token), and the speculating sequences with
+        their verify logits."""
+        row_ids, who, spec = [], [], []
+        for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
+            row = logits.row[i]
+            if row is None:
+                continue
+            if s.spec_token_ids:
+                spec.append((s, logits.spec[i]))
+                continue
+            seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
+            row_ids += [row] * len(seqs)
+            who += seqs
+        return row_ids, who, spec
+
+    def _verify(self, spec: list) -> dict[int, list[int]]:
+        """Speculation's drafts checked by the target: the tokens to append per sequence."""
+        mask_spec(spec)  # constrained sequences: drafts checked against the grammar
+        verified = self.speculator.verify(spec)
+        count_speculation(spec, verified)
+        return verified

@@ -55,14 +55,23 @@ _LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _online_softmax_step(acc, l_i, m_i, q, k, v, offs_m, offs_n, Nk, causal_offset, qk_scale,
-                         MASKED: tl.constexpr, CAUSAL: tl.constexpr, PRECISION: tl.constexpr):
-    """Fold one loaded block of keys k and values v (keys offs_n) into the running (acc, l, m)
-    of one query tile (queries offs_m): S = Q K^T, masked when MASKED (keys >= Nk; with CAUSAL,
-    keys past query i + causal_offset), then the online softmax update. Returns (acc, l, m)."""
+def _online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, Nk, causal_offset,
+                         qk_scale, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                         PRECISION: tl.constexpr):
+    """Fold one block of keys (offs_n, read at k_ptrs and v_ptrs: (BLOCK_N, D) pointer tiles)
+    into the running (acc, l, m) of one query tile (queries offs_m): S = Q K^T, masked when
+    MASKED (keys >= Nk, not loaded; with CAUSAL, keys past query i + causal_offset), then the
+    online softmax update. Returns (acc, l, m)."""
+    if MASKED:
+        in_bounds = offs_n < Nk
+        k = tl.load(k_ptrs, mask=in_bounds[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs)
+        v = tl.load(v_ptrs)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION)  # (BLOCK_M, BLOCK_N) fp32
     if MASKED:
-        keep = (offs_n < Nk)[None, :]
+        keep = in_bounds[None, :]
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None] + causal_offset)
         s = tl.where(keep, s, float("-inf"))
@@ -91,15 +100,8 @@ def _attend_block(acc, l_i, m_i, q, k_base, v_base, offs_m, start_n, Nk, causal_
     offs_d = tl.arange(0, HEAD_DIM)
     k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd
     v_ptrs = v_base + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd
-    if MASKED:
-        in_bounds = offs_n < Nk
-        k = tl.load(k_ptrs, mask=in_bounds[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
-    else:
-        k = tl.load(k_ptrs)
-        v = tl.load(v_ptrs)
-    return _online_softmax_step(acc, l_i, m_i, q, k, v, offs_m, offs_n, Nk, causal_offset,
-                                qk_scale, MASKED, CAUSAL, PRECISION)
+    return _online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n, Nk,
+                                causal_offset, qk_scale, MASKED, CAUSAL, PRECISION)
 
 
 @triton.jit

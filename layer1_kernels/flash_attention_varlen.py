@@ -91,15 +91,9 @@ def _fold_keys(acc, l_i, m_i, q, k_ptr, v_ptr, offs_m, lo, hi, b, q_start, Nk, c
                   + offs_d[None, :] * stride_kd)
         v_ptrs = (v_ptr + blk[:, None] * stride_vblk + row[:, None] * stride_vn
                   + offs_d[None, :] * stride_vd)
-        if MASKED:
-            in_bounds = offs_n < Nk
-            k = tl.load(k_ptrs, mask=in_bounds[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=in_bounds[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, q, k, v, offs_m, offs_n, Nk,
-                                             causal_offset, qk_scale, MASKED, True, PRECISION)
+        acc, l_i, m_i = _online_softmax_step(acc, l_i, m_i, q, k_ptrs, v_ptrs, offs_m, offs_n,
+                                             Nk, causal_offset, qk_scale, MASKED, True,
+                                             PRECISION)
     return acc, l_i, m_i
 
 

@@ -252,6 +252,23 @@ def _check_common(q, k, v, Hq: int, Hkv: int, Nk: int) -> None:
         raise ValueError(f"q, k, v are on different devices: {q.device}, {k.device}, {v.device}")
 
 
+def _check_out(q: torch.Tensor, out: torch.Tensor) -> None:
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
+                         f"{tuple(out.shape)} {out.dtype} {out.device}")
+
+
+def _check_token_major(q, k, v, out) -> None:
+    """The checks of the token-major entries (q and out (N, Hq, D); k and v (N, Hkv, D) or a
+    paged cache's (num_blocks, page, Hkv, D)) once their dimensions are checked."""
+    _check_out(q, out)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in head dim")
+    _check_common(q, k, v, q.shape[1], k.shape[-2], k.shape[0])
+
+
 def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                               causal: bool = False, scale: float | None = None) -> torch.Tensor:
     """Math attention in fp32 (fp64 stays fp64): GQA by repeat_interleave, bottom-right causal."""
@@ -289,10 +306,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     token-major output in place, with no copy or concatenation afterwards.
     """
     _check(q, k, v, _DTYPES + (torch.float64,))  # bad inputs are reported before a misplaced tensor
-    if out is not None and (out.shape != q.shape or out.dtype != q.dtype
-                            or out.device != q.device):
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
-                         f"{tuple(out.shape)} {out.dtype} {out.device}")
+    if out is not None:
+        _check_out(q, out)
     if not interpreter.use_triton(impl, q, "flash_attention"):
         ref = flash_attention_reference(q, k, v, causal=causal, scale=scale)
         return ref if out is None else out.copy_(ref)
@@ -349,15 +364,8 @@ def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (N, H, D); got shape {tuple(t.shape)}")
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
-                         f"{tuple(out.shape)} {out.dtype} {out.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    (Nq, Hq, D), (Nk, Hkv, Dk) = q.shape, k.shape
-    if D != Dk:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in head dim")
-    _check_common(q, k, v, Hq, Hkv, Nk)
+    _check_token_major(q, k, v, out)
+    (Nq, Hq, D), (Nk, Hkv, _) = q.shape, k.shape
     if not interpreter.use_triton(impl, q, "flash_attention"):
         ref = flash_attention_reference(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
                                         v.transpose(0, 1)[None], causal=causal, scale=scale)

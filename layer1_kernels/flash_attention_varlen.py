@@ -45,7 +45,7 @@ from .flash_attention import (
     _DTYPES,
     _HEAD_DIMS,
     _LOG2E,
-    _check_common,
+    _check_token_major,
     _online_softmax_step,
     _pick_config,
     flash_attention_reference,
@@ -194,14 +194,7 @@ def _check(q, k, v, out, query_start_loc, seq_lens, block_tables, paged: bool) -
         if t.dim() != dims:
             layout = "(num_blocks, page, H, D)" if dims == 4 else "(N, H, D)"
             raise ValueError(f"{name} must be {dims}-D {layout}; got shape {tuple(t.shape)}")
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must match q: {tuple(q.shape)} {q.dtype} {q.device}; got "
-                         f"{tuple(out.shape)} {out.dtype} {out.device}")
-    if k.shape != v.shape:
-        raise ValueError(f"k and v shapes differ: {tuple(k.shape)} vs {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in head dim")
-    _check_common(q, k, v, q.shape[1], k.shape[-2], k.shape[0])
+    _check_token_major(q, k, v, out)
     B = seq_lens.shape[0]
     if query_start_loc.dim() != 1 or seq_lens.dim() != 1 or query_start_loc.shape[0] != B + 1:
         raise ValueError(f"query_start_loc must be (B+1,) and seq_lens (B,); got "

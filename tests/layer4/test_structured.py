@@ -87,15 +87,15 @@ def test_bitmask_on_chosen_rows_leaves_the_others():
 
 @pytest.mark.interpreter
 def test_mask_env_knobs_are_checked(monkeypatch):
-    bm = l4.structured.bitmask
+    bm, fill = l4.structured.bitmask, l4.structured.mask_fill
     for bad in ("-1", "two", "1.5"):
         monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", bad)
         with pytest.raises(ValueError, match="LLM_STACK_GRAMMAR_THREADS"):
-            bm.fill_threads()
+            fill.fill_threads()
     monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "10000000")
-    assert bm.fill_threads() <= (os.cpu_count() or 2)
+    assert fill.fill_threads() <= (os.cpu_count() or 2)
     monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "0")
-    assert bm.fill_threads() == 0
+    assert fill.fill_threads() == 0
     monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "maybe")
     with pytest.raises(ValueError, match="LLM_STACK_MASK_OVERLAP"):
         bm.TokenMasks(64, "cpu")
@@ -107,7 +107,7 @@ def test_mask_env_knobs_are_checked(monkeypatch):
     # the fill handed to the helper thread under async scheduling
     monkeypatch.delenv("LLM_STACK_MASK_OVERLAP")
     monkeypatch.delenv("LLM_STACK_GRAMMAR_THREADS")
-    assert bm.fill_threads() == 0
+    assert fill.fill_threads() == 0
     masks = bm.TokenMasks(64, "cpu")
     assert masks.overlap and masks.threads == 0
 
@@ -116,7 +116,7 @@ def test_mask_env_knobs_are_checked(monkeypatch):
 def test_the_helper_thread_runs_one_call_and_hands_back_its_result_or_error():
     import threading
 
-    helper = l4.structured.bitmask._Helper()
+    helper = l4.structured.mask_fill.FillHelper()
     seen = []
 
     def work(x):
@@ -395,7 +395,7 @@ def test_the_helper_takes_the_fill_only_past_a_few_rows(course_model):
     """Under async scheduling a step of up to SERIAL_ROWS constrained rows fills them on the
     engine's thread (the hand-over would cost more than the fill); more go to the helper."""
     llm = l4.LLM(course_model, num_blocks=128, max_num_seqs=8, async_scheduling=True)
-    assert llm.masks.overlap and llm.masks.overlap_rows == l4.structured.bitmask.SERIAL_ROWS + 1
+    assert llm.masks.overlap and llm.masks.overlap_rows == l4.structured.mask_fill.SERIAL_ROWS + 1
     few = [params(SO(json=PERSON), i, max_tokens=12) for i in range(2)]
     llm.generate(["HAMLET.\n"] * 2, few)
     assert llm.masks.stats["steps"] > 0 and llm.masks._helper is None

@@ -1,0 +1,133 @@
+"""How a step's masks get filled on the host: one by one on the engine's thread, on
+llguidance's thread pool (opt-in: LLM_STACK_GRAMMAR_THREADS), or handed as one GIL-free call
+to a helper thread that overlaps the engine's own work (async scheduling; LLM_STACK_MASK_OVERLAP).
+The masks' layout, buffers and application are bitmask.py's."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    import llguidance
+
+_EXECUTORS: dict[tuple[int, int], llguidance.LLExecutor] = {}  # (pid, threads) ->
+SERIAL_ROWS = 4  # with a pool, up to this many rows a step still fills on the calling thread
+
+
+def fill_threads() -> int:
+    """llguidance's pool threads for a batch's masks: LLM_STACK_GRAMMAR_THREADS (0 or 1: one
+    by one on the calling thread; more than the CPUs: the CPUs), else 0.
+
+    Why 0 by default: on an H200 host (64 CPUs, course model, V = 4096, batch 32) the pool
+    never paid. Filling 32 mid-JSON rows back to back took 52.8 us on 1 pool thread, 60.1 on
+    2, 93.7 on 4, 118.6 on 8; inside the engine (where, likely, the pool's threads have slept
+    since the last step and must be woken every step) the fill took 0.5-1.8 ms a step on
+    8 threads against 0.4 ms one by one on the engine's thread, and constrained decoding ran
+    at 0.59x the unconstrained tokens/s instead of 0.93x (eager, async). A larger vocabulary
+    costs more per row (the trie walk grows with V) and may tip the balance at large batches;
+    that is not measured yet, so the pool is opt-in (a number here) rather than guessed at
+    by a batch or vocabulary threshold. ValueError for a value that is not a whole number >= 0."""
+    cpus = os.cpu_count() or 2
+    env = os.environ.get("LLM_STACK_GRAMMAR_THREADS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = -1
+        if n < 0:
+            raise ValueError(f"LLM_STACK_GRAMMAR_THREADS={env!r}: need a whole number of "
+                             f"threads >= 0 (0 or 1: fill on the engine's thread)")
+        return min(n, cpus)
+    return 0
+
+
+def mask_overlap() -> bool:
+    """LLM_STACK_MASK_OVERLAP: 0 (or false/no/off) to fill every mask on the engine's thread;
+    1 (or true/yes/on, or unset) for TokenMasks' helper thread under async scheduling (the
+    default); ValueError for anything else."""
+    env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
+    if env in ("0", "false", "no", "off"):
+        return False
+    if env in ("", "1", "true", "yes", "on"):
+        return True
+    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1 or 0")
+
+
+def executor(threads: int | None = None) -> llguidance.LLExecutor:
+    """llguidance's thread pool for a batch's masks (one per thread count, made on first use;
+    and again in a forked child, where the parent's pool threads do not exist)."""
+    n = fill_threads() if threads is None else threads
+    key = (os.getpid(), n)
+    if key not in _EXECUTORS:
+        from .grammar import llg
+
+        _EXECUTORS[key] = llg().LLExecutor(max(1, n))
+    return _EXECUTORS[key]
+
+
+def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = None) -> None:
+    """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens: the
+    healthy ones in one call on llguidance's threads, or one by one on this thread (threads
+    0 or 1, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
+    rows = bitmask.numpy()
+    n = fill_threads() if threads is None else threads
+    if n <= 1 or len(states) <= SERIAL_ROWS:  # (a pool of one thread only adds a hand-over)
+        for j, s in enumerate(states):
+            s.fill(rows[j])  # llguidance drops the GIL here too
+        return
+    healthy = [(s.matcher, j) for j, s in enumerate(states)
+               if not s.failed and not s.matcher.is_error()]
+    if healthy:
+        executor(n).unsafe_compute_mask_ptr(healthy, bitmask.data_ptr(), rows.shape[1] * 4,
+                                            rows.shape[0])
+    if len(healthy) < len(states):
+        for j, s in enumerate(states):
+            if s.failed or s.matcher.is_error():
+                s.fill(rows[j])
+
+
+class FillHelper:
+    """One thread that runs one GIL-free call at a time for the engine's thread.
+
+    `run(fn, *args)` hands fn over and returns its Future once the helper has started it:
+    the engine's thread waits (GIL released) until the helper is about to call fn, so the
+    helper is not left waiting for the GIL behind the engine's Python (CPython hands it over
+    only every few milliseconds to a thread that asks). fn must drop the GIL for its work
+    (llguidance's executor does): the engine's thread then runs Python beside it, and the
+    helper takes the GIL back to return only when the engine's thread blocks on the Future."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._job: tuple | None = None
+        self._started = threading.Event()
+        self.pid = os.getpid()  # the process whose thread it is
+        threading.Thread(target=self._loop, name="token-masks", daemon=True).start()
+
+    def run(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self._started.clear()
+        with self._cond:
+            self._job = (fn, args, fut)
+            self._cond.notify()
+        self._started.wait()
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._job is None:
+                    self._cond.wait()
+                fn, args, fut = self._job
+                self._job = None
+            self._started.set()
+            t0 = time.perf_counter()
+            try:
+                fut.set_result((fn(*args), time.perf_counter() - t0))
+            except BaseException as e:  # noqa: BLE001 - handed to the waiting engine
+                fut.set_exception(e)

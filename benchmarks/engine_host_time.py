@@ -1,0 +1,113 @@
+"""Layer 4's host time per decode step: the wall time of `LLM.step()` minus the model's forward.
+
+    python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
+                                          [--profile 30]
+
+A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
+every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
+little and what is left is the engine's own Python: scheduling, block tables, input
+preparation, sampling bookkeeping, appending tokens, stop checks, detokenisation, outputs.
+`--batch` requests of 16-token prompts are admitted and prefilled; then the decode steps
+(EOS ignored, greedy) are timed one by one: host time = step() wall time - the time inside
+the network's forward. Printed per mode (sync / async scheduling; generate()'s
+step(unfinished=False), and layer 6's step(unfinished=True)): the median over --repeats runs
+of each run's median host microseconds per decode step. --profile N: cProfile of N decode
+steps (async, unfinished=False), the top functions by own time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import layer3_model as l3
+from layer4_algorithms import LLM, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_model() -> l3.Model:
+    tok = l3.Tokenizer.from_pretrained(ROOT / "models" / "course-target")
+    cfg = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
+    return l3.Model(l3.random_model(cfg, seed=0), tok)
+
+
+class ForwardTimer:
+    """Wraps the network's forward: the seconds spent inside it since the last reset."""
+
+    def __init__(self, net: torch.nn.Module) -> None:
+        self.seconds = 0.0
+        inner = net.forward
+
+        def forward(*a, **k):
+            t = time.perf_counter()
+            try:
+                return inner(*a, **k)
+            finally:
+                self.seconds += time.perf_counter() - t
+        net.forward = forward
+
+
+def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async_on: bool,
+        unfinished: bool, profiler: cProfile.Profile | None = None) -> list[float]:
+    """Host microseconds of each decode step of one batch."""
+    llm = LLM(model, num_blocks=batch * 8 + 8, block_size=16, max_num_seqs=batch,
+              max_num_batched_tokens=max(2048, batch * 16), async_scheduling=async_on)
+    params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+    for i in range(batch):
+        llm.add_request([(7 * i + j) % 4000 + 50 for j in range(16)], params)
+    host = []
+    while llm.has_unfinished():
+        decode = all(not s.num_uncomputed_tokens > 1 for s in llm.scheduler.running) \
+            and not llm.scheduler.waiting and llm.scheduler.running
+        timer.seconds = 0.0
+        if decode and profiler is not None:
+            profiler.enable()
+        t = time.perf_counter()
+        llm.step(unfinished=unfinished)
+        wall = time.perf_counter() - t
+        if decode and profiler is not None:
+            profiler.disable()
+        if decode:
+            host.append((wall - timer.seconds) * 1e6)
+    llm.drain()
+    return host[2:]  # the first decode steps still read first tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", type=int, default=0, help="cProfile this many runs' decode steps")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = tiny_model()
+    timer = ForwardTimer(model.net)
+    run(model, timer, args.batch, 8, True, False)  # warm up
+    print(f"engine host time per decode step, batch {args.batch}, {args.new_tokens} new tokens, "
+          f"tiny random model (2 layers, hidden 64, vocab 4096), CPU, torch {torch.__version__}",
+          flush=True)
+    for async_on in (False, True):
+        for unfinished in (False, True):
+            meds = [statistics.median(run(model, timer, args.batch, args.new_tokens, async_on,
+                                          unfinished)) for _ in range(args.repeats)]
+            print(f"  {'async' if async_on else 'sync '} unfinished={unfinished!s:5}: "
+                  f"{statistics.median(meds):7.0f} us/step host "
+                  f"(runs: {', '.join(f'{m:.0f}' for m in meds)})", flush=True)
+    if args.profile:
+        prof = cProfile.Profile()
+        for _ in range(args.profile):
+            run(model, timer, args.batch, args.new_tokens, True, False, prof)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -55,6 +55,7 @@ class FinishRule:
         self.text = ""
         self.finish_reason: str | None = None
         self.emitted = 0
+        self._stop, self._max_tokens = params.stop, params.max_tokens  # read every token
         # a match may begin this many characters before the newest text
         self._overlap = max((len(s) for s in params.stop), default=1) - 1
 
@@ -65,7 +66,7 @@ class FinishRule:
     def append(self, token: int) -> tuple[str, str | None]:
         """Feed one sampled token: (text safe to emit now, finish reason or None). Feeding a
         finished rule is a mistake (ValueError): callers stop at the first reason."""
-        if self.finished:
+        if self.finish_reason is not None:
             raise ValueError(f"the completion already finished ({self.finish_reason}): "
                              f"no more tokens")
         if token in self.eos_token_ids:
@@ -74,18 +75,22 @@ class FinishRule:
             self.token_ids.append(token)
             if self.decoder is not None:
                 self._add_text(self.decoder.step(token))
-            if not self.finished and len(self.token_ids) >= self.params.max_tokens:
+            if self.finish_reason is None and len(self.token_ids) >= self._max_tokens:
                 self.finish_reason = "length"
-        if self.finished and self.decoder is not None and self.finish_reason != "stop":
+        if self.finish_reason is not None and self.decoder is not None \
+                and self.finish_reason != "stop":
             self._add_text(self.decoder.flush())  # the last, possibly unfinished, character
         return self._take(), self.finish_reason
 
     def _add_text(self, piece: str) -> None:
         if not piece:
             return
+        if not self._stop:  # the common case: nothing to search for
+            self.text += piece
+            return
         start = max(0, len(self.text) - self._overlap)
         self.text += piece
-        hits = [i for s in self.params.stop if (i := self.text.find(s, start)) >= 0]
+        hits = [i for s in self._stop if (i := self.text.find(s, start)) >= 0]
         if hits:
             self.text = self.text[: min(hits)]
             self.finish_reason = "stop"
@@ -94,7 +99,7 @@ class FinishRule:
         """Length of the longest end of text that a stop string begins with (could still
         grow into it); 0 without stop strings."""
         best = 0
-        for s in self.params.stop:
+        for s in self._stop:
             for n in range(min(len(s) - 1, len(self.text)), best, -1):
                 if self.text.endswith(s[:n]):
                     best = n
@@ -102,7 +107,9 @@ class FinishRule:
         return best
 
     def _take(self) -> str:
-        end = len(self.text) if self.finished else len(self.text) - self._held()
+        end = len(self.text)
+        if self._stop and self.finish_reason is None:
+            end -= self._held()
         end = max(end, self.emitted)
         piece = self.text[self.emitted:end]
         self.emitted = end

@@ -124,18 +124,21 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = self.read = 0
         self.text = ""
+        self._before: str | None = ""  # the text of ids[prefix:read] (None: not decoded yet)
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip)
+        return self.tokenizer.tok.decode(ids, skip_special_tokens=self.skip)  # ids: a fresh list
 
     def step(self, token_id: int) -> str:
         """Add one token; return the text it completes ("" while a character is unfinished)."""
         self.ids.append(int(token_id))
-        before = self._decode(self.ids[self.prefix:self.read])
+        if self._before is None:  # decoded once per move of the offsets, not once per token
+            self._before = self._decode(self.ids[self.prefix:self.read])
+        before = self._before
         now = self._decode(self.ids[self.prefix:])
         if len(now) <= len(before) or now.endswith(_REPLACEMENT) or not now.startswith(before):
             return ""
-        self.prefix, self.read = self.read, len(self.ids)
+        self.prefix, self.read, self._before = self.read, len(self.ids), None
         delta = now[len(before):]
         self.text += delta
         return delta
@@ -146,6 +149,7 @@ class IncrementalDecoder:
         delta = full[len(self.text):] if full.startswith(self.text) else ""
         self.text += delta
         self.prefix = self.read = len(self.ids)
+        self._before = ""
         return delta
 
 

@@ -1,4 +1,4 @@
-"""Layer 4's host time per decode step: the wall time of `LLM.step()` minus the model's forward.
+"""Layer 4's host time per decode step: `LLM.step()`'s CPU time minus the forward and sampling.
 
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
                                           [--profile 30]
@@ -8,9 +8,13 @@ every sampled token is detokenised, as in real serving), on the CPU, so the forw
 little and what is left is the engine's own Python: scheduling, block tables, input
 preparation, sampling bookkeeping, appending tokens, stop checks, detokenisation, outputs.
 `--batch` requests of 16-token prompts are admitted and prefilled; then the decode steps
-(EOS ignored, greedy) are timed one by one: host time = step() wall time - the time inside
-the network's forward. Printed per mode (sync / async scheduling; generate()'s
-step(unfinished=False), and layer 6's step(unfinished=True)): the median over --repeats runs
+(EOS ignored, greedy) are timed one by one: host time = step()'s time - the time inside
+the network's forward and the sampling's argmax (what a GPU runs), both as this thread's CPU
+time (time.thread_time: what other processes on a shared machine do to the wall clock is
+left out; the forward runs on this thread, torch.set_num_threads(1)). Printed per mode (sync /
+async scheduling; generate()'s step(unfinished=False), and layer 6's step(unfinished=True,
+delta=True), every request's new tokens every step):
+the median over --repeats runs
 of each run's median host microseconds per decode step. --profile N: cProfile of N decode
 steps (async, unfinished=False), the top functions by own time.
 """
@@ -40,19 +44,22 @@ def tiny_model() -> l3.Model:
 
 
 class ForwardTimer:
-    """Wraps the network's forward: the seconds spent inside it since the last reset."""
+    """Wraps the network's forward and torch's argmax (an all-greedy step's sampling kernel):
+    the seconds spent inside them since the last reset, what a GPU would run."""
 
     def __init__(self, net: torch.nn.Module) -> None:
         self.seconds = 0.0
-        inner = net.forward
+        net.forward = self.timed(net.forward)
+        torch.Tensor.argmax = self.timed(torch.Tensor.argmax)
 
-        def forward(*a, **k):
-            t = time.perf_counter()
+    def timed(self, inner):
+        def timed(*a, **k):
+            t = time.thread_time()
             try:
                 return inner(*a, **k)
             finally:
-                self.seconds += time.perf_counter() - t
-        net.forward = forward
+                self.seconds += time.thread_time() - t
+        return timed
 
 
 def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async_on: bool,
@@ -70,9 +77,9 @@ def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async
         timer.seconds = 0.0
         if decode and profiler is not None:
             profiler.enable()
-        t = time.perf_counter()
-        llm.step(unfinished=unfinished)
-        wall = time.perf_counter() - t
+        t = time.thread_time()
+        llm.step(unfinished=unfinished, delta=unfinished)  # as generate() / layer 6 ask
+        wall = time.thread_time() - t
         if decode and profiler is not None:
             profiler.disable()
         if decode:
@@ -99,8 +106,9 @@ def main() -> None:
         for unfinished in (False, True):
             meds = [statistics.median(run(model, timer, args.batch, args.new_tokens, async_on,
                                           unfinished)) for _ in range(args.repeats)]
-            print(f"  {'async' if async_on else 'sync '} unfinished={unfinished!s:5}: "
-                  f"{statistics.median(meds):7.0f} us/step host "
+            mode = "server (delta outputs)" if unfinished else "generate"
+            print(f"  {'async' if async_on else 'sync '} {mode:22}: "
+                  f"{statistics.median(meds):5.0f} us/step host, best run {min(meds):.0f} "
                   f"(runs: {', '.join(f'{m:.0f}' for m in meds)})", flush=True)
     if args.profile:
         prof = cProfile.Profile()

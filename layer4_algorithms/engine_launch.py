@@ -91,9 +91,12 @@ class EngineLaunchMixin:
             if s.spec_token_ids:
                 spec.append((s, logits.spec[i]))
                 continue
-            seqs = [s.seq] + (self._fork(s, out) if s.seq.pending_forks else [])
-            row_ids += [row] * len(seqs)
-            who += seqs
+            row_ids.append(row)
+            who.append(s.seq)
+            if s.seq.pending_forks:  # its children sample from its row, right behind it
+                children = self._fork(s, out)
+                row_ids += [row] * len(children)
+                who += children
         return row_ids, who, spec
 
     def _verify(self, spec: list) -> dict[int, list[int]]:

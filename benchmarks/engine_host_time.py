@@ -21,6 +21,7 @@ steps (async, unfinished=False), the top functions by own time.
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import pstats
 import statistics
@@ -30,7 +31,8 @@ from pathlib import Path
 import torch
 
 import layer3_model as l3
-from layer4_algorithms import LLM, SamplingParams
+from layer4_algorithms import LLM, SamplingParams, engine, launched_step, model_runner, scheduler
+from layer4_algorithms.kv import paged_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,6 +64,30 @@ class ForwardTimer:
         return timed
 
 
+# --stages: host stages of the decode steps (thread CPU seconds), the forward and argmax excluded
+STAGES = [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, "input_ids"),
+          (model_runner.BlockTableMirror, "gather"), (paged_cache.PagedKVCache, "context"),
+          (engine.LLM, "_sampling_rows"), (launched_step.LaunchedStep, "on_device"),
+          (launched_step.LaunchedStep, "read"), (scheduler.Scheduler, "postprocess"),
+          (engine.LLM, "_outputs")]
+STAGE_S: collections.Counter = collections.Counter()
+COUNTING = [False]
+
+
+def time_stages() -> None:
+    for cls, name in STAGES:
+        inner = getattr(cls, name)
+
+        def timed(*a, _inner=inner, _name=name, **k):
+            t = time.thread_time()
+            try:
+                return _inner(*a, **k)
+            finally:
+                if COUNTING[0]:
+                    STAGE_S[_name] += time.thread_time() - t
+        setattr(cls, name, timed)
+
+
 def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async_on: bool,
         unfinished: bool, profiler: cProfile.Profile | None = None) -> list[float]:
     """Host microseconds of each decode step of one batch."""
@@ -75,6 +101,7 @@ def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async
         decode = all(not s.num_uncomputed_tokens > 1 for s in llm.scheduler.running) \
             and not llm.scheduler.waiting and llm.scheduler.running
         timer.seconds = 0.0
+        COUNTING[0] = bool(decode)
         if decode and profiler is not None:
             profiler.enable()
         t = time.thread_time()
@@ -84,6 +111,7 @@ def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async
             profiler.disable()
         if decode:
             host.append((wall - timer.seconds) * 1e6)
+    COUNTING[0] = False
     llm.drain()
     return host[2:]  # the first decode steps still read first tokens
 
@@ -94,6 +122,8 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many runs' decode steps")
+    ap.add_argument("--stages", action="store_true",
+                    help="also the host time per decode step of each stage (async, generate)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     model = tiny_model()
@@ -110,6 +140,12 @@ def main() -> None:
             print(f"  {'async' if async_on else 'sync '} {mode:22}: "
                   f"{statistics.median(meds):5.0f} us/step host, best run {min(meds):.0f} "
                   f"(runs: {', '.join(f'{m:.0f}' for m in meds)})", flush=True)
+    if args.stages:
+        time_stages()
+        steps = sum(len(run(model, timer, args.batch, args.new_tokens, True, False)) + 2
+                    for _ in range(args.repeats))
+        print("  stages, async generate (us/step): " + ", ".join(
+            f"{name} {STAGE_S[name] / steps * 1e6:.0f}" for _, name in STAGES), flush=True)
     if args.profile:
         prof = cProfile.Profile()
         for _ in range(args.profile):

@@ -128,7 +128,7 @@ class AttentionContext:
             parts.append(tables_np.reshape(-1))
         flat = np.concatenate(parts)
         on_device = to_device(flat, device, staging)
-        views = on_device.split([p.size for p in parts])
+        views = on_device.split_with_sizes([p.size for p in parts])  # (half of split's cost)
         positions_t, seq_ids_t, offsets_t, starts_t, qlens_t, seq_lens_t = views[:6]
         if is_tensor:
             slots = slot_mapping.to(device=device, dtype=torch.int64)

@@ -48,6 +48,7 @@ class Tokenizer:
         ids = [tokenizer.token_to_id(t) for t in eos_tokens] + list(extra_eos_ids)
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(i for i in ids if i is not None))
         self.chat_template = chat_template
+        self._token_texts: dict[tuple[int, bool], str] = {}  # token_text's, filled as used
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, extra_eos_ids: tuple[int, ...] = ()) -> Tokenizer:
@@ -84,6 +85,16 @@ class Tokenizer:
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int, *, skip_special_tokens: bool = True) -> str:
+        """decode([token_id]), remembered (at most one string per vocabulary entry): the
+        incremental decoder's window before its newest token is one token most steps."""
+        key = (token_id, skip_special_tokens)
+        text = self._token_texts.get(key)
+        if text is None:
+            text = self._token_texts[key] = self.decode([token_id],
+                                                        skip_special_tokens=skip_special_tokens)
+        return text
 
     def apply_chat_template(self, messages: list[dict], *, add_generation_prompt: bool = True,
                             **kwargs: object) -> str:
@@ -133,7 +144,11 @@ class IncrementalDecoder:
         """Add one token; return the text it completes ("" while a character is unfinished)."""
         self.ids.append(int(token_id))
         if self._before is None:  # decoded once per move of the offsets, not once per token
-            self._before = self._decode(self.ids[self.prefix:self.read])
+            if self.read - self.prefix == 1:  # usually: the token emitted last
+                self._before = self.tokenizer.token_text(self.ids[self.prefix],
+                                                         skip_special_tokens=self.skip)
+            else:
+                self._before = self._decode(self.ids[self.prefix:self.read])
         before = self._before
         now = self._decode(self.ids[self.prefix:])
         if len(now) <= len(before) or now.endswith(_REPLACEMENT) or not now.startswith(before):

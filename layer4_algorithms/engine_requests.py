@@ -87,9 +87,10 @@ class EngineRequestsMixin:
         def wanted(rid: str) -> bool:  # building an output copies every token list: only if asked
             if rid not in self._requests:
                 return False
+            if unfinished:
+                return True
             seqs = self._requests[rid][1]
-            done = seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
-            return unfinished or done
+            return seqs[0].pending_forks == 0 and all(s.finish_reason is not None for s in seqs)
 
         def order(rid: str) -> int:
             return self._requests[rid][1][0].seq_id

@@ -4,8 +4,9 @@ thread, cached by the constraint), `GrammarState` (one sequence's parser, advanc
 accepted token), the bitmask (`TokenMasks`: a step's masks in reused buffers, filled as
 mask_fill.py says, applied by one Triton kernel on CUDA; `mask_rows` before sampling,
 `mask_spec` before speculative verification, `apply_token_bitmask_` for any (R, V) logits)
-and `check` (ValueError naming what is wrong with a constraint, for layer 6's 400s). (Lab 4's exercise 4 is the mask at
-teaching size, on a small automaton: labs/lab4_algorithms/lab4_reference.py.)"""
+and `check` (ValueError naming what is wrong with a constraint, for layer 6's 400s). (Lab 4's
+exercise 4 is the mask at teaching size, on a small automaton:
+labs/lab4_algorithms/lab4_reference.py.)"""
 from .bitmask import TokenMasks, allocate, apply_token_bitmask_, mask_rows, mask_spec, unpack
 from .grammar import GrammarCompiler, check, llg_tokenizer, to_grammar
 from .mask_fill import fill_masks

@@ -37,7 +37,15 @@ from concurrent.futures import Future
 
 import torch
 
-from .mask_fill import SERIAL_ROWS, FillHelper, executor, fill_masks, fill_threads, mask_overlap
+from .mask_fill import (
+    SERIAL_ROWS,
+    FillHelper,
+    executor,
+    fill_failed,
+    fill_masks,
+    fill_threads,
+    mask_overlap,
+)
 
 
 def words(vocab_size: int) -> int:
@@ -192,12 +200,7 @@ class TokenMasks:
         states, rows, prepared = got
         R, W = prepared[0], self.W
         rows = rows.numpy()
-        healthy = []
-        for j, s in enumerate(states):  # each matcher made here (waits for its compile)
-            if s.failed or s.matcher.is_error():
-                s.fill(rows[j])  # EOS only
-            else:
-                healthy.append((s.matcher, j))
+        healthy = fill_failed(states, rows)
         if self._helper is None or self._helper.pid != os.getpid():  # (a forked child: anew)
             self._helper = FillHelper()
         fut = None

@@ -81,15 +81,23 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = No
         for j, s in enumerate(states):
             s.fill(rows[j])  # llguidance drops the GIL here too
         return
-    healthy = [(s.matcher, j) for j, s in enumerate(states)
-               if not s.failed and not s.matcher.is_error()]
+    healthy = fill_failed(states, rows)
     if healthy:
         executor(n).unsafe_compute_mask_ptr(healthy, bitmask.data_ptr(), rows.shape[1] * 4,
                                             rows.shape[0])
-    if len(healthy) < len(states):
-        for j, s in enumerate(states):
-            if s.failed or s.matcher.is_error():
-                s.fill(rows[j])
+
+
+def fill_failed(states: Sequence, rows) -> list[tuple]:
+    """Fill, here, the rows (numpy (R, W)) of the grammars that failed (EOS only); return
+    (matcher, row) of the healthy ones, for one call of llguidance's executor. Each matcher
+    is made on first use (which waits for its compile)."""
+    healthy = []
+    for j, s in enumerate(states):
+        if s.failed or s.matcher.is_error():
+            s.fill(rows[j])
+        else:
+            healthy.append((s.matcher, j))
+    return healthy
 
 
 class FillHelper:

@@ -308,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile-host", action="store_true",
                     help="also print where rank 0's host time goes at the largest batch")
     args = ap.parse_args(argv)
+    tps = [t.strip() for t in args.tps.split(",")]
+    if not all(t.isdigit() and int(t) > 1 for t in tps):
+        ap.error(f"--tps {args.tps!r}: TP sizes above 1, comma-separated (e.g. 2,4)")
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
@@ -321,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
-                         tps=[int(t) for t in args.tps.split(",")])
+                         tps=[int(t) for t in tps])
     finally:
         runtime_group.progress = None
         log.done()

@@ -125,6 +125,11 @@ def main() -> None:
     ap.add_argument("--stages", action="store_true",
                     help="also the host time per decode step of each stage (async, generate)")
     args = ap.parse_args()
+    for name in ("batch", "new_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.profile < 0:
+        ap.error(f"--profile must be >= 0, got {args.profile}")
     torch.set_num_threads(1)
     model = tiny_model()
     timer = ForwardTimer(model.net)

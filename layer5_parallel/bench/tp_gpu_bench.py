@@ -150,6 +150,26 @@ def host_profile(llm, prompts, n: int, top: int = 14) -> str:
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())
 
 
+def gpu_profile(llm, prompts, n: int, top: int = 12) -> str:
+    """Rank 0's GPU over one run under torch.profiler: kernel time per decode step beside the
+    step's wall time (busy fraction: what is left is the GPU waiting for the host or for the
+    other ranks), and the kernels by total time (those inside CUDA graphs included)."""
+    from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - only when asked
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        wall, _ = _generate(llm, prompts, n)
+    steps = max(llm.stats.steps, 1)
+    kernels = [e for e in prof.key_averages()
+               if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = sum(e.self_device_time_total for e in kernels)
+    lines = [f"wall {1e3 * wall / steps:.3f} ms/step, kernels {busy_us / 1e3 / steps:.3f} ms/step "
+             f"({100 * busy_us / 1e6 / wall:.0f} % busy) over {steps} steps"]
+    for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
+        lines.append(f"  {e.self_device_time_total / 1e3 / steps:8.4f} ms/step "
+                     f"{e.count / steps:6.1f}/step  {e.key[:90]}")
+    return "\n".join(lines)
+
+
 def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
     """The earliest position where any sequence's tokens differ (None: all equal)."""
     diffs = [next((k for k in range(len(x)) if x[k] != y[k]), None) for x, y in zip(a, b,
@@ -163,7 +183,7 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 tp_timeout_s: float = 300.0, profile_host: bool = False) -> list[dict]:
     """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed).
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
-    time goes at the largest batch (cProfile, one more run)."""
+    time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each)."""
     config = l3.ModelConfig.from_dict(SHAPES[name])
     net = random_weights(config, backend=backend, device="cuda:0")
     torch.cuda.synchronize()
@@ -204,10 +224,11 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 log(f"{what}: batch {batch} x {n} tokens: {r['decode_tok_s']:,.0f} tok/s, "
                     f"step {r['step_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms/step, "
                     f"same tokens as TP=1: {'yes' if diff is None else f'until {diff}'}")
-            if profile_host:
-                batch, n = max(workloads)
+            for batch, n in workloads if profile_host else ():
                 log(f"{what}: rank 0's host, batch {batch}, by own time:\n"
                     + host_profile(llm, prompts[:batch], n))
+                log(f"{what}: rank 0's GPU, batch {batch}:\n"
+                    + gpu_profile(llm, prompts[:batch], n))
         finally:
             llm.close()
             llm = None
@@ -306,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tps", default="2,4,8",
                     help="TP sizes beyond 1, comma-separated (those above the GPUs are skipped)")
     ap.add_argument("--profile-host", action="store_true",
-                    help="also print where rank 0's host time goes at the largest batch")
+                    help="also print where rank 0's host and GPU time go at each batch")
     args = ap.parse_args(argv)
     tps = [t.strip() for t in args.tps.split(",")]
     if not all(t.isdigit() and int(t) > 1 for t in tps):

@@ -15,7 +15,13 @@ graphs on every rank:
   datasheet ceilings and NVLink's alpha-beta);
 - rank 0's host time per decode step: the engine's step() time minus the time it waited for
   the GPU (the step's event) and for the workers to take the next step (a full shared-memory
-  ring), i.e. what the CPU spends launching a step (target at TP=N: <= 1.3x TP=1's);
+  ring), i.e. what the CPU spends launching a step (target at TP=N: <= 1.3x TP=1's); like the
+  tokens/s, the N-token run's minus the 1-token run's (the prefill cancelled out); beside it
+  the thread's CPU time outside the waits (time.thread_time: wall well above it is blocking
+  that the waits above do not catch);
+- rank 0's decode step by phase (one more run per batch; step_phases.py): schedule, input
+  prep, ring put, graph launch, sampling launch, waits, reading the previous step's tokens,
+  postprocess, outputs, each in wall and CPU microseconds per step;
 - whether TP=N's greedy tokens equal TP=1's (bf16: the all-reduce sums in another order,
   so a near-tie may flip late in a sequence: the first differing position is reported).
 
@@ -46,6 +52,7 @@ from .. import planner
 from ..llm import LLM
 from ..runtime import group as runtime_group
 from ..runtime.random_source import random_net
+from .step_phases import format_summary, phase_run
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -55,25 +62,57 @@ PROMPT_LEN = 128
 
 class HostClock:
     """Rank 0's time waiting: for step events, and for the workers to free a slot of the
-    shared-memory ring (a GPU-bound step's back-pressure), so host time = step time - waits."""
+    shared-memory ring (a GPU-bound step's back-pressure), so host time = step time - waits;
+    and the thread's CPU time inside step() (time.thread_time), the waits' CPU time apart.
+    close() puts the engine's calls back."""
 
     def __init__(self, llm) -> None:
-        self._waited, inner = 0.0, llm._complete
+        self.llm, self._waited, self._waited_cpu, self.cpu_s = llm, 0.0, 0.0, 0.0
+        inner, step = llm._complete, llm.step
         group = getattr(llm, "tp_group", None)
         self.ring = getattr(group, "ring", None)
 
         def timed(launched, advanced, finished) -> None:
-            if launched.event is not None:
-                t = time.perf_counter()
+            if launched.event is not None and launched.sampled is None:
+                t, c = time.perf_counter(), time.thread_time()
                 launched.event.synchronize()
                 self._waited += time.perf_counter() - t
+                self._waited_cpu += time.thread_time() - c
             inner(launched, advanced, finished)
 
-        llm._complete = timed
+        def timed_step(*a, **k):
+            c = time.thread_time()
+            try:
+                return step(*a, **k)
+            finally:
+                self.cpu_s += time.thread_time() - c
+
+        llm._complete, llm.step = timed, timed_step
+        if self.ring is not None:
+            ring_wait = self.ring._wait  # noqa: SLF001 - its CPU time, beside its waited_s
+
+            def timed_wait(*a, **k):
+                c = time.thread_time()
+                try:
+                    return ring_wait(*a, **k)
+                finally:
+                    self._waited_cpu += time.thread_time() - c
+
+            self.ring._wait = timed_wait  # noqa: SLF001
 
     @property
     def wait_s(self) -> float:
         return self._waited + (self.ring.waited_s if self.ring is not None else 0.0)
+
+    @property
+    def host_cpu_s(self) -> float:
+        """CPU seconds inside step() outside the waits."""
+        return self.cpu_s - self._waited_cpu
+
+    def close(self) -> None:
+        del self.llm._complete, self.llm.step  # the instance's wrappers: the class's methods back
+        if self.ring is not None and self.ring.seq is not None:
+            del self.ring._wait  # noqa: SLF001
 
 
 class Progress:
@@ -105,7 +144,13 @@ def random_weights(config, *, backend: str, device: str, seed: int = 0,
 
 
 def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
+    """(seconds, tokens) of one greedy run: CUDA events around it on a GPU (the wall clock on a
+    CPU, where the tests run this bench's measurements on gloo)."""
     params = l3.SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+    if not torch.cuda.is_available():
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        return time.perf_counter() - start, [o.outputs[0].token_ids for o in outs]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     start.record()
@@ -116,22 +161,37 @@ def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
 
 
 def measure(llm, prompts, n: int, repeats: int) -> dict:
-    """Decode tokens/s, step ms and rank 0's host ms per step for one workload."""
+    """Decode tokens/s, step ms and rank 0's host ms per decode step for one workload. Host
+    time per decode step, like the tokens/s, is the N-token run's minus the 1-token run's
+    (the prefill cancelled out), over the steps between them: wall time minus waits
+    (host_ms_per_step) and the thread's CPU time outside the waits (host_cpu_ms_per_step);
+    host_ms_per_step_all is the N-token run's wall minus waits over all its steps, prefill
+    included (this bench's figure before the decode-only one)."""
     clock = HostClock(llm)
     best = None
-    for _ in range(repeats):
-        t1, _ = _generate(llm, prompts, 1)
-        w0 = clock.wait_s
-        tn, tokens = _generate(llm, prompts, n)
-        steps, elapsed = llm.stats.steps, llm.stats.elapsed_s  # generate() resets the stats
-        decode_s = tn - t1 if tn > t1 else float("nan")  # nan: noise larger than the decode
-        row = {"decode_tok_s": len(prompts) * (n - 1) / decode_s,
-               "step_ms": 1e3 * decode_s / (n - 1), "steps": steps,
-               "host_ms_per_step": 1e3 * (elapsed - (clock.wait_s - w0)) / steps,
-               "tokens": tokens}
-        if best is None or not best["decode_tok_s"] >= row["decode_tok_s"]:
-            best = row
-    del llm._complete  # the instance's wrapper: back to the class's method
+    try:
+        for _ in range(repeats):
+            w0, c0 = clock.wait_s, clock.host_cpu_s
+            t1, _ = _generate(llm, prompts, 1)
+            steps1 = llm.stats.steps
+            host1 = llm.stats.elapsed_s - (clock.wait_s - w0)  # generate() reset the stats
+            cpu1, w1 = clock.host_cpu_s - c0, clock.wait_s
+            tn, tokens = _generate(llm, prompts, n)
+            steps, elapsed = llm.stats.steps, llm.stats.elapsed_s
+            hostn = elapsed - (clock.wait_s - w1)
+            cpun = clock.host_cpu_s - c0 - cpu1
+            decode_steps = max(steps - steps1, 1)
+            decode_s = tn - t1 if tn > t1 else float("nan")  # nan: noise larger than the decode
+            row = {"decode_tok_s": len(prompts) * (n - 1) / decode_s,
+                   "step_ms": 1e3 * decode_s / (n - 1), "steps": steps,
+                   "host_ms_per_step": 1e3 * (hostn - host1) / decode_steps,
+                   "host_cpu_ms_per_step": 1e3 * (cpun - cpu1) / decode_steps,
+                   "host_ms_per_step_all": 1e3 * hostn / steps,
+                   "tokens": tokens}
+            if best is None or not best["decode_tok_s"] >= row["decode_tok_s"]:
+                best = row
+    finally:
+        clock.close()
     return best
 
 
@@ -180,10 +240,13 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
 
 def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 backend: str = "triton", workloads=WORKLOADS, log=_quiet,
-                tp_timeout_s: float = 300.0, profile_host: bool = False) -> list[dict]:
+                tp_timeout_s: float = 300.0, profile_host: bool = False,
+                phases: bool = True) -> list[dict]:
     """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed).
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
-    time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each)."""
+    time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each).
+    phases: one more run per batch with rank 0's step timed by phase (step_phases.py), kept
+    in the row ("phases") and printed."""
     config = l3.ModelConfig.from_dict(SHAPES[name])
     net = random_weights(config, backend=backend, device="cuda:0")
     torch.cuda.synchronize()
@@ -222,8 +285,15 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                              "predicted_comm_ms": 1e3 * pred.tp_comm_s,
                              "same_tokens": diff is None, "first_difference": diff})
                 log(f"{what}: batch {batch} x {n} tokens: {r['decode_tok_s']:,.0f} tok/s, "
-                    f"step {r['step_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms/step, "
+                    f"step {r['step_ms']:.3f} ms, host {r['host_ms_per_step']:.3f} ms/step "
+                    f"(cpu {r['host_cpu_ms_per_step']:.3f}; with the prefill "
+                    f"{r['host_ms_per_step_all']:.3f}), "
                     f"same tokens as TP=1: {'yes' if diff is None else f'until {diff}'}")
+                if phases:  # one more run, every call of rank 0's step timed
+                    rows[-1]["phases"] = phase_run(
+                        llm, lambda e=llm, b=batch, n=n: _generate(e, prompts[:b], n))
+                    log(f"{what}: batch {batch}: rank 0's decode step by phase:\n"
+                        + format_summary(rows[-1]["phases"]))
             for batch, n in workloads if profile_host else ():
                 log(f"{what}: rank 0's host, batch {batch}, by own time:\n"
                     + host_profile(llm, prompts[:batch], n))
@@ -244,6 +314,7 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
         if b is not None:
             r["speedup"] = r["decode_tok_s"] / b["decode_tok_s"]
             r["host_vs_tp1"] = r["host_ms_per_step"] / b["host_ms_per_step"]
+            r["host_cpu_vs_tp1"] = r["host_cpu_ms_per_step"] / b["host_cpu_ms_per_step"]
     return rows
 
 
@@ -285,7 +356,8 @@ def _datasheet() -> str:
 
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
-                 profile_host: bool = False, tps: list[int] | None = None) -> dict:
+                 profile_host: bool = False, tps: list[int] | None = None,
+                 phases: bool = True) -> dict:
     """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs)."""
     gpus = torch.cuda.device_count()
     tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
@@ -295,7 +367,8 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps]
     for name in shapes:
-        new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host)
+        new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host,
+                          phases=phases)
         rows += new
         (out_dir / "tp_gpu.json").write_text(json.dumps(result, indent=2))  # as it goes
         print(format_rows(new), flush=True)
@@ -305,13 +378,16 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
 
 def format_rows(rows: list[dict]) -> str:
     head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':7} {'tok/s':>9} {'x TP1':>6} "
-            f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} same")
+            f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} {'cpu ms':>7} "
+            f"{'cpu x':>6} same")
     lines = [head]
     for r in rows:
         lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {r['tp_backend']:7} "
                      f"{r['decode_tok_s']:>9,.0f} {r.get('speedup', float('nan')):>6.2f} "
                      f"{r['step_ms']:>8.3f} {r['predicted_step_ms']:>8.3f} "
                      f"{r['host_ms_per_step']:>8.3f} {r.get('host_vs_tp1', float('nan')):>7.2f} "
+                     f"{r.get('host_cpu_ms_per_step', float('nan')):>7.3f} "
+                     f"{r.get('host_cpu_vs_tp1', float('nan')):>6.2f} "
                      f"{'yes' if r['same_tokens'] else r['first_difference']}")
     return "\n".join(lines)
 
@@ -326,6 +402,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds any one phase may take (0: no bound); past it: stacks, exit")
     ap.add_argument("--tps", default="2,4,8",
                     help="TP sizes beyond 1, comma-separated (those above the GPUs are skipped)")
+    ap.add_argument("--no-phases", action="store_true",
+                    help="skip the run per batch that times rank 0's step by phase")
     ap.add_argument("--profile-host", action="store_true",
                     help="also print where rank 0's host and GPU time go at each batch")
     args = ap.parse_args(argv)
@@ -345,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
-                         tps=[int(t) for t in tps])
+                         tps=[int(t) for t in tps], phases=not args.no_phases)
     finally:
         runtime_group.progress = None
         log.done()

@@ -36,3 +36,37 @@ def test_bad_arguments_are_one_line_each():
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
+
+
+def test_host_clock_and_step_phases_on_gloo():
+    """The bench's host measurements and rank 0's step by phase, on a TP=2 gloo engine with
+    async scheduling and the decode-graph runner (eager on a CPU): the figures are there and
+    add up, and every wrapped call is put back."""
+    import torch  # noqa: PLC0415
+
+    from layer5_parallel import LLM  # noqa: PLC0415
+    from layer5_parallel.bench import step_phases, tp_gpu_bench  # noqa: PLC0415
+
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 4096, (12,), generator=g).tolist() for _ in range(3)]
+    with LLM(step_phases.tiny_model(), tensor_parallel_size=2, cuda_graph=True,
+             async_scheduling=True, num_blocks=32, block_size=16, max_num_seqs=4,
+             tp_timeout_s=60.0) as llm:
+        ref = tp_gpu_bench._generate(llm, prompts, 8)[1]
+        r = tp_gpu_bench.measure(llm, prompts, 8, 1)
+        assert r["tokens"] == ref
+        assert r["steps"] == 8 and r["host_ms_per_step"] > 0 and r["host_cpu_ms_per_step"] > 0
+        assert r["host_ms_per_step_all"] > 0
+        s = step_phases.phase_run(llm, lambda: tp_gpu_bench._generate(llm, prompts, 8))
+        assert s["steps"] >= 5, s
+        assert {"schedule", "context", "ring put", "graph launch", "sampling launch",
+                "read tokens", "postprocess", "outputs", "other"} <= set(s["phases"]), s
+        assert abs(sum(w for w, _ in s["phases"].values()) - s["step_us"]) < 1e-6
+        assert 0 < s["host_us"] <= s["step_us"] and 0 < s["host_cpu_us"] <= s["cpu_us"]
+        text = step_phases.format_summary(s)
+        assert "ring put" in text and "host = step - waits" in text
+        # nothing left wrapped: the engine runs its own methods again
+        assert "step" not in vars(llm) and "_complete" not in vars(llm)
+        assert "execute" not in vars(llm.runner) and "run" not in vars(llm.runner.graph)
+        assert "_wait" not in vars(llm.tp_group.ring) and "send" not in vars(llm.tp_group)
+        assert tp_gpu_bench._generate(llm, prompts, 8)[1] == ref

@@ -229,6 +229,12 @@ def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
     return 4, min(2048, next_pow2(k)), 4
 
 
+def config_for(n: int, k: int, rows: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) a call with w (n, k) and `rows` rows launches with, before
+    the rows > 1 cut of BLOCK_K: TUNED's entry for the shape, else _default_config."""
+    return TUNED.get((n, k)) or _default_config(n, k, rows)
+
+
 def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None,
             out_dtype=None):
     M = x.shape[0]
@@ -237,7 +243,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
     h = torch.empty((M, K), dtype=x.dtype, device=x.device) if residual is not None else None
     if M == 0 or N == 0:
         return y, h
-    block_n, block_k, warps = config or TUNED.get((N, K)) or _default_config(N, K, M)
+    block_n, block_k, warps = config or config_for(N, K, M)
     block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tile: keep it within the registers
         block_k = min(block_k, max(16, 4096 // (block_m * block_n)))

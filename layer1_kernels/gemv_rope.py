@@ -55,6 +55,12 @@ def _default_config(k: int) -> tuple[int, int, int]:
     return 2, min(2048, next_pow2(k)), 4
 
 
+def config_for(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_K, warps) a call with w (n, k) launches with (before the rows > 1 cut
+    of BLOCK_K): TUNED's entry for the shape, else _default_config."""
+    return TUNED.get((n, k)) or _default_config(k)
+
+
 @triton.jit
 def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                       cos_ptr, sin_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr,
@@ -202,7 +208,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
                                             n_kv_heads, head_dim)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty_like(x) if residual is not None else None
-    block_p, block_k, warps = config or TUNED.get((N, K)) or _default_config(K)
+    block_p, block_k, warps = config or config_for(N, K)
     block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tiles (two of them): keep them within the registers
         block_k = min(block_k, max(16, 2048 // (block_m * block_p)))

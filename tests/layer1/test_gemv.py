@@ -4,6 +4,8 @@ split decode attention over a contiguous cache with its in-kernel merge (paged_d
 On a CPU they run through Triton's interpreter (fp32 / fp16: its bf16 casts truncate)."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 
@@ -22,6 +24,9 @@ from layer1_kernels import (
     rope_cache_write,
 )
 from layer1_kernels.interpreter import kernel_device
+
+G = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
+GR = importlib.import_module("layer1_kernels.gemv_rope")
 
 DEV = kernel_device()
 DTYPES = [torch.float32] + ([torch.bfloat16] if DEV.type == "cuda" else [torch.float16])
@@ -91,6 +96,71 @@ def test_rope_cache_write(dtype):
     assert (k1[untouched.to(DEV)] == 7).all()
     with pytest.raises(ValueError, match="slots"):
         rope_cache_write(q, k, v, cos, sin, pos, kc, vc, slot[:2])
+
+
+def _tuned_tiles():
+    """Every distinct launch config the kernels pick by shape (gemv's, gemv_rope's)."""
+    return sorted(set(G.TUNED.values())), sorted(set(GR.TUNED.values()))
+
+
+def _rope_heads(n: int) -> tuple[int, int, int]:
+    """(q heads, kv heads, head_dim) of a qkv width n, 4 q heads per kv head (Llama's)."""
+    d = 128 if n % (6 * 128) == 0 else 64
+    return 4 * n // (6 * d), n // (6 * d), d
+
+
+def _check_projections(cfg, m, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, r = (torch.randn(m, k, generator=g).to(DEV, dtype) for _ in range(2))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
+    gu = torch.randn(m, 2 * k, generator=g).to(DEV, dtype)
+    assert rel(gemv(x, w, impl="triton", config=cfg), gemv_reference(x, w)) < tol(dtype)
+    y, h = gemv_rms_norm(x, w, nw, 1e-6, r, impl="triton", config=cfg)
+    y_ref, h_ref = gemv_rms_norm_reference(x, w, nw, 1e-6, r)
+    assert torch.equal(h, h_ref) and rel(y, y_ref) < tol(dtype), cfg
+    y = gemv_silu_mul(gu, w, impl="triton", config=cfg)
+    assert rel(y, gemv_silu_mul_reference(gu, w)) < tol(dtype), cfg
+
+
+def _check_rope(cfg, n, k, heads, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    hq, hkv, d = heads
+    x, r = (torch.randn(1, k, generator=g).to(DEV, dtype) for _ in range(2))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
+    cos, sin = (t.to(DEV) for t in rope_cache(64, d))
+    pos, slot = torch.tensor([37], device=DEV), torch.tensor([3], device=DEV)
+    kc, vc, kc2, vc2 = (torch.zeros(5, hkv, d, device=DEV, dtype=dtype) for _ in range(4))
+    y, h = gemv_rms_norm_rope(x, w, nw, 1e-6, r, None, cos, sin, pos, kc, vc, slot, hq, hkv, d,
+                              impl="triton", config=cfg)
+    y2, h2 = gemv_rms_norm_rope_reference(x, w, nw, 1e-6, r, None, cos, sin, pos, kc2, vc2,
+                                          slot, hq, hkv, d)
+    assert torch.equal(h, h2), cfg
+    assert rel(y, y2) < tol(dtype) and rel(kc, kc2) < tol(dtype) and rel(vc, vc2) < tol(dtype), cfg
+
+
+def test_tuned_tiles_at_awkward_sizes():
+    """Each tile the kernels choose by shape, at sizes it does not divide: N not a multiple
+    of BLOCK_N, K both ragged (masked last step) and a multiple of BLOCK_K (EVEN_K)."""
+    dtype = DTYPES[-1]
+    gemv_tiles, rope_tiles = _tuned_tiles()
+    for i, cfg in enumerate(gemv_tiles):
+        bn, bk, _ = cfg
+        _check_projections(cfg, 1, 2 * bn + 1, bk + 40, dtype, i)
+        _check_projections(cfg, 1, bn + 3, bk, dtype, 100 + i)
+    for i, cfg in enumerate(rope_tiles):  # pair tiles straddling heads (half = 12)
+        _check_rope(cfg, (4 + 2 * 1) * 24, cfg[1] + 40, (4, 1, 24), dtype, 200 + i)
+
+
+@pytest.mark.gpu
+def test_tuned_shapes_gpu():
+    """Every (N, K) in the shape tables, bf16, through the config the kernels pick for it
+    (config=None), against the torch references."""
+    for i, (n, k) in enumerate(sorted(G.TUNED)):
+        _check_projections(None, 1, n, k, torch.bfloat16, i)
+    for i, (n, k) in enumerate(sorted(GR.TUNED)):
+        _check_rope(None, n, k, _rope_heads(n), torch.bfloat16, 100 + i)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -13,7 +13,8 @@ CUDA, so a TP=2 replica gets GPUs 2i, 2i+1), the CPU otherwise (its cores shared
 Two ways to drive them, as layer 4's engine:
 - `generate(prompts, params)`: the prompts are dealt out by the work they ask for (`deal`:
   new tokens, the largest first), every replica runs its hand at the same time, the outputs
-  come back in prompt order;
+  come back in prompt order, and `replica_stats` says what each replica did (its sequences,
+  tokens, steps, seconds, and its host's share of a step: `StepClock`);
 - `add_request` / `step` / `abort` / `has_unfinished`: each request goes to the replica with
   the fewest unfinished requests; a step steps every busy replica at once.
 Each replica's tokens are its own engine's, so greedy outputs equal one engine's.
@@ -38,6 +39,7 @@ import layer4_algorithms as engine
 from ..engine_config import EngineConfig
 from ..runtime.environ import environ
 from ..runtime.group import end_processes
+from ..runtime.rank0 import wait_event
 from ..runtime.worker import control_messages, run_worker
 
 l3 = engine.executor
@@ -88,6 +90,51 @@ def deal(work: list[float], dp: int) -> list[list[int]]:
     return [sorted(h) for h in hands]
 
 
+def hands(prompts: list, params: list, dp: int) -> list[list[int]]:
+    """Which prompts each of dp replicas runs (`deal` by new tokens to generate, the prompt's
+    length breaking ties): what `ReplicaSet.generate` does, for a caller that wants to run
+    one hand elsewhere (a benchmark checking a replica against one engine)."""
+    work = [(getattr(p, "max_tokens", None) or 0) + len(q) / 1e6
+            for p, q in zip(params, prompts, strict=True)]
+    return deal(work, dp)
+
+
+class StepClock:
+    """Where an engine's step() time goes: its waits for a launched step's tokens (the device
+    still running it) apart from the rest (host work: scheduling, input building, launches,
+    outputs). Wraps the engine's `_complete`, waiting for the step's event itself first (a
+    bounded wait when the engine has worker ranks, as the engine's own), so
+    host = stats.elapsed_s - waited_s. Cost: two clock reads a step."""
+
+    def __init__(self, llm) -> None:
+        self.waited_s, inner = 0.0, llm._complete
+        group = getattr(llm, "tp_group", None)
+
+        def timed(launched, advanced, finished) -> None:
+            event = launched.event
+            if event is not None and not event.query():
+                start = time.perf_counter()
+                if group is not None:
+                    wait_event(group, event, "reading a step's tokens")
+                else:
+                    event.synchronize()
+                self.waited_s += time.perf_counter() - start
+            inner(launched, advanced, finished)
+
+        llm._complete = timed
+
+    def report(self, llm, wall_s: float, sequences: int) -> dict:
+        """What the engine did since its stats were reset (generate() resets them)."""
+        st = llm.stats
+        steps = max(st.steps, 1)
+        return {"sequences": sequences, "prompt_tokens": st.prompt_tokens,
+                "output_tokens": st.generated_tokens, "steps": st.steps,
+                "batched_tokens": st.batched_tokens, "wall_s": wall_s, "step_s": st.elapsed_s,
+                "wait_s": self.waited_s, "ms_per_step": 1e3 * wall_s / steps,
+                "host_ms_per_step": 1e3 * (st.elapsed_s - self.waited_s) / steps,
+                "mean_batch": st.batched_tokens / steps}
+
+
 def _replica_main(index: int, devices: str, model, config: EngineConfig, threads: int,
                   conn, pdeathsig: bool = False) -> None:
     """Replica `index`: its engine over `devices` ("cpu", or CUDA ordinals "2" / "2,3"),
@@ -106,14 +153,17 @@ def _replica_main(index: int, devices: str, model, config: EngineConfig, threads
         cfg = replace(config, device=device if not isinstance(source, l3.Model) else
                       config.device)
         with LLM(source, cfg) as llm:
+            clock = StepClock(llm)
             conn.send(("ready", index, llm.config.num_blocks))
             parent = mp.parent_process()
             for msg in control_messages(conn, parent, f"replica {index}"):
                 kind = msg[0]
                 if kind == "generate":
+                    clock.waited_s = 0.0
                     start = time.perf_counter()
                     outs = llm.generate(msg[1], msg[2])
-                    conn.send(("outputs", outs, time.perf_counter() - start))
+                    wall = time.perf_counter() - start
+                    conn.send(("outputs", outs, wall, clock.report(llm, wall, len(msg[1]))))
                 elif kind == "add":
                     llm.add_request(msg[1], msg[2], request_id=msg[3])
                     conn.send(("added",))
@@ -225,18 +275,22 @@ class ReplicaSet:
         plist = list(params) if isinstance(params, (list, tuple)) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ValueError(f"{len(plist)} SamplingParams for {len(prompts)} prompts")
-        work = [(getattr(p, "max_tokens", None) or 0) + len(q) / 1e6  # prompts: tie-break
-                for p, q in zip(plist, prompts, strict=True)]
-        hands = deal(work, self.data_parallel_size)
-        busy = [i for i, hand in enumerate(hands) if hand]
+        dealt = hands(prompts, plist, self.data_parallel_size)
+        busy = [i for i, hand in enumerate(dealt) if hand]
+        start = time.perf_counter()
         for i in busy:
-            mine = hands[i]
+            mine = dealt[i]
             self._send(i, ("generate", [prompts[k] for k in mine], [plist[k] for k in mine]))
         replies = self._gather(busy, "outputs")
+        front_s = time.perf_counter() - start
         self.replica_seconds = {i: m[2] for i, m in zip(busy, replies, strict=True)}
+        # per replica: its report, its device, and the whole call's seconds seen from here
+        # (front_s - the slowest wall_s: sending prompts, pickling outputs back, stragglers)
+        self.replica_stats = {i: dict(m[3], device=self.devices[i], front_s=front_s)
+                              for i, m in zip(busy, replies, strict=True)}
         out: list = [None] * len(prompts)
         for i, m in zip(busy, replies, strict=True):
-            for k, o in zip(hands[i], m[1], strict=True):
+            for k, o in zip(dealt[i], m[1], strict=True):
                 out[k] = o
         return out
 

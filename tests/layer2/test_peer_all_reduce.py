@@ -337,13 +337,20 @@ class _FakePeer:
         self.closed = True
 
 
+# The sweep's largest size, eager and above the small instance's buffer like the bench's 256 MiB
+# (gloo all-reducing 256 MiB on CPU ranks for every knob took most of this test's time).
+LARGE = 16 << 20
+
+
 def _knob_sweep_on_cpu_rank():
     from layer2_comm import bench_peer
 
     bench_peer.PeerAllReduce = _FakePeer
     bench_peer._graph_time = lambda call, per_graph, iters, dev: (call(), 5e-6)[1]
     bench_peer.time_collective = lambda call, iters, warmup, dev: [(call(), 1e-3)[1]] * iters
-    small, large = _FakePeer(), _FakePeer(max_bytes=256 << 20)
+    assert bench_peer.KNOB_SIZES[-1] == (256 << 20, "two_shot")
+    bench_peer.KNOB_SIZES = [*bench_peer.KNOB_SIZES[:-1], (LARGE, "two_shot")]
+    small, large = _FakePeer(), _FakePeer(max_bytes=LARGE)
     rows = bench_peer._knob_rows(small, large, 3, torch.float32, torch.device("cpu"), 2)
     wide = [p for p in _FakePeer.made if p.blocks == 2 * large.blocks]
     return rows, (small.num_warps, small.serial_barrier, large.pull_gather), \
@@ -360,9 +367,9 @@ def test_peer_bench_knob_sweep_runs_on_cpu_ranks():
     assert small_default["ok"] and small_default["active"] == 1
     assert ("push gather", 8 << 10, "one_shot") not in by  # two-shot only
     assert ("2x blocks", 2 << 20, "two_shot") not in by  # the large instance only
-    assert by[("2x blocks", 256 << 20, "two_shot")]["blocks"] == 256
-    assert by[("defaults", 256 << 20, "two_shot")]["timing"] == "eager"
+    assert by[("2x blocks", LARGE, "two_shot")]["blocks"] == 256
+    assert by[("defaults", LARGE, "two_shot")]["timing"] == "eager"
     assert by[("defaults", 8, "one_shot")]["bytes"] == 8
     assert all(r["ok"] for r in rows if r["error"] is None)
-    failed = by[("32 warps", 256 << 20, "two_shot")]
+    failed = by[("32 warps", LARGE, "two_shot")]
     assert "out of resources" in failed["error"] and failed["time_s"] != failed["time_s"]

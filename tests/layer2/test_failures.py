@@ -15,38 +15,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from layer2_comm import (
-    all_to_all,
-    broadcast_chain,
-    broadcast_tree,
-    hierarchical_all_reduce,
-    launch,
-    rank,
-    ring_all_gather,
-    ring_all_reduce,
-    ring_reduce_scatter,
-    tree_all_reduce,
-)
+import layer2_comm as l2
+from layer2_comm import launch, rank
 from layer2_comm.group import _state as group_state
 
 # name -> what rank r calls; rank 0 and rank 1 disagree in exactly one respect
 MISMATCHES = {
-    "ring_all_reduce size": lambda r: ring_all_reduce(torch.ones(10 + r)),
-    "tree_all_reduce size": lambda r: tree_all_reduce(torch.ones(10 + r)),
-    "ring_all_gather size": lambda r: ring_all_gather(torch.ones(10 + r)),
-    "ring_reduce_scatter size": lambda r: ring_reduce_scatter(torch.ones(10 + r)),
-    "broadcast_tree size": lambda r: broadcast_tree(torch.ones(10 + r)),
-    "broadcast_chain size": lambda r: broadcast_chain(torch.ones(10 + r)),
-    "hierarchical size, one node": lambda r: hierarchical_all_reduce(torch.ones(10 + r), 2),
-    "hierarchical size, two nodes": lambda r: hierarchical_all_reduce(torch.ones(10 + r), 1),
-    "dtype": lambda r: ring_all_reduce(torch.ones(10, dtype=(torch.float32, torch.int64)[r])),
-    "op": lambda r: ring_all_reduce(torch.ones(10), ("sum", "max")[r]),
-    "chunks": lambda r: ring_all_reduce(torch.ones(10), chunks=1 + r),
-    "broadcast_chain src": lambda r: broadcast_chain(torch.ones(10), src=r),
-    "broadcast_tree src": lambda r: broadcast_tree(torch.ones(10), src=r),
-    "broadcast_chain chunks": lambda r: broadcast_chain(torch.ones(10), chunks=2 + r),
-    "different collectives": lambda r: (ring_all_reduce, tree_all_reduce)[r](torch.ones(10)),
-    "all_to_all dtype": lambda r: all_to_all(torch.ones(4, dtype=(torch.float32, torch.int64)[r]), [2, 2]),
+    "ring_all_reduce size": lambda r: l2.ring_all_reduce(torch.ones(10 + r)),
+    "tree_all_reduce size": lambda r: l2.tree_all_reduce(torch.ones(10 + r)),
+    "ring_all_gather size": lambda r: l2.ring_all_gather(torch.ones(10 + r)),
+    "ring_reduce_scatter size": lambda r: l2.ring_reduce_scatter(torch.ones(10 + r)),
+    "broadcast_tree size": lambda r: l2.broadcast_tree(torch.ones(10 + r)),
+    "broadcast_chain size": lambda r: l2.broadcast_chain(torch.ones(10 + r)),
+    "hierarchical size, one node": lambda r: l2.hierarchical_all_reduce(torch.ones(10 + r), 2),
+    "hierarchical size, two nodes": lambda r: l2.hierarchical_all_reduce(torch.ones(10 + r), 1),
+    "dtype": lambda r: l2.ring_all_reduce(torch.ones(10, dtype=(torch.float32, torch.int64)[r])),
+    "op": lambda r: l2.ring_all_reduce(torch.ones(10), ("sum", "max")[r]),
+    "chunks": lambda r: l2.ring_all_reduce(torch.ones(10), chunks=1 + r),
+    "broadcast_chain src": lambda r: l2.broadcast_chain(torch.ones(10), src=r),
+    "broadcast_tree src": lambda r: l2.broadcast_tree(torch.ones(10), src=r),
+    "broadcast_chain chunks": lambda r: l2.broadcast_chain(torch.ones(10), chunks=2 + r),
+    "different collectives": lambda r: (l2.ring_all_reduce, l2.tree_all_reduce)[r](torch.ones(10)),
+    "all_to_all dtype": lambda r: l2.all_to_all(
+        torch.ones(4, dtype=(torch.float32, torch.int64)[r]), [2, 2]),
 }
 
 
@@ -61,7 +52,7 @@ def disagree() -> dict[str, str]:
         except Exception as exc:
             report[name] = f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
     x = torch.full((5,), float(me + 1))
-    report["afterwards"] = str(ring_all_reduce(x).tolist())
+    report["afterwards"] = str(l2.ring_all_reduce(x).tolist())
     # A peer that never joins: rank 0's wait gives up after the group's timeout.
     group_state["timeout_s"] = 0.5
     if me == 1:
@@ -69,7 +60,7 @@ def disagree() -> dict[str, str]:
         return report
     start = time.monotonic()
     try:
-        tree_all_reduce(torch.ones(3))
+        l2.tree_all_reduce(torch.ones(3))
         report["silent peer"] = "no error"
     except Exception as exc:
         report["silent peer"] = f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
@@ -93,7 +84,7 @@ def test_disagreeing_ranks_get_a_value_error_on_both_sides():
 
 
 def shape_mismatch() -> None:
-    ring_all_reduce(torch.ones(10 + rank()))
+    l2.ring_all_reduce(torch.ones(10 + rank()))
 
 
 def launch_error(fn, world: int, timeout_s: float) -> str:
@@ -117,7 +108,7 @@ def one_raises_one_dies() -> None:
         raise ZeroDivisionError("rank one divided by zero on purpose")
     if rank() == 2:
         os._exit(3)
-    ring_all_reduce(torch.ones(4))  # waits on the others, who are gone
+    l2.ring_all_reduce(torch.ones(4))  # waits on the others, who are gone
 
 
 def test_launch_names_a_rank_that_raised_and_one_that_died():

@@ -116,11 +116,14 @@ def run_layout(name: str, factory, prompts, max_tokens: list[int], *,
 
 def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: int = 1024,
              layouts: tuple[str, ...] = ("1", "dp", "hand", "tp", "pp1", "ppN"), seed: int = 0,
-             backend: str | None = None, timeout_s: float = 600.0, **engine_kw) -> dict:
+             backend: str | None = None, timeout_s: float = 600.0, hand_of: int | None = None,
+             **engine_kw) -> dict:
     """Every layout in `layouts` (see the module docstring; "key:backend" names a layout's
     kernels, else `backend`: triton on GPUs, torch on a CPU) on the same workload; rows and
-    ratios to the first. A layout that fails (or whose replicas do not answer within
-    timeout_s) is listed under "failed" and the others still run."""
+    ratios to the first. hand_of: the DP size whose replica-0 share "hand" runs (default dp;
+    on one GPU, --dp 1 --hand-of 4 asks what DP=4's replicas could reach: 1 GPU's seconds
+    over the hand's, "dp_ceiling"). A layout that fails (or whose replicas do not answer
+    within timeout_s) is listed under "failed" and the others still run."""
     gpus = torch.cuda.device_count()
     on_gpu = gpus >= dp
     backend = backend or ("triton" if on_gpu else "torch")
@@ -137,7 +140,8 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
     prompts, max_tokens = draw(num_seqs)
     devs = [str(i) for i in range(dp)] if on_gpu else ["cpu"] * dp
     every = ",".join(devs) if on_gpu else "cpu"
-    hand0 = hands(prompts, [l3.SamplingParams(max_tokens=m) for m in max_tokens], dp)[0]
+    hand_of = hand_of or dp
+    hand0 = hands(prompts, [l3.SamplingParams(max_tokens=m) for m in max_tokens], hand_of)[0]
     plan = {
         "1": dict(data_parallel_size=1, dp_devices=(devs[0],)),
         "1ng": dict(data_parallel_size=1, dp_devices=(devs[0],), cuda_graph=False),
@@ -152,7 +156,7 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
     }
     one = "1 GPU" if on_gpu else "1 engine"
     names = {"1": one, "1ng": f"{one}, no CUDA graphs",
-             "dp": f"DP={dp}", "hand": f"{one}, DP={dp}'s replica 0 hand",
+             "dp": f"DP={dp}", "hand": f"{one}, DP={hand_of}'s replica 0 hand",
              "weak": f"DP={dp}, {dp}x the sequences", "tp": f"TP={dp}",
              "pp1": f"PP={dp} (1 micro-batch)", "ppN": f"PP={dp} ({dp} micro-batches)"}
     unknown = [x for x in layouts if x.partition(":")[0] not in plan]
@@ -196,9 +200,13 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
         r["vs_1"] = r["tok_s"] / base["tok_s"] if r["key"] != "hand" else None
         r.update(differences(base["tokens"], r["tokens"]) if comparable else
                  {"same_tokens": None})
-        if r["key"] == "hand":  # against DP's replica 0 (same kernels), when DP ran
+        if r["key"] == "hand":  # 1 GPU's time over the hand's: DP's best with replicas alike
+            single = by_key.get("1" if r["backend"] == backend else f"1:{r['backend']}")
+            if single is not None:
+                r["dp_ceiling"] = single["seconds"] / r["seconds"]
+            # against DP's replica 0 (same kernels), when DP ran
             twin = by_key.get("dp" if r["backend"] == backend else f"dp:{r['backend']}")
-            if twin is not None:
+            if twin is not None and hand_of == dp:
                 r["same_as_dp_replica_0"] = r["tokens"] == [twin["tokens"][k] for k in hand0]
     model = "Llama-3.2-1B shape, random bf16 weights" if on_gpu else "course model fp32"
     device = torch.cuda.get_device_name(0) if on_gpu else "cpu"
@@ -222,8 +230,13 @@ def format_dp(r: dict) -> str:
              f"{r['backend']} kernels"]
     for row in r["rows"]:
         ratio = f"{row['vs_1']:5.2f}x" if row.get("vs_1") is not None else "   -  "
+        notes = []
+        if row.get("dp_ceiling") is not None:
+            notes.append(f"1 GPU's time / this: {row['dp_ceiling']:.2f}x = DP's ceiling")
         if row.get("same_as_dp_replica_0") is not None:
-            same = f"same tokens as DP's replica 0: {row['same_as_dp_replica_0']}"
+            notes.append(f"same tokens as DP's replica 0: {row['same_as_dp_replica_0']}")
+        if notes:
+            same = "; ".join(notes)
         elif row.get("same_tokens") is None:
             same = "other sequences"
         elif row["same_tokens"]:
@@ -251,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
                          "key:backend names a layout's kernels (dp:torch)")
     ap.add_argument("--backend", default=None, choices=("torch", "triton"),
                     help="the layouts' kernels (default: triton on GPUs, torch on a CPU)")
+    ap.add_argument("--hand-of", type=int, default=None,
+                    help="the DP size whose replica-0 share the 'hand' layout runs (default --dp)")
     ap.add_argument("--layout-timeout", type=float, default=600.0,
                     help="seconds a layout's replicas may take to answer (start, warm-up, run)")
     ap.add_argument("--out", type=Path, default=None)
@@ -259,10 +274,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dp, --num-seqs, --max-in and --max-out must be >= 1")
     if args.layout_timeout <= 0:
         ap.error("--layout-timeout must be > 0")
+    if args.hand_of is not None and args.hand_of < 1:
+        ap.error("--hand-of must be >= 1")
     try:
         r = bench_dp(args.dp, num_seqs=args.num_seqs, max_in=args.max_in, max_out=args.max_out,
                      layouts=tuple(args.layouts.split(",")), backend=args.backend,
-                     timeout_s=args.layout_timeout)
+                     timeout_s=args.layout_timeout, hand_of=args.hand_of)
     except ValueError as exc:  # an unknown layout
         ap.error(str(exc))
     print(format_dp(r), flush=True)

@@ -103,6 +103,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
+        self._ahead: tuple | None = None  # a mask fill started before scheduling (_fill_ahead)
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
@@ -174,10 +175,13 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             prev = None
             if not sync:  # first tokens only: out now, before another launch delays them
                 return self._end_step(start, advanced, finished, unfinished, delta)
+        if not sync:  # prev's tokens already here: its grammars' next masks start now
+            self._fill_ahead(prev)
         out = self.scheduler.schedule()
         launched = None
         if out.scheduled:
             launched, prev = self._launch(out, prev, sync, advanced, finished)
+        self._drop_ahead()
         if launched is None and prev is None and not advanced:
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1

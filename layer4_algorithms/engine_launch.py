@@ -41,6 +41,12 @@ class EngineLaunchMixin:
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
         if not sync:
+            ahead, self._ahead = self._ahead, None
+            if ahead is not None:  # prev's grammars advanced, their fill started (_fill_ahead)
+                if prev is not None:
+                    self._complete(prev, advanced, finished)
+                return lambda: self._sample_on_device(
+                    out, rows, who, self.masks.wait_ahead(*ahead, who)), None
             constrained = sum(q.grammar is not None for q in who)
             if constrained >= self.masks.overlap_rows and self.masks.overlap:
                 # prev's tokens advance the grammars first (each state takes a position
@@ -68,6 +74,36 @@ class EngineLaunchMixin:
         if spec:
             launched.sampled.update(self._verify(spec))
         return launched, prev
+
+    def _fill_ahead(self, prev: LaunchedStep | None) -> None:
+        """Async scheduling, before this step schedules: if prev's tokens are already on the
+        host (a host-bound step: CUDA graphs, a small model) and it had enough constrained
+        rows, advance their grammars now and start the fill of their next masks on the
+        helper thread, so that it overlaps this step's whole host work (scheduling, the
+        launch, prev's outputs), not only what follows the forward's launch. `_launch` maps
+        the filled rows onto this step's (`TokenMasks.wait_ahead`); a step that launches
+        nothing waits for it (`_drop_ahead`)."""
+        self._ahead = None
+        if prev is None or not self.masks.overlap:
+            return
+        seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
+        if len(seqs) < self.masks.overlap_rows:
+            return
+        sampled = prev.peek()
+        if sampled is None:  # still on the GPU: the launch reads it after the forward
+            return
+        for q in seqs:  # (appending the token later does not advance the state again)
+            t = sampled.get(q.seq_id)
+            if t is not None:
+                q.grammar.accept_at(t, len(q.output_ids))
+        self._ahead = (self.masks.submit(seqs), seqs)
+
+    def _drop_ahead(self) -> None:
+        """A fill started by _fill_ahead that no launch used: waited for (its arena and
+        grammars are the helper's until then)."""
+        if self._ahead is not None:
+            self.masks.wait(self._ahead[0])
+            self._ahead = None
 
     def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
                           prepared: tuple | None) -> LaunchedStep:

@@ -142,7 +142,7 @@ class TokenMasks:
         self.overlap_rows = SERIAL_ROWS + 1
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
-                      "wait_s": 0.0}
+                      "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""
@@ -221,6 +221,40 @@ class TokenMasks:
             self.stats["wait_s"] += time.perf_counter() - t0
             self.stats["helper_s"] += took
         return submitted.prepared
+
+    def wait_ahead(self, submitted: _Submitted | None, filled: Sequence,
+                   seqs: Sequence) -> tuple | None:
+        """`wait` for a fill submitted before this step's rows were known (filled: the
+        sequences of its rows, in order), mapped onto seqs (row i for seqs[i]). The same
+        constrained sequences in the same order (a steady batch) keep the filled arena: only
+        their logits rows are written; otherwise the filled rows are copied into the next
+        arena and the others (a grammar's first token, a fork) filled here."""
+        prepared = self.wait(submitted)
+        idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
+        W = self.W
+        if prepared is not None and len(idx) == len(filled) and all(
+                seqs[i] is q for i, q in zip(idx, filled, strict=True)):
+            R, _, _, host, _ = prepared
+            host.numpy()[R * W:R * W + R] = idx
+            self.stats["ahead"] += 1
+            return prepared
+        t0 = time.perf_counter()
+        got = self._arena_for(seqs)
+        if got is None:
+            return None
+        states, rows, new = got
+        rows = rows.numpy()
+        where = {id(q): k for k, q in enumerate(filled)}
+        old = prepared[3].numpy()[:prepared[0] * W].reshape(-1, W) if prepared else None
+        for j, i in enumerate(idx):
+            k = where.get(id(seqs[i]))
+            if k is not None and old is not None:
+                rows[j] = old[k]
+            else:
+                states[j].fill(rows[j])
+        self.stats["ahead_remapped"] += 1
+        self.stats["fill_s"] += time.perf_counter() - t0
+        return new
 
     def launch(self, logits: torch.Tensor, prepared: tuple | None) -> int:
         """The device half: one copy of the prepared arena, one kernel (CUDA); the torch

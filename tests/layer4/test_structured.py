@@ -331,6 +331,9 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
     assert (overlap.masks._helper is not None) == helper
     assert (overlap.masks.stats["helper_s"] > 0) == helper
+    # the previous tokens are on the host when a step starts (a CPU): the helper's fill starts
+    # before scheduling, and the steady rows keep their filled arena
+    assert (overlap.masks.stats["ahead"] > 0) == helper
     valid(a[0], PERSON)
     valid(a[2], SCHEMAS[17])
     assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])
@@ -380,6 +383,9 @@ def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
                 done[o.request_id] = o
         for o in llm.drain():
             done[o.request_id] = o
+        assert llm.masks.stats["ahead"] > 0  # the fill started before scheduling
+        if hostile:  # a row joined: the rows filled ahead are copied beside its own
+            assert llm.masks.stats["ahead_remapped"] > 0
         return [done[r] for r in rids], (done[bad], seq) if hostile else None
 
     ref, _ = run(False)

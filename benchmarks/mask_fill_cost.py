@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
+from structured_bench import LONG  # noqa: E402
+
 import layer3_model as l3  # noqa: E402
 import layer4_algorithms as l4  # noqa: E402
-from structured_bench import LONG  # noqa: E402
 
 
 def streams(model, batch: int, new: int, distinct: bool) -> list[list[int]]:

@@ -10,6 +10,8 @@
 # Logs in $OUT/*.log; the summary is the output's tail. A dry run of the script's flow on a CPU
 # (no install, the bench's smoke sizes; the GPU tests skip):
 #   SKIP_INSTALL=1 DEVICE=cpu OUT=/tmp/sg bash benchmarks/structured_gpu.sh
+# Shorter (the ratios only, ~150 s): PYTEST_K=cuda_graphs PYTEST_S=45 BENCH_S=100 TIME_LIMIT=60
+# (the GPU tests of the CUDA-graph path only; bench modes that would start after 60 s skipped).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 device=${DEVICE:-cuda}
@@ -19,12 +21,12 @@ logs=$out; . "$(dirname "$0")/device_steps.sh"
 python3 -c "import os, torch, triton, llguidance; print(torch.cuda.get_device_name() \
 if torch.cuda.is_available() else 'no GPU', 'torch', torch.__version__, 'triton', \
 triton.__version__, 'llguidance', llguidance.__version__, 'cpus', os.cpu_count())"
-step pytest_structured_gpu 75 python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
-    --timeout 60 tests/layer4/test_structured_gpu.py
+step pytest_structured_gpu "${PYTEST_S:-75}" python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
+    --timeout 60 ${PYTEST_K:+-k "$PYTEST_K"} tests/layer4/test_structured_gpu.py
 grep -E "apply \(|PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped" \
     "$out/pytest_structured_gpu.log" | tail -12
 size=(--repeats 2 --new-tokens 128)
 [ "$device" = cuda ] || size=(--quick)
-step structured_bench 170 python3 benchmarks/structured_bench.py --device "$device" "${size[@]}" \
-    --time-limit 100 --out "$out"
+step structured_bench "${BENCH_S:-170}" python3 benchmarks/structured_bench.py --device "$device" \
+    "${size[@]}" --time-limit "${TIME_LIMIT:-100}" --out "$out"
 grep -E "^\[|SUMMARY" "$out/structured_bench.log" | tail -30

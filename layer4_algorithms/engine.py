@@ -178,6 +178,8 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         if not sync:  # prev's tokens already here: its grammars' next masks start now
             self._fill_ahead(prev)
         out = self.scheduler.schedule()
+        if not sync and self._ahead is None:  # or here, if they came while scheduling
+            self._fill_ahead(prev)
         launched = None
         if out.scheduled:
             launched, prev = self._launch(out, prev, sync, advanced, finished)

@@ -76,13 +76,15 @@ class EngineLaunchMixin:
         return launched, prev
 
     def _fill_ahead(self, prev: LaunchedStep | None) -> None:
-        """Async scheduling, before this step schedules: if prev's tokens are already on the
-        host (a host-bound step: CUDA graphs, a small model) and it had enough constrained
-        rows, advance their grammars now and start the fill of their next masks on the
-        helper thread, so that it overlaps this step's whole host work (scheduling, the
+        """Async scheduling, as this step starts (else again once it has scheduled): if
+        prev's tokens are already on the host (a host-bound step: CUDA graphs, a small
+        model; its sampling, the last thing it queued, has run) and it had enough
+        constrained rows, advance their grammars now and start the fill of their next masks
+        on the helper thread, so that it overlaps this step's host work (scheduling, the
         launch, prev's outputs), not only what follows the forward's launch. `_launch` maps
         the filled rows onto this step's (`TokenMasks.wait_ahead`); a step that launches
-        nothing waits for it (`_drop_ahead`)."""
+        nothing waits for it (`_drop_ahead`). Not yet there (the GPU still computes, as in
+        a GPU-bound step): `_launch` reads them after queuing the forward, as before."""
         self._ahead = None
         if prev is None or not self.masks.overlap:
             return

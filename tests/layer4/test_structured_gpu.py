@@ -66,6 +66,9 @@ def test_constrained_rows_under_cuda_graphs_beside_free_ones(gpu_model):
         assert accepted(llm, sp, list(c.token_ids)), c.text
     assert all(len(o.outputs[0].token_ids) == 32 or o.outputs[0].finish_reason != "length"
                for o in outs[len(specs):])
+    # how often the helper's fill started before scheduling (prev's tokens already on the
+    # host), kept its rows or copied them (rows finishing), against the masked steps
+    print(f"\nmasks under CUDA graphs: {llm.masks.stats}", flush=True)
 
 
 def test_constrained_rows_under_draft_speculation_on_cuda(gpu_model):

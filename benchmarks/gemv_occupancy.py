@@ -40,16 +40,17 @@ SHAPES = {"1B qkv": (3072, 2048, 1), "1B o_proj": (2048, 2048, 0), "1B gate_up":
           "8B down": (4096, 14336, 2)}
 
 
-def launch_config(n: int, k: int, rows: int) -> tuple[int, int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps, BLOCK_M) as gemv._launch picks them."""
-    bn, bk, warps = GEMV.TUNED.get((n, k)) or GEMV._default_config(n, k, rows)
+def launch_config(n: int, k: int, rows: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps, BLOCK_M, stages) as gemv._launch picks them."""
+    bn, bk, warps, stages = GEMV._unpack(GEMV.config_for(n, k, rows))
     bm = GEMV.next_pow2(rows)
     if bm > 1:
         bk = min(bk, max(16, 4096 // (bm * bn)))
-    return bn, bk, warps, bm
+    return bn, bk, warps, bm, stages
 
 
-def compile_ptx(consts: dict, warps: int) -> str:
+def compile_ptx(consts: dict, warps: int):
+    """The compiled kernel: .asm["ptx"], .metadata.shared (bytes of shared memory)."""
     fn = GEMV._gemv_kernel
     sig, cx, attrs = {}, {}, {}
     for i, name in enumerate(fn.arg_names):
@@ -62,7 +63,7 @@ def compile_ptx(consts: dict, warps: int) -> str:
     k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=cx, attrs=attrs),
                        target=GPUTarget("cuda", 90, 32),
                        options={"num_warps": warps, "launch_pdl": True})
-    return k.asm["ptx"]
+    return k
 
 
 def registers(ptx: str) -> int:
@@ -77,16 +78,19 @@ def registers(ptx: str) -> int:
 
 def row(name: str, rows: int) -> dict:
     n, k, prologue = SHAPES[name]
-    bn, bk, warps, bm = launch_config(n, k, rows)
-    ptx = compile_ptx(dict(K=k, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 1, HAS_BIAS=False,
-                           BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
-                           STATS_K=max(16, min(GEMV.next_pow2(k), 8192 // bm)), PDL=True,
-                           PDL_EARLY=False), warps)
+    bn, bk, warps, bm, stages = launch_config(n, k, rows)
+    kern = compile_ptx(dict(K=k, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 1, HAS_BIAS=False,
+                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
+                            STATS_K=max(16, min(GEMV.next_pow2(k), 8192 // bm)), STAGES=stages,
+                            PDL=True, PDL_EARLY=False), warps)
+    ptx = kern.asm["ptx"]
     regs = registers(ptx)
     resident = min(65536 // (max(regs, 1) * 32 * warps), 64 // warps)
+    if kern.metadata.shared:  # stages > 1 keep their tiles in shared memory (228 KB an SM)
+        resident = min(resident, 232448 // kern.metadata.shared)
     per_sm = min(resident, -(-n // bn) / SMS)
-    tile = bn * bk * 2
-    loads = collections.Counter(re.findall(r"ld\.global[a-z0-9.:]*", ptx))
+    tile = bn * bk * 2 * stages  # (stages > 1: the pipelined tiles, cp.async into shared)
+    loads = collections.Counter(re.findall(r"ld\.global[a-z0-9.:]*|cp\.async\.[a-z0-9.]*", ptx))
     return {"projection": name, "rows": rows, "BLOCK_N": bn, "BLOCK_K": bk, "warps": warps,
             "tile_KB": tile / 1024, "registers": regs, "programs_per_SM": per_sm,
             "in_flight_KB_per_SM": per_sm * tile / 1024, "loads": dict(loads)}

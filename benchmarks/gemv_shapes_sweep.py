@@ -55,19 +55,23 @@ DEV = "cuda"  # (a CPU smoke test sets "cpu": the kernels then run interpreted)
 MODELS = {"8B": dict(H=4096, F=14336, hq=32, hkv=8, d=128, V=128256, tps=(4, 2, 1)),
           "1B": dict(H=2048, F=8192, hq=32, hkv=8, d=64, V=128256, tps=(2, 1))}
 
-# (BLOCK_N, BLOCK_K, warps) for gemv; (BLOCK_P pairs, BLOCK_K, warps) for gemv_rope (two tiles)
+# (BLOCK_N, BLOCK_K, warps[, stages]) for gemv; (BLOCK_P pairs, BLOCK_K, warps[, stages]) for
+# gemv_rope (two tiles). stages > 1: the K loop is pipelined through shared memory (cp.async),
+# so small K tiles with many steps keep several tiles in flight per program.
 GEMV_CANDIDATES = [
-    (1, 1024, 2), (1, 2048, 4), (1, 2048, 2), (1, 4096, 4), (1, 4096, 8),
-    (2, 512, 2), (2, 1024, 2), (2, 1024, 4), (2, 2048, 4), (2, 2048, 8), (2, 4096, 8),
+    (1, 1024, 2), (1, 2048, 4), (1, 4096, 4), (1, 4096, 8),
+    (2, 1024, 4), (2, 2048, 4), (2, 2048, 8),
     (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (4, 2048, 4), (4, 2048, 8), (4, 4096, 8),
-    (8, 256, 4), (8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 8),
-    (16, 256, 4), (16, 512, 4), (16, 1024, 8)]
+    (8, 512, 4), (8, 1024, 4), (8, 1024, 8), (8, 2048, 8), (16, 512, 4), (16, 1024, 8),
+    (2, 1024, 4, 3), (4, 256, 2, 4), (4, 512, 4, 3), (4, 512, 4, 4), (8, 256, 4, 4),
+    (8, 512, 4, 3), (8, 512, 8, 4), (16, 256, 4, 3), (16, 512, 8, 3)]
 ROPE_CANDIDATES = [
     (1, 512, 2), (1, 1024, 2), (1, 1024, 4), (1, 2048, 4), (1, 2048, 8), (1, 4096, 8),
     (2, 512, 2), (2, 1024, 4), (2, 1024, 8), (2, 2048, 4), (2, 2048, 8),
-    (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8)]
-QUICK_GEMV = [(2, 2048, 8), (4, 1024, 4), (4, 2048, 4), (8, 512, 4), (1, 4096, 8)]
-QUICK_ROPE = [(1, 2048, 8), (2, 1024, 4), (2, 2048, 4), (4, 512, 4)]
+    (4, 512, 4), (4, 1024, 4), (4, 1024, 8), (8, 256, 4), (8, 512, 8),
+    (1, 1024, 4, 3), (2, 512, 4, 3), (2, 512, 4, 4), (4, 256, 4, 4), (4, 512, 8, 3)]
+QUICK_GEMV = [(2, 2048, 8), (4, 1024, 4), (4, 2048, 4), (8, 512, 4), (4, 512, 4, 3)]
+QUICK_ROPE = [(1, 2048, 8), (2, 1024, 4), (2, 2048, 4), (2, 512, 4, 3)]
 
 # What main chose before the shape sweep (gemv.TUNED / gemv_rope.TUNED and their defaults)
 OLD_GEMV_TUNED = {(3072, 2048): (2, 2048, 8), (2048, 2048): (2, 2048, 8),
@@ -346,7 +350,9 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=140.0,
                     help="after this many seconds, remaining shapes time only old/current")
     ap.add_argument("--compile-s", type=float, default=70.0, help="limit of the compile phase")
-    ap.add_argument("--workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
+    ap.add_argument("--chain-compile-s", type=float, default=25.0,
+                    help="limit of the chains' compile phase (PDL early-trigger variants)")
+    ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--quick", action="store_true", help="a few configs per shape")
     ap.add_argument("--no-chain", action="store_true")
     args = ap.parse_args(argv)
@@ -392,7 +398,7 @@ def main(argv=None) -> int:
             for c in picks.values():
                 for p, n in names.items():
                     cjobs[(n, c[p])] = (n, shapes[n], c[p], True)
-        precompile(list(cjobs.values()), args.workers, args.compile_s / 2)
+        precompile(list(cjobs.values()), args.workers, args.chain_compile_s)
         for m, tp, picks in plans:
             result["chains"].append(chain(m, tp, picks, (False, True)))
             torch.cuda.empty_cache()

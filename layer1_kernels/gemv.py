@@ -133,7 +133,7 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                 PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = x_ptr.dtype.element_ty  # activations' rounding (y may be fp32)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -156,7 +156,9 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     acc = _mac(acc, w0, _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
                                   offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
                                   EVEN_K), BLOCK_M)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    # STAGES > 1: Triton's pipeliner copies the next STAGES - 1 tiles into shared memory
+    # (cp.async) while this one is multiplied: bytes in flight without holding registers
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         k = k0 + offs_k
         w = _w_tile(w_rows, k, n_ok, K, EVEN_K)
         a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
@@ -229,10 +231,20 @@ def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
     return 4, min(2048, next_pow2(k)), 4
 
 
-def config_for(n: int, k: int, rows: int = 1) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) a call with w (n, k) and `rows` rows launches with, before
-    the rows > 1 cut of BLOCK_K: TUNED's entry for the shape, else _default_config."""
+def config_for(n: int, k: int, rows: int = 1) -> tuple[int, ...]:
+    """(BLOCK_N, BLOCK_K, warps[, stages]) a call with w (n, k) and `rows` rows launches
+    with, before the rows > 1 cut of BLOCK_K: TUNED's entry for the shape, else
+    _default_config."""
     return TUNED.get((n, k)) or _default_config(n, k, rows)
+
+
+def _unpack(config) -> tuple[int, int, int, int]:
+    """(tile, BLOCK_K, warps, stages) of a 3- or 4-entry config (stages 1 when left out)."""
+    if len(config) not in (3, 4) or any(int(v) < 1 for v in config) or any(
+            v & (v - 1) for v in config[:3]):
+        raise ValueError(f"config must be (tile, BLOCK_K, warps[, stages]): three powers of two "
+                         f"and a stage count >= 1, got {config}")
+    return (*(int(v) for v in config[:3]), int(config[3]) if len(config) == 4 else 1)
 
 
 def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, config=None,
@@ -243,7 +255,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
     h = torch.empty((M, K), dtype=x.dtype, device=x.device) if residual is not None else None
     if M == 0 or N == 0:
         return y, h
-    block_n, block_k, warps = config or config_for(N, K, M)
+    block_n, block_k, warps, stages = _unpack(config or config_for(N, K, M))
     block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tile: keep it within the registers
         block_k = min(block_k, max(16, 4096 // (block_m * block_n)))
@@ -254,7 +266,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         M, N, x.stride(0), r.stride(0), w.stride(0), y.stride(0), float(eps),
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), num_warps=warps,
+        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
         PDL_EARLY=_PDL["early"], **pdl_launch(x.device),
     )
     return y, h

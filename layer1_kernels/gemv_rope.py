@@ -35,6 +35,7 @@ from .gemv import (
     _check,
     _mac,
     _prologue,
+    _unpack,
     _w_tile,
     gemv_rms_norm_reference,
     pdl_early,
@@ -55,9 +56,9 @@ def _default_config(k: int) -> tuple[int, int, int]:
     return 2, min(2048, next_pow2(k)), 4
 
 
-def config_for(n: int, k: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_K, warps) a call with w (n, k) launches with (before the rows > 1 cut
-    of BLOCK_K): TUNED's entry for the shape, else _default_config."""
+def config_for(n: int, k: int) -> tuple[int, ...]:
+    """(BLOCK_P, BLOCK_K, warps[, stages]) a call with w (n, k) launches with (before the
+    rows > 1 cut of BLOCK_K): TUNED's entry for the shape, else _default_config."""
     return TUNED.get((n, k)) or _default_config(k)
 
 
@@ -71,7 +72,7 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                      PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+                      STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
     j = pid * BLOCK_P + tl.arange(0, BLOCK_P)  # pair index over all heads
@@ -110,7 +111,7 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                     K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
     acc_lo = _mac(acc_lo, w_lo, a, BLOCK_M)
     acc_hi = _mac(acc_hi, w_hi, a, BLOCK_M)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # as in _gemv_kernel
         k = k0 + offs_k
         w_lo = _w_tile(lo_rows, k, j_ok, K, EVEN_K)
         w_hi = _w_tile(hi_rows, k, j_ok, K, EVEN_K)
@@ -199,16 +200,20 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
             raise ValueError(f"gemv_rms_norm_rope: {name} must be (slots, {n_kv_heads}, "
                              f"{head_dim}) {x.dtype} on {x.device}, contiguous last dim; got "
                              f"{tuple(c.shape)} {c.dtype} on {c.device}")
-    if config is not None and (len(config) != 3 or any(v < 1 or v & (v - 1) for v in config)):
-        raise ValueError(f"gemv_rms_norm_rope: config (BLOCK_P, BLOCK_K, warps) must be three "
-                         f"powers of two, got {config}")
+    if config is not None:
+        try:
+            _unpack(config)
+        except ValueError:
+            raise ValueError(f"gemv_rms_norm_rope: config (BLOCK_P, BLOCK_K, warps[, stages]) "
+                             f"must be three powers of two and a stage count, got {config}"
+                             ) from None
     if not interpreter.use_triton(impl, x, "gemv_rms_norm_rope"):
         return gemv_rms_norm_rope_reference(x, w, norm_weight, eps, residual, bias, cos, sin,
                                             positions, k_cache, v_cache, slots, n_q_heads,
                                             n_kv_heads, head_dim)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     h = torch.empty_like(x) if residual is not None else None
-    block_p, block_k, warps = config or config_for(N, K)
+    block_p, block_k, warps, stages = _unpack(config or config_for(N, K))
     block_m = next_pow2(M)
     if block_m > 1:  # the 3D product tiles (two of them): keep them within the registers
         block_k = min(block_k, max(16, 2048 // (block_m * block_p)))
@@ -222,7 +227,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         K=K, N_PAIRS=N // 2, HALF=half, HEAD_D=head_dim, NQ=n_q_heads, NKV=n_kv_heads,
         PROLOGUE=1, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), num_warps=warps,
+        STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
         PDL_EARLY=pdl_early(), **pdl_launch(x.device),
     )
     return y, h

@@ -18,19 +18,23 @@ from tests.layer1.sm90 import compile_for_sm90 as compile_
 G, P, R, GR, A, MM, I8 = (importlib.import_module(f"layer1_kernels.{m}") for m in (
     "gemv", "paged_decode", "rope_kv_write", "gemv_rope", "argmax", "matmul", "int8_matmul"))
 
-CASES = [(1, True, 1, 2, 2048, 2048, True), (0, False, 1, 2, 2048, 2048, True),
-         (2, False, 1, 8, 2048, 8192, True), (1, True, 4, 2, 512, 2048, False),
-         (2, False, 8, 4, 128, 8192, False)]
-for pro, res, bm, bn, bk, k, pdl in CASES:
-    compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm,
-             BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm), PDL=pdl,
-             PDL_EARLY=pdl and bm == 1), {}, {"num_warps": 4, "launch_pdl": pdl})
+CASES = [(1, True, 1, 2, 2048, 2048, True, 1), (0, False, 1, 2, 2048, 2048, True, 1),
+         (2, False, 1, 8, 2048, 8192, True, 1), (1, True, 4, 2, 512, 2048, False, 1),
+         (2, False, 8, 4, 128, 8192, False, 1), (1, True, 1, 4, 512, 4096, True, 3),
+         (2, False, 1, 8, 256, 3584, True, 4)]
+for pro, res, bm, bn, bk, k, pdl, st in CASES:
+    kern = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False,
+                    BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm),
+                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1), {},
+                    {"num_warps": 4, "launch_pdl": pdl}, aligned=True)
+    # stages > 1: the weight tiles go through shared memory (cp.async), else straight loads
+    assert ("cp.async" in kern.asm["ptx"]) == (st > 1), (bn, bk, st)
 rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
-for res, bm, bp, bk, early in [(True, 1, 1, 2048, False), (False, 1, 1, 2048, True),
-                               (True, 4, 2, 256, False)]:
+for res, bm, bp, bk, early, st in [(True, 1, 1, 2048, False, 1), (False, 1, 1, 2048, True, 1),
+                                   (True, 4, 2, 256, False, 1), (True, 1, 2, 512, False, 3)]:
     compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
              PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
-             EVEN_K=True, STATS_K=8192 // bm, PDL=True, PDL_EARLY=early), rope_ptrs,
+             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early), rope_ptrs,
              {"num_warps": 8, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}

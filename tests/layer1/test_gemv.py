@@ -61,8 +61,11 @@ def test_gemv_and_prologues(dtype, m, n, k):
 def test_gemv_tiles_and_bad_input():
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(2, 70, generator=g).to(DEV), torch.randn(45, 70, generator=g).to(DEV)
-    for cfg in [(4, 16, 1), (16, 32, 2), (8, 64, 4)]:  # ragged N and K tiles
+    for cfg in [(4, 16, 1), (16, 32, 2), (8, 64, 4), (8, 16, 1, 3)]:  # ragged N and K tiles
         assert rel(gemv(x, w, impl="triton", config=cfg), gemv_reference(x, w)) < 1e-5
+    for cfg in [(3, 16, 1), (4, 16, 1, 0), (4, 16)]:
+        with pytest.raises(ValueError, match="stage count"):
+            gemv(x, w, impl="triton", config=cfg)
     with pytest.raises(ValueError, match="1..8 rows"):
         gemv(torch.randn(9, 70).to(DEV), w)
     with pytest.raises(ValueError, match="K = 70"):

@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader
 step sweep 170 python3 benchmarks/gemv_shapes_sweep.py --out "$out" --compile-s 70 --budget-s 50 \
-    --chain-compile-s 20
+    --chain-compile-s 20 --deadline-s 150
 grep -A40 "^== best" "$out/sweep.log"; grep "^\[.*chain" "$out/sweep.log"
 t1=tests/layer1/test_gemv.py t3=tests/layer3/test_fused_decode.py
 step tests 35 python3 -m pytest -q -p no:cacheprovider "$t1::test_tuned_tiles_at_awkward_sizes" \

@@ -312,7 +312,8 @@ def sweep_shape(name: str, s: dict, cfgs: list, full: bool, bad: dict) -> dict:
     return row
 
 
-def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]], early_opts) -> dict:
+def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]], early_opts,
+          deadline: float = math.inf) -> dict:
     """One decoder layer's projections (and an all-reduce stand-in at TP > 1) over rotated
     layers: us per layer for each set of configs in picks and each early-trigger setting."""
     shapes = {k: v for k, v in rank0_shapes(model, tp).items() if k != "lm_head"}
@@ -323,6 +324,9 @@ def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]], early_opts) -
     out = dict(model=model, tp=tp, layer_MB=layer_bytes / 1e6, layers=layers, runs=[])
     for label, cfgs in picks.items():
         for early in early_opts:
+            if time.monotonic() - T0 > deadline:
+                log(f"chain {model} TP={tp} {label} early={early}: skipped (deadline)")
+                continue
             G.set_pdl(True, early=early)
             fns = []
             for i in range(layers):
@@ -352,6 +356,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-s", type=float, default=70.0, help="limit of the compile phase")
     ap.add_argument("--chain-compile-s", type=float, default=25.0,
                     help="limit of the chains' compile phase (PDL early-trigger variants)")
+    ap.add_argument("--deadline-s", type=float, default=math.inf,
+                    help="no chain run starts after this many seconds from the start")
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--quick", action="store_true", help="a few configs per shape")
     ap.add_argument("--no-chain", action="store_true")
@@ -400,7 +406,7 @@ def main(argv=None) -> int:
                     cjobs[(n, c[p])] = (n, shapes[n], c[p], True)
         precompile(list(cjobs.values()), args.workers, args.chain_compile_s)
         for m, tp, picks in plans:
-            result["chains"].append(chain(m, tp, picks, (False, True)))
+            result["chains"].append(chain(m, tp, picks, (False, True), args.deadline_s))
             torch.cuda.empty_cache()
             path.write_text(json.dumps(result, indent=1))
     print("\n== best per shape (us, TB/s, % of copy) vs old and current defaults", flush=True)

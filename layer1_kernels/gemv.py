@@ -186,17 +186,23 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: instead of after their K loop, so the next kernel's programs launch (and prefetch their
 #: weights) while this one still streams; safe because no kernel reads anything another
 #: kernel of the step writes before its own griddepcontrol.wait.
-_PDL = {"on": True, "early": False}
+#: early_bytes: GEMVs over at most this many weight bytes trigger early even when early is
+#: off (a short kernel's launch and drain are most of its time; 0: none).
+_PDL = {"on": True, "early": False, "early_bytes": 0}
 
 
-def set_pdl(on: bool, *, early: bool | None = None) -> None:
+def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
+    if early_bytes is not None:
+        _PDL["early_bytes"] = int(early_bytes)
 
 
-def pdl_early() -> bool:
-    return _PDL["early"]
+def pdl_early(weight_bytes: int | None = None) -> bool:
+    """Whether a GEMV over `weight_bytes` of weights triggers its dependents early (None: the
+    global setting alone)."""
+    return _PDL["early"] or (weight_bytes is not None and weight_bytes <= _PDL["early_bytes"])
 
 
 @functools.cache
@@ -267,7 +273,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=_PDL["early"], **pdl_launch(x.device),
+        PDL_EARLY=pdl_early(w.numel() * w.element_size()), **pdl_launch(x.device),
     )
     return y, h
 

@@ -228,6 +228,6 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         PROLOGUE=1, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(), **pdl_launch(x.device),
+        PDL_EARLY=pdl_early(w.numel() * w.element_size()), **pdl_launch(x.device),
     )
     return y, h

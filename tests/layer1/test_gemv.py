@@ -278,3 +278,15 @@ def test_argmax_matches_torch(m, n, block):
     assert torch.equal(argmax(half, impl="triton", block=block), torch.argmax(half, -1))
     with pytest.raises(ValueError, match="argmax"):
         argmax(x[0])
+
+
+def test_pdl_early_trigger_by_weight_bytes():
+    """set_pdl's early_bytes: GEMVs over at most that many weight bytes trigger early."""
+    try:
+        G.set_pdl(True, early=False, early_bytes=100)
+        assert G.pdl_early(100) and not G.pdl_early(101) and not G.pdl_early()
+        G.set_pdl(True, early=True)
+        assert G.pdl_early(10 ** 9) and G.pdl_early()
+    finally:
+        G.set_pdl(True, early=False, early_bytes=0)
+    assert not G.pdl_early(1)

@@ -256,6 +256,86 @@ def phase_run(llm, run) -> dict:
     return clock.summary()
 
 
+# ---- is rank 0's CPU slowed by the workers? -----------------------------------------------------
+def _python_work() -> int:
+    d, out = {}, []
+    for i in range(3000):
+        d[i & 63] = i
+        out.append(d.get(i & 31, 0) + i)
+    return len(out)
+
+
+def python_probe(reps: int = 9) -> float:
+    """Microseconds of a fixed pure-Python workload on this thread (the median of reps)."""
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        _python_work()
+        times.append(time.perf_counter() - t)
+    return 1e6 * sorted(times)[reps // 2]
+
+
+def _cpu_of(pid: str | int) -> int | None:
+    """The CPU a process last ran on (/proc/PID/stat, field 39)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _cpus(mask) -> str:
+    """A CPU set as ranges: 0-15,64-79."""
+    out, run = [], []
+    for c in sorted(mask):
+        if run and c != run[-1] + 1:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+            run = []
+        run.append(c)
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)
+
+
+def cpu_probe(llm, spin_s: float = 0.05) -> dict:
+    """Right after a run, while the workers still spin on the ring (they spin spin_s after
+    their last message): a fixed Python workload on rank 0, where each process runs and may
+    run; then the same workload once the workers nap. At one rank both runs are alone: a
+    slower first figure at TP=N means the workers slow rank 0's CPU down (a shared core, a
+    shared physical core, a lower clock)."""
+    import os  # noqa: PLC0415
+
+    group = getattr(llm, "tp_group", None)
+    pids = [p.pid for p in group.procs] if group is not None else []
+    busy = python_probe()
+    me = _cpu_of("self")
+    workers = [_cpu_of(pid) for pid in pids]
+    time.sleep(spin_s + 0.1)
+    idle = python_probe()
+    siblings = None
+    if me is not None:
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{me}/topology/thread_siblings_list") as f:
+                siblings = f.read().strip()
+        except OSError:
+            pass
+    try:
+        masks = [_cpus(os.sched_getaffinity(0))] + [_cpus(os.sched_getaffinity(pid))
+                                                     for pid in pids]
+    except OSError:
+        masks = []
+    return {"probe_us_workers_spinning": busy, "probe_us_workers_napping": idle,
+            "rank0_cpu": me, "rank0_siblings": siblings, "worker_cpus": workers,
+            "affinity": masks, "cpus": os.cpu_count()}
+
+
+def format_probe(p: dict) -> str:
+    return (f"  python probe: {p['probe_us_workers_spinning']:.0f} us right after the run "
+            f"(workers spinning), {p['probe_us_workers_napping']:.0f} us later (napping); "
+            f"rank 0 on cpu {p['rank0_cpu']} (SMT siblings {p['rank0_siblings']}), workers on "
+            f"{p['worker_cpus']}; affinity {p['affinity']} of {p['cpus']} cpus")
+
+
 # ---- on a CPU ------------------------------------------------------------------------------------
 def tiny_model(seed: int = 0):
     import layer4_algorithms as engine  # noqa: PLC0415

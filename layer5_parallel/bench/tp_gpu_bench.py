@@ -52,7 +52,7 @@ from .. import planner
 from ..llm import LLM
 from ..runtime import group as runtime_group
 from ..runtime.random_source import random_net
-from .step_phases import format_summary, phase_run
+from .step_phases import cpu_probe, format_probe, format_summary, phase_run
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -135,12 +135,11 @@ def _quiet(what: str) -> None:
 
 
 def random_weights(config, *, backend: str, device: str, seed: int = 0,
-                   std: float = 0.02) -> torch.nn.Module:
+                   std: float = 0.02, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     """Layer 3's network of `config`'s shape with N(0, std) bf16 weights drawn on the GPU
     (layer 3's random_model draws them on the CPU in fp32: minutes for the 8B shape); every
     worker rank draws the same ones on its own GPU."""
-    return random_net(config, backend=backend, dtype=torch.bfloat16, device=device, seed=seed,
-                      std=std)
+    return random_net(config, backend=backend, dtype=dtype, device=device, seed=seed, std=std)
 
 
 def _generate(llm, prompts, n: int) -> tuple[float, list[list[int]]]:
@@ -238,21 +237,26 @@ def first_difference(a: list[list[int]], b: list[list[int]]) -> int | None:
     return min(diffs) if diffs else None
 
 
-def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
+def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 backend: str = "triton", workloads=WORKLOADS, log=_quiet,
                 tp_timeout_s: float = 300.0, profile_host: bool = False,
-                phases: bool = True) -> list[dict]:
-    """layouts: (tp, tp_backend) pairs, TP=1 first (the reference of tokens and speed).
+                phases: bool = True, config=None, device: str = "cuda:0",
+                dtype: torch.dtype = torch.bfloat16) -> list[dict]:
+    """layouts: (tp, tp_backend) or (tp, tp_backend, worker_spin_s), TP=1 first (the reference
+    of tokens and speed); worker_spin_s: how long the workers spin on the ring before they nap
+    (runtime/group.py's SPIN_S; None: its default).
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
     time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each).
     phases: one more run per batch with rank 0's step timed by phase (step_phases.py), kept
-    in the row ("phases") and printed."""
-    config = l3.ModelConfig.from_dict(SHAPES[name])
-    net = random_weights(config, backend=backend, device="cuda:0")
-    torch.cuda.synchronize()
+    in the row ("phases") and printed, with a probe of rank 0's CPU (step_phases.cpu_probe).
+    config, device, dtype: another shape than `name`'s, elsewhere (the tests run a tiny one
+    on the CPU, tensor parallelism over gloo)."""
+    config = config or l3.ModelConfig.from_dict(SHAPES[name])
+    net = random_weights(config, backend=backend, device=device, dtype=dtype)
+    _empty_cache(sync=True)
     model = l3.Model(net)
-    log(f"{name}: random bf16 weights drawn on cuda:0 "
-        f"({sum(p.numel() for p in net.parameters()) * 2 / 2**30:.2f} GiB)")
+    log(f"{name}: random {str(dtype).removeprefix('torch.')} weights drawn on {device} "
+        f"({sum(p.numel() * p.element_size() for p in net.parameters()) / 2**30:.2f} GiB)")
     g = torch.Generator().manual_seed(0)
     big = max(b for b, _ in workloads)
     prompts = [torch.randint(0, config.vocab_size, (PROMPT_LEN,), generator=g).tolist()
@@ -260,12 +264,21 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
     longest = PROMPT_LEN + max(n for _, n in workloads) + 16
     blocks = big * -(-longest // 16) + 16
     rows, ref = [], {}
-    for tp, tp_backend in layouts:
-        what = f"{name} TP={tp} {tp_backend}"
+    for tp, tp_backend, *spin in layouts:
+        spin = spin[0] if spin else None
+        label = tp_backend if spin is None else f"{tp_backend}@{spin:g}s"
+        what = f"{name} TP={tp} {label}"
+        saved_spin = dict(runtime_group.SPIN_S)
+        if spin is not None:  # the group reads it at start: this engine's workers only
+            runtime_group.SPIN_S["nccl"] = runtime_group.SPIN_S["gloo"] = spin
         log(f"{what}: starting the engine (CUDA graphs on every rank)")
-        llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
-                  max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend,
-                  tp_timeout_s=tp_timeout_s)
+        try:
+            llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
+                      max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend,
+                      tp_timeout_s=tp_timeout_s, async_scheduling=True)
+        finally:
+            runtime_group.SPIN_S.update(saved_spin)
+        spin_s = runtime_group.SPIN_S["nccl"] if spin is None else spin
         try:
             log(f"{what}: engine up")
             _generate(llm, prompts[:2], 4)  # warm-up
@@ -280,7 +293,8 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                                     context=PROMPT_LEN + n // 2, nbytes=2)
                 diff = first_difference(ref[batch], tokens)
                 rows.append({"shape": name, "tp": tp, "batch": batch, "new_tokens": n,
-                             "tp_backend": tp_backend, **r,
+                             "tp_backend": tp_backend, "layout": label,
+                             "worker_spin_s": spin_s if tp > 1 else None, **r,
                              "predicted_step_ms": 1e3 * pred.step_s,
                              "predicted_comm_ms": 1e3 * pred.tp_comm_s,
                              "same_tokens": diff is None, "first_difference": diff})
@@ -292,8 +306,10 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
                 if phases:  # one more run, every call of rank 0's step timed
                     rows[-1]["phases"] = phase_run(
                         llm, lambda e=llm, b=batch, n=n: _generate(e, prompts[:b], n))
+                    rows[-1]["cpu_probe"] = cpu_probe(llm, spin_s)
                     log(f"{what}: batch {batch}: rank 0's decode step by phase:\n"
-                        + format_summary(rows[-1]["phases"]))
+                        + format_summary(rows[-1]["phases"]) + "\n"
+                        + format_probe(rows[-1]["cpu_probe"]))
             for batch, n in workloads if profile_host else ():
                 log(f"{what}: rank 0's host, batch {batch}, by own time:\n"
                     + host_profile(llm, prompts[:batch], n))
@@ -303,11 +319,11 @@ def bench_shape(name: str, layouts: list[tuple[int, str]], *, repeats: int = 2,
             llm.close()
             llm = None
             gc.collect()  # the engine's graphs and cache, before the next layout allocates
-            torch.cuda.empty_cache()
+            _empty_cache()
             log(f"{what}: closed")
     del model, net
     gc.collect()
-    torch.cuda.empty_cache()
+    _empty_cache()
     base = {(r["shape"], r["batch"]): r for r in rows if r["tp"] == 1}
     for r in rows:
         b = base.get((r["shape"], r["batch"]))
@@ -331,9 +347,9 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, (shape, batch) in zip(axes[0], keys, strict=True):
         mine = [r for r in rows if r["shape"] == shape and r["batch"] == batch]
         base = next(r["decode_tok_s"] for r in mine if r["tp"] == 1)
-        for backend in sorted({r["tp_backend"] for r in mine if r["tp"] > 1}):
+        for backend in sorted({_label(r) for r in mine if r["tp"] > 1}):
             pts = [(1, base)] + sorted((r["tp"], r["decode_tok_s"]) for r in mine
-                                       if r["tp"] > 1 and r["tp_backend"] == backend)
+                                       if r["tp"] > 1 and _label(r) == backend)
             name = {"torch": "NCCL", "ours": "layer 2's all-reduce"}.get(backend, backend)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"measured, {name}")
         x = sorted({r["tp"] for r in mine})
@@ -349,23 +365,39 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def _empty_cache(sync: bool = False) -> None:
+    if torch.cuda.is_available():
+        if sync:
+            torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _label(row: dict) -> str:
+    return row.get("layout", row["tp_backend"])
+
+
 def _datasheet() -> str:
     """The planner's name for this GPU (its datasheet predicts the step), H100 if unknown."""
+    if not torch.cuda.is_available():
+        return "h100"
     return "h200" if "H200" in torch.cuda.get_device_name(0) else "h100"
 
 
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
                  profile_host: bool = False, tps: list[int] | None = None,
-                 phases: bool = True) -> dict:
-    """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs)."""
+                 phases: bool = True, worker_spins: list[float] | None = None) -> dict:
+    """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs);
+    worker_spins: run each TP layout once per value (the workers' spin on the ring before
+    they nap; default: the group's own, once)."""
     gpus = torch.cuda.device_count()
     tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
     rows: list[dict] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     result = {"device": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
-    layouts = [(1, "torch")] + [(t, b) for b in tp_backends for t in tps]
+    spins = worker_spins or [None]
+    layouts = [(1, "torch")] + [(t, b, w) for b in tp_backends for w in spins for t in tps]
     for name in shapes:
         new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host,
                           phases=phases)
@@ -377,12 +409,12 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':7} {'tok/s':>9} {'x TP1':>6} "
+    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':10} {'tok/s':>9} {'x TP1':>6} "
             f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} {'cpu ms':>7} "
             f"{'cpu x':>6} same")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {r['tp_backend']:7} "
+        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {_label(r):10} "
                      f"{r['decode_tok_s']:>9,.0f} {r.get('speedup', float('nan')):>6.2f} "
                      f"{r['step_ms']:>8.3f} {r['predicted_step_ms']:>8.3f} "
                      f"{r['host_ms_per_step']:>8.3f} {r.get('host_vs_tp1', float('nan')):>7.2f} "
@@ -402,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds any one phase may take (0: no bound); past it: stacks, exit")
     ap.add_argument("--tps", default="2,4,8",
                     help="TP sizes beyond 1, comma-separated (those above the GPUs are skipped)")
+    ap.add_argument("--worker-spin", default="",
+                    help="seconds the workers spin on the ring before napping, comma-separated: "
+                         "each TP layout once per value (default: the runtime's, once)")
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the run per batch that times rank 0's step by phase")
     ap.add_argument("--profile-host", action="store_true",
@@ -410,6 +445,12 @@ def main(argv: list[str] | None = None) -> int:
     tps = [t.strip() for t in args.tps.split(",")]
     if not all(t.isdigit() and int(t) > 1 for t in tps):
         ap.error(f"--tps {args.tps!r}: TP sizes above 1, comma-separated (e.g. 2,4)")
+    try:
+        spins = [float(w) for w in args.worker_spin.split(",")] if args.worker_spin else None
+    except ValueError:
+        spins = [-1.0]
+    if spins is not None and min(spins) < 0:
+        ap.error(f"--worker-spin {args.worker_spin!r}: seconds >= 0, comma-separated")
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
@@ -423,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_tp_gpu(args.shapes.split(","), Path(args.out), repeats=args.repeats,
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
-                         tps=[int(t) for t in tps], phases=not args.no_phases)
+                         tps=[int(t) for t in tps], phases=not args.no_phases,
+                         worker_spins=spins)
     finally:
         runtime_group.progress = None
         log.done()

@@ -70,3 +70,35 @@ def test_host_clock_and_step_phases_on_gloo():
         assert "execute" not in vars(llm.runner) and "run" not in vars(llm.runner.graph)
         assert "_wait" not in vars(llm.tp_group.ring) and "send" not in vars(llm.tp_group)
         assert tp_gpu_bench._generate(llm, prompts, 8)[1] == ref
+
+
+def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
+    """The GPU bench's own loop over layouts (as the GPU call runs it), on a tiny shape on the
+    CPU over gloo: the rows carry the decode-only host figures, the phases and the CPU probe;
+    a layout with its own worker spin is labelled, and the runtime's spin is put back."""
+    import torch  # noqa: PLC0415
+
+    from layer5_parallel.bench import step_phases, tp_gpu_bench  # noqa: PLC0415
+    from layer5_parallel.runtime import group  # noqa: PLC0415
+
+    spins = dict(group.SPIN_S)
+    config = step_phases.tiny_model().config
+    lines = []
+    rows = tp_gpu_bench.bench_shape(
+        "tiny", [(1, "torch"), (2, "torch"), (2, "torch", 0.01)], repeats=1, backend="torch",
+        workloads=((1, 6), (3, 6)), config=config, device="cpu", dtype=torch.float32,
+        log=lines.append)
+    assert group.SPIN_S == spins
+    assert [(r["tp"], r["batch"], r["layout"]) for r in rows] == [
+        (1, 1, "torch"), (1, 3, "torch"), (2, 1, "torch"), (2, 3, "torch"),
+        (2, 1, "torch@0.01s"), (2, 3, "torch@0.01s")]
+    for r in rows:
+        assert r["same_tokens"], r
+        assert r["phases"]["steps"] >= 3 and r["host_cpu_ms_per_step"] > 0
+        assert r["cpu_probe"]["probe_us_workers_napping"] > 0
+        assert (r["worker_spin_s"] is None) == (r["tp"] == 1)
+    assert rows[4]["worker_spin_s"] == 0.01
+    assert len(rows[2]["cpu_probe"]["worker_cpus"]) == 1
+    assert any("ring put" in line for line in lines)
+    text = tp_gpu_bench.format_rows(rows)
+    assert "torch@0.01s" in text and "cpu ms" in text

@@ -24,7 +24,9 @@ ahead of this forward, so the wait is short), advances the grammars with them, f
 masks on the host while the GPU runs the forward, and only then masks and samples. Past a
 few such rows the fill goes to the masks' helper thread while this thread appends the
 previous tokens and builds the step's outputs; the masking and sampling come after those
-(`_launch` returns them as a callable, which `_end_step` runs).
+(`_launch` returns them as a callable, which `_end_step` runs). When those tokens are already
+on the host as a step starts (a host-bound step), or once a synchronous step has appended
+its own, the helper's fill starts before the next step schedules (`_fill_ahead`).
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
 launch (`_launch`, engine_launch.py: speculation's proposals, the model, the rows to sample with
@@ -194,6 +196,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             self._inflight = launched  # its tokens are still on their way: the next step reads them
         elif launched is not None:
             self._complete(launched, advanced, finished)
+            self._fill_ahead(launched, appended=True)  # the next step's masks, meanwhile
         return self._end_step(start, advanced, finished, unfinished, delta)
 
     def _check_progress(self) -> None:

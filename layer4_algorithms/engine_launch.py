@@ -40,8 +40,8 @@ class EngineLaunchMixin:
         self._stats.steps += 1
         self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
         rows = logits.rows_of(row_ids)
+        ahead, self._ahead = self._ahead, None  # a fill started before this launch
         if not sync:
-            ahead, self._ahead = self._ahead, None
             if ahead is not None:  # prev's grammars advanced, their fill started (_fill_ahead)
                 if prev is not None:
                     self._complete(prev, advanced, finished)
@@ -68,36 +68,41 @@ class EngineLaunchMixin:
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
             return self._sample_on_device(out, rows, who, self.masks.prepare(who)), prev
+        prepared = self.masks.wait_ahead(*ahead, who) if ahead is not None else None
         launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
-                                                              self.masks),
+                                                              self.masks, prepared),
                                         self.runner.last_bad)
         if spec:
             launched.sampled.update(self._verify(spec))
         return launched, prev
 
-    def _fill_ahead(self, prev: LaunchedStep | None) -> None:
-        """Async scheduling, as this step starts (else again once it has scheduled): if
-        prev's tokens are already on the host (a host-bound step: CUDA graphs, a small
-        model; its sampling, the last thing it queued, has run) and it had enough
-        constrained rows, advance their grammars now and start the fill of their next masks
-        on the helper thread, so that it overlaps this step's host work (scheduling, the
-        launch, prev's outputs), not only what follows the forward's launch. `_launch` maps
-        the filled rows onto this step's (`TokenMasks.wait_ahead`); a step that launches
-        nothing waits for it (`_drop_ahead`). Not yet there (the GPU still computes, as in
-        a GPU-bound step): `_launch` reads them after queuing the forward, as before."""
-        self._ahead = None
-        if prev is None or not self.masks.overlap:
+    def _fill_ahead(self, prev: LaunchedStep | None, appended: bool = False) -> None:
+        """Start the fill of the next masks of prev's constrained rows on the helper thread
+        before the step that samples them schedules, so that it overlaps that step's host
+        work (scheduling, the forward's launch, under async scheduling prev's outputs) and,
+        synchronously, the forward itself. Async scheduling calls it as a step starts (else
+        again once it has scheduled): if prev's tokens are already on the host (a
+        host-bound step: CUDA graphs, a small model; its sampling, the last thing it
+        queued, has run) it advances their grammars here; not yet there (the GPU still
+        computes, as in a GPU-bound step), `_launch` reads them after queuing the forward,
+        as before. A synchronous step calls it once it has appended its tokens (appended:
+        the grammars have taken them). `_launch` maps the filled rows onto its own
+        (`TokenMasks.wait_ahead`); a step that launches nothing waits for it (`_drop_ahead`).
+        Not with a speculator (its verification fills masks of its own)."""
+        if (self._ahead is not None or prev is None or not self.masks.overlap
+                or self.speculator is not None):
             return
         seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
         if len(seqs) < self.masks.overlap_rows:
             return
-        sampled = prev.peek()
-        if sampled is None:  # still on the GPU: the launch reads it after the forward
-            return
-        for q in seqs:  # (appending the token later does not advance the state again)
-            t = sampled.get(q.seq_id)
-            if t is not None:
-                q.grammar.accept_at(t, len(q.output_ids))
+        if not appended:
+            sampled = prev.peek()
+            if sampled is None:  # still on the GPU: the launch reads it after the forward
+                return
+            for q in seqs:  # (appending the token later does not advance the state again)
+                t = sampled.get(q.seq_id)
+                if t is not None:
+                    q.grammar.accept_at(t, len(q.output_ids))
         self._ahead = (self.masks.submit(seqs), seqs)
 
     def _drop_ahead(self) -> None:

@@ -21,7 +21,10 @@ grammars with them, hands the fill to the helper thread, appends those tokens to
 sequences and builds the step's outputs meanwhile, then applies and samples: the mask of
 step t + 1 needs the token of step t, and nothing more. (A host-bound step, as a small model's
 under CUDA graphs is, gains nothing from overlapping the fill with the GPU; it gains what the
-fill overlaps of the host's own work.)
+fill overlaps of the host's own work.) So the fill starts as early as that token allows:
+when the previous step's tokens are already on the host as a step begins (host-bound, async)
+or once a synchronous step has appended its own, the helper starts filling before the next
+step schedules, and `wait_ahead` maps those rows onto the rows that step samples.
 
 Rows without a grammar are not touched, and the mask acts on the logits after the forward
 pass (outside a CUDA graph: the graph's output buffer is masked before it is sampled), so

@@ -340,6 +340,29 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     valid(a[5], SCHEMAS[5])
 
 
+def test_sync_steps_fill_the_next_masks_ahead_on_the_helper(course_model):
+    """Synchronous steps start the next step's fill on the helper thread once they have
+    appended their tokens (it then overlaps the next step's scheduling and forward): the
+    outputs are those of the fill on the engine's thread, rows that stay keep the filled
+    arena, rows joining (a request admitted as another finishes) have theirs filled beside
+    the copied ones."""
+    ps = [params(SO(json=PERSON), i, temperature=0 if i % 2 else 0.8, max_tokens=12 + 4 * i)
+          for i in range(7)] + [l4.SamplingParams(temperature=0, max_tokens=9)]
+    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n"] * 2
+
+    def run(helper: bool):
+        llm = l4.LLM(course_model, num_blocks=64, max_num_seqs=6, async_scheduling=False)
+        llm.masks.overlap = helper
+        return llm, [o.outputs[0].text for o in llm.generate(prompts, ps)]
+
+    _, want = run(False)
+    llm, got = run(True)
+    assert got == want
+    st = llm.masks.stats
+    assert st["ahead"] > 0 and st["ahead_remapped"] > 0 and st["helper_s"] > 0
+    assert llm._ahead is None  # the last step finished every row: no fill left behind
+
+
 @pytest.mark.parametrize("method", ["draft", "ngram"])
 def test_speculative_decoding_verifies_drafts_against_the_mask(course_model, method):
     spec = SO(json=SCHEMAS[17])  # {"user": {"id", "roles": [...]}}

@@ -245,16 +245,20 @@ def precompile(jobs: list, workers: int, limit_s: float) -> dict:
     done, t = {}, time.monotonic()
     try:
         with mp.get_context("spawn").Pool(workers) as pool:  # exit: terminate
-            for name, cfg, early, _, err in pool.imap_unordered(_compile_job, jobs):
-                done[(name, cfg, early)] = err
-                if err:
-                    log(f"  compile failed {name} {cfg} early={early}: {err}")
-                if len(done) % 50 == 0:
-                    log(f"  compiled {len(done)}/{len(jobs)}")
-                if time.monotonic() - t > limit_s:
+            it = pool.imap_unordered(_compile_job, jobs)
+            while len(done) < len(jobs):
+                try:  # (a timeout, not a plain loop: a dead worker would block it forever)
+                    name, cfg, early, _, err = it.next(timeout=max(0.1, t + limit_s
+                                                                   - time.monotonic()))
+                except mp.TimeoutError:
                     log(f"  compile budget {limit_s:.0f} s spent at {len(done)}/{len(jobs)}: "
                         "the rest compile when first timed")
                     break
+                done[(name, cfg, early)] = err
+                if err:
+                    log(f"  compile failed {name} {cfg} early={early}: {err}")
+                if len(done) % 100 == 0:
+                    log(f"  compiled {len(done)}/{len(jobs)}")
     except Exception as e:  # noqa: BLE001
         log(f"  compile pool failed: {e!r}")
     log(f"compiled {len(done)} in {time.monotonic() - t:.1f} s")

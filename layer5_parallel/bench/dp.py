@@ -18,6 +18,7 @@ the same overheads), after a warm-up, timed from this process around one `genera
     weak         DP=N over N x the sequences (N x 256): the replicas each as loaded as 1 GPU
     TP=N         one engine over N GPUs (every layer split)
     PP=N         one engine over N GPUs (the layers cut into stages), micro-batches 1 and N
+                 (pp1, ppN); pp2: PP=2 with 2 micro-batches on GPUs 0 and 1
 A layout may name its kernels: "dp:torch".
 
 Reported: output tokens/s, each as a ratio to the first layout; whether the greedy tokens
@@ -153,12 +154,15 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
                     pp_micro_batches=1, cuda_graph=False),
         "ppN": dict(data_parallel_size=1, dp_devices=(every,), pipeline_parallel_size=dp,
                     pp_micro_batches=dp, cuda_graph=False),
+        "pp2": dict(data_parallel_size=1, dp_devices=("0,1" if on_gpu else "cpu",),
+                    pipeline_parallel_size=2, pp_micro_batches=2, cuda_graph=False),
     }
     one = "1 GPU" if on_gpu else "1 engine"
     names = {"1": one, "1ng": f"{one}, no CUDA graphs",
              "dp": f"DP={dp}", "hand": f"{one}, DP={hand_of}'s replica 0 hand",
              "weak": f"DP={dp}, {dp}x the sequences", "tp": f"TP={dp}",
-             "pp1": f"PP={dp} (1 micro-batch)", "ppN": f"PP={dp} ({dp} micro-batches)"}
+             "pp1": f"PP={dp} (1 micro-batch)", "ppN": f"PP={dp} ({dp} micro-batches)",
+             "pp2": "PP=2 (2 micro-batches)"}
     unknown = [x for x in layouts if x.partition(":")[0] not in plan]
     if unknown:
         raise ValueError(f"unknown layout(s) {', '.join(unknown)}: expected {', '.join(plan)}")
@@ -260,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-in", type=int, default=1024)
     ap.add_argument("--max-out", type=int, default=1024)
     ap.add_argument("--layouts", default="1,dp,hand,tp,pp1,ppN",
-                    help="comma-separated: 1, 1ng, dp, hand, weak, tp, pp1, ppN; "
+                    help="comma-separated: 1, 1ng, dp, hand, weak, tp, pp1, ppN, pp2; "
                          "key:backend names a layout's kernels (dp:torch)")
     ap.add_argument("--backend", default=None, choices=("torch", "triton"),
                     help="the layouts' kernels (default: triton on GPUs, torch on a CPU)")

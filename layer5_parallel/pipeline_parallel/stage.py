@@ -187,7 +187,17 @@ def micro_contexts(query_lens, seq_lens, slot_mapping: torch.Tensor,
 
 
 # ---- hand-offs between stages --------------------------------------------------------------------
-def _wait(work, what: str, timeout_s: float) -> None:
+def _wait(work, what: str, timeout_s: float, device: torch.device | None = None) -> None:
+    """Wait for a hand-off. On a CUDA device (NCCL) the wait is stream-ordered: the stream
+    waits for the transfer and the host goes on queueing (work.wait with a timeout would block
+    the host until the transfer has finished, polling every ~1 ms, so a stage could not queue
+    micro-batch i's kernels before micro-batch i had arrived, nor rank 0 the next micro-batch
+    while waiting for logits). A stage that stops then shows as rank 0's bounded wait for the
+    step's tokens timing out (the engine's wait_event), and NCCL's own timeout. Elsewhere
+    (gloo) the host waits, at most timeout_s."""
+    if device is not None and device.type == "cuda":
+        work.wait()
+        return
     try:
         work.wait(timeout=timedelta(seconds=timeout_s))
     except RuntimeError as exc:
@@ -232,7 +242,7 @@ def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
     if not checked:
         out = torch.empty(shape, dtype=dtype, device=device)
         _wait(_p2p(pg, False, out, src, tag), f"{what}: micro-batch {tag} from rank {src}",
-              timeout_s)
+              timeout_s, out.device)
         return out
     want = torch.empty(shape, dtype=dtype, device="meta")
     head = torch.empty(3 + 3, dtype=torch.int64, device=device)
@@ -251,8 +261,8 @@ def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
 
 
 def wait_sends(sends: list[tuple], timeout_s: float, what: str) -> None:
-    for work, _ in sends:
-        _wait(work, what, timeout_s)
+    for work, t in sends:
+        _wait(work, what, timeout_s, t.device)
 
 
 def pp_problems(config) -> list[str | None]:

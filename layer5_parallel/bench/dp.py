@@ -92,15 +92,17 @@ def differences(want: list[list[int]], got: list[list[int]]) -> dict:
             "median_first_difference": statistics.median(firsts) if firsts else None}
 
 
-def run_layout(name: str, factory, prompts, max_tokens: list[int], *,
+def run_layout(name: str, factory, prompts, max_tokens: list[int], *, warmup: list,
                timeout_s: float = 600.0, **sizes) -> dict:
-    """One layout in processes of its own: warm up, then time one generate of every prompt."""
+    """One layout in processes of its own: warm up on `warmup` (prompts sharing no prefix with
+    the workload's: a warm-up prompt left in one replica's prefix cache would spare it that
+    prefill, and change its numerics, in the timed run), then time one generate of every
+    prompt."""
     start = time.perf_counter()
     with ReplicaSet(factory, timeout_s=timeout_s, **sizes) as llm:
         ready_s = time.perf_counter() - start
-        warm = min(len(prompts), 32)  # prefill and decode shapes, kernels JIT-compiled, untimed
-        llm.generate(prompts[:warm], l3.SamplingParams(temperature=0.0, max_tokens=16,
-                                                       ignore_eos=True))
+        # prefill and decode shapes, kernels JIT-compiled, untimed
+        llm.generate(warmup, l3.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
         params = [l3.SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
                   for m in max_tokens]
         start = time.perf_counter()
@@ -139,6 +141,7 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
                 torch.randint(min_out, max_out + 1, (n,), generator=g).tolist())
 
     prompts, max_tokens = draw(num_seqs)
+    warmup = workload(min(num_seqs, 32), vocab, min_in, max_in, seed + 7919)
     devs = [str(i) for i in range(dp)] if on_gpu else ["cpu"] * dp
     every = ",".join(devs) if on_gpu else "cpu"
     hand_of = hand_of or dp
@@ -184,7 +187,7 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
         name = names[key] + (f" [{kernels}]" if kernels != backend else "")
         print(f"  {name}: starting ({len(ps)} sequences)", flush=True)
         try:
-            r = run_layout(name, factory, ps, mt, timeout_s=timeout_s, **kw)
+            r = run_layout(name, factory, ps, mt, warmup=warmup, timeout_s=timeout_s, **kw)
         except Exception as exc:  # one layout failing keeps the others' rows
             failed.append({"layout": name, "error": f"{type(exc).__name__}: {exc}"})
             print(f"  {name}: FAILED {failed[-1]['error']}", flush=True)

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 
 import layer3_model as l3
+from layer0_hardware import timed_into
 from layer4_algorithms import LLM, SamplingParams, engine, launched_step, model_runner, scheduler
 from layer4_algorithms.kv import paged_cache
 
@@ -51,17 +52,11 @@ class ForwardTimer:
 
     def __init__(self, net: torch.nn.Module) -> None:
         self.seconds = 0.0
-        net.forward = self.timed(net.forward)
-        torch.Tensor.argmax = self.timed(torch.Tensor.argmax)
+        net.forward = timed_into(net.forward, self.add, time.thread_time)
+        torch.Tensor.argmax = timed_into(torch.Tensor.argmax, self.add, time.thread_time)
 
-    def timed(self, inner):
-        def timed(*a, **k):
-            t = time.thread_time()
-            try:
-                return inner(*a, **k)
-            finally:
-                self.seconds += time.thread_time() - t
-        return timed
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
 
 
 # --stages: host stages of the decode steps (thread CPU seconds), the forward and argmax excluded
@@ -76,16 +71,10 @@ COUNTING = [False]
 
 def time_stages() -> None:
     for cls, name in STAGES:
-        inner = getattr(cls, name)
-
-        def timed(*a, _inner=inner, _name=name, **k):
-            t = time.thread_time()
-            try:
-                return _inner(*a, **k)
-            finally:
-                if COUNTING[0]:
-                    STAGE_S[_name] += time.thread_time() - t
-        setattr(cls, name, timed)
+        def add(seconds: float, name: str = name) -> None:
+            if COUNTING[0]:
+                STAGE_S[name] += seconds
+        setattr(cls, name, timed_into(getattr(cls, name), add, time.thread_time))
 
 
 def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async_on: bool,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import json
 import random
 import time
@@ -35,6 +34,7 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 import layer3_model as l3
+from layer0_hardware import timed_into
 from layer4_algorithms import LLM, SamplingParams
 from layer4_algorithms import cuda_graph_runner as CG
 from layer4_algorithms import engine as E
@@ -49,15 +49,7 @@ _REPLAYED: list[bool] = [False]
 
 def timed(cls, name: str) -> None:
     """Wrap cls.name so its host time adds up in STAGES[name]."""
-    f = getattr(cls, name)
-
-    @functools.wraps(f)
-    def wrapper(*a, **k):
-        t = time.perf_counter()
-        r = f(*a, **k)
-        STAGES[name] += time.perf_counter() - t
-        return r
-    setattr(cls, name, wrapper)
+    setattr(cls, name, timed_into(getattr(cls, name), lambda s: STAGES.update({name: s})))
 
 
 def count_coverage() -> None:

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))  # tests.layer4.schemas
 
 import layer3_model as l3  # noqa: E402
 import layer4_algorithms as l4  # noqa: E402
+from layer0_hardware import timed_into  # noqa: E402
 from tests.layer4.schemas import SCHEMAS  # noqa: E402
 
 LONG = {"type": "array", "minItems": 64, "items": {
@@ -95,23 +96,18 @@ class Throughput:
                                          structured_outputs=spec) for _ in range(batch)]
         self.prompts = ([f"{name}.\n" for name in ("HAMLET", "OPHELIA", "HORATIO", "LAERTES")]
                         * (-(-batch // 4)))[:batch]
-        self.complete_s = 0.0  # the engine's thread appending tokens (what the helper's
-        complete = self.llm._complete  # fill overlaps), summed over a run
-
-        def timed(*args, **kw):
-            t0 = time.perf_counter()
-            try:
-                return complete(*args, **kw)
-            finally:
-                self.complete_s += time.perf_counter() - t0
-
-        self.llm._complete = timed
+        # the engine's thread appending tokens (what the helper's fill overlaps), over a run
+        self.complete_s = 0.0
+        self.llm._complete = timed_into(self.llm._complete, self._add_complete)
         self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
                     "fill_threads": self.llm.masks.threads,
                     "helper": self.llm.masks.overlap and self.llm.config.async_scheduling,
                     "tokens_per_s": 0.0, "runs": []}
+
+    def _add_complete(self, seconds: float) -> None:
+        self.complete_s += seconds
 
     def run(self) -> None:
         llm, row = self.llm, self.row

@@ -29,7 +29,7 @@ from .roofline import (
     ridge_point,
     vector_add_cost,
 )
-from .timing import Timing, median_time, python_loop_ms, time_fn
+from .timing import Timing, median_time, python_loop_ms, time_fn, timed_into
 from .topology import Topology, parse_nvidia_smi_topo, read_topology
 from .usage import UsageError, check_device, run_command
 
@@ -40,7 +40,7 @@ __all__ = [
     # datasheets
     "AcceleratorSpec", "DATASHEETS", "match_datasheet",
     # timing
-    "Timing", "median_time", "time_fn", "python_loop_ms",
+    "Timing", "median_time", "time_fn", "python_loop_ms", "timed_into",
     # microbenchmarks
     "copy_bandwidth", "memory_bandwidth", "host_device_bandwidth", "matmul_flops",
     "launch_latency",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from layer2_comm.launch import START_METHOD_ENV
 from layer7_app.grading import available_labs
 
 nbformat = pytest.importorskip("nbformat")  # absent on the GPU machine; CI has it
@@ -31,7 +32,10 @@ async def _execute(notebook: Path, tmp: Path) -> list[dict]:
     """Run one notebook; returns the error outputs of its cells (nbclient raises on most)."""
     env = {**os.environ, "LLM_STACK_LAB_REFERENCE": "1",  # the notebook imports the answers
            "LLM_STACK_RESULTS": str(tmp / "results"), "LLM_STACK_CACHE": str(tmp / "cache"),
-           "MPLBACKEND": "Agg"}
+           "MPLBACKEND": "Agg",
+           # labs 2 and 5 launch ranks many times: forked from a server that imported torch
+           # once, as the grader's are, not each importing it (what a student's run does)
+           START_METHOD_ENV: "forkserver"}
     nb = nbformat.read(notebook, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(notebook.parent)}})

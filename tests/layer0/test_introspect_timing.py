@@ -62,3 +62,22 @@ def test_time_fn_refuses_missing_cuda():
         pytest.skip("CUDA is available here")
     with pytest.raises(ValueError, match="CUDA is not available"):
         time_fn(lambda: None, device="cuda")
+
+
+def test_timed_into_adds_each_calls_seconds_also_when_it_raises():
+    from layer0_hardware import timed_into
+
+    ticks = iter([1.0, 1.5, 4.0, 6.0])  # a fake clock: calls of 0.5 s and 2 s
+    added: list[float] = []
+
+    def work(x: int) -> int:
+        """doc"""
+        if x < 0:
+            raise ValueError(x)
+        return 2 * x
+
+    timed = timed_into(work, added.append, clock=lambda: next(ticks))
+    assert timed(3) == 6 and timed.__name__ == "work" and timed.__doc__ == "doc"
+    with pytest.raises(ValueError):
+        timed(-1)
+    assert added == [0.5, 2.0]

@@ -24,6 +24,7 @@ EXPECTED_API = {
     "attainable_flops", "classify_bound", "vector_add_cost", "matmul_cost",
     "attention_decode_cost", "RooflinePoint", "plot_roofline", "results_dir",
     "memory_bandwidth", "UsageError", "check_device", "run_command", "python_loop_ms",
+    "timed_into",
 }
 
 

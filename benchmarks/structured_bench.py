@@ -134,6 +134,7 @@ class Throughput:
                        engine_apply_us_per_step=round(1e6 * masks["apply_s"] / n, 1),
                        engine_helper_fill_us_per_step=round(1e6 * masks["helper_s"] / n, 1),
                        engine_wait_us_per_step=round(1e6 * masks["wait_s"] / n, 1),
+                       engine_advance_ahead_us_per_step=round(1e6 * masks["advance_s"] / n, 1),
                        fill_ahead_steps=masks["ahead"] + masks["ahead_remapped"],
                        fill_ahead_remapped=masks["ahead_remapped"])
 
@@ -352,7 +353,8 @@ def main(argv: list[str] | None = None) -> dict:
             extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us (helper "
                      f"{r.get('engine_helper_fill_us_per_step')} us) + apply "
                      f"{r.get('engine_apply_us_per_step')} us (waited "
-                     f"{r.get('engine_wait_us_per_step')} us) per step, filled ahead at "
+                     f"{r.get('engine_wait_us_per_step')} us) per step, advancing grammars "
+                     f"ahead {r.get('engine_advance_ahead_us_per_step')} us, filled ahead at "
                      f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps"
                      if r["constrained"] else "")
             say(f"{name}/{key}: {r['tokens_per_s']} tok/s (runs {r['runs']}, "

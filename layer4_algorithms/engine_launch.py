@@ -7,6 +7,7 @@ follow the previous step's tokens, so a step with such rows reads those tokens a
 forward pass is queued and before it samples. Kept apart from the step loop (engine.py)."""
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from .engine_sampling import count_speculation, sample_rows
@@ -96,6 +97,7 @@ class EngineLaunchMixin:
         if len(seqs) < self.masks.overlap_rows:
             return
         if not appended:
+            t0 = time.perf_counter()
             sampled = prev.peek()
             if sampled is None:  # still on the GPU: the launch reads it after the forward
                 return
@@ -103,6 +105,7 @@ class EngineLaunchMixin:
                 t = sampled.get(q.seq_id)
                 if t is not None:
                     q.grammar.accept_at(t, len(q.output_ids))
+            self.masks.stats["advance_s"] += time.perf_counter() - t0
         self._ahead = (self.masks.submit(seqs), seqs)
 
     def _drop_ahead(self) -> None:

@@ -125,7 +125,8 @@ class TokenMasks:
     the step's outputs meanwhile, masking and sampling after (`wait`, `launch`). `stats`:
     steps masked, rows masked, seconds the engine's thread spent filling (or handing the
     fill over), seconds the helper filled, seconds launching the apply, seconds the engine
-    waited for the helper."""
+    waited for the helper; steps whose fill started ahead (`wait_ahead`) with the same rows
+    and with rows copied, seconds the engine advanced grammars for a fill ahead."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
         self.vocab_size = vocab_size
@@ -145,7 +146,7 @@ class TokenMasks:
         self.overlap_rows = SERIAL_ROWS + 1
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
-                      "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0}
+                      "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""

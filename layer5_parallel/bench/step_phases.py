@@ -21,7 +21,7 @@ calls one step makes, and charges every moment of a `step()` to the innermost ph
     forward (eager)  a forward pass outside the graphs (prefill, mixed steps)
     sampling launch  the argmax / sampler kernels and the tokens' copy back (pinned buffer,
                      event); `sample (host)` when the step samples synchronously
-    wait GPU         waiting for the previous step's tokens (its event)
+    wait GPU         waiting for the previous step's tokens (its event; the engine's own wait)
     wait ring        waiting for a free slot of the ring (the workers are behind)
     read tokens      the previous step's tokens to Python lists
     postprocess      the scheduler appending them (stop checks, freeing)
@@ -42,10 +42,22 @@ from collections import defaultdict
 
 import torch
 
+from ..runtime.rank0 import wait_event
+
 WAITS = ("wait GPU", "wait ring")
 ORDER = ("schedule", "input ids", "context", "execute", "graph inputs", "ring put",
          "graph launch", "forward (eager)", "sampling launch", "sample (host)", "wait GPU",
          "wait ring", "read tokens", "postprocess", "outputs", "other")
+
+
+def engine_wait(llm):
+    """The wait the engine itself does for a launched step's event: layer 5's bounded one
+    (wait_event: spins, then polls, checking the workers) over several ranks, else
+    event.synchronize(). The clocks time this wait, so what they time is what the engine does."""
+    group = getattr(llm, "tp_group", None)
+    if group is None:
+        return lambda event: event.synchronize()
+    return lambda event: wait_event(group, event, "reading a step's tokens")
 
 
 class _TimedGraph:
@@ -151,15 +163,17 @@ class PhaseClock:
         """Reading a launched step: its wait (the event), the tokens to lists, then the rest."""
         llm = self.llm
         own = "_complete" in vars(llm)
-        inner = llm._complete
+        inner, wait = llm._complete, engine_wait(llm)
         self._undo.append((llm, "_complete", own, vars(llm).get("_complete")))
 
         def timed(launched, advanced, finished) -> None:
             if launched.sampled is None:
                 if launched.event is not None:
                     self.enter("wait GPU")
-                    launched.event.synchronize()
-                    self.exit()
+                    try:
+                        wait(launched.event)
+                    finally:
+                        self.exit()
                 self.enter("read tokens")
                 launched.read()  # read once: the engine's own read() returns these
                 self.exit()

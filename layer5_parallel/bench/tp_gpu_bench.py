@@ -52,7 +52,7 @@ from .. import planner
 from ..llm import LLM
 from ..runtime import group as runtime_group
 from ..runtime.random_source import random_net
-from .step_phases import cpu_probe, format_probe, format_summary, phase_run
+from .step_phases import cpu_probe, engine_wait, format_probe, format_summary, phase_run
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -68,14 +68,14 @@ class HostClock:
 
     def __init__(self, llm) -> None:
         self.llm, self._waited, self._waited_cpu, self.cpu_s = llm, 0.0, 0.0, 0.0
-        inner, step = llm._complete, llm.step
+        inner, step, wait = llm._complete, llm.step, engine_wait(llm)
         group = getattr(llm, "tp_group", None)
         self.ring = getattr(group, "ring", None)
 
         def timed(launched, advanced, finished) -> None:
             if launched.event is not None and launched.sampled is None:
                 t, c = time.perf_counter(), time.thread_time()
-                launched.event.synchronize()
+                wait(launched.event)  # the engine's own wait (then the engine's returns at once)
                 self._waited += time.perf_counter() - t
                 self._waited_cpu += time.thread_time() - c
             inner(launched, advanced, finished)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -42,6 +41,10 @@ from .worker import worker_main
 
 SPIN_S = {"nccl": 0.05, "gloo": 0.0}  # workers spin on the ring (GPU hosts: cores to spare)
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
+# send() checks the workers' processes at most this often (a check is one waitpid per worker,
+# every step); a worker that dies in between is caught by the waits (ring, events), which
+# check as they wait
+SEND_CHECK_S = 0.1
 _threads = {"saved": None, "live": 0}  # rank 0's torch threads before its first live group
 #: set to a callable(str) (a benchmark's log) to hear each start-up phase as it ends
 progress = None
@@ -81,6 +84,7 @@ class WorkerGroup:
         self.ring: ShmRing | None = None  # rank 0 -> every worker: each step's message
         self.extra_comms: list[TPComm] = []  # more groups of rank 0's (pipeline: the logits')
         self.control_s = 0.0  # seconds rank 0 spent sending control messages (pipes)
+        self._next_check = 0.0  # send(): when to check the workers' processes next
         self._threads_set = False
         # per worker: ("ready", full config, shard config, weight bytes)
         self.worker_info: list[tuple] = []
@@ -162,9 +166,13 @@ class WorkerGroup:
     # ---- messages ------------------------------------------------------------------------------
     def send(self, msg: tuple) -> None:
         """A control message to every worker, through the shared-memory ring (one write for
-        all; a dead worker fails now, one that stopped reading within timeout_s)."""
+        all; a worker found dead fails now, one that stopped reading within timeout_s). The
+        processes are checked at most every SEND_CHECK_S here: per decode step that is most
+        of the message's cost."""
         start = time.perf_counter()
-        self.check_alive()
+        if start >= self._next_check:
+            self.check_alive()
+            self._next_check = start + SEND_CHECK_S
         self.ring.put(msg, timeout_s=self.timeout_s, alive=self.check_alive)
         self.control_s += time.perf_counter() - start
 
@@ -199,15 +207,12 @@ class WorkerGroup:
             raise RuntimeError(", ".join(f"rank {r} exited (code {c})" for r, c in dead))
 
     # ---- failure -------------------------------------------------------------------------------
-    @contextmanager
-    def guard(self, what: str):
-        """Run a block that talks to the workers; any exception in it -> failed()."""
+    def guard(self, what: str) -> _Guard:
+        """`with group.guard(what):` a block that talks to the workers; any exception in it ->
+        failed(). (A class, not a generator context manager: rank 0 enters one every step.)"""
         if self.error is not None:
             raise RuntimeError(f"the {self.label} group is closed: {self.error}")
-        try:
-            yield
-        except BaseException as exc:
-            raise self.failed(what, exc) from exc
+        return _Guard(self, what)
 
     def failed(self, what: str, exc: BaseException) -> RuntimeError:
         """Collect every worker's report (a short grace period), stop them all, leave the group."""
@@ -256,6 +261,23 @@ class WorkerGroup:
         elif self.store is None:  # "ours": the default group
             engine.comm.destroy()
         self.store = None
+
+
+class _Guard:
+    """WorkerGroup.guard's context: an exception in the block -> the group's failed()."""
+
+    __slots__ = ("group", "what")
+
+    def __init__(self, group: WorkerGroup, what: str) -> None:
+        self.group, self.what = group, what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if exc is not None:
+            raise self.group.failed(self.what, exc) from exc
+        return False
 
 
 def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:

@@ -11,6 +11,7 @@ mid-step becomes an error on rank 0, not a hang).
 """
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -19,6 +20,9 @@ from torch import nn
 import layer4_algorithms as engine
 
 from .group import WorkerGroup
+
+CHECK_S = 0.5  # how often wait_event checks that the workers live
+SPIN_S = 0.05  # how long wait_event spins on its event before napping between polls
 
 
 class RankZeroModel(nn.Module):
@@ -88,18 +92,27 @@ class RankZeroRunner(engine.ModelRunner):
 
 def wait_event(group, event: torch.cuda.Event, what: str) -> None:
     """Wait for a CUDA event, checking the workers live; past the group's timeout the group
-    fails (every worker stopped, its communicator aborted) with one error naming the ranks."""
+    fails (every worker stopped, its communicator aborted) with one error naming the ranks.
+
+    Spins on the event for the first SPIN_S (a decode step's wait: the tokens are read the
+    moment they land, as layer 4's event.synchronize() does), yielding the core and the GIL
+    between polls (os.sched_yield: back at once when nothing else is ready); only then naps
+    (time.sleep(0) sleeps the kernel's timer slack, ~50-60 us: a poll that napped from the
+    start read every step's tokens that much late)."""
     if event.query():
         return
     with group.guard(what):
         start = time.monotonic()
-        next_check = start + 0.5
+        next_check, spin_until = start + CHECK_S, start + SPIN_S
         while not event.query():
             now = time.monotonic()
             if now >= next_check:
                 group.check_alive()
-                next_check = now + 0.5
+                next_check = now + CHECK_S
                 if now - start > group.timeout_s:
                     raise TimeoutError(f"the step's GPU work did not finish within "
                                        f"{group.timeout_s:g} s (a rank hangs mid-step?)")
-            time.sleep(0)
+            if now < spin_until:
+                os.sched_yield()
+            else:
+                time.sleep(0)

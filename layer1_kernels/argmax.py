@@ -1,7 +1,8 @@
 """Row-wise argmax of a few long rows (greedy decoding's pick over the vocabulary) in one launch.
 
     argmax(x (M, N)) -> (M,) int64      what torch.argmax(x, -1) returns: the first index of
-                                         the row's maximum; NaN counts as the largest value
+                                         the row's maximum; a NaN beats every value (+inf
+                                         too): the first NaN's index
 
 Why a kernel of its own. torch reduces a (1, 128256) row with a single thread block: ~32 us
 on an H100, 3% of a batch-1 decode step of a 1B model. Here each row is cut into
@@ -39,13 +40,15 @@ def _argmax_kernel(x_ptr, out_ptr, part_v_ptr, part_i_ptr, count_ptr, N, stride_
     offs = piece * BLOCK + tl.arange(0, BLOCK)
     ok = offs < N
     x = tl.load(x_ptr + row * stride_xm + offs, mask=ok, other=float("-inf")).to(tl.float32)
-    x = tl.where(x != x, float("inf"), x)  # NaN: the largest (as torch.argmax)
-    x = tl.where(ok, x, float("-inf"))
+    nan = ok & (x != x)
+    first_nan = tl.min(tl.where(nan, offs, N), 0)  # torch: a NaN beats everything, even +inf
+    x = tl.where(ok & (x == x), x, float("-inf"))
     m = tl.max(x, 0)
     idx = tl.min(tl.where(ok & (x == m), offs, N), 0)  # the first index of the piece's max
+    has_nan = first_nan < N
     slot = row * n_pieces + piece
-    tl.store(part_v_ptr + slot, m)
-    tl.store(part_i_ptr + slot, idx)
+    tl.store(part_v_ptr + slot, tl.where(has_nan, float("nan"), m))
+    tl.store(part_i_ptr + slot, tl.where(has_nan, first_nan, idx))
     tl.debug_barrier()  # the partial's stores precede the ticket (release)
     ticket = tl.atomic_add(count_ptr + row, 1, sem="acq_rel", scope="gpu")
     if ticket == n_pieces - 1:  # the last piece in: reduce the partials, in piece order
@@ -54,8 +57,12 @@ def _argmax_kernel(x_ptr, out_ptr, part_v_ptr, part_i_ptr, count_ptr, N, stride_
         v = tl.load(part_v_ptr + row * n_pieces + p, mask=p_ok, other=float("-inf"),
                     cache_modifier=".cg")
         i = tl.load(part_i_ptr + row * n_pieces + p, mask=p_ok, other=N, cache_modifier=".cg")
+        v_nan = p_ok & (v != v)
+        nan_at = tl.min(tl.where(v_nan, i, N), 0)  # pieces in order: the first NaN of the row
+        v = tl.where(v_nan, float("-inf"), v)
         best = tl.max(v, 0)
-        tl.store(out_ptr + row, tl.min(tl.where(p_ok & (v == best), i, N), 0).to(tl.int64))
+        at = tl.min(tl.where(p_ok & (v == best), i, N), 0)
+        tl.store(out_ptr + row, tl.where(nan_at < N, nan_at, at).to(tl.int64))
         tl.atomic_xchg(count_ptr + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 

@@ -37,8 +37,9 @@ For layer 4 (its paged-attention kernel and benchmarks), re-exported from below:
 `comm` (layer 2's collectives, which layer 4 passes on to layer 5), `INTERPRETED` (Triton runs
 through its CPU interpreter here; importing this package has already set TRITON_INTERPRET, so
 kernels defined after `import layer3_model` pick it up), `kernel_device`, `use_triton(impl,
-tensor, op)` (the impl="auto"|"triton"|"torch" choice), `refuse_interpreted_bf16_dot` and the
-paged decode kernel `paged_decode`, `paged_decode_splits` (layer 1's); `time_fn`, `Timing`,
+tensor, op)` (the impl="auto"|"triton"|"torch" choice), `refuse_interpreted_bf16_dot`, the
+paged decode kernel `paged_decode`, `paged_decode_splits` and the split row `argmax` (greedy
+sampling's pick, torch.argmax's result) (layer 1's); `time_fn`, `Timing`,
 `load_ceilings`, `Ceilings`, `DATASHEETS`, `results_dir`, `system_info`, `run_command` (layer 0's).
 """
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
@@ -101,6 +102,7 @@ INTERPRETED, kernel_device = comm.kernels.INTERPRETED, comm.kernels.kernel_devic
 use_triton = comm.kernels.use_triton
 refuse_interpreted_bf16_dot = comm.kernels.refuse_interpreted_bf16_dot
 paged_decode, paged_decode_splits = comm.kernels.paged_decode, comm.kernels.paged_decode_splits
+argmax = comm.kernels.argmax
 # layer 0's tools, from layer 2 by name, passed up by name for layer 4
 time_fn, Timing = comm.time_fn, comm.Timing
 load_ceilings, Ceilings = comm.load_ceilings, comm.Ceilings
@@ -140,7 +142,7 @@ __all__ = [
     # paged decode kernel, layer 0's tools
     "comm",
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
-    "paged_decode", "paged_decode_splits",
+    "paged_decode", "paged_decode_splits", "argmax",
     "time_fn", "Timing", "load_ceilings", "Ceilings", "DATASHEETS", "results_dir", "system_info",
     "run_command",
 ]

@@ -273,6 +273,11 @@ def test_argmax_matches_torch(m, n, block):
         assert torch.equal(argmax(x, impl="triton", block=block), torch.argmax(x, -1))
         x[0, 200] = float("nan")
         assert int(argmax(x, impl="triton", block=block)[0]) == 200
+        x[0, 2] = x[-1, 1] = float("inf")  # NaN beats +inf (as torch); +inf beats the rest
+        x[0, n - 1] = float("nan")
+        assert torch.equal(argmax(x, impl="triton", block=block), torch.argmax(x, -1))
+        x[-1] = float("-inf")  # every value -inf: index 0
+        assert torch.equal(argmax(x, impl="triton", block=block), torch.argmax(x, -1))
     half = x.to(DTYPES[-1])
     assert torch.equal(argmax(half, impl="triton", block=block), torch.argmax(half, -1))
     with pytest.raises(ValueError, match="argmax"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 import torch
 
 import layer3_model as l3
@@ -135,3 +136,35 @@ def test_graph_runner_path_gives_the_same_outputs(tiny_model):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     assert calls and max(calls) > 1 and llm.stats.preemptions > 0
     assert_no_leak(llm)
+
+
+def _awkward_rows(device: str) -> list[torch.Tensor]:
+    """Rows torch.argmax is exact on and a split argmax could get wrong: ties across the row
+    (the first wins), NaN (beats +inf), all -inf (index 0), a masked row (grammar: -inf but
+    one), bf16 and fp32, a strided view."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(6, 128256, generator=g)
+    x[0, 5] = x[0, 100000] = 40.0
+    x[1, 7], x[1, 3] = float("inf"), float("nan")
+    x[1, 128255] = float("nan")
+    x[2] = float("-inf")
+    x[3] = float("-inf")
+    x[3, 128000] = -5.0
+    x = x.to(device)
+    return [x, x[:1], x.to(torch.bfloat16), x[:, ::2], x[4:], x[:0]]
+
+
+def test_greedy_tokens_is_torch_argmax():
+    from layer4_algorithms.model_runner import greedy_tokens
+    for x in _awkward_rows("cpu"):
+        assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
+
+
+@pytest.mark.gpu
+def test_greedy_tokens_on_gpu_is_torch_argmax():
+    """On a GPU the runner's greedy pick is layer 1's split argmax: the same tokens as
+    torch.argmax (the first index of the max, NaN the largest), twice (its counters reset)."""
+    from layer4_algorithms.model_runner import greedy_tokens
+    for x in _awkward_rows("cuda"):
+        for _ in range(2):
+            assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))

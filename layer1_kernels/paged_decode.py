@@ -48,11 +48,11 @@ from .host import next_pow2
 _LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["window", "max_blocks", "num_splits", "stride_tb"],
+@triton.jit(do_not_specialize=["window", "max_blocks", "num_splits", "min_part", "stride_tb"],
             do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])  # gathers, not rows
 def _paged_decode_kernel(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-    qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits,
+    qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
     stride_qb, stride_qh, stride_qd,
     stride_kblk, stride_ktok, stride_kh, stride_kd,
     stride_vblk, stride_vtok, stride_vh, stride_vd,
@@ -60,8 +60,9 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    EARLY_INDEX: tl.constexpr,
 ):
-    if PDL:  # everything below reads what the kernels before wrote
+    if PDL and not EARLY_INDEX:  # everything below reads what the kernels before wrote
         gdc_wait()
     if HEADS_FIRST:  # neighbouring programs: the kv heads of one sequence (same cache rows)
         h_kv = tl.program_id(0).to(tl.int64)
@@ -78,9 +79,43 @@ def _paged_decode_kernel(
     if WINDOWED:
         lo = tl.maximum(hi - window, 0)
     part = tl.cdiv(tl.cdiv(hi - lo, num_splits), BLOCK_N) * BLOCK_N
+    if FUSED_MERGE:  # parts of at least min_part keys, only as many as the keys fill (>= 1)
+        part = tl.maximum(part, min_part)
+        n_parts = tl.maximum(tl.cdiv(hi - lo, part), 1)
+    else:  # the merge kernel reads every part: each writes one (an empty one: lse -inf)
+        n_parts = num_splits + split * 0
     start = lo + split * part
     end = tl.minimum(start + part, hi)
+    if split < n_parts:  # (a program past the last part with keys does nothing)
+        table = tables_ptr + b * stride_tb
+        offs_n0 = start + tl.arange(0, BLOCK_N)
+        if IDENTITY:
+            block_next = b + offs_n0.to(tl.int64) * 0
+        else:  # the first tile's block ids (the loop fetches each next tile's a step ahead)
+            block_next = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
+                                 other=0).to(tl.int64)
+        if PDL and EARLY_INDEX:  # the lengths and block tables: written before the step began
+            gdc_wait()
+        _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+                     qk_scale, b, h_kv, split, start, end, block_next, kv_group, num_kv_heads,
+                     num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk,
+                     stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
+                     stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
+                     BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S)
 
+
+@triton.jit
+def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
+                 qk_scale, b, h_kv, split, start, end, block_next, kv_group, num_kv_heads,
+                 num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok,
+                 stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tc,
+                 stride_ob, stride_oh, stride_od,
+                 HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
+                 BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
+                 PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr):
+    """One program's part [start, end) of kv head h_kv's keys for sequence b: online softmax
+    over BLOCK_N keys a step; the output itself when the part is the only one, else its
+    partial result (and with the fused merge, the last part in merges them all)."""
     # The G query heads of kv head h_kv: one (BLOCK_G, D) tile, padding rows masked.
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -92,15 +127,17 @@ def _paged_decode_kernel(
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
-    table = tables_ptr + b * stride_tb
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         # token n -> (its block, its row in the block) -> where its k, v rows start
+        block = block_next
         if IDENTITY:
-            block = b + offs_n.to(tl.int64) * 0
+            block_next = block
         else:
-            block = tl.load(table + (offs_n // PAGE) * stride_tc, mask=valid, other=0).to(tl.int64)
+            nxt = offs_n + BLOCK_N
+            block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
+                                 other=0).to(tl.int64)
         row = offs_n % PAGE
         k_rows = k_ptr + block * stride_kblk + row * stride_ktok + h_kv * stride_kh
         v_rows = v_ptr + block * stride_vblk + row * stride_vtok + h_kv * stride_vh
@@ -121,7 +158,7 @@ def _paged_decode_kernel(
         gdc_launch_dependents()
     seen = l_i > 0.0  # false for an empty part (or an empty sequence): its output is 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
-    if num_splits == 1:
+    if n_parts == 1:
         o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:  # partial results, contiguous (B, Hq, num_splits, D) and (B, Hq, num_splits)
@@ -134,20 +171,21 @@ def _paged_decode_kernel(
             tl.debug_barrier()  # every thread's partial stores precede the ticket (release)
             counter = count_ptr + b * num_kv_heads + h_kv
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if ticket == num_splits - 1:  # the last part in: merge them all
+            if ticket == n_parts - 1:  # the last part in: merge them all
                 _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, kv_group, num_splits,
-                             b * stride_ob + h_kv * kv_group * stride_oh, stride_oh, stride_od,
-                             HEAD_DIM, MERGE_G, MERGE_S)
+                             n_parts, b * stride_ob + h_kv * kv_group * stride_oh, stride_oh,
+                             stride_od, HEAD_DIM, MERGE_G, MERGE_S)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
 @triton.jit
-def _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, n_heads, num_splits, out_offset,
-                 stride_oh, stride_od,
+def _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, n_heads, num_splits, n_parts,
+                 out_offset, stride_oh, stride_od,
                  HEAD_DIM: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr):
-    """out[head0 + g] = the lse-weighted mean of its num_splits partial results, for the
-    n_heads heads from head0 at once: (MERGE_G, MERGE_S, D) parts a round trip, combined
-    with a running max (as the softmax itself), so no second pass over the lse values."""
+    """out[head0 + g] = the lse-weighted mean of its first n_parts partial results (a head's
+    rows num_splits apart), for the n_heads heads from head0 at once: (MERGE_G, MERGE_S, D)
+    parts a round trip, combined with a running max (as the softmax itself), so no second
+    pass over the lse values."""
     offs_g = tl.arange(0, MERGE_G)
     offs_s = tl.arange(0, MERGE_S)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -156,8 +194,8 @@ def _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, n_heads, num_splits, 
     m = tl.full((MERGE_G,), float("-inf"), dtype=tl.float32)
     total = tl.zeros((MERGE_G,), dtype=tl.float32)
     acc = tl.zeros((MERGE_G, HEAD_DIM), dtype=tl.float32)
-    for s0 in range(0, num_splits, MERGE_S):
-        ok = g_ok[:, None] & ((s0 + offs_s) < num_splits)[None, :]
+    for s0 in range(0, n_parts, MERGE_S):
+        ok = g_ok[:, None] & ((s0 + offs_s) < n_parts)[None, :]
         rows = first[:, None] + s0 + offs_s[None, :]  # (MERGE_G, MERGE_S)
         lse = tl.load(part_lse_ptr + rows, mask=ok, other=float("-inf"), cache_modifier=".cg")
         po = tl.load(part_o_ptr + rows[:, :, None] * HEAD_DIM + offs_d[None, None, :],
@@ -252,14 +290,18 @@ MIN_SPLIT_TOKENS = 128  # a part shorter than this spends more on its partial th
 MAX_SPLITS = 64
 
 
-def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: int) -> int:
-    """How many parts to cut each context into (host ints only: the lengths stay on the
-    device). A power of two, so that parts are whole multiples of the kernel's BLOCK_N: a
-    count of 6 at 1k keys cuts parts of 171, rounded up to 256: four parts, not six."""
+def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
+                        min_part: int | None = None) -> int:
+    """How many parts to cut each context into at most (host ints only: the lengths stay on
+    the device; the kernel cuts a shorter context into fewer parts, none under min_part keys,
+    default MIN_SPLIT_TOKENS). A power of two, so that parts are whole multiples of the
+    kernel's BLOCK_N: a count of 6 at 1k keys cuts parts of 171, rounded up to 256: four
+    parts, not six."""
+    min_part = MIN_SPLIT_TOKENS if min_part is None else min_part
     programs = batch * kv_heads
     if programs >= SPLIT_BELOW * sm_count:
         return 1
-    wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // MIN_SPLIT_TOKENS,
+    wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // max(min_part, 1),
                  MAX_SPLITS)
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
 
@@ -269,18 +311,26 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def default_min_part() -> int:
+    """The shortest part (keys) the kernel cuts a context into: MIN_SPLIT_TOKENS, the split
+    rule's. Interpreted: one 16-key step (the CPU tests cut short contexts into many parts)."""
+    return 16 if interpreter.INTERPRETED else MIN_SPLIT_TOKENS
+
+
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
-    """Tokens per loop step and launch shape (not autotuned: decode shapes change every step).
-    16-bit, D <= 64 (the sweep): 128 keys a step; split (short parts, latency-bound) without
-    software pipelining, unsplit (long loops, bandwidth-bound) with two stages. Within 3 % of
-    the sweep's best config at every shape but batch 1-8 x 1k (within 10 %)."""
+    """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
+    change every step). 16-bit, D <= 64 (the sweep): 128 keys a step; split (short parts,
+    latency-bound) without software pipelining, unsplit (long loops, bandwidth-bound) with
+    two stages. Within 3 % of the sweep's best config at every shape but batch 1-8 x 1k
+    (within 10 %)."""
+    part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
-        return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+        return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part}
     if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in smem
-        return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+        return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
-        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1 if splits > 1 else 2}
+        return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
+    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1 if splits > 1 else 2, **part}
 
 
 @functools.cache
@@ -296,6 +346,10 @@ def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
 
 
 # ---- launch ------------------------------------------------------------------------------------
+#: Under PDL, read the lengths and block tables (and the first block ids) before waiting for
+#: the kernel before: they are the step's inputs, never written by the decode kernels.
+EARLY_INDEX = {"on": True}
+
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
 #: q and caches take this path), so a hit may launch the kernel directly.
@@ -335,11 +389,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     max_blocks = 1 if block_tables is None else block_tables.shape[1]
     if B == 0 or Hq == 0 or max_blocks == 0 or page == 0:
         return out.zero_()
+    min_part = (config or {}).get("min_part") or default_min_part()
     splits = num_splits
     if splits is None:
         sms = 1 if dev.type != "cuda" else _sm_count(
             dev.index if dev.index is not None else torch.cuda.current_device())
-        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms)
+        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms, min_part)
     group = Hq // Hkv
     part_o, part_lse = _parts(dev, B * Hq * splits if splits > 1 else 0, D)
     # (one split takes them too, unused: the same compiled kernel serves every split count)
@@ -347,6 +402,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     fused = counters is not None
     cfg = config or default_config(D, q.dtype, splits)
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
+    early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     heads_first = heads_first and B <= 65535
     grid = (Hkv, B, splits) if heads_first else (B, Hkv, splits)
     identity = block_tables is None
@@ -356,17 +412,18 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
             counters if fused else seq_lens,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
-            *q.stride(), *k_cache.stride(), *v_cache.stride(), t_stride_b, t_stride_c,
+            max(1, int(min_part)), *q.stride(), *k_cache.stride(), *v_cache.stride(),
+            t_stride_b, t_stride_c,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
-            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first)
+            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
         if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0:
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
-                   window is not None, identity, fused, pdl["PDL"], heads_first,
+                   window is not None, identity, fused, pdl["PDL"], heads_first, early,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:

@@ -86,6 +86,26 @@ def test_more_parts_than_one_merge_tile_and_than_keys():
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("min_part,splits", [(1, 9), (16, 8), (24, 5), (40, 64)])
+def test_parts_follow_each_sequence_length(min_part, splits):
+    """The fused kernel cuts each sequence into as many parts as its keys fill (none under
+    min_part keys, at most the launch's split count; a part not a multiple of BLOCK_N too):
+    a short one runs as one part (no partials, no merge), a long one's empty parts do
+    nothing. Lengths across a page, one key, none; twice (the counters back at zero); with
+    and without the early index loads."""
+    q, k, v, t, n = make([200, 1, 0, 33, 17, 64], 8, 2, 32, 16, seed=min_part)
+    ref = reference(q, k, v, t, n, 0.2, None)
+    cfg = dict(pd.default_config(32, q.dtype, splits), min_part=min_part)
+    for early in (True, False):
+        for _ in range(2):
+            out = pd.paged_decode(q, k, v, t, n, 0.2, None, splits,
+                                  config=dict(cfg, early_index=early))
+            assert torch.isfinite(out).all() and (out[2] == 0).all()
+            assert rel(out, ref) < 1e-5
+    assert int(pd._COUNTERS[q.device].abs().sum()) == 0
+
+
+@pytest.mark.interpreter
 def test_buffers_are_kept_and_grow():
     """The partial-result buffers are reused across calls and replaced (the old ones kept
     alive for captured graphs) when a call needs more."""
@@ -108,12 +128,13 @@ from tests.layer1.sm90 import compile_for_sm90
 P = importlib.import_module("layer1_kernels.paged_decode")
 ptrs = {"tables_ptr": "*i32", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
-for ident, fused, hf, bn, warps, stages in [(True, True, False, 64, 4, 2),
-                                             (False, True, True, 128, 4, 2),
-                                             (False, False, False, 256, 8, 3)]:
+for ident, fused, hf, bn, warps, stages, early in [(True, True, False, 64, 4, 2, True),
+                                                    (False, True, True, 128, 4, 2, False),
+                                                    (False, True, True, 32, 4, 2, True),
+                                                    (False, False, False, 256, 8, 3, False)]:
     consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16, BLOCK_N=bn, WINDOWED=True,
                   IDENTITY=ident, FUSED_MERGE=fused, PDL=True, MERGE_G=4, MERGE_S=16,
-                  HEADS_FIRST=hf)
+                  HEADS_FIRST=hf, EARLY_INDEX=early)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
@@ -157,3 +178,37 @@ def test_gpu_misaligned_q_takes_the_jit_and_stays_right():
     for _ in range(2):
         assert rel(pd.paged_decode(qm, k, v, t, n, 0.125, None, 3), ref) < 1e-2
         assert rel(pd.paged_decode(q, k, v, t, n, 0.125, None, 3), ref) < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
+def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
+    """The engine's use: one launch captured in a CUDA graph (block tables as wide as a long
+    max_model_len, so the split count is the largest the rule gives), replayed while the
+    lengths change: each replay cuts each sequence by its own length (one part, a few, many),
+    the counters stay consistent across replays, early index loads on and off."""
+    g = torch.Generator(device=DEV).manual_seed(d + hkv)
+    B, width = 4, 256  # 4096 keys a sequence at most
+    k = torch.randn(B * width + 1, 16, hkv, d, generator=g, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    t = torch.randperm(B * width, generator=g, device=DEV).view(B, width)
+    q = torch.randn(B, hq, d, generator=g, device=DEV, dtype=torch.bfloat16)
+    splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
+    steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
+    for early in (True, False):
+        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early)
+        lens = torch.tensor(steps[0], device=DEV)
+
+        def fn(lens=lens, cfg=cfg):
+            return pd.paged_decode(q, k, v, t, lens, 0.1, None, splits, config=cfg)
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        for step in steps:
+            lens.copy_(torch.tensor(step, device=DEV))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel(out, reference(q, k, v, t, lens, 0.1, None)) < 1e-2, (step, early)
+        assert (out[2] == 0).all()  # the last step's empty sequence

@@ -338,16 +338,28 @@ def cpu_probe(llm, spin_s: float = 0.05) -> dict:
                                                      for pid in pids]
     except OSError:
         masks = []
+    core = _parse_cpus(siblings) if siblings else {me}
     return {"probe_us_workers_spinning": busy, "probe_us_workers_napping": idle,
             "rank0_cpu": me, "rank0_siblings": siblings, "worker_cpus": workers,
+            "workers_on_rank0_core": [r for r, c in enumerate(workers, start=1) if c in core],
             "affinity": masks, "cpus": os.cpu_count()}
+
+
+def _parse_cpus(text: str) -> set[int]:
+    """"0-3,8" -> {0, 1, 2, 3, 8}."""
+    out = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
 
 
 def format_probe(p: dict) -> str:
     return (f"  python probe: {p['probe_us_workers_spinning']:.0f} us right after the run "
             f"(workers spinning), {p['probe_us_workers_napping']:.0f} us later (napping); "
             f"rank 0 on cpu {p['rank0_cpu']} (SMT siblings {p['rank0_siblings']}), workers on "
-            f"{p['worker_cpus']}; affinity {p['affinity']} of {p['cpus']} cpus")
+            f"{p['worker_cpus']} (on rank 0's core: {p['workers_on_rank0_core'] or 'none'}); "
+            f"affinity {p['affinity']} of {p['cpus']} cpus")
 
 
 # ---- on a CPU ------------------------------------------------------------------------------------

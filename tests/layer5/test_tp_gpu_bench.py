@@ -99,6 +99,14 @@ def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
         assert (r["worker_spin_s"] is None) == (r["tp"] == 1)
     assert rows[4]["worker_spin_s"] == 0.01
     assert len(rows[2]["cpu_probe"]["worker_cpus"]) == 1
+    assert isinstance(rows[2]["cpu_probe"]["workers_on_rank0_core"], list)
     assert any("ring put" in line for line in lines)
     text = tp_gpu_bench.format_rows(rows)
     assert "torch@0.01s" in text and "cpu ms" in text
+
+
+def test_cpu_sets_read_and_written_as_linux_writes_them():
+    from layer5_parallel.bench.step_phases import _cpus, _parse_cpus  # noqa: PLC0415
+
+    assert _parse_cpus("0-3,8") == {0, 1, 2, 3, 8} and _parse_cpus("5") == {5}
+    assert _cpus({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"

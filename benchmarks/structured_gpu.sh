@@ -10,8 +10,8 @@
 # Logs in $OUT/*.log; the summary is the output's tail. A dry run of the script's flow on a CPU
 # (no install, the bench's smoke sizes; the GPU tests skip):
 #   SKIP_INSTALL=1 DEVICE=cpu OUT=/tmp/sg bash benchmarks/structured_gpu.sh
-# Shorter (the ratios only, ~150 s): PYTEST_K=cuda_graphs PYTEST_S=45 BENCH_S=100 TIME_LIMIT=60
-# (the GPU tests of the CUDA-graph path only; bench modes that would start after 60 s skipped).
+# Shorter (the ratios only, ~150 s): PYTEST_K=cuda_graphs PYTEST_S=40 BENCH_S=115 TIME_LIMIT=75
+# (the GPU test of the CUDA-graph path only; bench modes that would start after 75 s skipped).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 device=${DEVICE:-cuda}

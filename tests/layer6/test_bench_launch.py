@@ -85,9 +85,20 @@ def _bench(tmp_path, *extra: str) -> dict:
     return json.loads((out / "bench.json").read_text())
 
 
+PEER_MISSING = peer_available("transformers")  # None, or why transformers serve cannot run
+
+
+@pytest.fixture(scope="module")
+def chat_bench(tmp_path_factory) -> dict:
+    """One bench run on the chat dataset, beside transformers serve where its dependencies are
+    installed: the two tests below read it (each server's start and runs are the cost)."""
+    peer = [] if PEER_MISSING else ["--peer", "transformers", "--device", "cpu"]
+    return _bench(tmp_path_factory.mktemp("bench"), "--dataset", "chat", *peer)
+
+
 @pytest.mark.slow
-def test_bench_end_to_end_with_a_server_process(tmp_path):
-    report = _bench(tmp_path, "--dataset", "chat")
+def test_bench_end_to_end_with_a_server_process(chat_bench):
+    report = chat_bench
     ours = report["servers"]["ours"]
     assert [r["rate"] for r in ours["rows"]] == ["50.0", "inf"]
     assert all(r["completed"] == 6 and r["failed"] == 0 for r in ours["rows"])
@@ -103,10 +114,10 @@ def test_bench_end_to_end_with_a_server_process(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(peer_available("transformers") is not None,
+@pytest.mark.skipif(PEER_MISSING is not None,
                     reason="transformers serve's dependencies are not installed")
-def test_bench_with_the_transformers_peer(tmp_path):
-    report = _bench(tmp_path, "--peer", "transformers", "--device", "cpu")
+def test_bench_with_the_transformers_peer(chat_bench):
+    report = chat_bench
     peer = report["servers"]["transformers"]
     assert all(r["failed"] == 0 for r in peer["rows"])
     ratio = report["ratios"]["ours_over_transformers"]

@@ -34,7 +34,7 @@ import layer4_algorithms as engine
 
 from .engine_config import EngineConfig
 from .expert_parallel.engine_model import MoEModelConfig, check_expert_parallel
-from .pipeline_parallel.engine import start_pipeline
+from .pipeline_parallel.engine import capture_stage_graphs, start_pipeline
 from .runtime import RankedKVCache, RankZeroModel, RankZeroRunner, WorkerGroup, wait_event
 from .runtime.worker import weight_bytes
 from .tensor_parallel.engine import capture_graphs, start_tensor_parallel
@@ -122,7 +122,9 @@ class LLM(engine.LLM):
         self.worker_kv_bytes = group.make_caches(self.cache)
         runner = RankZeroRunner(self.model.net, self.cache, replace(self.config, cuda_graph=False))
         runner.group = group
-        if self.config.cuda_graph:  # tensor parallelism only (pipelines refuse cuda_graph)
+        if self.config.cuda_graph and self.pipeline_parallel_size > 1:  # each stage's own
+            capture_stage_graphs(group, self.model.net, self.cache, self.config)
+        elif self.config.cuda_graph:  # tensor parallelism: the whole step, collectives inside
             runner.graph = capture_graphs(group, self.model.net, self.cache, self.config)
         return runner
 

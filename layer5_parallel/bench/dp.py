@@ -18,7 +18,8 @@ the same overheads), after a warm-up, timed from this process around one `genera
     weak         DP=N over N x the sequences (N x 256): the replicas each as loaded as 1 GPU
     TP=N         one engine over N GPUs (every layer split)
     PP=N         one engine over N GPUs (the layers cut into stages), micro-batches 1 and N
-                 (pp1, ppN); pp2: PP=2 with 2 micro-batches on GPUs 0 and 1
+                 (pp1, ppN); pp2: PP=2 with 2 micro-batches on GPUs 0 and 1; a "g" after
+                 any of them (ppNg): each stage's decode micro-batches from CUDA graphs
 A layout may name its kernels: "dp:torch".
 
 Reported: output tokens/s, each as a ratio to the first layout; whether the greedy tokens
@@ -120,13 +121,15 @@ def run_layout(name: str, factory, prompts, max_tokens: list[int], *, warmup: li
 def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: int = 1024,
              layouts: tuple[str, ...] = ("1", "dp", "hand", "tp", "pp1", "ppN"), seed: int = 0,
              backend: str | None = None, timeout_s: float = 600.0, hand_of: int | None = None,
-             **engine_kw) -> dict:
+             budget_s: float | None = None, out: Path | None = None, **engine_kw) -> dict:
     """Every layout in `layouts` (see the module docstring; "key:backend" names a layout's
     kernels, else `backend`: triton on GPUs, torch on a CPU) on the same workload; rows and
     ratios to the first. hand_of: the DP size whose replica-0 share "hand" runs (default dp;
     on one GPU, --dp 1 --hand-of 4 asks what DP=4's replicas could reach: 1 GPU's seconds
     over the hand's, "dp_ceiling"). A layout that fails (or whose replicas do not answer
-    within timeout_s) is listed under "failed" and the others still run."""
+    within timeout_s) is listed under "failed" and the others still run; past budget_s
+    seconds no layout starts ("skipped"). out: the results so far written there after each
+    layout (a run cut short still leaves them)."""
     gpus = torch.cuda.device_count()
     on_gpu = gpus >= dp
     backend = backend or ("triton" if on_gpu else "torch")
@@ -160,17 +163,51 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
         "pp2": dict(data_parallel_size=1, dp_devices=("0,1" if on_gpu else "cpu",),
                     pipeline_parallel_size=2, pp_micro_batches=2, cuda_graph=False),
     }
+    for key in ("pp1", "ppN", "pp2"):  # each stage's decode micro-batches from CUDA graphs
+        plan[key + "g"] = dict(plan[key], cuda_graph=True)
     one = "1 GPU" if on_gpu else "1 engine"
     names = {"1": one, "1ng": f"{one}, no CUDA graphs",
              "dp": f"DP={dp}", "hand": f"{one}, DP={hand_of}'s replica 0 hand",
              "weak": f"DP={dp}, {dp}x the sequences", "tp": f"TP={dp}",
              "pp1": f"PP={dp} (1 micro-batch)", "ppN": f"PP={dp} ({dp} micro-batches)",
              "pp2": "PP=2 (2 micro-batches)"}
+    names.update({k + "g": names[k] + ", stage graphs" for k in ("pp1", "ppN", "pp2")})
     unknown = [x for x in layouts if x.partition(":")[0] not in plan]
     if unknown:
         raise ValueError(f"unknown layout(s) {', '.join(unknown)}: expected {', '.join(plan)}")
-    rows, by_key, failed = [], {}, []
+    rows, by_key, failed, skipped = [], {}, [], []
+    model = "Llama-3.2-1B shape, random bf16 weights" if on_gpu else "course model fp32"
+    device = torch.cuda.get_device_name(0) if on_gpu else "cpu"
+
+    def result() -> dict:
+        """The rows so far, each compared with the first."""
+        base = rows[0] if rows else None
+        for r in rows:
+            comparable = r["key"] not in ("hand", "weak") and base["key"] not in ("hand", "weak")
+            r["vs_1"] = r["tok_s"] / base["tok_s"] if r["key"] != "hand" else None
+            r.update(differences(base["tokens"], r["tokens"]) if comparable else
+                     {"same_tokens": None})
+            if r["key"] == "hand":  # 1 GPU's time over the hand's: DP's best, replicas alike
+                single = by_key.get("1" if r["backend"] == backend else f"1:{r['backend']}")
+                if single is not None:
+                    r["dp_ceiling"] = single["seconds"] / r["seconds"]
+                # against DP's replica 0 (same kernels), when DP ran
+                twin = by_key.get("dp" if r["backend"] == backend else f"dp:{r['backend']}")
+                if twin is not None and hand_of == dp:
+                    r["same_as_dp_replica_0"] = r["tokens"] == [twin["tokens"][k] for k in hand0]
+        return {"model": model, "device": device, "gpus": gpus, "num_seqs": num_seqs,
+                "min_in": min_in, "max_in": max_in, "min_out": min_out, "max_out": max_out,
+                "backend": backend, "torch": torch.__version__,
+                "date": time.strftime("%Y-%m-%d"),
+                "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows],
+                "failed": failed, "skipped": skipped}
+
+    started = time.monotonic()
     for layout in layouts:
+        if budget_s is not None and time.monotonic() - started > budget_s:
+            skipped.append(layout)
+            print(f"  {layout}: skipped (past the {budget_s:g} s budget)", flush=True)
+            continue
         key, _, kernels = layout.partition(":")
         kernels = kernels or backend
         kw = dict(engine_kw, **plan[key])
@@ -199,29 +236,11 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
               f"{r['startup_s']:.0f} s)", flush=True)
         for rep in r["replicas"]:
             print("    " + format_replica(rep), flush=True)
+        if out is not None:
+            out.write_text(json.dumps(result(), indent=2))
     if not rows:
         raise RuntimeError(f"every layout failed: {failed}")
-    base = rows[0]
-    for r in rows:
-        comparable = r["key"] not in ("hand", "weak") and base["key"] not in ("hand", "weak")
-        r["vs_1"] = r["tok_s"] / base["tok_s"] if r["key"] != "hand" else None
-        r.update(differences(base["tokens"], r["tokens"]) if comparable else
-                 {"same_tokens": None})
-        if r["key"] == "hand":  # 1 GPU's time over the hand's: DP's best with replicas alike
-            single = by_key.get("1" if r["backend"] == backend else f"1:{r['backend']}")
-            if single is not None:
-                r["dp_ceiling"] = single["seconds"] / r["seconds"]
-            # against DP's replica 0 (same kernels), when DP ran
-            twin = by_key.get("dp" if r["backend"] == backend else f"dp:{r['backend']}")
-            if twin is not None and hand_of == dp:
-                r["same_as_dp_replica_0"] = r["tokens"] == [twin["tokens"][k] for k in hand0]
-    model = "Llama-3.2-1B shape, random bf16 weights" if on_gpu else "course model fp32"
-    device = torch.cuda.get_device_name(0) if on_gpu else "cpu"
-    return {"model": model, "device": device, "gpus": gpus, "num_seqs": num_seqs,
-            "min_in": min_in, "max_in": max_in, "min_out": min_out, "max_out": max_out,
-            "backend": backend, "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
-            "rows": [{k: v for k, v in r.items() if k != "tokens"} for r in rows],
-            "failed": failed}
+    return result()
 
 
 def format_replica(rep: dict) -> str:
@@ -257,6 +276,8 @@ def format_dp(r: dict) -> str:
             lines.append("      " + format_replica(rep))
     for f in r.get("failed", []):
         lines.append(f"  {f['layout']:<34} FAILED: {f['error']}")
+    if r.get("skipped"):
+        lines.append(f"  skipped (time budget): {', '.join(r['skipped'])}")
     return "\n".join(lines)
 
 
@@ -267,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-in", type=int, default=1024)
     ap.add_argument("--max-out", type=int, default=1024)
     ap.add_argument("--layouts", default="1,dp,hand,tp,pp1,ppN",
-                    help="comma-separated: 1, 1ng, dp, hand, weak, tp, pp1, ppN, pp2; "
+                    help="comma-separated: 1, 1ng, dp, hand, weak, tp, pp1, ppN, pp2 (ppNg...: "
+                         "stage graphs); "
                          "key:backend names a layout's kernels (dp:torch)")
     ap.add_argument("--backend", default=None, choices=("torch", "triton"),
                     help="the layouts' kernels (default: triton on GPUs, torch on a CPU)")
@@ -275,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="the DP size whose replica-0 share the 'hand' layout runs (default --dp)")
     ap.add_argument("--layout-timeout", type=float, default=600.0,
                     help="seconds a layout's replicas may take to answer (start, warm-up, run)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no layout past this many seconds (the rest are listed skipped)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results as JSON, rewritten after each layout")
     args = ap.parse_args(argv)
     if args.dp < 1 or args.num_seqs < 1 or args.max_in < 1 or args.max_out < 1:
         ap.error("--dp, --num-seqs, --max-in and --max-out must be >= 1")
@@ -286,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         r = bench_dp(args.dp, num_seqs=args.num_seqs, max_in=args.max_in, max_out=args.max_out,
                      layouts=tuple(args.layouts.split(",")), backend=args.backend,
-                     timeout_s=args.layout_timeout, hand_of=args.hand_of)
+                     timeout_s=args.layout_timeout, hand_of=args.hand_of,
+                     budget_s=args.budget_s, out=args.out)
     except ValueError as exc:  # an unknown layout
         ap.error(str(exc))
     print(format_dp(r), flush=True)

@@ -49,6 +49,7 @@ from ..runtime import (
 from ..runtime.worker import EVENTS
 from ..tensor_parallel.shard import check_tp_size, shard_model, tp_config
 from . import stage as S
+from .graphs import StageGraphRunner
 
 l3 = engine.executor
 
@@ -61,12 +62,13 @@ def place(rank: int, tp: int) -> tuple[int, int]:
 def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor | None,
               parts: list, cache, last_only: bool, timeout_s: float, events,
               fault: str | None = None, checked: bool = True,
-              back=None) -> tuple[list, float]:
+              back=None, graphs=None) -> tuple[list, float]:
     """This rank's share of one step: every micro-batch in, through its layers, out (rank 0
     and the workers alike). Returns the sends still in flight and the seconds computed;
     appends ("F", i, start, end) per micro-batch to events. checked: hand-offs carry a
     checked header (stage.headers_on). back: the group the logits go back to rank 0 on
-    (logits_group; None: pg)."""
+    (logits_group; None: pg). graphs: this rank's StageGraphRunner (cuda_graph): decode
+    micro-batches replay its graphs."""
     s, t = place(rank, tp)
     hidden = stage.full_config.hidden_size
     sends, busy = [], 0.0
@@ -77,7 +79,10 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
             inp = S.recv(pg, (2, t1 - t0, hidden), stage.dtype, rank - tp, i, stage.device,
                          timeout_s, f"stage {s} receiving", checked=checked)
         start = time.perf_counter()
-        out = stage(inp, mctx, cache, last_only)
+        if graphs is not None and graphs.applies(mctx, cache):
+            out = graphs.run_micro(inp, mctx)
+        else:
+            out = stage(inp, mctx, cache, last_only)
         end = time.perf_counter()
         busy += end - start
         events.append(("F", i, start, end))
@@ -99,6 +104,7 @@ class PPModel(RankZeroModel):
                  tp: int = 1, back=None) -> None:
         super().__init__(shard, group)
         self.micro_batches, self.tp, self.back = micro_batches, tp, back
+        self.graphs: StageGraphRunner | None = None  # capture_stage_graphs
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
         self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
         self.spans: deque = deque(maxlen=EVENTS)  # (start, end) of each forward, latest
@@ -117,7 +123,8 @@ class PPModel(RankZeroModel):
             pg, timeout = group.comm.pg, group.timeout_s
             checked = S.headers_on(dev, group.comm.check)
             sends, busy = run_stage(shard, pg, 0, self.tp, input_ids, parts, cache, last_only,
-                                    timeout, self.events, checked=checked, back=self.back)
+                                    timeout, self.events, checked=checked, back=self.back,
+                                    graphs=self.graphs)
             vocab, last, logits = shard.full_config.vocab_size, group.world - self.tp, []
             back = pg if self.back is None else self.back
             for i, (t0, t1, mctx, final) in enumerate(parts):
@@ -160,9 +167,19 @@ class StageProgram:
 
     def __init__(self, stage: S.StageNet, tp: int, back=None) -> None:
         self.module, self.tp, self.back = stage, tp, back
+        self.graphs: StageGraphRunner | None = None
 
     def make_cache(self, num_blocks: int, block_size: int) -> S.StageKVCache:
         return S.StageKVCache.for_stage(self.module, num_blocks, block_size)
+
+    def message(self, msg: tuple, me: Rank, conn, cache, fault: str | None) -> None:
+        """("stage_graphs", max_rows, max_blocks): capture (CPU: prepare) this stage's decode
+        graphs over its cache -> ("stage_graphs", buckets)."""
+        if msg[0] != "stage_graphs":
+            raise ValueError(f"unknown message {msg[0]!r} from rank 0")
+        self.graphs = StageGraphRunner(self.module, cache, msg[1], msg[2],
+                                       capture=me.device.type == "cuda")
+        conn.send(("stage_graphs", len(self.graphs.buckets)))
 
     def step(self, msg: tuple, me: Rank, cache, events, fault: str | None) -> float:
         _, qlens, slens, _, _, last_only, cuts = msg
@@ -171,9 +188,23 @@ class StageProgram:
                                  me.device)
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,
                                 last_only, me.timeout_s, events, fault,
-                                checked=S.headers_on(me.device, me.comm.check), back=self.back)
+                                checked=S.headers_on(me.device, me.comm.check), back=self.back,
+                                graphs=self.graphs)
         S.wait_sends(sends, me.timeout_s, f"rank {me.rank} sending")
         return busy
+
+
+def capture_stage_graphs(group: WorkerGroup, net: PPModel, cache, config) -> None:
+    """cuda_graph under pipeline parallelism: every rank captures its stage's decode graphs
+    (on a CPU: prepares the same buffers) over its cache, the workers at the same time as
+    rank 0 (the graphs hold no collective, so nobody waits for another's capture)."""
+    max_blocks = -(-config.resolved_max_model_len // cache.block_size)
+    n = config.max_num_seqs
+    with group.guard("capturing the stages' decode CUDA graphs"):
+        group.send(("stage_graphs", n, max_blocks))
+        net.graphs = StageGraphRunner(net.shard, cache, n, max_blocks,
+                                      capture=net.device.type == "cuda")
+        group.gather("stage_graphs")
 
 
 def _stage_of(full, rank: int, stages: int, tp: int, tp_comm: TPComm | None, device,

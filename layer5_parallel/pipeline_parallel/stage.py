@@ -280,7 +280,8 @@ def pp_problems(config) -> list[str | None]:
         f"tensor_parallel_size={config.tensor_parallel_size} with pipeline_parallel_size={pp} "
         "runs its stages' collectives in groups of their own: use tp_backend='torch' (layer "
         "2's 'ours' runs over the one default group)",
-        None if pp == 1 or not config.cuda_graph else
-        "cuda_graph=True is not supported with pipeline_parallel_size > 1 (a graph would capture "
-        "the hand-offs between stages)",
+        None if pp == 1 or not config.cuda_graph or config.tensor_parallel_size == 1 else
+        "cuda_graph=True with pipeline_parallel_size > 1 captures each stage's decode "
+        "micro-batches on one rank a stage; with tensor_parallel_size > 1 as well it is not "
+        "supported (use cuda_graph=False)",
     ]

@@ -222,3 +222,18 @@ def test_run_with_more_stages_than_layers_is_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "valid sizes: 1 to 6" in err[0], err
     assert run_command(commands.run, ["--pp", "0", "--device", "cpu"]) == 2
+
+
+def test_stage_graphs_on_the_cpu_run_every_decode_micro_batch(model, ref):
+    """cuda_graph=True under PP: each stage's decode micro-batches go through its graph
+    runner's static buffers (captured on GPUs; on a CPU run as they are), padding rows in the
+    scratch block included (3 + 2 + ... rows into buckets of 4, 8): the same tokens."""
+    with l5.LLM(model, pipeline_parallel_size=2, pp_micro_batches=2, cuda_graph=True,
+                **ENGINE) as llm:
+        out = run(llm)
+        graphs = llm.runner.net.graphs
+        assert graphs is not None and not graphs.captured and graphs.replays > 0
+        assert graphs.buckets[-1] == ENGINE["max_num_seqs"]
+    assert_same_or_near_tie(ref, out)
+    with pytest.raises(ValueError, match="with tensor_parallel_size > 1 as well it is not"):
+        l5.EngineConfig(pipeline_parallel_size=2, tensor_parallel_size=2, cuda_graph=True)

@@ -1,0 +1,80 @@
+"""A pipeline stage's decode micro-batches replayed from CUDA graphs (cuda_graph=True, PP only).
+
+Without graphs a stage launches every kernel of its layers from Python for every micro-batch
+of every step: at a 1B model's decode that launch time, not the GPU, sets the pace. Here each
+rank captures its stage's forward once per bucketed micro-batch size, over static buffers,
+as layer 4's `CudaGraphRunner` does for a whole model (same buckets, padding rows in the
+cache's scratch block, slots computed inside the graph). What differs:
+
+- the input is stage 0's token ids, or, on a later stage, the residual stream (2, B, H) the
+  stage before sent; the output is the stream for the next stage, or the last stage's
+  logits (B, V) in the weights' dtype;
+- the hand-offs stay outside the graphs (a NCCL receive into the static input would need
+  every micro-batch's size fixed in advance): a micro-batch is received, copied into the
+  static input, replayed, and its output copied out before it is sent (the next replay
+  overwrites the static output while the send may still read it);
+- no rank waits for another to capture: the graphs hold no collective.
+
+Prefill and mixed steps run the stage eagerly, as before. On a CPU the same buffers run
+without capturing (capture=False), so the CPU suite tests this path too.
+"""
+from __future__ import annotations
+
+import torch
+
+import layer4_algorithms as engine
+
+
+class StageGraphRunner(engine.CudaGraphRunner):
+    """Decode micro-batches of `stage` (a StageNet) over its `cache`, up to `max_rows` rows
+    with block tables up to `max_blocks` wide. run(inp, ctx) -> the stage's output rows."""
+
+    def __init__(self, stage, cache, max_rows: int, max_blocks: int, *,
+                 capture: bool = True) -> None:
+        H, dev, dt = stage.full_config.hidden_size, stage.device, stage.dtype
+        self.stream_in = None if stage.first else torch.zeros((2, max_rows, H), dtype=dt,
+                                                               device=dev)
+        self.out = torch.zeros((max_rows, stage.full_config.vocab_size) if stage.last else
+                               (2, max_rows, H), dtype=dt, device=dev)
+        self.replays = 0  # micro-batches run through the static buffers
+        super().__init__(stage, cache, max_rows, max_blocks, capture=capture)
+        self.logits = None  # layer 4's fp32 output buffer: this runner writes self.out
+
+    def _step(self, B: int) -> None:
+        pos, bs = self.positions[:B], self.block_size
+        block = self.block_tables[:B].gather(1, (pos // bs)[:, None])[:, 0]
+        self.slot_mapping[:B].copy_(block * bs + pos % bs)
+        inp = self.input_ids[:B] if self.stream_in is None else self.stream_in[:, :B]
+        y = self.model(inp, self.contexts[B], self.cache, last_only=True)
+        if self.model.last:
+            self.out[:B] = y
+        else:
+            self.out[:, :B] = y
+
+    def applies(self, ctx, cache) -> bool:
+        """Whether a micro-batch runs here: decode (one new token a sequence, a cache) that
+        fits the captured buckets and table width."""
+        return (cache is not None and ctx.max_query_len == 1 and ctx.block_tables is not None
+                and self.can_run(ctx.num_seqs, ctx.block_tables.shape[1]))
+
+    @torch.no_grad()
+    def run_micro(self, inp: torch.Tensor, ctx) -> torch.Tensor:
+        """One decode micro-batch: its input (ids (B,) or stream (2, B, H)) and context into
+        the static buffers, the bucket's graph, a copy of the output rows."""
+        B, n = ctx.num_seqs, ctx.block_tables.shape[1]
+        bucket = next(b for b in self.buckets if b >= B)
+        if self.stream_in is None:
+            self.input_ids[:B].copy_(inp)
+        else:
+            self.stream_in[:, :B].copy_(inp)
+        self.positions[:B].copy_(ctx.positions)
+        self.seq_lens[:B].copy_(ctx.seq_lens)
+        self.block_tables[:B, :n].copy_(ctx.block_tables)
+        if B < bucket:
+            self._pad_rows(B, bucket)
+        if self.captured:
+            self.graphs[bucket].replay()
+        else:
+            self._step(bucket)
+        self.replays += 1
+        return (self.out[:B] if self.model.last else self.out[:, :B]).clone()

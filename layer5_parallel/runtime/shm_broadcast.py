@@ -58,6 +58,12 @@ class ShmRing:
         self.nbytes = np.ndarray((slots,), np.int64, buf, 8 * slots)
         self.read = np.ndarray((slots, flag_w), np.uint8, buf, 16 * slots)
         self.data_at = 16 * slots + slots * flag_w
+        # the writer's per-message path in plain buffer operations (numpy's calls on a few
+        # bytes cost microseconds each on a cold cache, as between two decode steps)
+        self._flags_at = [16 * slots + s * flag_w for s in range(slots)]
+        self._all_read, self._none_read = b"\x01" * readers, bytes(readers)
+        self._seq_q = buf[:8 * slots].cast("q")
+        self._nbytes_q = buf[8 * slots:16 * slots].cast("q")
 
     # ---- life -------------------------------------------------------------------------------
     @classmethod
@@ -99,6 +105,10 @@ class ShmRing:
     def close(self) -> None:
         """Detach (and, on the writer, remove the block). Views die first: numpy holds buf."""
         self.seq = self.nbytes = self.read = None
+        for view in (self._seq_q, self._nbytes_q):
+            if view is not None:
+                view.release()
+        self._seq_q = self._nbytes_q = None
         try:
             self.shm.close()
         except BufferError:  # a view still alive somewhere: leave it to the process's exit
@@ -112,24 +122,26 @@ class ShmRing:
 
     # ---- writer -----------------------------------------------------------------------------
     def put(self, obj, *, timeout_s: float, alive: Callable[[], None] | None = None) -> None:
-        """Publish obj (pickled) to every reader. Waits at most timeout_s for the slot's old
-        message to be read by all (TimeoutError naming the readers that have not)."""
-        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        """Publish obj (pickled; a `Pickled` as it is) to every reader. Waits at most timeout_s
+        for the slot's old message to be read by all (TimeoutError naming the readers that
+        have not)."""
+        data = obj if type(obj) is Pickled else pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         if len(data) > self.slot_bytes:
             raise ValueError(f"a {len(data)}-byte message does not fit a {self.slot_bytes}-byte "
                              "slot of the shared-memory ring")
-        s = self.count % self.slots
-        flags = self.read[s, :self.readers]
-        if not flags.all():
+        s, buf = self.count % self.slots, self.shm.buf
+        at, n = self._flags_at[s], self.readers
+        if buf[at:at + n] != self._all_read:
+            flags = self.read[s, :n]
             self._wait(lambda: bool(flags.all()), timeout_s, alive, lambda: (
-                f"reader(s) {[r for r in range(self.readers) if not flags[r]]} did not take "
+                f"reader(s) {[r for r in range(n) if not flags[r]]} did not take "
                 f"message {self.count - self.slots} within {timeout_s:g} s"))
-        flags[:] = 0
+        buf[at:at + n] = self._none_read
         at = self.data_at + s * self.slot_bytes
-        self.shm.buf[at:at + len(data)] = data
-        self.nbytes[s] = len(data)
+        buf[at:at + len(data)] = data
+        self._nbytes_q[s] = len(data)
         self.count += 1
-        self.seq[s] = self.count  # publish last
+        self._seq_q[s] = self.count  # publish last (one aligned 8-byte store)
 
     # ---- reader -----------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
@@ -177,6 +189,15 @@ class ShmRing:
                     nap = min(2 * nap, MAX_NAP_S)
         finally:
             self.waited_s += time.monotonic() - start
+
+
+class Pickled(bytes):
+    """A message pickled once, ahead (one sent every step, e.g. "replay graph B"): put()
+    writes it as it is; the readers get the object back."""
+
+    @classmethod
+    def of(cls, obj) -> Pickled:
+        return cls(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
 
 
 class _ReaderEnd:

@@ -39,6 +39,7 @@ import layer4_algorithms as engine
 
 from ..runtime.comm import TPComm
 from ..runtime.rank0 import wait_event
+from ..runtime.shm_broadcast import Pickled
 
 
 class TPGraphRunner(engine.CudaGraphRunner):
@@ -54,6 +55,8 @@ class TPGraphRunner(engine.CudaGraphRunner):
                                   device=model.device)
         super().__init__(model, cache, max_num_seqs, max_blocks_per_seq, capture=capture,
                          warmup=warmup)
+        # rank 0's message of each step, pickled once: ("graph", bucket)
+        self.messages = {b: Pickled.of(("graph", b)) for b in self.buckets}
 
     def _step(self, B: int) -> None:
         rows = self.packed[:B]
@@ -104,7 +107,7 @@ class TPGraphRunner(engine.CudaGraphRunner):
         if self.group is None or not self.can_run(B, block_tables.shape[1]):
             return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)
         with self.group.guard("decode step (CUDA graph)"):
-            self.group.send(("graph", self.bucket(B)))
+            self.group.send(self.messages[self.bucket(B)])
             return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)
 
     @torch.no_grad()

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from layer5_parallel.runtime.shm_broadcast import RingConn, ShmRing
+from layer5_parallel.runtime.shm_broadcast import Pickled, RingConn, ShmRing
 
 
 def _reader(end, pipe, n: int) -> None:
@@ -82,4 +82,22 @@ def test_message_too_big_for_a_slot_is_refused():
         assert reader.poll(0.0) and reader.get() == "small"
         reader.close()
     finally:
+        ring.close()
+
+
+def test_a_message_pickled_ahead_arrives_as_its_object():
+    """Rank 0 pickles its per-step message once (Pickled) and puts the same bytes every step;
+    readers get the object, in order with the others, also when the writer laps the ring."""
+    ring = ShmRing.create(1, slots=2, slot_bytes=256)
+    reader = ShmRing.attach(ring.name, 0, 1, 2, 256)
+    try:
+        msg = Pickled.of(("graph", 8))
+        for i in range(5):
+            ring.put(msg, timeout_s=1.0)
+            ring.put(("step", [i]), timeout_s=1.0)
+            assert reader.get(timeout_s=1.0) == ("graph", 8)
+            assert reader.get(timeout_s=1.0) == ("step", [i])
+        assert ring.count == reader.count == 10
+    finally:
+        reader.close()
         ring.close()

@@ -34,3 +34,18 @@ def test_pp2_nccl_matches_pp1():
                 pipeline_parallel_size=2) as llm:
         got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
     assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)
+
+
+@pytest.mark.multigpu
+def test_pp2_stage_graphs_match_pp1():
+    """cuda_graph=True under PP=2: each stage captures its decode micro-batches and replays
+    them; PP=1's greedy tokens (fp32, near-ties aside)."""
+    path = l3.course_model_dir("target")
+    ref = l5.LLM(path, device="cuda", dtype="float32", num_blocks=256)
+    want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, PARAMS)]
+    with l5.LLM(path, device="cuda", dtype="float32", num_blocks=256, max_num_seqs=16,
+                pipeline_parallel_size=2, pp_micro_batches=2, cuda_graph=True) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
+        graphs = llm.runner.net.graphs
+        assert graphs.captured and graphs.replays > 0
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)

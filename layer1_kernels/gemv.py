@@ -218,22 +218,51 @@ def pdl_launch(device: torch.device) -> dict:
 
 
 # ---- configs ----------------------------------------------------------------------------------
-#: (BLOCK_N, BLOCK_K, num_warps) per (N, K): the H100 sweep's picks at batch 1, launched with
-#: PDL (benchmarks/decode_kernels_bench.py; Llama-3.2-1B's projections); other
-#: shapes get _default_config. Measured there (CUDA-graph replay, weights rotated past L2),
-#: TB/s ours vs cuBLAS: qkv 2.33 vs 1.70, o_proj 2.06 vs 1.32, gate_up 2.88 vs 2.59,
-#: down 2.65 vs 2.05, lm_head 3.14 vs 2.78 (copy bandwidth: 3.03).
-TUNED: dict[tuple[int, int], tuple[int, int, int]] = {
-    (3072, 2048): (2, 2048, 8), (2048, 2048): (2, 2048, 8), (16384, 2048): (2, 1024, 4),
-    (2048, 8192): (8, 2048, 8), (128256, 2048): (2, 2048, 8),
+#: (BLOCK_N, BLOCK_K, warps[, stages]) per (N, K) at batch 1, launched with PDL: the picks of
+#: benchmarks/gemv_shapes_sweep.py on an H200 (CUDA-graph replay, weights rotated past L2,
+#: ~28 configs a shape, each checked against the reference) at rank 0's shapes of
+#: Llama-3.1-8B at TP=1/2/4 and Llama-3.2-1B at TP=1/2 (layer 5's shard: heads, FFN width and
+#: vocab split). The old entry stays where it was within 1 % of the best. us per call, old
+#: (4, 2048, 4) default -> pick; "% copy" = read TB/s over a D2D copy's (read + write) TB/s of
+#: the same bytes:
+#:   8B TP=4  gate_up 19.0 -> 16.4 (92 %), down 11.2 -> 9.2 (83 %), lm_head 69.4 -> 63.5;
+#:            o_proj 3.6 (72 %) and qkv+rope 5.3 (66 %, gemv_rope) keep their tiles: too short
+#:            (8-13 MB) for any tile to hide the kernel's ~2 us of launch, ramp and drain
+#:   8B TP=2  gate_up 33.6 -> 30.2, down 18.5 -> 16.0, o_proj 5.5 -> 5.3, lm_head 133 -> 122
+#:   8B TP=1  gate_up 62.3 -> 56.8, down 32.8 -> 29.3, o_proj 10.2 -> 9.2, lm_head 261 -> 238
+#:   1B       TP=1 gate_up 19.8 -> 18.4, lm_head 148 -> 118; TP=2 gate_up 11.4 -> 10.2,
+#:            down 6.6 -> 5.8
+#: One layer's chain (qkv, o_proj, gate_up, down; a non-PDL kernel where TP's all-reduces
+#: are), us: 8B TP=4 42.6 -> 39.3, TP=2 71.1 -> 64.5, TP=1 119.8 -> 109.9; 1B TP=2 30.3 ->
+#: 27.3, TP=1 38.6 -> 37.2. Wide-N products want 4-8 rows x 1024 columns (two K steps at
+#: K = 2048, four at 4096) over the old 4 x 2048; the down projections (large K) a pipelined
+#: 8 x 512 tile, three stages. The 1B qkv (3072, 2048) entry is the plain GEMV's (fuse_rope
+#: off), from the earlier H100 sweep (benchmarks/decode_kernels_bench.py).
+TUNED: dict[tuple[int, int], tuple[int, ...]] = {
+    # Llama-3.1-8B, rank 0 at TP=1 / 2 / 4: o_proj, gate_up, down, lm_head
+    (4096, 4096): (1, 4096, 8), (28672, 4096): (4, 1024, 4), (4096, 14336): (8, 512, 4, 3),
+    (128256, 4096): (16, 256, 4, 3),
+    (4096, 2048): (2, 2048, 8), (14336, 4096): (4, 1024, 4), (4096, 7168): (8, 512, 4, 3),
+    (64128, 4096): (8, 1024, 4),
+    (4096, 1024): (4, 1024, 4), (7168, 4096): (4, 1024, 4), (4096, 3584): (8, 512, 4, 3),
+    (32064, 4096): (4, 1024, 4),
+    # Llama-3.2-1B at TP=1 / 2: (qkv without RoPE,) o_proj, gate_up, down, lm_head
+    (3072, 2048): (2, 2048, 8), (2048, 2048): (2, 2048, 8), (16384, 2048): (8, 1024, 4),
+    (2048, 8192): (8, 2048, 8), (128256, 2048): (8, 1024, 4),
+    (2048, 1024): (2, 1024, 4), (8192, 2048): (8, 1024, 4), (2048, 4096): (4, 2048, 8),
+    (64128, 2048): (8, 1024, 4),
 }
 
 
 def _default_config(n: int, k: int, rows: int) -> tuple[int, int, int]:
     if interpreter.INTERPRETED:
         return 4, 16, 1
-    # Untuned guess: many small programs, each loading a wide K tile at once (a loop step
-    # waits for its loads: few steps, many programs per SM keep enough bytes in flight).
+    # Untuned guess. Large products (>= 16M weights): 8 rows x 1024 columns, within 3.2 % of
+    # the best at every such shape swept (above) but the 1B down (12 %); smaller ones: many
+    # small programs, each loading a wide K tile at once (a loop step waits for its loads:
+    # few steps, many programs per SM keep enough bytes in flight).
+    if n * k >= 1 << 24:
+        return 8, min(1024, next_pow2(k)), 4
     return 4, min(2048, next_pow2(k)), 4
 
 

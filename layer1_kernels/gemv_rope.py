@@ -44,10 +44,16 @@ from .gemv import (
 from .host import cdiv, next_pow2
 from .rope_kv_write import rope_cache_write_reference
 
-#: (BLOCK_P pairs, BLOCK_K, warps) per (N, K); else _default_config. Llama-3.2-1B's qkv, H100
-#: (graph replay with PDL, weights past L2, benchmarks/profile_decode.py --sweep):
-#: (2, 1024, 4) 6.6 us, (1, 2048, 4) 7.3, (1, 2048, 8) 8.0 (plain gemv's tile).
-TUNED: dict[tuple[int, int], tuple[int, int, int]] = {(3072, 2048): (2, 1024, 4)}
+#: (BLOCK_P pairs, BLOCK_K, warps[, stages]) per (N, K); else _default_config. The picks of
+#: benchmarks/gemv_shapes_sweep.py on an H200 (graph replay with PDL, weights past L2) at
+#: rank 0's qkv of Llama-3.1-8B at TP=1/2/4 and Llama-3.2-1B at TP=1/2, us per call, old
+#: (2, 2048, 4) default -> pick: 8B TP=1 16.0 -> 15.4, TP=2 9.0 -> 8.4, TP=4 5.3 (kept: within
+#: 1 %; 12.6 MB is too short for any tile, 66 % of a copy's rate); 1B TP=2 4.0 -> 3.8, TP=1
+#: 5.0 (the H100 pick kept).
+TUNED: dict[tuple[int, int], tuple[int, ...]] = {
+    (6144, 4096): (2, 1024, 4), (3072, 4096): (2, 1024, 4), (1536, 4096): (2, 2048, 4),
+    (3072, 2048): (2, 1024, 4), (1536, 2048): (1, 1024, 4),
+}
 
 
 def _default_config(k: int) -> tuple[int, int, int]:

@@ -156,9 +156,16 @@ class CudaGraphRunner:
                              f"fit the captured graphs (<= {self.max_num_seqs} sequences, <= "
                              f"{self.max_blocks} "
                              f"blocks); run it eagerly")
+        self.input_ids[:B].copy_(input_ids)
+        self.load_and_replay(B, positions, seq_lens, block_tables)
+        return self.logits[:B].clone() if copy else self.logits[:B]
+
+    def load_and_replay(self, B: int, positions: torch.Tensor, seq_lens: torch.Tensor,
+                        block_tables: torch.Tensor) -> None:
+        """B rows' context into the static buffers (their input already there), the rest of
+        the bucket padding, then the bucket's graph (uncaptured: its step, eagerly)."""
         bucket = next(b for b in self.buckets if b >= B)
         n = block_tables.shape[1]
-        self.input_ids[:B].copy_(input_ids)
         self.positions[:B].copy_(positions)
         self.seq_lens[:B].copy_(seq_lens)
         self.block_tables[:B, :n].copy_(block_tables)
@@ -169,4 +176,3 @@ class CudaGraphRunner:
             self.graphs[bucket].replay()
         else:
             self._step(bucket)
-        return self.logits[:B].clone() if copy else self.logits[:B]

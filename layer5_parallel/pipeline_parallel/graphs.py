@@ -61,20 +61,11 @@ class StageGraphRunner(engine.CudaGraphRunner):
     def run_micro(self, inp: torch.Tensor, ctx) -> torch.Tensor:
         """One decode micro-batch: its input (ids (B,) or stream (2, B, H)) and context into
         the static buffers, the bucket's graph, a copy of the output rows."""
-        B, n = ctx.num_seqs, ctx.block_tables.shape[1]
-        bucket = next(b for b in self.buckets if b >= B)
+        B = ctx.num_seqs
         if self.stream_in is None:
             self.input_ids[:B].copy_(inp)
         else:
             self.stream_in[:, :B].copy_(inp)
-        self.positions[:B].copy_(ctx.positions)
-        self.seq_lens[:B].copy_(ctx.seq_lens)
-        self.block_tables[:B, :n].copy_(ctx.block_tables)
-        if B < bucket:
-            self._pad_rows(B, bucket)
-        if self.captured:
-            self.graphs[bucket].replay()
-        else:
-            self._step(bucket)
+        self.load_and_replay(B, ctx.positions, ctx.seq_lens, ctx.block_tables)
         self.replays += 1
         return (self.out[:B] if self.model.last else self.out[:, :B]).clone()

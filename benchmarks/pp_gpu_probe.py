@@ -3,12 +3,14 @@
 One decode-heavy workload (N sequences, short prompts, greedy, ignore_eos) through
     PP=1 on one GPU, with and without CUDA graphs (pipelines run without them)
     PP=2 with 1, 2 and 4 micro-batches, under two ways of waiting for a stage hand-off:
-      PP_WAIT=timeout  the engine as it is: stage._wait calls work.wait(timeout). On NCCL a
-                       timeout makes the *host* wait until the transfer has finished (torch's
-                       WorkNCCL::wait polls isCompleted with ~1 ms sleeps), so a stage's host
-                       cannot queue micro-batch i's kernels before micro-batch i has arrived.
-      PP_WAIT=stream   an experiment, patched in here only: work.wait() without a timeout, i.e.
-                       the compute stream waits for the transfer and the host queues on.
+      PP_WAIT=timeout  patched in here: work.wait(timeout), the engine's wait before its GPU
+                       hand-offs became stream-ordered. On NCCL a timeout makes the *host*
+                       wait until the transfer has finished (torch's WorkNCCL::wait polls
+                       isCompleted with ~1 ms sleeps), so a stage's host cannot queue
+                       micro-batch i's kernels before micro-batch i has arrived.
+      PP_WAIT=stream   the engine as it is (stage._wait on CUDA): work.wait() without a
+                       timeout, i.e. the compute stream waits for the transfer and the host
+                       queues on.
 Each configuration runs in a process of its own (`--one`), killed past its time limit (its
 workers die with it). The patch sits at module level, so the pipeline's worker processes
 (spawned: they import this file again as __mp_main__) get it too.
@@ -32,13 +34,15 @@ import sys
 import time
 from pathlib import Path
 
-if os.environ.get("PP_WAIT") == "stream":  # see the docstring: every process of the run
+if os.environ.get("PP_WAIT", "timeout") == "timeout":  # see the docstring: every process
+    from datetime import timedelta
+
     from layer5_parallel.pipeline_parallel import stage as _stage
 
-    def _stream_wait(work, what: str, timeout_s: float) -> None:
-        work.wait()
+    def _host_wait(work, what: str, timeout_s: float, device=None) -> None:
+        work.wait(timeout=timedelta(seconds=timeout_s))
 
-    _stage._wait = _stream_wait
+    _stage._wait = _host_wait
 
 
 def _model(device: str):

@@ -211,10 +211,11 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
 #: up to 8 rows, but it keeps its (rows x BLOCK_N x BLOCK_K) product tile in registers, so the
 #: weight tile one loop step loads shrinks as 1/rows, and each program recomputes the norm (or
 #: SiLU) of every row: weight bytes in flight per SM (benchmarks/gemv_occupancy.py, compiled
-#: for sm_90a), 1B o_proj / gate_up / down, 8B gate_up / down: 62/40/62/64/64 KB at 1 row,
-#: 31/36/8/32/31 at 2, 12/16/4/18/16 at 4, 6/7/2/8/8 at 8. Measured (benchmarks/backend_sweep.py,
-#: H200, graph replay, context 192), fused / general step tok/s at 1, 2, 4, 8 sequences:
-#: 1B 1.27x, 0.45x, 0.22x, 0.08x; 8B 1.06x, 0.50x, 0.19x, 0.06x. The fused path wins only at 1.
+#: for sm_90a, layer 1's current tiles), 1B o_proj / gate_up / down, 8B gate_up / down:
+#: 62/64/62/56/93 KB at 1 row, 31/36/8/32/47 at 2, 12/14/4/18/23 at 4, 6/6/2/8/12 at 8.
+#: Measured with the earlier tiles (benchmarks/backend_sweep.py, H200, graph replay, context
+#: 192), fused / general step tok/s at 1, 2, 4, 8 sequences: 1B 1.27x, 0.45x, 0.22x, 0.08x;
+#: 8B 1.06x, 0.50x, 0.19x, 0.06x. The fused path wins only at 1.
 FUSED_DECODE_MAX_TOKENS = 1
 
 

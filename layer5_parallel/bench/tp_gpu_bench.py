@@ -409,12 +409,12 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':10} {'tok/s':>9} {'x TP1':>6} "
+    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':11} {'tok/s':>9} {'x TP1':>6} "
             f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} {'cpu ms':>7} "
             f"{'cpu x':>6} same")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {_label(r):10} "
+        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {_label(r):11} "
                      f"{r['decode_tok_s']:>9,.0f} {r.get('speedup', float('nan')):>6.2f} "
                      f"{r['step_ms']:>8.3f} {r['predicted_step_ms']:>8.3f} "
                      f"{r['host_ms_per_step']:>8.3f} {r.get('host_vs_tp1', float('nan')):>7.2f} "

@@ -21,7 +21,7 @@ G, P, R, GR, A, MM, I8 = (importlib.import_module(f"layer1_kernels.{m}") for m i
 CASES = [(1, True, 1, 2, 2048, 2048, True, 1), (0, False, 1, 2, 2048, 2048, True, 1),
          (2, False, 1, 8, 2048, 8192, True, 1), (1, True, 4, 2, 512, 2048, False, 1),
          (2, False, 8, 4, 128, 8192, False, 1), (1, True, 1, 4, 512, 4096, True, 3),
-         (2, False, 1, 8, 256, 3584, True, 4)]
+         (2, False, 1, 8, 256, 3584, True, 4), (2, False, 4, 8, 128, 14336, True, 3)]
 for pro, res, bm, bn, bk, k, pdl, st in CASES:
     kern = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm),

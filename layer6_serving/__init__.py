@@ -13,8 +13,9 @@ import layer5_parallel as parallel  # the layer beneath, as a namespace: paralle
 
 from .api import create_app
 from .app_thread import AppThread, bind, run_until_interrupted, wait_healthy
-from .async_engine import AsyncEngine, EngineOverloaded, RequestStream
+from .async_engine import AsyncEngine, EngineOverloaded
 from .engine_state import EngineSnapshot, EngineStepError, RequestTimeoutError
+from .request_stream import RequestStream
 from .server import ServerHandle, serve_main, start_server
 from .streams import Delta, RequestMetricsSummary, StreamOutput, TokenLogprob
 

@@ -29,9 +29,10 @@ import layer5_parallel as l5
 
 from .engine_loop import EngineLoop
 from .engine_process import EngineProcess
-from .engine_state import EngineInfo, EngineSnapshot, Request, RequestTimeoutError
+from .engine_state import EngineInfo, EngineSnapshot, Request
 from .engine_worker import bound_cpu_kernel_caches
-from .streams import DeltaTracker, StreamOutput, merge
+from .request_stream import RequestStream
+from .streams import DeltaTracker
 
 COURSE = "course"
 TIMEOUT_GRACE_S = 0.5  # the engine expires a request first; the server after this much more
@@ -225,79 +226,3 @@ class AsyncEngine:
         self.loop.stop()
         if self._owns_llm and self.llm is not None:
             self.llm.close()
-
-
-class RequestStream:
-    """A request's async stream of StreamOutputs. Leaving it early (break, aclose, the task
-    being cancelled) aborts the request. Each item is everything that arrived since the last
-    read, merged (streams.merge): one engine step's deltas when the reader keeps up."""
-
-    def __init__(self, engine: AsyncEngine, request_id: str, q: asyncio.Queue,
-                 prompt_tokens: int, deadline: float | None = None) -> None:
-        self.engine, self.request_id, self._q = engine, request_id, q
-        self.deadline = deadline  # time.monotonic(): past it, the stream ends with a timeout
-        self.prompt_tokens = prompt_tokens
-        self.finished = False
-        self._held: BaseException | None = None  # an error behind outputs: raised next time
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> StreamOutput:
-        if self._held is not None:
-            self.finished, err, self._held = True, self._held, None
-            raise err
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            item = await self._next()
-        except BaseException:  # cancelled while waiting (the client is gone), or timed out
-            await self.aclose()
-            raise
-        if isinstance(item, BaseException):
-            self.finished = True
-            raise item
-        items = [item]
-        while not item.finished and not self._q.empty():
-            item = self._q.get_nowait()
-            if isinstance(item, BaseException):
-                self._held = item
-                break
-            items.append(item)
-        out = merge(items)
-        self.finished = out.finished
-        return out
-
-    async def _next(self):
-        if self.deadline is None:
-            return await self._q.get()
-        if not self._q.empty():
-            return self._q.get_nowait()
-        try:
-            return await asyncio.wait_for(self._q.get(),
-                                          max(0.0, self.deadline - time.monotonic()))
-        except asyncio.TimeoutError:
-            raise RequestTimeoutError(f"request {self.request_id} timed out (the engine did "
-                                      f"not answer in time)") from None
-
-    async def aclose(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.engine.abort(self.request_id)
-
-    async def __aenter__(self) -> RequestStream:
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.aclose()
-
-    async def collect(self) -> StreamOutput:
-        """Run the request to the end: one StreamOutput whose deltas hold each completion's
-        whole output (index order)."""
-        outs = []
-        async with self:
-            async for out in self:
-                outs.append(out)
-        out = merge(outs)
-        out.deltas.sort(key=lambda d: d.index)
-        return out

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Awaitable
 
 from fastapi import Request
 
-from ..async_engine import RequestStream
+from ..request_stream import RequestStream
 from ..streams import StreamOutput
 from . import render
 from .errors import from_exception

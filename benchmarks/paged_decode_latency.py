@@ -11,7 +11,9 @@ for max_model_len = context + 16 ("tight", as the TP benchmark's engine) and, at
 Each timing is CUDA-graph replay (what the engine pays), calls on rotating caches (at least
 twice the L2 in all, where that takes at most 128 calls) so the keys come from DRAM as in a
 step, "iso". At batch 1 also "eng": each call after a 64 MB GEMV launched as the engine's
-qkv GEMV is (PDL), minus the GEMVs alone: the kernel as it runs inside a step.
+qkv GEMV is (PDL), minus the GEMVs alone: the kernel as it runs inside a step. For the best
+setting also without the early index loads, and with the first tile's keys and values
+loaded before the wait too (early_kv).
 
   before: benchmarks/paged_decode_before.py (the kernel before this change) with its own
           split rule and config, as layer 4 launched it;
@@ -102,6 +104,11 @@ def graph_us(fns: list, replays: int = 10) -> float:
     return best
 
 
+def iso_us(fns: list) -> float:
+    """us per call of a graph of the calls in fns (one each)."""
+    return graph_us(fns) / len(fns)
+
+
 # ---- cases -------------------------------------------------------------------------------------
 def make_case(hq, hkv, d, B, ctx, width_tokens, l2_bytes, gen):
     """R rotations of (tables, the same lengths) over one shuffled pool of blocks."""
@@ -170,17 +177,22 @@ class Engine:
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
-def precompile(cases: list) -> None:
-    """Every candidate config compiled at once on a thread pool (the before module's compile
-    at first call)."""
+def precompile(cases: list, before=None) -> None:
+    """Every candidate config (and the before module's defaults) compiled at once on a thread
+    pool (Triton's async compile mode: LLVM and ptxas run outside the GIL)."""
     from triton.runtime._async_compile import AsyncCompileMode
-    real = pd._paged_decode_kernel
+    mods = [pd] + ([before] if before is not None else [])
+    real = {m: m._paged_decode_kernel for m in mods}
 
     class Warm:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: real.warmup(*a, grid=grid, **kw)
+        def __init__(self, kernel):
+            self.kernel = kernel
 
-    pd._paged_decode_kernel = Warm()
+        def __getitem__(self, grid):
+            return lambda *a, **kw: self.kernel.warmup(*a, grid=grid, **kw)
+
+    for m in mods:
+        m._paged_decode_kernel = Warm(real[m])
     try:
         with AsyncCompileMode(ThreadPoolExecutor(14)):
             for c in cases:
@@ -191,8 +203,12 @@ def precompile(cases: list) -> None:
                                 "min_part": 16, "early_index": early}
                         for s in (1, 2, 64):
                             calls(pd, c, s, conf)[0]()
+                if before is not None:
+                    for s in (1, 2, 64):
+                        calls(before, c, s)[0]()
     finally:
-        pd._paged_decode_kernel = real
+        for m in mods:
+            m._paged_decode_kernel = real[m]
 
 
 def sweep_case(c, B, ctx, width, sms, args) -> list[dict]:
@@ -201,8 +217,6 @@ def sweep_case(c, B, ctx, width, sms, args) -> list[dict]:
     d, hkv = c["q"].shape[-1], c["k"].shape[2]
     rows, timed = [], {}
     for cfg in CANDIDATES[d]:
-        if args.quick and cfg not in CANDIDATES[d][:3]:
-            continue
         conf = {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
         for mp in MIN_PARTS:
             s = pd.paged_decode_splits(B, hkv, width, sms, mp)
@@ -210,7 +224,7 @@ def sweep_case(c, B, ctx, width, sms, args) -> list[dict]:
             part = max(mp, -(-per // cfg[0]) * cfg[0]) if s > 1 else 0
             key = (cfg, s, part)
             if key not in timed:
-                timed[key] = round(graph_us(calls(pd, c, s, dict(conf, min_part=mp))), 2)
+                timed[key] = round(iso_us(calls(pd, c, s, dict(conf, min_part=mp))), 2)
             rows.append(dict(cfg=list(cfg), min_part=mp, splits=s, part=part, us=timed[key]))
     return rows
 
@@ -230,10 +244,10 @@ def paged(args, out: dict, path: Path) -> None:
     eng = Engine() if DEV != "cpu" else None
     gen = torch.Generator(device=DEV).manual_seed(0)
     plan = []
-    for B in (1, 32):  # batch 1 (the latency-bound case) for every shape first
+    for B in (1,) if args.quick else (1, 32):  # batch 1 (latency-bound) for every shape first
         for name, (hq, hkv, d) in SHAPES.items():
             for ctx in CONTEXTS:
-                if args.quick and ctx not in (256, 4096):
+                if args.quick and ctx not in (CONTEXTS[1], CONTEXTS[-1]):  # 256, 4096
                     continue
                 widths = [("tight", ctx + 16)] + ([("wide", WIDE)] if B == 1 else [])
                 plan.append((name, hq, hkv, d, B, ctx, widths))
@@ -241,7 +255,10 @@ def paged(args, out: dict, path: Path) -> None:
     if DEV != "cpu":
         probe = [make_case(hq, hkv, d, 1, 128, 144, 0, gen) for hq, hkv, d in
                  {(v[0], v[1], v[2]) for v in SHAPES.values()}]
-        precompile(probe)
+        try:
+            precompile(probe, before)
+        except Exception as e:  # noqa: BLE001 - then each config compiles at its first call
+            log(f"paged: precompiling failed ({type(e).__name__}: {e}); compiling as called")
         del probe
     log("paged: compiled")
     rows = out.setdefault("paged", [])
@@ -277,10 +294,23 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         bs = before.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms)
         row["before_splits"] = bs
         row["before_err"] = check(before, c)
-        row["before_us"] = round(graph_us(calls(before, c)), 2)
+        row["before_us"] = round(iso_us(calls(before, c)), 2)
     row["after_err"] = check(pd, c)
     row["after_splits"] = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms)
-    row["after_us"] = round(graph_us(calls(pd, c)), 2)
+    row["after_us"] = round(iso_us(calls(pd, c)), 2)
+    if args.quick:  # before / after only (the defaults), and after with the early first tile
+        row["after_early_kv_us"] = round(iso_us(calls(pd, c, None, {"early_kv": True})), 2)
+        if B == 1 and eng is not None:
+            sub = dict(c, R=min(c["R"], 32))
+            if before is not None:
+                row["before_eng_us"] = round(eng.us(calls(before, sub)), 2)
+            row["after_eng_us"] = round(eng.us(calls(pd, sub)), 2)
+            row["after_early_kv_eng_us"] = round(eng.us(calls(pd, sub, None,
+                                                              {"early_kv": True})), 2)
+        rows.append(row)
+        log(f"paged {name} B={B} ctx={ctx} {wname}: "
+            + " ".join(f"{k}={row[k]}" for k in row if k.endswith(("_us", "_splits"))))
+        return best, bconf
     if wname == "tight":
         sw = sweep_case(c, B, ctx, -(-wtok // PAGE) * PAGE, sms, args)
         best = min(sw, key=lambda r: r["us"])
@@ -289,13 +319,15 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         bconf = {"BLOCK_N": best["cfg"][0], "num_warps": best["cfg"][1],
                  "num_stages": best["cfg"][2], "min_part": best["min_part"]}
         row["best_err"] = check(pd, c, best["splits"], bconf)
-        row["best_no_early_us"] = round(graph_us(calls(
+        row["best_no_early_us"] = round(iso_us(calls(
             pd, c, best["splits"], dict(bconf, early_index=False))), 2)
+        row["best_early_kv_us"] = round(iso_us(calls(
+            pd, c, best["splits"], dict(bconf, early_kv=True))), 2)
     else:  # the tight shape's best setting, the split count from the rule at this width
         ws = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms,
                                     bconf["min_part"])
         row["best_wide_splits"] = ws
-        row["best_wide_us"] = round(graph_us(calls(pd, c, ws, bconf)), 2)
+        row["best_wide_us"] = round(iso_us(calls(pd, c, ws, bconf)), 2)
     if B == 1 and eng is not None:  # inside a step: after a PDL GEMV
         sub = dict(c, R=min(c["R"], 32))
         if before is not None:
@@ -305,6 +337,8 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         row["best_eng_us"] = round(eng.us(calls(pd, sub, bs_, bconf)), 2)
         row["best_no_early_eng_us"] = round(eng.us(calls(
             pd, sub, bs_, dict(bconf, early_index=False))), 2)
+        row["best_early_kv_eng_us"] = round(eng.us(calls(
+            pd, sub, bs_, dict(bconf, early_kv=True))), 2)
     rows.append(row)
     log(f"paged {name} B={B} ctx={ctx} {wname}: "
         + " ".join(f"{k}={row[k]}" for k in row if k.endswith(("_us", "_splits")))
@@ -374,19 +408,22 @@ def apply_policy(pol: dict):
                 "min_part": pd.default_min_part()}
 
     pd.default_config = default_config
+    pd.EARLY_KV["on"] = bool(pol.get("early_kv"))
 
     def undo():
         pd.default_config, pd.MIN_SPLIT_TOKENS = real_cfg, real_mp
+        pd.EARLY_KV["on"] = False
     return undo
 
 
 # ---- the engine ---------------------------------------------------------------------------------
-def engine_bench(args, out: dict) -> None:
+def engine_bench(args, out: dict, path: Path) -> None:
     """Layer 4's engine (CUDA graphs, triton backend, random bf16 weights) decoding one
-    sequence: a 128-token prompt, 128 new tokens, max_model_len 272 (as the TP benchmark's),
-    before (the earlier kernel, its split rule and config, torch's argmax: layer 3's names
-    pointed at them), after (the current defaults) and with the sweep's best settings.
-    Decode ms per step = (time for 129 tokens - time for 1) / 128."""
+    sequence: a 128-token prompt, up to 145 new tokens, max_model_len 304, before (the earlier
+    kernel, its split rule and config, torch's argmax: layer 3's names pointed at them), the
+    same with the split argmax, after (the current defaults), after with the first tile's keys
+    and values loaded before the PDL wait (early_kv), and (after a sweep) its best settings.
+    Decode ms per step = (time for 145 tokens - time for 17) / 128, the best of 3."""
     import gc
 
     from layer5_parallel.planner import LLAMA_3_8B
@@ -412,6 +449,7 @@ def engine_bench(args, out: dict) -> None:
         except Exception as e:  # noqa: BLE001 - the next shape (and the results) still count
             log(f"engine {name}: FAILED {type(e).__name__}: {e}")
             rows.append(dict(shape=name, error=f"{type(e).__name__}: {e}"))
+        path.write_text(json.dumps(out, indent=1, default=str))  # what is measured so far
         gc.collect()
         if DEV != "cpu":
             torch.cuda.empty_cache()
@@ -429,10 +467,12 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, config.vocab_size, (128,), generator=g).tolist()
     row = dict(shape=name)
-    variants = [("before", old, None), ("after", now, None)]
+    variants = [("before", old, None), ("before_split_argmax", dict(old, argmax=now["argmax"]),
+                                        None),
+                ("after", now, None), ("after_early_kv", now, {"early_kv": True})]
     if out.get("policy"):
         variants.append(("policy", now, out["policy"]))
-    params = [l3.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True) for k in (1, 129)]
+    params = [l3.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True) for k in (17, 145)]
     for variant, table, pol in variants:
         llm, restore = None, None
         try:
@@ -441,7 +481,7 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
             l4pa._PLANS.clear()
             restore = apply_policy(pol) if pol else None
             llm = l4.LLM(model, cuda_graph=DEV != "cpu", num_blocks=64, max_num_seqs=1,
-                         max_model_len=272)
+                         max_model_len=304)
             llm.generate([prompt], params[1])  # warm-up
             best, tokens = math.inf, None
             for _ in range(3 if DEV != "cpu" else 1):
@@ -452,7 +492,7 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
                     o = llm.generate([prompt], p)
                     sync()
                     times.append(time.perf_counter() - t)
-                best = min(best, (times[1] - times[0]) * 1e3 / 128)
+                best = min(best, (times[1] - times[0]) * 1e3 / 128)  # 128 more decode steps
                 tokens = o[0].outputs[0].token_ids
             row[f"{variant}_step_ms"] = round(best, 4)
             row[f"{variant}_tokens"] = tokens
@@ -503,8 +543,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget-s", type=float, default=150.0)
     ap.add_argument("--before", default=str(Path(__file__).with_name("paged_decode_before.py")))
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("paged", "argmax", "engine"), default=None)
+    ap.add_argument("--quick", action="store_true",
+                    help="no sweep: before / after (and after with early_kv) at batch 1, "
+                         "contexts 256 and 4096")
+    ap.add_argument("--only", default=None,
+                    help="comma-separated parts to run: argmax, paged, engine (default all)")
     ap.add_argument("--engine-budget-s", type=float, default=None,
                     help="start no engine shape past this many seconds (default --budget-s)")
     ap.add_argument("--cpu-smoke", action="store_true",
@@ -518,7 +561,6 @@ def main(argv=None) -> int:
         DEV, DTYPE, WIDE = "cpu", torch.float32, 64
         SHAPES, CONTEXTS = {"tiny": (4, 2, 16)}, (20, 40)
         CANDIDATES, MIN_PARTS = {16: [(16, 1, 1)]}, (16, 32)
-        args.quick = False
         out["device"] = "cpu (interpreter smoke run)"
     elif not torch.cuda.is_available():
         raise SystemExit("paged_decode_latency.py times GPU kernels and needs a CUDA GPU")
@@ -530,14 +572,15 @@ def main(argv=None) -> int:
     path = Path(args.out) / "paged_decode_latency.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        if args.only in (None, "argmax"):
+        parts = set((args.only or "argmax,paged,engine").split(","))
+        if "argmax" in parts:
             argmax_bench(out)
-        if args.only in (None, "paged"):
+        if "paged" in parts:
             paged(args, out, path)
-        if args.only in (None, "engine"):
+        if "engine" in parts:
             if args.engine_budget_s is not None:
                 args.budget_s = args.engine_budget_s
-            engine_bench(args, out)
+            engine_bench(args, out, path)
     finally:
         path.write_text(json.dumps(out, indent=1, default=str))
         log("wrote", path)

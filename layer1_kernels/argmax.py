@@ -24,9 +24,15 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .gemv import pdl_launch
 from .host import cdiv, next_pow2
+from .paged_decode import _hooked, _stream_getter
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
-_RETIRED: list[torch.Tensor] = []  # outgrown counters: graphs captured earlier still use them
+_WORK: dict[torch.device, torch.Tensor] = {}  # the pieces' partial results, kept per device
+_RETIRED: list[torch.Tensor] = []  # outgrown buffers: graphs captured earlier still use them
+#: (device, dtype, N, row stride, block, pieces, PDL) -> the compiled kernel that served it,
+#: launched directly on the next call of that shape (no JIT binding): a greedy step's argmax
+#: is launched from the host every step, outside the CUDA graph.
+_LAUNCHES: dict[tuple, object] = {}
 
 
 @triton.jit
@@ -85,6 +91,20 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def _work(device: torch.device, n: int) -> torch.Tensor:
+    """Room for n partial results (n fp32 maxima, then n int32 indices), kept per device; a
+    graph being captured that needs more gets its own."""
+    buf = _WORK.get(device)
+    if buf is None or buf.numel() < 2 * n:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return torch.empty(2 * n, dtype=torch.float32, device=device)
+        if buf is not None:
+            _RETIRED.append(buf)
+        buf = torch.empty(max(2 * n, 4096), dtype=torch.float32, device=device)
+        _WORK[device] = buf
+    return buf
+
+
 def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.Tensor:
     """x (M, N) fp16/bf16/fp32 -> (M,) int64: the first index of each row's maximum."""
     if x.dim() != 2 or x.shape[1] == 0:
@@ -102,11 +122,28 @@ def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.T
         return out
     block = min(block, max(16, next_pow2(N)))
     pieces = cdiv(N, block)
-    part_v = torch.empty(M * pieces, dtype=torch.float32, device=x.device)
-    part_i = torch.empty(M * pieces, dtype=torch.int32, device=x.device)
-    _argmax_kernel[(M, pieces)](
-        x, out, part_v, part_i, _counters(x.device, M), N, x.stride(0), pieces,
-        BLOCK=block, PIECES=max(2, next_pow2(pieces)),
-        num_warps=1 if interpreter.INTERPRETED else 4, **pdl_launch(x.device),
+    work = _work(x.device, M * pieces)
+    part_v, part_i = work[:M * pieces], work[M * pieces:2 * M * pieces].view(torch.int32)
+    pdl = pdl_launch(x.device)
+    args = (x, out, part_v, part_i, _counters(x.device, M), N, x.stride(0), pieces,
+            block, max(2, next_pow2(pieces)), pdl["PDL"])
+    key = None
+    if not interpreter.INTERPRETED and x.data_ptr() % 16 == 0 and part_i.data_ptr() % 16 == 0:
+        key = (x.device, x.dtype, N, x.stride(0), block, pieces, pdl["PDL"])
+    kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
+    if kernel is not None:
+        get_stream, get_device = _stream_getter()
+        try:  # the launcher parses its arguments before launching: a failure launched nothing
+            kernel.run(M, pieces, 1, get_stream(get_device()), kernel.function,
+                       kernel.packed_metadata, None, None, None, *args)
+            return out
+        except (TypeError, ValueError, SystemError):  # a Triton whose launcher differs
+            _LAUNCHES.clear()
+            key = None
+    kernel = _argmax_kernel[(M, pieces)](
+        *args[:8], BLOCK=block, PIECES=args[9],
+        num_warps=1 if interpreter.INTERPRETED else 4, **pdl,
     )
+    if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
+        _LAUNCHES[key] = kernel
     return out

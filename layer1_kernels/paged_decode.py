@@ -11,6 +11,14 @@ kv head h // (Hq / Hkv). Layer 4's paged_attention.py documents the algorithm (o
 per (sequence, kv head, part): the G query heads of a kv head as one tile, online softmax
 over BLOCK_N keys at a time, partial results (o, lse) per part).
 
+The parts. The split count is the launch's (fixed when a CUDA graph is captured, from the
+table's capacity: a graph for max_model_len 8k launches 64 parts at batch 1); the lengths
+are on the device. So each sequence is cut by its own length: parts of at least min_part
+keys (whole BLOCK_N steps), only as many as its keys fill; the programs past them return at
+once, and a sequence that fills one part (a short context) has it write the output itself:
+no partials, no ticket, no merge. (Without the fused merge every part writes a partial: the
+merge kernel reads them all.)
+
 The merge. With more than one part, each program writes its partial result, then takes a
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
@@ -22,6 +30,12 @@ per device (the counters zero between calls); when one must grow while a CUDA gr
 being captured, the partials get a fresh tensor of the graph's and the merge a separate
 kernel. Calls on one device must therefore run one after another (one stream, or graphs
 replayed in turn), as a model's layers do.
+
+Under programmatic dependent launch (PDL: the kernel may start while the one before it
+drains) a program reads its sequence's length and first block ids before it waits for that
+kernel (EARLY_INDEX): lengths and block tables are a step's inputs, which no kernel of the
+step writes (a PDL kernel right before this one must not write them). The loop fetches each
+next tile's block ids a step ahead, so a tile's K/V loads wait on one round trip, not two.
 
 The launch. At small shapes the host costs more than the kernel (a decode step at batch 1
 moves ~2 MB per layer: ~2 us on an H100), so a call does little besides the launch: the
@@ -60,7 +74,7 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    EARLY_INDEX: tl.constexpr,
+    EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr,
 ):
     if PDL and not EARLY_INDEX:  # everything below reads what the kernels before wrote
         gdc_wait()
@@ -90,51 +104,95 @@ def _paged_decode_kernel(
         table = tables_ptr + b * stride_tb
         offs_n0 = start + tl.arange(0, BLOCK_N)
         if IDENTITY:
-            block_next = b + offs_n0.to(tl.int64) * 0
+            block0 = b + offs_n0.to(tl.int64) * 0
         else:  # the first tile's block ids (the loop fetches each next tile's a step ahead)
-            block_next = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
-                                 other=0).to(tl.int64)
-        if PDL and EARLY_INDEX:  # the lengths and block tables: written before the step began
-            gdc_wait()
+            block0 = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
+                             other=0).to(tl.int64)
         _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                     qk_scale, b, h_kv, split, start, end, block_next, kv_group, num_kv_heads,
+                     qk_scale, b, h_kv, split, start, end, hi, block0, kv_group, num_kv_heads,
                      num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk,
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
-                     BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S)
+                     BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
+                     EARLY_INDEX, EARLY_KV)
+
+
+@triton.jit
+def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
+    """One online-softmax step over a (BLOCK_N, D) tile of keys and values (invalid keys
+    masked): the new (running max, sum, accumulator). A tile with no valid key before any
+    (an empty part) leaves the sum and accumulator 0."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BLOCK_G, BLOCK_N) fp32
+    s = tl.where(valid[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    top = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - top[:, None])
+    alpha = tl.math.exp2(m_i - top)  # rescales what was summed under the old max
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+    return m_new, l_i, acc
 
 
 @triton.jit
 def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                 qk_scale, b, h_kv, split, start, end, block_next, kv_group, num_kv_heads,
+                 qk_scale, b, h_kv, split, start, end, hi, block0, kv_group, num_kv_heads,
                  num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok,
                  stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tc,
                  stride_ob, stride_oh, stride_od,
                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
-                 PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr):
-    """One program's part [start, end) of kv head h_kv's keys for sequence b: online softmax
-    over BLOCK_N keys a step; the output itself when the part is the only one, else its
-    partial result (and with the fused merge, the last part in merges them all)."""
-    # The G query heads of kv head h_kv: one (BLOCK_G, D) tile, padding rows masked.
+                 PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr):
+    """One program's part [start, end) of kv head h_kv's keys for sequence b (block0: its
+    first tile's block ids): online softmax over BLOCK_N keys a step; the output itself when
+    the part is the only one, else its partial result (and with the fused merge, the last
+    part in merges them all). Under PDL with EARLY_INDEX: wait for the kernel before here,
+    after the first tile's keys and values but the newest key's are requested (EARLY_KV)."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
     heads = h_kv * kv_group + offs_g
     head_ok = offs_g < kv_group
+
+    # The first tile. Token n -> (its block, its row in the block) -> its k, v rows.
+    offs_n = start + tl.arange(0, BLOCK_N)
+    valid = offs_n < end
+    row = offs_n % PAGE
+    k_ptrs = (k_ptr + block0 * stride_kblk + row * stride_ktok + h_kv * stride_kh)[:, None] \
+        + offs_d[None, :] * stride_kd
+    v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv * stride_vh)[:, None] \
+        + offs_d[None, :] * stride_vd
+    if EARLY_KV:  # every key but the newest (hi - 1: the kernel before wrote it) is older
+        old = valid & (offs_n != hi - 1)
+        k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
+    if PDL and EARLY_INDEX:
+        gdc_wait()
+    if EARLY_KV:
+        new = valid & (offs_n == hi - 1)
+        k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
+        v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
+    else:
+        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+    block_next = block0
+    if not IDENTITY:
+        nxt = offs_n + BLOCK_N
+        block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
+                             other=0).to(tl.int64)
+    # The G query heads of kv head h_kv: one (BLOCK_G, D) tile, padding rows masked.
     q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
                 mask=head_ok[:, None], other=0.0)
-
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+
+    for n0 in range(start + BLOCK_N, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         valid = offs_n < end
-        # token n -> (its block, its row in the block) -> where its k, v rows start
         block = block_next
-        if IDENTITY:
-            block_next = block
-        else:
+        if not IDENTITY:
             nxt = offs_n + BLOCK_N
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
                                  other=0).to(tl.int64)
@@ -143,16 +201,7 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
         v_rows = v_ptr + block * stride_vblk + row * stride_vtok + h_kv * stride_vh
         k = tl.load(k_rows[:, None] + offs_d[None, :] * stride_kd, mask=valid[:, None], other=0.0)
         v = tl.load(v_rows[:, None] + offs_d[None, :] * stride_vd, mask=valid[:, None], other=0.0)
-
-        s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BLOCK_G, BLOCK_N) fp32
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))  # finite: every block holds a valid key
-        p = tl.math.exp2(s - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)  # rescales what was summed under the old max
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
-        m_i = m_new
+        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
 
     if PDL:
         gdc_launch_dependents()
@@ -277,16 +326,24 @@ def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor
     return kept
 
 
-# ---- configs -----------------------------------------------------------------------------------
-# Chosen from benchmarks/sweep_paged.py on an H100 (Hq 32, Hkv 8, D 64, bf16, pages
+# ---- configs ----------------------------------------------------------------------------------
+# The split rule from benchmarks/sweep_paged.py on an H100 (Hq 32, Hkv 8, D 64, bf16, pages
 # of 16; CUDA-graph replay): batch 1-32 x contexts 1k-16k and a batch-256 engine-like step.
+# The shortest part and the configs from benchmarks/paged_decode_latency.py on an H200 (the
+# 8B shape at TP=1 and per rank at TP=4, D 128, and the 1B shape, D 64; batch 1 and 32,
+# contexts 128-4096; graph replay, keys from DRAM, also after a PDL GEMV as in a step).
 #: programs per SM a split count aims for: the best split count put 256-1024 programs on the
 #: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024), batch 32 (256 programs) ran best unsplit.
 PROGRAMS_PER_SM = 4
 #: no split from this many programs per SM on (batch 32 x 8 kv heads: 1.94, one part was 2-3 %
 #: faster than two at every context; batch 8: 0.48, eight parts 1.5-15 % faster than four).
 SPLIT_BELOW = 1.5
-MIN_SPLIT_TOKENS = 128  # a part shorter than this spends more on its partial than it saves
+#: the shortest part, in keys (the kernel rounds a part up to whole BLOCK_N steps, so with the
+#: default configs the shortest part is one loop step: 64 keys at D 128, 128 at D 64). At
+#: batch 1 on the H200, 16 was best or within 1 % of the best of 16-256 at every shape: parts
+#: of one step beat longer ones at short contexts (8B, context 256: 5.0 vs 6.8 us a call at
+#: 128), and at long ones the program count bounds the split count anyway.
+MIN_SPLIT_TOKENS = 16
 MAX_SPLITS = 64
 
 
@@ -319,18 +376,27 @@ def default_min_part() -> int:
 
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
-    change every step). 16-bit, D <= 64 (the sweep): 128 keys a step; split (short parts,
-    latency-bound) without software pipelining, unsplit (long loops, bandwidth-bound) with
-    two stages. Within 3 % of the sweep's best config at every shape but batch 1-8 x 1k
-    (within 10 %)."""
+    change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
+    shortest parts at each shape):
+    D 64: 128 keys a step, 4 warps, 2 stages, split or not (1B: batch 1 within 2 % at contexts
+    128, 1k and 4k, 16 % at 256; batch 32 the best);
+    D 128 split: 64 keys, 4 warps, no pipelining (short parts: latency-bound; 8B batch 1 at
+    TP=1 and per rank at TP=4: within 0-8 %, 3 % on average);
+    D 128 unsplit: 128 keys, 8 warps, 2 stages (long loops: bandwidth-bound; 8B batch 32:
+    0.88x the time of 64 keys with 4 warps at context 4096, 0.91x at 1k, 0.97-1.03x at
+    128-256)."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part}
     if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in smem
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **part}
+    if dtype != torch.float32 and head_dim == 128:
+        if splits > 1:
+            return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, **part}
+        return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
-    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 1 if splits > 1 else 2, **part}
+    return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, **part}
 
 
 @functools.cache
@@ -349,6 +415,9 @@ def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
 #: Under PDL, read the lengths and block tables (and the first block ids) before waiting for
 #: the kernel before: they are the step's inputs, never written by the decode kernels.
 EARLY_INDEX = {"on": True}
+#: ... and the first tile's keys and values but the newest key's (the kernel before writes the
+#: new token's k, v: its slot is seq_lens - 1; every other row is from earlier steps).
+EARLY_KV = {"on": False}
 
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
@@ -400,9 +469,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # (one split takes them too, unused: the same compiled kernel serves every split count)
     counters = _counters(dev, B * Hkv) if fused_merge else None
     fused = counters is not None
-    cfg = config or default_config(D, q.dtype, splits)
+    cfg = config if config and "BLOCK_N" in config else {**default_config(D, q.dtype, splits),
+                                                          **(config or {})}
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
+    early_kv = bool(cfg.get("early_kv", EARLY_KV["on"]))
     heads_first = heads_first and B <= 65535
     grid = (Hkv, B, splits) if heads_first else (B, Hkv, splits)
     identity = block_tables is None
@@ -416,14 +487,15 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             t_stride_b, t_stride_c,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
-            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early)
+            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
+            early_kv)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
         if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0:
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
-                   window is not None, identity, fused, pdl["PDL"], heads_first, early,
+                   window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:

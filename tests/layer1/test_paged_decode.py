@@ -92,14 +92,15 @@ def test_parts_follow_each_sequence_length(min_part, splits):
     min_part keys, at most the launch's split count; a part not a multiple of BLOCK_N too):
     a short one runs as one part (no partials, no merge), a long one's empty parts do
     nothing. Lengths across a page, one key, none; twice (the counters back at zero); with
-    and without the early index loads."""
+    and without the early index loads and the early first tile (the newest key loaded
+    apart)."""
     q, k, v, t, n = make([200, 1, 0, 33, 17, 64], 8, 2, 32, 16, seed=min_part)
     ref = reference(q, k, v, t, n, 0.2, None)
     cfg = dict(pd.default_config(32, q.dtype, splits), min_part=min_part)
     for early in (True, False):
         for _ in range(2):
             out = pd.paged_decode(q, k, v, t, n, 0.2, None, splits,
-                                  config=dict(cfg, early_index=early))
+                                  config=dict(cfg, early_index=early, early_kv=early))
             assert torch.isfinite(out).all() and (out[2] == 0).all()
             assert rel(out, ref) < 1e-5
     assert int(pd._COUNTERS[q.device].abs().sum()) == 0
@@ -134,7 +135,7 @@ for ident, fused, hf, bn, warps, stages, early in [(True, True, False, 64, 4, 2,
                                                     (False, False, False, 256, 8, 3, False)]:
     consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16, BLOCK_N=bn, WINDOWED=True,
                   IDENTITY=ident, FUSED_MERGE=fused, PDL=True, MERGE_G=4, MERGE_S=16,
-                  HEADS_FIRST=hf, EARLY_INDEX=early)
+                  HEADS_FIRST=hf, EARLY_INDEX=early, EARLY_KV=early and not ident)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
@@ -196,7 +197,7 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
     steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
     for early in (True, False):
-        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early)
+        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early)
         lens = torch.tensor(steps[0], device=DEV)
 
         def fn(lens=lens, cfg=cfg):

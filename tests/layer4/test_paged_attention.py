@@ -153,12 +153,16 @@ def test_split_count_and_cost_model():
     cpu = torch.device("cpu")
     assert pick_num_splits(1, 8, 16, cpu) == 1  # short context: one part
     assert pick_num_splits(1, 1, 4096, cpu) == 4  # "one SM": 4 programs wanted
-    assert pick_num_splits(1, 1, 384, cpu) == 2  # ... but no part under 128 tokens (a power of 2)
+    assert pick_num_splits(1, 1, 40, cpu) == 2  # ... but no part under 16 keys (a power of 2)
     assert pick_num_splits(64, 8, 4096, cpu) == 1
-    splits = l3.comm.kernels.paged_decode_splits  # on an H100's 132 SMs: the sweep's picks
+    splits = l3.comm.kernels.paged_decode_splits  # on 132 SMs (H100, H200)
+    # at most: the kernel cuts each sequence by its length (D 64's 128-key steps: 8 parts of
+    # 1k keys at batch 1-8, as the H100 sweep picked)
     assert [splits(b, 8, n, 132) for b, n in [(1, 1024), (4, 1024), (8, 1024), (1, 4096),
                                               (4, 4096), (1, 16384), (4, 16384), (8, 16384)]] \
-        == [8, 8, 8, 32, 16, 64, 16, 8]
+        == [64, 16, 8, 64, 16, 64, 16, 8]
+    assert splits(1, 8, 272, 132) == splits(1, 2, 272, 132) == 16  # a graph for 272 tokens
+    assert splits(1, 8, 1024, 132, min_part=128) == 8
     assert splits(32, 8, 4096, 132) == splits(256, 8, 2112, 132) == 1  # >= 1.5 programs per SM
     nbytes, flops = decode_bytes_and_flops(2, 100, 32, 8, 64, 2)
     assert nbytes == 2 * 2 * 32 * 64 * 2 + 2 * 2 * 100 * 8 * 64 * 2

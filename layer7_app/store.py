@@ -14,7 +14,8 @@ generated is written as it streams (`update_message`), so a crash loses at most 
 second of it.
 
 The schema is versioned: `schema_version` records the version the file is at, and
-`Store()` applies the `MIGRATIONS` it has not seen yet, in order, inside one transaction.
+`Store()` applies the `MIGRATIONS` (store_schema.py) it has not seen yet, in order, inside
+one transaction.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .store_schema import MIGRATIONS, SCHEMA_VERSION
+
 DEFAULT_DB = Path.home() / ".cache" / "llm-stack" / "chat.db"
 ROLES = ("system", "user", "assistant")
 MAX_TITLE_CHARS = 200          # longer titles are cut
@@ -38,42 +41,6 @@ MAX_CONTENT_CHARS = 200_000    # a message's text
 MAX_META_BYTES = 64 * 1024     # a message's metadata, as JSON
 MAX_SETTINGS_BYTES = 4 << 20   # a conversation's settings, as JSON (branches live there)
 TOKEN = re.compile(r"[A-Za-z0-9_-]{32,64}")  # what new_token makes (secrets.token_urlsafe)
-
-# Version N is reached by running MIGRATIONS[N - 1]. Append, never edit: a file in the wild
-# may be at any earlier version.
-MIGRATIONS: tuple[str, ...] = (
-    # 1: sessions, conversations, messages.
-    """
-    CREATE TABLE sessions (
-        id INTEGER PRIMARY KEY,
-        token_hash TEXT NOT NULL UNIQUE,
-        created_at REAL NOT NULL
-    );
-    CREATE TABLE conversations (
-        id TEXT PRIMARY KEY,
-        session_id INTEGER NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-        title TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        updated_at REAL NOT NULL
-    );
-    CREATE INDEX conversations_by_session ON conversations(session_id, updated_at);
-    CREATE TABLE messages (
-        id INTEGER PRIMARY KEY,
-        conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-        role TEXT NOT NULL,
-        content TEXT NOT NULL,
-        created_at REAL NOT NULL
-    );
-    CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
-    """,
-    # 2: per-conversation settings (model, temperature, play-mode names) and per-message
-    # metadata (stats, citations, whether the reply was stopped), both as JSON text.
-    """
-    ALTER TABLE conversations ADD COLUMN settings TEXT NOT NULL DEFAULT '{}';
-    ALTER TABLE messages ADD COLUMN meta TEXT NOT NULL DEFAULT '{}';
-    """,
-)
-SCHEMA_VERSION = len(MIGRATIONS)
 
 
 @dataclass

@@ -153,6 +153,10 @@ class ModelRunner:
         speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
         drafts."""
         ids = self.input_ids(group, prev_tokens)
+        if self.graph is not None and all(s.query_len == 1 for s in group):
+            logits = self._graph_decode(group, ids)
+            if logits is not None:  # (B, V), a view of the graph's output: sampled first
+                return logits, {}
         qlens = [s.num_new_tokens + len(s.spec_token_ids) for s in group]
         seqs = [s.seq for s in group]
         ctx = self.cache.context(qlens, [s.context_len for s in group],
@@ -174,6 +178,25 @@ class ModelRunner:
             if s.spec_token_ids:
                 spec[b] = logits[start - 1 - len(s.spec_token_ids):start]
         return logits[ends], spec
+
+    def _graph_decode(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:
+        """A decode pass replayed from the CUDA graphs, its inputs without a whole
+        AttentionContext: the graph takes positions, seq_lens and block tables (it works out
+        the slots itself), so one pinned copy of those three is all the host prepares.
+        None: the graphs do not fit this pass (or a table is short: the general path says
+        so), which then runs as any other."""
+        got = self.tables.gather([s.seq for s in group])
+        if got is None:
+            return None
+        table, lens = got
+        B, n = table.shape
+        if not self.graph.can_run(B, n):
+            return None
+        pos = np.fromiter((s.context_len for s in group), dtype=np.int64, count=B)
+        if (lens * self.cache.block_size <= pos).any():
+            return None
+        dev = self.staging.to_device(np.concatenate([pos, pos + 1, table.reshape(-1)]))
+        return self.graph.run(ids, dev[:B], dev[2 * B:].view(B, n), dev[B:2 * B], copy=False)
 
     def sample(self, logits: torch.Tensor | Sequence[torch.Tensor],
                params: Sequence[l3.SamplingParams],

@@ -142,3 +142,33 @@ def test_gpu_graphs_share_one_pool_and_reuse_buffers():
     # same slots rewritten: same logits
     b = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_engine_decode_through_the_graph_runner_gives_the_plain_engines_tokens(async_scheduling):
+    """The runner's decode passes through the graph runner (capture=False on a CPU: its static
+    buffers, run eagerly), which takes positions, seq_lens and block tables from the runner's
+    one pinned copy instead of a whole AttentionContext: the plain engine's greedy tokens."""
+    from layer4_algorithms import LLM, SamplingParams  # noqa: PLC0415
+
+    model = l3.Model(l3.random_model(CONFIG, seed=1, std=0.3))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, CONFIG.vocab_size, (n,), generator=g).tolist()
+               for n in PROMPT_LENS[:6]]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    kw = dict(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=8,
+              async_scheduling=async_scheduling)
+    ref = [o.outputs[0].token_ids for o in LLM(model, **kw).generate(prompts, params)]
+    llm = LLM(model, **kw)
+    graph = CudaGraphRunner(model.net, llm.cache, 8, MAX_BLOCKS + 2, capture=False)
+    runs = []
+    inner = graph.run
+    graph.run = lambda *a, **k: runs.append(a[0].shape[0]) or inner(*a, **k)
+    llm.runner.graph = graph
+    contexts = []
+    context = llm.cache.context
+    llm.cache.context = lambda *a, **k: contexts.append(len(a[0])) or context(*a, **k)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == ref
+    assert len(runs) >= 11 and max(runs) == 6  # every decode step went through the graph runner
+    assert contexts == [6]  # only the prefill built an AttentionContext

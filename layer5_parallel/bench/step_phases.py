@@ -362,6 +362,32 @@ def format_probe(p: dict) -> str:
             f"affinity {p['affinity']} of {p['cpus']} cpus")
 
 
+def pin_processes(llm) -> list[int] | None:
+    """Rank 0's thread and each worker's main thread each on a physical core of its own (the
+    first logical CPU of distinct cores this process may run on), so no spinning worker
+    shares rank 0's core. Returns the CPUs in rank order (None: not enough cores; nothing
+    changed). The caller restores rank 0's affinity (os.sched_setaffinity(0, saved))."""
+    import os  # noqa: PLC0415
+
+    group = getattr(llm, "tp_group", None)
+    pids = [0] + ([p.pid for p in group.procs] if group is not None else [])
+    cores, seen = [], set()
+    for c in sorted(os.sched_getaffinity(0)):
+        try:
+            with open(f"/sys/devices/system/cpu/cpu{c}/topology/thread_siblings_list") as f:
+                core = min(_parse_cpus(f.read().strip()))
+        except (OSError, ValueError):
+            core = c
+        if core not in seen:
+            seen.add(core)
+            cores.append(c)
+    if len(cores) < len(pids):
+        return None
+    for pid, c in zip(pids, cores, strict=False):
+        os.sched_setaffinity(pid, {c})
+    return cores[:len(pids)]
+
+
 # ---- on a CPU ------------------------------------------------------------------------------------
 def tiny_model(seed: int = 0):
     import layer4_algorithms as engine  # noqa: PLC0415

@@ -40,6 +40,7 @@ import argparse
 import faulthandler
 import gc
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -52,7 +53,14 @@ from .. import planner
 from ..llm import LLM
 from ..runtime import group as runtime_group
 from ..runtime.random_source import random_net
-from .step_phases import cpu_probe, engine_wait, format_probe, format_summary, phase_run
+from .step_phases import (
+    cpu_probe,
+    engine_wait,
+    format_probe,
+    format_summary,
+    phase_run,
+    pin_processes,
+)
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
@@ -242,9 +250,10 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 tp_timeout_s: float = 300.0, profile_host: bool = False,
                 phases: bool = True, config=None, device: str = "cuda:0",
                 dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """layouts: (tp, tp_backend) or (tp, tp_backend, worker_spin_s), TP=1 first (the reference
-    of tokens and speed); worker_spin_s: how long the workers spin on the ring before they nap
-    (runtime/group.py's SPIN_S; None: its default).
+    """layouts: (tp, tp_backend[, worker_spin_s[, pin]]), TP=1 first (the reference of tokens
+    and speed); worker_spin_s: how long the workers spin on the ring before they nap
+    (runtime/group.py's SPIN_S; None: its default); pin: rank 0 and each worker on a physical
+    core of its own (step_phases.pin_processes) while that layout runs.
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
     time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each).
     phases: one more run per batch with rank 0's step timed by phase (step_phases.py), kept
@@ -264,9 +273,10 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
     longest = PROMPT_LEN + max(n for _, n in workloads) + 16
     blocks = big * -(-longest // 16) + 16
     rows, ref = [], {}
-    for tp, tp_backend, *spin in layouts:
-        spin = spin[0] if spin else None
-        label = tp_backend if spin is None else f"{tp_backend}@{spin:g}s"
+    for tp, tp_backend, *more in layouts:
+        spin, pin = (list(more) + [None, False])[:2]
+        label = (tp_backend if spin is None else f"{tp_backend}@{spin:g}s") + ("+pin" if pin
+                                                                                else "")
         what = f"{name} TP={tp} {label}"
         saved_spin = dict(runtime_group.SPIN_S)
         if spin is not None:  # the group reads it at start: this engine's workers only
@@ -279,7 +289,12 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
         finally:
             runtime_group.SPIN_S.update(saved_spin)
         spin_s = runtime_group.SPIN_S["nccl"] if spin is None else spin
+        affinity, pinned = os.sched_getaffinity(0), None
         try:
+            if pin:
+                pinned = pin_processes(llm)
+                log(f"{what}: rank 0 and the workers pinned to cpus {pinned} (None: too few "
+                    "cores, not pinned)")
             log(f"{what}: engine up")
             _generate(llm, prompts[:2], 4)  # warm-up
             log(f"{what}: warm-up done")
@@ -294,7 +309,8 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 diff = first_difference(ref[batch], tokens)
                 rows.append({"shape": name, "tp": tp, "batch": batch, "new_tokens": n,
                              "tp_backend": tp_backend, "layout": label,
-                             "worker_spin_s": spin_s if tp > 1 else None, **r,
+                             "worker_spin_s": spin_s if tp > 1 else None, "pinned_cpus": pinned,
+                             **r,
                              "predicted_step_ms": 1e3 * pred.step_s,
                              "predicted_comm_ms": 1e3 * pred.tp_comm_s,
                              "same_tokens": diff is None, "first_difference": diff})
@@ -316,6 +332,7 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 log(f"{what}: rank 0's GPU, batch {batch}:\n"
                     + gpu_profile(llm, prompts[:batch], n))
         finally:
+            os.sched_setaffinity(0, affinity)
             llm.close()
             llm = None
             gc.collect()  # the engine's graphs and cache, before the next layout allocates
@@ -386,10 +403,12 @@ def _datasheet() -> str:
 def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
                  profile_host: bool = False, tps: list[int] | None = None,
-                 phases: bool = True, worker_spins: list[float] | None = None) -> dict:
+                 phases: bool = True, worker_spins: list[float] | None = None,
+                 pin_cpus: bool = False) -> dict:
     """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs);
     worker_spins: run each TP layout once per value (the workers' spin on the ring before
-    they nap; default: the group's own, once)."""
+    they nap; default: the group's own, once); pin_cpus: each TP layout once more (at the
+    first spin) with rank 0 and every worker pinned to a physical core of its own."""
     gpus = torch.cuda.device_count()
     tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
     rows: list[dict] = []
@@ -398,6 +417,8 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     spins = worker_spins or [None]
     layouts = [(1, "torch")] + [(t, b, w) for b in tp_backends for w in spins for t in tps]
+    if pin_cpus:
+        layouts += [(t, b, spins[0], True) for b in tp_backends for t in tps]
     for name in shapes:
         new = bench_shape(name, layouts, repeats=repeats, log=log, profile_host=profile_host,
                           phases=phases)
@@ -409,12 +430,12 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
 
 
 def format_rows(rows: list[dict]) -> str:
-    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':11} {'tok/s':>9} {'x TP1':>6} "
+    head = (f"{'shape':14} {'tp':>2} {'B':>3} {'backend':14} {'tok/s':>9} {'x TP1':>6} "
             f"{'step ms':>8} {'pred ms':>8} {'host ms':>8} {'host x':>7} {'cpu ms':>7} "
             f"{'cpu x':>6} same")
     lines = [head]
     for r in rows:
-        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {_label(r):11} "
+        lines.append(f"{r['shape']:14} {r['tp']:>2} {r['batch']:>3} {_label(r):14} "
                      f"{r['decode_tok_s']:>9,.0f} {r.get('speedup', float('nan')):>6.2f} "
                      f"{r['step_ms']:>8.3f} {r['predicted_step_ms']:>8.3f} "
                      f"{r['host_ms_per_step']:>8.3f} {r.get('host_vs_tp1', float('nan')):>7.2f} "
@@ -437,6 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-spin", default="",
                     help="seconds the workers spin on the ring before napping, comma-separated: "
                          "each TP layout once per value (default: the runtime's, once)")
+    ap.add_argument("--pin-cpus", action="store_true",
+                    help="each TP layout once more with rank 0 and every worker pinned to a "
+                         "physical core of its own")
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the run per batch that times rank 0's step by phase")
     ap.add_argument("--profile-host", action="store_true",
@@ -465,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
                          tps=[int(t) for t in tps], phases=not args.no_phases,
-                         worker_spins=spins)
+                         worker_spins=spins, pin_cpus=args.pin_cpus)
     finally:
         runtime_group.progress = None
         log.done()

@@ -76,22 +76,26 @@ def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
     """The GPU bench's own loop over layouts (as the GPU call runs it), on a tiny shape on the
     CPU over gloo: the rows carry the decode-only host figures, the phases and the CPU probe;
     a layout with its own worker spin is labelled, and the runtime's spin is put back."""
+    import os  # noqa: PLC0415
+
     import torch  # noqa: PLC0415
 
     from layer5_parallel.bench import step_phases, tp_gpu_bench  # noqa: PLC0415
     from layer5_parallel.runtime import group  # noqa: PLC0415
 
-    spins = dict(group.SPIN_S)
+    spins, affinity = dict(group.SPIN_S), os.sched_getaffinity(0)
     config = step_phases.tiny_model().config
     lines = []
     rows = tp_gpu_bench.bench_shape(
-        "tiny", [(1, "torch"), (2, "torch"), (2, "torch", 0.01)], repeats=1, backend="torch",
-        workloads=((1, 6), (3, 6)), config=config, device="cpu", dtype=torch.float32,
-        log=lines.append)
-    assert group.SPIN_S == spins
+        "tiny", [(1, "torch"), (2, "torch"), (2, "torch", 0.01), (2, "torch", None, True)],
+        repeats=1, backend="torch", workloads=((1, 6), (3, 6)), config=config, device="cpu",
+        dtype=torch.float32, log=lines.append)
+    assert group.SPIN_S == spins and os.sched_getaffinity(0) == affinity
     assert [(r["tp"], r["batch"], r["layout"]) for r in rows] == [
         (1, 1, "torch"), (1, 3, "torch"), (2, 1, "torch"), (2, 3, "torch"),
-        (2, 1, "torch@0.01s"), (2, 3, "torch@0.01s")]
+        (2, 1, "torch@0.01s"), (2, 3, "torch@0.01s"), (2, 1, "torch+pin"), (2, 3, "torch+pin")]
+    assert [r["pinned_cpus"] is not None for r in rows] == [False] * 6 + [True] * 2
+    assert any("pinned to cpus" in line for line in lines)
     for r in rows:
         assert r["same_tokens"], r
         assert r["phases"]["steps"] >= 3 and r["host_cpu_ms_per_step"] > 0

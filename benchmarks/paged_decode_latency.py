@@ -506,6 +506,10 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
             gc.collect()
     toks = [row.pop(f"{v}_tokens") for v, _, _ in variants]
     row["same_tokens"] = all(t == toks[0] for t in toks)
+    for (v, _, _), t in zip(variants[1:], toks[1:], strict=True):  # greedy on random weights
+        pairs = zip(toks[0], t, strict=False)  # meets near-ties: where do the tokens part?
+        row[f"{v}_first_diff_vs_before"] = next((i for i, (a, b) in enumerate(pairs) if a != b),
+                                                None)
     return row
 
 

@@ -29,9 +29,11 @@ head's last part merges them, see layer1_kernels/paged_decode.py):
     out = sum_s 2^(lse_s - M) * o_s / sum_s 2^(lse_s - M),   M = max_s lse_s
 which is exactly the softmax over the whole context. The split count is chosen on the host
 from B, Hkv, the table's capacity and the SM count (never from seq_lens, which live on the
-device: reading them would stall the GPU and break CUDA-graph capture); each sequence's
-parts are cut from its own length on the device. With one split the first kernel writes
-the output directly and no merge is needed.
+device: reading them would stall the GPU and break CUDA-graph capture): it is the most
+parts a context may be cut into. Each sequence is cut on the device by its own length, into
+parts of at least one loop step, only as many as its keys fill (a short context in a graph
+captured for a long max_model_len runs as a few parts, not as many mostly empty ones); a
+sequence that fills one part has it write the output directly: no merge.
 
 Why it is fast: decode attention does 4 * D FLOPs per 4 * D bytes of K/V (bf16), an
 arithmetic intensity of ~1 FLOP/byte -- far below any GPU's ridge point -- so the only goal
@@ -72,10 +74,11 @@ def _sm_count(device_index: int) -> int:
 
 
 def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
-    """How many parts to cut each context into: layer 1's paged_decode_splits (a power of two
-    putting ~4 programs on each SM, no part under 128 keys, none while the batch alone gives
-    1.5 programs per SM; picked by benchmarks/sweep_paged.py on an H100) for this device's SM
-    count (1 off a GPU). Host ints only."""
+    """How many parts to cut each context into at most: layer 1's paged_decode_splits (a
+    power of two putting ~4 programs on each SM, no part under its shortest, none while the
+    batch alone gives 1.5 programs per SM; benchmarks/sweep_paged.py on an H100,
+    benchmarks/paged_decode_latency.py on an H200) for this device's SM count (1 off a GPU).
+    Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
     return l3.paged_decode_splits(batch, kv_heads, max_context, sms)

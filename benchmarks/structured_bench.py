@@ -21,14 +21,14 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up, a mode's variants run in turn (round robin) so a slow spell hits them alike;
   with the engine's own per-step mask figures (host fill, host apply) and its step count,
-  and the wall time per step. Under async scheduling json_schema runs three ways: the
-  engine's default (TokenMasks.overlap: the fill handed to a helper thread, one GIL-free
-  call of llguidance's executor, started as the step begins when the previous tokens are
-  already on the host, else after the forward's launch; masked and sampled after the
-  step's outputs are built), after_launch (the helper's fill always started after the
-  forward's launch: the default before the fill could start ahead), serial fill (one by
-  one on the engine's thread, no helper) and, with --pool, pool (no helper, llguidance's
-  pool of 8 threads: the earliest default).
+  and the wall time per step. json_schema runs several ways: the engine's default (the
+  helper thread or the engine's own, whichever its timed steps find faster: WayChooser;
+  which it kept is reported), helper (always the helper: one GIL-free call of llguidance's
+  executor, started before the step schedules when the previous tokens are already on the
+  host, else after the forward's launch), serial fill (one by one on the engine's thread,
+  no helper); under async scheduling also after_launch (the helper's fill always started
+  after the forward's launch: the default before the fill could start ahead) and, with
+  --pool, pool (no helper, llguidance's pool of 8 threads: the earliest default).
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -100,10 +100,15 @@ class Throughput:
         self.complete_s = 0.0
         self.llm._complete = timed_into(self.llm._complete, self._add_complete)
         self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
+        if constrained and self.llm.masks.overlap is None:  # timed choice: again, on a warm
+            # grammar (a compile's first visits of lexer states cost far more than later
+            # ones and would weigh on whichever way the first steps took)
+            self.llm.masks.chooser = l4.structured.mask_fill.WayChooser()
+            self.llm.generate(self.prompts, self.params)
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
                     "fill_threads": self.llm.masks.threads,
-                    "helper": self.llm.masks.overlap and self.llm.config.async_scheduling,
+                    "helper": self.llm.masks.overlap,  # (None: timed, WayChooser)
                     "tokens_per_s": 0.0, "runs": []}
 
     def _add_complete(self, seconds: float) -> None:
@@ -127,6 +132,10 @@ class Throughput:
                    wall_ms_per_step=round(1e3 * dt / max(1, steps), 3))
         if row["constrained"]:
             row["json_prefix_ok"] = all(o.outputs[0].text.startswith("[{") for o in outs)
+            c = llm.masks.chooser
+            row["kept"] = ("timed: helper" if c.helper else "timed: own thread") \
+                if llm.masks.overlap is None else ("helper" if llm.masks.overlap else "own")
+            row["chooser"] = {"helper_chosen": c.chosen, "own_kept": c.kept}
         if masks.get("steps"):
             n = masks["steps"]
             row.update(masked_steps=n,
@@ -328,10 +337,11 @@ def main(argv: list[str] | None = None) -> dict:
     for name, engine in modes:
         row = {"scheduling": name, "engine": engine}
         variants = [("unconstrained", False, None, None, True),
-                    ("json_schema", True, None, None, True)]
+                    ("json_schema", True, None, None, True),
+                    ("json_schema_helper", True, None, True, True),
+                    ("json_schema_serial_fill", True, 0, False, True)]
         if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
-            variants += [("json_schema_after_launch", True, None, None, False),
-                         ("json_schema_serial_fill", True, 0, False, True)]
+            variants.insert(3, ("json_schema_after_launch", True, None, True, False))
             if args.pool:
                 variants.append(("json_schema_pool", True, 8, False, True))
         runs = {}
@@ -355,7 +365,8 @@ def main(argv: list[str] | None = None) -> dict:
                      f"{r.get('engine_apply_us_per_step')} us (waited "
                      f"{r.get('engine_wait_us_per_step')} us) per step, advancing grammars "
                      f"ahead {r.get('engine_advance_ahead_us_per_step')} us, filled ahead at "
-                     f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps"
+                     f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps, "
+                     f"{r.get('kept')} {r.get('chooser')}"
                      if r["constrained"] else "")
             say(f"{name}/{key}: {r['tokens_per_s']} tok/s (runs {r['runs']}, "
                 f"async={r['async_scheduling']}, {r['steps']} steps, "
@@ -366,10 +377,11 @@ def main(argv: list[str] | None = None) -> dict:
         if "unconstrained" in row and "json_schema" in row:
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("after_launch", "serial_fill", "pool"):
+            for v in ("helper", "after_launch", "serial_fill", "pool"):
                 if f"json_schema_{v}" in row:
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
-            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (after launch: "
+            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (helper: "
+                f"{row.get('ratio_helper')}x, after launch: "
                 f"{row.get('ratio_after_launch')}x, serial fill: "
                 f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x; "
                 f"target >= 0.9x)")
@@ -387,7 +399,8 @@ def main(argv: list[str] | None = None) -> dict:
         if "ratio" in r:
             print(f"SUMMARY {r['scheduling']:>10}: unconstrained "
                   f"{r['unconstrained']['tokens_per_s']} tok/s, json_schema "
-                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (after launch "
+                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (kept "
+                  f"{r['json_schema'].get('kept')}; helper {r.get('ratio_helper')}x, after launch "
                   f"{r.get('ratio_after_launch')}x, serial fill "
                   f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x)",
                   flush=True)

@@ -219,7 +219,9 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         finally:
             if sample is not None:
                 self._inflight = sample()
-            self._stats.elapsed_s += time.perf_counter() - start
+            took = time.perf_counter() - start
+            self._stats.elapsed_s += took
+            self.masks.end_step(took)  # (timing the masks' helper against the own thread)
 
     def _complete(self, launched: LaunchedStep, advanced: set[str],
                   finished: list[Sequence]) -> None:

@@ -49,7 +49,7 @@ class EngineLaunchMixin:
                 return lambda: self._sample_on_device(
                     out, rows, who, self.masks.wait_ahead(*ahead, who)), None
             constrained = sum(q.grammar is not None for q in who)
-            if constrained >= self.masks.overlap_rows and self.masks.overlap:
+            if constrained >= self.masks.overlap_rows and self.masks.use_helper():
                 # prev's tokens advance the grammars first (each state takes a position
                 # once: appending them below does not again), the helper fills the masks
                 # while this thread appends prev's tokens and step() builds the outputs,
@@ -90,11 +90,10 @@ class EngineLaunchMixin:
         the grammars have taken them). `_launch` maps the filled rows onto its own
         (`TokenMasks.wait_ahead`); a step that launches nothing waits for it (`_drop_ahead`).
         Not with a speculator (its verification fills masks of its own)."""
-        if (self._ahead is not None or prev is None or not self.masks.overlap
-                or self.speculator is not None):
+        if self._ahead is not None or prev is None or self.speculator is not None:
             return
         seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
-        if len(seqs) < self.masks.overlap_rows:
+        if len(seqs) < self.masks.overlap_rows or not self.masks.use_helper():
             return
         if not appended:
             t0 = time.perf_counter()

@@ -43,6 +43,7 @@ import torch
 from .mask_fill import (
     SERIAL_ROWS,
     FillHelper,
+    WayChooser,
     executor,
     fill_failed,
     fill_masks,
@@ -118,11 +119,11 @@ class TokenMasks:
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
     twice the need) when a step has more constrained rows than they hold. `threads`: the
     fill's llguidance pool threads (fill_threads() at construction; None: read it again each
-    step; 0: on the calling thread). `overlap` (mask_overlap(), read once here; on unless
-    LLM_STACK_MASK_OVERLAP=0): under async scheduling a step of at least `overlap_rows`
-    constrained rows hands the fill to a helper thread (`submit`: one call of llguidance's
-    executor over all the rows, which drops the GIL), appends the previous tokens and builds
-    the step's outputs meanwhile, masking and sampling after (`wait`, `launch`). `stats`:
+    step; 0: on the calling thread). `overlap` (mask_overlap(), read once here: True, False,
+    or None for the `chooser`'s way, timed; the engine asks `use_helper()`): a step of at
+    least `overlap_rows` constrained rows may hand the fill to a helper thread (`submit`: one
+    call of llguidance's executor over all the rows, which drops the GIL) and do its own
+    work meanwhile, masking and sampling after (`wait`, `launch`). `stats`:
     steps masked, rows masked, seconds the engine's thread spent filling (or handing the
     fill over), seconds the helper filled, seconds launching the apply, seconds the engine
     waited for the helper; steps whose fill started ahead (`wait_ahead`) with the same rows
@@ -141,12 +142,28 @@ class TokenMasks:
         self._arena = 0
         self.threads: int | None = fill_threads()  # read (and checked) once, at start-up
         self.overlap = mask_overlap()
+        self.chooser = WayChooser()  # (overlap None: helper or not, by the steps' times)
+        self._asked = False  # this step asked use_helper() (end_step times it)
         # the hand-over to the helper and back costs two thread wake-ups (~50 us on a busy
         # 2-CPU host), a row's fill 5-40 us: up to SERIAL_ROWS rows stay on the engine's thread
         self.overlap_rows = SERIAL_ROWS + 1
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
+
+    def use_helper(self) -> bool:
+        """Whether a step with at least overlap_rows constrained rows hands its fill to the
+        helper: `overlap` if set, else the chooser's way (the step is then timed for it)."""
+        if self.overlap is not None:
+            return self.overlap
+        self._asked = True
+        return self.chooser.helper
+
+    def end_step(self, seconds: float) -> None:
+        """The engine's step took `seconds`: counted for the chooser's way if it asked."""
+        if self._asked:
+            self._asked = False
+            self.chooser.record(seconds)
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""

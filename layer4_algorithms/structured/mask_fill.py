@@ -1,6 +1,7 @@
 """How a step's masks get filled on the host: one by one on the engine's thread, on
 llguidance's thread pool (opt-in: LLM_STACK_GRAMMAR_THREADS), or handed as one GIL-free call
-to a helper thread that overlaps the engine's own work (async scheduling; LLM_STACK_MASK_OVERLAP).
+to a helper thread that overlaps the engine's own work (LLM_STACK_MASK_OVERLAP; by default
+whichever of the helper and the engine's thread the engine's timed steps find faster).
 The masks' layout, buffers and application are bitmask.py's."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
+from statistics import median
 from typing import TYPE_CHECKING
 
 import torch
@@ -47,16 +49,59 @@ def fill_threads() -> int:
     return 0
 
 
-def mask_overlap() -> bool:
+def mask_overlap() -> bool | None:
     """LLM_STACK_MASK_OVERLAP: 0 (or false/no/off) to fill every mask on the engine's thread;
-    1 (or true/yes/on, or unset) for TokenMasks' helper thread under async scheduling (the
-    default); ValueError for anything else."""
+    1 (or true/yes/on) for TokenMasks' helper thread whenever a step has enough constrained
+    rows; unset (or auto): None, the engine times both ways and keeps the faster
+    (`WayChooser`); ValueError for anything else."""
     env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
     if env in ("0", "false", "no", "off"):
         return False
-    if env in ("", "1", "true", "yes", "on"):
+    if env in ("1", "true", "yes", "on"):
         return True
-    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1 or 0")
+    if env in ("", "auto"):
+        return None
+    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1, 0 or auto")
+
+
+class WayChooser:
+    """Helper thread or the engine's own, chosen by timing the engine's steps with each.
+
+    Which is faster depends on the host, not only on the fill: each hand-over between the
+    engine's thread and the helper wakes a sleeping thread (and passes the GIL), which on a
+    busy server took hundreds of microseconds a step; with a long step (eager launches) the
+    fill hides behind the engine's work and the helper wins, with a short host-bound one (a
+    small model under CUDA graphs) the hand-overs cost more than the fill they hide. So: the
+    first steps that have a choice alternate in blocks of BLOCK (helper, own, helper, own),
+    the way whose steps took less (median, a block's first 2 steps left out: they pay the
+    switch) is kept for EVERY such steps, then they are timed again. `helper`: the way now."""
+
+    BLOCK = 8
+    EVERY = 512
+
+    def __init__(self) -> None:
+        self.helper = True
+        self.chosen = 0  # times a way was chosen with the helper; `kept`: on the engine's
+        self.kept = 0
+        self._n = 0  # steps with a choice since the last timing began
+        self._times: dict[bool, list[float]] = {True: [], False: []}
+
+    def record(self, seconds: float) -> None:
+        """One step that had the choice (made with `helper`) took `seconds`."""
+        n, self._n = self._n, self._n + 1
+        if n >= 4 * self.BLOCK:  # using the chosen way
+            if self._n >= self.EVERY:  # time both again
+                self._n, self._times, self.helper = 0, {True: [], False: []}, True
+            return
+        if n % self.BLOCK >= 2:
+            self._times[self.helper].append(seconds)
+        if (n + 1) % self.BLOCK == 0:
+            self.helper = not self.helper
+        if n + 1 == 4 * self.BLOCK:
+            h, own = self._times[True], self._times[False]
+            self.helper = not own or (bool(h) and median(h) <= median(own))
+            self.chosen += self.helper
+            self.kept += not self.helper
 
 
 def executor(threads: int | None = None) -> llguidance.LLExecutor:

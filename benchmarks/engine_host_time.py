@@ -38,8 +38,8 @@ from layer4_algorithms.kv import paged_cache
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def tiny_model() -> l3.Model:
-    tok = l3.Tokenizer.from_pretrained(ROOT / "models" / "course-target")
+def tiny_model(text: bool = True) -> l3.Model:
+    tok = l3.Tokenizer.from_pretrained(ROOT / "models" / "course-target") if text else None
     cfg = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=512)
@@ -110,6 +110,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--no-text", action="store_true",
+                    help="a model without a tokenizer (no detokenisation: bench.dp's workload)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many runs' decode steps")
     ap.add_argument("--stages", action="store_true",
                     help="also the host time per decode step of each stage (async, generate)")
@@ -120,7 +122,7 @@ def main() -> None:
     if args.profile < 0:
         ap.error(f"--profile must be >= 0, got {args.profile}")
     torch.set_num_threads(1)
-    model = tiny_model()
+    model = tiny_model(text=not args.no_text)
     timer = ForwardTimer(model.net)
     run(model, timer, args.batch, 8, True, False)  # warm up
     print(f"engine host time per decode step, batch {args.batch}, {args.new_tokens} new tokens, "

@@ -82,6 +82,22 @@ class FinishRule:
             self._add_text(self.decoder.flush())  # the last, possibly unfinished, character
         return self._take(), self.finish_reason
 
+    def add(self, token: int) -> str | None:
+        """`append` for a caller that does not take the text pieces (it reads `text` and
+        `emitted` when it needs them): the same state after each token; returns only the
+        finish reason. Without a decoder (no text) it skips the piece's bookkeeping, which
+        is then always "": an engine calls this for every sequence every step."""
+        if self.decoder is not None or self.finish_reason is not None:
+            return self.append(token)[1]
+        if token in self.eos_token_ids:
+            self.finish_reason = "eos"
+        else:
+            ids = self.token_ids
+            ids.append(token)
+            if len(ids) >= self._max_tokens:
+                self.finish_reason = "length"
+        return self.finish_reason
+
     def _add_text(self, piece: str) -> None:
         if not piece:
             return

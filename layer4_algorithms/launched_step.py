@@ -78,11 +78,14 @@ class LaunchedStep:
             return self.sampled
         if self.event is not None:
             self.event.synchronize()
-        for q in self.who:
+        tokens = self.tokens.tolist()
+        if len(tokens) != len(self.who):
+            raise ValueError(f"{len(tokens)} tokens for {len(self.who)} sampled rows")
+        sampled = self.sampled = {}
+        for q, t in zip(self.who, tokens):
             q.num_pending -= 1
-        self.sampled = {q.seq_id: [t] for q, t in zip(self.who, self.tokens.tolist(),
-                                                      strict=True)}
-        return self.sampled
+            sampled[q.seq_id] = [t]
+        return sampled
 
     def peek(self) -> dict[int, int] | None:
         """seq_id -> its token if the tokens are already on the host, without waiting and

@@ -32,6 +32,7 @@ import layer3_model as l3
 
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
+from .decode_inputs import decode_inputs
 from .kv import PagedKVCache
 from .logits_processing import TokenLogprobs, sample_processed
 from .sampling_guard import sample_guarded
@@ -100,6 +101,17 @@ class ModelRunner:
         self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
         scheduled = out.scheduled
+        fast = decode_inputs(self.tables, scheduled)  # a decode step: one pass over it
+        if fast is not None:
+            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens)
+            last = None
+            if self.graph is not None:
+                last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
+            if last is None:
+                ctx = self.cache.context(fast.query_lens, fast.context_lens, fast.table,
+                                         staging=self.staging, table=(fast.table, fast.lens))
+                last, _ = self._run(scheduled, ids, ctx)
+            return StepLogits(last, fast.rows, {}, self.staging)
         rows: list[int | None] = [None] * len(scheduled)
         spec: dict[int, torch.Tensor] = {}
         parts, offset = [], 0
@@ -134,6 +146,12 @@ class ModelRunner:
                 ids.append(s.seq.token_ids[s.context_len])
             else:
                 ids += s.input_ids
+        return self.place_ids(ids, src, dst, prev_tokens)
+
+    def place_ids(self, ids: list[int], src: list[int], dst: list[int],
+                  prev_tokens: torch.Tensor | None) -> torch.Tensor:
+        """Input ids (T,) on the device from host ids where ids[dst[i]] is a placeholder for
+        prev_tokens[src[i]] (a token still on the device)."""
         if not dst:
             return self.staging.to_device(np.array(ids, dtype=np.int64))
         if prev_tokens is None:
@@ -162,6 +180,11 @@ class ModelRunner:
         ctx = self.cache.context(qlens, [s.context_len for s in group],
                                  [q.block_table for q in seqs], staging=self.staging,
                                  table=self.tables.gather(seqs))
+        return self._run(group, ids, ctx)
+
+    def _run(self, group: list[ScheduledSeq], ids: torch.Tensor, ctx: l3.AttentionContext
+             ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """The pass's forward (from a CUDA graph when one fits), its inputs built."""
         speculating = ctx.num_tokens > len(group) and any(s.spec_token_ids for s in group)
         graphable = ctx.max_query_len == 1 and self.graph is not None
         if graphable and self.graph.can_run(len(group), ctx.block_tables.shape[1]):
@@ -189,10 +212,15 @@ class ModelRunner:
         if got is None:
             return None
         table, lens = got
+        pos = np.fromiter((s.context_len for s in group), dtype=np.int64, count=len(group))
+        return self._graph_run(ids, table, lens, pos)
+
+    def _graph_run(self, ids: torch.Tensor, table: np.ndarray, lens: np.ndarray,
+                   pos: np.ndarray) -> torch.Tensor | None:
+        """_graph_decode from the pass's (B, n) block table, table lengths and positions."""
         B, n = table.shape
         if not self.graph.can_run(B, n):
             return None
-        pos = np.fromiter((s.context_len for s in group), dtype=np.int64, count=B)
         if (lens * self.cache.block_size <= pos).any():
             return None
         dev = self.staging.to_device(np.concatenate([pos, pos + 1, table.reshape(-1)]))

@@ -122,14 +122,28 @@ class Scheduler:
             self.running.sort(key=priority_key)
         lookahead = self.num_lookahead_slots
         scheduled = out.scheduled
+        running, bs, refs = self.running, self.bm.block_size, self.bm.ref_counts
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        while i < len(running) and budget > 0:
+            seq = running[i]
             pending = seq.num_pending
             if pending and len(seq.output_ids) + pending >= seq.params.max_tokens:
                 i += 1  # its token on the device finishes it (length, or EOS / stop)
                 continue
-            left = seq.num_uncomputed_tokens
+            computed = seq.num_computed_tokens
+            left = len(seq.token_ids) + pending - computed
+            if left == 1 and not lookahead:
+                # a plain decode whose slot is in its own last block already (most steps of
+                # most sequences): allocate_slots would change nothing and copy nothing
+                table = seq.block_table
+                j = computed // bs
+                if j < len(table) and refs[table[j]] == 1:
+                    scheduled.append(ScheduledSeq(seq, 1, computed, 0, [],
+                                                  seq.pending_index if pending else -1))
+                    seq.num_computed_tokens = computed + 1
+                    budget -= 1
+                    i += 1
+                    continue
             n = left if left < budget else budget
             k = self._lookahead(seq, budget - n) if lookahead and left == 1 else 0
             copies = self.bm.allocate_slots(seq, n + k)
@@ -165,6 +179,8 @@ class Scheduler:
     def _admit(self, out: SchedulerOutput, budget: int) -> None:
         if self.policy == "static" and not self.running:
             self._static_slots = self.max_num_seqs  # the previous batch is done: open the next
+        if not self.waiting:
+            return
         seats = len(self.running) + sum(s.pending_forks for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
@@ -218,11 +234,13 @@ class Scheduler:
         now = time.perf_counter()
         bs, caching, running = self.bm.block_size, self.bm.enable_prefix_caching, \
             SequenceStatus.RUNNING
+        done = SequenceStatus.FINISHED
+        get = sampled.get
         for s in out.scheduled:
             seq = s.seq
-            if seq.status is SequenceStatus.FINISHED:  # aborted since it was scheduled
+            if seq.status is done:  # aborted since it was scheduled
                 continue
-            tokens = sampled.get(seq.seq_id)
+            tokens = get(seq.seq_id)
             if tokens:
                 if len(tokens) == 1:
                     seq.append_token(tokens[0], now)
@@ -240,9 +258,10 @@ class Scheduler:
                 continue
             if s.num_lookahead:
                 self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
-            if caching and min(seq.num_computed_tokens // bs,
-                               len(seq.block_table)) > len(seq.block_hashes):
-                self.bm.commit(seq)
+            if caching:
+                full = seq.num_computed_tokens // bs
+                if full > len(seq.block_hashes) and len(seq.block_table) > len(seq.block_hashes):
+                    self.bm.commit(seq)
         return finished
 
     # ---- bookkeeping ---------------------------------------------------------------------------

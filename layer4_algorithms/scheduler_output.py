@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .sequence import Sequence
 
 
-@dataclass
+@dataclass(slots=True)
 class ScheduledSeq:
     """One sequence's share of a step: it computes tokens token_ids[context_len : context_len +
     num_new_tokens], followed by spec_token_ids (draft tokens a speculator filled in, at most

@@ -124,16 +124,19 @@ class Sequence:
         """Add one sampled token; True when the sequence is finished by it (EOS unless
         ignore_eos, a stop string, max_tokens: layer 3's FinishRule, as its generate does;
         EOS is not added to the output, a stop string is cut from the text)."""
-        now = time.perf_counter() if now is None else now
-        self.first_token_time = self.first_token_time or now
+        if now is None:
+            now = time.perf_counter()
+        if self.first_token_time is None:
+            self.first_token_time = now
         self.last_token_time = now
-        before = len(self.output_ids)
-        _, self.finish_reason = self.finish.append(token)
-        if len(self.output_ids) > before:
+        out = self.output_ids
+        before = len(out)
+        self.finish_reason = reason = self.finish.add(token)
+        if len(out) > before:
             self.token_ids.append(token)
             if self.grammar is not None:  # once per output position (accept_at)
                 self.grammar.accept_at(token, before)
-        return self.finish_reason is not None
+        return reason is not None
 
     def fork(self, seq_id: int, index: int, generator: torch.Generator | None,
              decoder: l3.IncrementalDecoder | None) -> Sequence:

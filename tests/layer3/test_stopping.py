@@ -133,3 +133,24 @@ def test_course_tokenizer_streams_the_same_text_as_generate_would_return():
     pieces = feed(rule, tokens)
     assert rule.finish_reason == "stop"
     assert "".join(pieces) == rule.text == text[: text.index("\n\n")]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("text", [True, False])
+def test_add_leaves_the_state_append_leaves(seed, text):
+    """add(token) (the engine's call: no piece returned) and append(token) agree token by
+    token: ids, text, released characters, finish reason; with and without a decoder."""
+    rng = random.Random(seed)
+    stops = tuple(rng.choice(["a", "b x", "é"]) for _ in range(rng.randint(0, 2)))
+    params = l3.SamplingParams(max_tokens=rng.randint(1, 20), stop=stops,
+                               ignore_eos=rng.random() < 0.3)
+    rules = [l3.FinishRule(params, (EOS,), ByteDecoder() if text else None) for _ in range(2)]
+    eos = [] if params.ignore_eos and text else [EOS]  # (ignored, it is decoded: not a byte)
+    for t in [rng.choice([*b"ab x", *"é".encode(), *eos]) for _ in range(30)]:
+        _, want = rules[0].append(t)
+        assert rules[1].add(t) == want
+        a, b = rules
+        assert (a.token_ids, a.text, a.emitted, a.finish_reason) == \
+            (b.token_ids, b.text, b.emitted, b.finish_reason)
+        if want is not None:
+            break

@@ -14,6 +14,7 @@ from layer4_algorithms import (
     CudaGraphRunner,
     SamplingParams,
     ScheduledSeq,
+    SchedulerOutput,
     Sequence,
     SpecCounts,
 )
@@ -168,3 +169,28 @@ def test_greedy_tokens_on_gpu_is_torch_argmax():
     for x in _awkward_rows("cuda"):
         for _ in range(2):
             assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
+
+
+def test_a_decode_step_takes_the_one_pass_inputs_with_the_general_paths_results(tiny_model,
+                                                                               monkeypatch):
+    """A step of one-token sequences (tokens on the host and on the device, a one-token
+    prompt chunk that does not sample) runs from decode_inputs' one pass: the same logits
+    and rows as the general path's (input_ids, lengths, mirror gather)."""
+    from layer4_algorithms import model_runner
+
+    def step(llm):
+        seqs = []
+        for i, n in enumerate((5, 9, 3)):
+            s = Sequence(i, str(i), list(range(10 + i, 10 + i + n)), SamplingParams())
+            s.row, s.block_table = i, [2 * i, 2 * i + 1]
+            seqs.append(s)
+        seqs[1].num_pending, seqs[1].pending_index = 1, 0  # its input token is on the device
+        out = SchedulerOutput([ScheduledSeq(seqs[0], 1, 4), ScheduledSeq(seqs[1], 1, 9, pending=0),
+                               ScheduledSeq(seqs[2], 1, 1)])  # seq 2: a chunk, no sample
+        return llm.runner.execute(out, torch.tensor([42]))
+
+    fast = step(LLM(tiny_model, num_blocks=16))
+    monkeypatch.setattr(model_runner, "decode_inputs", lambda *a: None)
+    slow = step(LLM(tiny_model, num_blocks=16))
+    assert fast.row == slow.row == [0, 1, None]
+    torch.testing.assert_close(fast.last, slow.last)

@@ -1,0 +1,91 @@
+"""A decode step's inputs in one pass over its sequences (the model runner's fast path).
+
+Most steps of a busy engine are decode steps: every scheduled sequence brings one token,
+no drafts. Their inputs are per sequence: the input token (on the host, or still on the
+device: the previous step's sample, `ScheduledSeq.pending`), the position (= context_len),
+the block table (the runner's `BlockTableMirror` row, synced with the sequence's list) and
+whether the step reaches the sequence's end (it samples: always, but for a prompt's
+one-token chunk that stops short of its end). The general path gathers these in
+several passes over the sequences (the input ids, the query and context lengths, the
+tables, the sampling rows), each a Python loop paid per sequence per step; this builds all of
+them in one loop, and its table gather is the same numpy gather from the mirror.
+
+`decode_inputs` returns None for a step that is not all one-token steps, or that has a
+sequence without a mirror row (the caller then takes the general path).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class DecodeInputs:
+    """ids / src / dst: host input ids, with ids[dst[i]] taken from the previous step's
+    tokens on the device, row src[i] (ModelRunner.place_ids); query_lens (B,) ones;
+    context_lens (B,); table (B, longest) zero-padded block ids and lens (B,) their counts;
+    rows: each sequence's logits row (None: it does not sample)."""
+
+    ids: list[int]
+    src: list[int]
+    dst: list[int]
+    query_lens: np.ndarray
+    context_lens: np.ndarray
+    table: np.ndarray
+    lens: np.ndarray
+    rows: list[int | None]
+
+
+def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
+    """The inputs of a step of one-token ScheduledSeqs `group` (None: not such a step, or a
+    sequence the mirror cannot hold). Syncs the mirror's rows as BlockTableMirror.gather."""
+    if not group:
+        return None
+    table, owner, synced = mirror.table, mirror.owner, mirror.synced
+    width, rows_count = table.shape[1], table.shape[0]
+    ids: list[int] = []
+    src: list[int] = []
+    dst: list[int] = []
+    rows: list[int] = []
+    lens: list[int] = []
+    ctx: list[int] = []
+    samples: list[int | None] = []  # the logits row of each (one per sequence), if it samples
+    j = 0
+    for s in group:
+        if s.num_new_tokens != 1 or s.spec_token_ids:
+            return None
+        seq = s.seq
+        r, t = seq.row, seq.block_table
+        n = len(t)
+        if r is None or r >= rows_count or n > width:
+            return None
+        m = synced[r]
+        if owner[r] is not t or m > n:  # a new list: rewrite the row
+            table[r, :n] = t
+            table[r, n:] = 0
+            owner[r], synced[r] = t, n
+        elif m < n:  # appended since
+            table[r, m:n] = t[m:]
+            synced[r] = n
+        rows.append(r)
+        lens.append(n)
+        c = s.context_len
+        ctx.append(c)
+        p = s.pending
+        if p >= 0:  # the previous step's sample, still on the device
+            dst.append(j)
+            src.append(p)
+            ids.append(0)
+        else:
+            ids.append(seq.token_ids[c])
+        if c + 1 == len(seq.token_ids) + seq.num_pending:  # it samples
+            samples.append(j)
+        else:
+            samples.append(None)
+        j += 1
+    lens_np = np.array(lens, dtype=np.int64)
+    gathered = table[np.array(rows, dtype=np.int64), :int(lens_np.max())]
+    return DecodeInputs(ids, src, dst, np.ones(j, dtype=np.int64),
+                        np.array(ctx, dtype=np.int64), gathered, lens_np, samples)

@@ -55,8 +55,9 @@ def test_host_clock_and_step_phases_on_gloo():
         ref = tp_gpu_bench._generate(llm, prompts, 8)[1]
         r = tp_gpu_bench.measure(llm, prompts, 8, 1)
         assert r["tokens"] == ref
-        assert r["steps"] == 8 and r["host_ms_per_step"] > 0 and r["host_cpu_ms_per_step"] > 0
-        assert r["host_ms_per_step_all"] > 0
+        # decode-only figures: differences of two runs, either sign on a few CPU steps
+        assert r["steps"] == 8 and math.isfinite(r["host_ms_per_step"])
+        assert math.isfinite(r["host_cpu_ms_per_step"]) and r["host_ms_per_step_all"] > 0
         s = step_phases.phase_run(llm, lambda: tp_gpu_bench._generate(llm, prompts, 8))
         assert s["steps"] >= 5, s
         assert {"schedule", "context", "ring put", "graph launch", "sampling launch",
@@ -98,7 +99,10 @@ def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
     assert any("pinned to cpus" in line for line in lines)
     for r in rows:
         assert r["same_tokens"], r
-        assert r["phases"]["steps"] >= 3 and r["host_cpu_ms_per_step"] > 0
+        # (the decode-only figures are differences of two runs: only their presence is
+        # checked here, a few CPU steps on a shared machine may come out either way)
+        assert r["phases"]["steps"] >= 3 and r["phases"]["host_cpu_us"] > 0
+        assert math.isfinite(r["host_cpu_ms_per_step"]) and math.isfinite(r["host_ms_per_step"])
         assert r["cpu_probe"]["probe_us_workers_napping"] > 0
         assert (r["worker_spin_s"] is None) == (r["tp"] == 1)
     assert rows[4]["worker_spin_s"] == 0.01

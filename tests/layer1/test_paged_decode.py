@@ -213,3 +213,37 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
             torch.cuda.synchronize()
             assert rel(out, reference(q, k, v, t, lens, 0.1, None)) < 1e-2, (step, early)
         assert (out[2] == 0).all()  # the last step's empty sequence
+
+
+def _steps_after_a_cache_write(hq, hkv, d, dtype, steps=16):
+    """Decode steps as a model runs them: layer 1's rope_cache_write (launched with PDL on a
+    GPU) writes each sequence's newest k, v, then the paged kernel with the early first tile
+    (every key but the newest read before its PDL wait); each step one key longer, checked
+    against float64 after each."""
+    rope = importlib.import_module("layer1_kernels.rope_kv_write")
+    g = torch.Generator(device=DEV).manual_seed(hq + d)
+    B, width, page = 3, 32, 16
+    kc = torch.randn(B * width + 1, page, hkv, d, generator=g, device=DEV).to(dtype)
+    vc = torch.randn_like(kc)
+    t = torch.randperm(B * width, generator=g, device=DEV).view(B, width)
+    cos = torch.ones(width * page, d // 2, device=DEV)  # no rotation: the reference needs none
+    sin = torch.zeros_like(cos)
+    k_slots, v_slots = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
+    first = torch.tensor([1, 16, 200], device=DEV)
+    splits = pd.paged_decode_splits(B, hkv, width * page, 132)
+    for i in range(steps):
+        lens = first + i
+        pos = lens - 1
+        slots = t.gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
+        q = torch.randn(B, hq, d, generator=g, device=DEV).to(dtype)
+        k_new = torch.randn(B, hkv, d, generator=g, device=DEV).to(dtype)
+        v_new = torch.randn(B, hkv, d, generator=g, device=DEV).to(dtype)
+        rope.rope_cache_write(q, k_new, v_new, cos, sin, pos, k_slots, v_slots, slots)
+        out = pd.paged_decode(q, kc, vc, t, lens, 0.1, None, splits, config={"early_kv": True})
+        assert rel(out, reference(q, kc, vc, t, lens, 0.1, None)) < 1e-2, i
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
+def test_gpu_early_kv_reads_the_newest_key_after_the_wait(hq, hkv, d):
+    _steps_after_a_cache_write(hq, hkv, d, torch.bfloat16)

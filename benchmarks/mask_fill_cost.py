@@ -7,7 +7,9 @@
    --distinct gives each row its own) and keeps each row's output token ids.
 2. Those streams are replayed through fresh grammar states step by step (advance each row by
    its last token, then fill every row's mask), each way of filling timed per step:
-   * python   GrammarState.fill, row by row (what the serial fill does)
+   * python   GrammarState.fill, row by row
+   * engine   fill_masks on this thread (the serial fill: failed rows apart, then each
+              matcher at its row's address)
    * matcher  LLMatcher.unsafe_compute_mask_ptr row by row (llguidance alone, no wrapper)
    * exec1    one call of llguidance's executor, 1 thread, over all rows (the helper's call)
    * twice    the same, a second time on unchanged states (what a warm micro-benchmark sees)
@@ -81,6 +83,8 @@ def replay(model, toks: list[list[int]], way: str,
         if way == "python":
             for j, s in enumerate(states):
                 s.fill(rows[j])
+        elif way == "engine":  # the serial fill as TokenMasks.prepare calls it
+            l4.structured.fill_masks(states, bitmask, 0)
         elif way == "matcher":
             for j, s in enumerate(states):
                 s.matcher.unsafe_compute_mask_ptr(rows[j].ctypes.data, W * 4)
@@ -103,7 +107,7 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--new-tokens", type=int, default=128)
     ap.add_argument("--distinct", action="store_true", help="a prompt of its own per row")
-    ap.add_argument("--ways", default="python,matcher,exec1,twice")
+    ap.add_argument("--ways", default="python,engine,matcher,exec1,twice")
     ap.add_argument("--warm", action="store_true",
                     help="one compiler for every replay, after an untimed replay")
     args = ap.parse_args(argv)

@@ -122,11 +122,12 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = No
     0 or 1, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
     rows = bitmask.numpy()
     n = fill_threads() if threads is None else threads
-    if n <= 1 or len(states) <= SERIAL_ROWS:  # (a pool of one thread only adds a hand-over)
-        for j, s in enumerate(states):
-            s.fill(rows[j])  # llguidance drops the GIL here too
-        return
     healthy = fill_failed(states, rows)
+    if n <= 1 or len(states) <= SERIAL_ROWS:  # (a pool of one thread only adds a hand-over)
+        base, size = bitmask.data_ptr(), rows.shape[1] * 4  # (row j's address: no per-row
+        for m, j in healthy:  # numpy/ctypes objects; llguidance drops the GIL here too)
+            m.unsafe_compute_mask_ptr(base + j * size, size)
+        return
     if healthy:
         executor(n).unsafe_compute_mask_ptr(healthy, bitmask.data_ptr(), rows.shape[1] * 4,
                                             rows.shape[0])

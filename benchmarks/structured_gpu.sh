@@ -12,6 +12,7 @@
 #   SKIP_INSTALL=1 DEVICE=cpu OUT=/tmp/sg bash benchmarks/structured_gpu.sh
 # Shorter (the ratios only, ~150 s): PYTEST_K=cuda_graphs PYTEST_S=40 BENCH_S=115 TIME_LIMIT=75
 # (the GPU test of the CUDA-graph path only; bench modes that would start after 75 s skipped).
+# REPEATS=N: each variant's best of N runs (default 2).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 device=${DEVICE:-cuda}
@@ -25,7 +26,7 @@ step pytest_structured_gpu "${PYTEST_S:-75}" python3 -m pytest -m gpu -s -v -rfE
     --timeout 60 ${PYTEST_K:+-k "$PYTEST_K"} tests/layer4/test_structured_gpu.py
 grep -E "apply \(|PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped" \
     "$out/pytest_structured_gpu.log" | tail -12
-size=(--repeats 2 --new-tokens 128)
+size=(--repeats "${REPEATS:-2}" --new-tokens 128)
 [ "$device" = cuda ] || size=(--quick)
 step structured_bench "${BENCH_S:-170}" python3 benchmarks/structured_bench.py --device "$device" \
     "${size[@]}" --time-limit "${TIME_LIMIT:-100}" --out "$out"

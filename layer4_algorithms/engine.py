@@ -22,7 +22,8 @@ Constrained requests (structured outputs) keep it: a step with grammar rows laun
 forward pass, then reads the previous step's tokens (their copy to the host was queued
 ahead of this forward, so the wait is short), advances the grammars with them, fills the
 masks on the host while the GPU runs the forward, and only then masks and samples. Past a
-few such rows the fill goes to the masks' helper thread while this thread appends the
+few such rows the fill may go to the masks' helper thread (when the engine's timed steps
+find that faster: structured/mask_fill.py's WayChooser) while this thread appends the
 previous tokens and builds the step's outputs; the masking and sampling come after those
 (`_launch` returns them as a callable, which `_end_step` runs). When those tokens are already
 on the host as a step starts (a host-bound step), or once a synchronous step has appended

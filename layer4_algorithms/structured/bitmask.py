@@ -7,8 +7,9 @@ a 32k vocabulary instead of 32k bools). Per step:
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
             (llguidance walks its token trie against the lexer; a few us per row at a 4k
             vocabulary, more at 128k), in pinned memory reused step after step
-            (`TokenMasks`): one by one on the engine's thread, or (async scheduling) all
-            rows in one call on a helper thread, which drops the GIL
+            (`TokenMasks`): one by one on the engine's thread, or all rows in one call
+            on a helper thread, which drops the GIL (whichever the engine's steps time
+            faster)
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -145,7 +146,8 @@ class TokenMasks:
         self.chooser = WayChooser()  # (overlap None: helper or not, by the steps' times)
         self._asked = False  # this step asked use_helper() (end_step times it)
         # the hand-over to the helper and back costs two thread wake-ups (~50 us on a busy
-        # 2-CPU host), a row's fill 5-40 us: up to SERIAL_ROWS rows stay on the engine's thread
+        # 2-CPU host, hundreds on an H200 server), a row's fill 5-40 us: up to SERIAL_ROWS
+        # rows stay on the engine's thread
         self.overlap_rows = SERIAL_ROWS + 1
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,

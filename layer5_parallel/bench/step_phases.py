@@ -11,8 +11,11 @@ calls one step makes, and charges every moment of a `step()` to the innermost ph
     schedule         the scheduler's schedule()
     input ids        the step's token ids on the device (decode: a gather of the previous
                      step's samples there)
-    context          block tables, positions, slots (the cache's context, the table mirror)
-    execute          the rest of the runner's execute() (staging, copy-on-write, logits rows)
+    context          block tables, positions, slots to the device (a graph-replayed decode:
+                     positions, lengths and tables in one pinned copy; else the cache's
+                     whole context and the table mirror)
+    execute          the rest of the runner's execute() (a decode step's one pass over its
+                     sequences, staging, copy-on-write, logits rows)
     graph inputs     copying the step's inputs into the CUDA graph's static buffers
     ring put         telling the workers which graph to replay (the control message: a
                      liveness check, the pickle, the shared-memory ring)
@@ -97,8 +100,10 @@ class PhaseClock:
         self._wrap(llm.scheduler, "postprocess", "postprocess")
         self._wrap(runner, "execute", "execute")
         self._wrap(runner, "input_ids", "input ids")
+        self._wrap(runner, "place_ids", "input ids")
         self._wrap(llm.cache, "context", "context")
         self._wrap(runner.tables, "gather", "context")
+        self._wrap(runner, "_graph_run", "context")
         self._wrap(runner.net, "forward", "forward (eager)")
         self._wrap(runner, "sample_tokens", "sampling launch")
         self._wrap(runner, "sample", "sample (host)")
@@ -138,6 +143,8 @@ class PhaseClock:
 
     # ---- wrapping ------------------------------------------------------------------------------
     def _wrap(self, obj, attr: str, phase: str, *, root: bool = False, after=None) -> None:
+        if not hasattr(obj, attr):  # an engine without this call: nothing to time
+            return
         own = attr in vars(obj)
         inner = getattr(obj, attr)
         self._undo.append((obj, attr, own, vars(obj).get(attr)))

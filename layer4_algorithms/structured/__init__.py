@@ -2,8 +2,9 @@
 Lark grammar) with llguidance. `GrammarCompiler` (constraint -> compiled matcher, on a worker
 thread, cached by the constraint), `GrammarState` (one sequence's parser, advanced by each
 accepted token), the bitmask (`TokenMasks`: a step's masks in reused buffers, filled as
-mask_fill.py says, applied by one Triton kernel on CUDA; `mask_rows` before sampling,
-`mask_spec` before speculative verification, `apply_token_bitmask_` for any (R, V) logits)
+mask_fill.py / helper_fill.py say, applied by one Triton kernel on CUDA; `mask_rows` before
+sampling, `mask_spec` before speculative verification, `apply_token_bitmask_` for any (R, V)
+logits)
 and `check` (ValueError naming what is wrong with a constraint, for layer 6's 400s). (Lab 4's
 exercise 4 is the mask at teaching size, on a small automaton:
 labs/lab4_algorithms/lab4_reference.py.)"""

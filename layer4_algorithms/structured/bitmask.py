@@ -34,23 +34,13 @@ tokens: masking a logit to -inf is exactly renormalising the distribution over t
 """
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Sequence
-from concurrent.futures import Future
 
 import torch
 
-from .mask_fill import (
-    SERIAL_ROWS,
-    FillHelper,
-    WayChooser,
-    executor,
-    fill_failed,
-    fill_masks,
-    fill_threads,
-    mask_overlap,
-)
+from .helper_fill import HelperFill
+from .mask_fill import SERIAL_ROWS, FillHelper, WayChooser, fill_masks, fill_threads, mask_overlap
 
 
 def words(vocab_size: int) -> int:
@@ -109,7 +99,7 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
     return logits
 
 
-class TokenMasks:
+class TokenMasks(HelperFill):
     """A step's masks, in buffers kept from step to step: for one engine (its vocabulary V
     and device). `apply(logits, seqs)` fills the bitmask rows of the constrained sequences
     and masks their rows of logits.
@@ -152,20 +142,6 @@ class TokenMasks:
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
-
-    def use_helper(self) -> bool:
-        """Whether a step with at least overlap_rows constrained rows hands its fill to the
-        helper: `overlap` if set, else the chooser's way (the step is then timed for it)."""
-        if self.overlap is not None:
-            return self.overlap
-        self._asked = True
-        return self.chooser.helper
-
-    def end_step(self, seconds: float) -> None:
-        """The engine's step took `seconds`: counted for the chooser's way if it asked."""
-        if self._asked:
-            self._asked = False
-            self.chooser.record(seconds)
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""
@@ -211,74 +187,6 @@ class TokenMasks:
         self.stats["fill_s"] += time.perf_counter() - t0
         return prepared
 
-    def submit(self, seqs: Sequence) -> Future | None:
-        """`prepare` with the fill on the helper thread: this thread readies the arena (and
-        the rows of failed grammars, EOS only) and hands the healthy rows over in one call of
-        llguidance's executor, which drops the GIL; returns a Future of what `launch` needs
-        (None: no constrained row). The grammars must not advance until `wait` returns."""
-        t0 = time.perf_counter()
-        got = self._arena_for(seqs)
-        if got is None:
-            return None
-        states, rows, prepared = got
-        R, W = prepared[0], self.W
-        rows = rows.numpy()
-        healthy = fill_failed(states, rows)
-        if self._helper is None or self._helper.pid != os.getpid():  # (a forked child: anew)
-            self._helper = FillHelper()
-        fut = None
-        if healthy:
-            fut = self._helper.run(executor(max(1, self.threads or 1)).unsafe_compute_mask_ptr,
-                                   healthy, rows.ctypes.data, W * 4, R)
-        self.stats["fill_s"] += time.perf_counter() - t0
-        return _Submitted(fut, prepared)
-
-    def wait(self, submitted: _Submitted | None) -> tuple | None:
-        """The prepared arena of `submit`, once the helper has filled it (the time waited is
-        counted in stats["wait_s"], the helper's fill in stats["helper_s"])."""
-        if submitted is None:
-            return None
-        if submitted.future is not None:
-            t0 = time.perf_counter()
-            _, took = submitted.future.result()
-            self.stats["wait_s"] += time.perf_counter() - t0
-            self.stats["helper_s"] += took
-        return submitted.prepared
-
-    def wait_ahead(self, submitted: _Submitted | None, filled: Sequence,
-                   seqs: Sequence) -> tuple | None:
-        """`wait` for a fill submitted before this step's rows were known (filled: the
-        sequences of its rows, in order), mapped onto seqs (row i for seqs[i]). The same
-        constrained sequences in the same order (a steady batch) keep the filled arena: only
-        their logits rows are written; otherwise the filled rows are copied into the next
-        arena and the others (a grammar's first token, a fork) filled here."""
-        prepared = self.wait(submitted)
-        idx = [i for i, q in enumerate(seqs) if getattr(q, "grammar", None) is not None]
-        W = self.W
-        if prepared is not None and len(idx) == len(filled) and all(
-                seqs[i] is q for i, q in zip(idx, filled, strict=True)):
-            R, _, _, host, _ = prepared
-            host.numpy()[R * W:R * W + R] = idx
-            self.stats["ahead"] += 1
-            return prepared
-        t0 = time.perf_counter()
-        got = self._arena_for(seqs)
-        if got is None:
-            return None
-        states, rows, new = got
-        rows = rows.numpy()
-        where = {id(q): k for k, q in enumerate(filled)}
-        old = prepared[3].numpy()[:prepared[0] * W].reshape(-1, W) if prepared else None
-        for j, i in enumerate(idx):
-            k = where.get(id(seqs[i]))
-            if k is not None and old is not None:
-                rows[j] = old[k]
-            else:
-                states[j].fill(rows[j])
-        self.stats["ahead_remapped"] += 1
-        self.stats["fill_s"] += time.perf_counter() - t0
-        return new
-
     def launch(self, logits: torch.Tensor, prepared: tuple | None) -> int:
         """The device half: one copy of the prepared arena, one kernel (CUDA); the torch
         reference on a CPU. Returns the number of rows masked."""
@@ -305,16 +213,6 @@ class TokenMasks:
         st["rows"] += R
         st["apply_s"] += time.perf_counter() - t1
         return R
-
-
-class _Submitted:
-    """A fill handed to the helper: its Future (None: no healthy row to fill) and the arena."""
-
-    __slots__ = ("future", "prepared")
-
-    def __init__(self, future: Future | None, prepared: tuple) -> None:
-        self.future = future
-        self.prepared = prepared
 
 
 def mask_rows(rows: torch.Tensor, seqs: Sequence, masks: TokenMasks | None = None) -> None:

@@ -146,11 +146,11 @@ class ShmRing:
     # ---- reader -----------------------------------------------------------------------------
     def poll(self, timeout_s: float) -> bool:
         """True if the next message is there, waiting at most timeout_s (no alive checks)."""
-        s, want = self.count % self.slots, self.count + 1
-        if self.seq[s] == want:
+        s, want, seq = self.count % self.slots, self.count + 1, self._seq_q
+        if seq[s] == want:
             return True
         try:
-            self._wait(lambda: self.seq[s] == want, timeout_s, None, lambda: "")
+            self._wait(lambda: seq[s] == want, timeout_s, None, lambda: "")
         except TimeoutError:
             return False
         return True
@@ -158,13 +158,13 @@ class ShmRing:
     def get(self, *, timeout_s: float | None = None, alive: Callable[[], None] | None = None):
         """The next message (unpickled); waits at most timeout_s (None: for ever, calling
         alive() every POLL_S)."""
-        s, want = self.count % self.slots, self.count + 1
-        if self.seq[s] != want:
-            self._wait(lambda: self.seq[s] == want, timeout_s, alive,
+        s, want, seq = self.count % self.slots, self.count + 1, self._seq_q
+        if seq[s] != want:
+            self._wait(lambda: seq[s] == want, timeout_s, alive,
                        lambda: f"no message {self.count} within {timeout_s:g} s")
-        at = self.data_at + s * self.slot_bytes
-        data = bytes(self.shm.buf[at:at + int(self.nbytes[s])])
-        self.read[s, self.reader] = 1
+        buf, at = self.shm.buf, self.data_at + s * self.slot_bytes
+        data = bytes(buf[at:at + self._nbytes_q[s]])
+        buf[self._flags_at[s] + self.reader] = 1
         self.count += 1
         return pickle.loads(data)
 

@@ -372,8 +372,9 @@ def format_probe(p: dict) -> str:
 def pin_processes(llm) -> list[int] | None:
     """Rank 0's thread and each worker's main thread each on a physical core of its own (the
     first logical CPU of distinct cores this process may run on), so no spinning worker
-    shares rank 0's core. Returns the CPUs in rank order (None: not enough cores; nothing
-    changed). The caller restores rank 0's affinity (os.sched_setaffinity(0, saved))."""
+    shares rank 0's core (CPU 0's core only if needed). Returns the CPUs in rank order (None:
+    not enough cores; nothing changed). The caller restores rank 0's affinity
+    (os.sched_setaffinity(0, saved))."""
     import os  # noqa: PLC0415
 
     group = getattr(llm, "tp_group", None)
@@ -390,6 +391,7 @@ def pin_processes(llm) -> list[int] | None:
             cores.append(c)
     if len(cores) < len(pids):
         return None
+    cores = cores[1:] + cores[:1]  # CPU 0's core last: it takes most of the interrupts
     for pid, c in zip(pids, cores, strict=False):
         os.sched_setaffinity(pid, {c})
     return cores[:len(pids)]

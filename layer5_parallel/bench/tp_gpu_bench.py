@@ -320,12 +320,7 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                     f"{r['host_ms_per_step_all']:.3f}), "
                     f"same tokens as TP=1: {'yes' if diff is None else f'until {diff}'}")
                 if phases:  # one more run, every call of rank 0's step timed
-                    rows[-1]["phases"] = phase_run(
-                        llm, lambda e=llm, b=batch, n=n: _generate(e, prompts[:b], n))
-                    rows[-1]["cpu_probe"] = cpu_probe(llm, spin_s)
-                    log(f"{what}: batch {batch}: rank 0's decode step by phase:\n"
-                        + format_summary(rows[-1]["phases"]) + "\n"
-                        + format_probe(rows[-1]["cpu_probe"]))
+                    _phases(llm, rows[-1], prompts[:batch], n, spin_s, what, log)
             for batch, n in workloads if profile_host else ():
                 log(f"{what}: rank 0's host, batch {batch}, by own time:\n"
                     + host_profile(llm, prompts[:batch], n))
@@ -349,6 +344,20 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
             r["host_vs_tp1"] = r["host_ms_per_step"] / b["host_ms_per_step"]
             r["host_cpu_vs_tp1"] = r["host_cpu_ms_per_step"] / b["host_cpu_ms_per_step"]
     return rows
+
+
+def _phases(llm, row: dict, prompts, n: int, spin_s: float, what: str, log) -> None:
+    """Rank 0's decode step by phase and the CPU probe into `row`, printed. A diagnostic: if
+    it fails, the error is printed and kept in the row, and the bench goes on (an engine that
+    failed mid-step fails the next measurement itself)."""
+    try:
+        row["phases"] = phase_run(llm, lambda: _generate(llm, prompts, n))
+        row["cpu_probe"] = cpu_probe(llm, spin_s)
+        log(f"{what}: batch {len(prompts)}: rank 0's decode step by phase:\n"
+            + format_summary(row["phases"]) + "\n" + format_probe(row["cpu_probe"]))
+    except Exception as exc:  # noqa: BLE001 - reported, the measurements go on
+        row["phases_error"] = f"{type(exc).__name__}: {exc}"
+        log(f"{what}: batch {len(prompts)}: the phase breakdown failed: {row['phases_error']}")
 
 
 def plot(rows: list[dict], path: Path) -> None:

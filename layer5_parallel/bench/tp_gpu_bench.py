@@ -358,6 +358,9 @@ def _phases(llm, row: dict, prompts, n: int, spin_s: float, what: str, log) -> N
     except Exception as exc:  # noqa: BLE001 - reported, the measurements go on
         row["phases_error"] = f"{type(exc).__name__}: {exc}"
         log(f"{what}: batch {len(prompts)}: the phase breakdown failed: {row['phases_error']}")
+        for rid in list(getattr(llm, "_requests", {})):  # nothing of that run left queued
+            llm.abort(rid)
+        llm.drain()
 
 
 def plot(rows: list[dict], path: Path) -> None:

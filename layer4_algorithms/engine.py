@@ -108,6 +108,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._ahead: tuple | None = None  # a mask fill started before scheduling (_fill_ahead)
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
+        self._grammars_live = 0  # live requests with structured outputs
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
                                 rows=self.config.max_num_seqs)  # buffers made on first use
@@ -233,7 +234,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         finished += self.scheduler.postprocess(launched.out, sampled)
         for rid in void:  # the request's other completions end with it
             finished += self.scheduler.abort(rid)
-        advanced.update(s.seq.request_id for s in launched.out.scheduled)
+        advanced.update([s.seq.request_id for s in launched.out.scheduled])
 
     def drain(self) -> list[RequestOutput]:
         """Wait for the step still on the GPU (async scheduling) and apply it: returns the

@@ -39,7 +39,8 @@ class EngineLaunchMixin:
         logits = self.runner.execute(out, prev.device_tokens if prev is not None else None)
         row_ids, who, spec = self._sampling_rows(out, logits)
         self._stats.steps += 1
-        self._stats.batched_tokens += sum(s.query_len for s in out.scheduled)
+        self._stats.batched_tokens += sum([s.num_new_tokens for s in out.scheduled]) + (
+            sum(len(s.spec_token_ids) for s in out.scheduled) if spec else 0)
         rows = logits.rows_of(row_ids)
         ahead, self._ahead = self._ahead, None  # a fill started before this launch
         if not sync:
@@ -48,7 +49,8 @@ class EngineLaunchMixin:
                     self._complete(prev, advanced, finished)
                 return lambda: self._sample_on_device(
                     out, rows, who, self.masks.wait_ahead(*ahead, who)), None
-            constrained = sum(q.grammar is not None for q in who)
+            # (no live request with structured outputs: no grammar row to look for)
+            constrained = sum(q.grammar is not None for q in who) if self._grammars_live else 0
             if constrained >= self.masks.overlap_rows and self.masks.use_helper():
                 # prev's tokens advance the grammars first (each state takes a position
                 # once: appending them below does not again), the helper fills the masks
@@ -68,7 +70,8 @@ class EngineLaunchMixin:
             if prev is not None and constrained:  # the masks follow prev's tokens
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
-            return self._sample_on_device(out, rows, who, self.masks.prepare(who)), prev
+            prepared = self.masks.prepare(who) if constrained else None
+            return self._sample_on_device(out, rows, who, prepared), prev
         prepared = self.masks.wait_ahead(*ahead, who) if ahead is not None else None
         launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
                                                               self.masks, prepared),
@@ -90,7 +93,8 @@ class EngineLaunchMixin:
         the grammars have taken them). `_launch` maps the filled rows onto its own
         (`TokenMasks.wait_ahead`); a step that launches nothing waits for it (`_drop_ahead`).
         Not with a speculator (its verification fills masks of its own)."""
-        if self._ahead is not None or prev is None or self.speculator is not None:
+        if (self._ahead is not None or prev is None or self.speculator is not None
+                or not self._grammars_live):
             return
         seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
         if len(seqs) < self.masks.overlap_rows or not self.masks.use_helper():
@@ -128,6 +132,10 @@ class EngineLaunchMixin:
         """Which logits row each sampling sequence takes (parallel-sampling children share
         their parent's, forked here at its first token), and the speculating sequences with
         their verify logits."""
+        if not logits.spec and None not in logits.row:  # every sequence samples its own row
+            who = [s.seq for s in out.scheduled]
+            if not any([q.pending_forks for q in who]):  # (the common case: no fork)
+                return list(logits.row), who, []
         row_ids, who, spec = [], [], []
         for i, s in enumerate(list(out.scheduled)):  # a copy: forks append to it
             row = logits.row[i]

@@ -41,6 +41,7 @@ class EngineRequestsMixin:
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
         self._host_sampling += host_sampled(params)
+        self._grammars_live += params.structured_outputs is not None
         return rid
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
@@ -69,6 +70,7 @@ class EngineRequestsMixin:
         self.scheduler.abort(request_id)
         prompt, seqs = self._requests.pop(request_id)
         self._host_sampling -= host_sampled(seqs[0].params)
+        self._grammars_live -= seqs[0].params.structured_outputs is not None
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
@@ -102,6 +104,7 @@ class EngineRequestsMixin:
             if o.finished:
                 del self._requests[rid]
                 self._host_sampling -= host_sampled(seqs[0].params)
+                self._grammars_live -= seqs[0].params.structured_outputs is not None
                 self._count_finished(o)
             outs.append(o)
         return outs

@@ -78,14 +78,13 @@ class LaunchedStep:
             return self.sampled
         if self.event is not None:
             self.event.synchronize()
-        tokens = self.tokens.tolist()
-        if len(tokens) != len(self.who):
-            raise ValueError(f"{len(tokens)} tokens for {len(self.who)} sampled rows")
-        sampled = self.sampled = {}
-        for q, t in zip(self.who, tokens):
+        tokens, who = self.tokens.tolist(), self.who
+        if len(tokens) != len(who):
+            raise ValueError(f"{len(tokens)} tokens for {len(who)} sampled rows")
+        for q in who:
             q.num_pending -= 1
-            sampled[q.seq_id] = [t]
-        return sampled
+        self.sampled = dict(zip([q.seq_id for q in who], [[t] for t in tokens]))
+        return self.sampled
 
     def peek(self) -> dict[int, int] | None:
         """seq_id -> its token if the tokens are already on the host, without waiting and

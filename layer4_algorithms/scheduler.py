@@ -243,7 +243,13 @@ class Scheduler:
             tokens = get(seq.seq_id)
             if tokens:
                 if len(tokens) == 1:
-                    seq.append_token(tokens[0], now)
+                    if not seq.append_token(tokens[0], now) and not s.num_lookahead:
+                        # decoding on (the common case): at most a newly full block to commit
+                        if caching and seq.status is running:
+                            full, known = seq.num_computed_tokens // bs, len(seq.block_hashes)
+                            if full > known and len(seq.block_table) > known:
+                                self.bm.commit(seq)
+                        continue
                 else:
                     for j, t in enumerate(tokens):
                         if seq.append_token(t, now):

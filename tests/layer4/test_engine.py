@@ -229,3 +229,24 @@ def test_cpu_default_budget_and_checkpoint_loading(tmp_path, tiny_model):
     out = llm.generate([[3, 4, 5]], greedy(4))[0]
     assert out.outputs[0].token_ids == tiny_model.generate_outputs([[3, 4, 5]],
                                                                    greedy(4))[0].token_ids
+
+
+def test_generate_keeps_the_heap_frozen_only_while_it_runs(tiny_model):
+    """generate() freezes the garbage collector's heap for its loop and unfreezes it after;
+    a heap someone else froze (layer 6's worker) stays frozen."""
+    import gc  # noqa: PLC0415
+
+    llm = LLM(tiny_model, num_blocks=32)
+    seen = []
+    step = llm.step
+    llm.step = lambda **kw: seen.append(gc.get_freeze_count()) or step(**kw)
+    params = SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True)
+    assert gc.get_freeze_count() == 0
+    llm.generate([[1, 2, 3]], params)
+    assert gc.get_freeze_count() == 0 and min(seen) > 0
+    gc.freeze()
+    try:
+        llm.generate([[1, 2, 3]], params)
+        assert gc.get_freeze_count() > 0  # not unfrozen (objects freed since have left it)
+    finally:
+        gc.unfreeze()

@@ -53,7 +53,7 @@ from .kv import BlockManager, PagedKVCache, blocks_for_budget
 from .launched_step import LaunchedStep
 from .model_runner import ModelRunner
 from .outputs import ProgressBar, RequestOutput
-from .scheduler import Scheduler
+from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
 from .structured import GrammarCompiler, TokenMasks
@@ -171,7 +171,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         start = time.perf_counter()
         prev, self._inflight = self._inflight, None
         sync = not self.config.async_scheduling or self._host_sampling > 0
-        advanced: set[str] = set()
+        advanced: list[SchedulerOutput] = []  # the steps whose tokens were appended
         finished: list[Sequence] = []
         if prev is not None and (sync or prev.first_only):
             # before scheduling: a synchronous step needs every token on the host, and a
@@ -209,16 +209,18 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
                 f"and {len(self.scheduler.running)} running sequences (a bug: requests are "
                 f"checked to fit when added)")
 
-    def _end_step(self, start: float, advanced: set[str], finished: list[Sequence],
+    def _end_step(self, start: float, advanced: list[SchedulerOutput], finished: list[Sequence],
                   unfinished: bool, delta: bool, sample=None) -> list[RequestOutput]:
         """The outputs of the requests advanced. sample: this step's masking and sampling,
         left until the outputs are built (the helper thread fills the masks meanwhile); it
         returns the step launched on the device, which the next step reads."""
         now = time.perf_counter()
         if not unfinished:  # only the requests that finished: no output for the others
-            advanced = {q.request_id for q in finished}
+            ids = {q.request_id for q in finished}
+        else:
+            ids = {s.seq.request_id for o in advanced for s in o.scheduled}
         try:
-            return self._outputs(advanced, unfinished, now, delta)
+            return self._outputs(ids, unfinished, now, delta)
         finally:
             if sample is not None:
                 self._inflight = sample()
@@ -226,16 +228,17 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             self._stats.elapsed_s += took
             self.masks.end_step(took)  # (timing the masks' helper against the own thread)
 
-    def _complete(self, launched: LaunchedStep, advanced: set[str],
+    def _complete(self, launched: LaunchedStep, advanced: list[SchedulerOutput],
                   finished: list[Sequence]) -> None:
         """Read a launched step's tokens (waiting for them if still on the GPU), append them,
-        free what finished; adds the requests it advanced and the sequences it finished."""
+        free what finished; adds the step (its requests advanced) and the sequences it
+        finished. (The requests' ids are gathered only for outputs of unfinished ones.)"""
         sampled = launched.read()
         void = launched.void_rows(sampled)
         finished += self.scheduler.postprocess(launched.out, sampled)
         for rid in void:  # the request's other completions end with it
             finished += self.scheduler.abort(rid)
-        advanced.update([s.seq.request_id for s in launched.out.scheduled])
+        advanced.append(launched.out)
 
     def drain(self) -> list[RequestOutput]:
         """Wait for the step still on the GPU (async scheduling) and apply it: returns the
@@ -243,9 +246,8 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         prev, self._inflight = self._inflight, None
         if prev is None:
             return []
-        advanced: set[str] = set()
         finished: list[Sequence] = []
-        self._complete(prev, advanced, finished)
+        self._complete(prev, [], finished)
         return self._outputs({q.request_id for q in finished}, False, time.perf_counter())
 
     # ---- the loop --------------------------------------------------------------------------

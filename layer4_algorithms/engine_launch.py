@@ -23,7 +23,7 @@ class EngineLaunchMixin:
     self._complete (engine.py) and self._fork (engine_requests.py)."""
 
     def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
-                advanced: set[str], finished: list[Sequence]
+                advanced: list[SchedulerOutput], finished: list[Sequence]
                 ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
         host sync; penalties, logprobs and speculation take this path), else they stay on

@@ -1,7 +1,7 @@
 """Layer 4's host time per decode step: `LLM.step()`'s CPU time minus the forward and sampling.
 
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
-                                          [--profile 30]
+                                          [--profile 30] [--stages] [--no-text]
 
 A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
 every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
@@ -60,8 +60,10 @@ class ForwardTimer:
 
 
 # --stages: host stages of the decode steps (thread CPU seconds), the forward and argmax excluded
-STAGES = [(scheduler.Scheduler, "schedule"), (model_runner.ModelRunner, "input_ids"),
-          (model_runner.BlockTableMirror, "gather"), (paged_cache.PagedKVCache, "context"),
+# (a decode step's ids, lengths and table rows: decode_inputs in one pass, then place_ids;
+# other steps: the runner's input_ids and the mirror's gather)
+STAGES = [(scheduler.Scheduler, "schedule"), (model_runner, "decode_inputs"),
+          (model_runner.ModelRunner, "place_ids"), (paged_cache.PagedKVCache, "context"),
           (engine.LLM, "_sampling_rows"), (launched_step.LaunchedStep, "on_device"),
           (launched_step.LaunchedStep, "read"), (scheduler.Scheduler, "postprocess"),
           (engine.LLM, "_outputs")]

@@ -246,6 +246,18 @@ def checked_mirror(monkeypatch):
             checks.append(len(seqs))
         return got
     monkeypatch.setattr(MR.BlockTableMirror, "gather", checked)
+    one_pass = MR.decode_inputs
+
+    def checked_decode(mirror, group):  # a decode step's rows, from the same mirror
+        got = one_pass(mirror, group)
+        if got is not None:
+            seqs = [s.seq for s in group]
+            assert np.array_equal(got.table, padded_table([q.block_table for q in seqs]))
+            assert got.lens.tolist() == [len(q.block_table) for q in seqs]
+            assert got.context_lens.tolist() == [s.context_len for s in group]
+            checks.append(len(seqs))
+        return got
+    monkeypatch.setattr(MR, "decode_inputs", checked_decode)
     return checks
 
 

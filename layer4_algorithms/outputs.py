@@ -81,26 +81,33 @@ class RequestOutput:
         if len(seqs) > 1:
             seqs = sorted(seqs, key=lambda s: s.index)
         first = seqs[0]
-        # one pass (built for every running request every step): counts, TPOTs, first token
-        finished = first.pending_forks == 0
-        tpots, first_token, preemptions, proposed, accepted = [], None, 0, 0, 0
-        for s in seqs:
-            finished = finished and s.finish_reason is not None
-            n_out = len(s.output_ids)
-            if n_out > 1:
-                tpots.append((s.last_token_time - s.first_token_time) / (n_out - 1))
-            t = s.first_token_time
-            if t is not None and (first_token is None or t < first_token):
-                first_token = t
-            preemptions += s.num_preemptions
-            proposed += s.spec_proposed
-            accepted += s.spec_accepted
+        # built for every running request every step (layer 6): one completion without a loop
+        if len(seqs) == 1:
+            n_out = len(first.output_ids)
+            finished = first.pending_forks == 0 and first.finish_reason is not None
+            tpot = ((first.last_token_time - first.first_token_time) / (n_out - 1)
+                    if n_out > 1 else None)
+            first_token, preemptions = first.first_token_time, first.num_preemptions
+            proposed, accepted = first.spec_proposed, first.spec_accepted
+        else:  # one pass: counts, TPOTs, first token
+            finished = first.pending_forks == 0
+            tpots, first_token, preemptions, proposed, accepted = [], None, 0, 0, 0
+            for s in seqs:
+                finished = finished and s.finish_reason is not None
+                n_out = len(s.output_ids)
+                if n_out > 1:
+                    tpots.append((s.last_token_time - s.first_token_time) / (n_out - 1))
+                t = s.first_token_time
+                if t is not None and (first_token is None or t < first_token):
+                    first_token = t
+                preemptions += s.num_preemptions
+                proposed += s.spec_proposed
+                accepted += s.spec_accepted
+            tpot = sum(tpots) / len(tpots) if tpots else None
         metrics = RequestMetrics(
-            arrival_time=first.arrival_time, first_scheduled_time=first.first_scheduled_time,
-            first_token_time=first_token, finished_time=now if finished else None,
-            num_prompt_tokens=first.num_prompt_tokens, num_cached_tokens=first.num_cached_tokens,
-            num_preemptions=preemptions, tpot=sum(tpots) / len(tpots) if tpots else None,
-            spec_proposed=proposed, spec_accepted=accepted)
+            first.arrival_time, first.first_scheduled_time, first_token,
+            now if finished else None, len(first.prompt_ids), first.num_cached_tokens,
+            preemptions, tpot, proposed, accepted)
         if delta:
             outs = [_delta(s) for s in seqs]
             prompt_ids = [] if first.delta_started else list(first.prompt_ids)

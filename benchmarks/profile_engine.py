@@ -54,19 +54,28 @@ def timed(cls, name: str) -> None:
 
 def count_coverage() -> None:
     """Count every decode pass (all queries one token) by batch size: graph replay or eager."""
-    run, forward = CG.CudaGraphRunner.run, MR.ModelRunner._forward
+    # a pass runs through _run (eager, or the graph runner from inside it) unless the
+    # runner's _graph_run replays it from the graphs first
+    run, forward, replay = CG.CudaGraphRunner.run, MR.ModelRunner._run, MR.ModelRunner._graph_run
 
     def graph_run(self, *a, **k):
         _REPLAYED[0] = True
         return run(self, *a, **k)
 
-    def counted_forward(self, group, *a, **k):
+    def counted_run(self, group, ids, ctx):
         _REPLAYED[0] = False
-        result = forward(self, group, *a, **k)
-        if all(s.query_len == 1 for s in group):
+        result = forward(self, group, ids, ctx)
+        if ctx.max_query_len == 1:
             COVERAGE[len(group)]["graph" if _REPLAYED[0] else "eager"] += 1
         return result
-    CG.CudaGraphRunner.run, MR.ModelRunner._forward = graph_run, counted_forward
+
+    def counted_replay(self, ids, table, *a):
+        result = replay(self, ids, table, *a)
+        if result is not None:
+            COVERAGE[table.shape[0]]["graph"] += 1
+        return result
+    CG.CudaGraphRunner.run, MR.ModelRunner._run = graph_run, counted_run
+    MR.ModelRunner._graph_run = counted_replay
 
 
 def union_within(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -164,11 +173,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     wrapped = [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
                (PC.PagedKVCache, "context"), (MR.ModelRunner, "input_ids"),
+               (MR, "decode_inputs"), (MR.ModelRunner, "place_ids"),
                (MR.ModelRunner, "sample"), (MR.ModelRunner, "sample_tokens"),
                (MR.ModelRunner, "execute"), (E.LLM, "_launch"), (E.LLM, "_complete"),
                (E.LLM, "_outputs")]
     originals = [(c, n, getattr(c, n)) for c, n in
-                 wrapped + [(CG.CudaGraphRunner, "run"), (MR.ModelRunner, "_forward")]]
+                 wrapped + [(CG.CudaGraphRunner, "run"), (MR.ModelRunner, "_run"),
+                            (MR.ModelRunner, "_graph_run")]]
     for cls, name in wrapped:
         timed(cls, name)
     count_coverage()

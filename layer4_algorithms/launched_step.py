@@ -83,7 +83,7 @@ class LaunchedStep:
             raise ValueError(f"{len(tokens)} tokens for {len(who)} sampled rows")
         for q in who:
             q.num_pending -= 1
-        self.sampled = dict(zip([q.seq_id for q in who], [[t] for t in tokens]))
+        self.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         return self.sampled
 
     def peek(self) -> dict[int, int] | None:

@@ -3,7 +3,7 @@
 Most steps of a busy engine are decode steps: every scheduled sequence brings one token,
 no drafts. Their inputs are per sequence: the input token (on the host, or still on the
 device: the previous step's sample, `ScheduledSeq.pending`), the position (= context_len),
-the block table (the runner's `BlockTableMirror` row, synced with the sequence's list) and
+the block table (the runner's BlockTableMirror row, synced with the sequence's list) and
 whether the step reaches the sequence's end (it samples: always, but for a prompt's
 one-token chunk that stops short of its end). The general path gathers these in
 several passes over the sequences (the input ids, the query and context lengths, the
@@ -43,8 +43,7 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     sequence the mirror cannot hold). Syncs the mirror's rows as BlockTableMirror.gather."""
     if not group:
         return None
-    table, owner, synced = mirror.table, mirror.owner, mirror.synced
-    width, rows_count = table.shape[1], table.shape[0]
+    sync = mirror.sync
     ids: list[int] = []
     src: list[int] = []
     dst: list[int] = []
@@ -57,19 +56,10 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
         if s.num_new_tokens != 1 or s.spec_token_ids:
             return None
         seq = s.seq
-        r, t = seq.row, seq.block_table
-        n = len(t)
-        if r is None or r >= rows_count or n > width:
+        n = sync(seq)
+        if n < 0:
             return None
-        m = synced[r]
-        if owner[r] is not t or m > n:  # a new list: rewrite the row
-            table[r, :n] = t
-            table[r, n:] = 0
-            owner[r], synced[r] = t, n
-        elif m < n:  # appended since
-            table[r, m:n] = t[m:]
-            synced[r] = n
-        rows.append(r)
+        rows.append(seq.row)
         lens.append(n)
         c = s.context_len
         ctx.append(c)
@@ -85,7 +75,6 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
         else:
             samples.append(None)
         j += 1
-    lens_np = np.array(lens, dtype=np.int64)
-    gathered = table[np.array(rows, dtype=np.int64), :int(lens_np.max())]
+    gathered, lens_np = mirror.take(rows, lens)
     return DecodeInputs(ids, src, dst, np.ones(j, dtype=np.int64),
                         np.array(ctx, dtype=np.int64), gathered, lens_np, samples)

@@ -30,6 +30,7 @@ import torch
 
 import layer3_model as l3
 
+from .block_table_mirror import BlockTableMirror
 from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_inputs import decode_inputs
@@ -312,43 +313,3 @@ class StepLogits:
         if self.staging is not None and self.staging.device.type == self.last.device.type:
             return self.last[self.staging.to_device(host)]
         return self.last[torch.from_numpy(host).to(self.last.device)]
-
-
-class BlockTableMirror:
-    """The running sequences' block tables as one (max_num_seqs, width) int64 array, row
-    `seq.row` each, kept in step with the sequences' lists: a step's (B, n) table is one numpy
-    gather instead of rebuilding it from B Python lists (~13k ids per step at 256 sequences
-    of ~850 tokens). Relies on the block manager's contract: a table list only ever grows in
-    place (appends); any other change (copy-on-write, truncation, freeing, admission, fork)
-    gives the sequence a new list. A row is rewritten when its owner list changes, else only
-    its new tail is copied."""
-
-    def __init__(self, rows: int, width: int) -> None:
-        self.table = np.zeros((rows, width), dtype=np.int64)
-        self.owner: list[list[int] | None] = [None] * rows
-        self.synced = [0] * rows
-
-    def gather(self, seqs: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
-        """(B, longest) table of seqs (zero-padded) and their lengths; None when a sequence has
-        no row or a table wider than the mirror (the caller builds the table itself)."""
-        table, owner, synced = self.table, self.owner, self.synced
-        width, rows_count = table.shape[1], table.shape[0]
-        rows, lens = [], []
-        for seq in seqs:
-            r, t = seq.row, seq.block_table
-            n = len(t)
-            if r is None or r >= rows_count or n > width:
-                return None
-            m = synced[r]
-            if owner[r] is not t or m > n:  # a new list: rewrite the row
-                table[r, :n] = t
-                table[r, n:] = 0
-                owner[r], synced[r] = t, n
-            elif m < n:  # appended since
-                table[r, m:n] = t[m:]
-                synced[r] = n
-            rows.append(r)
-            lens.append(n)
-        lens_np = np.array(lens, dtype=np.int64)
-        return table[np.array(rows, dtype=np.int64), :int(lens_np.max(initial=0))], lens_np
-

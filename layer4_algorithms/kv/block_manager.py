@@ -19,7 +19,7 @@ Reference counts let sequences share blocks:
 
 A sequence's block_table list only ever grows in place (appends); every other change (copy-on-
 write, truncation, freeing, admission, fork) gives it a new list, so the runner can mirror the
-tables in one array and copy only what was appended (model_runner.BlockTableMirror).
+tables in one array and copy only what was appended (block_table_mirror.BlockTableMirror).
 
 A block whose count drops to 0 goes back to the pool: to the free list if it holds nothing
 reusable, else to an LRU list of evictable cached blocks, which keep their contents until

@@ -68,6 +68,17 @@ WORKLOADS = ((1, 128), (32, 64))  # (batch, new tokens)
 PROMPT_LEN = 128
 
 
+def _cpu_timed(fn, add):
+    """fn, adding each call's thread CPU seconds to add() (also when it raises)."""
+    def timed(*a, **k):
+        c = time.thread_time()
+        try:
+            return fn(*a, **k)
+        finally:
+            add(time.thread_time() - c)
+    return timed
+
+
 class HostClock:
     """Rank 0's time waiting: for step events, and for the workers to free a slot of the
     shared-memory ring (a GPU-bound step's back-pressure), so host time = step time - waits;
@@ -88,25 +99,15 @@ class HostClock:
                 self._waited_cpu += time.thread_time() - c
             inner(launched, advanced, finished)
 
-        def timed_step(*a, **k):
-            c = time.thread_time()
-            try:
-                return step(*a, **k)
-            finally:
-                self.cpu_s += time.thread_time() - c
+        llm._complete, llm.step = timed, _cpu_timed(step, self._add_cpu)
+        if self.ring is not None:  # the ring's waits: their CPU time, beside their waited_s
+            self.ring._wait = _cpu_timed(self.ring._wait, self._add_wait_cpu)  # noqa: SLF001
 
-        llm._complete, llm.step = timed, timed_step
-        if self.ring is not None:
-            ring_wait = self.ring._wait  # noqa: SLF001 - its CPU time, beside its waited_s
+    def _add_cpu(self, s: float) -> None:
+        self.cpu_s += s
 
-            def timed_wait(*a, **k):
-                c = time.thread_time()
-                try:
-                    return ring_wait(*a, **k)
-                finally:
-                    self._waited_cpu += time.thread_time() - c
-
-            self.ring._wait = timed_wait  # noqa: SLF001
+    def _add_wait_cpu(self, s: float) -> None:
+        self._waited_cpu += s
 
     @property
     def wait_s(self) -> float:

@@ -15,8 +15,10 @@ qkv GEMV is (PDL), minus the GEMVs alone: the kernel as it runs inside a step. F
 setting also without the early index loads, and with the first tile's keys and values
 loaded before the wait too (early_kv).
 
-  before: benchmarks/paged_decode_before.py (the kernel before this change) with its own
-          split rule and config, as layer 4 launched it;
+  before: --before PATH, an earlier layer1_kernels/paged_decode.py with its own split rule and
+          config, as layer 4 launched it (the one before each sequence was cut by its own
+          length: `git show 73284c8~1:layer1_kernels/paged_decode.py > before.py`); without
+          it, no before rows;
   after:  the current module's defaults (what layer 4 launches now);
   sweep:  (BLOCK_N, warps, stages) x shortest part x split count at each shape, the best per
           shape, and the single setting per (head dim, split or not) best over the shapes.
@@ -428,11 +430,12 @@ def engine_bench(args, out: dict, path: Path) -> None:
 
     from layer5_parallel.planner import LLAMA_3_8B
     from layer5_parallel.runtime.random_source import random_net
-    before = load_before(args.before)
+    before = load_before(args.before) if args.before else None
     names = ("paged_decode", "paged_decode_splits", "argmax")
     now = {n: getattr(l3, n) for n in names}
-    old = {"paged_decode": before.paged_decode, "paged_decode_splits": before.paged_decode_splits,
-           "argmax": lambda x, **kw: torch.argmax(x, -1)}
+    old = None if before is None else {
+        "paged_decode": before.paged_decode, "paged_decode_splits": before.paged_decode_splits,
+        "argmax": lambda x, **kw: torch.argmax(x, -1)}
     rows = out.setdefault("engine", [])
     shapes = (("llama-3.2-1b", l3.LLAMA_3_2_1B), ("llama-3.1-8b", LLAMA_3_8B))
     if DEV == "cpu":  # the smoke run: a tiny model, no graphs
@@ -467,9 +470,9 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, config.vocab_size, (128,), generator=g).tolist()
     row = dict(shape=name)
-    variants = [("before", old, None), ("before_split_argmax", dict(old, argmax=now["argmax"]),
-                                        None),
-                ("after", now, None), ("after_early_kv", now, {"early_kv": True})]
+    variants = [] if old is None else [
+        ("before", old, None), ("before_split_argmax", dict(old, argmax=now["argmax"]), None)]
+    variants += [("after", now, None), ("after_early_kv", now, {"early_kv": True})]
     if out.get("policy"):
         variants.append(("policy", now, out["policy"]))
     params = [l3.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True) for k in (17, 145)]
@@ -508,8 +511,8 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
     row["same_tokens"] = all(t == toks[0] for t in toks)
     for (v, _, _), t in zip(variants[1:], toks[1:], strict=True):  # greedy on random weights
         pairs = zip(toks[0], t, strict=False)  # meets near-ties: where do the tokens part?
-        row[f"{v}_first_diff_vs_before"] = next((i for i, (a, b) in enumerate(pairs) if a != b),
-                                                None)
+        first = next((i for i, (a, b) in enumerate(pairs) if a != b), None)
+        row[f"{v}_first_diff_vs_{variants[0][0]}"] = first
     return row
 
 
@@ -546,7 +549,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
     ap.add_argument("--budget-s", type=float, default=150.0)
-    ap.add_argument("--before", default=str(Path(__file__).with_name("paged_decode_before.py")))
+    ap.add_argument("--before", default=None,
+                    help="an earlier layer1_kernels/paged_decode.py to time beside the current one")
     ap.add_argument("--quick", action="store_true",
                     help="no sweep: before / after (and after with early_kv) at batch 1, "
                          "contexts 256 and 4096")

@@ -561,6 +561,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cpu-smoke", action="store_true",
                     help="the script's paths on a CPU (Triton's interpreter, tiny shapes, fp32)")
     args = ap.parse_args(argv)
+    if args.before and not Path(args.before).is_file():
+        ap.error(f"--before {args.before}: no such file (an earlier paged_decode.py)")
     import triton
     out = dict(torch=torch.__version__, triton=triton.__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

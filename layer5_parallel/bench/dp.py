@@ -308,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--layout-timeout must be > 0")
     if args.hand_of is not None and args.hand_of < 1:
         ap.error("--hand-of must be >= 1")
+    if args.budget_s is not None and args.budget_s <= 0:
+        ap.error(f"--budget-s {args.budget_s:g}: seconds > 0 (no layout would start)")
     try:
         r = bench_dp(args.dp, num_seqs=args.num_seqs, max_in=args.max_in, max_out=args.max_out,
                      layouts=tuple(args.layouts.split(",")), backend=args.backend,

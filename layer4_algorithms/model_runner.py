@@ -23,7 +23,6 @@ sequence's input token is taken from the previous step's sampled-token tensor on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -38,6 +37,7 @@ from .kv import PagedKVCache
 from .logits_processing import TokenLogprobs, sample_processed
 from .sampling_guard import sample_guarded
 from .scheduler import ScheduledSeq, SchedulerOutput
+from .step_logits import StepLogits
 
 
 class ModelRunner:
@@ -279,37 +279,3 @@ def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
             and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
         return l3.argmax(x)
     return x.argmax(dim=-1)
-
-
-@dataclass
-class StepLogits:
-    """A step's logits. last: (R, V) fp32, the last input token's row of every sampling
-    sequence; row[i]: scheduled sequence i's row in `last` (None: a prefill chunk that does
-    not sample); spec[i]: a speculating sequence's (1 + len(spec_token_ids), V) rows.
-    step_logits[i] is sequence i's rows: spec[i], last[row[i]:row[i] + 1] or None."""
-
-    last: torch.Tensor
-    row: list[int | None]
-    spec: dict[int, torch.Tensor]
-    staging: l3.HostStaging | None = None  # for rows_of's index copy (pinned, non-blocking)
-
-    def __len__(self) -> int:
-        return len(self.row)
-
-    def __getitem__(self, i: int) -> torch.Tensor | None:
-        if i in self.spec:
-            return self.spec[i]
-        r = self.row[i]
-        return None if r is None else self.last[r:r + 1]
-
-    def __iter__(self):
-        return (self[i] for i in range(len(self)))
-
-    def rows_of(self, row_ids: list[int]) -> torch.Tensor:
-        """(len(row_ids), V): `last` itself when row_ids is every row in order (no copy)."""
-        if len(row_ids) == self.last.shape[0] and row_ids == list(range(len(row_ids))):
-            return self.last
-        host = np.array(row_ids, dtype=np.int64)
-        if self.staging is not None and self.staging.device.type == self.last.device.type:
-            return self.last[self.staging.to_device(host)]
-        return self.last[torch.from_numpy(host).to(self.last.device)]

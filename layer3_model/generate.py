@@ -40,11 +40,11 @@ class GenerationStats:
     The first new token of each sequence comes out of prefill; the rest out of decode."""
 
     sequences: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
+    prompt_tokens: int = 0  # all sequences' together, prefilled in one pass
+    generated_tokens: int = 0  # all sequences' together, the first ones from prefill included
     prefill_s: float = 0.0
     decode_s: float = 0.0
-    decode_steps: int = 0
+    decode_steps: int = 0  # forward passes of the whole batch, one new token per sequence
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -143,7 +143,11 @@ class Model:
                     yield s.index, piece
 
     # ---- the loop ------------------------------------------------------------------------
-    def _prepare(self, prompts, params) -> list[GeneratingSequence]:
+    def prepare(self, prompts, params, sequence: type[GeneratingSequence] = GeneratingSequence
+                ) -> list[GeneratingSequence]:
+        """One `sequence` per prompt (text, or token ids; a lone prompt is a batch of one),
+        checked against the model's limits. params: one SamplingParams for all, or one per
+        prompt. Layer 4's speculative decoder passes its own GeneratingSequence subclass."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]
         if not prompts:
@@ -164,17 +168,28 @@ class Model:
                                  f"{self.config.max_position_embeddings}")
             dec = self.tokenizer.decoder() if self.tokenizer else None
             gen = make_generator(sp, self.device)
-            seqs.append(GeneratingSequence(i, ids, sp, gen, dec, self.eos_token_ids))
+            seqs.append(sequence(i, ids, sp, gen, dec, self.eos_token_ids))
         return seqs
 
-    def _sync(self) -> float:
+    def prefill(self, seqs: Sequence[GeneratingSequence], cache: ContiguousKVCache) -> None:
+        """Every prompt of `seqs` in one forward pass (flat, into row s.index of `cache`), and
+        each sequence's first new token sampled from its last prompt token's logits."""
+        ctx = cache.context([len(s.out.prompt_ids) for s in seqs], [0] * len(seqs))
+        flat = torch.tensor([t for s in seqs for t in s.out.prompt_ids], device=self.device)
+        logits = self.net(flat, ctx, cache, last_only=True)
+        tokens = sample(logits, [s.params for s in seqs], [s.gen for s in seqs]).tolist()
+        for s, t in zip(seqs, tokens, strict=True):
+            s.append(t)
+
+    def sync(self) -> float:
+        """The wall clock (perf_counter) once the device has run all the work queued on it."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
     @torch.no_grad()
     def _run(self, prompts, params) -> Iterator[tuple[list[GeneratingSequence], int]]:
-        seqs = self._prepare(prompts, params)
+        seqs = self.prepare(prompts, params)
         B, net, dev = len(seqs), self.net, self.device
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
         graph = self._graph(B, max_len) if self._use_graph() else None
@@ -187,14 +202,9 @@ class Model:
             sequences=B, prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs)
         )
 
-        t0 = self._sync()
-        ctx = cache.context([len(s.out.prompt_ids) for s in seqs], [0] * B)
-        flat = torch.tensor([t for s in seqs for t in s.out.prompt_ids], device=dev)
-        logits = net(flat, ctx, cache, last_only=True)
-        tokens = sample(logits, [s.params for s in seqs], [s.gen for s in seqs]).tolist()
-        for s, t in zip(seqs, tokens, strict=True):
-            s.append(t)
-        t1 = self._sync()
+        t0 = self.sync()
+        self.prefill(seqs, cache)
+        t1 = self.sync()
         stats.prefill_s, stats.generated_tokens = t1 - t0, B
         yield seqs, 0
 
@@ -218,7 +228,7 @@ class Model:
             stats.generated_tokens += stepped
             stats.decode_steps += 1
             yield seqs, stats.decode_steps
-        stats.decode_s = self._sync() - t1
+        stats.decode_s = self.sync() - t1
 
     def _use_graph(self) -> bool:
         return self.cuda_graph and self.device.type == "cuda"

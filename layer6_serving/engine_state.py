@@ -72,21 +72,22 @@ class Request:
 
 @dataclass
 class EngineSnapshot:
-    """The engine's state after a turn (cumulative counters since the loop started)."""
+    """The engine's state after a turn: gauges (what holds now) and counters (totals since
+    the loop started)."""
 
-    steps: int = 0
-    running: int = 0  # sequences in the engine holding KV blocks
-    waiting: int = 0  # sequences in the engine's waiting queue (no seat yet)
-    requests: int = 0  # requests in the engine (running or waiting)
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    prefix_queried_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    preemptions: int = 0
+    steps: int = 0  # counter: engine steps taken
+    running: int = 0  # gauge: sequences in the engine holding KV blocks
+    waiting: int = 0  # gauge: sequences in the engine's waiting queue (no seat yet)
+    requests: int = 0  # gauge: requests in the engine (running or waiting)
+    kv_blocks_used: int = 0  # gauge: KV-cache blocks held by sequences
+    kv_blocks_total: int = 0  # the engine's KV-cache blocks, used or free
+    prompt_tokens: int = 0  # counter: prompt tokens of the requests taken in
+    generation_tokens: int = 0  # counter: tokens delivered to requests
+    prefix_queried_tokens: int = 0  # counter: prompt tokens looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # counter: of those, tokens found there (not computed again)
+    spec_proposed: int = 0  # counter: draft tokens proposed by speculation
+    spec_accepted: int = 0  # counter: of those, tokens the target accepted
+    preemptions: int = 0  # counter: sequences preempted (blocks freed, recomputed later)
 
     @property
     def kv_usage(self) -> float:

@@ -36,8 +36,6 @@ from layer3_model import (
     GenerationStats,
     Model,
     SamplingParams,
-    make_generator,
-    sample,
 )
 
 from .proposal import Proposal
@@ -57,9 +55,9 @@ class SpecStats(GenerationStats):
     proposed: int = 0
     accepted: int = 0
     emitted: int = 0  # tokens appended by verify rounds (after a sequence's end: not counted)
-    draft_steps: int = 0
-    propose_s: float = 0.0
-    verify_s: float = 0.0
+    draft_steps: int = 0  # the draft model's forward passes (0 for n-gram lookup)
+    propose_s: float = 0.0  # of decode_s, the seconds spent proposing
+    verify_s: float = 0.0  # of decode_s, the seconds of the target's verify passes
 
     @property
     def acceptance_rate(self) -> float:
@@ -141,39 +139,14 @@ class SpeculativeDecoder:
         self._draft_prop: DraftModelProposer | None = None
         self.stats = SpecStats()
 
-    def _prepare(self, prompts, params) -> list[_Seq]:
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]
-        if not prompts:
-            raise ValueError("no prompts given")
-        params = params if params is not None else SamplingParams()
-        params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(params) != len(prompts):
-            raise ValueError(f"{len(params)} SamplingParams for {len(prompts)} prompts")
-        t, limit = self.target, self.target.config.max_position_embeddings
-        seqs = []
-        for i, (p, sp) in enumerate(zip(prompts, params, strict=True)):
-            ids = t.encode(p)
-            if len(ids) + sp.max_tokens > limit:
-                raise ValueError(f"prompt {i}: {len(ids)} tokens + max_tokens {sp.max_tokens} "
-                                 "exceeds the "
-                                 f"model's max_position_embeddings {limit}")
-            dec = t.tokenizer.decoder() if t.tokenizer else None
-            seqs.append(_Seq(i, ids, sp, make_generator(sp, t.device), dec, t.eos_token_ids))
-        return seqs
-
-    def _sync(self) -> float:
-        if self.target.device.type == "cuda":
-            torch.cuda.synchronize(self.target.device)
-        return time.perf_counter()
-
     @torch.inference_mode()
     def generate(self, prompts,
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  ) -> list[Generation]:
         """Generate for each prompt (text or token ids); params one for all or one per prompt."""
-        seqs = self._prepare(prompts, params)
-        t, B = self.target, len(seqs)
+        t = self.target
+        seqs = t.prepare(prompts, params, _Seq)
+        B = len(seqs)
         max_len = max(len(s.out.prompt_ids) + s.params.max_tokens for s in seqs)
         cache = ContiguousKVCache.for_model(t.config, B, max_len, dtype=t.net.dtype,
                                             device=t.device)
@@ -183,15 +156,11 @@ class SpeculativeDecoder:
         self.stats = stats = SpecStats(sequences=B,
                                        prompt_tokens=sum(len(s.out.prompt_ids) for s in seqs))
 
-        t0 = self._sync()
-        ctx = cache.context([len(s.out.prompt_ids) for s in seqs], [0] * B)
-        flat = torch.tensor([x for s in seqs for x in s.out.prompt_ids], device=t.device)
-        first = sample(t.net(flat, ctx, cache, last_only=True), [s.params for s in seqs],
-                       [s.gen for s in seqs])
-        for s, x in zip(seqs, first.tolist(), strict=True):
+        t0 = t.sync()
+        t.prefill(seqs, cache)
+        for s in seqs:
             s.cached = len(s.out.prompt_ids)
-            s.append(x)
-        t1 = self._sync()
+        t1 = t.sync()
         stats.prefill_s, stats.generated_tokens = t1 - t0, sum(len(s.out.token_ids) for s in seqs)
 
         while active := [s for s in seqs if not s.finished]:
@@ -199,7 +168,7 @@ class SpeculativeDecoder:
             for s in active:
                 if s.finished:
                     proposer.release(s.index)
-        stats.decode_s = self._sync() - t1
+        stats.decode_s = t.sync() - t1
         stats.generated_tokens = sum(len(s.out.token_ids) for s in seqs)
         stats.draft_steps = getattr(proposer, "steps", 0)
         return [s.out for s in seqs]

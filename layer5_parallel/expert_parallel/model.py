@@ -34,14 +34,14 @@ class MoEConfig:
     """Shapes of a tiny MoE model. shared_ffn > 0 adds a shared expert (Qwen-MoE)."""
 
     vocab: int = 101
-    hidden: int = 32
+    hidden: int = 32  # D, the model width
     layers: int = 2
-    heads: int = 4
-    kv_heads: int = 2
-    expert_ffn: int = 24
-    experts: int = 8
-    k: int = 2
-    capacity_factor: float | None = None
+    heads: int = 4  # query heads
+    kv_heads: int = 2  # key/value heads (grouped-query attention)
+    expert_ffn: int = 24  # each expert's SwiGLU width
+    experts: int = 8  # E, routed experts per MoE layer
+    k: int = 2  # experts each token is routed to (top-k)
+    capacity_factor: float | None = None  # per-expert limit ceil(factor * T * k / E); None: none
     shared_ffn: int = 0
 
 

@@ -20,7 +20,6 @@ MIGRATIONS: tuple[str, ...] = (
         created_at REAL NOT NULL,
         updated_at REAL NOT NULL
     );
-    CREATE INDEX conversations_by_session ON conversations(session_id, updated_at);
     CREATE TABLE messages (
         id INTEGER PRIMARY KEY,
         conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
@@ -28,6 +27,9 @@ MIGRATIONS: tuple[str, ...] = (
         content TEXT NOT NULL,
         created_at REAL NOT NULL
     );
+    -- the two lists the page reads: a session's conversations by last update, and a
+    -- conversation's messages in order
+    CREATE INDEX conversations_by_session ON conversations(session_id, updated_at);
     CREATE INDEX messages_by_conversation ON messages(conversation_id, id);
     """,
     # 2: per-conversation settings (model, temperature, play-mode names) and per-message

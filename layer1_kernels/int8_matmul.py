@@ -40,7 +40,7 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-from .matmul import _store_tile, _tile_offsets  # the tile layout matmul's kernel uses
+from .matmul import _store_tile, _tile_offsets, _tile_product  # matmul's tiles and main loop
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -74,16 +74,6 @@ def _prune(configs: list[triton.Config], named_args: dict, **_: object) -> list[
     return kept or configs
 
 
-@triton.jit
-def _k_step(acc, x_ptrs, w_ptrs, k_left, offs_k, PRECISION: tl.constexpr):
-    """acc += x_tile @ dequant(w_tile)^T for one BLOCK_K step (the last one may be ragged)."""
-    in_k = offs_k[None, :] < k_left
-    x = tl.load(x_ptrs, mask=in_k, other=0.0)
-    w = tl.load(w_ptrs, mask=in_k, other=0)  # int8 from memory: half the bytes of bf16
-    # int8 -> activation dtype is exact; the scale waits for the epilogue (constant along K).
-    return tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=PRECISION)
-
-
 @triton.autotune(configs=_configs(), key=["M_BUCKET", "N", "K"],
                  prune_configs_by={"early_config_prune": _prune})
 @triton.jit(do_not_specialize=["M_BUCKET"])
@@ -98,14 +88,12 @@ def _w8a16_kernel(
     pid_n = tl.program_id(1)
     # wrapped past the edges (modulo): the loads need no M/N masks; wrapped rows aren't stored
     offs_m, offs_n, offs_k = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        acc = _k_step(acc, x_ptrs + k0 * stride_xk, w_ptrs + k0 * stride_wk, K - k0,
-                      offs_k, PRECISION)
-
+    # matmul's main loop with B = w^T read in w's (N, K) layout: each int8 tile is loaded
+    # (1 byte per element from memory) and converted in registers; the scale waits for the
+    # epilogue (constant along K)
+    acc = _tile_product(x_ptr, w_ptr, offs_m, offs_n, offs_k, K,
+                        stride_xm, stride_xk, stride_wk, stride_wn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, PRECISION, True)
     scale = tl.load(s_ptr + offs_n).to(tl.float32)        # per output channel, once
     _store_tile(o_ptr, acc * scale[None, :], pid_m, pid_n, M, N, stride_om, stride_on,
                 BLOCK_M, BLOCK_N)

@@ -95,12 +95,38 @@ def _configs(fp8: bool = False) -> list[triton.Config]:
 
 
 @triton.jit
-def _k_step(acc, a_ptrs, b_ptrs, k_left, offs_k, INPUT_PRECISION: tl.constexpr):
+def _k_step(acc, a_ptrs, b_ptrs, k_left, offs_k, INPUT_PRECISION: tl.constexpr,
+            B_T: tl.constexpr):
     """acc += A_tile @ B_tile for one BLOCK_K step; only the last step is ragged
-    (k_left < BLOCK_K)."""
+    (k_left < BLOCK_K). B_T: B is stored as B^T (N, K), nn.Linear's layout (the int8
+    kernel's weight): its (BLOCK_N, BLOCK_K) tile is converted to A's dtype (exact from int8)
+    and transposed in registers."""
     a = tl.load(a_ptrs, mask=offs_k[None, :] < k_left, other=0.0)
-    b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
+    if B_T:
+        b = tl.load(b_ptrs, mask=offs_k[None, :] < k_left, other=0)
+        b = tl.trans(b.to(a.dtype))
+    else:
+        b = tl.load(b_ptrs, mask=offs_k[:, None] < k_left, other=0.0)
     return tl.dot(a, b, acc, input_precision=INPUT_PRECISION)
+
+
+@triton.jit
+def _tile_product(a_ptr, b_ptr, offs_m, offs_n, offs_k, K,
+                  stride_am, stride_ak, stride_bk, stride_bn,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  INPUT_PRECISION: tl.constexpr, B_T: tl.constexpr):
+    """The main loop of a tiled matmul: A[offs_m, :] @ B[:, offs_n] as a (BLOCK_M, BLOCK_N)
+    fp32 tile, BLOCK_K of K at a time (offs_k: one step's K offsets). B_T: see `_k_step`."""
+    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
+    if B_T:
+        b_ptrs = b_ptr + offs_n[:, None] * stride_bn + offs_k[None, :] * stride_bk
+    else:
+        b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        acc = _k_step(acc, a_ptrs + k0 * stride_ak, b_ptrs + k0 * stride_bk, K - k0,
+                      offs_k, INPUT_PRECISION, B_T)
+    return acc
 
 
 @triton.jit
@@ -146,14 +172,9 @@ def _matmul_kernel(
 ):
     pid_m, pid_n = _tile_coords(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
     offs_m, offs_n, offs_k = _tile_offsets(pid_m, pid_n, M, N, BLOCK_M, BLOCK_N, BLOCK_K)
-    a_ptrs = a_ptr + offs_m[:, None] * stride_am + offs_k[None, :] * stride_ak
-    b_ptrs = b_ptr + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
-
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        acc = _k_step(acc, a_ptrs + k0 * stride_ak, b_ptrs + k0 * stride_bk, K - k0,
-                      offs_k, INPUT_PRECISION)
-
+    acc = _tile_product(a_ptr, b_ptr, offs_m, offs_n, offs_k, K,
+                        stride_am, stride_ak, stride_bk, stride_bn,
+                        BLOCK_M, BLOCK_N, BLOCK_K, INPUT_PRECISION, False)
     if HAS_SCALE:  # fp8: per-tensor dequantization scales, applied once in the epilogue
         acc = acc * (tl.load(scale_a_ptr) * tl.load(scale_b_ptr))
 

@@ -8,9 +8,18 @@ proxy.py (forwarding, streaming pass-through, failover), app.py (the FastAPI app
 from .app import RouterHandle, create_router_app, start_router
 from .autoscale import Autoscaler
 from .main import route_main
-from .policies import POLICIES, LeastLoaded, PrefixAware, RoundRobin, make_policy, prefix_key
+from .policies import (
+    POLICIES,
+    LeastLoaded,
+    PrefixAware,
+    RoundRobin,
+    hash_score,
+    make_policy,
+    prefix_key,
+)
 from .replicas import Replica, ReplicaSet
 
 __all__ = ["start_router", "create_router_app", "RouterHandle", "Autoscaler", "route_main",
            "POLICIES", "make_policy", "RoundRobin", "LeastLoaded", "PrefixAware", "prefix_key",
+           "hash_score",
            "Replica", "ReplicaSet"]

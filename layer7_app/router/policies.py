@@ -60,11 +60,15 @@ def prefix_key(body: dict[str, Any], chars: int = PREFIX_CHARS) -> str:
     return text[:chars]
 
 
+def hash_score(key: str, url: str) -> int:
+    """A replica's score for a key (rendezvous hashing): 8 bytes of BLAKE2b, big-endian."""
+    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(),
+                          "big")
+
+
 def rendezvous(key: str, urls: Sequence[str]) -> str:
-    """The url with the highest hash(key, url): stable as long as that url stays."""
-    def score(url: str) -> bytes:
-        return hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest()
-    return max(urls, key=score)
+    """The url with the highest hash_score(key, url): stable as long as that url stays."""
+    return max(urls, key=lambda url: hash_score(key, url))
 
 
 class RoundRobin:

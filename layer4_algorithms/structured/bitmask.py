@@ -13,7 +13,8 @@ a 32k vocabulary instead of 32k bools). Per step:
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
-            -inf in place; on a CPU the torch reference (unpack + masked_fill_) does it
+            -inf in place; on a CPU the torch path does it (`caps`: a byte lookup, then
+            one minimum over the rows)
 
 The engine fills a step's masks after its forward pass is launched, so the host's fill runs
 while the GPU computes the logits; under async scheduling it first reads the previous step's
@@ -34,6 +35,7 @@ tokens: masking a logit to -inf is exactly renormalising the distribution over t
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
 
@@ -91,12 +93,34 @@ def apply_token_bitmask_(logits: torch.Tensor, bitmask: torch.Tensor,
         if rows is None:
             rows = torch.arange(bitmask.shape[0], device=logits.device)
         return apply_bitmask_triton(logits, bitmask.contiguous(), rows.to(logits.device))
-    refused = ~unpack(bitmask, logits.shape[1])
+    cap = caps(bitmask, logits.shape[1], logits.dtype)
     if rows is None:
-        return logits.masked_fill_(refused, float("-inf"))
+        return torch.minimum(logits, cap, out=logits)
     rows = rows.to(logits.device, torch.int64)
-    logits[rows] = logits[rows].masked_fill(refused, float("-inf"))
-    return logits
+    return logits.index_copy_(0, rows, torch.minimum(logits.index_select(0, rows), cap))
+
+
+_CAP_LUT: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def caps(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Tensor:
+    """(R, W) int32 -> (R, V) of dtype: +inf where the token is allowed, -inf where refused,
+    so that minimum(logits, caps) is the masked logits. Made by one lookup per bitmask byte
+    in a (256, 8) table (row b: bit i of b -> +inf / -inf) instead of unpacking through
+    (R, W, 32) int32 temporaries: on a CPU, at (32, 4096), ~70 us with the minimum against
+    ~400 us for unpack + masked_fill_ (whose CPU kernel is the slow part)."""
+    key = (dtype, bitmask.device)
+    lut = _CAP_LUT.get(key)
+    if lut is None:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1  # (256, 8), little end
+        lut = _CAP_LUT[key] = torch.where(bits.bool(), float("inf"), float("-inf")).to(
+            dtype=dtype, device=bitmask.device)
+    R = bitmask.shape[0]
+    if sys.byteorder != "little":  # (the byte lookup reads bits 0-7 of a word as byte 0)
+        allowed = unpack(bitmask, vocab_size)
+        return torch.where(allowed, lut[1, 0], lut[0, 0])
+    idx = bitmask.contiguous().view(torch.uint8).view(-1).to(torch.int32)  # (R * W * 4,)
+    return lut.index_select(0, idx).view(R, -1)[:, :vocab_size]
 
 
 class TokenMasks(HelperFill):

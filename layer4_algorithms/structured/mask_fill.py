@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .state import FAILED
+
 if TYPE_CHECKING:
     import llguidance
 
@@ -134,15 +136,18 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = No
 
 
 def fill_failed(states: Sequence, rows) -> list[tuple]:
-    """Fill, here, the rows (numpy (R, W)) of the grammars that failed (EOS only); return
-    (matcher, row) of the healthy ones, for one call of llguidance's executor. Each matcher
-    is made on first use (which waits for its compile)."""
+    """Fill, here, the rows (numpy (R, W)) of the grammars that did not compile (EOS only);
+    return (matcher, row) of the others, for llguidance to fill. Each matcher is made on
+    first use (which waits for its compile). A matcher in error (it refused a token) or
+    stopped is llguidance's to fill too: it writes an EOS-only row for it, so no call a row
+    asks it here first."""
     healthy = []
     for j, s in enumerate(states):
-        if s.failed or s.matcher.is_error():
+        m = s._matcher or s.matcher
+        if m is FAILED:
             s.fill(rows[j])
         else:
-            healthy.append((s.matcher, j))
+            healthy.append((m, j))
     return healthy
 
 

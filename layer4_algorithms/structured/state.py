@@ -18,7 +18,6 @@ sequence instead of letting it run unconstrained.
 """
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -39,7 +38,6 @@ class GrammarState:
         self.num_accepted = 0
         self.position = 0  # output positions seen by accept_at
         self.failed: str | None = None  # why the state stopped following the grammar
-        self._lock = threading.Lock()  # accept_at: the engine's thread or the mask's helper
 
     @property
     def matcher(self) -> llguidance.LLMatcher:
@@ -48,7 +46,7 @@ class GrammarState:
             try:
                 self._matcher = self._compiled.result().deep_copy()
             except Exception as e:  # noqa: BLE001 - checked when added: only a limit hit
-                self._matcher = _FAILED
+                self._matcher = FAILED
                 self.failed = f"the grammar did not compile: {e}"
         return self._matcher
 
@@ -68,7 +66,7 @@ class GrammarState:
         """Advance by one sampled token; False (and failed) if the grammar refuses it."""
         if self.failed:
             return False
-        m = self.matcher
+        m = self._matcher or self.matcher
         if token in self.eos_token_ids and (m.is_stopped() or m.is_accepting()):
             return True  # the end: nothing left to match
         if not m.consume_token(int(token)):
@@ -79,14 +77,13 @@ class GrammarState:
 
     def accept_at(self, token: int, position: int) -> bool:
         """accept(token) as the output's token number `position` (0-based), once: a second
-        call for a position already seen does nothing. Thread-safe: the engine's thread
-        (appending the token) and the mask's helper (advancing the state early, to fill the
-        next mask sooner) may both call it; whichever comes first advances the state."""
-        with self._lock:
-            if position < self.position:
-                return self.failed is None
-            self.position = position + 1
-            return self.accept(token)
+        call for a position already seen does nothing (the engine advances a state as soon as
+        a step's tokens reach the host, to fill the next mask sooner, and again when it
+        appends them). The engine's thread only: the masks' helper fills, never advances."""
+        if position < self.position:
+            return self.failed is None
+        self.position = position + 1
+        return self.accept(token)
 
     @property
     def is_accepting(self) -> bool:
@@ -134,7 +131,7 @@ class _Failed:
         return False
 
 
-_FAILED = _Failed()
+FAILED = _Failed()
 
 
 def eos_only(row: np.ndarray, eos_token_ids: tuple[int, ...]) -> None:

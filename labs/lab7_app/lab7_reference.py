@@ -6,18 +6,24 @@ where the real one is:
 - `prefix_key`, `choose_replica`: the prefix-aware routing choice over a message list and a
   dict of loads. The real one is `layer7_app/router/policies.py` (`prefix_key` of a whole
   request body, prompts included; `PrefixAware.choose` over replica objects, ties broken by
-  how often each was picked). `hash_score`, given in exercises.py, is the router's own.
+  how often each was picked). `hash_score`, given in exercises.py, is the router's own
+  (`layer7_app.router.hash_score`), repeated here so that the key needs plain Python only.
 - `fit_history`: dropping the oldest turns with a real token count. The real one is
   `layer7_app/chat/prompt.py`'s `fit_history` (the app has no tokenizer: it estimates tokens
   from characters, and keeps the last message even alone).
 """
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 
-from layer7_app.router import hash_score
-
 Message = dict[str, str]
+
+
+def hash_score(key: str, url: str) -> int:
+    """A replica's score for a key (rendezvous hashing): 8 bytes of BLAKE2b, big-endian."""
+    return int.from_bytes(hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(),
+                          "big")
 
 
 # ---- Exercise 1: what stays the same across a conversation's turns --------------------------

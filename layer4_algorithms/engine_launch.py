@@ -37,6 +37,14 @@ class EngineLaunchMixin:
             self.speculator.propose(out)
         # decoding sequences' inputs may be prev's tokens, still on the device
         logits = self.runner.execute(out, prev.device_tokens if prev is not None else None)
+        return self._sample_launch(out, logits, prev, sync, advanced, finished)
+
+    def _sample_launch(self, out: SchedulerOutput, logits: StepLogits, prev: LaunchedStep | None,
+                       sync: bool, advanced: list[SchedulerOutput], finished: list[Sequence]
+                       ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
+        """`_launch` once the step's logits are there (or queued on the device): the rows to
+        sample, then the sampling. (A pipeline with steps in flight calls it when a step's
+        logits come back: layer 5.)"""
         row_ids, who, spec = self._sampling_rows(out, logits)
         self._stats.steps += 1
         self._stats.batched_tokens += sum([s.num_new_tokens for s in out.scheduled]) + (

@@ -12,7 +12,10 @@ over the tensor-parallel ranks (E/N whole experts each) instead of each expert's
 expert_parallel/engine_model.py).
 pipeline_parallel_size: stages the layers are cut into (pipeline_parallel/engine.py; the tp_*
 knobs apply to its ranks too; with tensor_parallel_size T each stage is T ranks);
-pp_micro_batches: micro-batches each step is cut into (None: stages).
+pp_micro_batches: micro-batches each step is cut into (None: stages; 1 with steps in flight).
+pp_steps_in_flight: steps rank 0 keeps in flight, each over its own group of the running
+sequences, so the stages work on different steps at once instead of draining the pipeline
+every step (pipeline_parallel/in_flight.py; 1: one step at a time; P: vLLM's virtual engines).
 data_parallel_size: whole engines (each tensor_parallel_size x pipeline_parallel_size ranks),
 one per process, sharing the requests (data_parallel/replicas.py); dp_devices: the device of
 each replica (None: GPU i for replica i on CUDA, else the CPU).
@@ -42,6 +45,7 @@ class EngineConfig(engine.EngineConfig):
     enable_expert_parallel: bool = False
     pipeline_parallel_size: int = 1
     pp_micro_batches: int | None = None
+    pp_steps_in_flight: int = 1
     distributed_executor_backend: str = "mp"
     data_parallel_size: int = 1
     dp_devices: tuple[str, ...] | None = None

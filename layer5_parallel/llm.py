@@ -6,6 +6,7 @@
     LLM(path)                                                  layer 4's engine itself
     LLM(path, tensor_parallel_size=T)                          tensor_parallel/engine.py
     LLM(path, pipeline_parallel_size=P[, tensor_parallel_size=T])  pipeline_parallel/engine.py
+    LLM(path, pipeline_parallel_size=P, pp_steps_in_flight=P)  P steps in flight: in_flight.py
     LLM(path, data_parallel_size=D, ...)                       D replicas: data_parallel/replicas.py
     LLM(path, tensor_parallel_size=T,                          every rank started by torchrun:
         distributed_executor_backend="external_launcher")      tensor_parallel/external_launcher.py
@@ -35,6 +36,7 @@ import layer4_algorithms as engine
 from .engine_config import EngineConfig
 from .expert_parallel.engine_model import MoEModelConfig, check_expert_parallel
 from .pipeline_parallel.engine import capture_stage_graphs, start_pipeline
+from .pipeline_parallel.in_flight import StepsInFlight
 from .runtime import RankedKVCache, RankZeroModel, RankZeroRunner, WorkerGroup, wait_event
 from .runtime.worker import weight_bytes
 from .tensor_parallel.engine import capture_graphs, start_tensor_parallel
@@ -43,7 +45,7 @@ from .tensor_parallel.external_launcher import shared_generator, start_launched
 l3 = engine.executor
 
 
-class LLM(engine.LLM):
+class LLM(StepsInFlight, engine.LLM):
     """Layer 4's engine over `tensor_parallel_size` x `pipeline_parallel_size` ranks (see
     engine_config.py for the knobs). LLM(model, config=None, **overrides), as layer 4's.
     With data_parallel_size > 1 the call returns a `ReplicaSet` (data_parallel/replicas.py):
@@ -92,6 +94,8 @@ class LLM(engine.LLM):
         self.tp_group, wrapped = start(full, source, config, _tp_faults)
         del full, net, source
         self._start_engine(wrapped, config, speculator)
+        if config.pp_steps_in_flight > 1:  # the lanes' scheduler and step loop: in_flight.py
+            self.start_lanes(config.pp_steps_in_flight)
 
     def _start_engine(self, wrapped, config: EngineConfig, speculator) -> None:
         """Layer 4's engine over the wrapped model; the ranks are stopped if it fails to start,

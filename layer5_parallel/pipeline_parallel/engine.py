@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import dataclass
 
 import torch
 
@@ -95,9 +96,29 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
     return sends, busy
 
 
+@dataclass
+class PendingLogits:
+    """A dispatched step whose logits rank 0 has not received yet: its micro-batches (first
+    token, end token, context, the rows a last_only step keeps), the logits rows each
+    contributes, its own sends still in flight, and (deferred) the buffer collect fills."""
+
+    parts: list
+    rows: list[int]
+    last_only: bool
+    checked: bool
+    sends: list
+    start: float
+    out: torch.Tensor | None = None
+
+
 class PPModel(RankZeroModel):
     """Rank 0's model: stage 0 (its shard) here, the other ranks in the workers. LlamaModel's
     forward signature; config is rank 0's part's (its layer count sizes rank 0's KV cache).
+    A forward is `dispatch` (the step to every rank, stage 0's micro-batches computed and sent
+    on) then `collect` (the logits back from the last stage); with `deferred` set, forward
+    returns after dispatch, the logits buffer still to be filled, and leaves the step in
+    `pending` for a later collect (steps in flight: in_flight.py). Steps are collected in the
+    order dispatched (hand-offs between two ranks are matched in the order posted).
     stats: forwards, their wall seconds, and seconds rank 0 computed inside them."""
 
     def __init__(self, shard: S.StageNet, group: WorkerGroup, micro_batches: int,
@@ -105,12 +126,24 @@ class PPModel(RankZeroModel):
         super().__init__(shard, group)
         self.micro_batches, self.tp, self.back = micro_batches, tp, back
         self.graphs: StageGraphRunner | None = None  # capture_stage_graphs
+        self.deferred = False  # forward returns after dispatch (in_flight.py)
+        self.pending: list[PendingLogits] = []  # deferred steps not yet handed to collect
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
         self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
         self.spans: deque = deque(maxlen=EVENTS)  # (start, end) of each forward, latest
 
     def forward(self, input_ids: torch.Tensor, ctx, cache=None, *,
                 last_only: bool = False) -> torch.Tensor:
+        step = self.dispatch(input_ids, ctx, cache, last_only)
+        if not self.deferred:
+            return self.collect(step)
+        vocab = self.shard.full_config.vocab_size
+        step.out = torch.empty((sum(step.rows), vocab), dtype=torch.float32, device=self.device)
+        self.pending.append(step)
+        return step.out
+
+    def dispatch(self, input_ids: torch.Tensor, ctx, cache, last_only: bool) -> PendingLogits:
+        """The step to every rank and stage 0's share of it: returns it to collect."""
         group, shard, dev = self.group, self.shard, self.device
         with group.guard("pipeline step"):
             start = time.perf_counter()
@@ -120,28 +153,41 @@ class PPModel(RankZeroModel):
             group.comm.broadcast(pack_step(input_ids, ctx))
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
                                      ctx.block_tables, cuts, dev)
-            pg, timeout = group.comm.pg, group.timeout_s
             checked = S.headers_on(dev, group.comm.check)
-            sends, busy = run_stage(shard, pg, 0, self.tp, input_ids, parts, cache, last_only,
-                                    timeout, self.events, checked=checked, back=self.back,
-                                    graphs=self.graphs)
-            vocab, last, logits = shard.full_config.vocab_size, group.world - self.tp, []
-            back = pg if self.back is None else self.back
-            for i, (t0, t1, mctx, final) in enumerate(parts):
-                rows = mctx.num_seqs if last_only else t1 - t0
-                x = S.recv(back, (rows, vocab), shard.dtype, last, i, dev, timeout,
-                           "rank 0 receiving logits", checked=checked).float()
-                # last_only: a sequence cut across micro-batches samples from its last piece
-                logits.append(x if not last_only or len(final) == rows else x[final])
-            S.wait_sends(sends, timeout, "rank 0 sending")
+            sends, busy = run_stage(shard, group.comm.pg, 0, self.tp, input_ids, parts, cache,
+                                    last_only, group.timeout_s, self.events, checked=checked,
+                                    back=self.back, graphs=self.graphs)
         st = self.stats
         st["forwards"] += 1
         st["micro_batches"] += len(cuts)
-        end = time.perf_counter()
-        st["wall_s"] += end - start
-        self.spans.append((start, end))
         st["busy_s"] += busy
-        return logits[0] if len(logits) == 1 else torch.cat(logits)
+        st["wall_s"] += time.perf_counter() - start
+        # last_only: a sequence cut across micro-batches samples from its last piece
+        rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
+        return PendingLogits(parts, rows, last_only, checked, sends, start)
+
+    def collect(self, step: PendingLogits) -> torch.Tensor:
+        """A dispatched step's fp32 logits, micro-batch by micro-batch from the last stage (on
+        GPUs the waits are stream-ordered), into step.out when dispatch left one."""
+        group, dev, timeout = self.group, self.device, self.group.timeout_s
+        begin = time.perf_counter()
+        with group.guard("pipeline step"):
+            vocab, last, logits = self.shard.full_config.vocab_size, group.world - self.tp, []
+            back = group.comm.pg if self.back is None else self.back
+            for i, (t0, t1, mctx, final) in enumerate(step.parts):
+                rows = mctx.num_seqs if step.last_only else t1 - t0
+                x = S.recv(back, (rows, vocab), self.shard.dtype, last, i, dev, timeout,
+                           "rank 0 receiving logits", checked=step.checked).float()
+                logits.append(x if not step.last_only or len(final) == rows else x[final])
+            S.wait_sends(step.sends, timeout, "rank 0 sending")
+        end = time.perf_counter()
+        self.stats["wall_s"] += end - begin
+        self.spans.append((step.start, end))
+        x = logits[0] if len(logits) == 1 else torch.cat(logits)
+        if step.out is None:
+            return x
+        step.out.copy_(x)
+        return step.out
 
     def stage_busy(self) -> list[dict]:
         """Per rank since the last call: seconds computing vs the forwards' wall seconds, and
@@ -163,11 +209,17 @@ class PPModel(RankZeroModel):
 
 class StageProgram:
     """A worker's part of a pipeline: its stage (or its shard of it) and the stage's KV cache;
-    back: the group its logits go back to rank 0 on (logits_group)."""
+    back: the group its logits go back to rank 0 on (logits_group). in_flight: the steps rank
+    0 keeps in flight; with more than one, the last stage leaves a step's logits sends
+    unwaited until in_flight steps later (rank 0 receives a step's logits only when it
+    collects it, just before it dispatches the step in_flight after it: waiting earlier
+    would hold this stage back from the steps between, and rank 0 waits on it in their
+    broadcasts)."""
 
-    def __init__(self, stage: S.StageNet, tp: int, back=None) -> None:
-        self.module, self.tp, self.back = stage, tp, back
+    def __init__(self, stage: S.StageNet, tp: int, back=None, in_flight: int = 1) -> None:
+        self.module, self.tp, self.back, self.in_flight = stage, tp, back, in_flight
         self.graphs: StageGraphRunner | None = None
+        self.held: deque = deque()  # the logits sends of the last steps, not waited yet
 
     def make_cache(self, num_blocks: int, block_size: int) -> S.StageKVCache:
         return S.StageKVCache.for_stage(self.module, num_blocks, block_size)
@@ -183,6 +235,8 @@ class StageProgram:
 
     def step(self, msg: tuple, me: Rank, cache, events, fault: str | None) -> float:
         _, qlens, slens, _, _, last_only, cuts = msg
+        while len(self.held) >= self.in_flight:  # rank 0 has collected those steps
+            S.wait_sends(self.held.popleft(), me.timeout_s, f"rank {me.rank} sending logits")
         ids, ctx = unpack_step(msg, me.comm, me.device)
         parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, cuts,
                                  me.device)
@@ -190,7 +244,10 @@ class StageProgram:
                                 last_only, me.timeout_s, events, fault,
                                 checked=S.headers_on(me.device, me.comm.check), back=self.back,
                                 graphs=self.graphs)
-        S.wait_sends(sends, me.timeout_s, f"rank {me.rank} sending")
+        if self.in_flight > 1 and self.module.last:
+            self.held.append(sends)
+        else:
+            S.wait_sends(sends, me.timeout_s, f"rank {me.rank} sending")
         return busy
 
 
@@ -240,13 +297,14 @@ def logits_group(store, rank: int, world: int, backend: str, timeout_s: float):
 
 
 def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False,
-                expert_parallel: bool = False) -> StageProgram:
-    """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`."""
+                expert_parallel: bool = False, in_flight: int = 1) -> StageProgram:
+    """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`;
+    in_flight: pp_steps_in_flight."""
     backend = "nccl" if me.device.type == "cuda" else "gloo"
     comm = _tp_comm(me.store, me.rank, tp, backend, check, me.timeout_s)
     back = logits_group(me.store, me.rank, me.world, backend, me.timeout_s)
     return StageProgram(_stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
-                        tp, None if back is None else back.pg)
+                        tp, None if back is None else back.pg, in_flight)
 
 
 def start_pipeline(full: l3.Model, source: tuple, config,
@@ -265,7 +323,8 @@ def start_pipeline(full: l3.Model, source: tuple, config,
         stages * tp, source, device=net.device, comm_backend=config.tp_backend,
         check=config.tp_check, timeout_s=config.tp_timeout_s, threads=config.tp_threads,
         faults=faults, build=build_stage,
-        options={"stages": stages, "tp": tp, "check": config.tp_check, "expert_parallel": ep},
+        options={"stages": stages, "tp": tp, "check": config.tp_check, "expert_parallel": ep,
+                 "in_flight": config.pp_steps_in_flight},
         label=label)
     try:
         with group.guard("building stage 0"):
@@ -277,7 +336,8 @@ def start_pipeline(full: l3.Model, source: tuple, config,
         info = group.wait_ready()
         with group.guard("checking the stages"):
             _check_stages(info, net.config, stages, tp)
-        micro = config.pp_micro_batches or stages
+        # steps in flight: each is one group's micro-batch (the groups keep the stages busy)
+        micro = config.pp_micro_batches or (1 if config.pp_steps_in_flight > 1 else stages)
         return group, l3.Model(PPModel(shard, group, micro, tp, None if back is None else back.pg),
                                full.tokenizer)
     except BaseException:

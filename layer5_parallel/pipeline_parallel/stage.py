@@ -267,7 +267,7 @@ def wait_sends(sends: list[tuple], timeout_s: float, what: str) -> None:
 
 def pp_problems(config) -> list[str | None]:
     """EngineConfig's checks of the pipeline fields (engine_config.py)."""
-    pp, m = config.pipeline_parallel_size, config.pp_micro_batches
+    pp, m, k = config.pipeline_parallel_size, config.pp_micro_batches, config.pp_steps_in_flight
 
     def positive_int(x) -> bool:
         return isinstance(x, int) and not isinstance(x, bool) and x >= 1
@@ -276,6 +276,8 @@ def pp_problems(config) -> list[str | None]:
         None if positive_int(pp) else f"pipeline_parallel_size must be a positive int, got {pp!r}",
         None if m is None or positive_int(m) else
         f"pp_micro_batches must be a positive int or None, got {m!r}",
+        None if positive_int(k) else f"pp_steps_in_flight must be a positive int, got {k!r}",
+        *(in_flight_problems(config) if positive_int(k) and k > 1 else []),
         None if pp == 1 or config.tensor_parallel_size == 1 or config.tp_backend == "torch" else
         f"tensor_parallel_size={config.tensor_parallel_size} with pipeline_parallel_size={pp} "
         "runs its stages' collectives in groups of their own: use tp_backend='torch' (layer "
@@ -284,4 +286,23 @@ def pp_problems(config) -> list[str | None]:
         "cuda_graph=True with pipeline_parallel_size > 1 captures each stage's decode "
         "micro-batches on one rank a stage; with tensor_parallel_size > 1 as well it is not "
         "supported (use cuda_graph=False)",
+    ]
+
+
+def in_flight_problems(config) -> list[str | None]:
+    """pp_steps_in_flight > 1: what it needs (in_flight.py)."""
+    k = config.pp_steps_in_flight
+    return [
+        None if config.pipeline_parallel_size > 1 else
+        f"pp_steps_in_flight={k} needs pipeline_parallel_size > 1 (steps in flight keep the "
+        "stages of a pipeline busy; one process has none)",
+        None if config.speculative is None else
+        f"pp_steps_in_flight={k} does not work with speculative decoding (verification needs "
+        "every step's logits at once): use pp_steps_in_flight=1",
+        None if config.scheduling != "static" else
+        f"pp_steps_in_flight={k} with scheduling='static': the static baseline admits one batch "
+        "at a time, steps in flight split it in groups; use 'continuous' or 'priority'",
+        None if not isinstance(config.max_num_seqs, int) or config.max_num_seqs >= k else
+        f"pp_steps_in_flight={k} splits max_num_seqs={config.max_num_seqs} over {k} groups of "
+        "sequences: give max_num_seqs >= pp_steps_in_flight",
     ]

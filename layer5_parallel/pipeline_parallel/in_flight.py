@@ -1,0 +1,179 @@
+"""Pipeline steps in flight: k groups of sequences take turns, so the stages work at once.
+
+Why a pipelined engine drains: a decode step's inputs are the tokens sampled from the step
+before, and those come back from the last stage. So with one step at a time, stage 0 waits
+for the last stage to finish step N before it can start step N + 1: every step fills and
+drains the pipeline, and micro-batches only overlap *inside* a step (idle share
+(p - 1)/(m + p - 1), and each micro-batch reads the stage's weights again).
+
+Steps in flight (`pp_steps_in_flight=k`, vLLM's virtual engines at k = P): the running
+sequences are split into k groups ("lanes"), and the engine steps the lanes in turn. A call
+of `step()` for lane g
+    1. lands lane g's previous step (the oldest in flight): waits for its logits from the
+       last stage, samples them, appends the tokens (layer 4's sampling and postprocess);
+    2. schedules lane g's sequences (layer 4's scheduler, over that lane only: its running
+       sequences, new ones admitted into it, preemption among its own) and dispatches the
+       step: the ranks get it, stage 0 computes it and sends it on, and step() returns
+       without waiting for its logits.
+While lane g's step runs on stage 0, the steps of the other lanes run on the later stages:
+the stages pass the lanes along like a bucket brigade, and no group waits for another's
+tokens. Every sequence stays in one lane, so its own steps still run one after the other,
+each from the tokens of the last: greedy outputs are one process's.
+
+What keeps it correct:
+- a lane never preempts another lane's sequence (whose step may be in flight): victims come
+  from the lane being scheduled, whose step has landed;
+- freed blocks may be reused by a later step of another lane while an earlier step still
+  writes them: harmless, every rank runs the steps in the order dispatched;
+- steps land in the order dispatched (the hand-offs between two ranks are matched in the
+  order posted, gloo's per tag and NCCL's per pair): round-robin turns make a lane's own
+  step the oldest, and a step that cannot be deferred (several forward passes: long prompts
+  on a padding backend) first lands every step in flight and then runs at once;
+- the last stage waits for its logits sends only k steps later (engine.StageProgram).
+
+The gain (README, "Steps in flight"): drained, a decode step of PP=p costs about
+(m + p - 1)(W/p + KV/(p m)) against one GPU's W + KV; with k = p lanes each GPU's round
+costs W + KV/p for p lanes' tokens.
+"""
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import layer4_algorithms as engine
+
+from .engine import PendingLogits
+
+Seq = engine.Sequence
+
+
+class LaneScheduler(engine.Scheduler):
+    """Layer 4's scheduler over `lanes` groups of sequences: `schedule_lane(g)` runs layer 4's
+    schedule() over lane g's running sequences only, with max_num_seqs // lanes seats, and
+    puts what it admits into lane g (fork: children into their parent's). The waiting queue,
+    the block pool and the prefix cache are shared."""
+
+    def __init__(self, block_manager: engine.BlockManager, config, *, lanes: int) -> None:
+        super().__init__(block_manager, config, on_release=(self._forget,))
+        self.lanes = lanes
+        self.seats = self.max_num_seqs // lanes
+        self.lane_of: dict[int, int] = {}  # seq_id -> lane, while it holds a row
+
+    def add(self, seq: Seq) -> None:
+        if seq.params.n > self.seats:
+            raise ValueError(f"request {seq.request_id}: n={seq.params.n} parallel samples exceed "
+                             f"a lane's {self.seats} seats (max_num_seqs {self.max_num_seqs} over "
+                             f"{self.lanes} steps in flight)")
+        super().add(seq)
+
+    def schedule_lane(self, lane: int) -> engine.SchedulerOutput:
+        lane_of = self.lane_of
+        others = [q for q in self.running if lane_of[q.seq_id] != lane]
+        self.running = [q for q in self.running if lane_of[q.seq_id] == lane]
+        limit, self.max_num_seqs = self.max_num_seqs, self.seats
+        try:
+            out = self.schedule()
+        finally:  # the lane's list after scheduling (preempted out, admitted in), then the rest
+            self.max_num_seqs = limit
+            self.running += others
+        for s in out.scheduled:
+            lane_of[s.seq.seq_id] = lane
+        return out
+
+    def fork(self, parent: engine.ScheduledSeq, children: list[Seq],
+             out: engine.SchedulerOutput) -> None:
+        super().fork(parent, children, out)
+        for child in children:
+            self.lane_of[child.seq_id] = self.lane_of[parent.seq.seq_id]
+
+    def _forget(self, seq: Seq) -> None:
+        self.lane_of.pop(seq.seq_id, None)
+
+
+@dataclass
+class Flight:
+    """A dispatched step: its lane, what was scheduled, its logits (filled when it lands) and
+    the forwards whose logits are still to be collected."""
+
+    lane: int
+    out: engine.SchedulerOutput
+    logits: object  # layer 4's StepLogits
+    pending: list[PendingLogits]
+
+
+class StepsInFlight:
+    """For layer 5's LLM: step() and drain() with `pp_steps_in_flight` steps in flight (the
+    `lanes` attribute set; else layer 4's). Reads the engine's scheduler (a LaneScheduler),
+    runner (its net a PPModel) and layer 4's _sample_launch, _complete and _end_step."""
+
+    lanes: int | None = None  # steps in flight (None: layer 4's step)
+
+    def start_lanes(self, lanes: int) -> None:
+        """Called once the engine is built (no request yet): its scheduler becomes lanes'."""
+        self.scheduler = LaneScheduler(self.block_manager, self.config, lanes=lanes)
+        self.lanes, self._turn, self._flights = lanes, 0, deque()
+
+    def step(self, *, unfinished: bool = True, delta: bool = False):
+        if self.lanes is None:
+            return super().step(unfinished=unfinished, delta=delta)
+        start = time.perf_counter()
+        advanced: list[engine.SchedulerOutput] = []
+        finished: list[Seq] = []
+        for _ in range(self.lanes):  # the next lane with work (an idle lane passes its turn)
+            lane, self._turn = self._turn, (self._turn + 1) % self.lanes
+            while self._flights and any(f.lane == lane for f in self._flights):
+                self._land(self._flights.popleft(), advanced, finished)  # (its own: the oldest)
+            out = self.scheduler.schedule_lane(lane)
+            if out.scheduled:
+                self._dispatch(lane, out, advanced, finished)
+                break
+            if self._flights or advanced:
+                break
+        else:
+            self._check_progress()  # raises if requests wait and no lane could run any
+        return self._end_step(start, advanced, finished, unfinished, delta)
+
+    def drain(self):
+        if self.lanes is None:
+            return super().drain()
+        finished: list[Seq] = []
+        while self._flights:
+            self._land(self._flights.popleft(), [], finished)
+        return self._outputs({q.request_id for q in finished}, False, time.perf_counter())
+
+    def _dispatch(self, lane: int, out: engine.SchedulerOutput, advanced: list,
+                  finished: list) -> None:
+        """Send lane's step through the pipeline. Deferred (its logits collected when it lands)
+        unless layer 4's runner would run it as several forward passes (their logits are
+        joined inside the runner): then every step in flight lands first and it runs now."""
+        runner, net = self.runner, self.runner.net
+        defer = runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
+        if not defer:
+            while self._flights:
+                self._land(self._flights.popleft(), advanced, finished)
+        net.deferred = defer
+        try:
+            logits = runner.execute(out)
+        finally:
+            net.deferred = False
+        flight = Flight(lane, out, logits, net.pending)
+        net.pending = []
+        if defer:
+            self._flights.append(flight)
+        else:
+            self._land(flight, advanced, finished)
+
+    def _land(self, flight: Flight, advanced: list, finished: list) -> None:
+        """A step's logits back from the last stage, sampled, its tokens appended."""
+        for step in flight.pending:
+            self.runner.net.collect(step)
+        for s in flight.out.scheduled:  # aborted while in flight: its children never come
+            if s.seq.status is engine.SequenceStatus.FINISHED:
+                s.seq.pending_forks = 0
+        sync = self._host_sampling > 0
+        launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
+                                          finished)
+        if callable(launched):  # its masks filled on the helper thread: mask and sample now
+            launched = launched()
+        self._complete(launched, advanced, finished)

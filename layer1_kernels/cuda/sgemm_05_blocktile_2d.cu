@@ -25,6 +25,23 @@
 #define TN 8
 #define THREADS ((BM / TM) * (BN / TN))  // 256
 
+// Copy the ROWS x COLS slice at (row0, col0) of a row-major rows x cols matrix into shared
+// memory, zeros past the matrix's edges: thread tid copies the slice's elements tid,
+// tid + THREADS, ... (in row-major order), (ROWS * COLS) / THREADS of them.
+template <int ROWS, int COLS>
+__device__ __forceinline__ void copy_slice(float (&dst)[ROWS][COLS],
+                                           const float* __restrict__ src, int rows, int cols,
+                                           int row0, int col0, int tid)
+{
+#pragma unroll
+    for (int r = 0; r < (ROWS * COLS) / THREADS; ++r) {
+        const int idx = tid + r * THREADS;
+        const int sr = idx / COLS, sc = idx % COLS;
+        const int gr = row0 + sr, gc = col0 + sc;
+        dst[sr][sc] = (gr < rows && gc < cols) ? src[(long long)gr * cols + gc] : 0.0f;
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS)
 sgemm_blocktile_2d(int M, int N, int K, const float* __restrict__ A,
                    const float* __restrict__ B, float* __restrict__ C)
@@ -43,20 +60,8 @@ sgemm_blocktile_2d(int M, int N, int K, const float* __restrict__ A,
     for (int k0 = 0; k0 < K; k0 += BK) {
         // Copy the slices: 1024 values each, 4 per thread; consecutive threads read
         // consecutive addresses (8 apart in A's rows, 128 in B's).
-#pragma unroll
-        for (int r = 0; r < (BM * BK) / THREADS; ++r) {
-            const int idx = tid + r * THREADS;
-            const int ar = idx / BK, ac = idx % BK;
-            const int gr = block_row + ar, gc = k0 + ac;
-            As[ar][ac] = (gr < M && gc < K) ? A[(long long)gr * K + gc] : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < (BK * BN) / THREADS; ++r) {
-            const int idx = tid + r * THREADS;
-            const int br = idx / BN, bc = idx % BN;
-            const int gr = k0 + br, gc = block_col + bc;
-            Bs[br][bc] = (gr < K && gc < N) ? B[(long long)gr * N + gc] : 0.0f;
-        }
+        copy_slice<BM, BK>(As, A, M, K, block_row, k0, tid);
+        copy_slice<BK, BN>(Bs, B, K, N, k0, block_col, tid);
         __syncthreads();
 
 #pragma unroll

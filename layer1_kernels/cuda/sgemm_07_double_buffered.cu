@@ -40,6 +40,22 @@
 #define A_LOADS ((BM * BK) / (4 * THREADS))  // float4s of A per thread per slice
 #define B_LOADS ((BK * BN) / (4 * THREADS))  // float4s of B per thread per slice
 
+// Issue this thread's LOADS float4 loads of the COLS-wide slice at (row0, col0) of a
+// row-major rows x cols matrix (cols % 4 == 0): a float4 past the edges reads as zeros.
+template <int COLS, int LOADS>
+__device__ __forceinline__ void load_float4s(float4 (&dst)[LOADS], const float* __restrict__ src,
+                                             int rows, int cols, int row0, int col0, int tid)
+{
+#pragma unroll
+    for (int r = 0; r < LOADS; ++r) {
+        const int idx = tid + r * THREADS;
+        const int row = row0 + idx / (COLS / 4), col = col0 + (idx % (COLS / 4)) * 4;
+        dst[r] = (row < rows && col < cols)
+            ? *reinterpret_cast<const float4*>(&src[(long long)row * cols + col])
+            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, MIN_BLOCKS)
 sgemm_double_buffered(int M, int N, int K, const float* __restrict__ A,
                       const float* __restrict__ B, float* __restrict__ C)
@@ -58,22 +74,8 @@ sgemm_double_buffered(int M, int N, int K, const float* __restrict__ A,
 
     // Issue this thread's global loads of the slice starting at k0 (zeros out of range).
     auto load_slice = [&](int k0) {
-#pragma unroll
-        for (int r = 0; r < A_LOADS; ++r) {
-            const int idx = tid + r * THREADS;
-            const int row = block_row + idx / (BK / 4), k = k0 + (idx % (BK / 4)) * 4;
-            a_next[r] = (row < M && k < K)
-                ? *reinterpret_cast<const float4*>(&A[(long long)row * K + k])
-                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int r = 0; r < B_LOADS; ++r) {
-            const int idx = tid + r * THREADS;
-            const int k = k0 + idx / (BN / 4), col = block_col + (idx % (BN / 4)) * 4;
-            b_next[r] = (k < K && col < N)
-                ? *reinterpret_cast<const float4*>(&B[(long long)k * N + col])
-                : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
+        load_float4s<BK>(a_next, A, M, K, block_row, k0, tid);  // A's BM x BK slice
+        load_float4s<BN>(b_next, B, K, N, k0, block_col, tid);  // B's BK x BN slice
     };
     // Write the registers into shared buffer `buf` (A transposed on the way).
     auto store_slice = [&](int buf) {

@@ -28,7 +28,8 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   host, else after the forward's launch), serial fill (one by one on the engine's thread,
   no helper); under async scheduling also after_launch (the helper's fill always started
   after the forward's launch: the default before the fill could start ahead) and, with
-  --pool, pool (no helper, llguidance's pool of 8 threads: the earliest default).
+  --pool, pool (no helper, llguidance's pool of 8 threads: the earliest default); process
+  (the grammars in a worker process, mask_worker.py: LLM_STACK_MASK_OVERLAP=process).
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -89,6 +90,9 @@ class Throughput:
             self.llm.masks.threads = fill_threads
         if helper is not None:  # else the engine's own (mask_overlap(), read at start)
             self.llm.masks.overlap = helper
+        if helper == "process":  # the grammars in a worker process (mask_worker.py)
+            self.llm.grammars.remote = True
+            self.llm.masks.overlap_rows = 1
         if not ahead:  # the helper's fill only ever starts after the forward's launch
             self.llm._fill_ahead = lambda prev: None
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
@@ -134,7 +138,8 @@ class Throughput:
             row["json_prefix_ok"] = all(o.outputs[0].text.startswith("[{") for o in outs)
             c = llm.masks.chooser
             row["kept"] = ("timed: helper" if c.helper else "timed: own thread") \
-                if llm.masks.overlap is None else ("helper" if llm.masks.overlap else "own")
+                if llm.masks.overlap is None else ("process" if llm.masks.overlap == "process"
+                                                   else "helper" if llm.masks.overlap else "own")
             row["chooser"] = {"helper_chosen": c.chosen, "own_kept": c.kept}
         if masks.get("steps"):
             n = masks["steps"]
@@ -339,7 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
         variants = [("unconstrained", False, None, None, True),
                     ("json_schema", True, None, None, True),
                     ("json_schema_helper", True, None, True, True),
-                    ("json_schema_serial_fill", True, 0, False, True)]
+                    ("json_schema_serial_fill", True, 0, False, True),
+                    ("json_schema_process", True, None, "process", True)]
         if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
             variants.insert(3, ("json_schema_after_launch", True, None, True, False))
             if args.pool:
@@ -377,14 +383,14 @@ def main(argv: list[str] | None = None) -> dict:
         if "unconstrained" in row and "json_schema" in row:
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("helper", "after_launch", "serial_fill", "pool"):
+            for v in ("helper", "after_launch", "serial_fill", "pool", "process"):
                 if f"json_schema_{v}" in row:
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x (helper: "
                 f"{row.get('ratio_helper')}x, after launch: "
                 f"{row.get('ratio_after_launch')}x, serial fill: "
-                f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x; "
-                f"target >= 0.9x)")
+                f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x, worker "
+                f"process: {row.get('ratio_process')}x; target >= 0.9x)")
         tp.append(row)
         rows["throughput"] = tp
         save()
@@ -402,7 +408,8 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (kept "
                   f"{r['json_schema'].get('kept')}; helper {r.get('ratio_helper')}x, after launch "
                   f"{r.get('ratio_after_launch')}x, serial fill "
-                  f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x)",
+                  f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x, worker process "
+                  f"{r.get('ratio_process')}x)",
                   flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()

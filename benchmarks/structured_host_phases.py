@@ -15,9 +15,14 @@ requests, and no model is needed. Each step then times, on this thread, per way:
               rowwise: each matcher at its row's address, one call a row
               executor: one call of llguidance's executor (1 thread) over every row
               engine: TokenMasks.prepare (what the engine's own thread does)
-    handover  the fill handed to the masks' helper thread while this thread runs ~300 us
-              of Python (the engine's own work that the fill overlaps), then waited for:
-              what this thread spent beyond that work (submit + wait), and the helper's fill
+    handover  the fill handed over while this thread runs ~300 us of Python (the engine's
+              own work that the fill overlaps), then waited for: what this thread spent
+              beyond that work (submit + wait), and the other side's fill.
+              thread: the masks' helper thread (llguidance's executor, one GIL-free call)
+              process: the worker process (mask_worker.py), which also advances the rows
+              (this thread only queues the tokens: advance_process_queue).
+              Each also split into submit and wait, and the wait alone once the other
+              side is done (collect_when_done: the floor when the fill has a core)
     apply     the bitmask applied to (R, V) float32 logits with torch on the CPU:
               apply_token_bitmask_, TokenMasks.launch (as the engine calls it), and
               unpack + masked_fill_ (the plain way, the engine's before a byte lookup)
@@ -86,6 +91,24 @@ def unpack_masked_fill(logits: torch.Tensor, bitmask: torch.Tensor) -> torch.Ten
     return logits.masked_fill_(~S.unpack(bitmask, logits.shape[1]), float("-inf"))
 
 
+def accept_each(at: list) -> None:
+    """(state, token, position) each: what appending a step's tokens does to the grammars."""
+    for state, token, position in at:
+        state.accept_at(token, position)
+
+
+def consume_each(pairs: list) -> None:
+    """(matcher, token) each: llguidance's own cost, no wrapper."""
+    for m, token in pairs:
+        m.consume_token(token)
+
+
+def fill_each(pairs: list, base: int, size: int) -> None:
+    """(matcher, row) each: a row's mask written at its address, one call a row."""
+    for m, j in pairs:
+        m.unsafe_compute_mask_ptr(base + j * size, size)
+
+
 def busy(n: int) -> int:
     """Plain Python work (the engine's own, which a helper's fill overlaps)."""
     x = 0
@@ -122,8 +145,11 @@ def main(argv: list[str] | None = None) -> dict:
     busy(n)
     n = max(1, int(n * args.busy_us * 1e-6 / (time.perf_counter() - t0)))
 
-    def fresh() -> list:
-        return [compiler.state(l4.StructuredOutputsParams(json=s)) for s in schemas]
+    def fresh(c=compiler) -> list:
+        return [c.state(l4.StructuredOutputsParams(json=s)) for s in schemas]
+
+    remote = l4.GrammarCompiler.for_model(model)
+    remote.remote = True
 
     B, W = args.batch, (V + 31) // 32
     ways: dict[str, list[float]] = {}
@@ -137,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     masks = S.TokenMasks(V, "cpu", rows=B)
     masks.threads = 0
     helper_masks = S.TokenMasks(V, "cpu", rows=B)
+    far_masks = S.TokenMasks(V, "cpu", rows=B)
     bitmask = S.allocate(B, V)
     executor = S.mask_fill.executor(1)
     logits0 = torch.randn(B, V)
@@ -145,6 +172,8 @@ def main(argv: list[str] | None = None) -> dict:
     for rep in range(2):
         states = fresh()
         rows = [Row(s) for s in states]
+        far = fresh(remote)
+        far_rows = [Row(s) for s in far]
         prepared = None
         positions = [0] * B
         if rep:
@@ -154,34 +183,27 @@ def main(argv: list[str] | None = None) -> dict:
             for j, t in enumerate(toks):  # a document ended: a fresh request in its row
                 if t == -1:
                     states[j] = compiler.state(l4.StructuredOutputsParams(json=schemas[j]))
-                    rows[j].grammar, positions[j] = states[j], 0
+                    far[j] = remote.state(l4.StructuredOutputsParams(json=schemas[j]))
+                    rows[j].grammar, far_rows[j].grammar, positions[j] = states[j], far[j], 0
             live = [j for j, t in enumerate(toks) if t != -1]
             # advance: one way on the live states (the other on copies: each state takes a
             # token once), checked equal below
             copies = [states[j].matcher.deep_copy() for j in live]
-            raw = [states[j].matcher.deep_copy() for j in live]
-
-            def rowwise():
-                for j in live:
-                    states[j].accept_at(toks[j], positions[j])
-
-            def matchers_only():  # llguidance's own cost: consume_token a row, no wrapper
-                for m, j in zip(raw, live, strict=True):
-                    m.consume_token(toks[j])
+            raw = [(states[j].matcher.deep_copy(), toks[j]) for j in live]
+            at = [(states[j], toks[j], positions[j]) for j in live]
+            far_at = [(far[j], toks[j], positions[j]) for j in live]
             ex_pairs = [(c, toks[j]) for c, j in zip(copies, live, strict=True)]
-            order = [("advance_rowwise", rowwise, ()), ("advance_matchers_only", matchers_only, ()),
+            order = [("advance_rowwise", accept_each, (at,)),
+                     ("advance_matchers_only", consume_each, (raw,)),
                      ("advance_batched_executor", executor.consume_token_par, (ex_pairs,))]
             for name, fn, a in order[step % 3:] + order[:step % 3]:  # (no way always first)
                 timed(name, fn, *a)
+            timed("advance_process_queue", accept_each, far_at)
             for j in live:
                 positions[j] += 1
             pairs = [(s.matcher, j) for j, s in enumerate(states)]
             base, size = bitmask.data_ptr(), W * 4
-
-            def rowwise_fill():
-                for m, j in pairs:
-                    m.unsafe_compute_mask_ptr(base + j * size, size)
-            order = [("fill_rowwise", rowwise_fill, ()),
+            order = [("fill_rowwise", fill_each, (pairs, base, size)),
                      ("fill_executor", executor.unsafe_compute_mask_ptr, (pairs, base, size, B)),
                      ("fill_engine_prepare", masks.prepare, (rows,))]
             for name, fn, a in order[step % 3:] + order[:step % 3]:
@@ -192,14 +214,33 @@ def main(argv: list[str] | None = None) -> dict:
             t = time.perf_counter()
             busy(n)
             ways.setdefault("busy_alone", []).append(time.perf_counter() - t)
-            before = helper_masks.stats["helper_s"]
-            t = time.perf_counter()
-            job = helper_masks.submit(rows)
-            busy(n)
-            helper_masks.wait(job)
-            ways.setdefault("handover_submit_busy_wait", []).append(time.perf_counter() - t)
-            ways.setdefault("handover_helper_fill", []).append(
-                helper_masks.stats["helper_s"] - before)
+            for way, m, r in (("thread", helper_masks, rows), ("process", far_masks, far_rows)):
+                before = m.stats["helper_s"]
+                t = time.perf_counter()
+                job = m.submit(r)
+                t1 = time.perf_counter()
+                busy(n)
+                t2 = time.perf_counter()
+                m.wait(job)
+                t3 = time.perf_counter()
+                for part, x in (("submit_busy_wait", t3 - t), ("submit", t1 - t),
+                                ("wait", t3 - t2),
+                                ("other_side_fill", m.stats["helper_s"] - before)):
+                    ways.setdefault(f"handover_{way}_{part}", []).append(x)
+                # the floor: the same, but collected only once the other side is done (this
+                # thread sleeps meanwhile: the fill has a core and the GIL to itself)
+                job = m.submit(r)
+                while not (job.future.done if way == "process" else job.future.done()):
+                    if way == "process" and job.future.worker.conn.poll():
+                        break
+                    time.sleep(2e-4)
+                if way == "thread":
+                    time.sleep(1e-3)  # (the helper, done, takes the GIL back to return)
+                t = time.perf_counter()
+                m.wait(job)
+                ways.setdefault(f"handover_{way}_collect_when_done", []).append(
+                    time.perf_counter() - t)
+            assert torch.equal(far_masks._host[far_masks._arena][:B * W].view(B, W), bitmask)
             outs = []
             order = [("apply_torch", S.apply_token_bitmask_, bitmask),
                      ("apply_unpack_masked_fill", unpack_masked_fill, bitmask),
@@ -210,13 +251,16 @@ def main(argv: list[str] | None = None) -> dict:
                 outs.append(logits)
             assert all(torch.equal(outs[0], x) for x in outs[1:])
     res = {k: med(v) for k, v in ways.items()}
-    res["handover_engine_cost"] = round(res["handover_submit_busy_wait"] - res["busy_alone"], 1)
+    for way in ("thread", "process"):
+        res[f"handover_{way}_engine_cost"] = round(
+            res[f"handover_{way}_submit_busy_wait"] - res["busy_alone"], 1)
+    remote.close()
     out = {"env": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                    "torch": torch.__version__, "vocab": V, "batch": B, "steps": args.steps,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
            "us_per_step": res,
            "us_per_row": {k: round(v / B, 2) for k, v in res.items()
-                          if not k.startswith("busy") and not k.startswith("handover_submit")}}
+                          if not k.startswith("busy") and not k.endswith("submit_busy_wait")}}
     for k, v in res.items():
         print(f"{k:32s} {v:9.1f} us a step  ({v / B:6.2f} us a row)", flush=True)
     if args.out is not None:

@@ -113,6 +113,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
                                 rows=self.config.max_num_seqs)  # buffers made on first use
+        self.grammars.remote = self.masks.overlap == "process"  # (grammars in a worker process)
         self.closed = False
         self.reset_stats()
 

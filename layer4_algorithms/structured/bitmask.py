@@ -9,7 +9,8 @@ a 32k vocabulary instead of 32k bools). Per step:
             vocabulary, more at 128k), in pinned memory reused step after step
             (`TokenMasks`): one by one on the engine's thread, or all rows in one call
             on a helper thread, which drops the GIL (whichever the engine's steps time
-            faster)
+            faster); or by a worker process that holds the grammars (mask_worker.py,
+            opt-in), so the GIL never changes hands for them
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -162,7 +163,7 @@ class TokenMasks(HelperFill):
         # the hand-over to the helper and back costs two thread wake-ups (~50 us on a busy
         # 2-CPU host, hundreds on an H200 server), a row's fill 5-40 us: up to SERIAL_ROWS
         # rows stay on the engine's thread
-        self.overlap_rows = SERIAL_ROWS + 1
+        self.overlap_rows = SERIAL_ROWS + 1 if self.overlap != "process" else 1
         self._helper: FillHelper | None = None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from .mask_fill import FillHelper, executor, fill_failed
+from .mask_worker import RemoteGrammar
 
 
 class HelperFill:
@@ -21,7 +22,7 @@ class HelperFill:
         """Whether a step with at least overlap_rows constrained rows hands its fill to the
         helper: `overlap` if set, else the chooser's way (the step is then timed for it)."""
         if self.overlap is not None:
-            return self.overlap
+            return bool(self.overlap)
         self._asked = True
         return self.chooser.helper
 
@@ -43,6 +44,10 @@ class HelperFill:
         states, rows, prepared = got
         R, W = prepared[0], self.W
         rows = rows.numpy()
+        if isinstance(states[0], RemoteGrammar):  # the worker process advances and fills
+            fut = states[0].worker.fill([s.slot for s in states], rows)
+            self.stats["fill_s"] += time.perf_counter() - t0
+            return _Submitted(fut, prepared)
         healthy = fill_failed(states, rows)
         if self._helper is None or self._helper.pid != os.getpid():  # (a forked child: anew)
             self._helper = FillHelper()

@@ -1,7 +1,9 @@
 """How a step's masks get filled on the host: one by one on the engine's thread, on
 llguidance's thread pool (opt-in: LLM_STACK_GRAMMAR_THREADS), or handed as one GIL-free call
 to a helper thread that overlaps the engine's own work (LLM_STACK_MASK_OVERLAP; by default
-whichever of the helper and the engine's thread the engine's timed steps find faster).
+whichever of the helper and the engine's thread the engine's timed steps find faster), or,
+with LLM_STACK_MASK_OVERLAP=process, by the worker process that holds the grammars
+(mask_worker.py).
 The masks' layout, buffers and application are bitmask.py's."""
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .mask_worker import RemoteGrammar
 from .state import FAILED
 
 if TYPE_CHECKING:
@@ -51,19 +54,22 @@ def fill_threads() -> int:
     return 0
 
 
-def mask_overlap() -> bool | None:
+def mask_overlap() -> bool | str | None:
     """LLM_STACK_MASK_OVERLAP: 0 (or false/no/off) to fill every mask on the engine's thread;
     1 (or true/yes/on) for TokenMasks' helper thread whenever a step has enough constrained
-    rows; unset (or auto): None, the engine times both ways and keeps the faster
-    (`WayChooser`); ValueError for anything else."""
+    rows; process: the grammars in a worker process (mask_worker.py: every step's advance
+    and fill leave this process); unset (or auto): None, the engine times the helper thread
+    against its own and keeps the faster (`WayChooser`); ValueError for anything else."""
     env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
     if env in ("0", "false", "no", "off"):
         return False
     if env in ("1", "true", "yes", "on"):
         return True
+    if env == "process":
+        return "process"
     if env in ("", "auto"):
         return None
-    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1, 0 or auto")
+    raise ValueError(f"LLM_STACK_MASK_OVERLAP={env!r}: need 1, 0, process or auto")
 
 
 class WayChooser:
@@ -123,6 +129,9 @@ def fill_masks(states: Sequence, bitmask: torch.Tensor, threads: int | None = No
     healthy ones in one call on llguidance's threads, or one by one on this thread (threads
     0 or 1, or at most SERIAL_ROWS rows). threads: None for fill_threads()."""
     rows = bitmask.numpy()
+    if states and isinstance(states[0], RemoteGrammar):  # (the worker process fills them)
+        states[0].worker.fill([s.slot for s in states], rows).result()
+        return
     n = fill_threads() if threads is None else threads
     healthy = fill_failed(states, rows)
     if n <= 1 or len(states) <= SERIAL_ROWS:  # (a pool of one thread only adds a hand-over)

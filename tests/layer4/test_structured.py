@@ -53,7 +53,8 @@ def rows_for(model, compiler, pattern: str) -> list[Row]:
             q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
             if c == "x":
                 q.grammar.accept(model.tokenizer.encode("zzz", add_special_tokens=False)[0])
-                assert q.grammar.failed
+                # (a worker process's state learns it there: its rows are EOS only)
+                assert q.grammar.failed or compiler.remote
         out.append(q)
     return out
 
@@ -480,3 +481,82 @@ def test_a_forked_child_gets_its_own_helper_and_pool(course_model, monkeypatch):
     assert masks._helper is not parent_helper and masks._helper.pid == -7
     assert fill.executor(1) is not parent_pool
     assert torch.equal(got, want)
+
+
+# ---- the grammars in a worker process (LLM_STACK_MASK_OVERLAP=process) -------------------
+def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model):
+    """RemoteGrammar states (compiled, advanced and filled in mask_worker.py's process) give
+    the rows GrammarState gives, for healthy rows, a grammar that refused a token (EOS only)
+    and free rows, through TokenMasks' submit/wait and its serial prepare; the worker exits
+    when its compiler closes."""
+    local = l4.GrammarCompiler.for_model(course_model)
+    remote = l4.GrammarCompiler.for_model(course_model)
+    remote.remote = True
+    V = course_model.config.vocab_size
+    prefix = course_model.tokenizer.encode('{"name":"Yo', add_special_tokens=False)
+    for pattern in ("gfgxgg", "x", "ggggggggg"):
+        got = {}
+        for name, compiler in (("local", local), ("remote", remote)):
+            seqs = rows_for(course_model, compiler, pattern)
+            for i, q in enumerate(seqs):  # mid-document: a few tokens advanced first
+                if pattern[i] == "g" and i % 8 in (0, 5, 6, 7):
+                    for pos, t in enumerate(prefix):
+                        q.grammar.accept_at(t, pos)
+            masks = l4.structured.TokenMasks(V, "cpu", rows=2)
+            a, b = torch.randn(len(seqs), V, generator=torch.Generator().manual_seed(1)), None
+            b = a.clone()
+            masks.launch(a, masks.wait(masks.submit(seqs)))
+            masks.launch(b, masks.prepare(seqs))
+            assert torch.equal(a, b)
+            got[name] = a
+        assert torch.equal(got["local"], got["remote"]), pattern
+    proc = remote._worker.proc
+    assert proc.poll() is None
+    remote.close()
+    assert proc.wait(timeout=10) == 0
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypatch,
+                                                         async_scheduling):
+    """LLM_STACK_MASK_OVERLAP=process: the engine's outputs (greedy and seeded sampling,
+    free rows beside constrained ones, parallel sampling's forks) are those of the grammars
+    in this process, and validate."""
+    ps = [params(SO(json=PERSON), 0, temperature=0), l4.SamplingParams(temperature=0,
+                                                                         max_tokens=10),
+          params(SO(json=SCHEMAS[17]), 1), params(SO(regex=r"(Aye|Nay), [a-z]{1,6}!"), 2),
+          params(SO(json=SCHEMAS[5]), 3, n=2)]
+    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n", "PUCK.\n"]
+
+    def run(mode: str):
+        monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", mode)
+        llm = l4.LLM(course_model, num_blocks=64, async_scheduling=async_scheduling)
+        outs = [[c.text for c in o.outputs] for o in llm.generate(prompts, ps)]
+        return llm, outs
+
+    _, want = run("0")
+    llm, got = run("process")
+    assert llm.grammars.remote and llm.grammars._worker is not None
+    assert llm.masks.stats["steps"] > 0
+    assert got == want
+    valid(got[0][0], PERSON)
+    valid(got[2][0], SCHEMAS[17])
+    assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", got[3][0])
+    for text in got[4]:
+        valid(text, SCHEMAS[5])
+    llm.grammars.close()
+
+
+def test_the_worker_process_verifies_drafts(course_model, monkeypatch):
+    """Speculative decoding with the grammars in the worker: the drafts' masks come from it
+    (fill_drafts there, the state rolled back), greedy outputs equal the plain engine's."""
+    spec = SO(json=SCHEMAS[17])
+    ps = [params(spec, i, temperature=0) for i in range(2)]
+    prompts = ["HAMLET.\n", "ROMEO.\n"]
+    plain = l4.LLM(course_model, num_blocks=64).generate(prompts, ps)
+    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "process")
+    spec_llm = l4.LLM(course_model, num_blocks=64, speculative=dict(method="ngram", k=3))
+    fast = spec_llm.generate(prompts, ps)
+    assert spec_llm.grammars.remote and spec_llm.stats.spec_proposed > 0
+    assert [o.outputs[0].text for o in fast] == [o.outputs[0].text for o in plain]
+    spec_llm.grammars.close()

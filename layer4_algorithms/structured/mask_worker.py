@@ -1,0 +1,258 @@
+"""The grammars in a process of their own (LLM_STACK_MASK_OVERLAP=process, opt-in): the engine
+hands a step's tokens and rows over a socket and reads the filled bitmask rows back, and no
+thread of the engine's process ever waits for the GIL on the grammars' behalf.
+
+Why: with the fill on a helper thread, each step hands the GIL over and back (the helper must
+hold it to start its GIL-free call and again to report it done), each time waking a sleeping
+thread, which on GPU hosts cost 100-200 us a step, on the engine's critical path. A process
+has its own interpreter: the engine's thread only pickles a short message (the tokens to
+advance, the rows to fill) and later reads the reply, which is already there when the worker
+finished first. The worker also advances the grammars (llguidance's consume_token a row), so
+that work leaves the engine's thread too.
+
+    engine (this process)                      worker (python mask_worker.py FD)
+    GrammarCompiler.state -> RemoteGrammar     "new": compile (cached by constraint), copy
+    accept_at(token): queued, no call          "fill": advance the queued tokens, fill the
+    TokenMasks.submit -> MaskWorker.fill           rows, reply; the bytes go straight into
+    TokenMasks.wait -> reply into the arena        the engine's arena (recv_bytes_into)
+
+The worker runs this file as a script (stdlib, numpy and llguidance only: no torch, no layer
+imports, so it starts in a fraction of a second) and exits when its socket closes. A token the
+grammar refuses (it cannot be sampled under the mask, but a state can fail) is known only in
+the worker: that row's masks then allow only EOS, as in this process.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections import deque
+from multiprocessing.connection import Connection
+
+import numpy as np
+
+
+class MaskWorker:
+    """The engine's end: one worker process for one vocabulary. `new_state` starts a
+    constrained sequence's grammar (its compile starts at once, there), `fill` hands a step
+    over and returns a handle whose `result()` waits for the rows."""
+
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        ours, theirs = socket.socketpair()
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(ours.detach())
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.W = (vocab_size + 31) // 32
+        self._slots = itertools.count()
+        self._ops: list[tuple[int, int]] = []  # (slot, token) to advance, (slot, -1) to free
+        self._replies: deque[_Reply] = deque()  # sent, their replies not yet read (in order)
+        self._lock = threading.Lock()  # (sends: a request may be added from another thread)
+        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids)))
+        self._finalizer = weakref.finalize(self, _shutdown, self.conn, self.proc)
+
+    def _send(self, msg: tuple) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+    def new_state(self, key: object, grammar: str) -> RemoteGrammar:
+        """A fresh grammar state in the worker (compiled there, cached by key)."""
+        slot = next(self._slots)
+        self._send(("new", slot, key, grammar))
+        return RemoteGrammar(self, slot, key, grammar)
+
+    def free(self, slot: int) -> None:
+        """A state no sequence holds any more: dropped there with the next request."""
+        self._ops.append((slot, -1))
+
+    def fill(self, slots: list[int], rows: np.ndarray) -> _Reply:
+        """Send the queued advances and ask for rows (R, W) int32 (row j: slots[j]'s allowed
+        next tokens); the handle's result() writes them into rows."""
+        return self._ask(("fill", slots), rows)
+
+    def _ask(self, msg: tuple, rows: np.ndarray | None) -> _Reply:
+        ops, self._ops = self._ops, []
+        reply = _Reply(self, rows)
+        self._send((msg[0], ops, *msg[1:]))
+        self._replies.append(reply)
+        return reply
+
+    def _read(self, upto: _Reply) -> None:
+        """Read replies in order until upto's is in."""
+        while not upto.done:
+            r = self._replies.popleft()
+            try:
+                kind, value = self.conn.recv()
+            except (EOFError, OSError) as e:
+                raise RuntimeError("the grammar worker process died "
+                                   f"(exit code {self.proc.poll()})") from e
+            if kind == "error":
+                r.error = RuntimeError(f"grammar worker: {value}")
+            elif r.rows is not None:
+                self.conn.recv_bytes_into(r.rows.reshape(-1).view(np.uint8))  # (bytes: a
+                # 2-d view would be measured by its first dimension only)
+            r.value, r.done = value, True
+
+    def close(self) -> None:
+        self._finalizer()
+
+
+class _Reply:
+    """A request to the worker; result() -> (None, the worker's answer: for a fill the
+    seconds it spent), as the helper thread's Future gives (the rows are written into
+    `rows`)."""
+
+    __slots__ = ("worker", "rows", "done", "value", "error")
+
+    def __init__(self, worker: MaskWorker, rows: np.ndarray | None) -> None:
+        self.worker, self.rows, self.done, self.value, self.error = worker, rows, False, None, None
+
+    def result(self):
+        self.worker._read(self)
+        if self.error is not None:
+            raise self.error
+        return None, self.value
+
+
+class RemoteGrammar:
+    """A constrained sequence's grammar state kept in the worker: GrammarState's interface as
+    the engine uses it (accept_at, fork, fill, fill_drafts, is_accepting, position)."""
+
+    failed = None  # (a refused token is known in the worker only: see the module's doc)
+    ready = True
+
+    def __init__(self, worker: MaskWorker, slot: int, key: object, grammar: str) -> None:
+        self.worker, self.slot, self.key, self.grammar = worker, slot, key, grammar
+        self.eos_token_ids = worker.eos_token_ids
+        self.num_accepted = 0
+        self.position = 0
+        weakref.finalize(self, worker.free, slot)
+
+    def accept(self, token: int) -> bool:
+        """Queue one sampled token (the worker takes it before the next fill); True."""
+        self.worker._ops.append((self.slot, int(token)))
+        self.num_accepted += 1
+        return True
+
+    def accept_at(self, token: int, position: int) -> bool:
+        if position < self.position:
+            return True
+        self.position = position + 1
+        return self.accept(token)
+
+    def fork(self) -> RemoteGrammar:
+        if self.num_accepted:
+            raise RuntimeError("a grammar state forks before its first token")
+        return self.worker.new_state(self.key, self.grammar)
+
+    def fill(self, row: np.ndarray) -> None:
+        self.worker.fill([self.slot], row.reshape(1, -1)).result()
+
+    def fill_drafts(self, rows: np.ndarray, drafts: list[int]) -> None:
+        """GrammarState.fill_drafts, in the worker: rows (1 + len(drafts), W)."""
+        self.worker._ask(("drafts", self.slot, [int(d) for d in drafts]), rows).result()
+
+    @property
+    def is_accepting(self) -> bool:
+        return bool(self.worker._ask(("accepting", self.slot), None).result()[1])
+
+
+def _shutdown(conn: Connection, proc: subprocess.Popen) -> None:
+    conn.close()  # the worker reads EOF and exits
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# ---- the worker's side (this file run as a script) ----------------------------------------
+def serve(conn: Connection) -> None:
+    import llguidance as llg
+
+    _, tokenizer_json, vocab_size, eos = conn.recv()
+    tok = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos or None)
+    W = (vocab_size + 31) // 32
+    eos_words = np.zeros(W, np.int32)  # the row of a grammar that did not compile
+    for t in eos:
+        eos_words[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
+    compiled: dict = {}  # key -> a fresh matcher, or None (did not compile)
+    states: dict = {}  # slot -> its matcher, or None
+    buf = np.zeros((64, W), np.int32)
+    eos_set = set(eos)
+
+    def advance(ops):
+        for slot, token in ops:
+            if token < 0:
+                states.pop(slot, None)
+                continue
+            m = states.get(slot)
+            if m is None or m.is_error():
+                continue
+            if token in eos_set and (m.is_stopped() or m.is_accepting()):
+                continue  # the end: nothing left to match
+            m.consume_token(token)  # refused: the matcher is in error, its rows EOS only
+
+    def fill_row(m, row: np.ndarray) -> None:
+        if m is None:
+            row[:] = eos_words
+        else:
+            m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "new":
+            _, slot, key, grammar = msg
+            if key not in compiled:
+                m = llg.LLMatcher(tok, grammar, log_level=0)
+                compiled[key] = None if m.is_error() else m
+            m = compiled[key]
+            states[slot] = m.deep_copy() if m is not None else None
+            continue
+        t0 = time.perf_counter()
+        try:
+            advance(msg[1])
+            if kind == "fill":
+                slots = msg[2]
+                if len(slots) > buf.shape[0]:
+                    buf = np.zeros((2 * len(slots), W), np.int32)
+                rows = buf[:len(slots)]
+                for j, slot in enumerate(slots):
+                    fill_row(states.get(slot), rows[j])
+            elif kind == "drafts":
+                _, _, slot, drafts = msg
+                m = states.get(slot)
+                rows = np.full((len(drafts) + 1, W), -1, np.int32)
+                taken = 0
+                for j in range(len(drafts) + 1):
+                    fill_row(m, rows[j])
+                    if j == len(drafts) or m is None or m.is_error():
+                        break
+                    if m.is_stopped() or not m.try_consume_tokens([drafts[j]]):
+                        break
+                    taken += 1
+                if taken:
+                    m.rollback(taken)
+            else:  # "accepting"
+                m = states.get(msg[2])
+                conn.send(("ok", m is not None and not m.is_error() and m.is_accepting()))
+                continue
+        except Exception as e:  # noqa: BLE001 - reported to the engine, which raises it
+            conn.send(("error", f"{type(e).__name__}: {e}"))
+            continue
+        conn.send(("ok", time.perf_counter() - t0))
+        conn.send_bytes(rows)
+
+
+if __name__ == "__main__":
+    serve(Connection(int(sys.argv[1])))

@@ -10,14 +10,15 @@ advance, the rows to fill) and later reads the reply, which is already there whe
 finished first. The worker also advances the grammars (llguidance's consume_token a row), so
 that work leaves the engine's thread too.
 
-    engine (this process)                      worker (python mask_worker.py FD)
+    engine (this process)                      worker (python mask_worker_serve.py FD)
     GrammarCompiler.state -> RemoteGrammar     "new": compile (cached by constraint), copy
     accept_at(token): queued, no call          "fill": advance the queued tokens, fill the
     TokenMasks.submit -> MaskWorker.fill           rows, reply; the bytes go straight into
     TokenMasks.wait -> reply into the arena        the engine's arena (recv_bytes_into)
 
-The worker runs this file as a script (stdlib, numpy and llguidance only: no torch, no layer
-imports, so it starts in a fraction of a second) and exits when its socket closes. A token the
+The worker runs mask_worker_serve.py as a script (stdlib, numpy and llguidance only: no
+torch, no layer imports, so it starts in a fraction of a second) and exits when its socket
+closes. A token the
 grammar refuses (it cannot be sampled under the mask, but a state can fail) is known only in
 the worker: that row's masks then allow only EOS, as in this process.
 """
@@ -29,13 +30,13 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection
 
 import numpy as np
 
+SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mask_worker_serve.py")
 
 class MaskWorker:
     """The engine's end: one worker process for one vocabulary. `new_state` starts a
@@ -45,7 +46,7 @@ class MaskWorker:
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
         ours, theirs = socket.socketpair()
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), str(theirs.fileno())],
+            [sys.executable, SERVE, str(theirs.fileno())],
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         self.conn = Connection(ours.detach())
@@ -60,7 +61,13 @@ class MaskWorker:
 
     def _send(self, msg: tuple) -> None:
         with self._lock:
-            self.conn.send(msg)
+            try:
+                self.conn.send(msg)
+            except OSError as e:
+                raise self._died() from e
+
+    def _died(self) -> RuntimeError:
+        return RuntimeError(f"the grammar worker process died (exit code {self.proc.poll()})")
 
     def new_state(self, key: object, grammar: str) -> RemoteGrammar:
         """A fresh grammar state in the worker (compiled there, cached by key)."""
@@ -91,8 +98,7 @@ class MaskWorker:
             try:
                 kind, value = self.conn.recv()
             except (EOFError, OSError) as e:
-                raise RuntimeError("the grammar worker process died "
-                                   f"(exit code {self.proc.poll()})") from e
+                raise self._died() from e
             if kind == "error":
                 r.error = RuntimeError(f"grammar worker: {value}")
             elif r.rows is not None:
@@ -170,89 +176,3 @@ def _shutdown(conn: Connection, proc: subprocess.Popen) -> None:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
         proc.kill()
-
-
-# ---- the worker's side (this file run as a script) ----------------------------------------
-def serve(conn: Connection) -> None:
-    import llguidance as llg
-
-    _, tokenizer_json, vocab_size, eos = conn.recv()
-    tok = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos or None)
-    W = (vocab_size + 31) // 32
-    eos_words = np.zeros(W, np.int32)  # the row of a grammar that did not compile
-    for t in eos:
-        eos_words[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
-    compiled: dict = {}  # key -> a fresh matcher, or None (did not compile)
-    states: dict = {}  # slot -> its matcher, or None
-    buf = np.zeros((64, W), np.int32)
-    eos_set = set(eos)
-
-    def advance(ops):
-        for slot, token in ops:
-            if token < 0:
-                states.pop(slot, None)
-                continue
-            m = states.get(slot)
-            if m is None or m.is_error():
-                continue
-            if token in eos_set and (m.is_stopped() or m.is_accepting()):
-                continue  # the end: nothing left to match
-            m.consume_token(token)  # refused: the matcher is in error, its rows EOS only
-
-    def fill_row(m, row: np.ndarray) -> None:
-        if m is None:
-            row[:] = eos_words
-        else:
-            m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
-
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        kind = msg[0]
-        if kind == "new":
-            _, slot, key, grammar = msg
-            if key not in compiled:
-                m = llg.LLMatcher(tok, grammar, log_level=0)
-                compiled[key] = None if m.is_error() else m
-            m = compiled[key]
-            states[slot] = m.deep_copy() if m is not None else None
-            continue
-        t0 = time.perf_counter()
-        try:
-            advance(msg[1])
-            if kind == "fill":
-                slots = msg[2]
-                if len(slots) > buf.shape[0]:
-                    buf = np.zeros((2 * len(slots), W), np.int32)
-                rows = buf[:len(slots)]
-                for j, slot in enumerate(slots):
-                    fill_row(states.get(slot), rows[j])
-            elif kind == "drafts":
-                _, _, slot, drafts = msg
-                m = states.get(slot)
-                rows = np.full((len(drafts) + 1, W), -1, np.int32)
-                taken = 0
-                for j in range(len(drafts) + 1):
-                    fill_row(m, rows[j])
-                    if j == len(drafts) or m is None or m.is_error():
-                        break
-                    if m.is_stopped() or not m.try_consume_tokens([drafts[j]]):
-                        break
-                    taken += 1
-                if taken:
-                    m.rollback(taken)
-            else:  # "accepting"
-                m = states.get(msg[2])
-                conn.send(("ok", m is not None and not m.is_error() and m.is_accepting()))
-                continue
-        except Exception as e:  # noqa: BLE001 - reported to the engine, which raises it
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-            continue
-        conn.send(("ok", time.perf_counter() - t0))
-        conn.send_bytes(rows)
-
-
-if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))

@@ -516,6 +516,19 @@ def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model):
     assert proc.wait(timeout=10) == 0
 
 
+def test_a_dead_worker_process_is_an_error_that_says_so(course_model):
+    remote = l4.GrammarCompiler.for_model(course_model)
+    remote.remote = True
+    q = Row()
+    q.grammar = remote.state(SO(json=PERSON))
+    remote._worker.proc.kill()
+    remote._worker.proc.wait(timeout=10)
+    masks = l4.structured.TokenMasks(course_model.config.vocab_size, "cpu")
+    with pytest.raises(RuntimeError, match="grammar worker process died"):
+        masks.prepare([q])
+    remote.close()
+
+
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypatch,
                                                          async_scheduling):

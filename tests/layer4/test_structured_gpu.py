@@ -82,3 +82,27 @@ def test_constrained_rows_under_draft_speculation_on_cuda(gpu_model):
     for sp, o in zip(specs, outs, strict=True):
         json.loads(o.outputs[0].text)
         assert accepted(llm, sp, list(o.outputs[0].token_ids)), o.outputs[0].text
+
+
+def test_constrained_rows_under_cuda_graphs_in_a_worker_process(gpu_model, monkeypatch):
+    """LLM_STACK_MASK_OVERLAP=process (the grammars in mask_worker.py's process) under CUDA
+    graphs and async scheduling: the greedy outputs are those of the grammars in this
+    process, each accepted token by token by a fresh matcher."""
+    specs = [SO(json=s) for s in SCHEMAS[:16]]
+    params = [l4.SamplingParams(temperature=0, max_tokens=96, structured_outputs=sp)
+              for sp in specs]
+
+    def run(mode: str):
+        monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", mode)
+        llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=32, cuda_graph=True)
+        outs = llm.generate(["HAMLET.\n"] * len(specs), params)
+        return llm, [list(o.outputs[0].token_ids) for o in outs]
+
+    _, want = run("0")
+    llm, got = run("process")
+    assert llm.grammars.remote and llm.config.async_scheduling
+    assert got == want
+    for sp, ids in zip(specs, got, strict=True):
+        assert accepted(llm, sp, ids)
+    print(f"\nmasks from the worker process under CUDA graphs: {llm.masks.stats}", flush=True)
+    llm.grammars.close()

@@ -13,8 +13,8 @@ that work leaves the engine's thread too.
     engine (this process)                      worker (python mask_worker_serve.py FD)
     GrammarCompiler.state -> RemoteGrammar     "new": compile (cached by constraint), copy
     accept_at(token): queued, no call          "fill": advance the queued tokens, fill the
-    TokenMasks.submit -> MaskWorker.fill           rows, reply; the bytes go straight into
-    TokenMasks.wait -> reply into the arena        the engine's arena (recv_bytes_into)
+    TokenMasks.submit -> MaskWorker.fill           rows into shared memory (a memfd both
+    TokenMasks.wait -> one copy into the arena     map), reply with a short message
 
 The worker runs mask_worker_serve.py as a script (stdlib, numpy and llguidance only: no
 torch, no layer imports, so it starts in a fraction of a second) and exits when its socket
@@ -25,8 +25,10 @@ the worker: that row's masks then allow only EOS, as in this process.
 from __future__ import annotations
 
 import itertools
+import mmap
 import os
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -43,20 +45,34 @@ class MaskWorker:
     constrained sequence's grammar (its compile starts at once, there), `fill` hands a step
     over and returns a handle whose `result()` waits for the rows."""
 
+    ROWS = 512  # rows a half of the shared memory holds (a larger request: sent as bytes)
+
     def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.W = W = (vocab_size + 31) // 32
+        # the rows come back through memory both processes map (two halves in turn, so a
+        # reply not read yet is never overwritten), so a reply is a short message and one
+        # copy into the engine's arena; without memfd (not Linux) they come as bytes
+        cap, fds = (self.ROWS, [os.memfd_create("llm-stack-masks")]) \
+            if hasattr(os, "memfd_create") else (0, [])
+        if cap:
+            os.ftruncate(fds[0], 2 * cap * W * 4)
+            self._shared = np.frombuffer(mmap.mmap(fds[0], 2 * cap * W * 4),
+                                         np.int32).reshape(2, cap, W)
         ours, theirs = socket.socketpair()
-        self.proc = subprocess.Popen(
-            [sys.executable, SERVE, str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        fds.insert(0, theirs.fileno())
+        self.proc = subprocess.Popen([sys.executable, SERVE, *map(str, fds)], pass_fds=fds,
+                                     stdin=subprocess.DEVNULL)
+        for fd in fds[1:]:
+            os.close(fd)  # (the map keeps the memory)
         theirs.close()
         self.conn = Connection(ours.detach())
-        self.eos_token_ids = tuple(eos_token_ids)
-        self.W = (vocab_size + 31) // 32
+        self._cap, self._half, self._busy = cap, 0, [False, False]
         self._slots = itertools.count()
         self._ops: list[tuple[int, int]] = []  # (slot, token) to advance, (slot, -1) to free
         self._replies: deque[_Reply] = deque()  # sent, their replies not yet read (in order)
         self._lock = threading.Lock()  # (sends: a request may be added from another thread)
-        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids)))
+        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids), cap))
         self._finalizer = weakref.finalize(self, _shutdown, self.conn, self.proc)
 
     def _send(self, msg: tuple) -> None:
@@ -86,8 +102,12 @@ class MaskWorker:
 
     def _ask(self, msg: tuple, rows: np.ndarray | None) -> _Reply:
         ops, self._ops = self._ops, []
-        reply = _Reply(self, rows)
-        self._send((msg[0], ops, *msg[1:]))
+        half = -1  # where the worker writes the rows: a half of the shared memory, or bytes
+        if rows is not None and len(rows) <= self._cap and not self._busy[self._half]:
+            half, self._half = self._half, 1 - self._half
+            self._busy[half] = True
+        reply = _Reply(self, rows, half)
+        self._send((msg[0], ops, half, *msg[1:]))
         self._replies.append(reply)
         return reply
 
@@ -95,16 +115,20 @@ class MaskWorker:
         """Read replies in order until upto's is in."""
         while not upto.done:
             r = self._replies.popleft()
-            try:
-                kind, value = self.conn.recv()
+            try:  # b"K" + a float64 (the worker's seconds, or an answer), or b"E" + text
+                msg = self.conn.recv_bytes()
+                if msg[:1] == b"E":
+                    r.error = RuntimeError(f"grammar worker: {msg[1:].decode()}")
+                elif r.half >= 0:
+                    np.copyto(r.rows, self._shared[r.half, :len(r.rows)])
+                elif r.rows is not None:  # (bytes: a 2-d view would be measured by its
+                    self.conn.recv_bytes_into(r.rows.reshape(-1).view(np.uint8))  # 1st dim)
             except (EOFError, OSError) as e:
                 raise self._died() from e
-            if kind == "error":
-                r.error = RuntimeError(f"grammar worker: {value}")
-            elif r.rows is not None:
-                self.conn.recv_bytes_into(r.rows.reshape(-1).view(np.uint8))  # (bytes: a
-                # 2-d view would be measured by its first dimension only)
-            r.value, r.done = value, True
+            finally:
+                if r.half >= 0:
+                    self._busy[r.half] = False
+            r.value, r.done = struct.unpack_from("d", msg, 1)[0] if r.error is None else None, True
 
     def close(self) -> None:
         self._finalizer()
@@ -115,10 +139,11 @@ class _Reply:
     seconds it spent), as the helper thread's Future gives (the rows are written into
     `rows`)."""
 
-    __slots__ = ("worker", "rows", "done", "value", "error")
+    __slots__ = ("worker", "rows", "half", "done", "value", "error")
 
-    def __init__(self, worker: MaskWorker, rows: np.ndarray | None) -> None:
-        self.worker, self.rows, self.done, self.value, self.error = worker, rows, False, None, None
+    def __init__(self, worker: MaskWorker, rows: np.ndarray | None, half: int) -> None:
+        self.worker, self.rows, self.half = worker, rows, half
+        self.done, self.value, self.error = False, None, None
 
     def result(self):
         self.worker._read(self)

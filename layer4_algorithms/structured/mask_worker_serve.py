@@ -3,20 +3,26 @@ FD`, FD its end of a socket), with the standard library, numpy and llguidance on
 no layer imports: it starts in a fraction of a second). It holds the engine's constrained
 sequences' grammars by slot and answers, in order:
 
-    ("init", tokenizer_json, V, eos)      the vocabulary, once
-    ("new", slot, key, grammar)           a state; its grammar compiled on a thread (cached
-                                          by key), waited for when the state is first used
-    ("fill", ops, slots)                  ops: (slot, token) advances, (slot, -1) frees, in
-                                          order; then row j <- slots[j]'s allowed next tokens:
-                                          replies ("ok", seconds) and the (R, W) int32 bytes
-    ("drafts", ops, slot, drafts)         the rows of GrammarState.fill_drafts (rolled back)
-    ("accepting", ops, slot)              ("ok", whether the text so far is a full match)
+    ("init", tokenizer_json, V, eos, cap)     the vocabulary, once; cap: rows a half of the
+                                              shared memory (its fd: the 2nd argument) holds
+    ("new", slot, key, grammar)               a state; its grammar compiled on a thread
+                                              (cached by key), waited for when first used
+    ("fill", ops, half, slots)                ops: (slot, token) advances, (slot, -1) frees,
+                                              in order; then row j <- slots[j]'s allowed
+                                              next tokens, written into that half of the
+                                              shared memory (half -1: sent as bytes after
+                                              the reply)
+    ("drafts", ops, half, slot, drafts)       the rows of GrammarState.fill_drafts, likewise
+    ("accepting", ops, -1, slot)              whether the text so far is a full match
 
-An error is answered ("error", message) instead; the engine raises it. EOF on the socket (the
-engine closed it, or died) ends the process.
+Each is answered b"K" + a float64 (the seconds spent, or the answer: 1.0 / 0.0), or b"E" +
+an error's text, which the engine raises. EOF on the socket (the engine closed it, or died)
+ends the process.
 """
 from __future__ import annotations
 
+import mmap
+import struct
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,12 +31,16 @@ from multiprocessing.connection import Connection
 import numpy as np
 
 
-def serve(conn: Connection) -> None:
+def serve(conn: Connection, shared_fd: int | None) -> None:
     import llguidance as llg
 
-    _, tokenizer_json, vocab_size, eos = conn.recv()
+    _, tokenizer_json, vocab_size, eos, cap = conn.recv()
     tok = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos or None)
     W = (vocab_size + 31) // 32
+    shared = None  # (2, cap, W): the halves the engine reads replies' rows from
+    if cap and shared_fd is not None:
+        shared = np.frombuffer(mmap.mmap(shared_fd, 2 * cap * W * 4),
+                               np.int32).reshape(2, cap, W)
     eos_words = np.zeros(W, np.int32)  # the row of a grammar that did not compile
     for t in eos:
         eos_words[t // 32] |= np.int32(np.uint32(1 << (t % 32)).view(np.int32))
@@ -85,19 +95,24 @@ def serve(conn: Connection) -> None:
             states[slot] = _Compiling(key)
             continue
         t0 = time.perf_counter()
+        half, value = msg[2], 0.0
         try:
             advance(msg[1])
+            if kind in ("fill", "drafts"):
+                n = len(msg[3]) if kind == "fill" else len(msg[4]) + 1
+                if half >= 0:
+                    rows = shared[half, :n]
+                else:
+                    if n > buf.shape[0]:
+                        buf = np.zeros((2 * n, W), np.int32)
+                    rows = buf[:n]
             if kind == "fill":
-                slots = msg[2]
-                if len(slots) > buf.shape[0]:
-                    buf = np.zeros((2 * len(slots), W), np.int32)
-                rows = buf[:len(slots)]
-                for j, slot in enumerate(slots):
+                for j, slot in enumerate(msg[3]):
                     fill_row(get(slot), rows[j])
             elif kind == "drafts":
-                _, _, slot, drafts = msg
+                _, _, _, slot, drafts = msg
                 m = get(slot)
-                rows = np.full((len(drafts) + 1, W), -1, np.int32)
+                rows[:] = -1
                 taken = 0
                 for j in range(len(drafts) + 1):
                     fill_row(m, rows[j])
@@ -109,14 +124,16 @@ def serve(conn: Connection) -> None:
                 if taken:
                     m.rollback(taken)
             else:  # "accepting"
-                m = get(msg[2])
-                conn.send(("ok", m is not None and not m.is_error() and m.is_accepting()))
-                continue
+                m = get(msg[3])
+                value = float(m is not None and not m.is_error() and m.is_accepting())
         except Exception as e:  # noqa: BLE001 - reported to the engine, which raises it
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+            conn.send_bytes(b"E" + f"{type(e).__name__}: {e}".encode())
             continue
-        conn.send(("ok", time.perf_counter() - t0))
-        conn.send_bytes(rows)
+        if kind != "accepting":
+            value = time.perf_counter() - t0
+        conn.send_bytes(b"K" + struct.pack("d", value))
+        if kind != "accepting" and half < 0:
+            conn.send_bytes(rows)
 
 
 class _Compiling:
@@ -129,4 +146,4 @@ class _Compiling:
 
 
 if __name__ == "__main__":
-    serve(Connection(int(sys.argv[1])))
+    serve(Connection(int(sys.argv[1])), int(sys.argv[2]) if len(sys.argv) > 2 else None)

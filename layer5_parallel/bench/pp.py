@@ -52,10 +52,10 @@ def overlap_s(lanes: list[list[tuple]]) -> float:
 
 def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None = None,
              num_prompts: int = 16, max_tokens: int = 32, num_blocks: int = 512,
-             timeline: str | Path | None = None, tp: int = 1) -> dict:
+             timeline: str | Path | None = None, tp: int = 1, steps_in_flight: int = 1) -> dict:
     """PP=1 vs PP=stages (each stage over `tp` tensor-parallel ranks) on num_prompts random
     prompts of 16..64 tokens (warmed up once). timeline: a PNG path for the last three
-    pipelined forwards, one lane per rank."""
+    pipelined forwards, one lane per rank. steps_in_flight: pp_steps_in_flight (in_flight.py)."""
     model, name = _model(device)
     check_pp_size(model.config, stages)
     prompts = workload(num_prompts, model.config.vocab_size, 16, 64)
@@ -70,7 +70,7 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
     finally:
         torch.set_num_threads(saved)
     with LLM(model, pipeline_parallel_size=stages, tensor_parallel_size=tp,
-             pp_micro_batches=micro_batches, **kw) as llm:
+             pp_micro_batches=micro_batches, pp_steps_in_flight=steps_in_flight, **kw) as llm:
         net = llm.runner.net
         _run(llm, prompts[:2], 2)
         net.stage_busy()  # drop the warm-up's figures
@@ -83,14 +83,18 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
     idle = [1 - r["busy_s"] / wall for r in rows]
     lanes = [r["events"] for r in rows]
     if timeline is not None:
-        t0 = rows[0]["spans"][-min(3, len(rows[0]["spans"]))][0]
+        last = min(3 * steps_in_flight, len(rows[0]["spans"]))
+        t0 = min(s for s, _ in rows[0]["spans"][-last:])
         title = f"PP={stages}" + (f" x TP={tp}" if tp > 1 else "")
+        what = (f"{m:.0f} micro-batches each" if steps_in_flight == 1 else
+                f"{steps_in_flight} steps in flight, {m:.0f} micro-batch each")
         plot_timeline([[e for e in lane if e[2] >= t0] for lane in lanes], timeline,
-                      f"{title}, last 3 decode steps ({m:.0f} micro-batches each)",
+                      f"{title}, last {last} decode steps ({what})",
                       [f"stage {r['stage']}" + (f" rank {r['rank']}" if tp > 1 else "")
                        for r in rows])
     return {
         "model": name, "device": device, "stages": stages, "tp": tp, "prompts": num_prompts,
+        "steps_in_flight": steps_in_flight,
         "max_tokens": max_tokens, "threads_per_stage": threads,
         "pp1_threads": saved, "pp1_tok_s": pp1_tok_s, "pp1_share_tok_s": pp1_share_tok_s,
         "pp_tok_s": pp_tok_s, "speedup": pp_tok_s / max(pp1_tok_s, pp1_share_tok_s),
@@ -101,6 +105,8 @@ def bench_pp(stages: int = 2, device: str = "cpu", *, micro_batches: int | None 
         "idle_per_stage": idle, "idle_measured": sum(idle) / len(idle),
         "idle_formula": (stages - 1) / (m + stages - 1), "memory": memory,
         "parallelism": sum(r["busy_s"] for r in rows) / wall,
+        # over the whole run (with steps in flight rank 0's forwards overlap: no forward wall)
+        "busy_at_once": sum(r["busy_s"] for r in rows) * pp_tok_s / sum(map(len, tokens)),
         "parallelism_formula": tp * stages * m / (m + stages - 1),  # ranks busy at once
         "together_share": overlap_s(lanes) / sum(e - s for s, e in rows[0]["spans"]),
     }

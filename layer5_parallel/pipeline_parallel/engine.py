@@ -150,7 +150,12 @@ class PPModel(RankZeroModel):
             cuts = S.micro_batches(ctx.query_lens_host, self.micro_batches,
                                    split=cache is not None)
             group.send(step_message(ctx, cache is not None, last_only, cuts))
-            group.comm.broadcast(pack_step(input_ids, ctx))
+            packed = pack_step(input_ids, ctx)
+            if self.deferred:  # the later stages may be on earlier steps: not waited for here
+                early = group.comm.broadcast_start(packed)
+            else:
+                early = []
+                group.comm.broadcast(packed)
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
                                      ctx.block_tables, cuts, dev)
             checked = S.headers_on(dev, group.comm.check)
@@ -164,7 +169,7 @@ class PPModel(RankZeroModel):
         st["wall_s"] += time.perf_counter() - start
         # last_only: a sequence cut across micro-batches samples from its last piece
         rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
-        return PendingLogits(parts, rows, last_only, checked, sends, start)
+        return PendingLogits(parts, rows, last_only, checked, early + sends, start)
 
     def collect(self, step: PendingLogits) -> torch.Tensor:
         """A dispatched step's fp32 logits, micro-batch by micro-batch from the last stage (on

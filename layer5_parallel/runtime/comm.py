@@ -230,3 +230,16 @@ class TPComm:
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         return self._timed("broadcast", self._broadcast, x)
+
+    def broadcast_start(self, x: torch.Tensor) -> list[tuple]:
+        """Rank 0's side of broadcast(x) without waiting for the other ranks to take part:
+        [(work, x)] to wait for later, or [] when it has finished already (layer 2's
+        collectives, the default group, or check, whose shape check waits for everyone). A
+        pipeline with steps in flight uses it: its later stages may still be computing earlier
+        steps, and stage 0 should not wait for them to start its own (on GPUs .wait() would
+        hold rank 0's stream until every rank joined)."""
+        if self.backend == "ours" or self.pg is None or self.check:
+            self.broadcast(x)
+            return []
+        self._count(x)
+        return [(self.pg.broadcast(x, 0), x)]

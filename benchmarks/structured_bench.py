@@ -29,7 +29,9 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   no helper); under async scheduling also after_launch (the helper's fill always started
   after the forward's launch: the default before the fill could start ahead) and, with
   --pool, pool (no helper, llguidance's pool of 8 threads: the earliest default); process
-  (the grammars in a worker process, mask_worker.py: LLM_STACK_MASK_OVERLAP=process).
+  (the grammars in a worker process, mask_worker.py: LLM_STACK_MASK_OVERLAP=process) and, on
+  CUDA, process_graph (that, and the apply's copy + kernel replayed from CUDA graphs,
+  mask_graph.py: LLM_STACK_MASK_GRAPH=1; its graphs' counts in the row).
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -82,8 +84,8 @@ class Throughput:
     a shared host does not land on one variant only)."""
 
     def __init__(self, model: l3.Model, batch: int, new: int, constrained: bool,
-                 fill_threads: int | None = None, helper: bool | None = None,
-                 ahead: bool = True, **engine) -> None:
+                 fill_threads: int | None = None, helper: bool | str | None = None,
+                 ahead: bool = True, mask_graph: bool = False, **engine) -> None:
         blocks = batch * (-(-(new + 16) // 16) + 1) + 16  # every sequence's KV, no more
         self.llm = l4.LLM(model, max_num_seqs=batch, num_blocks=blocks, **engine)
         if fill_threads is not None:  # else the engine's own (fill_threads(), read at start)
@@ -93,6 +95,8 @@ class Throughput:
         if helper == "process":  # the grammars in a worker process (mask_worker.py)
             self.llm.grammars.remote = True
             self.llm.masks.overlap_rows = 1
+        if mask_graph and self.llm.masks.cuda:  # the apply replayed from CUDA graphs
+            self.llm.masks.graphs = l4.structured.mask_graph.MaskGraphs()
         if not ahead:  # the helper's fill only ever starts after the forward's launch
             self.llm._fill_ahead = lambda prev: None
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
@@ -141,6 +145,8 @@ class Throughput:
                 if llm.masks.overlap is None else ("process" if llm.masks.overlap == "process"
                                                    else "helper" if llm.masks.overlap else "own")
             row["chooser"] = {"helper_chosen": c.chosen, "own_kept": c.kept}
+        if llm.masks.graphs is not None:
+            row["mask_graphs"] = dict(llm.masks.graphs.stats, failed=llm.masks.graphs.failed)
         if masks.get("steps"):
             n = masks["steps"]
             row.update(masked_steps=n,
@@ -346,6 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
                     ("json_schema_helper", True, None, True, True),
                     ("json_schema_serial_fill", True, 0, False, True),
                     ("json_schema_process", True, None, "process", True)]
+        if args.device == "cuda":  # and with the apply's launches replayed from CUDA graphs
+            variants.append(("json_schema_process_graph", True, None, "process", True))
         if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
             variants.insert(3, ("json_schema_after_launch", True, None, True, False))
             if args.pool:
@@ -356,14 +364,23 @@ def main(argv: list[str] | None = None) -> dict:
                 skipped.append(f"{name}/{key}")
                 say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
                 continue
-            runs[key] = Throughput(model, args.batch, args.new_tokens, constrained, threads,
-                                   helper, ahead, **engine)
+            try:  # (a variant that fails is reported, the others go on)
+                runs[key] = Throughput(model, args.batch, args.new_tokens, constrained,
+                                       threads, helper, ahead, key.endswith("_graph"), **engine)
+            except Exception as e:  # noqa: BLE001
+                row[key] = {"error": f"{type(e).__name__}: {e}"}
+                say(f"{name}/{key}: FAILED to start: {row[key]['error']}")
         for rep in range(args.repeats):  # interleaved: each variant once per round
             if rep and time.perf_counter() - T0 > args.time_limit:
                 say(f"{name}: {rep} of {args.repeats} rounds (past --time-limit)")
                 break
-            for r in runs.values():
-                r.run()
+            for key, r in list(runs.items()):
+                try:
+                    r.run()
+                except Exception as e:  # noqa: BLE001
+                    row[key] = {"error": f"{type(e).__name__}: {e}"}
+                    say(f"{name}/{key}: FAILED: {row[key]['error']}")
+                    del runs[key]
         for key, t in runs.items():
             r = row[key] = t.row
             extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us (helper "
@@ -380,17 +397,22 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{r.get('append_us_per_step')} us a step{extra})")
         del runs
         gc.collect()
-        if "unconstrained" in row and "json_schema" in row:
+        def ok(key: str, row: dict = row) -> bool:  # (a variant that failed has no rate)
+            return "tokens_per_s" in row.get(key, {})
+
+        if ok("unconstrained") and ok("json_schema"):
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("helper", "after_launch", "serial_fill", "pool", "process"):
-                if f"json_schema_{v}" in row:
+            for v in ("helper", "after_launch", "serial_fill", "pool", "process",
+                      "process_graph"):
+                if ok(f"json_schema_{v}"):
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x (helper: "
                 f"{row.get('ratio_helper')}x, after launch: "
                 f"{row.get('ratio_after_launch')}x, serial fill: "
                 f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x, worker "
-                f"process: {row.get('ratio_process')}x; target >= 0.9x)")
+                f"process: {row.get('ratio_process')}x, + apply graphs: "
+                f"{row.get('ratio_process_graph')}x; target >= 0.9x)")
         tp.append(row)
         rows["throughput"] = tp
         save()
@@ -409,7 +431,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['json_schema'].get('kept')}; helper {r.get('ratio_helper')}x, after launch "
                   f"{r.get('ratio_after_launch')}x, serial fill "
                   f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x, worker process "
-                  f"{r.get('ratio_process')}x)",
+                  f"{r.get('ratio_process')}x, + apply graphs {r.get('ratio_process_graph')}x)",
                   flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()

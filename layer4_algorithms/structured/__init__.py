@@ -3,7 +3,8 @@ Lark grammar) with llguidance. `GrammarCompiler` (constraint -> compiled matcher
 thread, cached by the constraint), `GrammarState` (one sequence's parser, advanced by each
 accepted token), the bitmask (`TokenMasks`: a step's masks in reused buffers, filled as
 mask_fill.py / helper_fill.py say, or in a worker process (mask_worker.py, opt-in:
-LLM_STACK_MASK_OVERLAP=process), applied by one Triton kernel on CUDA; `mask_rows` before
+LLM_STACK_MASK_OVERLAP=process), applied by one Triton kernel on CUDA (its copy and launch
+replayed from a CUDA graph with LLM_STACK_MASK_GRAPH=1: mask_graph.py); `mask_rows` before
 sampling, `mask_spec` before speculative verification, `apply_token_bitmask_` for any (R, V)
 logits)
 and `check` (ValueError naming what is wrong with a constraint, for layer 6's 400s). (Lab 4's

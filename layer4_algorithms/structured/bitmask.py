@@ -44,6 +44,7 @@ import torch
 
 from .helper_fill import HelperFill
 from .mask_fill import SERIAL_ROWS, FillHelper, WayChooser, fill_masks, fill_threads, mask_overlap
+from .mask_graph import MaskGraphs, mask_graph_enabled, plain
 
 
 def words(vocab_size: int) -> int:
@@ -165,6 +166,8 @@ class TokenMasks(HelperFill):
         # rows stay on the engine's thread
         self.overlap_rows = SERIAL_ROWS + 1 if self.overlap != "process" else 1
         self._helper: FillHelper | None = None
+        # the apply's copy + kernel replayed from CUDA graphs (LLM_STACK_MASK_GRAPH=1)
+        self.graphs = MaskGraphs() if mask_graph_enabled() and self.cuda else None
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
 
@@ -221,15 +224,15 @@ class TokenMasks(HelperFill):
         R, n, arena, host, dev = prepared
         W = self.W
         if self.cuda:
-            dev[:n].copy_(host[:n], non_blocking=True)
-            ev = self._events[arena]
+            if self.graphs is not None:  # (opt-in: replayed from a CUDA graph when steady)
+                self.graphs.run(logits, host, dev, R, n, W)
+            else:
+                plain(logits, host, dev, R, n, W)  # (checked shapes: straight in)
+            ev = self._events[arena]  # behind the copy: the arena is free once it has run
             if ev is None:
                 ev = self._events[arena] = torch.cuda.Event()
             ev.record()
             self._recorded[arena] = True
-            from .mask_kernel import apply_bitmask_triton  # (checked shapes: straight in)
-
-            apply_bitmask_triton(logits, dev[:R * W].view(R, W), dev[R * W:n])
         else:
             every = R == logits.shape[0]  # every row in order: no index needed on a CPU
             apply_token_bitmask_(logits, host[:R * W].view(R, W), None if every else host[R * W:n])

@@ -577,3 +577,55 @@ def test_the_worker_process_verifies_drafts(course_model, monkeypatch):
     assert spec_llm.grammars.remote and spec_llm.stats.spec_proposed > 0
     assert [o.outputs[0].text for o in fast] == [o.outputs[0].text for o in plain]
     spec_llm.grammars.close()
+
+
+# ---- the apply replayed from CUDA graphs (LLM_STACK_MASK_GRAPH=1) --------------------------
+def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(monkeypatch):
+    """MaskGraphs: a launch with the same buffers WARM times in a row is captured and then
+    replayed; other buffers launch plainly; a capture that fails (here, really: no CUDA)
+    leaves the graphs off with the reason, and every launch still masks exactly (the
+    Triton kernel in the interpreter)."""
+    mg = l4.structured.mask_graph
+    with pytest.raises(ValueError, match="LLM_STACK_MASK_GRAPH"):
+        monkeypatch.setenv("LLM_STACK_MASK_GRAPH", "sometimes")
+        mg.mask_graph_enabled()
+    monkeypatch.setenv("LLM_STACK_MASK_GRAPH", "1")
+    assert mg.mask_graph_enabled()
+    assert l4.structured.TokenMasks(64, "cpu").graphs is None  # (CUDA only)
+    logits, bitmask, rows, want = random_case(5, 3, 100)
+    R, W = bitmask.shape
+    n = R * W + R
+    host = torch.cat([bitmask.view(-1), rows.to(torch.int32)])
+    dev = torch.empty_like(host)
+
+    fixed = logits.clone()  # one logits buffer, as CUDA-graph decoding reuses
+
+    def launch(graphs, buffer=fixed):
+        buffer.copy_(logits)
+        graphs.run(buffer, host, dev, R, n, W)
+        assert torch.equal(buffer, want)
+
+    real = mg.MaskGraphs()
+    for _ in range(mg.WARM + 3):
+        launch(real)
+    assert real.failed and real.stats == {"captures": 0, "replays": 0, "plain": mg.WARM + 3}
+    replayed = []
+
+    class FakeGraph:  # what a capture would give on a GPU: the same launches, replayed
+        def __init__(self, args):
+            self.args = args
+
+        def replay(self):
+            replayed.append(1)
+            mg.plain(*self.args)
+
+    fake = mg.MaskGraphs()
+    monkeypatch.setattr(fake, "_capture", lambda *a: fake._graphs.setdefault(
+        a[-1], FakeGraph(a[:-1])))
+    for _ in range(mg.WARM + 4):
+        launch(fake)
+    assert len(fake._graphs) == 1 and len(replayed) == 4 and fake.stats["plain"] == mg.WARM
+    launch(fake, logits.clone())  # another logits buffer: plain, the graph kept
+    assert len(replayed) == 4 and fake.stats["plain"] == mg.WARM + 1
+    launch(fake)
+    assert len(replayed) == 5

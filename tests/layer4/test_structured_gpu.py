@@ -84,25 +84,33 @@ def test_constrained_rows_under_draft_speculation_on_cuda(gpu_model):
         assert accepted(llm, sp, list(o.outputs[0].token_ids)), o.outputs[0].text
 
 
-def test_constrained_rows_under_cuda_graphs_in_a_worker_process(gpu_model, monkeypatch):
-    """LLM_STACK_MASK_OVERLAP=process (the grammars in mask_worker.py's process) under CUDA
-    graphs and async scheduling: the greedy outputs are those of the grammars in this
-    process, each accepted token by token by a fresh matcher."""
+@pytest.mark.parametrize("overlap, graph", [("process", "0"), ("0", "1"), ("process", "1")])
+def test_constrained_rows_under_cuda_graphs_in_a_worker_process(gpu_model, monkeypatch,
+                                                                 overlap, graph):
+    """LLM_STACK_MASK_OVERLAP=process (the grammars in mask_worker.py's process) and/or
+    LLM_STACK_MASK_GRAPH=1 (the apply's copy + kernel replayed from CUDA graphs) under CUDA
+    graph decoding and async scheduling: the greedy outputs are those of the grammars in
+    this process with plain launches, each accepted token by token by a fresh matcher."""
     specs = [SO(json=s) for s in SCHEMAS[:16]]
     params = [l4.SamplingParams(temperature=0, max_tokens=96, structured_outputs=sp)
               for sp in specs]
 
-    def run(mode: str):
+    def run(mode: str, mask_graph: str):
         monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", mode)
+        monkeypatch.setenv("LLM_STACK_MASK_GRAPH", mask_graph)
         llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=32, cuda_graph=True)
         outs = llm.generate(["HAMLET.\n"] * len(specs), params)
         return llm, [list(o.outputs[0].token_ids) for o in outs]
 
-    _, want = run("0")
-    llm, got = run("process")
-    assert llm.grammars.remote and llm.config.async_scheduling
+    _, want = run("0", "0")
+    llm, got = run(overlap, graph)
+    assert llm.grammars.remote == (overlap == "process") and llm.config.async_scheduling
     assert got == want
     for sp, ids in zip(specs, got, strict=True):
         assert accepted(llm, sp, ids)
-    print(f"\nmasks from the worker process under CUDA graphs: {llm.masks.stats}", flush=True)
+    if graph == "1":
+        assert llm.masks.graphs.failed is None, llm.masks.graphs.failed
+        assert llm.masks.graphs.stats["replays"] > 0, llm.masks.graphs.stats
+    print(f"\nmasks ({overlap=}, {graph=}) under CUDA graphs: {llm.masks.stats}, "
+          f"{llm.masks.graphs.stats if llm.masks.graphs else ''}", flush=True)
     llm.grammars.close()

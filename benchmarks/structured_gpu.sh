@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Structured outputs on one GPU (~250-350 s on an H100; carry .whl: llguidance):
-#   timeout 450 bash benchmarks/structured_gpu.sh
+# Structured outputs on one GPU (~300-450 s on an H100; carry .whl: llguidance):
+#   timeout 540 bash benchmarks/structured_gpu.sh
 # 1. pytest -m gpu tests/layer4/test_structured_gpu.py: the Triton bitmask kernel equals the
 #    torch reference (and both times, printed), constrained rows under CUDA graphs and draft
 #    speculation, and under CUDA graphs with the grammars in a worker process
-#    (LLM_STACK_MASK_OVERLAP=process: the same greedy outputs as in-process).
+#    (LLM_STACK_MASK_OVERLAP=process) and/or the apply replayed from CUDA graphs
+#    (LLM_STACK_MASK_GRAPH=1): the same greedy outputs as in-process, plain launches.
 # 2. benchmarks/structured_bench.py: compile per schema (first, cached), mask fill and apply per
 #    step at batch 32, constrained vs unconstrained tok/s at batch 32 (eager and CUDA graphs,
 #    default scheduling and synchronous; each json_schema way, the worker process included)
@@ -14,7 +15,7 @@
 # Logs in $OUT/*.log; the summary is the output's tail. A dry run of the script's flow on a CPU
 # (no install, the bench's smoke sizes; the GPU tests skip):
 #   SKIP_INSTALL=1 DEVICE=cpu OUT=/tmp/sg bash benchmarks/structured_gpu.sh
-# Shorter (the ratios only, ~200 s): PYTEST_K=cuda_graphs PYTEST_S=60 BENCH_S=150 TIME_LIMIT=100
+# Shorter (the ratios only, ~300 s): PYTEST_K=cuda_graphs PYTEST_S=100 BENCH_S=150 TIME_LIMIT=100 PHASES_S=40
 # (the GPU tests of the CUDA-graph path only; bench modes that would start after 100 s skipped).
 # REPEATS=N: each variant's best of N runs (default 2).
 set -uo pipefail
@@ -26,7 +27,7 @@ logs=$out; . "$(dirname "$0")/device_steps.sh"
 python3 -c "import os, torch, triton, llguidance; print(torch.cuda.get_device_name() \
 if torch.cuda.is_available() else 'no GPU', 'torch', torch.__version__, 'triton', \
 triton.__version__, 'llguidance', llguidance.__version__, 'cpus', os.cpu_count())"
-step pytest_structured_gpu "${PYTEST_S:-110}" python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
+step pytest_structured_gpu "${PYTEST_S:-150}" python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
     --timeout 60 ${PYTEST_K:+-k "$PYTEST_K"} tests/layer4/test_structured_gpu.py
 grep -E "apply \(|^masks|PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped" \
     "$out/pytest_structured_gpu.log" | tail -12
@@ -37,6 +38,6 @@ step structured_bench "${BENCH_S:-270}" python3 benchmarks/structured_bench.py -
 grep -E "^\[|SUMMARY" "$out/structured_bench.log" | tail -30
 # the host's phases on this machine's CPU (no GPU work): advance, fill, the helper thread's and
 # the worker process's hand-over, apply; per step at batch 32, 32 different schemas
-step host_phases "${PHASES_S:-90}" python3 benchmarks/structured_host_phases.py --steps 96 \
+step host_phases "${PHASES_S:-60}" python3 benchmarks/structured_host_phases.py --steps 96 \
     --out "$out"
 tail -22 "$out/host_phases.log"

@@ -4,7 +4,7 @@ The engine keeps a `GrammarState` on each constrained `Sequence` (`seq.grammar`)
 
     before sampling   `fill(row)` writes which tokens may come next into a bitmask row
     after a token     `accept(token)` advances the parser (Sequence.append_token calls it,
-                      as `accept_at(token, position)`: once per output position, thread-safe)
+                      as `accept_at(token, position)`: once per output position)
     speculation       `fill_drafts(rows, drafts)` masks the verification rows, each for the
                       state after the drafts before it, and leaves the state as it was
     a fork (n > 1)    `fork()`: a sibling starting from the same (fresh) state

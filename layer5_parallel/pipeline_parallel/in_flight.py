@@ -52,7 +52,9 @@ class LaneScheduler(engine.Scheduler):
     """Layer 4's scheduler over `lanes` groups of sequences: `schedule_lane(g)` runs layer 4's
     schedule() over lane g's running sequences only, with max_num_seqs // lanes seats, and
     puts what it admits into lane g (fork: children into their parent's). The waiting queue,
-    the block pool and the prefix cache are shared."""
+    the block pool and the prefix cache are shared. A lane admits up to its fair share of the
+    live sequences (running and waiting over the lanes; at least what the first waiting
+    request needs), so that a few requests spread over the lanes instead of filling one."""
 
     def __init__(self, block_manager: engine.BlockManager, config, *, lanes: int) -> None:
         super().__init__(block_manager, config, on_release=(self._forget,))
@@ -68,10 +70,13 @@ class LaneScheduler(engine.Scheduler):
         super().add(seq)
 
     def schedule_lane(self, lane: int) -> engine.SchedulerOutput:
-        lane_of = self.lane_of
+        lane_of, waiting = self.lane_of, self.waiting
+        live = sum([1 + q.pending_forks for q in waiting]) + len(self.running)
+        need = 1 + waiting[0].pending_forks if waiting else 1  # (unforked children: a few)
         others = [q for q in self.running if lane_of[q.seq_id] != lane]
         self.running = [q for q in self.running if lane_of[q.seq_id] == lane]
-        limit, self.max_num_seqs = self.max_num_seqs, self.seats
+        limit = self.max_num_seqs
+        self.max_num_seqs = min(self.seats, max(-(-live // self.lanes), need))
         try:
             out = self.schedule()
         finally:  # the lane's list after scheduling (preempted out, admitted in), then the rest

@@ -49,3 +49,26 @@ def test_pp2_stage_graphs_match_pp1():
         graphs = llm.runner.net.graphs
         assert graphs.captured and graphs.replays > 0
     assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_steps_in_flight_match_pp1(graphs):
+    """pp_steps_in_flight = stages (2, or as many as the GPUs and the course model's 6 layers
+    allow, up to 4) over NCCL: lanes of sequences take turns, the logits collected one turn
+    later, the broadcast not waited for; PP=1's greedy tokens (fp32, near-ties aside), with
+    requests of different lengths and a small pool (preemption)."""
+    stages = min(torch.cuda.device_count(), 4)
+    path = l3.course_model_dir("target")
+    params = [l5.SamplingParams(temperature=0.0, max_tokens=8 + 3 * i, ignore_eos=True)
+              for i in range(len(PROMPTS))]
+    kw = dict(device="cuda", dtype="float32", num_blocks=10, block_size=8, max_num_seqs=8)
+    ref = l5.LLM(path, **kw)
+    want = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, params)]
+    with l5.LLM(path, pipeline_parallel_size=stages, pp_steps_in_flight=stages,
+                cuda_graph=graphs, **kw) as llm:
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+        assert llm.stats.preemptions > 0
+        if graphs:
+            assert llm.runner.net.graphs.replays > 0
+    assert_prompts_same_or_near_tie(ref, PROMPTS, want, got)

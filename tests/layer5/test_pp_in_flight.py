@@ -143,3 +143,15 @@ def test_lane_scheduler_keeps_lanes_apart():
 def test_bad_settings_are_named(kw, words):
     with pytest.raises(ValueError, match=words):
         l5.EngineConfig(**kw)
+
+
+def test_a_few_requests_spread_over_the_lanes():
+    """Four requests, three lanes of 5 seats: a lane admits at most its fair share,
+    ceil(4 / 3) = 2, not all four, so another lane has a step to run beside it."""
+    config = l5.EngineConfig(num_blocks=64, block_size=4, max_num_seqs=16, max_model_len=64)
+    sched = LaneScheduler(l5.engine.BlockManager.from_config(config), config, lanes=3)
+    params = l5.SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    for i in range(4):
+        sched.add(l5.engine.Sequence(i, f"r{i}", [1, 2, 3], params))
+    sizes = [len(sched.schedule_lane(lane).scheduled) for lane in range(3)]
+    assert sizes == [2, 2, 0]

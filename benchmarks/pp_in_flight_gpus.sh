@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Pipeline parallelism with steps in flight on 4 GPUs (or 2), in ONE device call (<= ~560 s):
+#   bash benchmarks/pp_in_flight_gpus.sh        (kind nvidia-h100-x4; carry .whl: layer 4 imports llguidance)
+# Steps, each with its own limit, logs and JSON under $OUT, a summary last:
+#   tests  pytest -m "gpu or multigpu": PP=2 NCCL and PP=2 stage graphs equal PP=1, steps in flight
+#          (as many as stages, up to 4, eager and stage graphs, a pool small enough to preempt)
+#          equal PP=1, the stage graphs on one GPU, DP/PP/TPxPP forms (test_forms_gpu.py)
+#   pp     nano-vllm's workload on the Llama-3.2-1B shape (256 sequences, random bf16 weights,
+#          triton kernels), every layout in its own processes and measured in this one run:
+#          1 GPU (CUDA graphs) | PP=2 (2 micro-batches, stage graphs: 0.80x last time) | PP=2 with
+#          2 steps in flight | PP=N (N micro-batches, stage graphs: 0.73x at N=4) | PP=N with N
+#          steps in flight; tokens/s as a ratio to 1 GPU, ms and host ms per step, same tokens
+#          (layer5_parallel/bench/dp.py: layouts 1,pp2g,pp2gf,ppNg,pp1gf)
+# Target (issue: layer 5 on GPUs): PP=2 >= 1.4x one GPU's tokens/s.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
+out=${OUT:-gpu-out}; mkdir -p "$out"
+logs=$out; . "$(dirname "$0")/device_steps.sh"
+install_stack
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+gpus=$(nvidia-smi -L | wc -l)
+{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
+T="python3 -m pytest -v -s -m 'gpu or multigpu' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+maybe tests 170 bash -c "$T tests/layer5/test_pp_engine_gpu.py tests/layer5/test_pp_stage_graphs.py tests/layer5/test_forms_gpu.py"
+grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
+maybe pp 370 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,pp2g,pp2gf,ppNg,pp1gf \
+    --layout-timeout 150 --budget-s 300 --out "$out/pp_in_flight.json"
+grep -sE "tok/s|replica|FAILED|skipped" "$out/pp.log" | tail -16
+echo "== done in $SECONDS s"

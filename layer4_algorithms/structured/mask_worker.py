@@ -68,6 +68,7 @@ class MaskWorker:
         theirs.close()
         self.conn = Connection(ours.detach())
         self._cap, self._half, self._busy = cap, 0, [False, False]
+        self.pid = os.getpid()
         self._slots = itertools.count()
         self._ops: list[tuple[int, int]] = []  # (slot, token) to advance, (slot, -1) to free
         self._replies: deque[_Reply] = deque()  # sent, their replies not yet read (in order)
@@ -76,6 +77,9 @@ class MaskWorker:
         self._finalizer = weakref.finalize(self, _shutdown, self.conn, self.proc)
 
     def _send(self, msg: tuple) -> None:
+        if os.getpid() != self.pid:  # a forked child: the grammars are the parent's
+            raise RuntimeError(f"this grammar worker belongs to process {self.pid}: a forked "
+                               f"child cannot use its parent's constrained sequences")
         with self._lock:
             try:
                 self.conn.send(msg)
@@ -107,7 +111,13 @@ class MaskWorker:
             half, self._half = self._half, 1 - self._half
             self._busy[half] = True
         reply = _Reply(self, rows, half)
-        self._send((msg[0], ops, half, *msg[1:]))
+        try:
+            self._send((msg[0], ops, half, *msg[1:]))
+        except BaseException:  # (not sent: the advances wait for the next request)
+            self._ops[:0] = ops
+            if half >= 0:
+                self._busy[half] = False
+            raise
         self._replies.append(reply)
         return reply
 

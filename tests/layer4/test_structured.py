@@ -533,6 +533,20 @@ def test_a_dead_worker_process_is_an_error_that_says_so(course_model):
     remote.close()
 
 
+def test_a_forked_child_cannot_use_its_parents_grammar_worker(course_model, monkeypatch):
+    remote = l4.GrammarCompiler.for_model(course_model)
+    remote.remote = True
+    q = Row()
+    q.grammar = remote.state(SO(json=PERSON))
+    monkeypatch.setattr(l4.structured.mask_worker.os, "getpid", lambda: -7)
+    masks = l4.structured.TokenMasks(course_model.config.vocab_size, "cpu")
+    with pytest.raises(RuntimeError, match="belongs to process"):
+        masks.prepare([q])
+    monkeypatch.undo()
+    masks.prepare([q])  # (the parent still can)
+    remote.close()
+
+
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypatch,
                                                          async_scheduling):

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 
 import layer3_model as l3
 
+from .mask_fill import fill_threads
 from .mask_worker import MaskWorker, RemoteGrammar
 from .state import GrammarState
 
@@ -183,7 +184,7 @@ class GrammarCompiler:
             self.stats["hits"] += 1
         if self._worker is None:
             self._worker = MaskWorker(self._source.tok.to_str(), self.vocab_size,
-                                      self.eos_token_ids)
+                                      self.eos_token_ids, fill_threads())
         return self._worker.new_state(key, grammar)
 
     def _build(self, spec: l3.StructuredOutputsParams) -> llguidance.LLMatcher:

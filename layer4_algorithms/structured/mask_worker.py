@@ -43,11 +43,13 @@ SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mask_worker_se
 class MaskWorker:
     """The engine's end: one worker process for one vocabulary. `new_state` starts a
     constrained sequence's grammar (its compile starts at once, there), `fill` hands a step
-    over and returns a handle whose `result()` waits for the rows."""
+    over and returns a handle whose `result()` waits for the rows. threads: llguidance's
+    pool for the worker's fills (<= 1: one call a row there)."""
 
     ROWS = 512  # rows a half of the shared memory holds (a larger request: sent as bytes)
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...],
+                 threads: int = 0):
         self.eos_token_ids = tuple(eos_token_ids)
         self.W = W = (vocab_size + 31) // 32
         # the rows come back through memory both processes map (two halves in turn, so a
@@ -73,7 +75,7 @@ class MaskWorker:
         self._ops: list[tuple[int, int]] = []  # (slot, token) to advance, (slot, -1) to free
         self._replies: deque[_Reply] = deque()  # sent, their replies not yet read (in order)
         self._lock = threading.Lock()  # (sends: a request may be added from another thread)
-        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids), cap))
+        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids), cap, threads))
         self._finalizer = weakref.finalize(self, _shutdown, self.conn, self.proc)
 
     def _send(self, msg: tuple) -> None:

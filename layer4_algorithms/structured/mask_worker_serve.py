@@ -3,8 +3,11 @@ FD`, FD its end of a socket), with the standard library, numpy and llguidance on
 no layer imports: it starts in a fraction of a second). It holds the engine's constrained
 sequences' grammars by slot and answers, in order:
 
-    ("init", tokenizer_json, V, eos, cap)     the vocabulary, once; cap: rows a half of the
-                                              shared memory (its fd: the 2nd argument) holds
+    ("init", tokenizer_json, V, eos, cap, threads)
+                                              the vocabulary, once; cap: rows a half of the
+                                              shared memory (its fd: the 2nd argument) holds;
+                                              threads: llguidance's pool for a step's fill
+                                              (LLM_STACK_GRAMMAR_THREADS; <= 1: none)
     ("new", slot, key, grammar)               a state; its grammar compiled on a thread
                                               (cached by key), waited for when first used
     ("fill", ops, half, slots)                ops: (slot, token) advances, (slot, -1) frees,
@@ -34,7 +37,7 @@ import numpy as np
 def serve(conn: Connection, shared_fd: int | None) -> None:
     import llguidance as llg
 
-    _, tokenizer_json, vocab_size, eos, cap = conn.recv()
+    _, tokenizer_json, vocab_size, eos, cap, threads = conn.recv()
     tok = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos or None)
     W = (vocab_size + 31) // 32
     shared = None  # (2, cap, W): the halves the engine reads replies' rows from
@@ -76,6 +79,25 @@ def serve(conn: Connection, shared_fd: int | None) -> None:
                 continue  # the end: nothing left to match
             m.consume_token(token)  # refused: the matcher is in error, its rows EOS only
 
+    # a step's rows on llguidance's pool of `threads` (> 1: a large vocabulary's fill may
+    # outlast the engine's step on one), else one call a row
+    pool_fill = llg.LLExecutor(threads).unsafe_compute_mask_ptr if threads > 1 else None
+
+    def fill_rows(slots: list[int], rows: np.ndarray) -> None:
+        if pool_fill is None or len(slots) <= 4:
+            for j, slot in enumerate(slots):
+                fill_row(get(slot), rows[j])
+            return
+        healthy = []
+        for j, slot in enumerate(slots):
+            m = get(slot)
+            if m is None:
+                rows[j] = eos_words
+            else:
+                healthy.append((m, j))
+        if healthy:
+            pool_fill(healthy, rows.ctypes.data, W * 4, len(rows))
+
     def fill_row(m, row: np.ndarray) -> None:
         if m is None:
             row[:] = eos_words
@@ -107,8 +129,7 @@ def serve(conn: Connection, shared_fd: int | None) -> None:
                         buf = np.zeros((2 * n, W), np.int32)
                     rows = buf[:n]
             if kind == "fill":
-                for j, slot in enumerate(msg[3]):
-                    fill_row(get(slot), rows[j])
+                fill_rows(msg[3], rows)
             elif kind == "drafts":
                 _, _, _, slot, drafts = msg
                 m = get(slot)

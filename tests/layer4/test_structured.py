@@ -484,15 +484,17 @@ def test_a_forked_child_gets_its_own_helper_and_pool(course_model, monkeypatch):
 
 
 # ---- the grammars in a worker process (LLM_STACK_MASK_OVERLAP=process) -------------------
-@pytest.mark.parametrize("shared_rows", [512, 4, 0])
+@pytest.mark.parametrize("shared_rows, threads", [(512, 0), (4, 0), (0, 0), (512, 2)])
 def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model, monkeypatch,
-                                                                 shared_rows):
+                                                                 shared_rows, threads):
     """RemoteGrammar states (compiled, advanced and filled in mask_worker.py's process) give
     the rows GrammarState gives, for healthy rows, a grammar that refused a token (EOS only)
     and free rows, through TokenMasks' submit/wait and its serial prepare, whether the rows
-    come back through the shared memory or (more rows than it holds, or none) as bytes; the
-    worker exits when its compiler closes."""
+    come back through the shared memory or (more rows than it holds, or none) as bytes, and
+    filled there one call a row or on llguidance's pool; the worker exits when its compiler
+    closes."""
     monkeypatch.setattr(l4.structured.mask_worker.MaskWorker, "ROWS", shared_rows)
+    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", str(threads))
     local = l4.GrammarCompiler.for_model(course_model)
     remote = l4.GrammarCompiler.for_model(course_model)
     remote.remote = True

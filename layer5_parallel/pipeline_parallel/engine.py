@@ -24,8 +24,10 @@ blocks everywhere, so the one set of block tables serves every rank):
 
 A step ends with every micro-batch's logits back on rank 0 (the next step's tokens depend on
 them), so each step pays the pipeline's fill and drain: with equal stages the idle share of
-a step is (p - 1) / (m + p - 1). The workers run runtime/worker.py's loop over a
-`StageProgram` (build_stage makes it inside each worker).
+a step is (p - 1) / (m + p - 1) — unless several steps are in flight, each over its own group
+of sequences (in_flight.py: forward then returns after dispatch, the logits collected later).
+The workers run runtime/worker.py's loop over a `StageProgram` (build_stage makes it inside
+each worker); ranks.py says which rank holds what.
 """
 from __future__ import annotations
 
@@ -40,24 +42,18 @@ import layer4_algorithms as engine
 from ..runtime import (
     Rank,
     RankZeroModel,
-    TPComm,
     WorkerGroup,
     pack_step,
     step_message,
-    sub_group,
     unpack_step,
 )
 from ..runtime.worker import EVENTS
-from ..tensor_parallel.shard import check_tp_size, shard_model, tp_config
+from ..tensor_parallel.shard import check_tp_size
 from . import stage as S
 from .graphs import StageGraphRunner
+from .ranks import check_stages, logits_group, place, stage_of, tp_comm
 
 l3 = engine.executor
-
-
-def place(rank: int, tp: int) -> tuple[int, int]:
-    """(stage, shard) of a rank: ranks 0..T-1 are stage 0, T..2T-1 stage 1, ..."""
-    return divmod(rank, tp)
 
 
 def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor | None,
@@ -157,7 +153,7 @@ class PPModel(RankZeroModel):
                 early = []
                 group.comm.broadcast(packed)
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
-                                     ctx.block_tables, cuts, dev)
+                                     ctx.block_tables, cuts, dev, whole=ctx)
             checked = S.headers_on(dev, group.comm.check)
             sends, busy = run_stage(shard, group.comm.pg, 0, self.tp, input_ids, parts, cache,
                                     last_only, group.timeout_s, self.events, checked=checked,
@@ -217,9 +213,9 @@ class StageProgram:
     back: the group its logits go back to rank 0 on (logits_group). in_flight: the steps rank
     0 keeps in flight; with more than one, the last stage leaves a step's logits sends
     unwaited until in_flight steps later (rank 0 receives a step's logits only when it
-    collects it, just before it dispatches the step in_flight after it: waiting earlier
-    would hold this stage back from the steps between, and rank 0 waits on it in their
-    broadcasts)."""
+    collects it, just before it dispatches the step in_flight after it, and a send may not
+    finish before its receive is posted: waiting earlier would idle this stage through the
+    steps between)."""
 
     def __init__(self, stage: S.StageNet, tp: int, back=None, in_flight: int = 1) -> None:
         self.module, self.tp, self.back, self.in_flight = stage, tp, back, in_flight
@@ -244,7 +240,7 @@ class StageProgram:
             S.wait_sends(self.held.popleft(), me.timeout_s, f"rank {me.rank} sending logits")
         ids, ctx = unpack_step(msg, me.comm, me.device)
         parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, cuts,
-                                 me.device)
+                                 me.device, whole=ctx)
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,
                                 last_only, me.timeout_s, events, fault,
                                 checked=S.headers_on(me.device, me.comm.check), back=self.back,
@@ -269,46 +265,14 @@ def capture_stage_graphs(group: WorkerGroup, net: PPModel, cache, config) -> Non
         group.gather("stage_graphs")
 
 
-def _stage_of(full, rank: int, stages: int, tp: int, tp_comm: TPComm | None, device,
-              expert_parallel: bool) -> S.StageNet:
-    """Rank's stage of the whole model `full`: its shard first (tp > 1), then its layers."""
-    s, t = place(rank, tp)
-    net = full if tp == 1 else shard_model(full, t, tp, tp_comm, device=device,
-                                           expert_parallel=expert_parallel)
-    return S.StageNet(net, s, stages)
-
-
-def _tp_comm(store, rank: int, tp: int, backend: str, check: bool,
-             timeout_s: float) -> TPComm | None:
-    """The process group of rank's stage's shards (None when tp == 1)."""
-    if tp == 1:
-        return None
-    s, t = place(rank, tp)
-    return TPComm("torch", check=check, pg=sub_group(store, f"stage{s}", backend, t, tp,
-                                                     timeout_s))
-
-
-def logits_group(store, rank: int, world: int, backend: str, timeout_s: float):
-    """A second group over every rank, for the logits the last stage sends back to rank 0
-    (None under "ours", no store: they go over the one default group). Under NCCL the
-    p2p of one pair of ranks in one group share one communicator and one stream, run in the
-    order posted: with 2 stages rank 0 posts send x0, send x1, recv logits0 and rank 1
-    recv x0, send logits0, recv x1, so rank 0's `send x1` and rank 1's `send logits0` wait on
-    each other once both outgrow NCCL's buffers (a long micro-batch beside many sampled rows):
-    a hang. The logits on a group of their own take another communicator and stream."""
-    if store is None:
-        return None
-    return TPComm("torch", pg=sub_group(store, "logits", backend, rank, world, timeout_s))
-
-
 def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False,
                 expert_parallel: bool = False, in_flight: int = 1) -> StageProgram:
     """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`;
     in_flight: pp_steps_in_flight."""
     backend = "nccl" if me.device.type == "cuda" else "gloo"
-    comm = _tp_comm(me.store, me.rank, tp, backend, check, me.timeout_s)
+    comm = tp_comm(me.store, me.rank, tp, backend, check, me.timeout_s)
     back = logits_group(me.store, me.rank, me.world, backend, me.timeout_s)
-    return StageProgram(_stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
+    return StageProgram(stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
                         tp, None if back is None else back.pg, in_flight)
 
 
@@ -333,14 +297,14 @@ def start_pipeline(full: l3.Model, source: tuple, config,
         label=label)
     try:
         with group.guard("building stage 0"):
-            comm = _tp_comm(group.store, 0, tp, group.backend, config.tp_check, group.timeout_s)
+            comm = tp_comm(group.store, 0, tp, group.backend, config.tp_check, group.timeout_s)
             back = logits_group(group.store, 0, group.world, group.backend, group.timeout_s)
             if back is not None:
                 group.extra_comms.append(back)  # aborted with the group's own (shutdown)
-            shard = _stage_of(net, 0, stages, tp, comm, net.device, ep)
+            shard = stage_of(net, 0, stages, tp, comm, net.device, ep)
         info = group.wait_ready()
         with group.guard("checking the stages"):
-            _check_stages(info, net.config, stages, tp)
+            check_stages(info, net.config, stages, tp)
         # steps in flight: each is one group's micro-batch (the groups keep the stages busy)
         micro = config.pp_micro_batches or (1 if config.pp_steps_in_flight > 1 else stages)
         return group, l3.Model(PPModel(shard, group, micro, tp, None if back is None else back.pg),
@@ -348,17 +312,3 @@ def start_pipeline(full: l3.Model, source: tuple, config,
     except BaseException:
         group.shutdown(graceful=False)
         raise
-
-
-def _check_stages(info: list[tuple], config, stages: int, tp: int) -> None:
-    """Every worker loaded the same model and holds the layers (and shard) its rank should."""
-    layers = S.partition(config.num_hidden_layers, stages)
-    for rank, (_, whole, local, _) in enumerate(info, start=1):
-        s, t = place(rank, tp)
-        if whole != config:
-            raise ValueError(f"rank {rank} (stage {s}) loaded a different model ({whole}) than "
-                             f"rank 0 ({config})")
-        per_rank = config if tp == 1 else tp_config(config, tp, t)
-        if local != S.stage_config(per_rank, layers[s]):
-            raise ValueError(f"rank {rank} holds {local}, expected layers "
-                             f"{layers[s].start}..{layers[s].stop - 1} of shard {t}")

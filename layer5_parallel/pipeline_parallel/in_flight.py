@@ -133,10 +133,10 @@ class StepsInFlight:
             if out.scheduled:
                 self._dispatch(lane, out, advanced, finished)
                 break
-            if self._flights or advanced:
+            if advanced:  # its step landed and it has nothing more: the outputs go out now
                 break
-        else:
-            self._check_progress()  # raises if requests wait and no lane could run any
+        else:  # no lane had a step in flight or one to run
+            self._check_progress()  # raises if requests wait and none could run
         return self._end_step(start, advanced, finished, unfinished, delta)
 
     def drain(self):

@@ -172,9 +172,13 @@ def pieces(query_lens, t0: int, t1: int) -> list[tuple[int, int, int]]:
 
 def micro_contexts(query_lens, seq_lens, slot_mapping: torch.Tensor,
                    block_tables: torch.Tensor | None, cuts: list[tuple[int, int]],
-                   device: torch.device) -> list[tuple[int, int, l3.AttentionContext, list[int]]]:
+                   device: torch.device, whole: l3.AttentionContext | None = None
+                   ) -> list[tuple[int, int, l3.AttentionContext, list[int]]]:
     """Per micro-batch: (first token, end token, its AttentionContext, which of its pieces end
-    their sequence — the rows a last_only step keeps)."""
+    their sequence — the rows a last_only step keeps). whole: the step's own context, taken
+    as is when the step is one micro-batch (the context this would build again)."""
+    if whole is not None and len(cuts) == 1:
+        return [(0, cuts[0][1], whole, list(range(len(query_lens))))]
     out = []
     for t0, t1 in cuts:
         ps = pieces(query_lens, t0, t1)

@@ -1,7 +1,7 @@
 """Pipeline steps in flight (pp_steps_in_flight=k): greedy outputs equal one process's.
 
-gloo stages on the CPU, a random qwen2-shaped model with 5 layers (PP=2: 3+2, PP=3: 2+2+1),
-fp32, drawn afresh each run (the seed is in every failure message). The workload is awkward
+gloo stages on the CPU (PP=2, PP=3, and TP=2 x PP=2: 4 ranks), a random qwen2-shaped model
+with 5 layers (PP=2: 3+2, PP=3: 2+2+1), fp32, drawn afresh each run (the seed is in every failure message). The workload is awkward
 on purpose: an odd number of requests of odd lengths, each with its own max_tokens (they
 finish at different steps), a shared prefix (prefix cache), one request with n=2 (forked
 children, copy-on-write) and one with logprobs (host sampling), half of the requests added
@@ -82,16 +82,18 @@ def ref(model):
             "tokens": [[c.token_ids for c in o.outputs] for o in outs]}
 
 
-@pytest.mark.parametrize("pp,k", [(2, 2), (3, 3), (2, 3)])
-def test_steps_in_flight_equal_one_process(model, ref, pp, k):
+@pytest.mark.parametrize("pp,k,tp", [(2, 2, 1), (3, 3, 1), (2, 3, 1), (2, 2, 2)])
+def test_steps_in_flight_equal_one_process(model, ref, pp, k, tp):
+    """(tp = 2: each stage two tensor-parallel ranks, 4 ranks in all.)"""
     prompts, params = ref["prompts"], ref["params"]
-    with l5.LLM(model, pipeline_parallel_size=pp, pp_steps_in_flight=k, **ENGINE) as llm:
+    with l5.LLM(model, pipeline_parallel_size=pp, tensor_parallel_size=tp, pp_steps_in_flight=k,
+                **ENGINE) as llm:
         got, most = run_online(llm, prompts, params, abort=5)
         stats = llm.stats
         again = llm.generate(prompts, params)  # offline, prefix cache warm: the same tokens
         busy = llm.runner.net.stage_busy()
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
-    where = f"seed {SEED}, PP={pp}, {k} steps in flight"
+    where = f"seed {SEED}, PP={pp} x TP={tp}, {k} steps in flight"
     # (k only when the pool lets every lane hold sequences at once: 2 shows steps overlap)
     assert 2 <= most <= k, f"{where}: at most {most} steps were in flight"
     assert stats.preemptions > 0, f"{where}: the pool never ran short"

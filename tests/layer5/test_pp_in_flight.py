@@ -1,13 +1,14 @@
 """Pipeline steps in flight (pp_steps_in_flight=k): greedy outputs equal one process's.
 
 gloo stages on the CPU (PP=2, PP=3, and TP=2 x PP=2: 4 ranks), a random qwen2-shaped model
-with 5 layers (PP=2: 3+2, PP=3: 2+2+1), fp32, drawn afresh each run (the seed is in every failure message). The workload is awkward
-on purpose: an odd number of requests of odd lengths, each with its own max_tokens (they
-finish at different steps), a shared prefix (prefix cache), one request with n=2 (forked
-children, copy-on-write) and one with logprobs (host sampling), half of the requests added
-while the others run, one aborted mid-run, and a KV pool small enough to preempt. Each
-request's greedy tokens must equal the single-process engine's, or first differ where that
-engine's top two logits nearly tie (a step of another batch size sums in another order).
+with 5 layers (PP=2: 3+2, PP=3: 2+2+1), fp32, drawn afresh each run (the seed is in every
+failure message). The workload is awkward on purpose: an odd number of requests of odd
+lengths, each with its own max_tokens (they finish at different steps), a shared prefix
+(prefix cache), one request with n=2 (forked children, copy-on-write) and one with logprobs
+(host sampling), half of the requests added while the others run, one aborted mid-run, and a
+KV pool small enough to preempt. Each request's greedy tokens must equal the single-process
+engine's, or first differ where that engine's top two logits nearly tie (a step of another
+batch size sums in another order).
 """
 from __future__ import annotations
 

@@ -32,10 +32,8 @@ grep -A12 "^ step batch" "$out/profile_engine.log"
 step kernel 60 stack bench --layer 4 --only kernel
 grep -v "Warning\|sdpa(q" "$out/kernel.log" | grep -E "^ +[0-9]+ +[0-9]+ " | head -16
 # spec: the configurations that matter on the GPU. The full default set (13 configurations x 4
-# prompts, ~110 generate calls) printed nothing until its table at the end; it took 60 s with
-# the lean draft graph (2026-11-25, warm), more with the older, slower draft path and a cold
-# machine: the 80 s limit cut it off with an empty log.
-# Progress lines now print per row; this set takes ~30 s.
+# prompts, ~110 generate calls) takes 60 s or more on a warm machine, too close to the 80 s
+# limit; this set prints a progress line per row and takes ~30 s.
 step spec 80 stack bench --layer 4 --only spec --spec-devices cuda --spec-repeats 1 \
     --spec-ks 3,6 --spec-dynamic '' --spec-ngram-ks 4,6 --spec-hybrid-ks 6
 grep -A8 "geometric-mean\|DIFFER" "$out/spec.log"

@@ -122,8 +122,9 @@ def _sdpa_attention(base: Ops) -> Callable:
 
 
 def _padded_attention(base: Ops) -> Callable:
-    """The prefill attention before 2026-11-25 (for a same-run before/after): k/v copied into
-    zero-padded (B, S, Hkv, D) buffers, one output per sequence, concatenated."""
+    """The first prefill attention, before the token-major kernel (for a same-run
+    before/after): k/v copied into zero-padded (B, S, Hkv, D) buffers, one output per
+    sequence, concatenated."""
     from layer2_comm import kernels
     from layer3_model.backends import _keys_values
 
@@ -144,7 +145,7 @@ def _padded_attention(base: Ops) -> Callable:
 
 
 def _views_attention(base: Ops) -> Callable:
-    """The prefill attention of 2026-11-25 morning (same-run before/after of the host cuts):
+    """The prefill attention before the host cuts (same-run before/after of those cuts):
     (1, H, n, D) views of each sequence's rows through the 4-D flash_attention entry."""
     from layer2_comm import kernels
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from layer0_hardware import (
     median_time,
     system_info,
     time_fn,
+    timing,
 )
 
 
@@ -28,17 +30,20 @@ def test_system_info_describes_this_machine():
         assert detect_device() == torch.device("cpu")
 
 
-def test_median_time_counts_warmups_and_ignores_an_outlier():
-    calls = []
+def test_median_time_counts_warmups_and_ignores_an_outlier(monkeypatch):
+    # A virtual clock that only fn() advances: the answer is exact however busy the machine
+    # (a real sleep(0.001) may take tens of ms there).
+    now, calls = [0.0], []
 
     def fn():
         # Call 3 (the second timed call, after 2 warm-ups) is a 0.2 s outlier.
-        time.sleep(0.2 if len(calls) == 3 else 0.001)
+        now[0] += 0.2 if len(calls) == 3 else 0.001
         calls.append(1)
 
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     seconds = median_time(fn, warmup=2, repeats=7)
     assert len(calls) == 9
-    assert 0.0009 < seconds < 0.05
+    assert seconds == pytest.approx(0.001)
 
 
 def test_median_time_rejects_bad_counts():

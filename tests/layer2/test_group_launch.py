@@ -43,7 +43,7 @@ def whoami(scale: int) -> dict:
 
 def test_launch_returns_each_ranks_value_in_rank_order():
     start = time.monotonic()
-    out = launch(whoami, 2, 10, backend="gloo", timeout_s=30)
+    out = launch(whoami, 2, 10, backend="gloo", timeout_s=120)  # start-up under load included
     assert [o["rank"] for o in out] == [0, 1]
     assert {o["world"] for o in out} == {2} and [o["local_rank"] for o in out] == [0, 1]
     assert {o["device"] for o in out} == {"cpu"} and {o["backend"] for o in out} == {"gloo"}
@@ -52,7 +52,7 @@ def test_launch_returns_each_ranks_value_in_rank_order():
     assert [o["env"]["RANK"] for o in out] == ["0", "1"]
     for r, o in enumerate(out):
         assert torch.equal(o["tensor"], torch.arange(3) * r * 10)
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 120
 
 
 def test_launch_checks_its_arguments():
@@ -102,7 +102,7 @@ def test_public_api_is_exported():
 TORCHRUN_SCRIPT = """
 import os, torch
 from layer2_comm import init, destroy, rank, world_size, local_rank, ring_all_reduce, broadcast_chain
-assert init(backend="gloo", timeout_s=30) == "gloo"
+assert init(backend="gloo", timeout_s=120) == "gloo"  # a net: room for a busy machine
 assert (world_size(), local_rank()) == (2, int(os.environ["LOCAL_RANK"]))
 x = torch.full((7,), float(rank() + 1))
 ring_all_reduce(x, chunks=2)
@@ -124,5 +124,5 @@ def test_torchrun_runs_a_collective(tmp_path: Path):
         env.pop(key, None)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
            "--master-addr", "127.0.0.1", "--master-port", str(free_port()), str(script)]
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

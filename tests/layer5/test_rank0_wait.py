@@ -53,7 +53,9 @@ def test_a_dead_worker_ends_the_wait_through_the_guard():
     start = time.monotonic()
     with pytest.raises(RuntimeError, match="rank 1 exited"):
         rank0.wait_event(group, event, "reading a step's tokens")
-    assert time.monotonic() - start < rank0.CHECK_S + 2.0
+    # the liveness check (every CHECK_S) ended it, not the group's 60 s timeout: the match
+    # above says so; the bound leaves a busy machine room
+    assert time.monotonic() - start < 30
     assert group.failed_with[0] == "reading a step's tokens"
 
 

@@ -16,7 +16,9 @@ import layer5_parallel as l5
 from layer5_parallel.tensor_parallel.graphs import TPGraphRunner
 
 l3 = l5.engine.executor
-TIMEOUT_S = 20.0
+# A net (a death or a good run ends long before it): room for the workers to start on a busy
+# machine, as the group's timeout also bounds their start.
+TIMEOUT_S = 60.0
 # A hanging worker is found only when the timeout runs out: a shorter one there, still room
 # for the workers to start and join the group (a few seconds) on a loaded machine.
 HANG_TIMEOUT_S = 10.0

@@ -16,7 +16,7 @@ ERROR_FIELDS = {"message", "type", "param", "code"}
 PROMPTS = ["ROMEO.\n", "JULIET.\nO Romeo, Romeo!\n\nROMEO.\n", "HAMLET.\nTo be, or not to be"]
 
 
-async def wait_idle(engine, limit_s: float = 10.0) -> None:
+async def wait_idle(engine, limit_s: float = 30.0) -> None:
     """Wait (bounded) until the engine tracks no request."""
     for _ in range(int(limit_s / 0.01)):
         if engine.snapshot.requests == 0 and engine.snapshot.running == 0:

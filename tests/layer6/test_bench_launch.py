@@ -27,7 +27,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 """
 
 
-def _gone(pid: int, wait: float = 5.0) -> bool:
+def _gone(pid: int, wait: float = 15.0) -> bool:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         try:

@@ -208,13 +208,17 @@ def test_a_request_whose_sampling_goes_bad_ends_alone(server):
         others = [await engine.generate(f"ROMEO {i}.\n", sp(temperature=0, max_tokens=24,
                                                               ignore_eos=True))
                   for i in range(16)]
-        bad = await engine.generate("a", sp(temperature=0.5, max_tokens=24, ignore_eos=True))
-        for _ in range(500):  # once the engine holds it, its numbers go bad
+        # long enough that it is still running when the poll below finds it, however busy
+        # the machine (the poll and the engine share it)
+        bad = await engine.generate("a", sp(temperature=0.5, max_tokens=400, ignore_eos=True))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # once the engine holds it, its numbers go bad
             held = engine.llm._requests.get(bad.request_id)
             if held:
-                held[1][0].params = sp(temperature=1e-40, max_tokens=24, ignore_eos=True)
+                held[1][0].params = sp(temperature=1e-40, max_tokens=400, ignore_eos=True)
                 break
             await asyncio.sleep(0.002)
+        assert held, "the engine never held the request"
         results = await asyncio.gather(bad.collect(), *(s.collect() for s in others),
                                        return_exceptions=True)
         return results[0], results[1:]

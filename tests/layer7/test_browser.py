@@ -62,7 +62,7 @@ def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
     page.click("#stop")
     page.wait_for_selector(".message.assistant .stats:has-text('stopped')")
     # The app closed its upstream stream; the engine drops the request at its next step.
-    for _ in range(100):
+    for _ in range(400):  # bounded (20 s): a step is milliseconds, on a busy machine more
         after = gauges()
         if after["running"] == 0 and after["kv_blocks"] == 0:
             break
@@ -89,7 +89,7 @@ def test_stop_through_the_router_frees_the_replica(browser, model_server, tmp_pa
         assert live["running"] == 1 and live["kv_blocks"] > 0
         page.click("#stop")
         page.wait_for_selector(".message.assistant .stats:has-text('stopped')")
-        deadline = time.monotonic() + 5  # bounded: a step is milliseconds
+        deadline = time.monotonic() + 20  # bounded: a step is milliseconds, on a busy machine more
         while True:
             after = engine_gauges(replica)
             if (after["running"] == 0 and after["kv_blocks"] == 0) \

@@ -67,3 +67,17 @@ def test_middle_stage_sending_a_wrong_shape_is_caught_by_the_next_stage():
     assert any(line.startswith("rank 2: ValueError") and "rank 1 sent" in line
                for line in lines[1:]), msg
     assert elapsed < TIMEOUT_S
+
+
+@pytest.mark.parametrize("fault", ["die", "shape"])
+def test_steps_in_flight_fail_as_clearly(fault):
+    """With 3 steps in flight over 3 stages (the logits of a step collected a turn later, the
+    last stage's sends held): a stage dying, or the last sending a wrong shape, is still one
+    error on rank 0 within the timeout, every stage stopped."""
+    msg, elapsed = fail_once(3, {2: fault}, pp_steps_in_flight=3, max_num_seqs=6)
+    first = msg.splitlines()[0]
+    if fault == "die":
+        assert "rank 2" in msg and "code 3" in msg, msg
+    else:
+        assert "rank 0" in first and "ValueError" in first and "rank 2 sent" in first, msg
+    assert elapsed < TIMEOUT_S

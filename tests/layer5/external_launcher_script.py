@@ -5,8 +5,8 @@
 Builds the course model's engine at tensor_parallel_size=WORLD_SIZE with
 distributed_executor_backend="external_launcher", generates greedily, and rank 0 writes the
 tokens (and every rank's "returned" line) to OUT.json. --absent-rank R: rank R never builds
-the engine (it sleeps until the test stops it), to show rank 0's error; the timeout is then
-ABSENT_TIMEOUT_S (rank 0 can only wait it out: no need for room to start).
+the engine (it waits until rank 0 has written OUT.json), to show rank 0's error; the timeout
+is then ABSENT_TIMEOUT_S (rank 0 can only wait it out: no need for room to start).
 LLM_STACK_LAUNCH_DEVICE=cuda: one GPU per rank (NCCL), CUDA graphs on.
 """
 from __future__ import annotations
@@ -28,8 +28,11 @@ ABSENT_TIMEOUT_S = 5.0
 def main() -> int:
     out, rank = sys.argv[1], int(os.environ["RANK"])
     absent = int(sys.argv[3]) if len(sys.argv) > 3 and sys.argv[2] == "--absent-rank" else None
-    if rank == absent:
-        time.sleep(10 * TIMEOUT_S)  # the test stops it once rank 0 has reported
+    if rank == absent:  # away until rank 0 has reported (torchrun starts it in a session of
+        # its own, which the test's kill of torchrun's process group does not reach)
+        deadline = time.monotonic() + 30 * ABSENT_TIMEOUT_S
+        while not os.path.exists(out) and time.monotonic() < deadline:
+            time.sleep(0.2)
         return 0
     timeout_s = TIMEOUT_S if absent is None else ABSENT_TIMEOUT_S
     start = time.monotonic()

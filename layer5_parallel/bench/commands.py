@@ -74,6 +74,9 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--pp", type=int, default=1,
                     help="pipeline-parallel size: PP=N vs PP=1 (course model: 2..6); with --tp T "
                     "each stage is T ranks (TP x PP)")
+    ap.add_argument("--steps-in-flight", type=int, default=1,
+                    help="with --pp: steps kept in flight, each over its own group of the "
+                    "sequences (pp_steps_in_flight; 1: every step drains the pipeline)")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--max-tokens", type=int, default=24)
     args = ap.parse_args(argv)
@@ -124,7 +127,8 @@ def _run_pp(args: argparse.Namespace) -> int:
     what = f"PP={args.pp}" + (f" x TP={tp}" if tp > 1 else "")
     console.print(f"[dim]course model (fp32) on {device}: PP=1 in this process vs {what} "
                   f"({'NCCL' if device.startswith('cuda') else 'gloo'} ranks)[/]")
-    r = bench_pp(args.pp, device, num_prompts=args.prompts, max_tokens=args.max_tokens, tp=tp)
+    r = bench_pp(args.pp, device, num_prompts=args.prompts, max_tokens=args.max_tokens, tp=tp,
+                 steps_in_flight=args.steps_in_flight)
     console.print(format_pp(r))
     console.print(_memory_table(r["memory"]))
     return 0

@@ -130,4 +130,7 @@ def format_pp(r: dict) -> str:
             f"idle share: measured {r['idle_measured']:.0%} (mean over stages) vs bubble "
             f"(p-1)/(m+p-1) = {r['idle_formula']:.0%}; stages busy at once: sum(busy)/wall = "
             f"{r['parallelism']:.2f} vs p*m/(m+p-1) = {r['parallelism_formula']:.2f}; two or "
-            f"more stages computing together {r['together_share']:.0%} of the time")
+            f"more stages computing together {r['together_share']:.0%} of the time"
+            + (f"\n{r['steps_in_flight']} steps in flight (each forward above is one lane's "
+               f"step): stages busy at once over the whole run {r['busy_at_once']:.2f}"
+               if r.get("steps_in_flight", 1) > 1 else ""))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The session's closing device calls on one H100, each under 10 minutes:
+# Every GPU test, then the headline performance rows, on one H100, each call under 10 minutes:
 #   bash benchmarks/gpu_tests_and_perf.sh tests   # pytest -m gpu, every layer + labs (-v: a timeout
 #                                            # still shows where it stopped; ~450 s on an H100)
 #   bash benchmarks/gpu_tests_and_perf.sh perf    # decode/prefill/engine table (decode_prefill_engine.sh), then layer 6's

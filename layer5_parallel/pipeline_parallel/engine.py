@@ -175,20 +175,24 @@ class PPModel(RankZeroModel):
         with group.guard("pipeline step"):
             vocab, last, logits = self.shard.full_config.vocab_size, group.world - self.tp, []
             back = group.comm.pg if self.back is None else self.back
+            offset = 0
             for i, (t0, t1, mctx, final) in enumerate(step.parts):
                 rows = mctx.num_seqs if step.last_only else t1 - t0
                 x = S.recv(back, (rows, vocab), self.shard.dtype, last, i, dev, timeout,
-                           "rank 0 receiving logits", checked=step.checked).float()
-                logits.append(x if not step.last_only or len(final) == rows else x[final])
+                           "rank 0 receiving logits", checked=step.checked)
+                x = x if not step.last_only or len(final) == rows else x[final]
+                if step.out is None:
+                    logits.append(x.float())
+                else:  # widened straight into the buffer the engine holds (one pass)
+                    step.out[offset:offset + len(x)].copy_(x)
+                    offset += len(x)
             S.wait_sends(step.sends, timeout, "rank 0 sending")
         end = time.perf_counter()
         self.stats["wall_s"] += end - begin
         self.spans.append((step.start, end))
-        x = logits[0] if len(logits) == 1 else torch.cat(logits)
-        if step.out is None:
-            return x
-        step.out.copy_(x)
-        return step.out
+        if step.out is not None:
+            return step.out
+        return logits[0] if len(logits) == 1 else torch.cat(logits)
 
     def stage_busy(self) -> list[dict]:
         """Per rank since the last call: seconds computing vs the forwards' wall seconds, and

@@ -83,18 +83,20 @@ def ref(model):
             "tokens": [[c.token_ids for c in o.outputs] for o in outs]}
 
 
-@pytest.mark.parametrize("pp,k,tp", [(2, 2, 1), (3, 3, 1), (2, 3, 1), (2, 2, 2)])
-def test_steps_in_flight_equal_one_process(model, ref, pp, k, tp):
-    """(tp = 2: each stage two tensor-parallel ranks, 4 ranks in all.)"""
+@pytest.mark.parametrize("pp,k,tp,m", [(2, 2, 1, None), (3, 3, 1, None), (2, 3, 1, 3),
+                                        (2, 2, 2, None)])
+def test_steps_in_flight_equal_one_process(model, ref, pp, k, tp, m):
+    """(tp = 2: each stage two tensor-parallel ranks, 4 ranks in all; m = 3: each lane's step
+    cut into 3 micro-batches, prefill chunks too.)"""
     prompts, params = ref["prompts"], ref["params"]
     with l5.LLM(model, pipeline_parallel_size=pp, tensor_parallel_size=tp, pp_steps_in_flight=k,
-                **ENGINE) as llm:
+                pp_micro_batches=m, **ENGINE) as llm:
         got, most = run_online(llm, prompts, params, abort=5)
         stats = llm.stats
         again = llm.generate(prompts, params)  # offline, prefix cache warm: the same tokens
         busy = llm.runner.net.stage_busy()
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
-    where = f"seed {SEED}, PP={pp} x TP={tp}, {k} steps in flight"
+    where = f"seed {SEED}, PP={pp} x TP={tp}, {k} steps in flight, m={m}"
     # (k only when the pool lets every lane hold sequences at once: 2 shows steps overlap)
     assert 2 <= most <= k, f"{where}: at most {most} steps were in flight"
     assert stats.preemptions > 0, f"{where}: the pool never ran short"

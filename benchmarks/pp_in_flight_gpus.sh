@@ -7,10 +7,11 @@
 #          equal PP=1, the stage graphs on one GPU, DP/PP/TPxPP forms (test_forms_gpu.py)
 #   pp     nano-vllm's workload on the Llama-3.2-1B shape (256 sequences, random bf16 weights,
 #          triton kernels), every layout in its own processes and measured in this one run:
-#          1 GPU (CUDA graphs) | PP=2 (2 micro-batches, stage graphs: 0.80x last time) | PP=2 with
-#          2 steps in flight | PP=N (N micro-batches, stage graphs: 0.73x at N=4) | PP=N with N
-#          steps in flight; tokens/s as a ratio to 1 GPU, ms and host ms per step, same tokens
-#          (layer5_parallel/bench/dp.py: layouts 1,pp2g,pp2gf,ppNg,pp1gf)
+#          1 GPU (CUDA graphs) | PP=2 with 2 steps in flight | PP=N with N in flight | PP=2
+#          drained (2 micro-batches, stage graphs: 0.80x last time) | PP=2 with 3 in flight |
+#          PP=N drained (N micro-batches: 0.73x at N=4); all with stage graphs; tokens/s as a
+#          ratio to 1 GPU, ms and host ms per (lane) step, same tokens; layouts in order of
+#          importance, none started past 300 s (layer5_parallel/bench/dp.py)
 # Target (issue: layer 5 on GPUs): PP=2 >= 1.4x one GPU's tokens/s.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
@@ -25,7 +26,7 @@ gpus=$(nvidia-smi -L | wc -l)
 T="python3 -m pytest -v -s -m 'gpu or multigpu' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
 maybe tests 170 bash -c "$T tests/layer5/test_pp_engine_gpu.py tests/layer5/test_pp_stage_graphs.py tests/layer5/test_forms_gpu.py"
 grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
-maybe pp 370 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,pp2g,pp2gf,ppNg,pp1gf \
+maybe pp 370 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,pp2gf,pp1gf,pp2g,pp2gF,ppNg \
     --layout-timeout 150 --budget-s 300 --out "$out/pp_in_flight.json"
 grep -sE "tok/s|replica|FAILED|skipped" "$out/pp.log" | tail -16
 echo "== done in $SECONDS s"

@@ -22,7 +22,8 @@ the same overheads), after a warm-up, timed from this process around one `genera
                  any of them (ppNg): each stage's decode micro-batches from CUDA graphs; an
                  "f" after that (pp1f, pp2gf): as many steps in flight as stages, each over
                  its own group of the sequences (pp_steps_in_flight; the pipeline does not
-                 drain every step: pipeline_parallel/in_flight.py), one micro-batch a step
+                 drain every step: pipeline_parallel/in_flight.py), one micro-batch a step;
+                 "F": one step more in flight than stages (slack for rank 0's host)
 A layout may name its kernels: "dp:torch".
 
 Reported: output tokens/s, each as a ratio to the first layout; whether the greedy tokens
@@ -168,9 +169,10 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
     }
     for key in ("pp1", "ppN", "pp2"):  # each stage's decode micro-batches from CUDA graphs
         plan[key + "g"] = dict(plan[key], cuda_graph=True)
-    for key in [k for k in plan if k.startswith("pp")]:  # as many steps in flight as stages,
-        plan[key + "f"] = dict(plan[key], pp_micro_batches=1,  # a step one micro-batch each
-                               pp_steps_in_flight=plan[key]["pipeline_parallel_size"])
+    for key in [k for k in plan if k.startswith("pp")]:  # as many steps in flight as stages
+        stages = plan[key]["pipeline_parallel_size"]      # (F: one more), one micro-batch each
+        plan[key + "f"] = dict(plan[key], pp_micro_batches=1, pp_steps_in_flight=stages)
+        plan[key + "F"] = dict(plan[key], pp_micro_batches=1, pp_steps_in_flight=stages + 1)
     one = "1 GPU" if on_gpu else "1 engine"
     names = {"1": one, "1ng": f"{one}, no CUDA graphs",
              "dp": f"DP={dp}", "hand": f"{one}, DP={hand_of}'s replica 0 hand",
@@ -178,10 +180,10 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
              "pp1": f"PP={dp} (1 micro-batch)", "ppN": f"PP={dp} ({dp} micro-batches)",
              "pp2": "PP=2 (2 micro-batches)"}
     names.update({k + "g": names[k] + ", stage graphs" for k in ("pp1", "ppN", "pp2")})
-    names.update({k + "f": f"PP={plan[k]['pipeline_parallel_size']}, "
-                  f"{plan[k]['pipeline_parallel_size']} steps in flight"
+    names.update({k + f: f"PP={plan[k]['pipeline_parallel_size']}, "
+                  f"{plan[k + f]['pp_steps_in_flight']} steps in flight"
                   + (", stage graphs" if k.endswith("g") else "")
-                  for k in list(names) if k.startswith("pp")})
+                  for k in list(names) if k.startswith("pp") for f in "fF"})
     unknown = [x for x in layouts if x.partition(":")[0] not in plan]
     if unknown:
         raise ValueError(f"unknown layout(s) {', '.join(unknown)}: expected {', '.join(plan)}")

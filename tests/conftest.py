@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-# fp32 means fp32 in these tests. On the device machine (torch 2.11 cu130, H100, seen
-# 2026-11-22) float32 matmuls ran with TF32-sized errors although torch reported
+# fp32 means fp32 in these tests. On the device machine (torch 2.11 cu130, H100)
+# float32 matmuls ran with TF32-sized errors although torch reported
 # allow_tf32=False, and fp32 comparisons with transformers and CUDA-graph replays failed by
 # ~1e-3; this variable (read by cuBLAS when CUDA starts, so it is set before any test
 # runs) turned TF32 off and they passed. Tests that want TF32 ask Triton for it directly.

@@ -65,7 +65,7 @@ def seeded() -> tuple[int, random.Random]:
 #: thread (or ranks waiting to start), its tests keeping their own per-test limits.
 GRADINGS_AT_ONCE = 2
 #: Plugins a grading subprocess needs: pytest-timeout only. Not autoloading the rest
-#: (hypothesis, schemathesis, anyio, benchmark: ~2 s of imports, seen 2026-11-25) saves that.
+#: (hypothesis, schemathesis, anyio, benchmark: ~2 s of imports) saves that.
 #: Ranks (labs 2 and 5) forked from a server that imported torch once per grading, not each
 #: importing it (lab 2's grading starts 24 ranks: ~45 s of CPU spent importing torch).
 LEAN_GRADING_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "pytest_timeout",

@@ -1,4 +1,4 @@
-"""Layer 3's bench rows (issue 17): prefill measured five times with median and spread, and
+"""Layer 3's bench rows: prefill measured five times with median and spread, and
 every row with a ratio to a reference of the same run and a roofline fraction."""
 from __future__ import annotations
 

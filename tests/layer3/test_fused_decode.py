@@ -114,7 +114,7 @@ def test_fused_decode_1b_shape_gpu():
     """1B shape, random bf16 weights. Teacher-forced (all fed the general path's greedy
     tokens), the fused path's logits differ from the general path's by no more than the torch
     backend's do (the same bf16 model in other kernels: bf16's noise over 16 layers; measured
-    on an H100, 2026-11-24: fused 1.9-2.4e-2, torch backend 2.3-2.6e-2, relative), and pick
+    on an H100: fused 1.9-2.4e-2, torch backend 2.3-2.6e-2, relative), and pick
     the same token wherever the general path's top-2 margin exceeds twice the largest logit
     difference. Free-running greedy tokens are identical up to the first step whose margin is
     below that (random weights have near-ties: a trained model's margins are far wider)."""

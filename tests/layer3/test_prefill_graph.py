@@ -1,4 +1,4 @@
-"""Prefill's host-lean paths (issue 17, item 3) against the plain ones, on fresh random
+"""Prefill's host-lean paths against the plain ones, on fresh random
 weights at awkward lengths: RoPE fused with the KV-cache write (bit for bit), and batch-1
 prefill replayed from a CUDA graph per prompt-length bucket."""
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Layer 4's bench JSON carries every figure as a ratio to a reference of the same run and as
-a roofline fraction (issue 17, item 5): throughput, prefix, paged-kernel and speculative rows."""
+a roofline fraction: throughput, prefix, paged-kernel and speculative rows."""
 from __future__ import annotations
 
 import json

@@ -1,4 +1,4 @@
-"""benchmarks/profile_engine.py (issue 17, item 2): the GPU-idle arithmetic, and the script's
+"""benchmarks/profile_engine.py: the GPU-idle arithmetic, and the script's
 own code on a tiny CPU model (per-step rows, graph coverage, JSON), so the GPU run finds no
 typo."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The draft's single-token steps replayed from a CUDA graph (issue 17, item 4): the same
+"""The draft's single-token steps replayed from a CUDA graph: the same
 guesses as the eager serving forward after rejections and full accepts, and greedy speculation still
 emits plain greedy's tokens. GPU tests; on a CPU the option is a no-op (checked here too)."""
 from __future__ import annotations

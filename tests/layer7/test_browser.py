@@ -77,7 +77,7 @@ def test_reply_streams_in_and_stop_frees_the_engine(browser, chat: ChatHandle,
 
 
 def test_stop_through_the_router_frees_the_replica(browser, model_server, tmp_path) -> None:
-    """Issue 16: with a router in front, Stop still reaches the engine. The chat app closes
+    """With a router in front, Stop still reaches the engine. The chat app closes
     its stream to the router, the router closes its stream to the replica, and the replica
     drops the request and its KV blocks at its next step (read from the replica's /metrics)."""
     replica = model_server.url  # the layer-6 server, started with layer6_serving.start_server

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 item 1 (batch-1 decode >= 80 % MBU) on one GPU call, every step under `timeout`:
+# Batch-1 decode against its memory-bandwidth roofline in one GPU call, every step under `timeout`:
 #   decode   fused decode (with / without PDL) vs the general path (decode_prefill_engine.py decode)
 #   tests    the GPU tests of the fused path, the decode kernels, the paged kernel, the engine
 #   kernels  GEMV tile sweep vs cuBLAS, fused prologues, split decode attention

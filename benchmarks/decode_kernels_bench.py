@@ -1,4 +1,4 @@
-"""Issue 17 item 1's kernels on a GPU: layer 1's decode GEMV against cuBLAS at Llama-3.2-1B's
+"""The batch-1 decode kernels on a GPU: layer 1's decode GEMV against cuBLAS at Llama-3.2-1B's
 projection shapes (a tile sweep), its fused prologues, and the split decode attention on the
 contiguous cache against the SDPA path it replaces; all timed under CUDA-graph replay.
 

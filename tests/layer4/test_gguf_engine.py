@@ -1,6 +1,7 @@
-"""SmolLM2-135M-Instruct (Q4_1 GGUF) through the layer-4 engine, `LLM("smollm2")`: greedy
-completions of 8 chat prompts are token for token those of transformers' generate on the
-same file (its own GGUF loader; test-only)."""
+"""SmolLM2-135M-Instruct (Q4_1 GGUF) through the layer-4 engine: greedy completions of 8 chat
+prompts are token for token those of transformers' generate on the same file (its own GGUF
+loader; test-only). The engine runs the model `load("smollm2")` gave layer 3's tests (loaded
+by name once a session: `LLM("smollm2")` is that load and this engine)."""
 # ruff: noqa: F811  (the shared fixtures are imported, then named as test arguments)
 from __future__ import annotations
 
@@ -9,14 +10,14 @@ import torch
 
 from layer4_algorithms import LLM, SamplingParams
 
-from ..layer3.smollm2 import CHATS, hf_smollm2, smollm2_file  # noqa: F401  (fixtures)
+from ..layer3.smollm2 import CHATS, hf_smollm2, smollm2, smollm2_file  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.slow
 NEW_TOKENS = 20
 
 
-def test_greedy_chat_matches_transformers(smollm2_file, hf_smollm2):
-    llm = LLM("smollm2", device="cpu", dtype="float32", max_model_len=256)
+def test_greedy_chat_matches_transformers(smollm2, hf_smollm2):
+    llm = LLM(smollm2, max_model_len=256)
     tok = llm.model.tokenizer
     prompts = [tok.encode_chat([{"role": "user", "content": c}]) for c in CHATS]
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)

@@ -20,15 +20,24 @@ TINY = dict(l3.LLAMA_3_2_1B, hidden_size=48, intermediate_size=80, num_hidden_la
             tie_word_embeddings=False)
 
 
-def _decode(net, steps: int = 3) -> list[torch.Tensor]:
+def _decode(net, steps: int = 3, decode_ops=None) -> list[torch.Tensor]:
+    """The prefill through torch's ops (not under test, and slow interpreted), then `steps`
+    decode steps through decode_ops (default: the net's own); the net's ops are put back."""
+    own = net.ops
     cache = l3.ContiguousKVCache.for_model(net.config, 2, 32, dtype=net.dtype, device="cpu")
     prompt, lens = torch.tensor([1, 2, 3, 4, 5, 6, 7]), [4, 3]
-    logits = net(prompt, cache.context(lens, [0, 0]), cache, last_only=True)
-    tokens, out = logits.argmax(-1), []
-    for i in range(steps):
-        logits = net(tokens, cache.context([1, 1], [n + i for n in lens]), cache, last_only=True)
-        out.append(logits)
-        tokens = logits.argmax(-1)
+    try:
+        net.ops = l3.make_ops("torch")
+        logits = net(prompt, cache.context(lens, [0, 0]), cache, last_only=True)
+        net.ops = decode_ops or own
+        tokens, out = logits.argmax(-1), []
+        for i in range(steps):
+            logits = net(tokens, cache.context([1, 1], [n + i for n in lens]), cache,
+                         last_only=True)
+            out.append(logits)
+            tokens = logits.argmax(-1)
+    finally:
+        net.ops = own
     return out
 
 
@@ -50,7 +59,7 @@ def test_a_shard_takes_the_fused_decode_path(monkeypatch):
     shard.ops = dataclasses.replace(  # two sequences: more than the default limit takes
         shard.ops, decode=dataclasses.replace(shard.ops.decode, max_tokens=2))
     comm = shard.layers[0].attn.o_proj.comm
-    want = _decode(net)
+    want = _decode(net, decode_ops=l3.make_ops("torch"))  # the whole model, torch's kernels
     before = comm.calls
     got = _decode(shard)
     assert "RowParallelLinear" in calls  # o_proj through the fused GEMV, then its all-reduce

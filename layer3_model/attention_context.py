@@ -184,7 +184,11 @@ class HostStaging:
         self.pinned = self.device.type == "cuda"
         self._bufs: list[torch.Tensor | None] = [None] * arenas
         self._np: list[np.ndarray | None] = [None] * arenas
+        # one event per arena, made once and recorded again behind each step's last copy
+        # (a fresh Event a step is a CUDA event created and destroyed a step); _recorded[a]:
+        # arena a has copies that next_step must see run before it reuses the arena
         self._events: list[torch.cuda.Event | None] = [None] * arenas
+        self._recorded = [False] * arenas
         self._retired: list[list[torch.Tensor]] = [[] for _ in range(arenas)]
         self._capacity, self._arena, self._used = capacity, 0, 0
 
@@ -192,10 +196,9 @@ class HostStaging:
         """Switch to the next arena; wait (if ever needed) until its earlier copies ran."""
         self._arena = (self._arena + 1) % len(self._bufs)
         self._used = 0
-        ev = self._events[self._arena]
-        if ev is not None:
-            ev.synchronize()
-            self._events[self._arena] = None
+        if self._recorded[self._arena]:
+            self._events[self._arena].synchronize()
+            self._recorded[self._arena] = False
         self._retired[self._arena].clear()
 
     def to_device(self, host: np.ndarray) -> torch.Tensor:
@@ -215,9 +218,11 @@ class HostStaging:
         self._np[a][lo:hi] = host.reshape(-1)
         self._used = hi
         out = buf[lo:hi].to(self.device, non_blocking=True)
-        ev = self._events[a] or torch.cuda.Event()
+        ev = self._events[a]
+        if ev is None:
+            ev = self._events[a] = torch.cuda.Event()
         ev.record()
-        self._events[a] = ev
+        self._recorded[a] = True
         return out.view(host.shape)
 
 

@@ -71,6 +71,8 @@ class CudaGraphRunner:
                                 "(layer 4's PagedKVCache)")
         self.model, self.cache, self.captured = model, cache, capture
         self.buckets = bucket_sizes(max_num_seqs)
+        # bucket_of[B]: the smallest bucket >= B, looked up once per step
+        self.bucket_of = [next(b for b in self.buckets if b >= B) for B in range(max_num_seqs + 1)]
         self.max_num_seqs, self.max_blocks = max_num_seqs, max_blocks_per_seq
         self.block_size, self.scratch = cache.block_size, cache.scratch_block
         n, dev = max_num_seqs, model.device
@@ -164,7 +166,7 @@ class CudaGraphRunner:
                         block_tables: torch.Tensor) -> None:
         """B rows' context into the static buffers (their input already there), the rest of
         the bucket padding, then the bucket's graph (uncaptured: its step, eagerly)."""
-        bucket = next(b for b in self.buckets if b >= B)
+        bucket = self.bucket_of[B]
         n = block_tables.shape[1]
         self.positions[:B].copy_(positions)
         self.seq_lens[:B].copy_(seq_lens)

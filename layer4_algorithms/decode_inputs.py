@@ -26,7 +26,9 @@ class DecodeInputs:
     """ids / src / dst: host input ids, with ids[dst[i]] taken from the previous step's
     tokens on the device, row src[i] (ModelRunner.place_ids); query_lens (B,) ones;
     context_lens (B,); table (B, longest) zero-padded block ids and lens (B,) their counts;
-    rows: each sequence's logits row (None: it does not sample)."""
+    rows: each sequence's logits row (None: it does not sample); in_order: every input token
+    is on the device, sequence j's at row j of the previous step's tokens (steady decoding:
+    the input ids are those tokens themselves, no gather)."""
 
     ids: list[int]
     src: list[int]
@@ -36,6 +38,7 @@ class DecodeInputs:
     table: np.ndarray
     lens: np.ndarray
     rows: list[int | None]
+    in_order: bool = False
 
 
 def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
@@ -51,6 +54,7 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     lens: list[int] = []
     ctx: list[int] = []
     samples: list[int | None] = []  # the logits row of each (one per sequence), if it samples
+    in_order = True
     j = 0
     for s in group:
         if s.num_new_tokens != 1 or s.spec_token_ids:
@@ -68,7 +72,9 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
             dst.append(j)
             src.append(p)
             ids.append(0)
+            in_order = in_order and p == j
         else:
+            in_order = False
             ids.append(seq.token_ids[c])
         if c + 1 == len(seq.token_ids) + seq.num_pending:  # it samples
             samples.append(j)
@@ -77,4 +83,4 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
         j += 1
     gathered, lens_np = mirror.take(rows, lens)
     return DecodeInputs(ids, src, dst, np.ones(j, dtype=np.int64),
-                        np.array(ctx, dtype=np.int64), gathered, lens_np, samples)
+                        np.array(ctx, dtype=np.int64), gathered, lens_np, samples, in_order)

@@ -104,7 +104,7 @@ class ModelRunner:
         scheduled = out.scheduled
         fast = decode_inputs(self.tables, scheduled)  # a decode step: one pass over it
         if fast is not None:
-            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens)
+            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
             last = None
             if self.graph is not None:
                 last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
@@ -150,9 +150,13 @@ class ModelRunner:
         return self.place_ids(ids, src, dst, prev_tokens)
 
     def place_ids(self, ids: list[int], src: list[int], dst: list[int],
-                  prev_tokens: torch.Tensor | None) -> torch.Tensor:
+                  prev_tokens: torch.Tensor | None, in_order: bool = False) -> torch.Tensor:
         """Input ids (T,) on the device from host ids where ids[dst[i]] is a placeholder for
-        prev_tokens[src[i]] (a token still on the device)."""
+        prev_tokens[src[i]] (a token still on the device). in_order: src is 0..T-1 and dst
+        every position (the same sequences decoding in the same order as last step): the ids
+        are prev_tokens[:T], a view (no index copy to the device, no gather kernel)."""
+        if in_order and prev_tokens is not None and prev_tokens.shape[0] >= len(ids):
+            return prev_tokens[:len(ids)]
         if not dst:
             return self.staging.to_device(np.array(ids, dtype=np.int64))
         if prev_tokens is None:

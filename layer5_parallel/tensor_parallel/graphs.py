@@ -97,12 +97,12 @@ class TPGraphRunner(engine.CudaGraphRunner):
         gc.collect()
 
     def bucket(self, batch: int) -> int:
-        return next(b for b in self.buckets if b >= batch)
+        return self.bucket_of[batch]
 
-    @torch.no_grad()
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, block_tables: torch.Tensor,
             seq_lens: torch.Tensor, *, copy: bool = True) -> torch.Tensor:
-        """Layer 4's run(); rank 0 first tells every worker which graph to replay."""
+        """Layer 4's run() (under no_grad there); rank 0 first tells every worker which
+        graph to replay."""
         B = input_ids.shape[0]
         if self.group is None or not self.can_run(B, block_tables.shape[1]):
             return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)

@@ -60,6 +60,28 @@ def test_greedy_outputs_match_the_synchronous_engine(tiny_model, overlap_calls, 
     assert [t[0] for t in tokens(got)] == ref
 
 
+def test_steady_decoding_reads_the_previous_tokens_in_place(tiny_model, monkeypatch):
+    """Sequences decoding in last step's order take their input ids as a view of last step's
+    token tensor (no index copy, no gather); once a sequence finishes and the rows shift, the
+    gather comes back. The tokens are the synchronous engine's either way."""
+    seen = []
+    place = MR.ModelRunner.place_ids
+
+    def spy(self, ids, src, dst, prev_tokens, in_order=False):
+        got = place(self, ids, src, dst, prev_tokens, in_order)
+        if prev_tokens is not None and len(dst) == len(ids):
+            seen.append((in_order, got.data_ptr() == prev_tokens.data_ptr()))
+            assert got.tolist() == prev_tokens[src].tolist()
+        return got
+    monkeypatch.setattr(MR.ModelRunner, "place_ids", spy)
+    prompts = random_prompts([4, 9, 6], seed=3)
+    params = [greedy(m) for m in (12, 5, 9)]  # the 5-token one finishes first: rows shift
+    want, got, _ = run_both(tiny_model, prompts, params, block_size=4, num_blocks=64)
+    assert tokens(got) == tokens(want)
+    assert (True, True) in seen and (False, False) in seen  # in place, then gathered
+    assert all(view == in_order for in_order, view in seen)
+
+
 def test_preemption_under_a_tiny_pool(tiny_model, overlap_calls):
     prompts = random_prompts([9, 14, 5, 11, 7, 3], seed=3)
     params = [greedy(m) for m in (20, 15, 25, 9, 18, 12)]

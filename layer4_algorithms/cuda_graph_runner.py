@@ -7,7 +7,8 @@ CUDA graph records the step once; a replay launches all of it at once.
 What must be static, and how it is made so (vLLM's and nano-vllm's recipe):
 - *Addresses.* A graph replays the pointers it recorded. So every input lives in a static
   buffer (input_ids, positions, slot_mapping, seq_lens, block_tables) sized for
-  max_num_seqs rows, and run() copies the step's values into them; the logits come out in a
+  max_num_seqs rows, and run() copies the step's values into them (run_host: positions,
+  lengths and tables from the host in one copy, graph_inputs.py); the logits come out in a
   static buffer too.
 - *Shapes.* The batch size is baked into every kernel, so graphs are captured for buckets
   (1, 2, 4, 8, 16, 24, ... max_num_seqs) and a batch of B runs the smallest bucket >= B,
@@ -30,9 +31,12 @@ device inside the graph, so run() copies only what the scheduler has.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import layer3_model as l3
+
+from .graph_inputs import GraphInputs
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -81,10 +85,11 @@ class CudaGraphRunner:
             return torch.zeros(shape, dtype=torch.int64, device=dev)
 
         self.input_ids = zeros(n)
-        self.positions = zeros(n)
         self.slot_mapping = zeros(n)
-        self.seq_lens = zeros(n)
-        self.block_tables = zeros(n, max_blocks_per_seq)
+        # positions, seq_lens, block_tables: views of one buffer the host fills in one copy
+        self.inputs = GraphInputs(n, max_blocks_per_seq, self.scratch, dev)
+        self.positions, self.seq_lens = self.inputs.positions, self.inputs.seq_lens
+        self.block_tables = self.inputs.block_tables
         self._pad_rows(0)  # every row a padding row until a step fills it
         self.logits = torch.zeros((n, model.config.vocab_size), dtype=torch.float32, device=dev)
         self.contexts = {B: self._context(B) for B in self.buckets}
@@ -174,6 +179,32 @@ class CudaGraphRunner:
         # columns past n keep stale ids: never read (every position < seq_lens <= n * block_size)
         if B < bucket:
             self._pad_rows(B, bucket)
+        self._replay(bucket)
+
+    @torch.no_grad()
+    def run_host(self, input_ids: torch.Tensor, positions: np.ndarray,
+                 block_tables: np.ndarray) -> torch.Tensor:
+        """`run(..., copy=False)` from host arrays: positions (B,) and block_tables (B, n)
+        int64 numpy, seq_lens = positions + 1; input_ids (B,) on the device. The context
+        reaches the static buffers in one copy (graph_inputs.py) instead of one copy to the
+        device and three (up to seven with padding rows) into the buffers."""
+        B = input_ids.shape[0]
+        if positions.shape != (B,) or block_tables.ndim != 2 or block_tables.shape[0] != B \
+                or not self.can_run(B, block_tables.shape[1]):
+            raise ValueError(f"a step of {B} sequences with positions {positions.shape} and "
+                             f"block tables {block_tables.shape} does not fit the captured "
+                             f"graphs (<= {self.max_num_seqs} sequences, <= {self.max_blocks} "
+                             "blocks); run it eagerly")
+        bucket = self.bucket_of[B]
+        self.input_ids[:B].copy_(input_ids)
+        if B < bucket:
+            self.input_ids[B:bucket] = 0
+        self.inputs.load(B, bucket, positions, block_tables)
+        self._replay(bucket)
+        return self.logits[:B]
+
+    def _replay(self, bucket: int) -> None:
+        """The bucket's graph (uncaptured: its step, eagerly), its inputs in place."""
         if self.captured:
             self.graphs[bucket].replay()
         else:

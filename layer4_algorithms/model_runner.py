@@ -228,8 +228,7 @@ class ModelRunner:
             return None
         if (lens * self.cache.block_size <= pos).any():
             return None
-        dev = self.staging.to_device(np.concatenate([pos, pos + 1, table.reshape(-1)]))
-        return self.graph.run(ids, dev[:B], dev[2 * B:].view(B, n), dev[B:2 * B], copy=False)
+        return self.graph.run_host(ids, pos, table)  # (seq_lens = pos + 1: one copy of all)
 
     def sample(self, logits: torch.Tensor | Sequence[torch.Tensor],
                params: Sequence[l3.SamplingParams],

@@ -12,11 +12,12 @@ calls one step makes, and charges every moment of a `step()` to the innermost ph
     input ids        the step's token ids on the device (decode: a gather of the previous
                      step's samples there)
     context          block tables, positions, slots to the device (a graph-replayed decode:
-                     positions, lengths and tables in one pinned copy; else the cache's
-                     whole context and the table mirror)
+                     the check that the tables hold the positions; else the cache's whole
+                     context and the table mirror)
     execute          the rest of the runner's execute() (a decode step's one pass over its
                      sequences, staging, copy-on-write, logits rows)
-    graph inputs     copying the step's inputs into the CUDA graph's static buffers
+    graph inputs     the step's inputs into the CUDA graph's static buffers (a decode step:
+                     the ids, then positions, lengths and tables in one copy from the host)
     ring put         telling the workers which graph to replay (the control message: a
                      liveness check, the pickle, the shared-memory ring)
     graph launch     the graph's replay() (on a CPU, where nothing is captured: the step's
@@ -113,6 +114,7 @@ class PhaseClock:
         graph = getattr(runner, "graph", None)
         if graph is not None:
             self._wrap(graph, "run", "graph inputs")
+            self._wrap(graph, "run_host", "graph inputs")
             if graph.graphs:
                 self._graphs = dict(graph.graphs)
                 graph.graphs.update({b: _TimedGraph(g, self) for b, g in self._graphs.items()})

@@ -5,6 +5,7 @@ The same checks run on the CPU with capture=False (the runner's buffers, bucket 
 slot computation, eagerly) and on a GPU with real graphs (gpu-marked)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -62,12 +63,16 @@ def copy_cache(cache: PagedKVCache) -> PagedKVCache:
     return twin
 
 
-def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, tol: float) -> None:
+def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, tol: float,
+                               inputs: str = "device") -> None:
+    """inputs: how each step's context reaches the graph: "device" (run: tensors), "host"
+    (run_host: numpy positions and tables, one copy), "mixed" (the two in turn: rows a
+    smaller bucket left behind must not matter to the next one)."""
     model, cache, tables, lens, tokens = prefilled(device, dtype)
     eager_cache = copy_cache(cache)
     runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture)
     assert sorted(runner.graphs) == (runner.buckets if capture else [])
-    for step in STEPS:
+    for i, step in enumerate(STEPS):
         ctx = eager_cache.context([1] * len(step), [lens[b] for b in step],
                                   [tables[b] for b in step])
         ids = torch.tensor([tokens[b] for b in step], device=device)
@@ -76,7 +81,11 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         bucket = next(b for b in runner.buckets if b >= len(step))
         if bucket > len(step):
             cache.k[:, cache.scratch_block] = 0.0  # so we see the padding rows' writes land there
-        replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
+        if inputs == "host" or (inputs == "mixed" and i % 2):
+            replay = runner.run_host(ids, ctx.positions.cpu().numpy(),
+                                     ctx.block_tables.cpu().numpy()).clone()
+        else:
+            replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
         assert replay.shape == (len(step), CONFIG.vocab_size) and replay.dtype == torch.float32
         torch.testing.assert_close(replay, eager, rtol=tol, atol=tol)
         # padding rows wrote their one token (position 0) into the scratch block
@@ -99,8 +108,9 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         assert (ours[:, untouched] == 0).all()
 
 
-def test_eager_buffers_match_the_model_on_cpu():
-    check_replay_matches_eager("cpu", torch.float32, capture=False, tol=1e-5)
+@pytest.mark.parametrize("inputs", ["device", "host", "mixed"])
+def test_eager_buffers_match_the_model_on_cpu(inputs):
+    check_replay_matches_eager("cpu", torch.float32, capture=False, tol=1e-5, inputs=inputs)
 
 
 def test_errors():
@@ -120,12 +130,17 @@ def test_errors():
     with pytest.raises(ValueError, match="expected input_ids"):
         runner.run(one, torch.zeros(2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64),
                    one + 1)
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.run_host(one, np.zeros(1, np.int64), np.zeros((1, MAX_BLOCKS + 1), np.int64))
+    with pytest.raises(ValueError, match="does not fit"):
+        runner.run_host(one, np.zeros(2, np.int64), np.zeros((1, 1), np.int64))
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("inputs", ["device", "host", "mixed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
-def test_gpu_replay_matches_eager_and_padding_stays_in_scratch(dtype, tol):
-    check_replay_matches_eager("cuda", dtype, capture=True, tol=tol)
+def test_gpu_replay_matches_eager_and_padding_stays_in_scratch(dtype, tol, inputs):
+    check_replay_matches_eager("cuda", dtype, capture=True, tol=tol, inputs=inputs)
 
 
 @pytest.mark.gpu
@@ -147,8 +162,9 @@ def test_gpu_graphs_share_one_pool_and_reuse_buffers():
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_engine_decode_through_the_graph_runner_gives_the_plain_engines_tokens(async_scheduling):
     """The runner's decode passes through the graph runner (capture=False on a CPU: its static
-    buffers, run eagerly), which takes positions, seq_lens and block tables from the runner's
-    one pinned copy instead of a whole AttentionContext: the plain engine's greedy tokens."""
+    buffers, run eagerly), which takes positions and block tables from the host (run_host:
+    one copy into its buffers) instead of a whole AttentionContext: the plain engine's greedy
+    tokens."""
     from layer4_algorithms import LLM, SamplingParams  # noqa: PLC0415
 
     model = l3.Model(l3.random_model(CONFIG, seed=1, std=0.3))
@@ -162,8 +178,8 @@ def test_engine_decode_through_the_graph_runner_gives_the_plain_engines_tokens(a
     llm = LLM(model, **kw)
     graph = CudaGraphRunner(model.net, llm.cache, 8, MAX_BLOCKS + 2, capture=False)
     runs = []
-    inner = graph.run
-    graph.run = lambda *a, **k: runs.append(a[0].shape[0]) or inner(*a, **k)
+    inner = graph.run_host
+    graph.run_host = lambda *a, **k: runs.append(a[0].shape[0]) or inner(*a, **k)
     llm.runner.graph = graph
     contexts = []
     context = llm.cache.context

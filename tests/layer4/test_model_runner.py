@@ -131,9 +131,9 @@ def test_graph_runner_path_gives_the_same_outputs(tiny_model):
     llm = LLM(tiny_model, block_size=4, num_blocks=18, max_num_batched_tokens=9, max_num_seqs=4)
     llm.runner.graph = CudaGraphRunner(tiny_model.net, llm.cache, 4, -(-llm.max_model_len // 4),
                                        capture=False)
-    calls = []
-    run = llm.runner.graph.run
-    llm.runner.graph.run = lambda *a, **k: (calls.append(a[0].shape[0]), run(*a, **k))[1]
+    calls = []  # the engine's decode steps fill the graph's inputs from the host (run_host)
+    run = llm.runner.graph.run_host
+    llm.runner.graph.run_host = lambda *a, **k: (calls.append(a[0].shape[0]), run(*a, **k))[1]
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == want
     assert calls and max(calls) > 1 and llm.stats.preemptions > 0
     assert_no_leak(llm)

@@ -1,21 +1,19 @@
-"""A decode graph's context inputs in one static buffer, filled from the host in one copy.
+"""A decode graph's context inputs, written by the host where the graph reads them.
 
 A CUDA graph reads its inputs from the addresses it was captured with, so each step's
-positions, sequence lengths and block tables must land in static buffers. Taking them there
-as three tensors costs the host, every step, one copy to the device (from pinned memory) and
-then three device copies into the static buffers, plus four fills when the step's bucket has
-padding rows: up to eight launches for a few hundred bytes. Here the three buffers are views
-of one device tensor,
-
-    positions (rows,) | seq_lens (rows,) | block_tables (rows, max_blocks)
-
-and the host writes a step's values, and its bucket's padding rows, into a host array of the
-same layout, then copies the span the bucket reads in one go (one launch). Rows past the
-bucket and table columns past a row's blocks keep stale values: the step never reads them
-(every position < seq_lens <= blocks * block_size), and a step of a bigger bucket writes its
-rows first. On a GPU the host array is pinned and double-buffered (the copy reads it when it
-runs: a buffer is refilled only after its previous copy ran, as layer 3's HostStaging does);
-on a CPU the host array is the static buffer itself, and nothing is copied.
+positions, sequence lengths and block tables must land in static buffers. Taken there as
+tensors, that is one copy to the device (from pinned memory) and then three device copies
+into the static buffers, plus four fills when the step's bucket has padding rows: up to eight
+launches for a few hundred bytes. Here positions and seq_lens are the two halves of one device
+tensor, `positions (rows,) | seq_lens (rows,)`, and the host writes a step's values and its
+bucket's padding rows into a pinned array of the same layout, then copies it in one go; the
+block tables go as the bucket's (bucket, n) rows (n: the step's widest table, not the graph's
+max_blocks, which follows max_model_len), padding rows pointing at the scratch block, in one
+more copy. Rows past the bucket and table columns past a row's n keep stale values: the step
+never reads them (every position < seq_lens <= n * block_size; a padding row reads column 0),
+and a step of a bigger bucket writes its rows first. The pinned arrays are double-buffered (a
+copy reads its array when it runs: an array is refilled only once its previous copy has run,
+as layer 3's HostStaging does). On a CPU the host writes straight into the static buffers.
 """
 from __future__ import annotations
 
@@ -24,59 +22,71 @@ import torch
 
 
 class GraphInputs:
-    """positions, seq_lens (rows,) and block_tables (rows, max_blocks) int64 on `device`: views
-    of one buffer. Every row starts as padding (position 0, length 1, the scratch block).
-    `load(B, bucket, pos, table)` fills rows [0, bucket) from the host."""
+    """positions, seq_lens (rows,) and block_tables (rows, max_blocks) int64 on `device`, every
+    row padding to start with (position 0, length 1, the scratch block). `load(B, bucket, pos,
+    table)` fills rows [0, bucket) from the host. copies: through host arrays and copies
+    (default: on a GPU; a CPU test may ask for it: no pinning, no events)."""
 
-    def __init__(self, rows: int, max_blocks: int, scratch: int, device: torch.device) -> None:
-        self.rows, self.max_blocks, self.scratch = rows, max_blocks, scratch
-        size = rows * (2 + max_blocks)
-        self.buffer = torch.zeros(size, dtype=torch.int64, device=device)
-        self.positions = self.buffer[:rows]
-        self.seq_lens = self.buffer[rows:2 * rows]
-        self.block_tables = self.buffer[2 * rows:].view(rows, max_blocks)
-        self.copies = device.type == "cuda"
-        host = [torch.zeros(size, dtype=torch.int64, pin_memory=True) for _ in range(2)] \
-            if self.copies else [self.buffer]
-        self._host = [self._views(t.numpy()) for t in host]
-        self._host_t = host
-        self._events: list[torch.cuda.Event | None] = [None] * len(host)
+    def __init__(self, rows: int, max_blocks: int, scratch: int, device: torch.device, *,
+                 copies: bool | None = None) -> None:
+        self.rows, self.scratch = rows, scratch
+        self.lens_buffer = torch.zeros(2 * rows, dtype=torch.int64, device=device)
+        self.positions, self.seq_lens = self.lens_buffer[:rows], self.lens_buffer[rows:]
+        self.block_tables = torch.zeros((rows, max_blocks), dtype=torch.int64, device=device)
+        self.pinned = device.type == "cuda"
+        self.copies = self.pinned if copies is None else copies
+        self._events: list[torch.cuda.Event | None] = [None, None]
+        if self.copies:  # two of each: [positions | seq_lens], and the tables' rows
+            self._lens_t = [torch.zeros(2 * rows, dtype=torch.int64, pin_memory=self.pinned)
+                            for _ in range(2)]
+            self._tables_t: list[torch.Tensor | None] = [None, None]  # grown on demand
+        else:  # the static buffers themselves
+            self._lens_t = [self.lens_buffer]
+            self._cpu_tables = self.block_tables.numpy()
+        self._lens = [t.numpy() for t in self._lens_t]
+        for h in self._lens:
+            h[:rows], h[rows:] = 0, 1
+        self.block_tables.fill_(scratch)
         self._turn = 0
-        for views in self._host:  # every row padding, as the device's
-            self._pad(views, 0, rows)
-
-    def _views(self, flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        r = self.rows
-        return flat[:r], flat[r:2 * r], flat[2 * r:].reshape(r, self.max_blocks)
-
-    def _pad(self, views, start: int, stop: int) -> None:
-        """Rows [start, stop) of a host array: one token at position 0 in the scratch block."""
-        pos, lens, table = views
-        pos[start:stop] = 0
-        lens[start:stop] = 1
-        table[start:stop] = self.scratch
 
     def load(self, B: int, bucket: int, pos: np.ndarray, table: np.ndarray) -> None:
         """Rows [0, B): positions pos (B,), seq_lens pos + 1, block tables table (B, n) with
         n <= max_blocks; rows [B, bucket) padding; on the device in stream order."""
-        turn = self._turn
-        views = self._host[turn]
-        if self.copies:
-            self._turn = 1 - turn
-            ev = self._events[turn]
-            if ev is not None:  # this buffer's copy of two steps ago has run (long since)
-                ev.synchronize()
-        h_pos, h_lens, h_table = views
-        h_pos[:B] = pos
-        np.add(pos, 1, out=h_lens[:B])
-        h_table[:B, :table.shape[1]] = table
-        if B < bucket:
-            self._pad(views, B, bucket)
+        r, n = self.rows, table.shape[1]
         if not self.copies:
+            h = self._lens[0]
+            h[:B] = pos
+            np.add(pos, 1, out=h[r:r + B])
+            h[B:bucket], h[r + B:r + bucket] = 0, 1
+            t = self._cpu_tables
+            t[:B, :n] = table
+            t[B:bucket, :n] = self.scratch
             return
-        span = 2 * self.rows + bucket * self.max_blocks  # what the bucket's step reads
-        self.buffer[:span].copy_(self._host_t[turn][:span], non_blocking=True)
+        turn = self._turn
+        self._turn = 1 - turn
         ev = self._events[turn]
-        if ev is None:
-            ev = self._events[turn] = torch.cuda.Event()
-        ev.record()
+        if ev is not None:  # this turn's copies of two steps ago have run (long since)
+            ev.synchronize()
+        h = self._lens[turn]
+        h[:B] = pos
+        np.add(pos, 1, out=h[r:r + B])
+        h[B:bucket], h[r + B:r + bucket] = 0, 1
+        rows_t = self._tables(turn, bucket * n)
+        rows_np = rows_t.numpy().reshape(bucket, n)
+        rows_np[:B] = table
+        rows_np[B:] = self.scratch
+        # positions for every row, seq_lens up to the bucket's; the tables' (bucket, n) block
+        self.lens_buffer[:r + bucket].copy_(self._lens_t[turn][:r + bucket], non_blocking=True)
+        self.block_tables[:bucket, :n].copy_(rows_t.view(bucket, n), non_blocking=True)
+        if self.pinned:
+            if ev is None:
+                ev = self._events[turn] = torch.cuda.Event()
+            ev.record()
+
+    def _tables(self, turn: int, size: int) -> torch.Tensor:
+        """This turn's pinned table rows, at least `size` long (grown: its copies have run)."""
+        buf = self._tables_t[turn]
+        if buf is None or buf.numel() < size:
+            buf = self._tables_t[turn] = torch.empty(max(2 * size, 4096), dtype=torch.int64,
+                                                     pin_memory=self.pinned)
+        return buf[:size]

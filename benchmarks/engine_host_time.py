@@ -1,7 +1,7 @@
 """Layer 4's host time per decode step: `LLM.step()`'s CPU time minus the forward and sampling.
 
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
-                                          [--profile 30] [--stages] [--no-text]
+                                          [--profile 30] [--stages] [--no-text] [--graphs]
 
 A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
 every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
@@ -16,7 +16,10 @@ async scheduling; generate()'s step(unfinished=False), and layer 6's step(unfini
 delta=True), every request's new tokens every step):
 the median over --repeats runs
 of each run's median host microseconds per decode step. --profile N: cProfile of N decode
-steps (async, unfinished=False), the top functions by own time.
+steps (async, unfinished=False), the top functions by own time. --graphs: the decode steps go
+through layer 4's CUDA-graph runner run eagerly (capture=False): the GPU's decode path (one-pass
+inputs, the static buffers filled from the host, the graph's logits buffer) with the bucket's
+step timed as the forward (on a GPU: one graph replay).
 """
 from __future__ import annotations
 
@@ -32,7 +35,15 @@ import torch
 
 import layer3_model as l3
 from layer0_hardware import timed_into
-from layer4_algorithms import LLM, SamplingParams, engine, launched_step, model_runner, scheduler
+from layer4_algorithms import (
+    LLM,
+    CudaGraphRunner,
+    SamplingParams,
+    engine,
+    launched_step,
+    model_runner,
+    scheduler,
+)
 from layer4_algorithms.kv import paged_cache
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,11 +90,31 @@ def time_stages() -> None:
         setattr(cls, name, timed_into(getattr(cls, name), add, time.thread_time))
 
 
+def eager_graphs(llm: LLM, timer: ForwardTimer) -> None:
+    """The runner's decode steps through a CudaGraphRunner run eagerly; the whole of each
+    bucket's step counts as the forward (what one replay launches on a GPU)."""
+    cfg = llm.config
+    graph = CudaGraphRunner(llm.model.net, llm.cache, cfg.max_num_seqs,
+                            -(-cfg.resolved_max_model_len // llm.cache.block_size),
+                            capture=False)
+    inner = graph._step
+
+    def step(bucket: int) -> None:
+        t, before = time.thread_time(), timer.seconds
+        inner(bucket)
+        timer.seconds = before + time.thread_time() - t  # (its forward is inside)
+    graph._step = step
+    llm.runner.graph = graph
+
+
 def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async_on: bool,
-        unfinished: bool, profiler: cProfile.Profile | None = None) -> list[float]:
+        unfinished: bool, profiler: cProfile.Profile | None = None,
+        graphs: bool = False) -> list[float]:
     """Host microseconds of each decode step of one batch."""
     llm = LLM(model, num_blocks=batch * 8 + 8, block_size=16, max_num_seqs=batch,
               max_num_batched_tokens=max(2048, batch * 16), async_scheduling=async_on)
+    if graphs:
+        eager_graphs(llm, timer)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     for i in range(batch):
         llm.add_request([(7 * i + j) % 4000 + 50 for j in range(16)], params)
@@ -115,6 +146,8 @@ def main() -> None:
     ap.add_argument("--no-text", action="store_true",
                     help="a model without a tokenizer (no detokenisation: bench.dp's workload)")
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many runs' decode steps")
+    ap.add_argument("--graphs", action="store_true",
+                    help="decode through the CUDA-graph runner, run eagerly (the GPU's path)")
     ap.add_argument("--stages", action="store_true",
                     help="also the host time per decode step of each stage (async, generate)")
     args = ap.parse_args()
@@ -126,28 +159,29 @@ def main() -> None:
     torch.set_num_threads(1)
     model = tiny_model(text=not args.no_text)
     timer = ForwardTimer(model.net)
-    run(model, timer, args.batch, 8, True, False)  # warm up
+    g = args.graphs
+    run(model, timer, args.batch, 8, True, False, graphs=g)  # warm up
     print(f"engine host time per decode step, batch {args.batch}, {args.new_tokens} new tokens, "
-          f"tiny random model (2 layers, hidden 64, vocab 4096), CPU, torch {torch.__version__}",
-          flush=True)
+          f"tiny random model (2 layers, hidden 64, vocab 4096), CPU, torch {torch.__version__}"
+          + (", decode through the graph runner (eager)" if g else ""), flush=True)
     for async_on in (False, True):
         for unfinished in (False, True):
             meds = [statistics.median(run(model, timer, args.batch, args.new_tokens, async_on,
-                                          unfinished)) for _ in range(args.repeats)]
+                                          unfinished, graphs=g)) for _ in range(args.repeats)]
             mode = "server (delta outputs)" if unfinished else "generate"
             print(f"  {'async' if async_on else 'sync '} {mode:22}: "
                   f"{statistics.median(meds):5.0f} us/step host, best run {min(meds):.0f} "
                   f"(runs: {', '.join(f'{m:.0f}' for m in meds)})", flush=True)
     if args.stages:
         time_stages()
-        steps = sum(len(run(model, timer, args.batch, args.new_tokens, True, False)) + 2
+        steps = sum(len(run(model, timer, args.batch, args.new_tokens, True, False, graphs=g)) + 2
                     for _ in range(args.repeats))
         print("  stages, async generate (us/step): " + ", ".join(
             f"{name} {STAGE_S[name] / steps * 1e6:.0f}" for _, name in STAGES), flush=True)
     if args.profile:
         prof = cProfile.Profile()
         for _ in range(args.profile):
-            run(model, timer, args.batch, args.new_tokens, True, False, prof)
+            run(model, timer, args.batch, args.new_tokens, True, False, prof, graphs=g)
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
 
 

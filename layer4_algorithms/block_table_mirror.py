@@ -42,10 +42,14 @@ class BlockTableMirror:
             self.synced[r] = n
         return n
 
-    def take(self, rows: list[int], lens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(B, longest) zero-padded table of the synced `rows`, and their lengths."""
+    def take(self, rows: list[int], lens: list[int],
+             longest: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(B, longest) zero-padded table of the synced `rows`, and their lengths (longest:
+        max(lens), if the caller knows it already)."""
         lens_np = np.array(lens, dtype=np.int64)
-        return self.table[np.array(rows, dtype=np.int64), :int(lens_np.max(initial=0))], lens_np
+        if longest is None:
+            longest = int(lens_np.max(initial=0))
+        return self.table[np.array(rows, dtype=np.int64), :longest], lens_np
 
     def gather(self, seqs: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
         """(B, longest) table of seqs (zero-padded) and their lengths; None when a sequence has

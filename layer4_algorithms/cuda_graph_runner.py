@@ -181,13 +181,13 @@ class CudaGraphRunner:
             self._pad_rows(B, bucket)
         self._replay(bucket)
 
-    @torch.no_grad()
     def run_host(self, input_ids: torch.Tensor, positions: np.ndarray,
                  block_tables: np.ndarray) -> torch.Tensor:
         """`run(..., copy=False)` from host arrays: positions (B,) and block_tables (B, n)
         int64 numpy, seq_lens = positions + 1; input_ids (B,) on the device. The context
         reaches the static buffers in one copy (graph_inputs.py) instead of one copy to the
-        device and three (up to seven with padding rows) into the buffers."""
+        device and three (up to seven with padding rows) into the buffers. (No autograd
+        to turn off around copies and a replay: only an eager step enters no_grad.)"""
         B = input_ids.shape[0]
         if positions.shape != (B,) or block_tables.ndim != 2 or block_tables.shape[0] != B \
                 or not self.can_run(B, block_tables.shape[1]):
@@ -208,4 +208,5 @@ class CudaGraphRunner:
         if self.captured:
             self.graphs[bucket].replay()
         else:
-            self._step(bucket)
+            with torch.no_grad():
+                self._step(bucket)

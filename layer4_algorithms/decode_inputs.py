@@ -24,8 +24,7 @@ import numpy as np
 @dataclass(slots=True)
 class DecodeInputs:
     """ids / src / dst: host input ids, with ids[dst[i]] taken from the previous step's
-    tokens on the device, row src[i] (ModelRunner.place_ids); query_lens (B,) ones;
-    context_lens (B,); table (B, longest) zero-padded block ids and lens (B,) their counts;
+    tokens on the device, row src[i] (ModelRunner.place_ids); context_lens (B,); table (B, longest) zero-padded block ids and lens (B,) their counts;
     rows: each sequence's logits row (None: it does not sample); in_order: every input token
     is on the device, sequence j's at row j of the previous step's tokens (steady decoding:
     the input ids are those tokens themselves, no gather)."""
@@ -33,7 +32,6 @@ class DecodeInputs:
     ids: list[int]
     src: list[int]
     dst: list[int]
-    query_lens: np.ndarray
     context_lens: np.ndarray
     table: np.ndarray
     lens: np.ndarray
@@ -53,6 +51,7 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     rows: list[int] = []
     lens: list[int] = []
     ctx: list[int] = []
+    longest = 0
     samples: list[int | None] = []  # the logits row of each (one per sequence), if it samples
     in_order = True
     j = 0
@@ -65,6 +64,8 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
             return None
         rows.append(seq.row)
         lens.append(n)
+        if n > longest:
+            longest = n
         c = s.context_len
         ctx.append(c)
         p = s.pending
@@ -81,6 +82,6 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
         else:
             samples.append(None)
         j += 1
-    gathered, lens_np = mirror.take(rows, lens)
-    return DecodeInputs(ids, src, dst, np.ones(j, dtype=np.int64),
-                        np.array(ctx, dtype=np.int64), gathered, lens_np, samples, in_order)
+    gathered, lens_np = mirror.take(rows, lens, longest)
+    return DecodeInputs(ids, src, dst, np.array(ctx, dtype=np.int64), gathered, lens_np, samples,
+                        in_order)

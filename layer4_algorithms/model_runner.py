@@ -109,7 +109,8 @@ class ModelRunner:
             if self.graph is not None:
                 last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
             if last is None:
-                ctx = self.cache.context(fast.query_lens, fast.context_lens, fast.table,
+                ctx = self.cache.context(np.ones(len(fast.rows), dtype=np.int64),
+                                         fast.context_lens, fast.table,
                                          staging=self.staging, table=(fast.table, fast.lens))
                 last, _ = self._run(scheduled, ids, ctx)
             return StepLogits(last, fast.rows, {}, self.staging)

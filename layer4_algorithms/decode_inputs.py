@@ -24,10 +24,11 @@ import numpy as np
 @dataclass(slots=True)
 class DecodeInputs:
     """ids / src / dst: host input ids, with ids[dst[i]] taken from the previous step's
-    tokens on the device, row src[i] (ModelRunner.place_ids); context_lens (B,); table (B, longest) zero-padded block ids and lens (B,) their counts;
-    rows: each sequence's logits row (None: it does not sample); in_order: every input token
-    is on the device, sequence j's at row j of the previous step's tokens (steady decoding:
-    the input ids are those tokens themselves, no gather)."""
+    tokens on the device, row src[i] (ModelRunner.place_ids); context_lens (B,); table (B,
+    longest) zero-padded block ids and lens (B,) their counts; rows: each sequence's logits
+    row (None: it does not sample); in_order: every input token is on the device, sequence
+    j's at row j of the previous step's tokens (steady decoding: the input ids are those
+    tokens themselves, no gather)."""
 
     ids: list[int]
     src: list[int]

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Rank 0's host time per decode step on GPUs, in ONE device call (<= ~560 s):
+#   bash benchmarks/host_time_gpus.sh     (kind nvidia-h100-x4, or -x2; carry .whl: layer 4
+#                                          imports llguidance)
+# Steps, each with its own limit, logs and JSON under $OUT:
+#   tests  pytest -m "gpu or multigpu": the decode graphs fed from the host (run_host: positions,
+#          lengths and the bucket's table rows in two pinned copies; device, host and alternating
+#          inputs equal the eager model, padding in the scratch block), the engine on one GPU with
+#          graphs and async scheduling (in-order ids as a view of last step's tokens), pinned
+#          staging, TP graphs on every rank (TP=2/4), PP stage graphs (their buffers are views of
+#          the same static tensors)
+#   tp     tp_gpu_bench on the Llama-3.1-8B shape: TP=1 and TP=N (N = the GPUs), layer 2's
+#          all-reduce, batch 1 and 32, host ms / step and rank 0's step by phase (the rows of
+#          BENCHMARKS.md's "Layer 5 on 4 GPUs, second round" to compare against)
+# Target (issue: layer 5 on GPUs): host time at TP=4 <= 1.3x TP=1's.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
+out=${OUT:-gpu-out}; mkdir -p "$out"
+logs=$out; . "$(dirname "$0")/device_steps.sh"
+install_stack
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+gpus=$(nvidia-smi -L | wc -l)
+{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+  git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
+T="python3 -m pytest -v -s -m 'gpu or multigpu' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+maybe tests 200 bash -c "$T tests/layer4/test_cuda_graph_runner.py tests/layer4/test_engine_gpu.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_model_runner.py tests/layer5/test_tp_graph_gpu.py tests/layer5/test_pp_engine_gpu.py"
+grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
+[ "$gpus" -ge 2 ] && maybe tp 330 python3 -m layer5_parallel.bench.tp_gpu_bench \
+    --shapes llama-3.1-8b --tps "$gpus" --tp-backends ours --repeats 2 --phase-timeout 150 --out "$out"
+grep -sE "tok/s|host|TP=|FAILED" "$out/tp.log" | tail -30
+echo "== done in $SECONDS s"

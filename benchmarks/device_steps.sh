@@ -46,3 +46,18 @@ maybe() {  # maybe NAME LIMIT CMD...: step, if named in ONLY (when set) and its 
     if [ "$2" -gt "$left" ]; then echo "== $1: SKIPPED ($2 s limit, $left s left)"; return 0; fi
     step "$@"
 }
+
+gpu_session() {  # gpu_session MARK: the start every multi-GPU script shares, after out=DIR and
+    # logs=DIR: NVLink-multicast off (the device machines' rule), install, $gpus, env.txt, and
+    # $T, the pytest command line for tests marked MARK (each prints its own diagnosis: -s;
+    # thread timeouts give stacks even from inside a CUDA call)
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
+        PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
+    install_stack
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+    gpus=$(nvidia-smi -L | wc -l)
+    { nvidia-smi -L
+      python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
+      git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
+    T="python3 -m pytest -v -s -m '$1' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+}

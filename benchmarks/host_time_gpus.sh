@@ -14,16 +14,9 @@
 #          BENCHMARKS.md's "Layer 5 on 4 GPUs, second round" to compare against)
 # Target (issue: layer 5 on GPUs): host time at TP=4 <= 1.3x TP=1's.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
-install_stack
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-gpus=$(nvidia-smi -L | wc -l)
-{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
-T="python3 -m pytest -v -s -m 'gpu or multigpu' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+gpu_session "gpu or multigpu"
 maybe tests 200 bash -c "$T tests/layer4/test_cuda_graph_runner.py tests/layer4/test_engine_gpu.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_model_runner.py tests/layer5/test_tp_graph_gpu.py tests/layer5/test_pp_engine_gpu.py"
 grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
 [ "$gpus" -ge 2 ] && maybe tp 330 python3 -m layer5_parallel.bench.tp_gpu_bench \

@@ -16,21 +16,13 @@
 #   dp           nano-vllm's workload on the 1B shape: 1 GPU, DP=N, PP=N (layer5_parallel/bench/dp.py)
 #   tp_1b        the TP bench on the Llama-3.2-1B shape
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
-install_stack
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-gpus=$(nvidia-smi -L | wc -l)
-{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  date -u; } 2>&1 | tee "$out/env.txt"
-# -s: each test prints its own diagnosis as it runs; thread timeouts: stacks even from a CUDA call
-T="python3 -m pytest -v -s -m multigpu -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+gpu_session "multigpu"
 verdicts() { grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/$1.log" | tail -"${2:-10}"; }
-maybe tests_tp 170 $T tests/layer5/test_tp_graph_gpu.py tests/layer5/test_tp_gpu.py; verdicts tests_tp
-maybe tests_forms 90 $T tests/layer5/test_forms_gpu.py tests/layer5/test_pp_engine_gpu.py; verdicts tests_forms
-maybe tests_l2 80 $T tests/layer2/test_peer_all_reduce.py; verdicts tests_l2 5
+maybe tests_tp 170 bash -c "$T tests/layer5/test_tp_graph_gpu.py tests/layer5/test_tp_gpu.py"; verdicts tests_tp
+maybe tests_forms 90 bash -c "$T tests/layer5/test_forms_gpu.py tests/layer5/test_pp_engine_gpu.py"; verdicts tests_forms
+maybe tests_l2 80 bash -c "$T tests/layer2/test_peer_all_reduce.py"; verdicts tests_l2 5
 maybe tp_8b "${TP_8B_S:-150}" python3 -m layer5_parallel.bench.tp_gpu_bench --shapes llama-3.1-8b \
     --tp-backends torch,ours --phase-timeout 90 --out "$out"
 grep -s "tok/s" "$out/tp_8b.log" | cut -c1-150

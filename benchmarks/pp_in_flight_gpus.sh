@@ -14,16 +14,9 @@
 #          importance, none started past 300 s (layer5_parallel/bench/dp.py)
 # Target (issue: layer 5 on GPUs): PP=2 >= 1.4x one GPU's tokens/s.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
-    PYTHONUNBUFFERED=1 LLM_STACK_MODELS=$PWD/models LLM_STACK_CACHE=/tmp/llm-stack-cache
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
-install_stack
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-gpus=$(nvidia-smi -L | wc -l)
-{ nvidia-smi -L; python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
-  git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
-T="python3 -m pytest -v -s -m 'gpu or multigpu' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+gpu_session "gpu or multigpu"
 maybe tests 170 bash -c "$T tests/layer5/test_pp_engine_gpu.py tests/layer5/test_pp_stage_graphs.py tests/layer5/test_forms_gpu.py"
 grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
 maybe pp 370 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,pp2gf,pp1gf,pp2g,pp2gF,ppNg \

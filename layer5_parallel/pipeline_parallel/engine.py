@@ -39,14 +39,7 @@ import torch
 
 import layer4_algorithms as engine
 
-from ..runtime import (
-    Rank,
-    RankZeroModel,
-    WorkerGroup,
-    pack_step,
-    step_message,
-    unpack_step,
-)
+from ..runtime import Rank, RankZeroModel, WorkerGroup, pack_step, step_message, unpack_step
 from ..runtime.worker import EVENTS
 from ..tensor_parallel.shard import check_tp_size
 from . import stage as S

@@ -28,14 +28,7 @@ import torch
 
 import layer4_algorithms as engine
 
-from ..runtime import (
-    Rank,
-    RankZeroModel,
-    WorkerGroup,
-    pack_step,
-    step_message,
-    unpack_step,
-)
+from ..runtime import Rank, RankZeroModel, WorkerGroup, pack_step, step_message, unpack_step
 from ..runtime.group import note
 from .graphs import TPGraphRunner
 from .shard import check_tp_size, shard_model, tp_config

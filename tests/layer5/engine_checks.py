@@ -1,7 +1,7 @@
-"""Checks the layer-5 tests share: a parallel engine's greedy tokens equal the single-process
-engine's, or differ first where the reference's top two logits nearly tie (a different
-reduction order may flip such a choice; nothing else may); and per-rank results that must
-match their unsharded references."""
+"""What the layer-5 tests share: a tiny random Llama, and checks that a parallel engine's
+greedy tokens equal the single-process engine's, or differ first where the reference's top
+two logits nearly tie (a different reduction order may flip such a choice; nothing else
+may); and per-rank results that must match their unsharded references."""
 from __future__ import annotations
 
 import math
@@ -53,3 +53,13 @@ def assert_ranks_match(rank_checks, world: int, seed: int) -> None:
             for name, (got, want) in pairs.items():
                 where = f"{name}: rank {rank}/{world}, case {case}, seed {seed}"
                 torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=where)
+
+
+def tiny_model(layers: int) -> l5.engine.executor.Model:
+    """A random Llama small enough that a fault test's ranks start in seconds: 4 heads over 2
+    KV heads (a tensor-parallel split of 2 still shares KV heads), vocabulary 97."""
+    l3 = l5.engine.executor
+    config = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=40,
+                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, max_position_embeddings=64)
+    return l3.Model(l3.random_model(config, seed=2))

@@ -16,21 +16,15 @@ import pytest
 
 import layer5_parallel as l5
 
-l3 = l5.engine.executor
+from .engine_checks import tiny_model
+
 # The group's timeout: it bounds the stages' start too (past 30 s on a busy machine); the
 # faults are found from what happened (the texts say), well before it.
 TIMEOUT_S = 60.0
 
 
-def tiny_model() -> l3.Model:
-    config = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=32, intermediate_size=40,
-                            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                            head_dim=8, max_position_embeddings=64)
-    return l3.Model(l3.random_model(config, seed=2))
-
-
 def fail_once(stages: int, faults: dict[int, str], **kw) -> tuple[str, float]:
-    llm = l5.LLM(tiny_model(), pipeline_parallel_size=stages, num_blocks=16, block_size=4,
+    llm = l5.LLM(tiny_model(3), pipeline_parallel_size=stages, num_blocks=16, block_size=4,
                  tp_timeout_s=TIMEOUT_S, _tp_faults=faults, **kw)
     params = l5.SamplingParams(temperature=0.0, max_tokens=3)
     start = time.monotonic()

@@ -42,7 +42,8 @@ MISMATCHES = {
 }
 
 
-SILENCE_S = 8.0  # how long the silent peer stays away: far beyond the 0.5 s timeout, even on a busy machine
+# how long the silent peer stays away: far beyond the 0.5 s timeout, even on a busy machine
+SILENCE_S = 8.0
 
 
 def seconds(text: str) -> float:

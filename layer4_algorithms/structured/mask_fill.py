@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .mask_graph import switch
 from .mask_worker import RemoteGrammar
 from .state import FAILED
 
@@ -61,10 +62,9 @@ def mask_overlap() -> bool | str | None:
     and fill leave this process); unset (or auto): None, the engine times the helper thread
     against its own and keeps the faster (`WayChooser`); ValueError for anything else."""
     env = os.environ.get("LLM_STACK_MASK_OVERLAP", "").strip().lower()
-    if env in ("0", "false", "no", "off"):
-        return False
-    if env in ("1", "true", "yes", "on"):
-        return True
+    on = switch(env)
+    if on is not None:
+        return on
     if env == "process":
         return "process"
     if env in ("", "auto"):

@@ -29,11 +29,20 @@ def mask_graph_enabled() -> bool:
     """LLM_STACK_MASK_GRAPH: 1 (true/yes/on) replays the apply from CUDA graphs; 0 (or unset,
     false/no/off) launches it plainly; ValueError for anything else."""
     env = os.environ.get("LLM_STACK_MASK_GRAPH", "").strip().lower()
-    if env in ("", "0", "false", "no", "off"):
-        return False
-    if env in ("1", "true", "yes", "on"):
+    on = switch(env or "0")
+    if on is None:
+        raise ValueError(f"LLM_STACK_MASK_GRAPH={env!r}: need 1 or 0")
+    return on
+
+
+def switch(word: str) -> bool | None:
+    """An environment switch's word: True for 1/true/yes/on, False for 0/false/no/off
+    (lower case), None for anything else (the caller names what it takes)."""
+    if word in ("1", "true", "yes", "on"):
         return True
-    raise ValueError(f"LLM_STACK_MASK_GRAPH={env!r}: need 1 or 0")
+    if word in ("0", "false", "no", "off"):
+        return False
+    return None
 
 
 def plain(logits: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, R: int, n: int,

@@ -31,8 +31,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .symmetric_group import symmetric_group
-
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -99,22 +97,26 @@ class PeerAllReduce:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         import torch.distributed._symmetric_memory as symm_mem
 
+        from . import symmetric_group
+
         self.device = torch.device(device) if device is not None else \
             torch.device("cuda", torch.cuda.current_device())
         if self.device.type != "cuda":
             raise RuntimeError(f"PeerAllReduce needs CUDA peer access; device {self.device} is not "
                                "a CUDA device")
-        # not a name an earlier group of this process used (see symmetric_group.py)
-        self.group = symmetric_group(group if group is not None else dist.group.WORLD, self.device)
+        self.group = group if group is not None else dist.group.WORLD
         self.rank, self.world = dist.get_rank(self.group), dist.get_world_size(self.group)
         self.max_bytes = -(-max_bytes // 32) * 32  # whole 16-byte vectors in every dtype
         self.one_shot_max_bytes = (default_one_shot_max_bytes(self.world)
                                    if one_shot_max_bytes is None else int(one_shot_max_bytes))
         self.timeout_s, self.debug, self.num_warps = float(timeout_s), bool(debug), num_warps
+        # the rendezvous runs over a group of its own: this process may have rendezvoused
+        # before and the others not (see symmetric_group.py)
+        self._symmetric = symmetric_group.rendezvous_group(self.group, self.device)
         try:
             # two halves: one-shot alternates between them (see peer_kernels.py)
             self._storage = symm_mem.empty(2 * self.max_bytes, dtype=torch.uint8, device=self.device)
-            self._handle = symm_mem.rendezvous(self._storage, self.group)
+            self._handle = symm_mem.rendezvous(self._storage, self._symmetric)
         except Exception as exc:
             raise RuntimeError(f"rank {self.rank}: PeerAllReduce needs CUDA peer access between "
                                f"the group's {self.world} GPUs, and torch symmetric memory could "
@@ -295,6 +297,9 @@ class PeerAllReduce:
             self._pads = ()
             self._handle = None
             self._storage = None
+            from .symmetric_group import release
+
+            release(self._symmetric)
 
     def __repr__(self) -> str:
         return (f"PeerAllReduce(rank={self.rank}, world={self.world}, max_bytes={self.max_bytes}, "

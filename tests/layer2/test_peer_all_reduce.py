@@ -252,6 +252,22 @@ def _absent_peer() -> str:
     return "absent"
 
 
+def _after_a_rendezvous_of_rank_0_alone() -> bool:
+    """Torch counts symmetric-memory store exchanges per process: rank 0 rendezvousing alone
+    first (as a process that hosted an earlier engine) puts it ahead of the others."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    alone = dist.new_group([0])  # collective: every rank makes it, only rank 0 uses it
+    if dist.get_rank() == 0:
+        earlier = symm_mem.empty(64, device="cuda")
+        symm_mem.rendezvous(earlier, alone.group_name)
+    ar = PeerAllReduce(max_bytes=1 << 16, timeout_s=10.0)
+    x = _data(1000, torch.float32, 5)
+    ok = torch.equal(ar(x), _nccl(x))
+    ar.close()
+    return ok
+
+
 def _gpus() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -261,6 +277,11 @@ def test_peer_all_reduce_equals_nccl_everywhere():
     reports = launch(_gpu_checks, _gpus(), backend="nccl", timeout_s=300)
     bad = [f"rank {r}: {b}" for r, rep in enumerate(reports) for b in rep]
     assert not bad, "\n".join(bad[:30])
+
+
+@pytest.mark.multigpu
+def test_peer_all_reduce_meets_when_one_rank_rendezvoused_before():
+    assert all(launch(_after_a_rendezvous_of_rank_0_alone, _gpus(), backend="nccl", timeout_s=40))
 
 
 @pytest.mark.multigpu

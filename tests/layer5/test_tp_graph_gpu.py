@@ -159,8 +159,9 @@ def _bf16_tp_equals_tp1(backend: str, tp: int, tp_backend: str) -> None:
 
 @pytest.mark.multigpu
 def test_a_second_engine_with_our_all_reduce_in_one_process_starts():
-    """Torch symmetric memory caches a group name's store for the process's life and a new
-    default group reuses the name "0": the second engine must still rendezvous (it hung)."""
+    """Torch symmetric memory numbers its rendezvous exchanges per process: rank 0 has made
+    some for the first engine, the second engine's fresh workers none; it must still
+    rendezvous (it waited for keys never written)."""
     for tp in sorted({2, min(4, torch.cuda.device_count())}):
         with _tiny_tp(tp, tp_backend="ours") as llm:
             out = llm.generate([[1, 2, 3], [4, 5]], l5.SamplingParams(temperature=0.0,

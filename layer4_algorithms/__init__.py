@@ -52,7 +52,7 @@ from .kv import (
     paged_decode_attention,
     paged_decode_attention_reference,
 )
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, greedy_tokens
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
@@ -80,7 +80,7 @@ __all__ = [
     # its parts
     "PagedKVCache", "blocks_for_budget", "bytes_per_block",
     "BlockManager", "PrefixCacheStats", "Sequence", "SequenceStatus",
-    "Scheduler", "ScheduledSeq", "SchedulerOutput", "ModelRunner", "Speculator",
+    "Scheduler", "ScheduledSeq", "SchedulerOutput", "ModelRunner", "greedy_tokens", "Speculator",
     # kernels: paged decode attention, CUDA-graph decode
     "paged_decode_attention", "paged_decode_attention_reference", "CudaGraphRunner", "bucket_sizes",
     # speculative decoding

@@ -37,6 +37,7 @@ from .engine_config import EngineConfig
 from .expert_parallel.engine_model import MoEModelConfig, check_expert_parallel
 from .pipeline_parallel.engine import capture_stage_graphs, start_pipeline
 from .pipeline_parallel.in_flight import StepsInFlight
+from .pipeline_parallel.runner import PPRunner
 from .runtime import RankedKVCache, RankZeroModel, RankZeroRunner, WorkerGroup, wait_event
 from .runtime.worker import weight_bytes
 from .tensor_parallel.engine import capture_graphs, start_tensor_parallel
@@ -118,13 +119,15 @@ class LLM(StepsInFlight, engine.LLM):
 
     def make_runner(self) -> engine.ModelRunner:
         """Layer 4's runner; over several ranks the workers make their caches first, rank 0's
-        waits are bounded, and with cuda_graph (tensor parallelism) every rank captures its
-        decode graphs, the workers at the same time as rank 0."""
+        waits are bounded (a pipeline's greedy steps take token ids from the last stage:
+        pipeline_parallel/runner.py), and with cuda_graph (tensor parallelism) every rank
+        captures its decode graphs, the workers at the same time as rank 0."""
         group = self.tp_group
         if group is None:
             return super().make_runner()
         self.worker_kv_bytes = group.make_caches(self.cache)
-        runner = RankZeroRunner(self.model.net, self.cache, replace(self.config, cuda_graph=False))
+        kind = PPRunner if self.pipeline_parallel_size > 1 else RankZeroRunner
+        runner = kind(self.model.net, self.cache, replace(self.config, cuda_graph=False))
         runner.group = group
         if self.config.cuda_graph and self.pipeline_parallel_size > 1:  # each stage's own
             capture_stage_graphs(group, self.model.net, self.cache, self.config)

@@ -52,15 +52,17 @@ l3 = engine.executor
 def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor | None,
               parts: list, cache, last_only: bool, timeout_s: float, events,
               fault: str | None = None, checked: bool = True,
-              back=None, graphs=None) -> tuple[list, float]:
+              back=None, graphs=None, greedy: bool = False) -> tuple[list, float]:
     """This rank's share of one step: every micro-batch in, through its layers, out (rank 0
     and the workers alike). Returns the sends still in flight and the seconds computed;
     appends ("F", i, start, end) per micro-batch to events. checked: hand-offs carry a
     checked header (stage.headers_on). back: the group the logits go back to rank 0 on
     (logits_group; None: pg). graphs: this rank's StageGraphRunner (cuda_graph): decode
-    micro-batches replay its graphs."""
+    micro-batches replay its graphs. greedy: the last stage sends back each row's argmax
+    (int64 token ids) instead of its logits (greedy_ids says when)."""
     s, t = place(rank, tp)
     hidden = stage.full_config.hidden_size
+    ids_back = greedy and stage.last
     sends, busy = [], 0.0
     for i, (t0, t1, mctx, _) in enumerate(parts):
         if stage.first:
@@ -70,14 +72,18 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
                          timeout_s, f"stage {s} receiving", checked=checked)
         start = time.perf_counter()
         if graphs is not None and graphs.applies(mctx, cache):
-            out = graphs.run_micro(inp, mctx)
+            # ids back: the argmax reads the graph's output buffer before the next replay
+            # (stream order), so the logits need no copy
+            out = graphs.run_micro(inp, mctx, copy=not ids_back)
         else:
             out = stage(inp, mctx, cache, last_only)
+        if fault == "shape":  # a stage whose output has one row too many
+            out = torch.cat((out, out.narrow(-2, 0, 1)), dim=-2)
+        if ids_back:  # each row's first maximum: the token layer 4 would sample
+            out = engine.greedy_tokens(out)
         end = time.perf_counter()
         busy += end - start
         events.append(("F", i, start, end))
-        if fault == "shape":  # a stage whose output has one row too many
-            out = torch.cat((out, out.narrow(-2, 0, 1)), dim=-2)
         if not stage.last:
             sends += S.send(pg, out, rank + tp, i, checked=checked)
         elif t == 0:  # the last stage's shards all hold the logits: one sends them
@@ -89,7 +95,8 @@ def run_stage(stage: S.StageNet, pg, rank: int, tp: int, input_ids: torch.Tensor
 class PendingLogits:
     """A dispatched step whose logits rank 0 has not received yet: its micro-batches (first
     token, end token, context, the rows a last_only step keeps), the logits rows each
-    contributes, its own sends still in flight, and (deferred) the buffer collect fills."""
+    contributes, its own sends still in flight, and (deferred) the buffer collect fills.
+    greedy: the last stage sends each row's argmax (int64) instead of its logits."""
 
     parts: list
     rows: list[int]
@@ -97,6 +104,7 @@ class PendingLogits:
     checked: bool
     sends: list
     start: float
+    greedy: bool = False
     out: torch.Tensor | None = None
 
 
@@ -108,6 +116,8 @@ class PPModel(RankZeroModel):
     returns after dispatch, the logits buffer still to be filled, and leaves the step in
     `pending` for a later collect (steps in flight: in_flight.py). Steps are collected in the
     order dispatched (hand-offs between two ranks are matched in the order posted).
+    With `greedy` set (PPRunner sets it for a step of greedy rows only: greedy_ids) the last
+    stage sends back token ids and forward returns them, (rows,) int64, for "logits".
     stats: forwards, their wall seconds, and seconds rank 0 computed inside them."""
 
     def __init__(self, shard: S.StageNet, group: WorkerGroup, micro_batches: int,
@@ -116,6 +126,7 @@ class PPModel(RankZeroModel):
         self.micro_batches, self.tp, self.back = micro_batches, tp, back
         self.graphs: StageGraphRunner | None = None  # capture_stage_graphs
         self.deferred = False  # forward returns after dispatch (in_flight.py)
+        self.greedy = False  # the last stage sends back greedy token ids (greedy_ids)
         self.pending: list[PendingLogits] = []  # deferred steps not yet handed to collect
         self.stats = {"forwards": 0, "micro_batches": 0, "wall_s": 0.0, "busy_s": 0.0}
         self.events: deque = deque(maxlen=EVENTS)  # ("F", micro-batch, start, end), latest
@@ -126,8 +137,10 @@ class PPModel(RankZeroModel):
         step = self.dispatch(input_ids, ctx, cache, last_only)
         if not self.deferred:
             return self.collect(step)
-        vocab = self.shard.full_config.vocab_size
-        step.out = torch.empty((sum(step.rows), vocab), dtype=torch.float32, device=self.device)
+        rows = sum(step.rows)
+        step.out = (torch.empty(rows, dtype=torch.int64, device=self.device) if step.greedy else
+                    torch.empty((rows, self.shard.full_config.vocab_size), dtype=torch.float32,
+                                device=self.device))
         self.pending.append(step)
         return step.out
 
@@ -138,7 +151,8 @@ class PPModel(RankZeroModel):
             start = time.perf_counter()
             cuts = S.micro_batches(ctx.query_lens_host, self.micro_batches,
                                    split=cache is not None)
-            group.send(step_message(ctx, cache is not None, last_only, cuts))
+            greedy = self.greedy and cache is not None
+            group.send(step_message(ctx, cache is not None, last_only, cuts, greedy))
             packed = pack_step(input_ids, ctx)
             if self.deferred:  # the later stages may be on earlier steps: not waited for here
                 early = group.comm.broadcast_start(packed)
@@ -150,7 +164,7 @@ class PPModel(RankZeroModel):
             checked = S.headers_on(dev, group.comm.check)
             sends, busy = run_stage(shard, group.comm.pg, 0, self.tp, input_ids, parts, cache,
                                     last_only, group.timeout_s, self.events, checked=checked,
-                                    back=self.back, graphs=self.graphs)
+                                    back=self.back, graphs=self.graphs, greedy=greedy)
         st = self.stats
         st["forwards"] += 1
         st["micro_batches"] += len(cuts)
@@ -158,24 +172,27 @@ class PPModel(RankZeroModel):
         st["wall_s"] += time.perf_counter() - start
         # last_only: a sequence cut across micro-batches samples from its last piece
         rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
-        return PendingLogits(parts, rows, last_only, checked, early + sends, start)
+        return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy)
 
     def collect(self, step: PendingLogits) -> torch.Tensor:
-        """A dispatched step's fp32 logits, micro-batch by micro-batch from the last stage (on
-        GPUs the waits are stream-ordered), into step.out when dispatch left one."""
+        """A dispatched step's fp32 logits (greedy: its int64 token ids), micro-batch by
+        micro-batch from the last stage (on GPUs the waits are stream-ordered), into step.out
+        when dispatch left one."""
         group, dev, timeout = self.group, self.device, self.group.timeout_s
         begin = time.perf_counter()
         with group.guard("pipeline step"):
             vocab, last, logits = self.shard.full_config.vocab_size, group.world - self.tp, []
             back = group.comm.pg if self.back is None else self.back
+            shape, dtype = ((), torch.int64) if step.greedy else ((vocab,), self.shard.dtype)
+            what = "rank 0 receiving " + ("token ids" if step.greedy else "logits")
             offset = 0
             for i, (t0, t1, mctx, final) in enumerate(step.parts):
                 rows = mctx.num_seqs if step.last_only else t1 - t0
-                x = S.recv(back, (rows, vocab), self.shard.dtype, last, i, dev, timeout,
-                           "rank 0 receiving logits", checked=step.checked)
+                x = S.recv(back, (rows, *shape), dtype, last, i, dev, timeout, what,
+                           checked=step.checked)
                 x = x if not step.last_only or len(final) == rows else x[final]
                 if step.out is None:
-                    logits.append(x.float())
+                    logits.append(x if step.greedy else x.float())
                 else:  # widened straight into the buffer the engine holds (one pass)
                     step.out[offset:offset + len(x)].copy_(x)
                     offset += len(x)
@@ -232,7 +249,7 @@ class StageProgram:
         conn.send(("stage_graphs", len(self.graphs.buckets)))
 
     def step(self, msg: tuple, me: Rank, cache, events, fault: str | None) -> float:
-        _, qlens, slens, _, _, last_only, cuts = msg
+        _, qlens, slens, _, _, last_only, cuts, greedy = msg
         while len(self.held) >= self.in_flight:  # rank 0 has collected those steps
             S.wait_sends(self.held.popleft(), me.timeout_s, f"rank {me.rank} sending logits")
         ids, ctx = unpack_step(msg, me.comm, me.device)
@@ -241,7 +258,7 @@ class StageProgram:
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,
                                 last_only, me.timeout_s, events, fault,
                                 checked=S.headers_on(me.device, me.comm.check), back=self.back,
-                                graphs=self.graphs)
+                                graphs=self.graphs, greedy=greedy)
         if self.in_flight > 1 and self.module.last:
             self.held.append(sends)
         else:

@@ -58,9 +58,11 @@ class StageGraphRunner(engine.CudaGraphRunner):
                 and self.can_run(ctx.num_seqs, ctx.block_tables.shape[1]))
 
     @torch.no_grad()
-    def run_micro(self, inp: torch.Tensor, ctx) -> torch.Tensor:
+    def run_micro(self, inp: torch.Tensor, ctx, copy: bool = True) -> torch.Tensor:
         """One decode micro-batch: its input (ids (B,) or stream (2, B, H)) and context into
-        the static buffers, the bucket's graph, a copy of the output rows."""
+        the static buffers, the bucket's graph, a copy of the output rows (copy=False: a view
+        of the output buffer, which the next replay overwrites: read it first, in stream
+        order)."""
         B = ctx.num_seqs
         if self.stream_in is None:
             self.input_ids[:B].copy_(inp)
@@ -68,4 +70,5 @@ class StageGraphRunner(engine.CudaGraphRunner):
             self.stream_in[:, :B].copy_(inp)
         self.load_and_replay(B, ctx.positions, ctx.seq_lens, ctx.block_tables)
         self.replays += 1
-        return (self.out[:B] if self.model.last else self.out[:, :B]).clone()
+        out = self.out[:B] if self.model.last else self.out[:, :B]
+        return out.clone() if copy else out

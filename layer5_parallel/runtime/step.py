@@ -3,7 +3,8 @@
 The host half (`step_message`, sent over each worker's pipe) holds the integers a worker needs
 to rebuild rank 0's AttentionContext: query and sequence lengths, the block table's width,
 whether the step writes the cache, whether only each sequence's last logits are wanted, and
-(pipeline) the micro-batch cuts. The device half (`pack_step`) is one int64 tensor, token ids |
+(pipeline) the micro-batch cuts and whether the last stage sends back greedy token ids instead
+of logits. The device half (`pack_step`) is one int64 tensor, token ids |
 slot_mapping | block_tables, broadcast from rank 0 over the process group: under NCCL it never
 leaves the GPU.
 """
@@ -16,11 +17,11 @@ import layer4_algorithms as engine
 from .comm import TPComm
 
 
-def step_message(ctx, has_cache: bool, last_only: bool, cuts=None) -> tuple:
-    """("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts)."""
+def step_message(ctx, has_cache: bool, last_only: bool, cuts=None, greedy: bool = False) -> tuple:
+    """("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts, greedy)."""
     max_blocks = -1 if ctx.block_tables is None else int(ctx.block_tables.shape[1])
     return ("step", ctx.query_lens_host, ctx.seq_lens_host, max_blocks, has_cache, last_only,
-            cuts)
+            cuts, greedy)
 
 
 def pack_step(input_ids: torch.Tensor, ctx) -> torch.Tensor:

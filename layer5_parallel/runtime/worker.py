@@ -24,7 +24,7 @@ and this loop does the rest:
 
     ("init", num_blocks, block_size)   make the cache -> ("cache", kv_bytes)
     ("copy", pairs)                    copy-on-write block copies (every rank: same blocks)
-    ("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts)   program.step
+    ("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts, greedy)   program.step
     ("timings",)                       -> ("timings", seconds computed since the last ask, the
                                           latest ("F", micro-batch, start, end) intervals)
     ("stop",)                          leave

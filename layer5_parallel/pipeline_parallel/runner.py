@@ -1,0 +1,51 @@
+"""Rank 0's model runner under pipeline parallelism: greedy steps get token ids, not logits.
+
+Layer 4's runner returns a step's logits and the engine samples them on rank 0. In a
+pipeline those logits are made on the last stage and cross to rank 0 every step: (rows, V)
+values (a 128k vocabulary: 250 KB a row in bf16, 33 MB for 128 rows), which rank 0 then
+widens to fp32 and reduces to one argmax a row. When every sequence of a step is greedy and
+nothing reads its logits beyond the argmax (`greedy_ids`), the last stage takes the argmax
+itself and sends back one int64 a row: the runner returns those ids where the logits would
+be, (rows,) int64, and `sample_tokens` passes them through. The tokens are the same: the
+argmax of the same values (layer 4's `greedy_tokens`, first maximum first; widening bf16 to
+fp32 changes no value). Any other step (sampled rows, logprobs, penalties, a grammar,
+speculation) gets its logits as before.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..runtime import RankZeroRunner
+
+
+def greedy_ids(out) -> bool:
+    """Whether a scheduled step's tokens can be its logits' argmax taken on the last stage:
+    every sequence greedy, with nothing that reads the logits beyond the argmax (logprobs,
+    penalties, a grammar's mask, speculation's verification)."""
+    for s in out.scheduled:
+        p = s.seq.params
+        if (not p.greedy or p.needs_logits_processing or s.seq.grammar is not None
+                or s.spec_token_ids):
+            return False
+    return bool(out.scheduled)
+
+
+class PPRunner(RankZeroRunner):
+    """Layer 4's runner over a PPModel (rank 0's stage 0): a greedy step's "logits" are the
+    last stage's token ids (see the module docstring)."""
+
+    def execute(self, out, prev_tokens: torch.Tensor | None = None):
+        net = self.net
+        net.greedy = greedy_ids(out)
+        try:
+            return super().execute(out, prev_tokens)
+        finally:
+            net.greedy = False
+
+    def sample_tokens(self, logits, params, generators) -> torch.Tensor:
+        """Layer 4's; int64 "logits" are the last stage's argmax already (every row greedy):
+        they are the tokens."""
+        if isinstance(logits, torch.Tensor) and logits.dtype == torch.int64:
+            self.last_bad = None
+            return logits.reshape(-1)
+        return super().sample_tokens(logits, params, generators)

@@ -34,7 +34,7 @@ from .training import partition
 
 l3 = engine.executor
 HEADER_TAG = 1 << 20  # headers' tags: kept apart from the payloads' (tag = micro-batch)
-_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64)
 
 
 def valid_pp_sizes(config: l3.ModelConfig) -> list[int]:

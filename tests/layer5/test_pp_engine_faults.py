@@ -10,6 +10,7 @@ the process group; the engine then stays closed.
 from __future__ import annotations
 
 import multiprocessing
+import re
 import time
 
 import pytest
@@ -23,10 +24,11 @@ from .engine_checks import tiny_model
 TIMEOUT_S = 60.0
 
 
-def fail_once(stages: int, faults: dict[int, str], **kw) -> tuple[str, float]:
+def fail_once(stages: int, faults: dict[int, str], temperature: float = 0.0,
+              **kw) -> tuple[str, float]:
     llm = l5.LLM(tiny_model(3), pipeline_parallel_size=stages, num_blocks=16, block_size=4,
                  tp_timeout_s=TIMEOUT_S, _tp_faults=faults, **kw)
-    params = l5.SamplingParams(temperature=0.0, max_tokens=3)
+    params = l5.SamplingParams(temperature=temperature, max_tokens=3)
     start = time.monotonic()
     with pytest.raises(RuntimeError) as info:
         llm.generate([[1, 2, 3], [4, 5], [6]], params)
@@ -47,11 +49,14 @@ def test_dead_stage_is_named_within_the_timeout():
     assert elapsed < TIMEOUT_S
 
 
-def test_last_stage_sending_a_wrong_shape_raises_on_rank0():
-    msg, elapsed = fail_once(2, {1: "shape"})
+@pytest.mark.parametrize("temperature,rows", [(0.0, r"\([24],\)"), (0.8, r"\([24], 97\)")])
+def test_last_stage_sending_a_wrong_shape_raises_on_rank0(temperature, rows):
+    """Greedy steps take token ids back, (rows,) int64, sampled ones logits (rows, V): a
+    wrong shape is named either way."""
+    msg, elapsed = fail_once(2, {1: "shape"}, temperature)
     first = msg.splitlines()[0]
     assert "rank 0" in first and "ValueError" in first and "rank 1 sent" in first, msg
-    assert "(2, 97)" in first or "(4, 97)" in first, msg  # the shapes, named
+    assert re.search("sent \\(micro-batch 0, shape " + rows, first), msg  # the shapes, named
     assert elapsed < TIMEOUT_S
 
 

@@ -75,97 +75,18 @@ def _signal(addr, value):
         "=r,l,r", [addr, value], dtype=tl.int32, is_pure=False, pack=1)
 
 
-@triton.jit
-def _wait(addr, value, timeout_ns, status_addr, code):
-    """Thread 0: spin until the flag at `addr` reaches `value` (acquire), or until timeout_ns
-    have passed, then store `code` into the status word and give up."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .u32 %me, %v;
-        .reg .s32 %d;
-        .reg .u64 %t0, %t1;
-        .reg .pred %p, %q;
-        mov.u32 $0, 0;
-        mov.u32 %me, %tid.x;
-        setp.ne.u32 %p, %me, 0;
-        @%p bra DONE;
-        mov.u64 %t0, %globaltimer;
-        SPIN:
-        ld.acquire.sys.global.u32 %v, [$1];
-        sub.s32 %d, %v, $2;
-        setp.ge.s32 %q, %d, 0;
-        @%q bra DONE;
-        mov.u64 %t1, %globaltimer;
-        sub.u64 %t1, %t1, %t0;
-        setp.lt.u64 %q, %t1, $3;
-        @%q bra SPIN;
-        st.relaxed.sys.global.u32 [$4], $5;
-        DONE:
-        }""",
-        "=r,l,r,l,l,r", [addr, value, timeout_ns, status_addr, code],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-# Lanes 0..7 of warp 0 each take one peer (all 8 pads are passed; lanes >= WORLD and my own
-# rank's lane do nothing). A lane picks its peer's pad among the 8 operands by %tid.x.
-PARALLEL_MAX_WORLD = 8
-
-
-@triton.jit
-def _signal_lanes(a0, a1, a2, a3, a4, a5, a6, a7, value, WORLD: tl.constexpr, RANK: tl.constexpr):
-    """Lane p < WORLD of warp 0 (p != RANK): release-store `value` at a<p> (peer p's flag)."""
-    tl.inline_asm_elementwise(
-        """{
-        .reg .u32 %me;
-        .reg .u64 %a;
-        .reg .pred %p;
-        mov.u32 $0, 0;
-        mov.u32 %me, %tid.x;
-        setp.ge.u32 %p, %me, $10;
-        @%p bra SKIP;
-        setp.eq.u32 %p, %me, $11;
-        @%p bra SKIP;
-        mov.u64 %a, $1;
-        setp.eq.u32 %p, %me, 1;
-        @%p mov.u64 %a, $2;
-        setp.eq.u32 %p, %me, 2;
-        @%p mov.u64 %a, $3;
-        setp.eq.u32 %p, %me, 3;
-        @%p mov.u64 %a, $4;
-        setp.eq.u32 %p, %me, 4;
-        @%p mov.u64 %a, $5;
-        setp.eq.u32 %p, %me, 5;
-        @%p mov.u64 %a, $6;
-        setp.eq.u32 %p, %me, 6;
-        @%p mov.u64 %a, $7;
-        setp.eq.u32 %p, %me, 7;
-        @%p mov.u64 %a, $8;
-        st.release.sys.global.u32 [%a], $9;
-        SKIP:
-        }""",
-        "=r,l,l,l,l,l,l,l,l,r,r,r",
-        [a0, a1, a2, a3, a4, a5, a6, a7, value, WORLD, RANK],
-        dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _wait_lanes(mine, value, timeout_ns, status_addr, WORLD: tl.constexpr, RANK: tl.constexpr):
-    """Lane p < WORLD of warp 0 (p != RANK): spin until my flag from peer p (mine + p) reaches
-    `value` (acquire), or until timeout_ns have passed, then store p + 1 into the status word."""
-    tl.inline_asm_elementwise(
-        """{
+def _wait_ptx(who: str, give_up: str) -> str:
+    """The PTX of a wait. `who` sends the threads that do not wait to DONE and points %a at
+    the flag of those that do; they spin until the flag reaches $2 (acquire; the signed
+    difference, so epochs may wrap) or until $3 ns have passed, then run `give_up` (store a
+    code into the status word at $4) and carry on."""
+    return """{
         .reg .u32 %me, %v;
         .reg .s32 %d;
         .reg .u64 %a, %t0, %t1;
         .reg .pred %p, %q;
         mov.u32 $0, 0;
-        mov.u32 %me, %tid.x;
-        setp.ge.u32 %p, %me, $5;
-        @%p bra DONE;
-        setp.eq.u32 %p, %me, $6;
-        @%p bra DONE;
-        mul.wide.u32 %a, %me, 4;
-        add.u64 %a, %a, $1;
+        mov.u32 %me, %tid.x;""" + who + """
         mov.u64 %t0, %globaltimer;
         SPIN:
         ld.acquire.sys.global.u32 %v, [%a];
@@ -175,13 +96,84 @@ def _wait_lanes(mine, value, timeout_ns, status_addr, WORLD: tl.constexpr, RANK:
         mov.u64 %t1, %globaltimer;
         sub.u64 %t1, %t1, %t0;
         setp.lt.u64 %q, %t1, $3;
-        @%q bra SPIN;
-        add.u32 %v, %me, 1;
-        st.relaxed.sys.global.u32 [$4], %v;
+        @%q bra SPIN;""" + give_up + """
         DONE:
-        }""",
-        "=r,l,r,l,l,r,r", [mine, value, timeout_ns, status_addr, WORLD, RANK],
-        dtype=tl.int32, is_pure=False, pack=1)
+        }"""
+
+
+# thread 0 waits for the flag at $1 and gives up with code $5
+WAIT_PTX = tl.constexpr(_wait_ptx("""
+        setp.ne.u32 %p, %me, 0;
+        @%p bra DONE;
+        mov.u64 %a, $1;""", """
+        st.relaxed.sys.global.u32 [$4], $5;"""))
+
+
+@triton.jit
+def _wait(addr, value, timeout_ns, status_addr, code):
+    """Thread 0: spin until the flag at `addr` reaches `value` (acquire), or until timeout_ns
+    have passed, then store `code` into the status word and give up."""
+    tl.inline_asm_elementwise(WAIT_PTX, "=r,l,r,l,l,r",
+                              [addr, value, timeout_ns, status_addr, code],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+# The most ranks whose loads are issued together, before the first add or store (beyond: one
+# after another; registers run short)
+AT_ONCE = tl.constexpr(8)
+
+# Lanes 0..7 of warp 0 each take one peer (all 8 pads are passed; lanes >= WORLD and my own
+# rank's lane do nothing). A lane picks its peer's pad among the 8 operands by %tid.x.
+PARALLEL_MAX_WORLD = 8
+LANES = tl.constexpr(PARALLEL_MAX_WORLD)
+# the PTX of _signal_lanes: $1..$8 the pads, $9 the value, $10 WORLD, $11 RANK; lane p takes $p+1
+_PICK_PAD = "".join(f"""
+        setp.eq.u32 %p, %me, {p};
+        @%p mov.u64 %a, ${p + 1};""" for p in range(1, PARALLEL_MAX_WORLD))
+SIGNAL_LANES_PTX = tl.constexpr("""{
+        .reg .u32 %me;
+        .reg .u64 %a;
+        .reg .pred %p;
+        mov.u32 $0, 0;
+        mov.u32 %me, %tid.x;
+        setp.ge.u32 %p, %me, $10;
+        @%p bra SKIP;
+        setp.eq.u32 %p, %me, $11;
+        @%p bra SKIP;
+        mov.u64 %a, $1;""" + _PICK_PAD + """
+        st.release.sys.global.u32 [%a], $9;
+        SKIP:
+        }""")
+
+
+@triton.jit
+def _signal_lanes(addrs, value, WORLD: tl.constexpr, RANK: tl.constexpr):
+    """Lane p < WORLD of warp 0 (p != RANK): release-store `value` at addrs[p] (peer p's flag;
+    addrs: LANES pointers)."""
+    tl.inline_asm_elementwise(SIGNAL_LANES_PTX, "=r,l,l,l,l,l,l,l,l,r,r,r",
+                              addrs + (value, WORLD, RANK), dtype=tl.int32, is_pure=False, pack=1)
+
+
+# lane p < $5 of warp 0, p != $6 (RANK), waits for its flag from peer p at $1 + 4p and gives
+# up with code p + 1
+WAIT_LANES_PTX = tl.constexpr(_wait_ptx("""
+        setp.ge.u32 %p, %me, $5;
+        @%p bra DONE;
+        setp.eq.u32 %p, %me, $6;
+        @%p bra DONE;
+        mul.wide.u32 %a, %me, 4;
+        add.u64 %a, %a, $1;""", """
+        add.u32 %v, %me, 1;
+        st.relaxed.sys.global.u32 [$4], %v;"""))
+
+
+@triton.jit
+def _wait_lanes(mine, value, timeout_ns, status_addr, WORLD: tl.constexpr, RANK: tl.constexpr):
+    """Lane p < WORLD of warp 0 (p != RANK): spin until my flag from peer p (mine + p) reaches
+    `value` (acquire), or until timeout_ns have passed, then store p + 1 into the status word."""
+    tl.inline_asm_elementwise(WAIT_LANES_PTX, "=r,l,r,l,l,r,r",
+                              [mine, value, timeout_ns, status_addr, WORLD, RANK],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -206,11 +198,10 @@ def _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK: tl.constexpr, WORLD
                 _wait(pads[RANK] + pid * WORLD + p, epoch, timeout_ns, status_ptr, p + 1)
     else:
         at = pid * WORLD + RANK
-        _signal_lanes(_pad(pads, 0, WORLD) + at, _pad(pads, 1, WORLD) + at,
-                      _pad(pads, 2, WORLD) + at, _pad(pads, 3, WORLD) + at,
-                      _pad(pads, 4, WORLD) + at, _pad(pads, 5, WORLD) + at,
-                      _pad(pads, 6, WORLD) + at, _pad(pads, 7, WORLD) + at,
-                      epoch, WORLD, RANK)
+        addrs = ()
+        for p in tl.static_range(LANES):
+            addrs = addrs + (_pad(pads, p, WORLD) + at,)
+        _signal_lanes(addrs, epoch, WORLD, RANK)
         _wait_lanes(pads[RANK] + pid * WORLD, epoch, timeout_ns, status_ptr, WORLD, RANK)
     tl.debug_barrier()  # nobody reads peer data before every peer's flag has been seen
 
@@ -257,37 +248,14 @@ def _sum_over_ranks(x_ptr, bufs, half, offs, mask, RANK: tl.constexpr, WORLD: tl
     the add leaves only then: summing as it loads costs one NVLink round trip per peer and
     per 16-byte vector (6 in a row at 4 ranks, about 1 us each), loading first costs one.
     Up to 8 ranks are loaded this way; beyond, the rest one after another."""
-    v0 = _load_rank(x_ptr, bufs, half, offs, mask, 0, RANK)
-    if WORLD > 1:
-        v1 = _load_rank(x_ptr, bufs, half, offs, mask, 1, RANK)
-    if WORLD > 2:
-        v2 = _load_rank(x_ptr, bufs, half, offs, mask, 2, RANK)
-    if WORLD > 3:
-        v3 = _load_rank(x_ptr, bufs, half, offs, mask, 3, RANK)
-    if WORLD > 4:
-        v4 = _load_rank(x_ptr, bufs, half, offs, mask, 4, RANK)
-    if WORLD > 5:
-        v5 = _load_rank(x_ptr, bufs, half, offs, mask, 5, RANK)
-    if WORLD > 6:
-        v6 = _load_rank(x_ptr, bufs, half, offs, mask, 6, RANK)
-    if WORLD > 7:
-        v7 = _load_rank(x_ptr, bufs, half, offs, mask, 7, RANK)
-    acc = v0.to(tl.float32)
-    if WORLD > 1:
-        acc += v1.to(tl.float32)
-    if WORLD > 2:
-        acc += v2.to(tl.float32)
-    if WORLD > 3:
-        acc += v3.to(tl.float32)
-    if WORLD > 4:
-        acc += v4.to(tl.float32)
-    if WORLD > 5:
-        acc += v5.to(tl.float32)
-    if WORLD > 6:
-        acc += v6.to(tl.float32)
-    if WORLD > 7:
-        acc += v7.to(tl.float32)
-    for p in tl.static_range(8, WORLD):
+    LOADED: tl.constexpr = WORLD if WORLD < AT_ONCE else AT_ONCE
+    v = ()
+    for p in tl.static_range(LOADED):
+        v = v + (_load_rank(x_ptr, bufs, half, offs, mask, p, RANK),)
+    acc = v[0].to(tl.float32)
+    for p in tl.static_range(1, LOADED):
+        acc += v[p].to(tl.float32)
+    for p in tl.static_range(LOADED, WORLD):
         acc += _load_rank(x_ptr, bufs, half, offs, mask, p, RANK).to(tl.float32)
     return acc
 
@@ -323,56 +291,20 @@ def _copy_pieces(x_ptr, bufs, half, dst, start, lanes, numel, STRIDE, FROM: tl.c
     loads first, then the stores (a store waits for its load; a load written after it would
     leave only then: one round trip per piece instead of one for all). Up to 8 ranks loaded
     together; beyond, one after another."""
-    if 0 != RANK:
-        g0 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 0, FROM, PIECE, RANK)
-    if WORLD > 1:
-        if 1 != RANK:
-            g1 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 1, FROM, PIECE, RANK)
-    if WORLD > 2:
-        if 2 != RANK:
-            g2 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 2, FROM, PIECE, RANK)
-    if WORLD > 3:
-        if 3 != RANK:
-            g3 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 3, FROM, PIECE, RANK)
-    if WORLD > 4:
-        if 4 != RANK:
-            g4 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 4, FROM, PIECE, RANK)
-    if WORLD > 5:
-        if 5 != RANK:
-            g5 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 5, FROM, PIECE, RANK)
-    if WORLD > 6:
-        if 6 != RANK:
-            g6 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 6, FROM, PIECE, RANK)
-    if WORLD > 7:
-        if 7 != RANK:
-            g7 = _piece_load(x_ptr, bufs, half, start, lanes, numel, 7, FROM, PIECE, RANK)
-    if 0 != RANK:
-        _piece_store(dst, g0, start, lanes, numel, 0, PIECE, STRIDE)
-    if WORLD > 1:
-        if 1 != RANK:
-            _piece_store(dst, g1, start, lanes, numel, 1, PIECE, STRIDE)
-    if WORLD > 2:
-        if 2 != RANK:
-            _piece_store(dst, g2, start, lanes, numel, 2, PIECE, STRIDE)
-    if WORLD > 3:
-        if 3 != RANK:
-            _piece_store(dst, g3, start, lanes, numel, 3, PIECE, STRIDE)
-    if WORLD > 4:
-        if 4 != RANK:
-            _piece_store(dst, g4, start, lanes, numel, 4, PIECE, STRIDE)
-    if WORLD > 5:
-        if 5 != RANK:
-            _piece_store(dst, g5, start, lanes, numel, 5, PIECE, STRIDE)
-    if WORLD > 6:
-        if 6 != RANK:
-            _piece_store(dst, g6, start, lanes, numel, 6, PIECE, STRIDE)
-    if WORLD > 7:
-        if 7 != RANK:
-            _piece_store(dst, g7, start, lanes, numel, 7, PIECE, STRIDE)
-    for r in tl.static_range(8, WORLD):
+    LOADED: tl.constexpr = WORLD if WORLD < AT_ONCE else AT_ONCE
+    g = ()
+    for r in tl.static_range(LOADED):
         if r != RANK:
-            g = _piece_load(x_ptr, bufs, half, start, lanes, numel, r, FROM, PIECE, RANK)
-            _piece_store(dst, g, start, lanes, numel, r, PIECE, STRIDE)
+            g = g + (_piece_load(x_ptr, bufs, half, start, lanes, numel, r, FROM, PIECE, RANK),)
+        else:
+            g = g + (0,)  # my own piece: nothing to move
+    for r in tl.static_range(LOADED):
+        if r != RANK:
+            _piece_store(dst, g[r], start, lanes, numel, r, PIECE, STRIDE)
+    for r in tl.static_range(LOADED, WORLD):
+        if r != RANK:
+            _piece_store(dst, _piece_load(x_ptr, bufs, half, start, lanes, numel, r, FROM, PIECE,
+                                          RANK), start, lanes, numel, r, PIECE, STRIDE)
 
 
 @triton.jit

@@ -12,8 +12,10 @@ layers' weights (its shard of them) and a paged KV cache of just those layers (s
 blocks everywhere, so the one set of block tables serves every rank):
 
     runner.execute(step) -> PPModel.forward(ids, ctx, cache)
-        1. control message to each worker (pipe): query/seq lengths, flags, micro-batch cuts
-        2. broadcast ids | slot_mapping | block_tables                    (all ranks)
+        1. control message to the workers (shared-memory ring): query/seq lengths, flags,
+           micro-batch cuts, and with one rank a stage the block table
+        2. with T > 1: broadcast ids | slot_mapping | block_tables        (all ranks)
+           (one rank a stage: nothing; each later stage builds its context from the table)
         3. the step's tokens cut into m micro-batches (stage.micro_batches; a long prefill
            chunk too, its later pieces reading the earlier ones' KV); every rank runs
            `run_stage`: for each micro-batch, its input (stage 0: the ids; else the stream from
@@ -35,11 +37,20 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 import layer4_algorithms as engine
 
-from ..runtime import Rank, RankZeroModel, WorkerGroup, pack_step, step_message, unpack_step
+from ..runtime import (
+    Rank,
+    RankZeroModel,
+    WorkerGroup,
+    host_context,
+    pack_step,
+    step_message,
+    unpack_step,
+)
 from ..runtime.worker import EVENTS
 from ..tensor_parallel.shard import check_tp_size
 from . import stage as S
@@ -152,13 +163,15 @@ class PPModel(RankZeroModel):
             cuts = S.micro_batches(ctx.query_lens_host, self.micro_batches,
                                    split=cache is not None)
             greedy = self.greedy and cache is not None
-            group.send(step_message(ctx, cache is not None, last_only, cuts, greedy))
-            packed = pack_step(input_ids, ctx)
-            if self.deferred:  # the later stages may be on earlier steps: not waited for here
-                early = group.comm.broadcast_start(packed)
-            else:
-                early = []
-                group.comm.broadcast(packed)
+            table = self._table_for_ring(ctx, cache)
+            group.send(step_message(ctx, cache is not None, last_only, cuts, greedy, table))
+            early = []
+            if table is None:  # the stages take ids | slots | tables from one broadcast
+                packed = pack_step(input_ids, ctx)
+                if self.deferred:  # the later stages may be on earlier steps: not waited here
+                    early = group.comm.broadcast_start(packed)
+                else:
+                    group.comm.broadcast(packed)
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
                                      ctx.block_tables, cuts, dev, whole=ctx)
             checked = S.headers_on(dev, group.comm.check)
@@ -173,6 +186,20 @@ class PPModel(RankZeroModel):
         # last_only: a sequence cut across micro-batches samples from its last piece
         rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
         return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy)
+
+    def _table_for_ring(self, ctx, cache):
+        """The step's block table for the message, (rows, lengths) int32, when the workers
+        can build their contexts from it: one rank a stage (no worker takes the ids, which
+        stay on rank 0's device) and a table the runner handed over that fits the ring
+        beside the lengths. Then nothing is broadcast: no packing kernel, no collective on
+        either side, and the workers need no device-side context from rank 0. Else None."""
+        table = getattr(ctx, "host_table", None)
+        if self.tp != 1 or cache is None or table is None:
+            return None
+        rows, lens = table
+        if 4 * rows.size + 24 * len(lens) > self.group.ring.slot_bytes // 2:
+            return None
+        return rows.astype(np.int32), lens.astype(np.int32)
 
     def collect(self, step: PendingLogits) -> torch.Tensor:
         """A dispatched step's fp32 logits (greedy: its int64 token ids), micro-batch by
@@ -235,6 +262,7 @@ class StageProgram:
         self.module, self.tp, self.back, self.in_flight = stage, tp, back, in_flight
         self.graphs: StageGraphRunner | None = None
         self.held: deque = deque()  # the logits sends of the last steps, not waited yet
+        self.staging = l3.HostStaging(stage.device)  # pinned buffers: contexts from tables
 
     def make_cache(self, num_blocks: int, block_size: int) -> S.StageKVCache:
         return S.StageKVCache.for_stage(self.module, num_blocks, block_size)
@@ -249,10 +277,14 @@ class StageProgram:
         conn.send(("stage_graphs", len(self.graphs.buckets)))
 
     def step(self, msg: tuple, me: Rank, cache, events, fault: str | None) -> float:
-        _, qlens, slens, _, _, last_only, cuts, greedy = msg
+        _, qlens, slens, _, _, last_only, cuts, greedy, table = msg
         while len(self.held) >= self.in_flight:  # rank 0 has collected those steps
             S.wait_sends(self.held.popleft(), me.timeout_s, f"rank {me.rank} sending logits")
-        ids, ctx = unpack_step(msg, me.comm, me.device)
+        if table is not None:  # (a later stage: no ids; the context from the table)
+            self.staging.next_step()
+            ids, ctx = None, host_context(msg, cache, me.device, self.staging)
+        else:
+            ids, ctx = unpack_step(msg, me.comm, me.device)
         parts = S.micro_contexts(qlens, slens, ctx.slot_mapping, ctx.block_tables, cuts,
                                  me.device, whole=ctx)
         sends, busy = run_stage(self.module, me.comm.pg, me.rank, self.tp, ids, parts, cache,

@@ -60,10 +60,15 @@ class RankedKVCache(engine.PagedKVCache):
 
     def context(self, *args, **kw):
         """Layer 4's step context; a closed group says so first (before layer 4 checks the step
-        a failed one left behind)."""
+        a failed one left behind). When the runner hands over the step's padded block table
+        (`table=(rows, lengths)`, numpy), the context keeps it as `host_table`: a pipeline
+        sends it to its stages with the step's message (each builds its context from it)
+        instead of broadcasting the device tensors."""
         if self.group.error is not None:
             raise RuntimeError(f"the {self.group.label} group is closed: {self.group.error}")
-        return super().context(*args, **kw)
+        ctx = super().context(*args, **kw)
+        ctx.host_table = kw.get("table")
+        return ctx
 
     def copy_blocks(self, pairs) -> None:
         if pairs:

@@ -17,11 +17,24 @@ import layer4_algorithms as engine
 from .comm import TPComm
 
 
-def step_message(ctx, has_cache: bool, last_only: bool, cuts=None, greedy: bool = False) -> tuple:
-    """("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts, greedy)."""
+def step_message(ctx, has_cache: bool, last_only: bool, cuts=None, greedy: bool = False,
+                 table=None) -> tuple:
+    """("step", query_lens, seq_lens, max_blocks, has_cache, last_only, cuts, greedy, table).
+    table: the step's block table on the host, (rows (B, n), lengths (B,)) int32, for ranks
+    that build their context from it (`host_context`) instead of taking the broadcast."""
     max_blocks = -1 if ctx.block_tables is None else int(ctx.block_tables.shape[1])
     return ("step", ctx.query_lens_host, ctx.seq_lens_host, max_blocks, has_cache, last_only,
-            cuts, greedy)
+            cuts, greedy, table)
+
+
+def host_context(msg: tuple, cache, device: torch.device, staging=None):
+    """The AttentionContext of a step whose message carries its block table: the slots worked
+    out on the host from the table as rank 0's cache did, everything to the device in one
+    copy (staging: reusable pinned buffers). Needs no broadcast (a stage that takes no ids)."""
+    _, qlens, slens = msg[:3]
+    rows, lens = msg[8]
+    context_lens = [s - q for q, s in zip(qlens, slens, strict=True)]
+    return cache.context(qlens, context_lens, rows, staging=staging, table=(rows, lens))
 
 
 def pack_step(input_ids: torch.Tensor, ctx) -> torch.Tensor:

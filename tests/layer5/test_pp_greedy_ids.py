@@ -1,13 +1,15 @@
 """A pipeline's greedy steps take token ids from the last stage instead of logits
-(pipeline_parallel/runner.py): the outputs are exactly those of the logits path.
+(pipeline_parallel/runner.py), and with one rank a stage the step's block table goes to the
+stages with its message instead of a broadcast: the outputs are exactly those of the logits
+and broadcast path.
 
 gloo stages on the CPU (PP=2), the random qwen2-shaped model of test_pp_engine, fp32. The
 workload mixes greedy requests with sampled ones (seeded: each draws from its own generator),
 a greedy request with logprobs (host sampling) and one with n=2 (forked children), so some
 steps (and some lanes, with steps in flight) are all greedy and take ids, and others take
 logits. Each layout runs twice in one process: with the ids path, and with it switched off
-(every step's logits back to rank 0, as before); tokens, logprobs and finish reasons must be
-equal, not just near.
+(every step's logits back to rank 0 and its ids | slots | tables broadcast, as before);
+tokens, logprobs and finish reasons must be equal, not just near.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 import torch
 
 import layer5_parallel as l5
+from layer5_parallel.pipeline_parallel import PPModel
 from layer5_parallel.pipeline_parallel import runner as pp_runner
 
 from .test_pp_engine import random_config
@@ -66,8 +69,13 @@ def test_token_ids_back_equal_logits_back(model, monkeypatch, k, m):
                 **ENGINE) as llm:
         with_ids = outputs(llm.generate(prompts, params))
         graphs = llm.runner.net.graphs.replays
+        # the block tables went with the messages: rank 0 broadcast nothing
+        assert llm.tp_group.comm.calls == 0
+        # as before: every step's logits back, its ids | slots | tables broadcast
         monkeypatch.setattr(pp_runner, "greedy_ids", lambda out: False)
+        monkeypatch.setattr(PPModel, "_table_for_ring", lambda self, ctx, cache: None)
         with_logits = outputs(llm.generate(prompts, params))
+        assert llm.tp_group.comm.calls > 0
     for i, (a, b) in enumerate(zip(with_ids, with_logits, strict=True)):
         assert a == b, f"request {i}: {a} != {b}"
     assert True in seen and False in seen, "both kinds of step should have run"

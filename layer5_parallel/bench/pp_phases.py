@@ -1,0 +1,160 @@
+"""Where rank 0's step goes under pipeline parallelism: one engine vs PP with steps in flight.
+
+    python -m layer5_parallel.bench.pp_phases [--seqs 256] [--new-tokens 64] [--layouts 1,pp2gf]
+    (GPUs: the Llama-3.2-1B shape, random bf16 weights, triton kernels, CUDA graphs / stage
+    graphs; a CPU: step_phases' tiny model on gloo, 64 sequences)
+
+With steps in flight every lane's step pays rank 0's fixed host cost (schedule, inputs, the
+control message, the hand-offs, the launches, the landing), so that cost, not the GPUs,
+decides whether PP beats one GPU. Each layout runs in this process (rank 0 here, the other
+stages in worker processes), a warm-up then one timed greedy run of `--seqs` prompts of
+`--prompt` tokens and `--new-tokens` new ones, under step_phases' PhaseClock (every moment of
+a decode step charged to the innermost phase; wall and thread CPU time) with the pipeline's
+own parts named as well:
+
+    dispatch         PPModel.dispatch's own code (the step's cuts, stats, bookkeeping)
+    step broadcast   the step's ids | slots | tables packed and broadcast to the stages
+    micro contexts   the micro-batches' cuts and contexts
+    stage graph      rank 0's stage replayed from its graph (inputs into the static buffers,
+                     the replay; on a CPU the stage's eager forward)
+    stage forward    rank 0's stage run eagerly (prefill, mixed steps)
+    hand-off send    posting a micro-batch to the next stage / receiving one (rank 0: the
+    hand-off recv    last stage's logits or token ids), and waiting for a hand-off
+    hand-off wait
+    collect          PPModel.collect's own code (the step's logits / ids into their buffer)
+
+A lane's step is a decode step of its own sequences: the figures are per (lane) step, as the
+engine counts them. Printed per layout: tokens/s, steps, ms per step, and the phases.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import layer4_algorithms as engine
+
+from ..pipeline_parallel import engine as pp_engine
+from ..pipeline_parallel import stage as pp_stage
+from .step_phases import PhaseClock, format_summary, tiny_model
+
+l3 = engine.executor
+LAYOUTS = {
+    "1": {},
+    "pp2g": dict(pipeline_parallel_size=2, pp_micro_batches=2),
+    "pp2gf": dict(pipeline_parallel_size=2, pp_steps_in_flight=2, pp_micro_batches=1),
+    "pp2gF": dict(pipeline_parallel_size=2, pp_steps_in_flight=3, pp_micro_batches=1),
+}
+
+
+class PPPhaseClock(PhaseClock):
+    """PhaseClock with the pipeline's parts named (see the module docstring)."""
+
+    def __init__(self, llm) -> None:
+        super().__init__(llm)
+        net = llm.runner.net
+        if not hasattr(net, "dispatch"):  # one process: layer 4's phases only
+            return
+        self._wrap(net, "dispatch", "dispatch")
+        self._wrap(net, "collect", "collect")
+        self._wrap(pp_engine, "pack_step", "step broadcast")
+        self._wrap(net.group.comm, "broadcast", "step broadcast")
+        self._wrap(net.group.comm, "broadcast_start", "step broadcast")
+        self._wrap(pp_stage, "micro_batches", "micro contexts")
+        self._wrap(pp_stage, "micro_contexts", "micro contexts")
+        self._wrap(pp_stage, "send", "hand-off send")
+        self._wrap(pp_stage, "recv", "hand-off recv")
+        self._wrap(pp_stage, "wait_sends", "hand-off wait")
+        self._wrap(net.shard, "forward", "stage forward")
+        if net.graphs is not None:
+            self._wrap(net.graphs, "run_micro", "stage graph")
+
+
+def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (prompt,), generator=g).tolist() for _ in range(seqs)]
+
+
+def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
+    """One layout's engine in this process: warm-up, then a timed greedy run under the clock."""
+    kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0)
+    if not gpu:
+        kw.update(num_blocks=len(prompts) * 8 + 16, block_size=16)
+    from ..llm import LLM  # noqa: PLC0415
+
+    start = time.perf_counter()
+    with LLM(model_fn(), **kw) as llm:
+        ready = time.perf_counter() - start
+        params = l3.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
+        llm.generate(prompts[: max(2, len(prompts) // 4)], params)  # warm-up
+        clock = PPPhaseClock(llm)
+        try:
+            if gpu:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            wall = time.perf_counter() - t0
+        finally:
+            clock.close()
+        steps = llm.stats.steps
+    n = sum(len(o.outputs[0].token_ids) for o in outs)
+    return {"layout": key, "tok_s": n / wall, "seconds": wall, "steps": steps,
+            "ms_per_step": 1e3 * wall / max(steps, 1), "startup_s": ready,
+            "phases": clock.summary(), "tokens": [o.outputs[0].token_ids for o in outs]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m layer5_parallel.bench.pp_phases")
+    ap.add_argument("--layouts", default="1,pp2gf")
+    ap.add_argument("--seqs", type=int, default=None, help="default: 256 on GPUs, 64 on a CPU")
+    ap.add_argument("--prompt", type=int, default=None, help="default: 128 on GPUs, 16 on a CPU")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default: 64 (CPU: 16)")
+    ap.add_argument("--out", type=Path, default=None, help="results as JSON")
+    args = ap.parse_args(argv)
+    layouts = args.layouts.split(",")
+    unknown = [k for k in layouts if k not in LAYOUTS]
+    if unknown:
+        ap.error(f"unknown layout(s) {unknown}: expected {', '.join(LAYOUTS)}")
+    gpu = torch.cuda.device_count() >= 2
+    seqs = args.seqs or (256 if gpu else 64)
+    prompt = args.prompt or (128 if gpu else 16)
+    new = args.new_tokens or (64 if gpu else 16)
+    if gpu:
+        from .dp import llama_1b  # noqa: PLC0415
+
+        def model_fn():
+            return llama_1b("cuda", "triton")
+        vocab, what = 128256, f"Llama-3.2-1B shape, bf16, {torch.cuda.get_device_name(0)}"
+    else:
+        torch.set_num_threads(1)
+        model_fn, vocab, what = tiny_model, 4096, "tiny Llama fp32, CPU (gloo)"
+    prompts = workload(seqs, prompt, vocab)
+    print(f"{what}: {seqs} sequences, {prompt}-token prompts, {new} new tokens", flush=True)
+    rows = []
+    for key in layouts:
+        try:
+            r = run_layout(key, model_fn, prompts, new, gpu)
+        except Exception as exc:  # one layout failing keeps the others'
+            print(f"{key}: FAILED {type(exc).__name__}: {exc}", flush=True)
+            continue
+        base = rows[0] if rows else r
+        same = r["tokens"] == base["tokens"]
+        ratio = r["tok_s"] / base["tok_s"]
+        print(f"{key}: {r['tok_s']:,.0f} tok/s ({ratio:.2f}x {base['layout']}), "
+              f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
+              f"{r['startup_s']:.0f} s; same tokens as {base['layout']}: {same}\n"
+              + format_summary(r["phases"]), flush=True)
+        rows.append(r)
+        if args.out is not None:
+            args.out.write_text(json.dumps({"model": what, "seqs": seqs, "prompt": prompt,
+                                            "new_tokens": new, "torch": torch.__version__,
+                                            "rows": [{k: v for k, v in x.items() if k != "tokens"}
+                                                     for x in rows]}, indent=2))
+    return 0 if rows else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

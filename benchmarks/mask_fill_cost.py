@@ -11,7 +11,7 @@
    * engine   fill_masks on this thread (the serial fill: failed rows apart, then each
               matcher at its row's address)
    * matcher  LLMatcher.unsafe_compute_mask_ptr row by row (llguidance alone, no wrapper)
-   * exec1    one call of llguidance's executor, 1 thread, over all rows (the helper's call)
+   * exec1    one call of llguidance's executor, 1 thread, over all rows
    * twice    the same, a second time on unchanged states (what a warm micro-benchmark sees)
    and the advance (accept_at per row). Printed: us per row, each the median over steps
    (and the mean and the worst step). --warm: every replay on one compiler that has replayed
@@ -62,7 +62,7 @@ def replay(model, toks: list[list[int]], way: str,
            compiler: l4.GrammarCompiler | None = None) -> tuple[list[float], list[float]]:
     """Per step: (seconds advancing all rows, seconds filling all rows). compiler: one that
     has compiled (and filled) the schema before (warm), else a fresh one."""
-    from layer4_algorithms.structured.mask_fill import executor
+    from layer4_algorithms.structured.grammar import llg
 
     fresh = compiler is None
     compiler = compiler or l4.GrammarCompiler.for_model(model)
@@ -72,7 +72,7 @@ def replay(model, toks: list[list[int]], way: str,
     bitmask = l4.structured.allocate(R, model.config.vocab_size)
     rows = bitmask.numpy()
     W = rows.shape[1]
-    ex = executor(1)
+    ex = llg().LLExecutor(1)
     adv, fill = [], []
     for t in range(min(len(x) for x in toks)):
         t0 = time.perf_counter()
@@ -84,7 +84,7 @@ def replay(model, toks: list[list[int]], way: str,
             for j, s in enumerate(states):
                 s.fill(rows[j])
         elif way == "engine":  # the serial fill as TokenMasks.prepare calls it
-            l4.structured.fill_masks(states, bitmask, 0)
+            l4.structured.fill_masks(states, bitmask)
         elif way == "matcher":
             for j, s in enumerate(states):
                 s.matcher.unsafe_compute_mask_ptr(rows[j].ctypes.data, W * 4)

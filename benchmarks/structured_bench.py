@@ -7,11 +7,10 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
 * compile: grammar compile time per schema (tests/layer4/schemas.py: nested objects, arrays,
   enums, bounded numbers, anyOf, patterns): a fresh compiler's first compile, then the
   cached second request (a cache hit + a copy of the compiled matcher).
-* mask: the mask alone per step at batch B, B rows mid-document: the host fill with
-  llguidance's executor at 1, 2, 4, 8 threads and the engine's default, then the apply:
-  `TokenMasks.apply` as the engine calls it (fill + one copy + one kernel launch: host time,
-  then the time until the device is done), the Triton kernel alone and the torch reference
-  on device-resident inputs.
+* mask: the mask alone per step at batch B, B rows mid-document: the host fill (one by one
+  on this thread, as the engine's own fill), then the apply: `TokenMasks.apply` as the
+  engine calls it (fill + one copy + one kernel launch: host time, then the time until the
+  device is done), the Triton kernel alone and the torch reference on device-resident inputs.
 * throughput at batch B (default 32): B prompts, N new tokens each, every row under a
   json_schema constraint that cannot finish within N tokens (an array of >= 64 objects), so
   every step masks every row; against the same requests unconstrained, with the engine's
@@ -20,18 +19,19 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   replayed from CUDA graphs (cuda_graph=True).
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up, a mode's variants run in turn (round robin) so a slow spell hits them alike;
-  with the engine's own per-step mask figures (host fill, host apply) and its step count,
-  and the wall time per step. json_schema runs several ways: the engine's default (the
-  helper thread or the engine's own, whichever its timed steps find faster: WayChooser;
-  which it kept is reported), helper (always the helper: one GIL-free call of llguidance's
-  executor, started before the step schedules when the previous tokens are already on the
-  host, else after the forward's launch), serial fill (one by one on the engine's thread,
-  no helper); under async scheduling also after_launch (the helper's fill always started
-  after the forward's launch: the default before the fill could start ahead) and, with
-  --pool, pool (no helper, llguidance's pool of 8 threads: the earliest default); process
-  (the grammars in a worker process, mask_worker.py: LLM_STACK_MASK_OVERLAP=process) and, on
-  CUDA, process_graph (that, and the apply's copy + kernel replayed from CUDA graphs,
-  mask_graph.py: LLM_STACK_MASK_GRAPH=1; its graphs' counts in the row).
+  with the engine's own per-step mask figures (host fill, host apply, the wait for the
+  grammar worker) and its step count, and the wall time per step. json_schema is the
+  engine's default way (under async scheduling with CUDA graphs: the grammars in a worker
+  process and the apply replayed from CUDA graphs; elsewhere the fill on the engine's thread,
+  the apply from graphs under CUDA graphs); beside it, to show what each part gives, with
+  CUDA graphs: plain_apply (the apply launched plainly) and, async, in_process (the grammars
+  on the engine's thread) and no_spin (the worker and the engine sleep in recv at once
+  instead of polling for each other's messages first: MaskWorker.SPIN_S = 0); eager async:
+  worker (the grammars in the worker process anyway).
+* --shape llama-3.2-1b (CUDA): the same async CUDA-graph comparison on random weights of
+  that model's shape (vocabulary 128,256: the mask is 4,008 words a row) with the course
+  tokenizer (so the grammar's fill walks the course vocabulary's 4,096 tokens, not a
+  128k one), where the GPU's step is longer.
 The model is the course model unless --model names another with a tokenizer.
 """
 from __future__ import annotations
@@ -81,42 +81,41 @@ class Throughput:
     """One engine at batch B under one variant: B prompts, `new` tokens each (ignore_eos),
     greedy, every row under LONG when constrained. `run()` times one generate(); the row keeps
     the best run (runs of a mode's variants are interleaved by the caller, so a slow spell of
-    a shared host does not land on one variant only)."""
+    a shared host does not land on one variant only). remote / graphs / spin: None for the
+    engine's own choice, else where the grammars live, whether the apply replays from graphs,
+    how long the grammar worker and the engine poll for each other's messages (seconds)."""
 
     def __init__(self, model: l3.Model, batch: int, new: int, constrained: bool,
-                 fill_threads: int | None = None, helper: bool | str | None = None,
-                 ahead: bool = True, mask_graph: bool = False, **engine) -> None:
+                 remote: bool | None = None, graphs: bool | None = None,
+                 spin: float | None = None, **engine) -> None:
         blocks = batch * (-(-(new + 16) // 16) + 1) + 16  # every sequence's KV, no more
         self.llm = l4.LLM(model, max_num_seqs=batch, num_blocks=blocks, **engine)
-        if fill_threads is not None:  # else the engine's own (fill_threads(), read at start)
-            self.llm.masks.threads = fill_threads
-        if helper is not None:  # else the engine's own (mask_overlap(), read at start)
-            self.llm.masks.overlap = helper
-        if helper == "process":  # the grammars in a worker process (mask_worker.py)
-            self.llm.grammars.remote = True
-            self.llm.masks.overlap_rows = 1
-        if mask_graph and self.llm.masks.cuda:  # the apply replayed from CUDA graphs
-            self.llm.masks.graphs = l4.structured.mask_graph.MaskGraphs()
-        if not ahead:  # the helper's fill only ever starts after the forward's launch
-            self.llm._fill_ahead = lambda prev: None
+        worker = l4.structured.mask_worker.MaskWorker
+        default_spin = worker.SPIN_S
+        if spin is not None:  # (read when the worker starts: in the warm-up below)
+            worker.SPIN_S = spin
+        if remote is not None:
+            self.llm.grammars.remote = remote
+        if graphs is not None and self.llm.masks.cuda:
+            self.llm.masks.graphs = l4.structured.mask_graph.MaskGraphs() if graphs else None
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
         self.params = [l4.SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True,
                                          structured_outputs=spec) for _ in range(batch)]
         self.prompts = ([f"{name}.\n" for name in ("HAMLET", "OPHELIA", "HORATIO", "LAERTES")]
                         * (-(-batch // 4)))[:batch]
-        # the engine's thread appending tokens (what the helper's fill overlaps), over a run
+        # the engine's thread appending tokens (what the worker's fill overlaps), over a run
         self.complete_s = 0.0
         self.llm._complete = timed_into(self.llm._complete, self._add_complete)
-        self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
-        if constrained and self.llm.masks.overlap is None:  # timed choice: again, on a warm
-            # grammar (a compile's first visits of lexer states cost far more than later
-            # ones and would weigh on whichever way the first steps took)
-            self.llm.masks.chooser = l4.structured.mask_fill.WayChooser()
-            self.llm.generate(self.prompts, self.params)
+        try:
+            self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
+        finally:
+            worker.SPIN_S = default_spin
+        w = self.llm.grammars._worker
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
-                    "fill_threads": self.llm.masks.threads,
-                    "helper": self.llm.masks.overlap,  # (None: timed, WayChooser)
+                    "grammars": "worker process" if self.llm.grammars.remote else "in process",
+                    "apply_graphs": self.llm.masks.graphs is not None,
+                    "spin_s": w.spin_s if w is not None else None,
                     "tokens_per_s": 0.0, "runs": []}
 
     def _add_complete(self, seconds: float) -> None:
@@ -140,11 +139,6 @@ class Throughput:
                    wall_ms_per_step=round(1e3 * dt / max(1, steps), 3))
         if row["constrained"]:
             row["json_prefix_ok"] = all(o.outputs[0].text.startswith("[{") for o in outs)
-            c = llm.masks.chooser
-            row["kept"] = ("timed: helper" if c.helper else "timed: own thread") \
-                if llm.masks.overlap is None else ("process" if llm.masks.overlap == "process"
-                                                   else "helper" if llm.masks.overlap else "own")
-            row["chooser"] = {"helper_chosen": c.chosen, "own_kept": c.kept}
         if llm.masks.graphs is not None:
             row["mask_graphs"] = dict(llm.masks.graphs.stats, failed=llm.masks.graphs.failed)
         if masks.get("steps"):
@@ -152,7 +146,7 @@ class Throughput:
             row.update(masked_steps=n,
                        engine_fill_us_per_step=round(1e6 * masks["fill_s"] / n, 1),
                        engine_apply_us_per_step=round(1e6 * masks["apply_s"] / n, 1),
-                       engine_helper_fill_us_per_step=round(1e6 * masks["helper_s"] / n, 1),
+                       worker_us_per_step=round(1e6 * masks["worker_s"] / n, 1),
                        engine_wait_us_per_step=round(1e6 * masks["wait_s"] / n, 1),
                        engine_advance_ahead_us_per_step=round(1e6 * masks["advance_s"] / n, 1),
                        fill_ahead_steps=masks["ahead"] + masks["ahead_remapped"],
@@ -191,27 +185,14 @@ def _host_us(fn, steps: int, device: torch.device) -> float:
 
 
 def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
-    """Host fill of B rows (by executor threads) and the apply, per step, B rows mid-document."""
-    from layer4_algorithms.structured import bitmask as bm_mod
-    from layer4_algorithms.structured.grammar import llg
-
+    """Host fill of B rows and the apply, per step, B rows mid-document."""
     states, _ = mid_document(model, batch)
     V, device = model.config.vocab_size, model.net.device
     bitmask = l4.structured.allocate(batch, V, pin=device.type == "cuda")
-    pairs = [(s.matcher, j) for j, s in enumerate(states)]
-    W = bitmask.shape[1]
-    fill = {}
-    for n in (1, 2, 4, 8):  # llguidance's executor with n threads, warm (called back to back)
-        ex = llg().LLExecutor(n)
-        fill[str(n)] = _median_us(
-            lambda ex=ex: ex.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), W * 4, batch),
-            steps, torch.device("cpu"))
-    fill["serial"] = _median_us(lambda: l4.structured.fill_masks(states, bitmask, 0), steps,
-                                torch.device("cpu"))
-    fill["engine"] = _median_us(lambda: l4.structured.fill_masks(states, bitmask), steps,
-                                torch.device("cpu"))
-    say(f"mask fill at batch {batch}, V={V}, us by executor threads (serial: one by one on "
-        f"this thread): {fill} (the engine's: {bm_mod.fill_threads()} threads)")
+    fill_us = _median_us(lambda: l4.structured.fill_masks(states, bitmask), steps,
+                         torch.device("cpu"))
+    say(f"mask fill at batch {batch}, V={V}: {fill_us} us a step on this thread (warm: the "
+        f"same states again and again)")
 
     class Row:
         def __init__(self, g):
@@ -233,14 +214,18 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
     apply = {"engine_apply_host_us": round(statistics.median(host_us), 1),
              "engine_apply_done_us": round(statistics.median(done_us), 1)}
     # TokenMasks' parts, host time only (each call's device work waited for outside the
-    # timing): the fill on this thread, the fill handed to the helper and waited for, and
-    # the launch (one copy + one event + one kernel), then the copy and the kernel alone
+    # timing): the fill on this thread and the launch (one copy + one event + one kernel;
+    # then replayed from a CUDA graph, as under CUDA-graph decoding), then the copy and the
+    # kernel alone
     apply["engine_prepare_host_us"] = _host_us(lambda: masks.prepare(seqs), steps, device)
-    apply["engine_helper_fill_us"] = _host_us(lambda: masks.wait(masks.submit(seqs)), steps,
-                                              device)
     prepared = masks.prepare(seqs)
     apply["engine_launch_host_us"] = _host_us(lambda: masks.launch(logits, prepared), steps,
                                               device)
+    if device.type == "cuda":
+        masks.graphs = l4.structured.mask_graph.MaskGraphs()
+        apply["engine_launch_graph_host_us"] = _host_us(lambda: masks.launch(logits, prepared),
+                                                        steps, device)
+        apply["graphs"] = dict(masks.graphs.stats, failed=masks.graphs.failed)
     if device.type == "cuda":
         from layer4_algorithms.structured.mask_kernel import apply_bitmask_triton
 
@@ -264,8 +249,7 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
                 lambda impl=impl: l4.apply_token_bitmask_(logits, dev_bitmask, rows,
                                                           impl=impl)), 1)
     say(f"mask apply at batch {batch}: {apply}")
-    return {"batch": batch, "vocab": V, "fill_us_by_threads": fill,
-            "fill_us": fill["engine"], "engine_fill_threads": bm_mod.fill_threads(), **apply}
+    return {"batch": batch, "vocab": V, "fill_us": fill_us, **apply}
 
 
 def compile_times(model: l3.Model) -> dict:
@@ -296,6 +280,34 @@ def compile_times(model: l3.Model) -> dict:
     return out
 
 
+def others(row: dict) -> str:
+    """The other ways' ratios of a mode's row."""
+    names = {"plain_apply": "apply launched plainly", "in_process": "grammars in process",
+             "no_spin": "worker without polling", "worker": "grammars in the worker"}
+    got = [f"{text} {row[f'ratio_{v}']}x" for v, text in names.items() if f"ratio_{v}" in row]
+    return ", ".join(got) or "no other way"
+
+
+def shape_model(shape: str, device: str, quick: bool) -> l3.Model:
+    """Random weights of a real model's shape (bf16 on a GPU, drawn there) with the course
+    tokenizer, its EOS as the config's; quick: 2 layers of a narrow width, the real
+    vocabulary (a CPU smoke run)."""
+    from layer5_parallel.runtime.random_source import random_net
+
+    tok = l3.Tokenizer.from_pretrained(l3.course_model_dir("target"))
+    cfg = dict(l3.LLAMA_3_2_1B if shape == "llama-3.2-1b" else {})
+    if not cfg:
+        raise SystemExit(f"--shape {shape!r}: only llama-3.2-1b")
+    eos = tok.eos_token_ids[0]
+    cfg.update(eos_token_id=eos, bos_token_id=eos)
+    if quick:
+        cfg.update(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    net = random_net(l3.ModelConfig.from_dict(cfg), dtype=dtype, device=device)
+    return l3.Model(net, tok)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="course")
@@ -307,8 +319,9 @@ def main(argv: list[str] | None = None) -> dict:
                     help="seconds: throughput configs that would start later are skipped, "
                          "and the process dumps its stacks and exits at this + 60")
     ap.add_argument("--quick", action="store_true", help="small sizes (a CPU smoke run)")
-    ap.add_argument("--pool", action="store_true",
-                    help="also json_schema on llguidance's 8-thread pool (async modes)")
+    ap.add_argument("--shape", default="",
+                    help="also async CUDA graphs on random weights of this shape "
+                         "(llama-3.2-1b) with the course tokenizer")
     ap.add_argument("--out", type=Path, default=None, help="folder for structured_bench.json")
     args = ap.parse_args(argv)
     faulthandler.dump_traceback_later(args.time_limit + 60, exit=True)
@@ -341,32 +354,38 @@ def main(argv: list[str] | None = None) -> dict:
     sync = {"async_scheduling": False}
     graph = {"cuda_graph": True}
     # on a CPU the engine's default is synchronous: async is forced on to run its path
-    modes = [("async", {"async_scheduling": True}), ("sync", sync)]
+    modes = [("async", model, {"async_scheduling": True}), ("sync", model, sync)]
     if args.device == "cuda":  # and with the decode steps replayed from CUDA graphs
-        modes = [("graph", graph), ("default", {}), ("graph-sync", {**graph, **sync}),
-                 ("sync", sync)]  # (the async CUDA-graph ratio first: the hardest target)
-    for name, engine in modes:
+        modes = [("graph", model, graph), ("default", model, {}),
+                 ("graph-sync", model, {**graph, **sync}), ("sync", model, sync)]
+        # (the async CUDA-graph ratio first: the hardest target)
+    if args.shape:
+        say(f"random weights of {args.shape}'s shape, the course tokenizer")
+        modes.append((f"{args.shape}-graph" if args.device == "cuda" else args.shape,
+                      shape_model(args.shape, args.device, args.quick),
+                      graph if args.device == "cuda" else {"async_scheduling": True}))
+    for name, m, engine in modes:
         row = {"scheduling": name, "engine": engine}
-        variants = [("unconstrained", False, None, None, True),
-                    ("json_schema", True, None, None, True),
-                    ("json_schema_helper", True, None, True, True),
-                    ("json_schema_serial_fill", True, 0, False, True),
-                    ("json_schema_process", True, None, "process", True)]
-        if args.device == "cuda":  # and with the apply's launches replayed from CUDA graphs
-            variants.append(("json_schema_process_graph", True, None, "process", True))
-        if engine.get("async_scheduling", True) is not False:  # async: the fill's other ways
-            variants.insert(3, ("json_schema_after_launch", True, None, True, False))
-            if args.pool:
-                variants.append(("json_schema_pool", True, 8, False, True))
+        variants = [("unconstrained", False, None, None, None),
+                    ("json_schema", True, None, None, None)]
+        graphs = engine.get("cuda_graph", False)
+        asynchronous = engine.get("async_scheduling", True) is not False
+        if graphs and args.device == "cuda":  # what the apply's graphs give
+            variants.append(("json_schema_plain_apply", True, None, False, None))
+        if graphs and asynchronous:  # what the worker process gives, and its polling
+            variants += [("json_schema_in_process", True, False, None, None),
+                         ("json_schema_no_spin", True, None, None, 0.0)]
+        if not graphs and asynchronous:  # the worker where the engine keeps its own thread
+            variants.append(("json_schema_worker", True, True, None, None))
         runs = {}
-        for key, constrained, threads, helper, ahead in variants:
+        for key, constrained, remote, apply_graphs, spin in variants:
             if time.perf_counter() - T0 > args.time_limit:
                 skipped.append(f"{name}/{key}")
                 say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
                 continue
             try:  # (a variant that fails is reported, the others go on)
-                runs[key] = Throughput(model, args.batch, args.new_tokens, constrained,
-                                       threads, helper, ahead, key.endswith("_graph"), **engine)
+                runs[key] = Throughput(m, args.batch, args.new_tokens, constrained, remote,
+                                       apply_graphs, spin, **engine)
             except Exception as e:  # noqa: BLE001
                 row[key] = {"error": f"{type(e).__name__}: {e}"}
                 say(f"{name}/{key}: FAILED to start: {row[key]['error']}")
@@ -383,13 +402,15 @@ def main(argv: list[str] | None = None) -> dict:
                     del runs[key]
         for key, t in runs.items():
             r = row[key] = t.row
-            extra = (f", engine mask fill {r.get('engine_fill_us_per_step')} us (helper "
-                     f"{r.get('engine_helper_fill_us_per_step')} us) + apply "
-                     f"{r.get('engine_apply_us_per_step')} us (waited "
-                     f"{r.get('engine_wait_us_per_step')} us) per step, advancing grammars "
-                     f"ahead {r.get('engine_advance_ahead_us_per_step')} us, filled ahead at "
-                     f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps, "
-                     f"{r.get('kept')} {r.get('chooser')}"
+            extra = (f", grammars {r['grammars']} (spin {r['spin_s']}), apply graphs "
+                     f"{r['apply_graphs']}"
+                     f" {r.get('mask_graphs', '')}; engine mask fill "
+                     f"{r.get('engine_fill_us_per_step')} us + apply "
+                     f"{r.get('engine_apply_us_per_step')} us + waited "
+                     f"{r.get('engine_wait_us_per_step')} us per step (worker "
+                     f"{r.get('worker_us_per_step')} us), advancing grammars ahead "
+                     f"{r.get('engine_advance_ahead_us_per_step')} us, filled ahead at "
+                     f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps"
                      if r["constrained"] else "")
             say(f"{name}/{key}: {r['tokens_per_s']} tok/s (runs {r['runs']}, "
                 f"async={r['async_scheduling']}, {r['steps']} steps, "
@@ -403,16 +424,11 @@ def main(argv: list[str] | None = None) -> dict:
         if ok("unconstrained") and ok("json_schema"):
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("helper", "after_launch", "serial_fill", "pool", "process",
-                      "process_graph"):
+            for v in ("plain_apply", "in_process", "no_spin", "worker"):
                 if ok(f"json_schema_{v}"):
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
-            say(f"{name}: json_schema / unconstrained = {row['ratio']}x (helper: "
-                f"{row.get('ratio_helper')}x, after launch: "
-                f"{row.get('ratio_after_launch')}x, serial fill: "
-                f"{row.get('ratio_serial_fill')}x, pool: {row.get('ratio_pool')}x, worker "
-                f"process: {row.get('ratio_process')}x, + apply graphs: "
-                f"{row.get('ratio_process_graph')}x; target >= 0.9x)")
+            say(f"{name}: json_schema / unconstrained = {row['ratio']}x ({others(row)}; "
+                f"target >= 0.9x)")
         tp.append(row)
         rows["throughput"] = tp
         save()
@@ -420,19 +436,18 @@ def main(argv: list[str] | None = None) -> dict:
     c, m = rows["compile"], rows["mask"]
     print(f"SUMMARY compile: {c['schemas']} schemas, first {c['first_ms_median']} ms median "
           f"(max {c['first_ms_max']}), cached {c['cached_ms_median']} ms", flush=True)
-    print(f"SUMMARY mask at batch {m['batch']}, V={m['vocab']}: fill {m['fill_us']} us (host, "
-          f"{m['engine_fill_threads']} threads), TokenMasks.apply {m['engine_apply_host_us']} "
-          f"us host / {m['engine_apply_done_us']} us to done (fill included)", flush=True)
+    print(f"SUMMARY mask at batch {m['batch']}, V={m['vocab']}: fill {m['fill_us']} us (host), "
+          f"TokenMasks.apply {m['engine_apply_host_us']} us host / "
+          f"{m['engine_apply_done_us']} us to done (fill included); launch "
+          f"{m['engine_launch_host_us']} us, from a graph "
+          f"{m.get('engine_launch_graph_host_us')} us", flush=True)
     for r in tp:
         if "ratio" in r:
-            print(f"SUMMARY {r['scheduling']:>10}: unconstrained "
-                  f"{r['unconstrained']['tokens_per_s']} tok/s, json_schema "
-                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x (kept "
-                  f"{r['json_schema'].get('kept')}; helper {r.get('ratio_helper')}x, after launch "
-                  f"{r.get('ratio_after_launch')}x, serial fill "
-                  f"{r.get('ratio_serial_fill')}x, pool {r.get('ratio_pool')}x, worker process "
-                  f"{r.get('ratio_process')}x, + apply graphs {r.get('ratio_process_graph')}x)",
-                  flush=True)
+            print(f"SUMMARY {r['scheduling']:>18}: unconstrained "
+                  f"{r['unconstrained']['tokens_per_s']} tok/s "
+                  f"({r['unconstrained']['wall_ms_per_step']} ms a step), json_schema "
+                  f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x "
+                  f"({r['json_schema']['grammars']}; {others(r)})", flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()
     return rows

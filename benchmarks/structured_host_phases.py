@@ -10,19 +10,17 @@ requests, and no model is needed. Each step then times, on this thread, per way:
 
     advance   the rows' grammars take the step's sampled tokens
               rowwise: GrammarState.accept_at per row (what appending a token does)
-              batched: structured.advance (the step's rows in one llguidance call)
+              matchers_only: LLMatcher.consume_token per row (llguidance alone)
+              process_queue: RemoteGrammar.accept_at per row (the worker's rows: queued)
     fill      the rows' next-token bitmasks (R, W) int32
               rowwise: each matcher at its row's address, one call a row
-              executor: one call of llguidance's executor (1 thread) over every row
               engine: TokenMasks.prepare (what the engine's own thread does)
-    handover  the fill handed over while this thread runs ~300 us of Python (the engine's
-              own work that the fill overlaps), then waited for: what this thread spent
-              beyond that work (submit + wait), and the other side's fill.
-              thread: the masks' helper thread (llguidance's executor, one GIL-free call)
-              process: the worker process (mask_worker.py), which also advances the rows
-              (this thread only queues the tokens: advance_process_queue).
-              Each also split into submit and wait, and the wait alone once the other
-              side is done (collect_when_done: the floor when the fill has a core)
+    handover  the fill handed to the grammar worker process (mask_worker.py, which also
+              advances the rows) while this thread runs ~300 us of Python (the engine's own
+              work that the fill overlaps), then waited for: what this thread spent beyond
+              that work (submit + wait), and the worker's own time; also split into submit
+              and wait, and the wait alone once the worker is done (collect_when_done: the
+              floor when the worker has a core)
     apply     the bitmask applied to (R, V) float32 logits with torch on the CPU:
               apply_token_bitmask_, TokenMasks.launch (as the engine calls it), and
               unpack + masked_fill_ (the plain way, the engine's before a byte lookup)
@@ -110,7 +108,7 @@ def fill_each(pairs: list, base: int, size: int) -> None:
 
 
 def busy(n: int) -> int:
-    """Plain Python work (the engine's own, which a helper's fill overlaps)."""
+    """Plain Python work (the engine's own, which the worker's fill overlaps)."""
     x = 0
     for i in range(n):
         x += i & 7
@@ -126,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--busy-us", type=float, default=300.0,
-                    help="the engine's own work the helper's fill overlaps, per step")
+                    help="the engine's own work the worker's fill overlaps, per step")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -161,11 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
         return r
 
     masks = S.TokenMasks(V, "cpu", rows=B)
-    masks.threads = 0
-    helper_masks = S.TokenMasks(V, "cpu", rows=B)
     far_masks = S.TokenMasks(V, "cpu", rows=B)
     bitmask = S.allocate(B, V)
-    executor = S.mask_fill.executor(1)
     logits0 = torch.randn(B, V)
     # two replays of the same streams: the first warms llguidance's lazily built lexers (a
     # fresh compile's first visits of a state cost far more), the second is timed
@@ -188,15 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
             live = [j for j, t in enumerate(toks) if t != -1]
             # advance: one way on the live states (the other on copies: each state takes a
             # token once), checked equal below
-            copies = [states[j].matcher.deep_copy() for j in live]
             raw = [(states[j].matcher.deep_copy(), toks[j]) for j in live]
             at = [(states[j], toks[j], positions[j]) for j in live]
             far_at = [(far[j], toks[j], positions[j]) for j in live]
-            ex_pairs = [(c, toks[j]) for c, j in zip(copies, live, strict=True)]
             order = [("advance_rowwise", accept_each, (at,)),
-                     ("advance_matchers_only", consume_each, (raw,)),
-                     ("advance_batched_executor", executor.consume_token_par, (ex_pairs,))]
-            for name, fn, a in order[step % 3:] + order[:step % 3]:  # (no way always first)
+                     ("advance_matchers_only", consume_each, (raw,))]
+            for name, fn, a in order[step % 2:] + order[:step % 2]:  # (no way always first)
                 timed(name, fn, *a)
             timed("advance_process_queue", accept_each, far_at)
             for j in live:
@@ -204,9 +196,8 @@ def main(argv: list[str] | None = None) -> dict:
             pairs = [(s.matcher, j) for j, s in enumerate(states)]
             base, size = bitmask.data_ptr(), W * 4
             order = [("fill_rowwise", fill_each, (pairs, base, size)),
-                     ("fill_executor", executor.unsafe_compute_mask_ptr, (pairs, base, size, B)),
                      ("fill_engine_prepare", masks.prepare, (rows,))]
-            for name, fn, a in order[step % 3:] + order[:step % 3]:
+            for name, fn, a in order[step % 2:] + order[:step % 2]:
                 got = timed(name, fn, *a)
                 prepared = got if name == "fill_engine_prepare" else prepared
             assert torch.equal(masks._host[masks._arena][:B * W].view(B, W), bitmask)
@@ -214,8 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
             t = time.perf_counter()
             busy(n)
             ways.setdefault("busy_alone", []).append(time.perf_counter() - t)
-            for way, m, r in (("thread", helper_masks, rows), ("process", far_masks, far_rows)):
-                before = m.stats["helper_s"]
+            for way, m, r in (("process", far_masks, far_rows),):
+                before = m.stats["worker_s"]
                 t = time.perf_counter()
                 job = m.submit(r)
                 t1 = time.perf_counter()
@@ -225,17 +216,13 @@ def main(argv: list[str] | None = None) -> dict:
                 t3 = time.perf_counter()
                 for part, x in (("submit_busy_wait", t3 - t), ("submit", t1 - t),
                                 ("wait", t3 - t2),
-                                ("other_side_fill", m.stats["helper_s"] - before)):
+                                ("other_side_fill", m.stats["worker_s"] - before)):
                     ways.setdefault(f"handover_{way}_{part}", []).append(x)
                 # the floor: the same, but collected only once the other side is done (this
                 # thread sleeps meanwhile: the fill has a core and the GIL to itself)
                 job = m.submit(r)
-                while not (job.future.done if way == "process" else job.future.done()):
-                    if way == "process" and job.future.worker.conn.poll():
-                        break
+                while not job.future.done and not job.future.worker.conn.poll():
                     time.sleep(2e-4)
-                if way == "thread":
-                    time.sleep(1e-3)  # (the helper, done, takes the GIL back to return)
                 t = time.perf_counter()
                 m.wait(job)
                 ways.setdefault(f"handover_{way}_collect_when_done", []).append(
@@ -251,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict:
                 outs.append(logits)
             assert all(torch.equal(outs[0], x) for x in outs[1:])
     res = {k: med(v) for k, v in ways.items()}
-    for way in ("thread", "process"):
+    for way in ("process",):
         res[f"handover_{way}_engine_cost"] = round(
             res[f"handover_{way}_submit_busy_wait"] - res["busy_alone"], 1)
     remote.close()

@@ -21,13 +21,13 @@ waiting for its tokens; the next step() reads them while the GPU runs its own la
 Constrained requests (structured outputs) keep it: a step with grammar rows launches its
 forward pass, then reads the previous step's tokens (their copy to the host was queued
 ahead of this forward, so the wait is short), advances the grammars with them, fills the
-masks on the host while the GPU runs the forward, and only then masks and samples. Past a
-few such rows the fill may go to the masks' helper thread (when the engine's timed steps
-find that faster: structured/mask_fill.py's WayChooser) while this thread appends the
-previous tokens and builds the step's outputs; the masking and sampling come after those
-(`_launch` returns them as a callable, which `_end_step` runs). When those tokens are already
-on the host as a step starts (a host-bound step), or once a synchronous step has appended
-its own, the helper's fill starts before the next step schedules (`_fill_ahead`).
+masks on the host while the GPU runs the forward, and only then masks and samples. Under
+CUDA graphs the grammars live in a worker process (structured/mask_worker.py): it advances
+and fills while this thread appends the previous tokens and builds the step's outputs; the
+masking and sampling come after those (`_launch` returns them as a callable, which
+`_end_step` runs). When those tokens are already on the host as a step starts (a host-bound
+step), or once a synchronous step has appended its own, the worker's fill starts before the
+next step schedules (`_fill_ahead`).
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
 launch (`_launch`, engine_launch.py: speculation's proposals, the model, the rows to sample with
@@ -56,7 +56,7 @@ from .outputs import ProgressBar, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
-from .structured import GrammarCompiler, TokenMasks
+from .structured import GrammarCompiler, TokenMasks, grammars_in_worker
 
 
 class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
@@ -111,9 +111,11 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
+        graphs = self.config.cuda_graph
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
-                                rows=self.config.max_num_seqs)  # buffers made on first use
-        self.grammars.remote = self.masks.overlap == "process"  # (grammars in a worker process)
+                                rows=self.config.max_num_seqs, graphs=graphs)  # made on use
+        self.grammars.remote = grammars_in_worker(self.model.net.device,
+                                                  self.config.async_scheduling, graphs)
         self.closed = False
         self.reset_stats()
 
@@ -194,7 +196,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1
             self._complete(prev, advanced, finished)
-        if callable(launched):  # its masks are being filled on the helper thread
+        if callable(launched):  # its masks are being filled by the grammar worker
             return self._end_step(start, advanced, finished, unfinished, delta, launched)
         if launched is not None and launched.sampled is None:
             self._inflight = launched  # its tokens are still on their way: the next step reads them
@@ -213,7 +215,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
     def _end_step(self, start: float, advanced: list[SchedulerOutput], finished: list[Sequence],
                   unfinished: bool, delta: bool, sample=None) -> list[RequestOutput]:
         """The outputs of the requests advanced. sample: this step's masking and sampling,
-        left until the outputs are built (the helper thread fills the masks meanwhile); it
+        left until the outputs are built (the grammar worker fills the masks meanwhile); it
         returns the step launched on the device, which the next step reads."""
         now = time.perf_counter()
         if not unfinished:  # only the requests that finished: no output for the others
@@ -225,9 +227,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         finally:
             if sample is not None:
                 self._inflight = sample()
-            took = time.perf_counter() - start
-            self._stats.elapsed_s += took
-            self.masks.end_step(took)  # (timing the masks' helper against the own thread)
+            self._stats.elapsed_s += time.perf_counter() - start
 
     def _complete(self, launched: LaunchedStep, advanced: list[SchedulerOutput],
                   finished: list[Sequence]) -> None:

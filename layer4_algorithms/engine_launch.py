@@ -19,7 +19,7 @@ from .structured import mask_spec
 
 
 class EngineLaunchMixin:
-    """For LLM: reads self.runner, self.masks, self.speculator, self._stats; calls
+    """For LLM: reads self.runner, self.masks, self.grammars, self.speculator, self._stats; calls
     self._complete (engine.py) and self._fork (engine_requests.py)."""
 
     def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
@@ -30,9 +30,9 @@ class EngineLaunchMixin:
         the device and are copied back without waiting (read by `_complete`). Returns the
         launched step and prev, or None when it was read here: a step that masks grammar
         rows reads prev's tokens after launching its forward pass and before sampling (the
-        masks follow the grammars, which follow the tokens). With the masks' fill on the
-        helper thread the first is a callable that masks, samples and returns the launched
-        step: step() builds the outputs first."""
+        masks follow the grammars, which follow the tokens). With the grammars in the worker
+        process the first is a callable that masks, samples and returns the launched step:
+        step() builds the outputs first, while the worker fills."""
         if self.speculator is not None:
             self.speculator.propose(out)
         # decoding sequences' inputs may be prev's tokens, still on the device
@@ -59,9 +59,9 @@ class EngineLaunchMixin:
                     out, rows, who, self.masks.wait_ahead(*ahead, who)), None
             # (no live request with structured outputs: no grammar row to look for)
             constrained = sum(q.grammar is not None for q in who) if self._grammars_live else 0
-            if constrained >= self.masks.overlap_rows and self.masks.use_helper():
+            if constrained and self.grammars.remote:
                 # prev's tokens advance the grammars first (each state takes a position
-                # once: appending them below does not again), the helper fills the masks
+                # once: appending them below does not again), the worker fills the masks
                 # while this thread appends prev's tokens and step() builds the outputs,
                 # then step() calls this to mask and sample (before anything else launches)
                 if prev is not None:
@@ -89,7 +89,7 @@ class EngineLaunchMixin:
         return launched, prev
 
     def _fill_ahead(self, prev: LaunchedStep | None, appended: bool = False) -> None:
-        """Start the fill of the next masks of prev's constrained rows on the helper thread
+        """Start the fill of the next masks of prev's constrained rows in the grammar worker
         before the step that samples them schedules, so that it overlaps that step's host
         work (scheduling, the forward's launch, under async scheduling prev's outputs) and,
         synchronously, the forward itself. Async scheduling calls it as a step starts (else
@@ -100,12 +100,13 @@ class EngineLaunchMixin:
         as before. A synchronous step calls it once it has appended its tokens (appended:
         the grammars have taken them). `_launch` maps the filled rows onto its own
         (`TokenMasks.wait_ahead`); a step that launches nothing waits for it (`_drop_ahead`).
-        Not with a speculator (its verification fills masks of its own)."""
+        Only with the grammars in the worker process; not with a speculator (its
+        verification fills masks of its own)."""
         if (self._ahead is not None or prev is None or self.speculator is not None
-                or not self._grammars_live):
+                or not self._grammars_live or not self.grammars.remote):
             return
         seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
-        if len(seqs) < self.masks.overlap_rows or not self.masks.use_helper():
+        if not seqs:
             return
         if not appended:
             t0 = time.perf_counter()
@@ -120,8 +121,8 @@ class EngineLaunchMixin:
         self._ahead = (self.masks.submit(seqs), seqs)
 
     def _drop_ahead(self) -> None:
-        """A fill started by _fill_ahead that no launch used: waited for (its arena and
-        grammars are the helper's until then)."""
+        """A fill started by _fill_ahead that no launch used: waited for (its arena is the
+        worker's until then)."""
         if self._ahead is not None:
             self.masks.wait(self._ahead[0])
             self._ahead = None

@@ -7,10 +7,9 @@ a 32k vocabulary instead of 32k bools). Per step:
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
             (llguidance walks its token trie against the lexer; a few us per row at a 4k
             vocabulary, more at 128k), in pinned memory reused step after step
-            (`TokenMasks`): one by one on the engine's thread, or all rows in one call
-            on a helper thread, which drops the GIL (whichever the engine's steps time
-            faster); or by a worker process that holds the grammars (mask_worker.py,
-            opt-in), so the GIL never changes hands for them
+            (`TokenMasks`): one by one on the engine's thread, or, under async scheduling
+            with CUDA graphs, by a worker process that holds the grammars (mask_worker.py),
+            so the GIL never changes hands for them
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -20,14 +19,13 @@ a 32k vocabulary instead of 32k bools). Per step:
 The engine fills a step's masks after its forward pass is launched, so the host's fill runs
 while the GPU computes the logits; under async scheduling it first reads the previous step's
 tokens (already on their way to the host, ahead of this forward on the stream), advances the
-grammars with them, hands the fill to the helper thread, appends those tokens to their
-sequences and builds the step's outputs meanwhile, then applies and samples: the mask of
-step t + 1 needs the token of step t, and nothing more. (A host-bound step, as a small model's
-under CUDA graphs is, gains nothing from overlapping the fill with the GPU; it gains what the
-fill overlaps of the host's own work.) So the fill starts as early as that token allows:
-when the previous step's tokens are already on the host as a step begins (host-bound, async)
-or once a synchronous step has appended its own, the helper starts filling before the next
-step schedules, and `wait_ahead` maps those rows onto the rows that step samples.
+grammars with them, fills, then applies and samples: the mask of step t + 1 needs the token of
+step t, and nothing more. With the grammars in the worker process the engine's thread only
+sends them the tokens and the rows to fill, appends those tokens to their sequences and
+builds the step's outputs meanwhile, and reads the rows back before it masks; when the
+previous step's tokens are already on the host as a step begins (host-bound, as a small
+model's step under CUDA graphs is) the worker starts before the step schedules, and
+`wait_ahead` maps those rows onto the rows the step samples.
 
 Rows without a grammar are not touched, and the mask acts on the logits after the forward
 pass (outside a CUDA graph: the graph's output buffer is masked before it is sampled), so
@@ -42,9 +40,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .helper_fill import HelperFill
-from .mask_fill import SERIAL_ROWS, FillHelper, WayChooser, fill_masks, fill_threads, mask_overlap
-from .mask_graph import MaskGraphs, mask_graph_enabled, plain
+from .mask_fill import fill_masks
+from .mask_graph import MaskGraphs, plain
+from .worker_fill import WorkerFill
 
 
 def words(vocab_size: int) -> int:
@@ -125,7 +123,7 @@ def caps(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Te
     return lut.index_select(0, idx).view(R, -1)[:, :vocab_size]
 
 
-class TokenMasks(HelperFill):
+class TokenMasks(WorkerFill):
     """A step's masks, in buffers kept from step to step: for one engine (its vocabulary V
     and device). `apply(logits, seqs)` fills the bitmask rows of the constrained sequences
     and masks their rows of logits.
@@ -134,19 +132,18 @@ class TokenMasks(HelperFill):
     pinned on CUDA: one non-blocking copy moves both to the device buffer. Two arenas in
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
-    twice the need) when a step has more constrained rows than they hold. `threads`: the
-    fill's llguidance pool threads (fill_threads() at construction; None: read it again each
-    step; 0: on the calling thread). `overlap` (mask_overlap(), read once here: True, False,
-    or None for the `chooser`'s way, timed; the engine asks `use_helper()`): a step of at
-    least `overlap_rows` constrained rows may hand the fill to a helper thread (`submit`: one
-    call of llguidance's executor over all the rows, which drops the GIL) and do its own
-    work meanwhile, masking and sampling after (`wait`, `launch`). `stats`:
-    steps masked, rows masked, seconds the engine's thread spent filling (or handing the
-    fill over), seconds the helper filled, seconds launching the apply, seconds the engine
-    waited for the helper; steps whose fill started ahead (`wait_ahead`) with the same rows
-    and with rows copied, seconds the engine advanced grammars for a fill ahead."""
+    twice the need) when a step has more constrained rows than they hold. The fill: `prepare`
+    on this thread (grammars in this process, or one request to their worker process,
+    waited for), or `submit` to the worker process and `wait` (worker_fill.py). graphs: the
+    apply's copy + kernel replayed from CUDA graphs once steady (mask_graph.py; CUDA only;
+    for engines whose logits sit in CUDA graphs' static buffers). `stats`: steps masked, rows
+    masked, seconds the engine's thread spent filling (or handing the fill over), seconds
+    the worker spent, seconds launching the apply, seconds the engine waited for the worker;
+    steps whose fill started ahead (`wait_ahead`) with the same rows and with rows copied,
+    seconds the engine advanced grammars for a fill ahead."""
 
-    def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32) -> None:
+    def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32,
+                 graphs: bool = False) -> None:
         self.vocab_size = vocab_size
         self.W = words(vocab_size)
         self.device = torch.device(device)
@@ -157,18 +154,8 @@ class TokenMasks(HelperFill):
         self._recorded = [False, False]
         self._dev: torch.Tensor | None = None
         self._arena = 0
-        self.threads: int | None = fill_threads()  # read (and checked) once, at start-up
-        self.overlap = mask_overlap()
-        self.chooser = WayChooser()  # (overlap None: helper or not, by the steps' times)
-        self._asked = False  # this step asked use_helper() (end_step times it)
-        # the hand-over to the helper and back costs two thread wake-ups (~50 us on a busy
-        # 2-CPU host, hundreds on an H200 server), a row's fill 5-40 us: up to SERIAL_ROWS
-        # rows stay on the engine's thread
-        self.overlap_rows = SERIAL_ROWS + 1 if self.overlap != "process" else 1
-        self._helper: FillHelper | None = None
-        # the apply's copy + kernel replayed from CUDA graphs (LLM_STACK_MASK_GRAPH=1)
-        self.graphs = MaskGraphs() if mask_graph_enabled() and self.cuda else None
-        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "helper_s": 0.0, "apply_s": 0.0,
+        self.graphs = MaskGraphs() if graphs and self.cuda else None
+        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "worker_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -211,7 +198,7 @@ class TokenMasks(HelperFill):
         if got is None:
             return None
         states, rows, prepared = got
-        fill_masks(states, rows, self.threads)
+        fill_masks(states, rows)
         self.stats["fill_s"] += time.perf_counter() - t0
         return prepared
 
@@ -224,7 +211,7 @@ class TokenMasks(HelperFill):
         R, n, arena, host, dev = prepared
         W = self.W
         if self.cuda:
-            if self.graphs is not None:  # (opt-in: replayed from a CUDA graph when steady)
+            if self.graphs is not None:  # (replayed from a CUDA graph when steady)
                 self.graphs.run(logits, host, dev, R, n, W)
             else:
                 plain(logits, host, dev, R, n, W)  # (checked shapes: straight in)

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import layer3_model as l3
 
-from .mask_fill import fill_threads
 from .mask_worker import MaskWorker, RemoteGrammar
 from .state import GrammarState
 
@@ -118,8 +117,8 @@ class GrammarCompiler:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0}
-        # the grammars in a worker process instead (mask_worker.py; the engine sets it for
-        # LLM_STACK_MASK_OVERLAP=process): started by the first constrained request
+        # the grammars in a worker process instead (mask_worker.py; the engine sets it where
+        # mask_fill.grammars_in_worker says): started by the first constrained request
         self.remote = False
         self._worker: MaskWorker | None = None
         self._grammars: dict[tuple[str, str], str] = {}  # key -> grammar text (remote)
@@ -184,7 +183,7 @@ class GrammarCompiler:
             self.stats["hits"] += 1
         if self._worker is None:
             self._worker = MaskWorker(self._source.tok.to_str(), self.vocab_size,
-                                      self.eos_token_ids, fill_threads())
+                                      self.eos_token_ids)
         return self._worker.new_state(key, grammar)
 
     def _build(self, spec: l3.StructuredOutputsParams) -> llguidance.LLMatcher:

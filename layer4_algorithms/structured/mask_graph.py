@@ -1,4 +1,4 @@
-"""The apply's launches replayed from a CUDA graph (opt-in: LLM_STACK_MASK_GRAPH=1).
+"""The apply's launches replayed from a CUDA graph (engines that decode with CUDA graphs).
 
 On a GPU, TokenMasks.launch issues two things a step: the copy of the arena (bitmask rows +
 row indices) to the device and the Triton kernel that writes -inf. Their device time is a
@@ -8,41 +8,25 @@ on a host-bound step (a small model under CUDA graphs) that is the largest part 
 cost once the fill is off the engine's thread. Both are replayable: the copy reads pinned host
 memory that the arena reuses step after step, and the kernel writes a logits buffer that CUDA
 graph decoding reuses too. So a launch whose buffers (host arena, device buffer, logits
-address and shape, row count) have been seen WARM times in a row is captured once into a CUDA
-graph (copy + kernel) and replayed from then on: one graph launch instead of two launches.
-Anything else (a new row count, eager logits at a new address) takes the plain launches.
-At most MAX_GRAPHS graphs are kept (least recently used dropped); a capture that fails turns
-the graphs off for this engine (`failed` says why) and the plain launches go on.
+address and shape, row count) have been seen WARM times (the two arenas alternate, so each
+has its own graph) is captured once into a CUDA graph (copy + kernel) and replayed from then
+on: one graph launch instead of two launches. Anything else (a new row count, eager logits at
+a new address) takes the plain launches. At most MAX_GRAPHS graphs are kept (least recently
+used dropped) and at most MAX_CAPTURES are ever made (a server whose batch keeps changing
+would otherwise capture without end); a capture that fails turns the graphs off for this
+engine (`failed` says why) and the plain launches go on. The capture runs on a side stream
+of its own (no device-wide synchronize, no garbage collection: torch.cuda.graph's entry
+does both), behind the current stream's work.
 """
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 
 import torch
 
 WARM = 3
 MAX_GRAPHS = 16
-
-
-def mask_graph_enabled() -> bool:
-    """LLM_STACK_MASK_GRAPH: 1 (true/yes/on) replays the apply from CUDA graphs; 0 (or unset,
-    false/no/off) launches it plainly; ValueError for anything else."""
-    env = os.environ.get("LLM_STACK_MASK_GRAPH", "").strip().lower()
-    on = switch(env or "0")
-    if on is None:
-        raise ValueError(f"LLM_STACK_MASK_GRAPH={env!r}: need 1 or 0")
-    return on
-
-
-def switch(word: str) -> bool | None:
-    """An environment switch's word: True for 1/true/yes/on, False for 0/false/no/off
-    (lower case), None for anything else (the caller names what it takes)."""
-    if word in ("1", "true", "yes", "on"):
-        return True
-    if word in ("0", "false", "no", "off"):
-        return False
-    return None
+MAX_CAPTURES = 64
 
 
 def plain(logits: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, R: int, n: int,
@@ -61,20 +45,22 @@ class MaskGraphs:
 
     def __init__(self) -> None:
         self._graphs: OrderedDict[tuple, torch.cuda.CUDAGraph] = OrderedDict()
-        self._key: tuple | None = None  # the last plain launch's buffers, and how often
-        self._runs = 0  # in a row
+        self._seen: OrderedDict[tuple, int] = OrderedDict()  # plain launches per buffers
+        self._stream: torch.cuda.Stream | None = None
         self.failed: str | None = None
         self.stats = {"captures": 0, "replays": 0, "plain": 0}
 
     def run(self, logits: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, R: int,
             n: int, W: int) -> None:
         key = (host.data_ptr(), dev.data_ptr(), R, n, W, logits.data_ptr(), logits.stride(0),
-               tuple(logits.shape), logits.dtype)
+               tuple(logits.shape), logits.dtype, logits.device)
         graph = self._graphs.get(key)
-        if graph is None and self.failed is None:
-            self._runs = self._runs + 1 if key == self._key else 1
-            self._key = key
-            if self._runs > WARM:  # (the kernel compiled, the buffers steady)
+        if graph is None and self.failed is None and self.stats["captures"] < MAX_CAPTURES:
+            seen = self._seen[key] = self._seen.pop(key, 0) + 1
+            while len(self._seen) > 4 * MAX_GRAPHS:
+                self._seen.popitem(last=False)
+            if seen > WARM:  # (the kernel compiled, the buffers steady)
+                del self._seen[key]
                 graph = self._capture(logits, host, dev, R, n, W, key)
         if graph is None:
             plain(logits, host, dev, R, n, W)
@@ -86,9 +72,19 @@ class MaskGraphs:
 
     def _capture(self, logits, host, dev, R, n, W, key) -> torch.cuda.CUDAGraph | None:
         try:
+            here = torch.cuda.current_stream(logits.device)
+            if self._stream is None:
+                self._stream = torch.cuda.Stream(logits.device)
+            side = self._stream
+            side.wait_stream(here)  # (the logits it masks are written on `here`)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                plain(logits, host, dev, R, n, W)
+            with torch.cuda.stream(side):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    plain(logits, host, dev, R, n, W)
+                finally:
+                    graph.capture_end()
+            here.wait_stream(side)
         except Exception as e:  # noqa: BLE001 - the plain launches go on, and say why
             self.failed = f"{type(e).__name__}: {e}"
             return None

@@ -1,4 +1,4 @@
-"""The grammars in a process of their own (LLM_STACK_MASK_OVERLAP=process, opt-in): the engine
+"""The grammars in a process of their own (under async scheduling with CUDA graphs): the engine
 hands a step's tokens and rows over a socket and reads the filled bitmask rows back, and no
 thread of the engine's process ever waits for the GIL on the grammars' behalf.
 
@@ -32,6 +32,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections import deque
 from multiprocessing.connection import Connection
@@ -43,13 +44,16 @@ SERVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mask_worker_se
 class MaskWorker:
     """The engine's end: one worker process for one vocabulary. `new_state` starts a
     constrained sequence's grammar (its compile starts at once, there), `fill` hands a step
-    over and returns a handle whose `result()` waits for the rows. threads: llguidance's
-    pool for the worker's fills (<= 1: one call a row there)."""
+    over and returns a handle whose `result()` waits for the rows."""
 
     ROWS = 512  # rows a half of the shared memory holds (a larger request: sent as bytes)
+    # seconds each side polls, awake, for the other's next message before sleeping in recv:
+    # a decode step sends a request and reads a reply every ~1 ms, and waking a sleeping
+    # process or thread for each cost 50-200 us on busy hosts; the worker spins a core
+    # while the engine decodes, the engine at most SPIN_S a wait
+    SPIN_S = 2e-3
 
-    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...],
-                 threads: int = 0):
+    def __init__(self, tokenizer_json: str, vocab_size: int, eos_token_ids: tuple[int, ...]):
         self.eos_token_ids = tuple(eos_token_ids)
         self.W = W = (vocab_size + 31) // 32
         # the rows come back through memory both processes map (two halves in turn, so a
@@ -75,7 +79,8 @@ class MaskWorker:
         self._ops: list[tuple[int, int]] = []  # (slot, token) to advance, (slot, -1) to free
         self._replies: deque[_Reply] = deque()  # sent, their replies not yet read (in order)
         self._lock = threading.Lock()  # (sends: a request may be added from another thread)
-        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids), cap, threads))
+        self.spin_s = self.SPIN_S
+        self._send(("init", tokenizer_json, vocab_size, list(eos_token_ids), cap, self.spin_s))
         self._finalizer = weakref.finalize(self, _shutdown, self.conn, self.proc)
 
     def _send(self, msg: tuple) -> None:
@@ -128,6 +133,10 @@ class MaskWorker:
         while not upto.done:
             r = self._replies.popleft()
             try:  # b"K" + a float64 (the worker's seconds, or an answer), or b"E" + text
+                if self.spin_s > 0:
+                    until = time.perf_counter() + self.spin_s
+                    while not self.conn.poll(0) and time.perf_counter() < until:
+                        pass
                 msg = self.conn.recv_bytes()
                 if msg[:1] == b"E":
                     r.error = RuntimeError(f"grammar worker: {msg[1:].decode()}")
@@ -148,8 +157,7 @@ class MaskWorker:
 
 class _Reply:
     """A request to the worker; result() -> (None, the worker's answer: for a fill the
-    seconds it spent), as the helper thread's Future gives (the rows are written into
-    `rows`)."""
+    seconds it spent), as a Future would give (the rows are written into `rows`)."""
 
     __slots__ = ("worker", "rows", "half", "done", "value", "error")
 

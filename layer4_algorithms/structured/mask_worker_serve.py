@@ -3,11 +3,11 @@ FD`, FD its end of a socket), with the standard library, numpy and llguidance on
 no layer imports: it starts in a fraction of a second). It holds the engine's constrained
 sequences' grammars by slot and answers, in order:
 
-    ("init", tokenizer_json, V, eos, cap, threads)
+    ("init", tokenizer_json, V, eos, cap, spin)
                                               the vocabulary, once; cap: rows a half of the
                                               shared memory (its fd: the 2nd argument) holds;
-                                              threads: llguidance's pool for a step's fill
-                                              (LLM_STACK_GRAMMAR_THREADS; <= 1: none)
+                                              spin: seconds to poll for the next request
+                                              after a reply before sleeping in recv
     ("new", slot, key, grammar)               a state; its grammar compiled on a thread
                                               (cached by key), waited for when first used
     ("fill", ops, half, slots)                ops: (slot, token) advances, (slot, -1) frees,
@@ -37,7 +37,7 @@ import numpy as np
 def serve(conn: Connection, shared_fd: int | None) -> None:
     import llguidance as llg
 
-    _, tokenizer_json, vocab_size, eos, cap, threads = conn.recv()
+    _, tokenizer_json, vocab_size, eos, cap, spin = conn.recv()
     tok = llg.LLTokenizer(tokenizer_json, n_vocab=vocab_size, eos_token=eos or None)
     W = (vocab_size + 31) // 32
     shared = None  # (2, cap, W): the halves the engine reads replies' rows from
@@ -79,24 +79,9 @@ def serve(conn: Connection, shared_fd: int | None) -> None:
                 continue  # the end: nothing left to match
             m.consume_token(token)  # refused: the matcher is in error, its rows EOS only
 
-    # a step's rows on llguidance's pool of `threads` (> 1: a large vocabulary's fill may
-    # outlast the engine's step on one), else one call a row
-    pool_fill = llg.LLExecutor(threads).unsafe_compute_mask_ptr if threads > 1 else None
-
     def fill_rows(slots: list[int], rows: np.ndarray) -> None:
-        if pool_fill is None or len(slots) <= 4:
-            for j, slot in enumerate(slots):
-                fill_row(get(slot), rows[j])
-            return
-        healthy = []
         for j, slot in enumerate(slots):
-            m = get(slot)
-            if m is None:
-                rows[j] = eos_words
-            else:
-                healthy.append((m, j))
-        if healthy:
-            pool_fill(healthy, rows.ctypes.data, W * 4, len(rows))
+            fill_row(get(slot), rows[j])
 
     def fill_row(m, row: np.ndarray) -> None:
         if m is None:
@@ -106,6 +91,11 @@ def serve(conn: Connection, shared_fd: int | None) -> None:
 
     while True:
         try:
+            if spin > 0:  # decoding sends a request a step: poll for it awake, so the send
+                # wakes no sleeping process (a wake-up cost 100+ us on busy hosts)
+                until = time.perf_counter() + spin
+                while not conn.poll(0) and time.perf_counter() < until:
+                    pass
             msg = conn.recv()
         except (EOFError, OSError):
             return

@@ -5,7 +5,6 @@ async scheduling; the bitmask itself against a plain reference."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import jsonschema
@@ -86,105 +85,21 @@ def test_bitmask_on_chosen_rows_leaves_the_others():
         l4.apply_token_bitmask_(logits.clone(), bitmask, rows[:2])
 
 
-@pytest.mark.interpreter
-def test_mask_env_knobs_are_checked(monkeypatch):
-    bm, fill = l4.structured.bitmask, l4.structured.mask_fill
-    for bad in ("-1", "two", "1.5"):
-        monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", bad)
-        with pytest.raises(ValueError, match="LLM_STACK_GRAMMAR_THREADS"):
-            fill.fill_threads()
-    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "10000000")
-    assert fill.fill_threads() <= (os.cpu_count() or 2)
-    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", "0")
-    assert fill.fill_threads() == 0
-    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "maybe")
-    with pytest.raises(ValueError, match="LLM_STACK_MASK_OVERLAP"):
-        bm.TokenMasks(64, "cpu")
-    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "1")
-    assert bm.TokenMasks(64, "cpu").overlap
-    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "off")
-    assert bm.TokenMasks(64, "cpu").overlap is False
-    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "auto")
-    assert bm.TokenMasks(64, "cpu").overlap is None
-    # unset: one by one on the calling thread (the pool lost at every size measured), and
-    # the helper thread or not as the engine's timed steps find faster
-    monkeypatch.delenv("LLM_STACK_MASK_OVERLAP")
-    monkeypatch.delenv("LLM_STACK_GRAMMAR_THREADS")
-    assert fill.fill_threads() == 0
-    masks = bm.TokenMasks(64, "cpu")
-    assert masks.overlap is None and masks.threads == 0 and masks.use_helper()
-
-
-def test_the_way_chooser_keeps_the_faster_way_and_times_both_again():
-    c = l4.structured.mask_fill.WayChooser()
-    explore = 4 * c.BLOCK
-
-    def steps(helper_s: float, own_s: float, n: int) -> None:
-        for _ in range(n):
-            c.record(helper_s if c.helper else own_s)
-
-    assert c.helper  # the first block hands the fill over
-    steps(2e-3, 1e-3, explore)
-    assert not c.helper and c.kept == 1 and c.chosen == 0
-    steps(2e-3, 1e-3, c.EVERY - explore - 1)
-    assert not c.helper
-    steps(2e-3, 1e-3, 1)  # EVERY steps since the timing began: both are timed again
-    assert c.helper
-    steps(1e-3, 5e-3, explore)
-    assert c.helper and c.chosen == 1
-
-
-@pytest.mark.interpreter
-def test_the_helper_thread_runs_one_call_and_hands_back_its_result_or_error():
-    import threading
-
-    helper = l4.structured.mask_fill.FillHelper()
-    seen = []
-
-    def work(x):
-        seen.append(threading.current_thread().name)
-        return 2 * x
-
-    fut = helper.run(work, 21)
-    assert seen == ["token-masks"] or fut.result()  # started before run() returned
-    assert fut.result()[0] == 42 and fut.result()[1] >= 0  # (value, seconds it ran)
-    assert seen == ["token-masks"]
-
-    def boom():
-        raise RuntimeError("no mask")
-
-    with pytest.raises(RuntimeError, match="no mask"):
-        helper.run(boom).result()
-    assert helper.run(work, 1).result()[0] == 2  # still serving after an error
-
-
-def test_masks_filled_on_the_helper_equal_the_serial_fill(course_model):
-    """TokenMasks.submit (the healthy rows in one call of llguidance's executor on the helper
-    thread, failed grammars' rows EOS only on this thread) + wait + launch masks the logits
-    exactly as prepare + launch (one by one on this thread), free rows untouched."""
-    compiler = l4.GrammarCompiler.for_model(course_model)
-    V = course_model.config.vocab_size
-    for pattern in ("gfgggfgg", "fxgf", "ffff", "x"):
-        seqs = rows_for(course_model, compiler, pattern)
-        logits = torch.randn(len(seqs), V)
-        serial = l4.structured.TokenMasks(V, "cpu", rows=2)
-        serial.threads = 0
-        want = logits.clone()
-        serial.launch(want, serial.prepare(seqs))
-        helped = l4.structured.TokenMasks(V, "cpu", rows=2)
-        got = logits.clone()
-        job = helped.submit(seqs)
-        assert (job is None) == ("g" not in pattern and "x" not in pattern)
-        assert helped.launch(got, helped.wait(job)) == pattern.count("g") + pattern.count("x")
-        assert torch.equal(got, want)
-        for i, c in enumerate(pattern):
-            if c == "f":
-                assert torch.equal(got[i], logits[i])
-            if c == "x":
-                allowed = torch.isfinite(got[i]).nonzero()[:, 0].tolist()
-                assert allowed == sorted(seqs[i].grammar.eos_token_ids)
-        if "g" in pattern:
-            assert helped.stats["helper_s"] > 0 and helped._helper is not None
+def test_grammars_go_to_the_worker_process_only_under_async_cuda_graphs(course_model):
+    """Where an engine keeps its grammars: a worker process on a GPU under async scheduling
+    with CUDA graphs (the short host-bound step), the engine's own thread everywhere else;
+    the apply's CUDA graphs only on a GPU with CUDA-graph decoding."""
+    where = l4.structured.grammars_in_worker
+    assert where("cuda", True, True) and where(torch.device("cuda:1"), True, True)
+    assert not where("cuda", False, True) and not where("cuda", True, False)
+    assert not where("cpu", True, True)
+    llm = l4.LLM(course_model, num_blocks=16, async_scheduling=True)
+    assert not llm.grammars.remote and llm.masks.graphs is None
+    assert l4.structured.TokenMasks(64, "cpu", graphs=True).graphs is None  # (CUDA only)
+    with pytest.raises(TypeError, match="in this process"):  # submit: the worker's rows only
+        compiler = l4.GrammarCompiler.for_model(course_model)
+        l4.structured.TokenMasks(course_model.config.vocab_size, "cpu").submit(
+            rows_for(course_model, compiler, "g"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -212,7 +127,6 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
     V = course_model.config.vocab_size
     masks = l4.structured.TokenMasks(V, "cpu", rows=2)
     seen = []
-    masks.threads = 2  # the pool, whatever this machine's CPU count (5 rows > SERIAL_ROWS)
     for pattern in ("fgfg", "ggff", "fgfg", "gfgggg", "fgfg", "gfgf"):
         seqs = rows_for(course_model, compiler, pattern)
         logits = torch.randn(len(seqs), V)
@@ -220,10 +134,8 @@ def test_token_masks_reuse_their_buffers_and_mask_only_grammar_rows(course_model
         assert masks.apply(got, seqs) == pattern.count("g")
         idx = [i for i, c in enumerate(pattern) if c == "g"]
         bitmask = l4.structured.allocate(len(idx), V)
-        l4.structured.fill_masks([seqs[i].grammar for i in idx], bitmask, threads=2)
-        serial = l4.structured.allocate(len(idx), V)  # one by one on this thread: the same
-        l4.structured.fill_masks([seqs[i].grammar for i in idx], serial, threads=0)
-        assert torch.equal(serial, bitmask)
+        for j, i in enumerate(idx):  # each state's own fill: the same rows
+            seqs[i].grammar.fill(bitmask[j].numpy())
         want = l4.apply_token_bitmask_(logits.clone(), bitmask, idx, impl="torch")
         assert torch.equal(got, want)
         host = masks._host[masks._arena]
@@ -318,12 +230,12 @@ def test_greedy_output_survives_preemption(course_model):
         valid(o.outputs[0].text, SCHEMAS[5])
 
 
-@pytest.mark.parametrize("helper", [False, True])
-def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch, helper):
+@pytest.mark.parametrize("remote", [False, True])
+def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch, remote):
     """Constrained requests keep async scheduling: their decode steps take their inputs from
     the previous step's device tokens (the overlap path), and the outputs (greedy and seeded
     sampling, beside free rows, requests finishing at different steps) are the synchronous
-    engine's; with the fill on the engine's thread, and on the masks' helper thread while
+    engine's; with the fill on the engine's thread, and in the grammar worker process while
     the engine builds the step's outputs (masking and sampling after)."""
     overlapped = []
     execute = l4.model_runner.ModelRunner.execute
@@ -345,26 +257,25 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     a = [o.outputs[0].text for o in sync.generate(prompts, ps)]
     assert not overlapped
     overlap = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
-    overlap.masks.overlap = helper
-    overlap.masks.overlap_rows = 1  # (at most 4 rows here: the helper takes even one)
+    overlap.grammars.remote = remote  # (a GPU's choice under CUDA graphs: forced here)
     b = [o.outputs[0].text for o in overlap.generate(prompts, ps)]
     assert a == b
     assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
     assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
-    assert (overlap.masks._helper is not None) == helper
-    assert (overlap.masks.stats["helper_s"] > 0) == helper
-    # the previous tokens are on the host when a step starts (a CPU): the helper's fill starts
+    assert (overlap.masks.stats["worker_s"] > 0) == remote
+    # the previous tokens are on the host when a step starts (a CPU): the worker's fill starts
     # before scheduling, and the steady rows keep their filled arena
-    assert (overlap.masks.stats["ahead"] > 0) == helper
+    assert (overlap.masks.stats["ahead"] > 0) == remote
+    overlap.grammars.close()
     valid(a[0], PERSON)
     valid(a[2], SCHEMAS[17])
     assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])
     valid(a[5], SCHEMAS[5])
 
 
-def test_sync_steps_fill_the_next_masks_ahead_on_the_helper(course_model):
-    """Synchronous steps start the next step's fill on the helper thread once they have
-    appended their tokens (it then overlaps the next step's scheduling and forward): the
+def test_sync_steps_fill_the_next_masks_ahead_in_the_worker(course_model):
+    """Synchronous steps with the grammars in the worker start the next step's fill once they
+    have appended their tokens (it then overlaps the next step's scheduling and forward): the
     outputs are those of the fill on the engine's thread, rows that stay keep the filled
     arena, rows joining (a request admitted as another finishes) have theirs filled beside
     the copied ones."""
@@ -372,24 +283,18 @@ def test_sync_steps_fill_the_next_masks_ahead_on_the_helper(course_model):
           for i in range(7)] + [l4.SamplingParams(temperature=0, max_tokens=9)]
     prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n"] * 2
 
-    def run(helper: bool):
+    def run(remote: bool):
         llm = l4.LLM(course_model, num_blocks=64, max_num_seqs=6, async_scheduling=False)
-        llm.masks.overlap = helper
+        llm.grammars.remote = remote
         return llm, [o.outputs[0].text for o in llm.generate(prompts, ps)]
 
     _, want = run(False)
     llm, got = run(True)
     assert got == want
     st = llm.masks.stats
-    assert st["ahead"] > 0 and st["ahead_remapped"] > 0 and st["helper_s"] > 0
+    assert st["ahead"] > 0 and st["ahead_remapped"] > 0 and st["worker_s"] > 0
     assert llm._ahead is None  # the last step finished every row: no fill left behind
-    # left to the timing, in blocks of 3 steps: both ways run, a way is kept, same outputs
-    llm = l4.LLM(course_model, num_blocks=64, max_num_seqs=6, async_scheduling=False)
-    llm.masks.chooser.BLOCK = 3
-    assert llm.masks.overlap is None
-    assert [o.outputs[0].text for o in llm.generate(prompts, ps)] == want
-    c = llm.masks.chooser
-    assert c.chosen + c.kept == 1 and llm.masks.stats["helper_s"] > 0
+    llm.grammars.close()
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
@@ -410,18 +315,17 @@ def test_speculative_decoding_verifies_drafts_against_the_mask(course_model, met
         valid(o.outputs[0].text, SCHEMAS[17])
 
 
-def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
-    """Async scheduling with the fill on the helper: a constrained request whose row cannot be
-    sampled (its temperature slipped past normalization) joins constrained requests already
-    decoding; it ends with "error" and its bad token never reaches its grammar, the others
-    are exactly those of a run without it and validate."""
+def test_a_voided_row_beside_constrained_rows_in_the_worker(course_model):
+    """Async scheduling with the grammars in the worker process: a constrained request whose
+    row cannot be sampled (its temperature slipped past normalization) joins constrained
+    requests already decoding; it ends with "error" and its bad token never reaches its
+    grammar, the others are exactly those of a run without it and validate."""
     ps = [params(SO(json=PERSON), i, temperature=0) for i in range(3)]
     prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n"]
 
     def run(hostile: bool):
         llm = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
-        llm.masks.overlap = True  # (not left to the timing: the helper's path is tested)
-        llm.masks.overlap_rows = 1
+        llm.grammars.remote = True
         rids = [llm.add_request(p, sp) for p, sp in zip(prompts, ps, strict=True)]
         done, bad, steps = {}, None, 0
         while llm.has_unfinished():
@@ -449,52 +353,16 @@ def test_a_voided_row_beside_constrained_rows_on_the_helper(course_model):
         valid(o.outputs[0].text, PERSON)
 
 
-def test_the_helper_takes_the_fill_only_past_a_few_rows(course_model):
-    """Under async scheduling a step of up to SERIAL_ROWS constrained rows fills them on the
-    engine's thread (the hand-over would cost more than the fill); more go to the helper."""
-    llm = l4.LLM(course_model, num_blocks=128, max_num_seqs=8, async_scheduling=True)
-    assert llm.masks.overlap is not False  # (timed: its first steps take the helper)
-    assert llm.masks.overlap_rows == l4.structured.mask_fill.SERIAL_ROWS + 1
-    few = [params(SO(json=PERSON), i, max_tokens=12) for i in range(2)]
-    llm.generate(["HAMLET.\n"] * 2, few)
-    assert llm.masks.stats["steps"] > 0 and llm.masks._helper is None
-    many = [params(SO(json=PERSON), i, max_tokens=12) for i in range(6)]
-    llm.generate(["HAMLET.\n"] * 6, many)
-    assert llm.masks._helper is not None and llm.masks.stats["helper_s"] > 0
-
-
-def test_a_forked_child_gets_its_own_helper_and_pool(course_model, monkeypatch):
-    """The helper thread and llguidance's pool are per process: in a forked child (another
-    pid) the parent's threads do not exist, so both are made anew rather than waited on."""
-    bm = l4.structured.bitmask
-    compiler = l4.GrammarCompiler.for_model(course_model)
-    V = course_model.config.vocab_size
-    seqs = rows_for(course_model, compiler, "gggggg")
-    masks = bm.TokenMasks(V, "cpu", rows=6)
-    want = torch.randn(6, V)
-    got = want.clone()
-    masks.launch(want, masks.wait(masks.submit(seqs)))
-    fill = l4.structured.mask_fill
-    parent_helper, parent_pool = masks._helper, fill.executor(1)
-    monkeypatch.setattr(fill.os, "getpid", lambda: -7)
-    masks.launch(got, masks.wait(masks.submit(seqs)))
-    assert masks._helper is not parent_helper and masks._helper.pid == -7
-    assert fill.executor(1) is not parent_pool
-    assert torch.equal(got, want)
-
-
-# ---- the grammars in a worker process (LLM_STACK_MASK_OVERLAP=process) -------------------
-@pytest.mark.parametrize("shared_rows, threads", [(512, 0), (4, 0), (0, 0), (512, 2)])
+# ---- the grammars in a worker process (mask_worker.py) --------------------------------------
+@pytest.mark.parametrize("shared_rows", [512, 4, 0])
 def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model, monkeypatch,
-                                                                 shared_rows, threads):
+                                                                 shared_rows):
     """RemoteGrammar states (compiled, advanced and filled in mask_worker.py's process) give
     the rows GrammarState gives, for healthy rows, a grammar that refused a token (EOS only)
     and free rows, through TokenMasks' submit/wait and its serial prepare, whether the rows
-    come back through the shared memory or (more rows than it holds, or none) as bytes, and
-    filled there one call a row or on llguidance's pool; the worker exits when its compiler
-    closes."""
+    come back through the shared memory or (more rows than it holds, or none) as bytes; the
+    worker exits when its compiler closes."""
     monkeypatch.setattr(l4.structured.mask_worker.MaskWorker, "ROWS", shared_rows)
-    monkeypatch.setenv("LLM_STACK_GRAMMAR_THREADS", str(threads))
     local = l4.GrammarCompiler.for_model(course_model)
     remote = l4.GrammarCompiler.for_model(course_model)
     remote.remote = True
@@ -511,7 +379,10 @@ def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model, m
             masks = l4.structured.TokenMasks(V, "cpu", rows=2)
             a, b = torch.randn(len(seqs), V, generator=torch.Generator().manual_seed(1)), None
             b = a.clone()
-            masks.launch(a, masks.wait(masks.submit(seqs)))
+            if name == "remote":  # (the worker's rows: handed over and waited for, or asked)
+                masks.launch(a, masks.wait(masks.submit(seqs)))
+            else:
+                masks.launch(a, masks.prepare(seqs))
             masks.launch(b, masks.prepare(seqs))
             assert torch.equal(a, b)
             got[name] = a
@@ -552,7 +423,7 @@ def test_a_forked_child_cannot_use_its_parents_grammar_worker(course_model, monk
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypatch,
                                                          async_scheduling):
-    """LLM_STACK_MASK_OVERLAP=process: the engine's outputs (greedy and seeded sampling,
+    """The grammars in the worker process: the engine's outputs (greedy and seeded sampling,
     free rows beside constrained ones, parallel sampling's forks) are those of the grammars
     in this process, and validate."""
     ps = [params(SO(json=PERSON), 0, temperature=0), l4.SamplingParams(temperature=0,
@@ -561,14 +432,14 @@ def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypat
           params(SO(json=SCHEMAS[5]), 3, n=2)]
     prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n", "PUCK.\n"]
 
-    def run(mode: str):
-        monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", mode)
+    def run(remote: bool):
         llm = l4.LLM(course_model, num_blocks=64, async_scheduling=async_scheduling)
+        llm.grammars.remote = remote
         outs = [[c.text for c in o.outputs] for o in llm.generate(prompts, ps)]
         return llm, outs
 
-    _, want = run("0")
-    llm, got = run("process")
+    _, want = run(False)
+    llm, got = run(True)
     assert llm.grammars.remote and llm.grammars._worker is not None
     assert llm.masks.stats["steps"] > 0
     assert got == want
@@ -587,27 +458,21 @@ def test_the_worker_process_verifies_drafts(course_model, monkeypatch):
     ps = [params(spec, i, temperature=0) for i in range(2)]
     prompts = ["HAMLET.\n", "ROMEO.\n"]
     plain = l4.LLM(course_model, num_blocks=64).generate(prompts, ps)
-    monkeypatch.setenv("LLM_STACK_MASK_OVERLAP", "process")
     spec_llm = l4.LLM(course_model, num_blocks=64, speculative=dict(method="ngram", k=3))
+    spec_llm.grammars.remote = True
     fast = spec_llm.generate(prompts, ps)
     assert spec_llm.grammars.remote and spec_llm.stats.spec_proposed > 0
     assert [o.outputs[0].text for o in fast] == [o.outputs[0].text for o in plain]
     spec_llm.grammars.close()
 
 
-# ---- the apply replayed from CUDA graphs (LLM_STACK_MASK_GRAPH=1) --------------------------
+# ---- the apply replayed from CUDA graphs (mask_graph.py) -----------------------------------
 def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(monkeypatch):
-    """MaskGraphs: a launch with the same buffers WARM times in a row is captured and then
-    replayed; other buffers launch plainly; a capture that fails (here, really: no CUDA)
-    leaves the graphs off with the reason, and every launch still masks exactly (the
-    Triton kernel in the interpreter)."""
+    """MaskGraphs: a launch whose buffers were seen WARM times before is captured and then
+    replayed, also when two arenas alternate (each its own graph); other buffers launch
+    plainly; a capture that fails (here, really: no CUDA) leaves the graphs off with the
+    reason, and every launch still masks exactly (the Triton kernel in the interpreter)."""
     mg = l4.structured.mask_graph
-    with pytest.raises(ValueError, match="LLM_STACK_MASK_GRAPH"):
-        monkeypatch.setenv("LLM_STACK_MASK_GRAPH", "sometimes")
-        mg.mask_graph_enabled()
-    monkeypatch.setenv("LLM_STACK_MASK_GRAPH", "1")
-    assert mg.mask_graph_enabled()
-    assert l4.structured.TokenMasks(64, "cpu").graphs is None  # (CUDA only)
     logits, bitmask, rows, want = random_case(5, 3, 100)
     R, W = bitmask.shape
     n = R * W + R
@@ -645,3 +510,16 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
     assert len(replayed) == 4 and fake.stats["plain"] == mg.WARM + 1
     launch(fake)
     assert len(replayed) == 5
+    # two arenas in turn (TokenMasks alternates its host buffers step by step): each is
+    # captured once seen WARM times, though never twice in a row
+    host2 = host.clone()
+    turns = mg.MaskGraphs()
+    monkeypatch.setattr(turns, "_capture", lambda *a: turns._graphs.setdefault(
+        a[-1], FakeGraph(a[:-1])))
+    before = len(replayed)
+    for step in range(2 * (mg.WARM + 3)):
+        fixed.copy_(logits)
+        turns.run(fixed, host2 if step % 2 else host, dev, R, n, W)
+        assert torch.equal(fixed, want)
+    assert len(turns._graphs) == 2 and turns.stats["plain"] == 2 * mg.WARM
+    assert len(replayed) - before == 6

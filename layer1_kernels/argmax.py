@@ -30,8 +30,8 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _WORK: dict[torch.device, torch.Tensor] = {}  # the pieces' partial results, kept per device
 _RETIRED: list[torch.Tensor] = []  # outgrown buffers: graphs captured earlier still use them
 #: (device, dtype, N, row stride, block, pieces, PDL) -> the compiled kernel that served it,
-#: launched directly on the next call of that shape (no JIT binding): a greedy step's argmax
-#: is launched from the host every step, outside the CUDA graph.
+#: launched directly on the next call of that shape (no JIT binding): an eager greedy step's
+#: argmax is launched from the host (a graph-replayed decode step has it inside its graph).
 _LAUNCHES: dict[tuple, object] = {}
 
 
@@ -105,8 +105,10 @@ def _work(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
-def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.Tensor:
-    """x (M, N) fp16/bf16/fp32 -> (M,) int64: the first index of each row's maximum."""
+def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x (M, N) fp16/bf16/fp32 -> (M,) int64: the first index of each row's maximum. out: an
+    (M,) int64 tensor on x's device to write them into (e.g. a CUDA graph's static buffer)."""
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"argmax: x must be (M, N) with N >= 1, got {tuple(x.shape)}")
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or x.stride(-1) != 1:
@@ -114,10 +116,15 @@ def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.T
                          f"{x.dtype} strides {x.stride()}")
     if block < 16 or block & (block - 1):
         raise ValueError(f"argmax: block must be a power of two >= 16, got {block}")
-    if not interpreter.use_triton(impl, x, "argmax"):
-        return argmax_reference(x)
     M, N = x.shape
-    out = torch.empty(M, dtype=torch.int64, device=x.device)
+    if out is not None and (out.shape != (M,) or out.dtype != torch.int64
+                            or out.device != x.device or not out.is_contiguous()):
+        raise ValueError(f"argmax: out must be a contiguous ({M},) int64 tensor on {x.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+    if not interpreter.use_triton(impl, x, "argmax"):
+        return argmax_reference(x) if out is None else torch.argmax(x, dim=-1, out=out)
+    if out is None:
+        out = torch.empty(M, dtype=torch.int64, device=x.device)
     if M == 0:
         return out
     block = min(block, max(16, next_pow2(N)))
@@ -128,7 +135,8 @@ def argmax(x: torch.Tensor, *, impl: str = "auto", block: int = 4096) -> torch.T
     args = (x, out, part_v, part_i, _counters(x.device, M), N, x.stride(0), pieces,
             block, max(2, next_pow2(pieces)), pdl["PDL"])
     key = None
-    if not interpreter.INTERPRETED and x.data_ptr() % 16 == 0 and part_i.data_ptr() % 16 == 0:
+    if (not interpreter.INTERPRETED and x.data_ptr() % 16 == 0 and out.data_ptr() % 16 == 0
+            and part_i.data_ptr() % 16 == 0):
         key = (x.device, x.dtype, N, x.stride(0), block, pieces, pdl["PDL"])
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:

@@ -28,6 +28,15 @@ sequences' values in those rows.
 
 The slot of each new token (block_tables[b, pos // bs] * bs + pos % bs) is computed on the
 device inside the graph, so run() copies only what the scheduler has.
+
+*Greedy tokens inside the graph.* Each replay ends with the argmax of its logits rows (layer
+1's split argmax on a GPU), written over the step's own input ids: `input_ids[:B]` then holds
+the step's greedy tokens, which are also the next step's input ids when the same sequences
+decode again in the same order, so such a step copies no ids at all (run_host skips a copy
+of input_ids onto itself). An all-greedy step samples nothing after the replay (the engine
+takes `tokens(B)`); the logits stay in their buffer for everything else (logprobs,
+temperature, grammar masks, which must sample after masking). Padding rows' ids are then
+whatever their argmax was: any valid token id serves a row whose outputs nobody reads.
 """
 from __future__ import annotations
 
@@ -37,6 +46,15 @@ import torch
 import layer3_model as l3
 
 from .graph_inputs import GraphInputs
+
+
+def greedy_into(logits: torch.Tensor, out: torch.Tensor) -> None:
+    """out (B,) int64 = logits (B, V).argmax(-1), as the engine's greedy sampling picks it
+    (layer 1's split argmax for CUDA rows, torch's elsewhere)."""
+    if logits.is_cuda and logits.shape[1] > 0 and logits.stride(-1) == 1:
+        l3.argmax(logits, out=out)
+    else:
+        torch.argmax(logits, dim=-1, out=out)
 
 
 def bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -116,6 +134,7 @@ class CudaGraphRunner:
         self.slot_mapping[:B].copy_(block * bs + pos % bs)
         self.logits[:B] = self.model(self.input_ids[:B], self.contexts[B], self.cache,
                                      last_only=True)
+        greedy_into(self.logits[:B], self.input_ids[:B])  # the greedy tokens (see above)
 
     def _capture(self, warmup: int) -> None:
         def every_bucket() -> None:  # every bucket warmed up before any capture
@@ -136,6 +155,7 @@ class CudaGraphRunner:
         self.positions[start:stop] = 0
         self.seq_lens[start:stop] = 1
         self.block_tables[start:stop] = self.scratch
+        self.inputs.forget()
 
     def can_run(self, batch: int, num_blocks: int) -> bool:
         """True if a decode step of `batch` sequences with block tables `num_blocks` wide fits."""
@@ -176,6 +196,7 @@ class CudaGraphRunner:
         self.positions[:B].copy_(positions)
         self.seq_lens[:B].copy_(seq_lens)
         self.block_tables[:B, :n].copy_(block_tables)
+        self.inputs.forget()  # (run_host's next load copies its tables again)
         # columns past n keep stale ids: never read (every position < seq_lens <= n * block_size)
         if B < bucket:
             self._pad_rows(B, bucket)
@@ -196,12 +217,17 @@ class CudaGraphRunner:
                              f"graphs (<= {self.max_num_seqs} sequences, <= {self.max_blocks} "
                              "blocks); run it eagerly")
         bucket = self.bucket_of[B]
-        self.input_ids[:B].copy_(input_ids)
-        if B < bucket:
-            self.input_ids[B:bucket] = 0
+        if input_ids.data_ptr() != self.input_ids.data_ptr():  # (else last step's own tokens)
+            self.input_ids[:B].copy_(input_ids)
+        # padding rows keep whatever ids they hold: valid token ids, outputs never read
         self.inputs.load(B, bucket, positions, block_tables)
         self._replay(bucket)
         return self.logits[:B]
+
+    def tokens(self, B: int) -> torch.Tensor:
+        """(B,) int64 on the device: the last replay's greedy tokens (its logits' argmax, which
+        the step wrote over its input ids), valid until the next run."""
+        return self.input_ids[:B]
 
     def _replay(self, bucket: int) -> None:
         """The bucket's graph (uncaptured: its step, eagerly), its inputs in place."""

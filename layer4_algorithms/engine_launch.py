@@ -79,7 +79,9 @@ class EngineLaunchMixin:
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
             prepared = self.masks.prepare(who) if constrained else None
-            return self._sample_on_device(out, rows, who, prepared), prev
+            # the decode graph's own argmax serves unmasked rows in order (an all-greedy step)
+            argmax = logits.argmax if prepared is None and rows is logits.last else None
+            return self._sample_on_device(out, rows, who, prepared, argmax), prev
         prepared = self.masks.wait_ahead(*ahead, who) if ahead is not None else None
         launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
                                                               self.masks, prepared),
@@ -128,12 +130,14 @@ class EngineLaunchMixin:
             self._ahead = None
 
     def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
-                          prepared: tuple | None) -> LaunchedStep:
+                          prepared: tuple | None, argmax=None) -> LaunchedStep:
         """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
-        the tokens stay there (their copy back starts behind the sampling)."""
+        the tokens stay there (their copy back starts behind the sampling). argmax: the
+        unmasked rows' argmax already on the device (the decode graph's), for greedy rows."""
         self.masks.launch(rows, prepared)
         tokens = self.runner.sample_tokens(rows, [q.params for q in who],
-                                           [q.generator for q in who])
+                                           [q.generator for q in who],
+                                           argmax=argmax if prepared is None else None)
         return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
 
     def _sampling_rows(self, out: SchedulerOutput,

@@ -9,11 +9,14 @@ tensor, `positions (rows,) | seq_lens (rows,)`, and the host writes a step's val
 bucket's padding rows into a pinned array of the same layout, then copies it in one go; the
 block tables go as the bucket's (bucket, n) rows (n: the step's widest table, not the graph's
 max_blocks, which follows max_model_len), padding rows pointing at the scratch block, in one
-more copy. Rows past the bucket and table columns past a row's n keep stale values: the step
-never reads them (every position < seq_lens <= n * block_size; a padding row reads column 0),
-and a step of a bigger bucket writes its rows first. The pinned arrays are double-buffered (a
-copy reads its array when it runs: an array is refilled only once its previous copy has run,
-as layer 3's HostStaging does). On a CPU the host writes straight into the static buffers.
+more copy, which is skipped when the device holds those very rows already (steady decoding:
+the same sequences in the same rows, no block added since; a table changes once every
+block_size steps of a sequence). The views each copy needs are made once per shape. Rows
+past the bucket and table columns past a row's n keep stale values: the step never reads
+them (every position < seq_lens <= n * block_size; a padding row reads column 0), and a
+step of a bigger bucket writes its rows first. The pinned arrays are double-buffered (a copy
+reads its array when it runs: an array is refilled only once its previous copy has run, as
+layer 3's HostStaging does). On a CPU the host writes straight into the static buffers.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ class GraphInputs:
             h[:rows], h[rows:] = 0, 1
         self.block_tables.fill_(scratch)
         self._turn = 0
+        self._views: dict[tuple, tuple] = {}  # cached views per (turn, bucket[, n])
+        self._last: tuple | None = None  # (bucket, shape, ids) of the tables the device holds
 
     def load(self, B: int, bucket: int, pos: np.ndarray, table: np.ndarray) -> None:
         """Rows [0, B): positions pos (B,), seq_lens pos + 1, block tables table (B, n) with
@@ -70,18 +75,46 @@ class GraphInputs:
         h = self._lens[turn]
         h[:B] = pos
         np.add(pos, 1, out=h[r:r + B])
-        h[B:bucket], h[r + B:r + bucket] = 0, 1
-        rows_t = self._tables(turn, bucket * n)
-        rows_np = rows_t.numpy().reshape(bucket, n)
-        rows_np[:B] = table
-        rows_np[B:] = self.scratch
-        # positions for every row, seq_lens up to the bucket's; the tables' (bucket, n) block
-        self.lens_buffer[:r + bucket].copy_(self._lens_t[turn][:r + bucket], non_blocking=True)
-        self.block_tables[:bucket, :n].copy_(rows_t.view(bucket, n), non_blocking=True)
+        if B < bucket:
+            h[B:bucket], h[r + B:r + bucket] = 0, 1
+        views = self._views.get((turn, bucket))
+        if views is None:
+            views = self._views[(turn, bucket)] = (
+                self.lens_buffer[:r + bucket], self._lens_t[turn][:r + bucket])
+        # positions for every row, seq_lens up to the bucket's
+        views[0].copy_(views[1], non_blocking=True)
+        key = (bucket, table.shape, table.tobytes())
+        if key != self._last:
+            # the tables' (bucket, n) block, unless the device holds it already (steady
+            # decoding: same sequences in the same rows, no new block since the last step)
+            rows_np, rows_t, dst = self._table_views(turn, bucket, n)
+            rows_np[:B] = table
+            if B < bucket:
+                rows_np[B:] = self.scratch
+            dst.copy_(rows_t, non_blocking=True)
+            self._last = key
         if self.pinned:
             if ev is None:
                 ev = self._events[turn] = torch.cuda.Event()
             ev.record()
+
+    def forget(self) -> None:
+        """Someone else wrote the static tables: the next load copies its rows again."""
+        self._last = None
+
+    def _table_views(self, turn: int, bucket: int, n: int):
+        """This turn's pinned (bucket, n) rows (numpy and tensor) and their place on the
+        device, kept per shape (a step's shapes repeat: n grows by one every block_size
+        tokens)."""
+        key = (turn, bucket, n)
+        views = self._views.get(key)
+        if views is None:
+            if len(self._views) > 512:  # many shapes seen: start over
+                self._views = {}
+            rows_t = self._tables(turn, bucket * n).view(bucket, n)
+            views = self._views[key] = (rows_t.numpy(), rows_t,
+                                        self.block_tables[:bucket, :n])
+        return views
 
     def _tables(self, turn: int, size: int) -> torch.Tensor:
         """This turn's pinned table rows, at least `size` long (grown: its copies have run)."""
@@ -89,4 +122,6 @@ class GraphInputs:
         if buf is None or buf.numel() < size:
             buf = self._tables_t[turn] = torch.empty(max(2 * size, 4096), dtype=torch.int64,
                                                      pin_memory=self.pinned)
+            self._views = {k: v for k, v in self._views.items() if len(k) == 2}  # (old rows)
         return buf[:size]
+

@@ -19,6 +19,9 @@ launch was pure time-to-first-token); the call after it launches with the tokens
 speculation take that path); `LaunchedStep.on_device` starts their copy to pinned host
 memory behind the step's kernels; `read()` waits for them (one host sync) and returns
 seq_id -> tokens; `void_rows()` ends the sequences whose row could not be sampled.
+The pinned buffer and the event of a step come from a small pool and go back to it once the
+step is read (allocating pinned memory and creating an event every step cost the host more
+than the copy itself); a step never read just lets them go.
 """
 from __future__ import annotations
 
@@ -61,10 +64,9 @@ class LaunchedStep:
         # every sampled row is a first token (no sequence here is decoding)
         step.first_only = bool(who) and all(q.num_tokens == q.num_prompt_tokens for q in who)
         if tokens.device.type == "cuda":  # back to pinned memory behind the step's kernels
-            step.tokens = _pinned_copy(tokens)
-            if bad is not None:  # with the tokens, behind the same event
+            step.tokens, step.event = _TOKENS.copy(tokens)
+            if bad is not None:  # with the tokens, behind the same event (recorded after)
                 step.bad = _pinned_copy(bad)
-            step.event = torch.cuda.Event()
             step.event.record()
         for j, q in enumerate(who):
             q.num_pending += 1
@@ -79,6 +81,9 @@ class LaunchedStep:
         if self.event is not None:
             self.event.synchronize()
         tokens, who = self.tokens.tolist(), self.who
+        if self.event is not None:  # the buffer and event serve a later step now
+            _TOKENS.give_back(self.tokens, self.event, self.device_tokens.device)
+            self.tokens = self.event = None
         if len(tokens) != len(who):
             raise ValueError(f"{len(tokens)} tokens for {len(who)} sampled rows")
         for q in who:
@@ -108,6 +113,46 @@ class LaunchedStep:
                 q.finish_reason = "error"
                 void.add(q.request_id)
         return void
+
+
+class _PinnedPool:
+    """Pinned int64 buffers of at least 256 tokens, each with its CUDA event, per device, each
+    lent to one launched step at a time: copy(tokens) takes a free one (or makes one) and
+    starts the copy into it (the caller records the event behind it); give_back() once the
+    host has read it. At most `keep` are kept per device. (Engines on several threads share
+    it: list.pop and append are atomic.)"""
+
+    def __init__(self, keep: int = 16) -> None:
+        self.keep = keep
+        self.free: dict[torch.device, list] = {}  # device -> [(buffer, event)]
+
+    def copy(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
+        n, free = tokens.shape[0], self.free.setdefault(tokens.device, [])
+        got = None
+        if tokens.dtype == torch.int64 and tokens.dim() == 1:
+            try:
+                got = free.pop()
+            except IndexError:
+                pass
+            if got is not None and got[0].shape[0] < n:  # too short for this step: a new one
+                got = None
+        if got is None:
+            size = max(n, 256) if tokens.dtype == torch.int64 and tokens.dim() == 1 else n
+            buf = torch.empty((size,) + tuple(tokens.shape[1:]), dtype=tokens.dtype,
+                              pin_memory=True)
+            got = (buf, torch.cuda.Event())
+        host = got[0][:n]
+        host.copy_(tokens, non_blocking=True)
+        return host, got[1]
+
+    def give_back(self, host: torch.Tensor, event: torch.cuda.Event, device) -> None:
+        base = host._base if host._base is not None else host
+        free = self.free.setdefault(device, [])
+        if len(free) < self.keep and base.dtype == torch.int64 and base.dim() == 1:
+            free.append((base, event))
+
+
+_TOKENS = _PinnedPool()
 
 
 def _pinned_copy(t: torch.Tensor) -> torch.Tensor:

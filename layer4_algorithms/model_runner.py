@@ -113,7 +113,13 @@ class ModelRunner:
                                          fast.context_lens, fast.table,
                                          staging=self.staging, table=(fast.table, fast.lens))
                 last, _ = self._run(scheduled, ids, ctx)
-            return StepLogits(last, fast.rows, {}, self.staging)
+                return StepLogits(last, fast.rows, {}, self.staging)
+            # the graph's greedy tokens come with its logits (an all-greedy step samples
+            # nothing); a view of its buffer, which the next step overwrites: on a GPU their
+            # copy to the host is queued before that, a CPU's launched step keeps the tensor
+            tokens = self.graph.tokens(last.shape[0])
+            return StepLogits(last, fast.rows, {}, self.staging,
+                              argmax=tokens if tokens.is_cuda else tokens.clone())
         rows: list[int | None] = [None] * len(scheduled)
         spec: dict[int, torch.Tensor] = {}
         parts, offset = [], 0
@@ -243,15 +249,24 @@ class ModelRunner:
 
     def sample_tokens(self, logits: torch.Tensor | Sequence[torch.Tensor],
                       params: Sequence[l3.SamplingParams],
-                      generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+                      generators: Sequence[torch.Generator | None], *,
+                      argmax: torch.Tensor | None = None) -> torch.Tensor:
         """`sample`, the tokens left on the logits' device (N,) int64: no host sync.
         `last_bad` is then None (every row greedy) or (N,) bool on the device: rows whose
-        probabilities were not a distribution (sampling_guard.py); their tokens are void."""
-        x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
+        probabilities were not a distribution (sampling_guard.py); their tokens are void.
+        argmax: the rows' argmax, already computed (the decode graph's, StepLogits.argmax):
+        an all-greedy step returns it as it is (nothing launched)."""
         self.last_bad = None
-        greedy = [i for i, p in enumerate(params) if p.greedy]
-        if len(greedy) == len(params):  # the common case: no gather, no scatter
+        for p in params:
+            if not p.greedy:
+                break
+        else:  # the common case, every row greedy: no gather, no scatter
+            if argmax is not None and argmax.shape[0] == len(params):
+                return argmax
+            x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
             return greedy_tokens(x)
+        x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))
+        greedy = [i for i, p in enumerate(params) if p.greedy]
         out = torch.empty(len(params), dtype=torch.int64, device=x.device)
         other = [i for i, p in enumerate(params) if not p.greedy]
         if greedy:

@@ -21,6 +21,7 @@ class StepLogits:
     row: list[int | None]
     spec: dict[int, torch.Tensor]
     staging: l3.HostStaging | None = None  # for rows_of's index copy (pinned, non-blocking)
+    argmax: torch.Tensor | None = None  # (R,) `last`'s argmax when the decode graph made it
 
     def __len__(self) -> int:
         return len(self.row)

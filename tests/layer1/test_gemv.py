@@ -288,6 +288,14 @@ def test_argmax_matches_torch(m, n, block):
     assert torch.equal(argmax(half, impl="triton", block=block), torch.argmax(half, -1))
     with pytest.raises(ValueError, match="argmax"):
         argmax(x[0])
+    # out=: written in place (a CUDA graph's static buffer), the same tensor returned
+    buf = torch.full((m + 2,), -7, dtype=torch.int64, device=x.device)
+    got = argmax(x, impl="triton", block=block, out=buf[:m])
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(buf[:m], torch.argmax(x, -1))
+    assert buf[m:].tolist() == [-7, -7]
+    assert torch.equal(argmax(x, impl="torch", out=buf[1:m + 1]), torch.argmax(x, -1))
+    with pytest.raises(ValueError, match="out"):
+        argmax(x, impl="triton", block=block, out=buf[:m].to(torch.int32))
 
 
 def test_pdl_early_trigger_by_weight_bytes():

@@ -48,3 +48,42 @@ def test_staging_copies_right_and_reuses_arenas():
         for n, t in zip((3, 7, 20), tensors, strict=True):
             assert t.device.type == "cuda"
             assert torch.equal(t.cpu(), torch.arange(step, step + n))
+
+
+def test_graph_argmax_serves_greedy_steps_and_logprobs_stay_right(cuda_model, monkeypatch):
+    """With CUDA-graph decode, an all-greedy step takes the argmax the graph computed (no
+    sampling launch after the replay); the tokens equal the eager engine's, and requests
+    asking for logprobs or sampling (the logits read after the graph) get the eager
+    engine's tokens and logprobs too, alone and beside greedy rows."""
+    import layer4_algorithms.model_runner as MR  # noqa: PLC0415
+
+    calls = []
+    inner = MR.greedy_tokens
+    monkeypatch.setattr(MR, "greedy_tokens", lambda x: calls.append(x.shape[0]) or inner(x))
+    prompts = random_prompts((5, 17, 3, 30, 9))
+    runs = {
+        "greedy": [greedy(m) for m in (12, 9, 16, 7, 10)],
+        "logprobs": [greedy(12), greedy(9, logprobs=3), greedy(16), greedy(7, logprobs=1),
+                     greedy(10)],
+        "sampled": [greedy(12), SamplingParams(temperature=0.7, seed=5, max_tokens=9,
+                                               ignore_eos=True), greedy(16), greedy(7),
+                    greedy(10)],
+    }
+    for name, params in runs.items():
+        outs = []
+        for graphs in (False, True):
+            llm = LLM(cuda_model, block_size=4, num_blocks=96, cuda_graph=graphs, max_num_seqs=8)
+            calls.clear()
+            got = llm.generate(prompts, params)
+            outs.append(([o.outputs[0].token_ids for o in got],
+                         [o.outputs[0].logprobs for o in got]))
+            if graphs and name == "greedy":  # only the prefill's first tokens launched one
+                assert len(calls) <= 2, calls
+            assert_no_leak(llm)
+        (ids0, lp0), (ids1, lp1) = outs
+        assert ids0 == ids1, name
+        for a, b in zip(lp0, lp1, strict=True):
+            assert (a is None) == (b is None)
+            for x, y in zip(a or [], b or [], strict=True):
+                assert x.token_id == y.token_id and [t for t, _ in x.top] == [t for t, _ in y.top]
+                assert abs(x.logprob - y.logprob) < 1e-3

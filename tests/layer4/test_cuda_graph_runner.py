@@ -96,6 +96,8 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
             replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
         assert replay.shape == (len(step), CONFIG.vocab_size) and replay.dtype == torch.float32
         torch.testing.assert_close(replay, eager, rtol=tol, atol=tol)
+        # the step's greedy tokens, made inside the graph: its logits' argmax, exactly
+        assert runner.tokens(len(step)).tolist() == replay.argmax(-1).tolist()
         # padding rows wrote their one token (position 0) into the scratch block
         if bucket > len(step):
             written = cache.k[:, cache.scratch_block].abs().sum(dim=(0, 2, 3)) > 0  # per slot
@@ -165,6 +167,52 @@ def test_gpu_graphs_share_one_pool_and_reuse_buffers():
     # same slots rewritten: same logits
     b = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
     torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_steady_decode_copies_no_ids_and_tables_only_when_they_change():
+    """run_host through host arrays and copies (the GPU's path): a step whose input ids are
+    the last step's own greedy tokens (a view of the graph's buffer) copies no ids, and a
+    step whose block tables equal the last step's copies no table rows; the logits stay the
+    eager model's."""
+    model, cache, tables, lens, tokens = prefilled("cpu", torch.float32)
+    eager_cache = copy_cache(cache)
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=False)
+    g = runner.inputs = GraphInputs(MAX_SEQS, MAX_BLOCKS, cache.scratch_block,
+                                    torch.device("cpu"), copies=True)
+    runner.positions, runner.seq_lens, runner.block_tables = g.positions, g.seq_lens, \
+        g.block_tables
+    runner.contexts = {B: runner._context(B) for B in runner.buckets}
+    copies, changed = [], []
+    inner_copy = torch.Tensor.copy_
+    seqs = [0, 1, 2]
+    ids = torch.tensor([tokens[b] for b in seqs])
+    try:
+        torch.Tensor.copy_ = lambda t, src, **k: copies.append(
+            (t.data_ptr(), tuple(t.shape))) or inner_copy(t, src, **k)
+        last = None
+        for i in range(3):  # each table as long as its step needs: the first one grows once
+            ctx = eager_cache.context([1] * 3, [lens[b] for b in seqs],
+                                      [tables[b][:lens[b] // BLOCK_SIZE + 1] for b in seqs])
+            with torch.no_grad():
+                eager = model(ids if i == 0 else runner.tokens(3).clone(), ctx, eager_cache,
+                              last_only=True)
+            copies.clear()
+            got = runner.run_host(ids if i == 0 else runner.tokens(3), ctx.positions.numpy(),
+                                  ctx.block_tables.numpy())
+            torch.testing.assert_close(got, eager, rtol=1e-5, atol=1e-5)
+            wrote = {p for p, _ in copies}
+            assert (runner.input_ids.data_ptr() in wrote) == (i == 0)  # ids: first step only
+            # tables: the first step, then only when a sequence's table grew
+            table = ctx.block_tables.numpy().copy()
+            same = last is not None and np.array_equal(table, last)
+            assert (g.block_tables.data_ptr() in wrote) == (not same)
+            last = table
+            changed.append(not same)
+            for b in seqs:
+                lens[b] += 1
+    finally:
+        torch.Tensor.copy_ = inner_copy
+    assert changed[0] and not all(changed) and any(changed[1:])  # both cases seen
 
 
 @pytest.mark.parametrize("async_scheduling", [False, True])

@@ -1,0 +1,81 @@
+"""The host cost of a graph-replayed decode step's own calls, on this machine's CPU.
+
+    PYTHONPATH=<tree> python benchmarks/decode_host_calls.py [--batches 1,32] [--n 3000]
+
+Times, with CPU tensors (thread CPU time, the best of 5 rounds of --n calls each), the calls
+rank 0 makes around a decode step's CUDA-graph replay, the replay itself left out:
+  run_host     CudaGraphRunner.run_host through host arrays and copies (GraphInputs with
+               copies=True: the GPU's path, without pinning or events), input ids from the
+               last step's tokens (steady decoding: same sequences, same order, same tables)
+  sample       ModelRunner.sample_tokens of an all-greedy batch as the engine calls it after a
+               graph-replayed step (with the graph's argmax where the runner has one)
+What a GPU adds on top (CUDA API calls: copies, events, pinned allocations) is not here:
+tp_gpu_bench's phases measure that. Run it once per tree to compare two versions.
+"""
+from __future__ import annotations
+
+import argparse
+import inspect
+import time
+
+import numpy as np
+import torch
+
+import layer3_model as l3
+from layer4_algorithms import PagedKVCache
+from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
+from layer4_algorithms.graph_inputs import GraphInputs
+from layer4_algorithms.model_runner import ModelRunner
+
+CONFIG = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
+                        intermediate_size=96, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, max_position_embeddings=4096)
+
+
+def best(fn, n: int, rounds: int = 5) -> float:
+    """Microseconds per call: the best round's mean (thread CPU time)."""
+    out = []
+    for _ in range(rounds):
+        t = time.thread_time()
+        for _ in range(n):
+            fn()
+        out.append((time.thread_time() - t) / n * 1e6)
+    return min(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batches", default="1,32")
+    ap.add_argument("--n", type=int, default=3000)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    model = l3.random_model(CONFIG, seed=0)
+    for B in (int(b) for b in args.batches.split(",")):
+        cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32,
+                                       device="cpu")
+        runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False)
+        g = runner.inputs = GraphInputs(max(B, 8), 64, cache.scratch_block,
+                                        torch.device("cpu"), copies=True)
+        runner.positions, runner.seq_lens, runner.block_tables = (g.positions, g.seq_lens,
+                                                                  g.block_tables)
+        runner._replay = lambda bucket: None  # the replay is the GPU's: left out
+        pos = np.arange(B, dtype=np.int64) * 7 + 100
+        table = np.arange(B * 12, dtype=np.int64).reshape(B, 12)
+        tokens = getattr(runner, "tokens", None)
+        ids = tokens(B) if tokens else runner.input_ids[:B]  # steady: last step's tokens
+        t_run = best(lambda r=runner, i=ids, p=pos, t=table: r.run_host(i, p, t), args.n)
+        params = [l3.SamplingParams(temperature=0.0)] * B
+        gens = [None] * B
+        logits = torch.randn(B, CONFIG.vocab_size)
+        mr = ModelRunner.__new__(ModelRunner)
+        mr.last_bad = None
+        kw = {"argmax": ids} if "argmax" in inspect.signature(mr.sample_tokens).parameters else {}
+        t_sample = best(
+            lambda m=mr, x=logits, p=params, g=gens, k=kw: m.sample_tokens(x, p, g, **k), args.n)
+        print(f"batch {B:3}: run_host {t_run:6.1f} us, sample (all greedy) {t_sample:6.1f} us "
+              f"(CPU, replay and argmax kernel excluded{'' if kw else '; argmax on the host'})",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

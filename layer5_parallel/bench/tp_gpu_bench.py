@@ -251,10 +251,12 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 tp_timeout_s: float = 300.0, profile_host: bool = False,
                 phases: bool = True, config=None, device: str = "cuda:0",
                 dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """layouts: (tp, tp_backend[, worker_spin_s[, pin]]), TP=1 first (the reference of tokens
-    and speed); worker_spin_s: how long the workers spin on the ring before they nap
-    (runtime/group.py's SPIN_S; None: its default); pin: rank 0 and each worker on a physical
-    core of its own (step_phases.pin_processes) while that layout runs.
+    """layouts: (tp, tp_backend[, worker_spin_s[, pin[, worker_pause_s]]]), TP=1 first (the
+    reference of tokens and speed); worker_spin_s: how long the workers spin on the ring
+    before they nap (runtime/group.py's SPIN_S; None: its default); pin: rank 0 and each
+    worker on a physical core of its own (step_phases.pin_processes) while that layout runs;
+    worker_pause_s: the workers' pause between reads while they spin (SPIN_PAUSE_S; 0:
+    sched_yield, a busy loop; None: its default).
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
     time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each).
     phases: one more run per batch with rank 0's step timed by phase (step_phases.py), kept
@@ -275,13 +277,16 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
     blocks = big * -(-longest // 16) + 16
     rows, ref = [], {}
     for tp, tp_backend, *more in layouts:
-        spin, pin = (list(more) + [None, False])[:2]
+        spin, pin, pause = list(more) + [None, False, None][len(more):]
         label = (tp_backend if spin is None else f"{tp_backend}@{spin:g}s") + ("+pin" if pin
                                                                                 else "")
+        label += "" if pause is None else f"/{pause * 1e6:g}us"
         what = f"{name} TP={tp} {label}"
-        saved_spin = dict(runtime_group.SPIN_S)
+        saved_spin, saved_pause = dict(runtime_group.SPIN_S), runtime_group.SPIN_PAUSE_S
         if spin is not None:  # the group reads it at start: this engine's workers only
             runtime_group.SPIN_S["nccl"] = runtime_group.SPIN_S["gloo"] = spin
+        if pause is not None:
+            runtime_group.SPIN_PAUSE_S = pause
         log(f"{what}: starting the engine (CUDA graphs on every rank)")
         try:
             llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
@@ -289,7 +294,9 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                       tp_timeout_s=tp_timeout_s, async_scheduling=True)
         finally:
             runtime_group.SPIN_S.update(saved_spin)
+            runtime_group.SPIN_PAUSE_S = saved_pause
         spin_s = runtime_group.SPIN_S["nccl"] if spin is None else spin
+        pause_s = runtime_group.SPIN_PAUSE_S if pause is None else pause
         affinity, pinned = os.sched_getaffinity(0), None
         try:
             if pin:
@@ -310,7 +317,8 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 diff = first_difference(ref[batch], tokens)
                 rows.append({"shape": name, "tp": tp, "batch": batch, "new_tokens": n,
                              "tp_backend": tp_backend, "layout": label,
-                             "worker_spin_s": spin_s if tp > 1 else None, "pinned_cpus": pinned,
+                             "worker_spin_s": spin_s if tp > 1 else None,
+                             "worker_pause_s": pause_s if tp > 1 else None, "pinned_cpus": pinned,
                              **r,
                              "predicted_step_ms": 1e3 * pred.step_s,
                              "predicted_comm_ms": 1e3 * pred.tp_comm_s,
@@ -417,11 +425,13 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
                  profile_host: bool = False, tps: list[int] | None = None,
                  phases: bool = True, worker_spins: list[float] | None = None,
-                 pin_cpus: bool = False) -> dict:
+                 pin_cpus: bool = False, worker_pauses: list[float] | None = None) -> dict:
     """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs);
     worker_spins: run each TP layout once per value (the workers' spin on the ring before
     they nap; default: the group's own, once); pin_cpus: each TP layout once more (at the
-    first spin) with rank 0 and every worker pinned to a physical core of its own."""
+    first spin) with rank 0 and every worker pinned to a physical core of its own;
+    worker_pauses: each TP layout once per value of the workers' pause between reads while
+    they spin (0: a busy loop; default: the group's own, once)."""
     gpus = torch.cuda.device_count()
     tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
     rows: list[dict] = []
@@ -429,7 +439,9 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
     result = {"device": torch.cuda.get_device_name(0), "gpus": gpus, "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     spins = worker_spins or [None]
-    layouts = [(1, "torch")] + [(t, b, w) for b in tp_backends for w in spins for t in tps]
+    pauses = worker_pauses or [None]
+    layouts = [(1, "torch")] + [(t, b, w, False, p) for b in tp_backends for w in spins
+                                for p in pauses for t in tps]
     if pin_cpus:
         layouts += [(t, b, spins[0], True) for b in tp_backends for t in tps]
     for name in shapes:
@@ -471,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker-spin", default="",
                     help="seconds the workers spin on the ring before napping, comma-separated: "
                          "each TP layout once per value (default: the runtime's, once)")
+    ap.add_argument("--worker-pause", default="",
+                    help="seconds the workers pause between reads of the ring while they spin "
+                         "(0: sched_yield, a busy loop), comma-separated: each TP layout once "
+                         "per value (default: the runtime's, once)")
     ap.add_argument("--pin-cpus", action="store_true",
                     help="each TP layout once more with rank 0 and every worker pinned to a "
                          "physical core of its own")
@@ -488,6 +504,12 @@ def main(argv: list[str] | None = None) -> int:
         spins = [-1.0]
     if spins is not None and min(spins) < 0:
         ap.error(f"--worker-spin {args.worker_spin!r}: seconds >= 0, comma-separated")
+    try:
+        pauses = [float(w) for w in args.worker_pause.split(",")] if args.worker_pause else None
+    except ValueError:
+        pauses = [-1.0]
+    if pauses is not None and min(pauses) < 0:
+        ap.error(f"--worker-pause {args.worker_pause!r}: seconds >= 0, comma-separated")
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
@@ -502,7 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
                          tps=[int(t) for t in tps], phases=not args.no_phases,
-                         worker_spins=spins, pin_cpus=args.pin_cpus)
+                         worker_spins=spins, pin_cpus=args.pin_cpus, worker_pauses=pauses)
     finally:
         runtime_group.progress = None
         log.done()

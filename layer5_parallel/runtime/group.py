@@ -40,6 +40,7 @@ from .shm_broadcast import RingConn, ShmRing
 from .worker import worker_main
 
 SPIN_S = {"nccl": 0.05, "gloo": 0.0}  # workers spin on the ring (GPU hosts: cores to spare)
+SPIN_PAUSE_S = 2e-5  # ... pausing this long between reads (0: sched_yield; shm_broadcast.py)
 GRACE_S = 3.0  # after a failure: how long the other workers may still report theirs
 # send() checks the workers' processes at most this often (a check is one waitpid per worker,
 # every step); a worker that dies in between is caught by the waits (ring, events), which
@@ -111,7 +112,7 @@ class WorkerGroup:
         port = engine.comm.free_port() if ours else store.port
         ctx = mp.get_context("spawn")
         procs, conns = [], []
-        ring = ShmRing.create(world - 1, spin_s=SPIN_S[backend])
+        ring = ShmRing.create(world - 1, spin_s=SPIN_S[backend], pause_s=SPIN_PAUSE_S)
         main = threading.current_thread() is threading.main_thread()  # see die_with_parent
         for rank in range(1, world):
             mine, theirs = ctx.Pipe(duplex=True)

@@ -22,11 +22,17 @@ sees the new `seq` sees the payload written before it). Reader r waits for seq[s
 next index + 1, copies the payload out, sets read[s, r]. `seq` counts
 messages, so a slot's old message is never mistaken for its new one.
 
-Waiting: spin (re-reading the flag, yielding the core) for `spin_s`, then sleep in growing
-naps up to 1 ms. On a GPU host a worker spins through a whole decode step (cores to spare,
-and a nap there would delay every rank's next launch); on a CPU, where ranks share cores,
-spin_s=0 naps at once. Every wait checks `alive()` (say, that the peer process still
-lives) each `POLL_S`, so a dead peer turns into an error, never a hang.
+Waiting: spin (re-reading the flag) for `spin_s`, then sleep in growing naps up to 1 ms. On a
+GPU host a worker spins through a whole decode step (a long nap there would delay every
+rank's next launch); on a CPU, where ranks share cores, spin_s=0 naps at once. While
+spinning, a reader pauses `pause_s` between reads (a short sleep, with the thread's timer
+slack cut to a microsecond so that it stays short): three workers re-reading in a busy loop
+(pause_s=0: os.sched_yield between reads, a core each at 100 %) were measured to slow rank
+0's own Python ~1.9x on a GPU host though none shared its core (SMT siblings the guest does
+not see, the package's power budget); a pause of tens of microseconds is hidden, since rank
+0 announces a decode step before it fills the step's inputs and launches its own graph.
+Every wait checks `alive()` (say, that the peer process still lives) each `POLL_S`, so a
+dead peer turns into an error, never a hang.
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ import numpy as np
 
 POLL_S = 0.5  # how often a waiting side calls alive()
 MAX_NAP_S = 1e-3
+PR_SET_TIMERSLACK = 29  # prctl(2)
 
 
 class ShmRing:
@@ -48,9 +55,11 @@ class ShmRing:
     pickle the reader's ring: it re-attaches by name in the receiving process)."""
 
     def __init__(self, shm: shared_memory.SharedMemory, readers: int, slots: int,
-                 slot_bytes: int, reader: int | None, owner: bool, spin_s: float) -> None:
+                 slot_bytes: int, reader: int | None, owner: bool, spin_s: float,
+                 pause_s: float = 0.0) -> None:
         self.shm, self.readers, self.slots, self.slot_bytes = shm, readers, slots, slot_bytes
-        self.reader, self.owner, self.spin_s = reader, owner, spin_s
+        self.reader, self.owner, self.spin_s, self.pause_s = reader, owner, spin_s, pause_s
+        self.reader_pause_s = pause_s  # what reader_end hands the readers
         self.count = 0  # messages written (writer) or read (reader r) so far
         self.waited_s = 0.0  # time spent waiting: the writer, for a slot its readers still hold
         buf, flag_w = shm.buf, _round8(readers)
@@ -68,21 +77,24 @@ class ShmRing:
     # ---- life -------------------------------------------------------------------------------
     @classmethod
     def create(cls, readers: int, *, slots: int = 8, slot_bytes: int = 1 << 18,
-               spin_s: float = 0.0) -> ShmRing:
-        """A new ring (the writer's end); `name` names it for the readers."""
+               spin_s: float = 0.0, pause_s: float = 0.0) -> ShmRing:
+        """A new ring (the writer's end); `name` names it for the readers. spin_s: how long
+        the writer and the readers spin; pause_s: the readers' pause while spinning (the
+        writer, rank 0, yields: its waits for a slot are rare and short)."""
         if readers < 1 or slots < 1 or slot_bytes < 64:
             raise ValueError(f"need readers >= 1, slots >= 1, slot_bytes >= 64; got {readers}, "
                              f"{slots}, {slot_bytes}")
         size = 16 * slots + slots * _round8(readers) + slots * slot_bytes
         shm = shared_memory.SharedMemory(create=True, size=size)
-        ring = cls(shm, readers, slots, slot_bytes, None, True, spin_s)
+        ring = cls(shm, readers, slots, slot_bytes, None, True, spin_s)  # (yields: rank 0)
+        ring.reader_pause_s = pause_s
         ring.seq[:] = 0
         ring.read[:] = 1  # every slot free
         return ring
 
     @classmethod
     def attach(cls, name: str, reader: int, readers: int, slots: int, slot_bytes: int,
-               spin_s: float = 0.0, *, untrack: bool = False) -> ShmRing:
+               spin_s: float = 0.0, pause_s: float = 0.0, *, untrack: bool = False) -> ShmRing:
         """Reader `reader` (0-based) of the ring called `name`. untrack: a process that does
         not share the writer's resource tracker (not started by it through multiprocessing)
         must not let its tracker remove the block at its exit."""
@@ -91,16 +103,20 @@ class ShmRing:
         shm = shared_memory.SharedMemory(name=name)
         if untrack:
             _untrack(shm)
-        return cls(shm, readers, slots, slot_bytes, reader, False, spin_s)
+        if pause_s > 0:
+            tight_timer_slack()
+        return cls(shm, readers, slots, slot_bytes, reader, False, spin_s, pause_s)
 
     @property
     def name(self) -> str:
         return self.shm.name
 
-    def reader_end(self, reader: int, spin_s: float | None = None) -> _ReaderEnd:
+    def reader_end(self, reader: int, spin_s: float | None = None,
+                   pause_s: float | None = None) -> _ReaderEnd:
         """A picklable handle that becomes reader `reader`'s ring in the process it is sent to."""
         return _ReaderEnd(self.name, reader, self.readers, self.slots, self.slot_bytes,
-                          self.spin_s if spin_s is None else spin_s)
+                          self.spin_s if spin_s is None else spin_s,
+                          self.reader_pause_s if pause_s is None else pause_s)
 
     def close(self) -> None:
         """Detach (and, on the writer, remove the block). Views die first: numpy holds buf."""
@@ -183,7 +199,10 @@ class ShmRing:
                     if alive is not None:
                         alive()
                 if now < spin_until:
-                    os.sched_yield()
+                    if self.pause_s > 0:
+                        time.sleep(self.pause_s)
+                    else:
+                        os.sched_yield()
                 else:
                     time.sleep(nap)
                     nap = min(2 * nap, MAX_NAP_S)
@@ -204,8 +223,8 @@ class _ReaderEnd:
     """Reader r's end in transit: unpickles into ShmRing.attach(...) in the receiver."""
 
     def __init__(self, name: str, reader: int, readers: int, slots: int, slot_bytes: int,
-                 spin_s: float) -> None:
-        self.args = (name, reader, readers, slots, slot_bytes, spin_s)
+                 spin_s: float, pause_s: float = 0.0) -> None:
+        self.args = (name, reader, readers, slots, slot_bytes, spin_s, pause_s)
 
     def open(self) -> ShmRing:
         return ShmRing.attach(*self.args)
@@ -238,6 +257,18 @@ class RingConn:
         self.pipe.close()
         if isinstance(self._ring, ShmRing):
             self._ring.close()
+
+
+def tight_timer_slack(ns: int = 1000) -> bool:
+    """This thread's timer slack (how late the kernel may end a sleep to batch wake-ups;
+    50 us by default) cut to `ns`, so a short pause between polls stays short (Linux; False
+    elsewhere or if refused)."""
+    try:
+        import ctypes  # noqa: PLC0415
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_TIMERSLACK, ctypes.c_ulong(ns), 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
 
 
 def _round8(n: int) -> int:

@@ -22,8 +22,11 @@ def _reader(end, pipe, n: int) -> None:
     conn.send(got)
 
 
-def test_every_reader_gets_every_message_in_order():
-    ring = ShmRing.create(2, slots=4, slot_bytes=4096)
+@pytest.mark.parametrize("pause_s", [0.0, 2e-5])
+def test_every_reader_gets_every_message_in_order(pause_s):
+    """Readers spinning (a GPU host's workers), yielding or pausing between reads."""
+    ring = ShmRing.create(2, slots=4, slot_bytes=4096, spin_s=0.05, pause_s=pause_s)
+    assert ring.reader_end(1).args[-2:] == (0.05, pause_s) and ring.pause_s == 0.0
     ctx = mp.get_context("spawn")
     msgs = [("step", i, list(range(i % 50))) for i in range(60)]
     procs, pipes = [], []

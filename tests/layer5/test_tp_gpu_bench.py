@@ -84,18 +84,23 @@ def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
     from layer5_parallel.bench import step_phases, tp_gpu_bench  # noqa: PLC0415
     from layer5_parallel.runtime import group  # noqa: PLC0415
 
-    spins, affinity = dict(group.SPIN_S), os.sched_getaffinity(0)
+    spins, affinity, pause = dict(group.SPIN_S), os.sched_getaffinity(0), group.SPIN_PAUSE_S
     config = step_phases.tiny_model().config
     lines = []
     rows = tp_gpu_bench.bench_shape(
-        "tiny", [(1, "torch"), (2, "torch"), (2, "torch", 0.01), (2, "torch", None, True)],
+        "tiny", [(1, "torch"), (2, "torch"), (2, "torch", 0.01), (2, "torch", None, True),
+                 (2, "torch", None, False, 0.0)],
         repeats=1, backend="torch", workloads=((1, 6), (3, 6)), config=config, device="cpu",
         dtype=torch.float32, log=lines.append)
     assert group.SPIN_S == spins and os.sched_getaffinity(0) == affinity
+    assert group.SPIN_PAUSE_S == pause
     assert [(r["tp"], r["batch"], r["layout"]) for r in rows] == [
         (1, 1, "torch"), (1, 3, "torch"), (2, 1, "torch"), (2, 3, "torch"),
-        (2, 1, "torch@0.01s"), (2, 3, "torch@0.01s"), (2, 1, "torch+pin"), (2, 3, "torch+pin")]
-    assert [r["pinned_cpus"] is not None for r in rows] == [False] * 6 + [True] * 2
+        (2, 1, "torch@0.01s"), (2, 3, "torch@0.01s"), (2, 1, "torch+pin"), (2, 3, "torch+pin"),
+        (2, 1, "torch/0us"), (2, 3, "torch/0us")]
+    assert [r["pinned_cpus"] is not None for r in rows] == [False] * 6 + [True] * 2 + [False] * 2
+    assert [r["worker_pause_s"] for r in rows[8:]] == [0.0, 0.0]
+    assert rows[2]["worker_pause_s"] == group.SPIN_PAUSE_S
     assert any("pinned to cpus" in line for line in lines)
     for r in rows:
         assert r["same_tokens"], r

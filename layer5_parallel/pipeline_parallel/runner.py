@@ -42,10 +42,10 @@ class PPRunner(RankZeroRunner):
         finally:
             net.greedy = False
 
-    def sample_tokens(self, logits, params, generators) -> torch.Tensor:
+    def sample_tokens(self, logits, params, generators, *, argmax=None) -> torch.Tensor:
         """Layer 4's; int64 "logits" are the last stage's argmax already (every row greedy):
         they are the tokens."""
         if isinstance(logits, torch.Tensor) and logits.dtype == torch.int64:
             self.last_bad = None
             return logits.reshape(-1)
-        return super().sample_tokens(logits, params, generators)
+        return super().sample_tokens(logits, params, generators, argmax=argmax)

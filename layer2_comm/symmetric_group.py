@@ -92,8 +92,12 @@ def rendezvous_group(group, device: torch.device) -> str:
     name = f"symmetric-memory-{_next[0] - 1}"
     store = RenumberingStore(dist.PrefixStore(name, c10d._get_process_group_store(group)))
     # no backend: the rendezvous only asks the group for its rank, size and store
-    members = c10d.ProcessGroup(store, dist.get_rank(group), dist.get_world_size(group))
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    members = c10d.ProcessGroup(store, rank, size)
     c10d._register_process_group(name, members)
+    # some torch versions read the rank, size and store from this table instead
+    from torch._C._distributed_c10d import _SymmetricMemory
+    _SymmetricMemory.set_group_info(name, rank, size, store)
     _groups[name] = (members, store)
     return name
 

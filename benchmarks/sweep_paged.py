@@ -5,7 +5,8 @@ the 12 shapes `stack bench --layer 4 --only kernel` lists (batch 1/4/8/32 x cont
 int64 tables 132 wide as the CUDA-graph runner's), Llama-3.2-1B heads (32 q, 8 kv, D 64),
 bf16, pages of 16, blocks shuffled across the cache.
 
-Per shape: every (BLOCK_N, warps, stages, grid order) x split count under CUDA-graph replay
+Per shape: every (BLOCK_N, warps, stages, grid order[, merge parts a round trip]) x split
+count under CUDA-graph replay
 (what the engine pays, as the bench's graph column), SDPA's best backend/layout under the
 same replay, then eager do_bench (L2 flushed, as the bench's first column) of the best
 config launched directly, through the JIT, and through layer 4's wrapper, plus each path's
@@ -13,6 +14,11 @@ host cost per call (calls back to back, one sync). Prints a compact table, the b
 per shape, and writes OUT/sweep_paged.json.
 
     python benchmarks/sweep_paged.py --out DIR [--budget-s 75] [--quick] [--shapes B:CTX,...]
+        [--configs I,J,...] [--splits S,...] [--heads HQ:HKV:D]
+
+--defaults B:CTX,...: no sweep; layer 4's wrapper with its own picks ("after"), the same
+with the previous split rule and merge tile ("before": SPLIT_BELOW 1.5, 32 parts a merge
+round trip), and SDPA, per shape: graph replay and do_bench.
 """
 # ruff: noqa: B023  (every lambda is timed inside its own loop iteration)
 from __future__ import annotations
@@ -38,7 +44,11 @@ SHAPES = [(256, "engine"), (1, 1024), (4, 1024), (8, 1024), (1, 4096), (4, 4096)
 CONFIGS = [(64, 2, 2, False), (64, 4, 2, False), (64, 4, 3, False), (128, 4, 1, False),
            (128, 4, 2, False), (128, 4, 3, False), (128, 8, 2, False), (256, 4, 2, False),
            (256, 8, 1, False), (256, 8, 2, False), (64, 4, 2, True), (128, 4, 2, True),
-           (256, 8, 2, True)]
+           (256, 8, 2, True),
+           # 13-17: heads first with the merge tile's parts (5th: 32 = 3 programs an SM at
+           # D 64, 8 = 5) and the unpipelined / 3-stage loops; 18: D 128's unsplit default
+           (128, 4, 2, True, 32), (128, 4, 2, True, 8), (128, 4, 1, True), (128, 4, 3, True),
+           (64, 4, 1, True), (128, 8, 2, True)]
 T0 = time.perf_counter()
 DEV, DTYPE = "cuda", torch.bfloat16  # a CPU smoke run swaps them
 ENGINE_LENS, ENGINE_WIDTH = (100, 1125), 2112  # max_model_len 2 * 1024 + 64
@@ -82,7 +92,8 @@ def split_options(B: int, max_ctx: int, splits=SPLITS) -> list[int]:
 
 
 def cfg_dict(c) -> dict:
-    return {"BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2]}
+    return {"BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2],
+            **({"merge_s": c[4]} if len(c) > 4 else {})}
 
 
 def ours(c: dict, cfg, splits: int):
@@ -146,6 +157,23 @@ def old_splits(B: int, max_ctx: int) -> int:
     return max(1, min(-(-8 * 132 // (B * HKV)), -(-max_ctx // 128), 64))
 
 
+class before_rules:
+    """Layer 1's previous split rule (no split from 1.5 programs an SM) and merge tile (32
+    parts a round trip), for a before/after in one run (layer 4's kept plans dropped)."""
+
+    def __init__(self, pa):
+        self.pa = pa
+
+    def __enter__(self):
+        self.saved = pd.SPLIT_BELOW, pd.MERGE_PARTS
+        pd.SPLIT_BELOW, pd.MERGE_PARTS = 1.5, 32
+        self.pa._PLANS.clear()
+
+    def __exit__(self, *exc):
+        pd.SPLIT_BELOW, pd.MERGE_PARTS = self.saved
+        self.pa._PLANS.clear()
+
+
 def defaults(args, do_bench) -> int:
     """Before/after at a few shapes: the wrapper's own picks vs the old kernel's, and SDPA."""
     pa = importlib.import_module("layer4_algorithms.kv.paged_attention")
@@ -163,6 +191,10 @@ def defaults(args, do_bench) -> int:
                                                                  c["q"].device),
                    new_graph_us=graph_us(new, est),
                    new_bench_us=do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3)
+        with before_rules(pa):  # the previous split rule and merge tile, same kernel code
+            row["before_splits"] = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device)
+            row["before_graph_us"] = graph_us(new, est)
+            row["before_bench_us"] = do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3
         if B <= 8:  # host cost per call, direct launch vs the JIT (and the same output)
             row["host_direct_us"] = host_us(new)
             a = new()
@@ -180,11 +212,23 @@ def defaults(args, do_bench) -> int:
             row.update(sdpa=best, sdpa_graph_us=times[best], sdpa_bench_us=do_bench(
                 fns[best], warmup=5, rep=25, return_mode="median") * 1e3)
         row["new_tbps"] = c["kv_bytes"] / row["new_graph_us"] / 1e6
+        if "sdpa_graph_us" in row:
+            row["ratio_graph_before_after"] = (row["sdpa_graph_us"] / row["before_graph_us"],
+                                               row["sdpa_graph_us"] / row["new_graph_us"])
+            row["ratio_bench_before_after"] = (row["sdpa_bench_us"] / row["before_bench_us"],
+                                               row["sdpa_bench_us"] / row["new_bench_us"])
         rows.append(row)
         log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in row.items()))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "defaults_paged.json").write_text(json.dumps(rows, indent=1, default=str))
+    print("\nbatch context | splits before after | sdpa/ours graph before after | do_bench "
+          "before after")
+    for r in rows:
+        g = r.get("ratio_graph_before_after") or (math.nan, math.nan)
+        d = r.get("ratio_bench_before_after") or (math.nan, math.nan)
+        print(f"{r['batch']:5} {r['context']!s:>7} | {r['before_splits']:>3} {r['splits']:>3} | "
+              f"{g[0]:.2f} {g[1]:.2f} | {d[0]:.2f} {d[1]:.2f}")
     return 0
 
 
@@ -221,6 +265,8 @@ def main(argv=None) -> int:
                     help="only these entries of CONFIGS (indices)")
     ap.add_argument("--splits", default=None, metavar="S,...",
                     help="only these split counts (default: 1 to 64)")
+    ap.add_argument("--heads", default=None, metavar="HQ:HKV:D",
+                    help="query heads, kv heads, head dim (default 32:8:64, Llama-3.2-1B)")
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
@@ -228,6 +274,9 @@ def main(argv=None) -> int:
                     help="no sweep: time layer 4's wrapper with its own picks (and --old with "
                          "the old picks, and SDPA) at these shapes, e.g. 256:engine,1:16384")
     args = ap.parse_args(argv)
+    if args.heads:
+        global HQ, HKV, D
+        HQ, HKV, D = (int(x) for x in args.heads.split(":"))
     from triton.testing import do_bench
     if args.defaults:
         return defaults(args, do_bench)
@@ -286,7 +335,8 @@ def main(argv=None) -> int:
         row.update(best=top, auto_splits=auto, top5=sweep[:5],
                    by_splits={str(k): min(r["graph_us"] for r in sweep if r["splits"] == k)
                               for k in sorted({r["splits"] for r in sweep})},
-                   by_cfg={str(k): min(r["graph_us"] for r in sweep if tuple(r["cfg"]) == k)
+                   by_cfg={str(k): min((r["graph_us"] for r in sweep if tuple(r["cfg"]) == k),
+                                       default=None)
                            for k in configs},
                    max_err=max(r["err"] for r in sweep) if ref is not None else None)
         # eager (L2 flushed) and host cost: direct launch, JIT launch, layer 4's wrapper
@@ -325,7 +375,7 @@ def main(argv=None) -> int:
             f"host d/j/w/sdpa {row['host_direct_us']} {row['host_jit_us']} "
             f"{row['host_wrapper_us']} {row.get('host_sdpa_us')} | err {row['max_err']}")
         log("   by splits:", {k: round(v, 1) for k, v in row["by_splits"].items()})
-        log("   by cfg:", {k: round(v, 1) for k, v in row["by_cfg"].items()})
+        log("   by cfg:", {k: round(v, 1) for k, v in row["by_cfg"].items() if v is not None})
         results.append(row)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         (Path(args.out) / "sweep_paged.json").write_text(json.dumps(

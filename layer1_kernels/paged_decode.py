@@ -22,8 +22,8 @@ merge kernel reads them all.)
 The merge. With more than one part, each program writes its partial result, then takes a
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
-all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, up to 32
-parts, not a head at a time) and writes the lse-weighted mean, then resets the counter to 0
+all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, 16 parts by
+default: a larger tile costs the whole kernel registers, see _tiles) and writes the lse-weighted mean, then resets the counter to 0
 for the next call. That saves the second launch flash-decoding usually needs (~2-3 us each
 on a GPU, x layers per token). The counters and the partial results live in buffers kept
 per device (the counters zero between calls); when one must grow while a CUDA graph is
@@ -154,41 +154,47 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
     heads = h_kv * kv_group + offs_g
     head_ok = offs_g < kv_group
 
-    # The first tile. Token n -> (its block, its row in the block) -> its k, v rows.
-    offs_n = start + tl.arange(0, BLOCK_N)
-    valid = offs_n < end
-    row = offs_n % PAGE
-    k_ptrs = (k_ptr + block0 * stride_kblk + row * stride_ktok + h_kv * stride_kh)[:, None] \
-        + offs_d[None, :] * stride_kd
-    v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv * stride_vh)[:, None] \
-        + offs_d[None, :] * stride_vd
-    if EARLY_KV:  # every key but the newest (hi - 1: the kernel before wrote it) is older
-        old = valid & (offs_n != hi - 1)
-        k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
-    if PDL and EARLY_INDEX:
-        gdc_wait()
-    if EARLY_KV:
-        new = valid & (offs_n == hi - 1)
-        k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
-        v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
-    else:
-        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
-    block_next = block0
-    if not IDENTITY:
-        nxt = offs_n + BLOCK_N
-        block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
-                             other=0).to(tl.int64)
     # The G query heads of kv head h_kv: one (BLOCK_G, D) tile, padding rows masked.
-    q = tl.load(q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd,
-                mask=head_ok[:, None], other=0.0)
+    q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
-    m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+    block_next = block0
+    first = start
+    if EARLY_KV:  # the first tile peeled: its keys and values but the newest key's come first
+        # Token n -> (its block, its row in the block) -> its k, v rows.
+        offs_n = start + tl.arange(0, BLOCK_N)
+        valid = offs_n < end
+        row = offs_n % PAGE
+        k_ptrs = (k_ptr + block0 * stride_kblk + row * stride_ktok + h_kv * stride_kh)[:, None] \
+            + offs_d[None, :] * stride_kd
+        v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv * stride_vh)[:, None] \
+            + offs_d[None, :] * stride_vd
+        old = valid & (offs_n != hi - 1)  # every key but the newest (the kernel before wrote it)
+        k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
+        if PDL and EARLY_INDEX:
+            gdc_wait()
+        new = valid & (offs_n == hi - 1)
+        k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
+        v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
+        if not IDENTITY:
+            nxt = offs_n + BLOCK_N
+            block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
+                                 other=0).to(tl.int64)
+        q = tl.load(q_ptrs, mask=head_ok[:, None], other=0.0)
+        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        first = start + BLOCK_N
+    else:  # every tile in the loop: its loads go through the software pipeline (num_stages),
+        # and no tile is held in registers outside it (the peeled tile's registers cost
+        # ~35 a thread at BLOCK_N 128: 155 -> 3 programs an SM instead of 4)
+        if PDL and EARLY_INDEX:
+            gdc_wait()
+        q = tl.load(q_ptrs, mask=head_ok[:, None], other=0.0)
 
-    for n0 in range(start + BLOCK_N, end, BLOCK_N):
+    for n0 in range(first, end, BLOCK_N):
+        # Token n -> (its block, its row in the block) -> its k, v rows; the next tile's
+        # block ids are fetched a step ahead, so a tile's loads wait on one round trip.
         offs_n = n0 + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         block = block_next
@@ -333,11 +339,15 @@ def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor
 # 8B shape at TP=1 and per rank at TP=4, D 128, and the 1B shape, D 64; batch 1 and 32,
 # contexts 128-4096; graph replay, keys from DRAM, also after a PDL GEMV as in a step).
 #: programs per SM a split count aims for: the best split count put 256-1024 programs on the
-#: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024), batch 32 (256 programs) ran best unsplit.
+#: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024). Four is also how many of the default D-64
+#: launch fit on an SM at once (118 registers a thread, see _tiles): one wave.
 PROGRAMS_PER_SM = 4
-#: no split from this many programs per SM on (batch 32 x 8 kv heads: 1.94, one part was 2-3 %
-#: faster than two at every context; batch 8: 0.48, eight parts 1.5-15 % faster than four).
-SPLIT_BELOW = 1.5
+#: no split from this many programs per SM on. Batch 32 x 8 kv heads (1.94 an SM) splits in
+#: two: on an H200 two parts ran 2-4 % faster than the best unsplit config at 4k and 16k keys
+#: and within 1 % at 1k (and the default config unsplit, heads first, was 15-30 % slower);
+#: on the H100 one part had been 2-3 % faster. Batch 8: 0.48, eight parts 1.5-15 % faster
+#: than four.
+SPLIT_BELOW = 2.5
 #: the shortest part, in keys (the kernel rounds a part up to whole BLOCK_N steps, so with the
 #: default configs the shortest part is one loop step: 64 keys at D 128, 128 at D 64). At
 #: batch 1 on the H200, 16 was best or within 1 % of the best of 16-256 at every shape: parts
@@ -374,24 +384,30 @@ def default_min_part() -> int:
     return 16 if interpreter.INTERPRETED else MIN_SPLIT_TOKENS
 
 
-def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
+#: D 128 parts up to this many keys take the latency-bound split config (below)
+SHORT_PART = 1024
+
+
+def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
+                   max_context: int | None = None) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
     change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
     shortest parts at each shape):
     D 64: 128 keys a step, 4 warps, 2 stages, split or not (1B: batch 1 within 2 % at contexts
     128, 1k and 4k, 16 % at 256; batch 32 the best);
-    D 128 split: 64 keys, 4 warps, no pipelining (short parts: latency-bound; 8B batch 1 at
-    TP=1 and per rank at TP=4: within 0-8 %, 3 % on average);
-    D 128 unsplit: 128 keys, 8 warps, 2 stages (long loops: bandwidth-bound; 8B batch 32:
-    0.88x the time of 64 keys with 4 warps at context 4096, 0.91x at 1k, 0.97-1.03x at
-    128-256)."""
+    D 128 split into short parts (max_context / splits <= SHORT_PART keys; max_context None:
+    any split): 64 keys, 4 warps, no pipelining (latency-bound; 8B batch 1 at TP=1 and per
+    rank at TP=4: within 0-8 %, 3 % on average);
+    D 128 unsplit or long parts: 128 keys, 8 warps, 2 stages (long loops: bandwidth-bound; 8B
+    batch 32: 0.88x the time of 64 keys with 4 warps at context 4096, 0.91x at 1k, 0.97-1.03x
+    at 128-256)."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part}
     if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in smem
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **part}
     if dtype != torch.float32 and head_dim == 128:
-        if splits > 1:
+        if splits > 1 and (max_context is None or max_context // splits <= SHORT_PART):
             return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, **part}
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
@@ -399,16 +415,23 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1) -> dict:
     return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, **part}
 
 
+#: parts a merge round trip reads at most (per head; config "merge_s" overrides)
+MERGE_PARTS = 16
+
+
 @functools.cache
-def _tiles(group: int, head_dim: int, splits: int) -> tuple[int, int, int]:
+def _tiles(group: int, head_dim: int, splits: int,
+           merge_parts: int = MERGE_PARTS) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
-    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and
-    16 or 32 parts a round trip (the merge is the launch's tail), within 8192 floats: ptxas
-    (sm_90, BLOCK_N 128, 4 warps, D 64, G 4) gives 119-120 registers a thread with 16 or 32
-    (4 programs an SM), 209 with 64 (2 an SM)."""
+    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and up
+    to merge_parts parts a round trip, within 8192 floats. The merge tile sets the kernel's
+    registers, so how many programs fit on an SM: ptxas (sm_90, BLOCK_N 128, 4 warps, 2
+    stages, D 64, G 4) gives 96 / 118 / 153 registers a thread at 8 / 16 / 32 parts: 5 / 4 /
+    3 programs an SM (unfused: 122). At 32, a batch-1 x 16k launch (64 parts x 8 kv heads =
+    512 programs) ran in 1.3 waves; at 16 in one (64 parts merge in 4 round trips, not 2)."""
     g = max(2, next_pow2(group))
-    return max(16, next_pow2(group)), g, max(2, min(max(16, next_pow2(splits)), 32,
-                                                8192 // (g * head_dim)))
+    return max(16, next_pow2(group)), g, max(2, min(max(16, next_pow2(splits)),
+                                                next_pow2(merge_parts), 8192 // (g * head_dim)))
 
 
 # ---- launch ------------------------------------------------------------------------------------
@@ -469,8 +492,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     # (one split takes them too, unused: the same compiled kernel serves every split count)
     counters = _counters(dev, B * Hkv) if fused_merge else None
     fused = counters is not None
-    cfg = config if config and "BLOCK_N" in config else {**default_config(D, q.dtype, splits),
-                                                          **(config or {})}
+    cfg = config if config and "BLOCK_N" in config else {
+        **default_config(D, q.dtype, splits, max_blocks * page), **(config or {})}
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     early_kv = bool(cfg.get("early_kv", EARLY_KV["on"]))
@@ -479,7 +502,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     identity = block_tables is None
     tables = seq_lens if identity else block_tables  # unused when IDENTITY
     t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
-    block_g, merge_g, merge_s = _tiles(group, D, splits)
+    block_g, merge_g, merge_s = _tiles(group, D, splits, cfg.get("merge_s") or MERGE_PARTS)
     args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
             counters if fused else seq_lens,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,

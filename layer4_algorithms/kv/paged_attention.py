@@ -76,7 +76,7 @@ def _sm_count(device_index: int) -> int:
 def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
     """How many parts to cut each context into at most: layer 1's paged_decode_splits (a
     power of two putting ~4 programs on each SM, no part under its shortest, none while the
-    batch alone gives 1.5 programs per SM; benchmarks/sweep_paged.py on an H100,
+    batch alone gives 2.5 programs per SM; benchmarks/sweep_paged.py on an H100,
     benchmarks/paged_decode_latency.py on an H200) for this device's SM count (1 off a GPU).
     Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \

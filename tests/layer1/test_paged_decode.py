@@ -79,10 +79,32 @@ def test_more_parts_than_one_merge_tile_and_than_keys():
     q, k, v, t, n = make([300, 5, 0, 77], 8, 2, 64, 4, seed=3)
     assert pd._tiles(4, 64, 100)[2] < 100
     ref = reference(q, k, v, t, n, 0.25, None)
-    for fused in (True, False):
-        out = pd.paged_decode(q, k, v, t, n, 0.25, None, 100, fused_merge=fused)
+    for fused, merge_s in [(True, None), (False, None), (True, 4), (True, 32)]:
+        out = pd.paged_decode(q, k, v, t, n, 0.25, None, 100, fused_merge=fused,
+                              config={"merge_s": merge_s})
         assert torch.isfinite(out).all() and (out[2] == 0).all()
         assert rel(out, ref) < 1e-5
+
+
+def test_merge_tile_keeps_the_kernel_at_four_programs_an_sm():
+    """The merge reads 16 parts a round trip by default (32 cost the D-64 kernel 153
+    registers a thread on sm_90: 3 programs an SM instead of 4); a config may ask for more."""
+    assert pd._tiles(4, 64, 64) == (16, 4, 16)
+    assert pd._tiles(4, 64, 64, 32) == (16, 4, 32)
+    assert pd._tiles(4, 64, 2) == (16, 4, 16) and pd._tiles(4, 64, 2, 4)[2] == 4
+    assert pd._tiles(4, 128, 64, 64)[2] == 16  # within 8192 floats
+
+
+def test_d128_config_follows_the_part_length(monkeypatch):
+    """D 128 takes the latency-bound config (64 keys a step, no pipelining) for short parts
+    only: batch 32 cut in two long parts keeps the bandwidth-bound unsplit config."""
+    monkeypatch.setattr(pd.interpreter, "INTERPRETED", False)  # the GPU's configs
+    bf16 = torch.bfloat16
+    assert pd.default_config(128, bf16, 64, 8192)["BLOCK_N"] == 64  # parts of 128 keys
+    assert pd.default_config(128, bf16, 2)["BLOCK_N"] == 64  # length unknown: split = short
+    long = pd.default_config(128, bf16, 2, 4096)  # parts of 2048 keys
+    assert (long["BLOCK_N"], long["num_warps"]) == (128, 8) == tuple(
+        pd.default_config(128, bf16, 1, 4096)[k] for k in ("BLOCK_N", "num_warps"))
 
 
 @pytest.mark.interpreter

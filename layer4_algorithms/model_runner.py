@@ -90,7 +90,6 @@ class ModelRunner:
         return passes + ([current] if current else [])
 
     # ---- running ----------------------------------------------------------------------------
-    @torch.no_grad()
     def execute(self, out: SchedulerOutput, prev_tokens: torch.Tensor | None = None) -> StepLogits:
         """Run the step. Returns its logits: one fp32 row per sampling sequence (the last input
         token's) in one tensor, and for speculating sequences their (1 + len(spec_token_ids), V)
@@ -98,28 +97,35 @@ class ModelRunner:
         prefill chunk that does not reach the end). prev_tokens: the previous step's sampled
         tokens on the device, where a ScheduledSeq with `pending` >= 0 finds its input token.
         The returned logits may view a CUDA graph's output buffer: sample them before the next
-        execute (the engine does)."""
+        execute (the engine does). (Autograd is off around every forward run here; a graph
+        replay and the copies around it need no switch.)"""
         self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
         scheduled = out.scheduled
         fast = decode_inputs(self.tables, scheduled)  # a decode step: one pass over it
-        if fast is not None:
-            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
-            last = None
-            if self.graph is not None:
-                last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
-            if last is None:
-                ctx = self.cache.context(np.ones(len(fast.rows), dtype=np.int64),
-                                         fast.context_lens, fast.table,
-                                         staging=self.staging, table=(fast.table, fast.lens))
-                last, _ = self._run(scheduled, ids, ctx)
-                return StepLogits(last, fast.rows, {}, self.staging)
-            # the graph's greedy tokens come with its logits (an all-greedy step samples
-            # nothing); a view of its buffer, which the next step overwrites: on a GPU their
-            # copy to the host is queued before that, a CPU's launched step keeps the tensor
-            tokens = self.graph.tokens(last.shape[0])
-            return StepLogits(last, fast.rows, {}, self.staging,
-                              argmax=tokens if tokens.is_cuda else tokens.clone())
+        if fast is None:
+            with torch.no_grad():
+                return self._execute(scheduled, prev_tokens)
+        ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
+        if self.graph is not None:
+            last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
+            if last is not None:
+                # the graph's greedy tokens come with its logits (an all-greedy step samples
+                # nothing); a view of its buffer, which the next step overwrites: on a GPU their
+                # copy to the host is queued before that, a CPU's launched step keeps the tensor
+                tokens = self.graph.tokens(last.shape[0])
+                return StepLogits(last, fast.rows, {}, self.staging,
+                                  argmax=tokens if tokens.is_cuda else tokens.clone())
+        with torch.no_grad():
+            ctx = self.cache.context(np.ones(len(fast.rows), dtype=np.int64),
+                                     fast.context_lens, fast.table,
+                                     staging=self.staging, table=(fast.table, fast.lens))
+            last, _ = self._run(scheduled, ids, ctx)
+        return StepLogits(last, fast.rows, {}, self.staging)
+
+    def _execute(self, scheduled: Sequence[ScheduledSeq],
+                 prev_tokens: torch.Tensor | None) -> StepLogits:
+        """execute() of a step that is not all one-token decodes: its passes (plan_passes)."""
         rows: list[int | None] = [None] * len(scheduled)
         spec: dict[int, torch.Tensor] = {}
         parts, offset = [], 0

@@ -117,6 +117,7 @@ class PendingLogits:
     start: float
     greedy: bool = False
     out: torch.Tensor | None = None
+    ready: object = None  # (GPU) the event after which `out` may be written on any stream
 
 
 class PPModel(RankZeroModel):
@@ -148,10 +149,6 @@ class PPModel(RankZeroModel):
         step = self.dispatch(input_ids, ctx, cache, last_only)
         if not self.deferred:
             return self.collect(step)
-        rows = sum(step.rows)
-        step.out = (torch.empty(rows, dtype=torch.int64, device=self.device) if step.greedy else
-                    torch.empty((rows, self.shard.full_config.vocab_size), dtype=torch.float32,
-                                device=self.device))
         self.pending.append(step)
         return step.out
 
@@ -175,6 +172,10 @@ class PPModel(RankZeroModel):
             parts = S.micro_contexts(ctx.query_lens_host, ctx.seq_lens_host, ctx.slot_mapping,
                                      ctx.block_tables, cuts, dev, whole=ctx)
             checked = S.headers_on(dev, group.comm.check)
+            # last_only: a sequence cut across micro-batches samples from its last piece
+            rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
+            out, ready = self._deferred_buffer(sum(rows), greedy) if self.deferred else (None,
+                                                                                         None)
             sends, busy = run_stage(shard, group.comm.pg, 0, self.tp, input_ids, parts, cache,
                                     last_only, group.timeout_s, self.events, checked=checked,
                                     back=self.back, graphs=self.graphs, greedy=greedy)
@@ -183,9 +184,25 @@ class PPModel(RankZeroModel):
         st["micro_batches"] += len(cuts)
         st["busy_s"] += busy
         st["wall_s"] += time.perf_counter() - start
-        # last_only: a sequence cut across micro-batches samples from its last piece
-        rows = [len(final) if last_only else t1 - t0 for t0, t1, _, final in parts]
-        return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy)
+        return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy, out,
+                             ready)
+
+    def _deferred_buffer(self, rows: int, greedy: bool):
+        """The buffer a deferred step's logits (greedy: token ids) land in, made before the
+        step's own work is queued, and on a GPU an event recorded right then: a collect on
+        another stream (in_flight.py lands steps on a stream of their own) waits for that event
+        only, which covers every earlier use of the buffer's memory on this stream, not for the
+        stage's work queued after it."""
+        if greedy:
+            out = torch.empty(rows, dtype=torch.int64, device=self.device)
+        else:
+            out = torch.empty((rows, self.shard.full_config.vocab_size), dtype=torch.float32,
+                              device=self.device)
+        ready = None
+        if out.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        return out, ready
 
     def _table_for_ring(self, ctx, cache):
         """The step's block table for the message, (rows, lengths) int32, when the workers
@@ -212,12 +229,21 @@ class PPModel(RankZeroModel):
             back = group.comm.pg if self.back is None else self.back
             shape, dtype = ((), torch.int64) if step.greedy else ((vocab,), self.shard.dtype)
             what = "rank 0 receiving " + ("token ids" if step.greedy else "logits")
+            if step.ready is not None:  # collected on another stream than dispatched
+                stream = torch.cuda.current_stream(dev)
+                stream.wait_event(step.ready)
+                step.out.record_stream(stream)
             offset = 0
             for i, (t0, t1, mctx, final) in enumerate(step.parts):
                 rows = mctx.num_seqs if step.last_only else t1 - t0
+                whole = not step.last_only or len(final) == rows
+                if step.greedy and step.out is not None and whole and len(step.parts) == 1:
+                    S.recv(back, (rows,), dtype, last, i, dev, timeout, what,
+                           checked=step.checked, out=step.out)  # (ids: straight in)
+                    continue
                 x = S.recv(back, (rows, *shape), dtype, last, i, dev, timeout, what,
                            checked=step.checked)
-                x = x if not step.last_only or len(final) == rows else x[final]
+                x = x if whole else x[final]
                 if step.out is None:
                     logits.append(x if step.greedy else x.float())
                 else:  # widened straight into the buffer the engine holds (one pass)

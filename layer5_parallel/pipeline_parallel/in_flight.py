@@ -39,7 +39,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
+
+import torch
 
 import layer4_algorithms as engine
 
@@ -118,6 +121,8 @@ class StepsInFlight:
         """Called once the engine is built (no request yet): its scheduler becomes lanes'."""
         self.scheduler = LaneScheduler(self.block_manager, self.config, lanes=lanes)
         self.lanes, self._turn, self._flights = lanes, 0, deque()
+        device = self.runner.net.device
+        self._land_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def step(self, *, unfinished: bool = True, delta: bool = False):
         if self.lanes is None:
@@ -170,15 +175,20 @@ class StepsInFlight:
             self._land(flight, advanced, finished)
 
     def _land(self, flight: Flight, advanced: list, finished: list) -> None:
-        """A step's logits back from the last stage, sampled, its tokens appended."""
-        for step in flight.pending:
-            self.runner.net.collect(step)
-        for s in flight.out.scheduled:  # aborted while in flight: its children never come
-            if s.seq.status is engine.SequenceStatus.FINISHED:
-                s.seq.pending_forks = 0
-        sync = self._host_sampling > 0
-        launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
-                                          finished)
-        if callable(launched):  # its masks filled on the helper thread: mask and sample now
-            launched = launched()
+        """A step's logits back from the last stage, sampled, its tokens appended. A deferred
+        step lands on a GPU stream of its own: on rank 0's stream its receive and the copy of
+        its tokens would queue behind the stage-0 work of the step dispatched just before
+        (another lane's), and reading them would wait for that too."""
+        stream = self._land_stream if flight.pending else None
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            for step in flight.pending:
+                self.runner.net.collect(step)
+            for s in flight.out.scheduled:  # aborted while in flight: its children never come
+                if s.seq.status is engine.SequenceStatus.FINISHED:
+                    s.seq.pending_forks = 0
+            sync = self._host_sampling > 0
+            launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
+                                              finished)
+            if callable(launched):  # its masks filled on the helper thread: mask, sample now
+                launched = launched()
         self._complete(launched, advanced, finished)

@@ -241,10 +241,12 @@ def send(pg, t: torch.Tensor, dst: int, tag: int, *, checked: bool = True) -> li
 
 def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
          device: torch.device, timeout_s: float, what: str, *,
-         checked: bool = True) -> torch.Tensor:
-    """Receive micro-batch `tag` of `shape` from `src` (after checking its header if checked)."""
-    if not checked:
+         checked: bool = True, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Receive micro-batch `tag` of `shape` from `src` (after checking its header if checked),
+    into `out` if given (contiguous, of that shape and dtype)."""
+    if out is None:
         out = torch.empty(shape, dtype=dtype, device=device)
+    if not checked:
         _wait(_p2p(pg, False, out, src, tag), f"{what}: micro-batch {tag} from rank {src}",
               timeout_s, out.device)
         return out
@@ -259,7 +261,6 @@ def recv(pg, shape: tuple[int, ...], dtype: torch.dtype, src: int, tag: int,
             return f"micro-batch {h[0]}, shape {tuple(h[3:3 + h[2]])}, {dt}"
         raise ValueError(f"{what}: rank {src} sent ({words(got)}) but this stage expected "
                          f"({words(expected)}): the stages disagree on the step")
-    out = torch.empty(shape, dtype=dtype, device=device)
     _wait(_p2p(pg, False, out, src, tag), f"{what}: micro-batch {tag} from rank {src}", timeout_s)
     return out
 

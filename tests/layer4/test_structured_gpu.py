@@ -115,7 +115,7 @@ def test_constrained_rows_under_cuda_graphs_in_a_worker_process(gpu_model, remot
     if graphs:
         assert llm.masks.graphs.failed is None, llm.masks.graphs.failed
         st = llm.masks.graphs.stats
-        assert st["captures"] >= 2 and st["replays"] > st["plain"], st
+        assert st["captures"] >= 2 and st["replays"] > 0, st  # (both arenas)
     print(f"\nmasks ({remote=}, {graphs=}) under CUDA graphs: {llm.masks.stats}, "
           f"{llm.masks.graphs.stats if llm.masks.graphs else ''}", flush=True)
     llm.grammars.close()

@@ -29,8 +29,9 @@ spinning, a reader pauses `pause_s` between reads (a short sleep, with the threa
 slack cut to a microsecond so that it stays short): three workers re-reading in a busy loop
 (pause_s=0: os.sched_yield between reads, a core each at 100 %) were measured to slow rank
 0's own Python ~1.9x on a GPU host though none shared its core (SMT siblings the guest does
-not see, the package's power budget); a pause of tens of microseconds is hidden, since rank
-0 announces a decode step before it fills the step's inputs and launches its own graph.
+not see, the package's power budget); a pause of tens of microseconds should be hidden,
+since rank 0 announces a decode step before it fills the step's inputs and launches its own
+graph (tp_gpu_bench --worker-pause measures both ways).
 Every wait checks `alive()` (say, that the peer process still lives) each `POLL_S`, so a
 dead peer turns into an error, never a hang.
 """

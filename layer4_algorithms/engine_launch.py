@@ -133,11 +133,15 @@ class EngineLaunchMixin:
                           prepared: tuple | None, argmax=None) -> LaunchedStep:
         """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
         the tokens stay there (their copy back starts behind the sampling). argmax: the
-        unmasked rows' argmax already on the device (the decode graph's), for greedy rows."""
-        self.masks.launch(rows, prepared)
-        tokens = self.runner.sample_tokens(rows, [q.params for q in who],
-                                           [q.generator for q in who],
-                                           argmax=argmax if prepared is None else None)
+        unmasked rows' argmax already on the device (the decode graph's), for greedy rows;
+        masked rows' comes from the apply's CUDA graph when it replays (TokenMasks.argmax)."""
+        params = [q.params for q in who]
+        if prepared is not None:
+            greedy = all([p.greedy for p in params])
+            self.masks.launch(rows, prepared, argmax=greedy)
+            argmax = self.masks.argmax
+        tokens = self.runner.sample_tokens(rows, params, [q.generator for q in who],
+                                           argmax=argmax)
         return LaunchedStep.on_device(out, who, tokens, self.runner.last_bad)
 
     def _sampling_rows(self, out: SchedulerOutput,

@@ -155,6 +155,7 @@ class TokenMasks(WorkerFill):
         self._dev: torch.Tensor | None = None
         self._arena = 0
         self.graphs = MaskGraphs() if graphs and self.cuda else None
+        self.argmax: torch.Tensor | None = None  # the last launch's greedy tokens (launch)
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "worker_s": 0.0, "apply_s": 0.0,
                       "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
 
@@ -202,9 +203,14 @@ class TokenMasks(WorkerFill):
         self.stats["fill_s"] += time.perf_counter() - t0
         return prepared
 
-    def launch(self, logits: torch.Tensor, prepared: tuple | None) -> int:
+    def launch(self, logits: torch.Tensor, prepared: tuple | None, *,
+               argmax: bool = False) -> int:
         """The device half: one copy of the prepared arena, one kernel (CUDA); the torch
-        reference on a CPU. Returns the number of rows masked."""
+        reference on a CPU. Returns the number of rows masked. argmax: the caller samples
+        every row greedily: when the apply replays from a CUDA graph, the graph also writes
+        the masked rows' argmax, left in `self.argmax` ((N,) int64 on the device; else
+        None), so sampling launches nothing more."""
+        self.argmax = None
         if prepared is None:
             return 0
         t1 = time.perf_counter()
@@ -212,7 +218,7 @@ class TokenMasks(WorkerFill):
         W = self.W
         if self.cuda:
             if self.graphs is not None:  # (replayed from a CUDA graph when steady)
-                self.graphs.run(logits, host, dev, R, n, W)
+                self.argmax = self.graphs.run(logits, host, dev, R, n, W, argmax)
             else:
                 plain(logits, host, dev, R, n, W)  # (checked shapes: straight in)
             ev = self._events[arena]  # behind the copy: the arena is free once it has run

@@ -10,7 +10,10 @@ memory that the arena reuses step after step, and the kernel writes a logits buf
 graph decoding reuses too. So a launch whose buffers (host arena, device buffer, logits
 address and shape, row count) have been seen WARM times (the two arenas alternate, so each
 has its own graph) is captured once into a CUDA graph (copy + kernel) and replayed from then
-on: one graph launch instead of two launches. Anything else (a new row count, eager logits at
+on: one graph launch instead of two launches. When every row samples greedily (the engine
+says so: `argmax=True`) the graph also writes the masked rows' argmax into a buffer of its
+own, so the step's sampling launches nothing either (the unconstrained step's argmax sits in
+its decode graph; a constrained step's cannot: its mask comes after that graph). Anything else (a new row count, eager logits at
 a new address) takes the plain launches. At most MAX_GRAPHS graphs are kept (least recently
 used dropped) and at most MAX_CAPTURES are ever made (a server whose batch keeps changing
 would otherwise capture without end); a capture that fails turns the graphs off for this
@@ -51,9 +54,13 @@ class MaskGraphs:
         self.stats = {"captures": 0, "replays": 0, "plain": 0}
 
     def run(self, logits: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, R: int,
-            n: int, W: int) -> None:
+            n: int, W: int, argmax: bool = False) -> torch.Tensor | None:
+        """Mask logits' rows (`plain`), from a graph once steady. argmax: the graph also
+        writes the masked logits' argmax (N,) int64 into a buffer of its own, returned (None
+        from a plain launch). A graph's buffer is rewritten by its next replay, two steps
+        later (the arenas alternate), by when the stream has long consumed it."""
         key = (host.data_ptr(), dev.data_ptr(), R, n, W, logits.data_ptr(), logits.stride(0),
-               tuple(logits.shape), logits.dtype, logits.device)
+               tuple(logits.shape), logits.dtype, logits.device, argmax)
         graph = self._graphs.get(key)
         if graph is None and self.failed is None and self.stats["captures"] < MAX_CAPTURES:
             seen = self._seen[key] = self._seen.pop(key, 0) + 1
@@ -65,13 +72,22 @@ class MaskGraphs:
         if graph is None:
             plain(logits, host, dev, R, n, W)
             self.stats["plain"] += 1
-            return
+            return None
         self._graphs.move_to_end(key)
+        graph, out = graph
         graph.replay()
         self.stats["replays"] += 1
+        return out
 
-    def _capture(self, logits, host, dev, R, n, W, key) -> torch.cuda.CUDAGraph | None:
+    def _capture(self, logits, host, dev, R, n, W, key) -> tuple | None:
+        """(the graph, its argmax buffer or None), captured; None if the capture failed."""
+        out = None
         try:
+            if key[-1]:  # the greedy tokens too (the kernel compiled by a plain call first)
+                from ..cuda_graph_runner import greedy_into
+
+                out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+                greedy_into(logits, out)
             here = torch.cuda.current_stream(logits.device)
             if self._stream is None:
                 self._stream = torch.cuda.Stream(logits.device)
@@ -82,6 +98,8 @@ class MaskGraphs:
                 graph.capture_begin(capture_error_mode="thread_local")
                 try:
                     plain(logits, host, dev, R, n, W)
+                    if out is not None:
+                        greedy_into(logits, out)
                 finally:
                     graph.capture_end()
             here.wait_stream(side)
@@ -89,7 +107,7 @@ class MaskGraphs:
             self.failed = f"{type(e).__name__}: {e}"
             return None
         self.stats["captures"] += 1
-        self._graphs[key] = graph
+        self._graphs[key] = graph, out
         while len(self._graphs) > MAX_GRAPHS:
             self._graphs.popitem(last=False)
-        return graph
+        return graph, out

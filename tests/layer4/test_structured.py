@@ -502,7 +502,7 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
 
     fake = mg.MaskGraphs()
     monkeypatch.setattr(fake, "_capture", lambda *a: fake._graphs.setdefault(
-        a[-1], FakeGraph(a[:-1])))
+        a[-1], (FakeGraph(a[:-1]), None)))
     for _ in range(mg.WARM + 4):
         launch(fake)
     assert len(fake._graphs) == 1 and len(replayed) == 4 and fake.stats["plain"] == mg.WARM
@@ -515,7 +515,7 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
     host2 = host.clone()
     turns = mg.MaskGraphs()
     monkeypatch.setattr(turns, "_capture", lambda *a: turns._graphs.setdefault(
-        a[-1], FakeGraph(a[:-1])))
+        a[-1], (FakeGraph(a[:-1]), None)))
     before = len(replayed)
     for step in range(2 * (mg.WARM + 3)):
         fixed.copy_(logits)
@@ -523,3 +523,26 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
         assert torch.equal(fixed, want)
     assert len(turns._graphs) == 2 and turns.stats["plain"] == 2 * mg.WARM
     assert len(replayed) - before == 6
+    # argmax=True (an all-greedy step): a replayed graph also leaves the masked rows' argmax
+    # in a buffer of its own; a plain launch leaves none (sampling computes it)
+    assert real.run(fixed, host, dev, R, n, W, argmax=True) is None
+
+    class GreedyGraph(FakeGraph):
+        def replay(self):
+            super().replay()
+            self.out.copy_(self.args[0].argmax(-1))
+
+    greedy = mg.MaskGraphs()
+
+    def capture(*a):
+        g = GreedyGraph(a[:-1])
+        g.out = torch.empty(a[0].shape[0], dtype=torch.int64)
+        return greedy._graphs.setdefault(a[-1], (g, g.out))
+
+    monkeypatch.setattr(greedy, "_capture", capture)
+    got = []
+    for _ in range(mg.WARM + 2):
+        fixed.copy_(logits)
+        got.append(greedy.run(fixed, host, dev, R, n, W, argmax=True))
+    assert got[:mg.WARM] == [None] * mg.WARM
+    assert torch.equal(got[-1], want.argmax(-1)) and got[-1] is got[-2]

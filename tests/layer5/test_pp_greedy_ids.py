@@ -28,11 +28,11 @@ ENGINE = dict(num_blocks=48, block_size=4, max_num_seqs=8, cuda_graph=True,
               enable_prefix_caching=False)
 
 
-def workload() -> tuple[list[list[int]], list[l5.SamplingParams]]:
+def workload(vocab: int = 211) -> tuple[list[list[int]], list[l5.SamplingParams]]:
     g = torch.Generator().manual_seed(3)
     prompts, params = [], []
     for i in range(11):
-        prompts.append(torch.randint(0, 211, (int(torch.randint(2, 12, (1,), generator=g)),),
+        prompts.append(torch.randint(0, vocab, (int(torch.randint(2, 12, (1,), generator=g)),),
                                      generator=g).tolist())
         sampled, longest = i in (2, 7), int(torch.randint(6, 16, (1,), generator=g))
         params.append(l5.SamplingParams(  # (the others finish first: later steps all greedy)
@@ -56,7 +56,21 @@ def model() -> l3.Model:
 @pytest.mark.parametrize("k,m", [(2, 1), (1, 2)])
 def test_token_ids_back_equal_logits_back(model, monkeypatch, k, m):
     """k steps in flight (2: two lanes), m micro-batches a step."""
-    prompts, params = workload()
+    both_ways(model, monkeypatch, k, m)
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("k,m", [(2, 1), (1, 2)])
+def test_token_ids_back_equal_logits_back_on_gpus(monkeypatch, k, m):
+    """The same on two GPUs (NCCL, stage graphs captured; with steps in flight each step
+    lands on a stream of its own): the course model in fp32."""
+    path = l3.course_model_dir("target")
+    vocab = l3.ModelConfig.from_pretrained(path).vocab_size
+    both_ways(path, monkeypatch, k, m, vocab=vocab, device="cuda", dtype="float32")
+
+
+def both_ways(model, monkeypatch, k: int, m: int, vocab: int = 211, **kw) -> None:
+    prompts, params = workload(vocab)
     seen = []
     decide = pp_runner.greedy_ids
 
@@ -66,9 +80,11 @@ def test_token_ids_back_equal_logits_back(model, monkeypatch, k, m):
 
     monkeypatch.setattr(pp_runner, "greedy_ids", spy)
     with l5.LLM(model, pipeline_parallel_size=2, pp_steps_in_flight=k, pp_micro_batches=m,
-                **ENGINE) as llm:
+                **ENGINE, **kw) as llm:
         with_ids = outputs(llm.generate(prompts, params))
-        graphs = llm.runner.net.graphs.replays
+        graphs = llm.runner.net.graphs
+        assert graphs.captured == (llm.runner.net.device.type == "cuda")
+        graphs = graphs.replays
         # the block tables went with the messages: rank 0 broadcast nothing
         assert llm.tp_group.comm.calls == 0
         # as before: every step's logits back, its ids | slots | tables broadcast
@@ -77,7 +93,12 @@ def test_token_ids_back_equal_logits_back(model, monkeypatch, k, m):
         with_logits = outputs(llm.generate(prompts, params))
         assert llm.tp_group.comm.calls > 0
     for i, (a, b) in enumerate(zip(with_ids, with_logits, strict=True)):
-        assert a == b, f"request {i}: {a} != {b}"
+        assert [c[:2] for c in a] == [c[:2] for c in b], f"request {i}: {a} != {b}"
+        for (_, _, lp_a), (_, _, lp_b) in zip(a, b, strict=True):  # the same numbers
+            assert (lp_a is None) == (lp_b is None), f"request {i}"
+            for x, y in zip(lp_a or [], lp_b or [], strict=True):
+                assert x[0] == y[0] and [t for t, _ in x[2]] == [t for t, _ in y[2]]
+                assert x[1] == pytest.approx(y[1], abs=1e-5), f"request {i}: {x} != {y}"
     assert True in seen and False in seen, "both kinds of step should have run"
     assert graphs > 0  # decode micro-batches ran through the stage graphs (copy=False: ids)
     assert with_ids[9][0][2] is not None and len(with_ids[4]) == 2

@@ -48,7 +48,12 @@ CONFIGS = [(64, 2, 2, False), (64, 4, 2, False), (64, 4, 3, False), (128, 4, 1, 
            # 13-17: heads first with the merge tile's parts (5th: 32 = 3 programs an SM at
            # D 64, 8 = 5) and the unpipelined / 3-stage loops; 18: D 128's unsplit default
            (128, 4, 2, True, 32), (128, 4, 2, True, 8), (128, 4, 1, True), (128, 4, 3, True),
-           (64, 4, 1, True), (128, 8, 2, True)]
+           (64, 4, 1, True), (128, 8, 2, True),
+           # 19-22: kv heads packed in a program (6th: heads; tiles of 128 key rows but 22's
+           # 128): 4 heads x 32 keys (127 registers: 4 an SM), 2 x 64, 4 x 32 in 3 stages,
+           # 8 x 16 (a token's whole 1 KB row in one run)
+           (32, 4, 2, True, 4, 4), (64, 4, 2, True, 8, 2), (32, 4, 3, True, 4, 4),
+           (16, 4, 2, True, 4, 8)]
 T0 = time.perf_counter()
 DEV, DTYPE = "cuda", torch.bfloat16  # a CPU smoke run swaps them
 ENGINE_LENS, ENGINE_WIDTH = (100, 1125), 2112  # max_model_len 2 * 1024 + 64
@@ -93,7 +98,8 @@ def split_options(B: int, max_ctx: int, splits=SPLITS) -> list[int]:
 
 def cfg_dict(c) -> dict:
     return {"BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2],
-            **({"merge_s": c[4]} if len(c) > 4 else {})}
+            **({"merge_s": c[4]} if len(c) > 4 and c[4] else {}),
+            **({"heads": c[5]} if len(c) > 5 else {})}
 
 
 def ours(c: dict, cfg, splits: int):
@@ -188,11 +194,11 @@ def defaults(args, do_bench) -> int:
         def new():
             return pa.paged_decode_attention(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125)
         row = dict(batch=B, context=n, splits=pa.pick_num_splits(B, HKV, c["max_ctx"],
-                                                                 c["q"].device),
+                                                                 c["q"].device, D),
                    new_graph_us=graph_us(new, est),
                    new_bench_us=do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3)
         with before_rules(pa):  # the previous split rule and merge tile, same kernel code
-            row["before_splits"] = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device)
+            row["before_splits"] = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device, D)
             row["before_graph_us"] = graph_us(new, est)
             row["before_bench_us"] = do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3
         if B <= 8:  # host cost per call, direct launch vs the JIT (and the same output)
@@ -315,7 +321,7 @@ def main(argv=None) -> int:
             row.update(sdpa=best, sdpa_graph_us=times[best],
                        sdpa_bench_us=bench_us(fns[best]))
         pa = importlib.import_module("layer4_algorithms.kv.paged_attention")
-        auto = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device)
+        auto = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device, D)
         sweep = []
         est = max(2.0, c["kv_bytes"] / 2.5e6)  # us at 2.5 TB/s: sizes the replay count
         for cfg in configs:

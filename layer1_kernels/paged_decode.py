@@ -74,16 +74,16 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr,
+    EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
 ):
     if PDL and not EARLY_INDEX:  # everything below reads what the kernels before wrote
         gdc_wait()
     if HEADS_FIRST:  # neighbouring programs: the kv heads of one sequence (same cache rows)
-        h_kv = tl.program_id(0).to(tl.int64)
+        grp = tl.program_id(0).to(tl.int64)
         b = tl.program_id(1).to(tl.int64)
     else:
         b = tl.program_id(0).to(tl.int64)
-        h_kv = tl.program_id(1).to(tl.int64)
+        grp = tl.program_id(1).to(tl.int64)
     split = tl.program_id(2)
 
     # This sequence's visible keys [lo, hi) and this program's part of them [start, end).
@@ -102,28 +102,32 @@ def _paged_decode_kernel(
     end = tl.minimum(start + part, hi)
     if split < n_parts:  # (a program past the last part with keys does nothing)
         table = tables_ptr + b * stride_tb
-        offs_n0 = start + tl.arange(0, BLOCK_N)
+        if HEADS == 1:
+            offs_n0 = start + tl.arange(0, BLOCK_N)
+        else:  # a tile's column c: token c // HEADS (see _decode_part)
+            offs_n0 = start + tl.arange(0, HEADS * BLOCK_N) // HEADS
         if IDENTITY:
             block0 = b + offs_n0.to(tl.int64) * 0
         else:  # the first tile's block ids (the loop fetches each next tile's a step ahead)
             block0 = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
                              other=0).to(tl.int64)
         _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                     qk_scale, b, h_kv, split, start, end, hi, block0, kv_group, num_kv_heads,
+                     qk_scale, b, grp, split, start, end, hi, block0, kv_group, num_kv_heads,
                      num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk,
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
                      BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
-                     EARLY_INDEX, EARLY_KV)
+                     EARLY_INDEX, EARLY_KV, HEADS)
 
 
 @triton.jit
 def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
-    """One online-softmax step over a (BLOCK_N, D) tile of keys and values (invalid keys
-    masked): the new (running max, sum, accumulator). A tile with no valid key before any
-    (an empty part) leaves the sum and accumulator 0."""
+    """One online-softmax step over a (BLOCK_N, D) tile of keys and values (scores where
+    `valid` -- (1, BLOCK_N) or (BLOCK_G, BLOCK_N) -- is false masked): the new (running max,
+    sum, accumulator). A row with no valid key before any (an empty part, a padding row)
+    keeps sum and accumulator 0."""
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * qk_scale  # (BLOCK_G, BLOCK_N) fp32
-    s = tl.where(valid[None, :], s, float("-inf"))
+    s = tl.where(valid, s, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(s, 1))
     top = tl.where(m_new == float("-inf"), 0.0, m_new)
     p = tl.math.exp2(s - top[:, None])
@@ -136,25 +140,48 @@ def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
 
 @triton.jit
 def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                 qk_scale, b, h_kv, split, start, end, hi, block0, kv_group, num_kv_heads,
+                 qk_scale, b, grp, split, start, end, hi, block0, kv_group, num_kv_heads,
                  num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok,
                  stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tc,
                  stride_ob, stride_oh, stride_od,
                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
                  PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr):
-    """One program's part [start, end) of kv head h_kv's keys for sequence b (block0: its
-    first tile's block ids): online softmax over BLOCK_N keys a step; the output itself when
-    the part is the only one, else its partial result (and with the fused merge, the last
-    part in merges them all). Under PDL with EARLY_INDEX: wait for the kernel before here,
-    after the first tile's keys and values but the newest key's are requested (EARLY_KV)."""
+                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr):
+    """One program's part [start, end) of the keys of kv heads grp * HEADS .. + HEADS - 1 for
+    sequence b (block0: its first tile's block ids): online softmax over BLOCK_N keys a step;
+    the output itself when the part is the only one, else its partial result (and with the
+    fused merge, the last part in merges them all). Under PDL with EARLY_INDEX: wait for the
+    kernel before here, after the first tile's keys and values but the newest key's are
+    requested (EARLY_KV; one kv head a program only).
+
+    HEADS > 1 (kv heads packed in one program): the rows are the G * HEADS query heads of
+    the HEADS kv heads (16 rows hold 4 groups of 4 where one group pads 12), and a tile's
+    HEADS * BLOCK_N columns are (token, kv head) pairs, head fastest: column c is token
+    c // HEADS of kv head c % HEADS, so a token's HEADS head rows -- adjacent in the cache --
+    come in one contiguous run (512 bytes at 4 heads of D 64, not 128). Query row r scores
+    only its own kv head's columns (c % HEADS == r // G; the other scores are masked to -inf
+    and their probabilities are 0 in P @ V): the tensor-core work per byte is the same as
+    one head's padded 16-row tile."""
     offs_g = tl.arange(0, BLOCK_G)
     offs_d = tl.arange(0, HEAD_DIM)
-    heads = h_kv * kv_group + offs_g
-    head_ok = offs_g < kv_group
+    offs_c = tl.arange(0, HEADS * BLOCK_N)
+    h_kv0 = grp * HEADS  # this program's first kv head
+    heads = h_kv0 * kv_group + offs_g
+    if HEADS == 1:
+        head_ok = offs_g < kv_group
+        col_tok = offs_c
+        col_head = h_kv0
+        n_kv = 1
+    else:
+        row_kv = offs_g // kv_group  # each row's kv head, counted from h_kv0
+        head_ok = (row_kv < HEADS) & (h_kv0 + row_kv < num_kv_heads)
+        col_tok = offs_c // HEADS
+        col_head = h_kv0 + offs_c % HEADS
+        same_head = (offs_c % HEADS)[None, :] == row_kv[:, None]
+        n_kv = tl.minimum(num_kv_heads - h_kv0, HEADS)
 
-    # The G query heads of kv head h_kv: one (BLOCK_G, D) tile, padding rows masked.
+    # The query heads of this program's kv heads: one (BLOCK_G, D) tile, padding rows masked.
     q_ptrs = q_ptr + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :] * stride_qd
     m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
@@ -166,9 +193,9 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
         offs_n = start + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         row = offs_n % PAGE
-        k_ptrs = (k_ptr + block0 * stride_kblk + row * stride_ktok + h_kv * stride_kh)[:, None] \
+        k_ptrs = (k_ptr + block0 * stride_kblk + row * stride_ktok + h_kv0 * stride_kh)[:, None] \
             + offs_d[None, :] * stride_kd
-        v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv * stride_vh)[:, None] \
+        v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv0 * stride_vh)[:, None] \
             + offs_d[None, :] * stride_vd
         old = valid & (offs_n != hi - 1)  # every key but the newest (the kernel before wrote it)
         k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
@@ -183,11 +210,10 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
                                  other=0).to(tl.int64)
         q = tl.load(q_ptrs, mask=head_ok[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        m_i, l_i, acc = _attend(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale)
         first = start + BLOCK_N
     else:  # every tile in the loop: its loads go through the software pipeline (num_stages),
-        # and no tile is held in registers outside it (the peeled tile's registers cost
-        # ~35 a thread at BLOCK_N 128: 155 -> 3 programs an SM instead of 4)
+        # and no tile is held in registers outside it
         if PDL and EARLY_INDEX:
             gdc_wait()
         q = tl.load(q_ptrs, mask=head_ok[:, None], other=0.0)
@@ -195,19 +221,25 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
     for n0 in range(first, end, BLOCK_N):
         # Token n -> (its block, its row in the block) -> its k, v rows; the next tile's
         # block ids are fetched a step ahead, so a tile's loads wait on one round trip.
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = n0 + col_tok
         valid = offs_n < end
+        if HEADS > 1:
+            valid = valid & (col_head < num_kv_heads)
         block = block_next
         if not IDENTITY:
             nxt = offs_n + BLOCK_N
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
                                  other=0).to(tl.int64)
         row = offs_n % PAGE
-        k_rows = k_ptr + block * stride_kblk + row * stride_ktok + h_kv * stride_kh
-        v_rows = v_ptr + block * stride_vblk + row * stride_vtok + h_kv * stride_vh
+        k_rows = k_ptr + block * stride_kblk + row * stride_ktok + col_head * stride_kh
+        v_rows = v_ptr + block * stride_vblk + row * stride_vtok + col_head * stride_vh
         k = tl.load(k_rows[:, None] + offs_d[None, :] * stride_kd, mask=valid[:, None], other=0.0)
         v = tl.load(v_rows[:, None] + offs_d[None, :] * stride_vd, mask=valid[:, None], other=0.0)
-        m_i, l_i, acc = _attend(q, k, v, valid, m_i, l_i, acc, qk_scale)
+        if HEADS == 1:
+            m_i, l_i, acc = _attend(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale)
+        else:
+            m_i, l_i, acc = _attend(q, k, v, valid[None, :] & same_head, m_i, l_i, acc,
+                                    qk_scale)
 
     if PDL:
         gdc_launch_dependents()
@@ -217,19 +249,19 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
         o_ptrs = out_ptr + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :] * stride_od
         tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=head_ok[:, None])
     else:  # partial results, contiguous (B, Hq, num_splits, D) and (B, Hq, num_splits)
-        head0 = (b * num_kv_heads + h_kv) * kv_group  # this kv head's first query head
+        head0 = (b * num_kv_heads + h_kv0) * kv_group  # this program's first query head
         rows = (head0 + offs_g) * num_splits + split
         tl.store(part_o_ptr + rows[:, None] * HEAD_DIM + offs_d[None, :], o, mask=head_ok[:, None])
         lse = tl.where(seen, m_i + tl.math.log2(tl.where(seen, l_i, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + rows, lse, mask=head_ok)
         if FUSED_MERGE:
             tl.debug_barrier()  # every thread's partial stores precede the ticket (release)
-            counter = count_ptr + b * num_kv_heads + h_kv
+            counter = count_ptr + b * tl.cdiv(num_kv_heads, HEADS) + grp
             ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
             if ticket == n_parts - 1:  # the last part in: merge them all
-                _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, kv_group, num_splits,
-                             n_parts, b * stride_ob + h_kv * kv_group * stride_oh, stride_oh,
-                             stride_od, HEAD_DIM, MERGE_G, MERGE_S)
+                _merge_parts(part_o_ptr, part_lse_ptr, out_ptr, head0, kv_group * n_kv,
+                             num_splits, n_parts, b * stride_ob + h_kv0 * kv_group * stride_oh,
+                             stride_oh, stride_od, HEAD_DIM, MERGE_G, MERGE_S)
                 tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
@@ -348,6 +380,9 @@ PROGRAMS_PER_SM = 4
 #: on the H100 one part had been 2-3 % faster. Batch 8: 0.48, eight parts 1.5-15 % faster
 #: than four.
 SPLIT_BELOW = 2.5
+#: ... for head dims over 64: D 128's unsplit launch (8 warps, 121 registers) fits 2 programs
+#: an SM, so batch 32's 256 programs already fill the GPU in one wave (two parts: two waves)
+SPLIT_BELOW_WIDE = 1.5
 #: the shortest part, in keys (the kernel rounds a part up to whole BLOCK_N steps, so with the
 #: default configs the shortest part is one loop step: 64 keys at D 128, 128 at D 64). At
 #: batch 1 on the H200, 16 was best or within 1 % of the best of 16-256 at every shape: parts
@@ -358,7 +393,7 @@ MAX_SPLITS = 64
 
 
 def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
-                        min_part: int | None = None) -> int:
+                        min_part: int | None = None, head_dim: int = 64) -> int:
     """How many parts to cut each context into at most (host ints only: the lengths stay on
     the device; the kernel cuts a shorter context into fewer parts, none under min_part keys,
     default MIN_SPLIT_TOKENS). A power of two, so that parts are whole multiples of the
@@ -366,7 +401,7 @@ def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: i
     parts, not six."""
     min_part = MIN_SPLIT_TOKENS if min_part is None else min_part
     programs = batch * kv_heads
-    if programs >= SPLIT_BELOW * sm_count:
+    if programs >= (SPLIT_BELOW if head_dim <= 64 else SPLIT_BELOW_WIDE) * sm_count:
         return 1
     wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // max(min_part, 1),
                  MAX_SPLITS)
@@ -420,17 +455,17 @@ MERGE_PARTS = 16
 
 
 @functools.cache
-def _tiles(group: int, head_dim: int, splits: int,
-           merge_parts: int = MERGE_PARTS) -> tuple[int, int, int]:
-    """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a kv head padded to 16 rows (the
-    smallest tensor-core tile); for the merge all G heads (padded to a power of two) and up
-    to merge_parts parts a round trip, within 8192 floats. The merge tile sets the kernel's
+def _tiles(group: int, head_dim: int, splits: int, merge_parts: int = MERGE_PARTS,
+           heads: int = 1) -> tuple[int, int, int]:
+    """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a program's `heads` kv heads padded
+    to 16 rows (the smallest tensor-core tile); for the merge all of them (padded to a power
+    of two) and up to merge_parts parts a round trip, within 8192 floats. The merge tile sets the kernel's
     registers, so how many programs fit on an SM: ptxas (sm_90, BLOCK_N 128, 4 warps, 2
     stages, D 64, G 4) gives 96 / 118 / 153 registers a thread at 8 / 16 / 32 parts: 5 / 4 /
     3 programs an SM (unfused: 122). At 32, a batch-1 x 16k launch (64 parts x 8 kv heads =
     512 programs) ran in 1.3 waves; at 16 in one (64 parts merge in 4 round trips, not 2)."""
-    g = max(2, next_pow2(group))
-    return max(16, next_pow2(group)), g, max(2, min(max(16, next_pow2(splits)),
+    g = max(2, next_pow2(group * heads))
+    return max(16, next_pow2(group * heads)), g, max(2, min(max(16, next_pow2(splits)),
                                                 next_pow2(merge_parts), 8192 // (g * head_dim)))
 
 
@@ -473,7 +508,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     the table's capacity; config None: default_config. heads_first: neighbouring programs
     are a sequence's kv heads, which read the same cache rows (a token's heads are adjacent)
     at about the same time: never slower in the sweep, 2-4 % faster where K/V come from DRAM
-    (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch)."""
+    (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch).
+    config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
+    (parts a merge round trip), heads (kv heads one program reads together, a power of two:
+    see _decode_part; 1 by default), early_index, early_kv."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -486,23 +524,27 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if splits is None:
         sms = 1 if dev.type != "cuda" else _sm_count(
             dev.index if dev.index is not None else torch.cuda.current_device())
-        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms, min_part)
+        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms, min_part, D)
     group = Hq // Hkv
     part_o, part_lse = _parts(dev, B * Hq * splits if splits > 1 else 0, D)
     # (one split takes them too, unused: the same compiled kernel serves every split count)
-    counters = _counters(dev, B * Hkv) if fused_merge else None
+    counters = _counters(dev, B * Hkv) if fused_merge else None  # (a counter per program's
+    # kv heads: B * Hkv is enough for any packing)
     fused = counters is not None
     cfg = config if config and "BLOCK_N" in config else {
         **default_config(D, q.dtype, splits, max_blocks * page), **(config or {})}
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
-    early_kv = bool(cfg.get("early_kv", EARLY_KV["on"]))
+    heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))
+    early_kv = bool(cfg.get("early_kv", EARLY_KV["on"])) and heads == 1
     heads_first = heads_first and B <= 65535
-    grid = (Hkv, B, splits) if heads_first else (B, Hkv, splits)
+    groups = -(-Hkv // heads)  # programs per (sequence, part)
+    grid = (groups, B, splits) if heads_first else (B, groups, splits)
     identity = block_tables is None
     tables = seq_lens if identity else block_tables  # unused when IDENTITY
     t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
-    block_g, merge_g, merge_s = _tiles(group, D, splits, cfg.get("merge_s") or MERGE_PARTS)
+    block_g, merge_g, merge_s = _tiles(group, D, splits, cfg.get("merge_s") or MERGE_PARTS,
+                                       heads)
     args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_lse,
             counters if fused else seq_lens,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
@@ -511,7 +553,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
-            early_kv)
+            early_kv, heads)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
@@ -519,7 +561,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
-                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s)
+                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:
         get_stream, get_device = _stream_getter()

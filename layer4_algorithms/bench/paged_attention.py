@@ -148,7 +148,7 @@ def bench_paged_decode(batches=(1, 4, 8, 32), contexts=(1024, 4096, 16384), *, q
                               return_mode="median")
                 used = s if s is not None else pick_num_splits(B, kv_heads,
                                                                c["tables"].shape[1] * block_size,
-                                                               out.device)
+                                                               out.device, head_dim)
                 gbps = nbytes / (ms * 1e-3) / 1e9
                 graph = _graph_pair(graph_replay, sdpa_fn,
                                     lambda a=args, s=s: paged_decode_attention(*a, num_splits=s))

@@ -73,15 +73,16 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device) -> int:
+def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.device,
+                    head_dim: int = 64) -> int:
     """How many parts to cut each context into at most: layer 1's paged_decode_splits (a
     power of two putting ~4 programs on each SM, no part under its shortest, none while the
-    batch alone gives 2.5 programs per SM; benchmarks/sweep_paged.py on an H100,
+    batch alone gives 2.5 programs per SM, 1.5 for head dims over 64; benchmarks/sweep_paged.py on an H100,
     benchmarks/paged_decode_latency.py on an H200) for this device's SM count (1 off a GPU).
     Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
-    return l3.paged_decode_splits(batch, kv_heads, max_context, sms)
+    return l3.paged_decode_splits(batch, kv_heads, max_context, sms, head_dim=head_dim)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -152,7 +153,7 @@ def _plan(q, k_cache, v_cache, block_tables, seq_lens, scale, window, impl, num_
     max_blocks = block_tables.shape[1]
     splits = num_splits
     if splits is None:
-        splits = pick_num_splits(B, Hkv, max_blocks * page, q.device)
+        splits = pick_num_splits(B, Hkv, max_blocks * page, q.device, D)
     if not 1 <= splits <= 65535:
         raise ValueError(f"num_splits must be in [1, 65535]; got {splits}")
     return splits, None  # layer 1's default_config for this split count

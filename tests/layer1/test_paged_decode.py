@@ -129,6 +129,26 @@ def test_parts_follow_each_sequence_length(min_part, splits):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lens,hq,hkv,d,page,window,heads", [
+    ([50, 17, 33, 9, 64], 12, 4, 32, 16, None, 2),  # group 3: 6 rows a program
+    ([70, 0, 33], 10, 2, 16, 32, 9, 2),              # group 5, a window, an empty sequence
+    ([40, 1, 19], 9, 3, 16, 8, None, 4),             # 3 kv heads in a program of 4 (one masked)
+    ([45, 12, 29], 8, 8, 64, 8, 20, 8)])             # MHA, a token's 8 heads in one run
+def test_packed_kv_heads_match_float64(lens, hq, hkv, d, page, window, heads):
+    """Several kv heads a program (config "heads"): each query row scores only its own kv
+    head's columns of the packed tile; split, merged in the launch or by the merge kernel,
+    both grid orders, twice (the counters, one per program, back at zero)."""
+    q, k, v, t, n = make(lens, hq, hkv, d, page, seed=heads, window=window)
+    ref = reference(q, k, v, t, n, 0.3, window)
+    for splits, fused, hf in [(1, True, True), (3, True, False), (4, False, True)]:
+        for _ in range(2):
+            out = pd.paged_decode(q, k, v, t, n, 0.3, window, splits, fused_merge=fused,
+                                  heads_first=hf, config={"heads": heads})
+            assert torch.isfinite(out).all() and rel(out, ref) < 1e-5, (splits, fused, hf)
+    assert int(pd._COUNTERS[q.device].abs().sum()) == 0
+
+
+@pytest.mark.interpreter
 def test_buffers_are_kept_and_grow():
     """The partial-result buffers are reused across calls and replaced (the old ones kept
     alive for captured graphs) when a call needs more."""
@@ -151,13 +171,14 @@ from tests.layer1.sm90 import compile_for_sm90
 P = importlib.import_module("layer1_kernels.paged_decode")
 ptrs = {"tables_ptr": "*i32", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
-for ident, fused, hf, bn, warps, stages, early in [(True, True, False, 64, 4, 2, True),
-                                                    (False, True, True, 128, 4, 2, False),
-                                                    (False, True, True, 32, 4, 2, True),
-                                                    (False, False, False, 256, 8, 3, False)]:
-    consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16, BLOCK_N=bn, WINDOWED=True,
-                  IDENTITY=ident, FUSED_MERGE=fused, PDL=True, MERGE_G=4, MERGE_S=16,
-                  HEADS_FIRST=hf, EARLY_INDEX=early, EARLY_KV=early and not ident)
+for ident, fused, hf, bn, warps, stages, early, heads in [
+        (True, True, False, 64, 4, 2, True, 1), (False, True, True, 128, 4, 2, False, 1),
+        (False, True, True, 32, 4, 2, True, 1), (False, False, False, 256, 8, 3, False, 1),
+        (False, True, True, 32, 4, 2, True, 4), (True, True, True, 64, 4, 2, False, 2)]:
+    consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=max(16, 4 * heads),
+                  BLOCK_N=bn, WINDOWED=True, IDENTITY=ident, FUSED_MERGE=fused, PDL=True,
+                  MERGE_G=4 * heads, MERGE_S=16 // heads, HEADS_FIRST=hf, EARLY_INDEX=early,
+                  EARLY_KV=early and not ident and heads == 1, HEADS=heads)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
@@ -173,11 +194,14 @@ def test_compiles_for_sm90():
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,config,orders", [
     (torch.bfloat16, None, (True, False)), (torch.float16, None, (True,)),
-    (torch.bfloat16, {"BLOCK_N": 256, "num_warps": 8, "num_stages": 2}, (True,))])
+    (torch.bfloat16, {"BLOCK_N": 256, "num_warps": 8, "num_stages": 2}, (True,)),
+    (torch.bfloat16, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "heads": 4, "merge_s": 4},
+     (True, False)),
+    (torch.bfloat16, {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "heads": 8}, (True,))])
 def test_gpu_configs_and_direct_launch(dtype, config, orders):
-    """The configs the heuristics pick (and one other), JIT-launched and then directly
-    launched (the second call of a shape), against float64, at 1 and many parts (one and
-    several merge tiles), both grid orders."""
+    """The configs the heuristics pick (and others: kv heads packed 4 and 8 a program),
+    JIT-launched and then directly launched (the second call of a shape), against float64,
+    at 1 and many parts (one and several merge tiles), both grid orders."""
     lens = [1000, 3, 517, 129, 2048, 64, 700]
     q, k, v, t, n = make(lens, 32, 8, 64, 16, dtype=dtype, seed=11)
     ref = reference(q, k, v, t, n, 0.125, None)

@@ -164,6 +164,7 @@ def test_split_count_and_cost_model():
     assert splits(1, 8, 272, 132) == splits(1, 2, 272, 132) == 16  # a graph for 272 tokens
     assert splits(1, 8, 1024, 132, min_part=128) == 8
     assert splits(32, 8, 4096, 132) == 2  # 1.94 programs per SM: two parts (H200 sweep)
+    assert splits(32, 8, 4096, 132, head_dim=128) == 1  # D 128: 2 programs fit an SM
     assert splits(48, 8, 4096, 132) == splits(256, 8, 2112, 132) == 1  # >= 2.5 per SM
     nbytes, flops = decode_bytes_and_flops(2, 100, 32, 8, 64, 2)
     assert nbytes == 2 * 2 * 32 * 64 * 2 + 2 * 2 * 100 * 8 * 64 * 2

@@ -29,6 +29,7 @@ engine counts them. Printed per layout: tokens/s, steps, ms per step, and the ph
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import time
 from pathlib import Path
@@ -80,9 +81,9 @@ def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int
 
 def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
     """One layout's engine in this process: warm-up, then a timed greedy run under the clock."""
-    kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0)
-    if not gpu:
-        kw.update(num_blocks=len(prompts) * 8 + 16, block_size=16)
+    blocks = len(prompts) * -(-(len(prompts[0]) + new_tokens) // 16) + 64  # every sequence
+    kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0,
+              num_blocks=blocks, block_size=16)
     from ..llm import LLM  # noqa: PLC0415
 
     start = time.perf_counter()
@@ -100,6 +101,9 @@ def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
         finally:
             clock.close()
         steps = llm.stats.steps
+    if gpu:  # the next layout sizes nothing from free memory, but starts from an empty pool
+        gc.collect()
+        torch.cuda.empty_cache()
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"layout": key, "tok_s": n / wall, "seconds": wall, "steps": steps,
             "ms_per_step": 1e3 * wall / max(steps, 1), "startup_s": ready,

@@ -169,7 +169,7 @@ class ModelRunner:
         every position (the same sequences decoding in the same order as last step): the ids
         are prev_tokens[:T], a view (no index copy to the device, no gather kernel)."""
         if in_order and prev_tokens is not None and prev_tokens.shape[0] >= len(ids):
-            return prev_tokens[:len(ids)]
+            return prev_tokens if prev_tokens.shape[0] == len(ids) else prev_tokens[:len(ids)]
         if not dst:
             return self.staging.to_device(np.array(ids, dtype=np.int64))
         if prev_tokens is None:

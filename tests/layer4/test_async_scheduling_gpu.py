@@ -87,3 +87,30 @@ def test_graph_argmax_serves_greedy_steps_and_logprobs_stay_right(cuda_model, mo
             for x, y in zip(a or [], b or [], strict=True):
                 assert x.token_id == y.token_id and [t for t, _ in x.top] == [t for t, _ in y.top]
                 assert abs(x.logprob - y.logprob) < 1e-3
+
+
+def test_token_copies_back_reuse_pooled_pinned_buffers_and_events():
+    """LaunchedStep.on_device copies a step's tokens into a pooled pinned buffer behind a
+    pooled event: two steps in flight at once each read their own tokens, a read step hands
+    its buffer and event back (the step forgets them), and the next step reuses them."""
+    from types import SimpleNamespace  # noqa: PLC0415
+
+    from layer4_algorithms.launched_step import LaunchedStep  # noqa: PLC0415
+
+    def seqs(n, base):
+        return [SimpleNamespace(seq_id=base + i, num_tokens=5, num_prompt_tokens=3,
+                                num_pending=0, pending_index=-1) for i in range(n)]
+
+    a_who, b_who = seqs(3, 0), seqs(5, 100)
+    a = LaunchedStep.on_device(None, a_who, torch.arange(3, device="cuda") + 10, None)
+    b = LaunchedStep.on_device(None, b_who, torch.arange(5, device="cuda") + 20, None)
+    assert a.tokens.is_pinned() and a.event is not None and not a.first_only
+    used = {a.tokens.data_ptr(), b.tokens.data_ptr()}
+    assert len(used) == 2 and [q.pending_index for q in b_who] == list(range(5))
+    assert b.read() == {100 + i: [20 + i] for i in range(5)}
+    assert b.tokens is None and b.event is None  # handed back
+    assert a.read() == {i: [10 + i] for i in range(3)}
+    c = LaunchedStep.on_device(None, seqs(4, 200), torch.arange(4, device="cuda") + 30, None)
+    assert c.tokens.data_ptr() in used  # a pooled buffer again
+    assert c.read() == {200 + i: [30 + i] for i in range(4)}
+    assert all(q.num_pending == 0 for q in a_who + b_who)

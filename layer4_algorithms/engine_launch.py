@@ -50,13 +50,15 @@ class EngineLaunchMixin:
         self._stats.batched_tokens += sum([s.num_new_tokens for s in out.scheduled]) + (
             sum(len(s.spec_token_ids) for s in out.scheduled) if spec else 0)
         rows = logits.rows_of(row_ids)
+        # the decode graph's own argmax serves unmasked rows in order (an all-greedy step)
+        argmax = logits.argmax if rows is logits.last else None
         ahead, self._ahead = self._ahead, None  # a fill started before this launch
         if not sync:
             if ahead is not None:  # prev's grammars advanced, their fill started (_fill_ahead)
                 if prev is not None:
                     self._complete(prev, advanced, finished)
                 return lambda: self._sample_on_device(
-                    out, rows, who, self.masks.wait_ahead(*ahead, who)), None
+                    out, rows, who, self.masks.wait_ahead(*ahead, who), argmax), None
             # (no live request with structured outputs: no grammar row to look for)
             constrained = sum(q.grammar is not None for q in who) if self._grammars_live else 0
             if constrained and self.grammars.remote:
@@ -74,13 +76,12 @@ class EngineLaunchMixin:
                 job = self.masks.submit(who)
                 if prev is not None:
                     self._complete(prev, advanced, finished)
-                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job)), None
+                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job),
+                                                      argmax), None
             if prev is not None and constrained:  # the masks follow prev's tokens
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
             prepared = self.masks.prepare(who) if constrained else None
-            # the decode graph's own argmax serves unmasked rows in order (an all-greedy step)
-            argmax = logits.argmax if prepared is None and rows is logits.last else None
             return self._sample_on_device(out, rows, who, prepared, argmax), prev
         prepared = self.masks.wait_ahead(*ahead, who) if ahead is not None else None
         launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
@@ -133,11 +134,12 @@ class EngineLaunchMixin:
                           prepared: tuple | None, argmax=None) -> LaunchedStep:
         """Mask the prepared constrained rows (one copy, one kernel) and sample on the device;
         the tokens stay there (their copy back starts behind the sampling). argmax: the
-        unmasked rows' argmax already on the device (the decode graph's), for greedy rows;
-        masked rows' comes from the apply's CUDA graph when it replays (TokenMasks.argmax)."""
+        unmasked rows' argmax already on the device (the decode graph's, over its input ids),
+        for greedy rows; with masked rows the apply's CUDA graph, when it replays, writes
+        theirs over it (TokenMasks.argmax: the next step's ids again need no copy)."""
         params = [q.params for q in who]
-        if prepared is not None:
-            greedy = all([p.greedy for p in params])
+        if prepared is not None:  # greedy: into the decode graph's ids when rows are its own
+            greedy = all([p.greedy for p in params]) and (argmax if argmax is not None else True)
             self.masks.launch(rows, prepared, argmax=greedy)
             argmax = self.masks.argmax
         tokens = self.runner.sample_tokens(rows, params, [q.generator for q in who],

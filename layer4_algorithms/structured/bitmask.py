@@ -204,12 +204,12 @@ class TokenMasks(WorkerFill):
         return prepared
 
     def launch(self, logits: torch.Tensor, prepared: tuple | None, *,
-               argmax: bool = False) -> int:
+               argmax: bool | torch.Tensor = False) -> int:
         """The device half: one copy of the prepared arena, one kernel (CUDA); the torch
         reference on a CPU. Returns the number of rows masked. argmax: the caller samples
         every row greedily: when the apply replays from a CUDA graph, the graph also writes
-        the masked rows' argmax, left in `self.argmax` ((N,) int64 on the device; else
-        None), so sampling launches nothing more."""
+        the masked rows' argmax (into this (N,) int64 tensor, or with True a buffer of the
+        graph's), left in `self.argmax` (else None), so sampling launches nothing more."""
         self.argmax = None
         if prepared is None:
             return 0

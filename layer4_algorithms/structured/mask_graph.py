@@ -10,16 +10,17 @@ memory that the arena reuses step after step, and the kernel writes a logits buf
 graph decoding reuses too. So a launch whose buffers (host arena, device buffer, logits
 address and shape, row count) have been seen WARM times (the two arenas alternate, so each
 has its own graph) is captured once into a CUDA graph (copy + kernel) and replayed from then
-on: one graph launch instead of two launches. When every row samples greedily (the engine
-says so: `argmax=True`) the graph also writes the masked rows' argmax into a buffer of its
-own, so the step's sampling launches nothing either (the unconstrained step's argmax sits in
-its decode graph; a constrained step's cannot: its mask comes after that graph). Anything else (a new row count, eager logits at
-a new address) takes the plain launches. At most MAX_GRAPHS graphs are kept (least recently
-used dropped) and at most MAX_CAPTURES are ever made (a server whose batch keeps changing
-would otherwise capture without end); a capture that fails turns the graphs off for this
-engine (`failed` says why) and the plain launches go on. The capture runs on a side stream
-of its own (no device-wide synchronize, no garbage collection: torch.cuda.graph's entry
-does both), behind the current stream's work.
+on: one graph launch instead of two launches. When every row samples greedily the graph
+also writes the masked rows' argmax (`argmax`: over the decode graph's input ids, where its
+own unmasked argmax went, so the next step's ids need no copy either), so the step's
+sampling launches nothing (the unconstrained step's argmax sits in its decode graph; a
+constrained step's cannot: its mask comes after that graph). Anything else (a new row
+count, eager logits at a new address) takes the plain launches. At most MAX_GRAPHS graphs
+are kept (least recently used dropped) and at most MAX_CAPTURES are ever made (a server
+whose batch keeps changing would otherwise capture without end); a capture that fails turns
+the graphs off for this engine (`failed` says why) and the plain launches go on. The capture
+runs on a side stream of its own (no device-wide synchronize, no garbage collection:
+torch.cuda.graph's entry does both), behind the current stream's work.
 """
 from __future__ import annotations
 
@@ -54,13 +55,16 @@ class MaskGraphs:
         self.stats = {"captures": 0, "replays": 0, "plain": 0}
 
     def run(self, logits: torch.Tensor, host: torch.Tensor, dev: torch.Tensor, R: int,
-            n: int, W: int, argmax: bool = False) -> torch.Tensor | None:
+            n: int, W: int, argmax: bool | torch.Tensor = False) -> torch.Tensor | None:
         """Mask logits' rows (`plain`), from a graph once steady. argmax: the graph also
-        writes the masked logits' argmax (N,) int64 into a buffer of its own, returned (None
-        from a plain launch). A graph's buffer is rewritten by its next replay, two steps
-        later (the arenas alternate), by when the stream has long consumed it."""
+        writes the masked logits' argmax (N,) int64 into a buffer (this tensor, or with True
+        one of its own), returned (None from a plain launch). A replay rewrites its buffer:
+        the step's tokens must be consumed on the stream before the next replay (their copy
+        to the host and the next step's input ids are queued before it)."""
+        out = argmax if isinstance(argmax, torch.Tensor) else None
         key = (host.data_ptr(), dev.data_ptr(), R, n, W, logits.data_ptr(), logits.stride(0),
-               tuple(logits.shape), logits.dtype, logits.device, argmax)
+               tuple(logits.shape), logits.dtype, logits.device,
+               out.data_ptr() if out is not None else bool(argmax))
         graph = self._graphs.get(key)
         if graph is None and self.failed is None and self.stats["captures"] < MAX_CAPTURES:
             seen = self._seen[key] = self._seen.pop(key, 0) + 1
@@ -68,7 +72,7 @@ class MaskGraphs:
                 self._seen.popitem(last=False)
             if seen > WARM:  # (the kernel compiled, the buffers steady)
                 del self._seen[key]
-                graph = self._capture(logits, host, dev, R, n, W, key)
+                graph = self._capture(logits, host, dev, R, n, W, out, key)
         if graph is None:
             plain(logits, host, dev, R, n, W)
             self.stats["plain"] += 1
@@ -79,14 +83,15 @@ class MaskGraphs:
         self.stats["replays"] += 1
         return out
 
-    def _capture(self, logits, host, dev, R, n, W, key) -> tuple | None:
+    def _capture(self, logits, host, dev, R, n, W, out, key) -> tuple | None:
         """(the graph, its argmax buffer or None), captured; None if the capture failed."""
-        out = None
         try:
-            if key[-1]:  # the greedy tokens too (the kernel compiled by a plain call first)
+            if key[-1] is not False:  # the greedy tokens too (compiled by a call first)
                 from ..cuda_graph_runner import greedy_into
 
-                out = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+                if out is None:
+                    out = torch.empty(logits.shape[0], dtype=torch.int64,
+                                      device=logits.device)
                 greedy_into(logits, out)
             here = torch.cuda.current_stream(logits.device)
             if self._stream is None:

@@ -502,7 +502,7 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
 
     fake = mg.MaskGraphs()
     monkeypatch.setattr(fake, "_capture", lambda *a: fake._graphs.setdefault(
-        a[-1], (FakeGraph(a[:-1]), None)))
+        a[-1], (FakeGraph(a[:-2]), None)))
     for _ in range(mg.WARM + 4):
         launch(fake)
     assert len(fake._graphs) == 1 and len(replayed) == 4 and fake.stats["plain"] == mg.WARM
@@ -515,7 +515,7 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
     host2 = host.clone()
     turns = mg.MaskGraphs()
     monkeypatch.setattr(turns, "_capture", lambda *a: turns._graphs.setdefault(
-        a[-1], (FakeGraph(a[:-1]), None)))
+        a[-1], (FakeGraph(a[:-2]), None)))
     before = len(replayed)
     for step in range(2 * (mg.WARM + 3)):
         fixed.copy_(logits)
@@ -535,7 +535,7 @@ def test_mask_graphs_capture_steady_launches_and_fall_back_when_capture_fails(mo
     greedy = mg.MaskGraphs()
 
     def capture(*a):
-        g = GreedyGraph(a[:-1])
+        g = GreedyGraph(a[:-2])
         g.out = torch.empty(a[0].shape[0], dtype=torch.int64)
         return greedy._graphs.setdefault(a[-1], (g, g.out))
 

@@ -333,6 +333,12 @@ def cpu_probe(llm, spin_s: float = 0.05) -> dict:
     busy = python_probe()
     me = _cpu_of("self")
     workers = [_cpu_of(pid) for pid in pids]
+    window = min(0.02, spin_s / 2)  # each worker's CPU use while it spins (within spin_s)
+    before, t0 = [_cpu_ns(pid) for pid in pids], time.perf_counter()
+    time.sleep(window)
+    after, t1 = [_cpu_ns(pid) for pid in pids], time.perf_counter()
+    spin_cpu = [None if a is None or b is None else round((b - a) / 1e9 / (t1 - t0), 3)
+                for a, b in zip(before, after, strict=True)]
     time.sleep(spin_s + 0.1)
     idle = python_probe()
     siblings = None
@@ -351,7 +357,16 @@ def cpu_probe(llm, spin_s: float = 0.05) -> dict:
     return {"probe_us_workers_spinning": busy, "probe_us_workers_napping": idle,
             "rank0_cpu": me, "rank0_siblings": siblings, "worker_cpus": workers,
             "workers_on_rank0_core": [r for r, c in enumerate(workers, start=1) if c in core],
-            "affinity": masks, "cpus": os.cpu_count()}
+            "worker_cpu_while_spinning": spin_cpu, "affinity": masks, "cpus": os.cpu_count()}
+
+
+def _cpu_ns(pid: int) -> int | None:
+    """Nanoseconds a process's main thread has run (/proc/PID/schedstat, first field)."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _parse_cpus(text: str) -> set[int]:
@@ -367,7 +382,8 @@ def format_probe(p: dict) -> str:
     return (f"  python probe: {p['probe_us_workers_spinning']:.0f} us right after the run "
             f"(workers spinning), {p['probe_us_workers_napping']:.0f} us later (napping); "
             f"rank 0 on cpu {p['rank0_cpu']} (SMT siblings {p['rank0_siblings']}), workers on "
-            f"{p['worker_cpus']} (on rank 0's core: {p['workers_on_rank0_core'] or 'none'}); "
+            f"{p['worker_cpus']} (on rank 0's core: {p['workers_on_rank0_core'] or 'none'}; "
+            f"each using {p.get('worker_cpu_while_spinning')} of a cpu while spinning); "
             f"affinity {p['affinity']} of {p['cpus']} cpus")
 
 

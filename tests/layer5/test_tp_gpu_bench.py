@@ -112,6 +112,7 @@ def test_bench_shape_runs_on_a_cpu_with_phases_probe_and_spin_layouts():
         assert (r["worker_spin_s"] is None) == (r["tp"] == 1)
     assert rows[4]["worker_spin_s"] == 0.01
     assert len(rows[2]["cpu_probe"]["worker_cpus"]) == 1
+    assert len(rows[2]["cpu_probe"]["worker_cpu_while_spinning"]) == 1
     assert isinstance(rows[2]["cpu_probe"]["workers_on_rank0_core"], list)
     assert any("ring put" in line for line in lines)
     text = tp_gpu_bench.format_rows(rows)

@@ -80,8 +80,13 @@ def serve(conn: Connection, shared_fd: int | None) -> None:
             m.consume_token(token)  # refused: the matcher is in error, its rows EOS only
 
     def fill_rows(slots: list[int], rows: np.ndarray) -> None:
-        for j, slot in enumerate(slots):
-            fill_row(get(slot), rows[j])
+        base, size = rows.ctypes.data, W * 4  # (row j's address: no per-row numpy/ctypes
+        for j, slot in enumerate(slots):  # objects; rows is C-contiguous)
+            m = states.get(slot)
+            if m is None or isinstance(m, _Compiling):
+                fill_row(get(slot), rows[j])
+            else:
+                m.unsafe_compute_mask_ptr(base + j * size, size)
 
     def fill_row(m, row: np.ndarray) -> None:
         if m is None:

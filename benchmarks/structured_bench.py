@@ -26,8 +26,8 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   the apply from graphs under CUDA graphs); beside it, to show what each part gives, with
   CUDA graphs: plain_apply (the apply launched plainly) and, async, in_process (the grammars
   on the engine's thread) and no_spin (the worker and the engine sleep in recv at once
-  instead of polling for each other's messages first: MaskWorker.SPIN_S = 0); eager async:
-  worker (the grammars in the worker process anyway).
+  instead of polling for each other's messages first: MaskWorker.SPIN_S = 0); the other
+  modes: worker (the grammars in the worker process anyway).
 * --shape llama-3.2-1b (CUDA): the same async CUDA-graph comparison on random weights of
   that model's shape (vocabulary 128,256: the mask is 4,008 words a row) with the course
   tokenizer (so the grammar's fill walks the course vocabulary's 4,096 tokens, not a
@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> dict:
         if graphs and asynchronous:  # what the worker process gives, and its polling
             variants += [("json_schema_in_process", True, False, None, None),
                          ("json_schema_no_spin", True, None, None, 0.0)]
-        if not graphs and asynchronous:  # the worker where the engine keeps its own thread
+        if not (graphs and asynchronous):  # the worker where the engine keeps its own thread
             variants.append(("json_schema_worker", True, True, None, None))
         runs = {}
         for key, constrained, remote, apply_graphs, spin in variants:

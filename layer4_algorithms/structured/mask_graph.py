@@ -48,7 +48,7 @@ class MaskGraphs:
     `stats`: graphs captured, launches replayed, plain launches."""
 
     def __init__(self) -> None:
-        self._graphs: OrderedDict[tuple, torch.cuda.CUDAGraph] = OrderedDict()
+        self._graphs: OrderedDict[tuple, tuple] = OrderedDict()  # key -> (graph, argmax buffer)
         self._seen: OrderedDict[tuple, int] = OrderedDict()  # plain launches per buffers
         self._stream: torch.cuda.Stream | None = None
         self.failed: str | None = None

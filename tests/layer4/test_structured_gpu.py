@@ -52,6 +52,34 @@ def test_bitmask_kernel_equals_the_torch_reference(n, r, vocab, dtype):
           f"torch {1e3 * t_torch:.1f} us", flush=True)
 
 
+def test_mask_graphs_replay_the_apply_and_the_masked_argmax():
+    """MaskGraphs on a GPU: two host arenas in turn (as TokenMasks alternates them), each
+    captured once seen WARM times, then replayed; every launch masks exactly, and with an
+    argmax buffer (the decode graph's input ids) each replay leaves the masked rows' argmax
+    there, for new bitmask contents written into the same pinned arenas."""
+    mg = l4.structured.mask_graph
+    V, N, R = 4096, 32, 20
+    W = (V + 31) // 32
+    n = R * W + R
+    hosts = [torch.empty(n, dtype=torch.int32, pin_memory=True) for _ in range(2)]
+    dev = torch.empty(n, dtype=torch.int32, device="cuda")
+    logits = torch.empty(N, V, device="cuda", dtype=torch.bfloat16)
+    ids = torch.zeros(N, dtype=torch.int64, device="cuda")
+    graphs = mg.MaskGraphs()
+    for step in range(2 * (mg.WARM + 4)):
+        raw, bitmask, rows, want = random_case(N, R, V, torch.bfloat16, seed=step)
+        host = hosts[step % 2]
+        host[:R * W] = bitmask.view(-1)
+        host[R * W:n] = rows.to(torch.int32)
+        logits.copy_(raw.cuda())
+        got = graphs.run(logits, host, dev, R, n, W, argmax=ids)
+        assert graphs.failed is None, graphs.failed
+        assert torch.equal(logits.cpu(), want)
+        if got is not None:
+            assert got is ids and torch.equal(ids.cpu(), want.float().argmax(-1))
+    assert graphs.stats["captures"] == 2 and graphs.stats["replays"] == 8, graphs.stats
+
+
 def test_constrained_rows_under_cuda_graphs_beside_free_ones(gpu_model):
     llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=32, cuda_graph=True)
     schemas = SCHEMAS[:24]

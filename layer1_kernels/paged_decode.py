@@ -23,13 +23,13 @@ The merge. With more than one part, each program writes its partial result, then
 ticket from a per-(sequence, kv head) counter (an atomic add, acquire-release, after a
 barrier so every thread's stores come first); the program that draws the last ticket reads
 all parts of its G heads back at once (a (G, MERGE_S, D) tile per round trip, 16 parts by
-default: a larger tile costs the whole kernel registers, see _tiles) and writes the lse-weighted mean, then resets the counter to 0
-for the next call. That saves the second launch flash-decoding usually needs (~2-3 us each
-on a GPU, x layers per token). The counters and the partial results live in buffers kept
-per device (the counters zero between calls); when one must grow while a CUDA graph is
-being captured, the partials get a fresh tensor of the graph's and the merge a separate
-kernel. Calls on one device must therefore run one after another (one stream, or graphs
-replayed in turn), as a model's layers do.
+default: a larger tile costs the whole kernel registers, see _tiles) and writes the
+lse-weighted mean, then resets the counter to 0 for the next call. That saves the second launch
+flash-decoding usually needs (~2-3 us each on a GPU, x layers per token). The counters and
+the partial results live in buffers kept per device (the counters zero between calls); when
+one must grow while a CUDA graph is being captured, the partials get a fresh tensor of the
+graph's and the merge a separate kernel. Calls on one device must therefore run one after
+another (one stream, or graphs replayed in turn), as a model's layers do.
 
 Under programmatic dependent launch (PDL: the kernel may start while the one before it
 drains) a program reads its sequence's length and first block ids before it waits for that
@@ -392,15 +392,32 @@ MIN_SPLIT_TOKENS = 16
 MAX_SPLITS = 64
 
 
+#: kv heads one program reads together by default (1: none packed; see _decode_part), from
+#: PACK_FROM (sequence, kv head) pairs an SM on, head dims <= 64 only
+PACK_HEADS = 1
+PACK_FROM = 1.0
+
+
+def default_heads(batch: int, kv_heads: int, head_dim: int, sm_count: int) -> int:
+    """How many kv heads a program reads by default (config "heads"): PACK_HEADS where the
+    batch alone gives PACK_FROM programs an SM (D <= 64), else 1."""
+    if PACK_HEADS <= 1 or head_dim > 64 or batch * kv_heads < PACK_FROM * sm_count:
+        return 1
+    return min(PACK_HEADS, next_pow2(kv_heads))
+
+
 def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: int,
-                        min_part: int | None = None, head_dim: int = 64) -> int:
+                        min_part: int | None = None, head_dim: int = 64,
+                        heads: int | None = None) -> int:
     """How many parts to cut each context into at most (host ints only: the lengths stay on
     the device; the kernel cuts a shorter context into fewer parts, none under min_part keys,
     default MIN_SPLIT_TOKENS). A power of two, so that parts are whole multiples of the
     kernel's BLOCK_N: a count of 6 at 1k keys cuts parts of 171, rounded up to 256: four
-    parts, not six."""
+    parts, not six. heads: kv heads a program (None: default_heads)."""
     min_part = MIN_SPLIT_TOKENS if min_part is None else min_part
-    programs = batch * kv_heads
+    if heads is None:
+        heads = default_heads(batch, kv_heads, head_dim, sm_count)
+    programs = batch * -(-kv_heads // max(1, heads))
     if programs >= (SPLIT_BELOW if head_dim <= 64 else SPLIT_BELOW_WIDE) * sm_count:
         return 1
     wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // max(min_part, 1),
@@ -411,6 +428,12 @@ def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: i
 @functools.cache
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _sms(dev: torch.device) -> int:
+    """The device's SM count (1 off a GPU: the split rule's "one SM")."""
+    return 1 if dev.type != "cuda" else _sm_count(
+        dev.index if dev.index is not None else torch.cuda.current_device())
 
 
 def default_min_part() -> int:
@@ -424,7 +447,7 @@ SHORT_PART = 1024
 
 
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
-                   max_context: int | None = None) -> dict:
+                   max_context: int | None = None, heads: int = 1) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
     change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
     shortest parts at each shape):
@@ -435,10 +458,17 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     rank at TP=4: within 0-8 %, 3 % on average);
     D 128 unsplit or long parts: 128 keys, 8 warps, 2 stages (long loops: bandwidth-bound; 8B
     batch 32: 0.88x the time of 64 keys with 4 warps at context 4096, 0.91x at 1k, 0.97-1.03x
-    at 128-256)."""
+    at 128-256).
+    heads > 1 (kv heads packed, D <= 64 16-bit): tiles of 128 (token, head) rows, 4 warps,
+    2 stages, the merge reading 16 / heads parts a round trip (4 heads: 127 registers a
+    thread, 4 programs an SM)."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
-        return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part}
+        return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part,
+                **({"heads": heads} if heads > 1 else {})}
+    if heads > 1 and head_dim <= 64 and dtype != torch.float32:
+        return {"BLOCK_N": max(16, 128 // heads), "num_warps": 4, "num_stages": 2,
+                "heads": heads, "merge_s": max(2, 16 // heads), **part}
     if dtype == torch.float32 and head_dim >= 128:  # 4-byte tiles: keep K and V stages in smem
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **part}
     if dtype != torch.float32 and head_dim == 128:
@@ -459,11 +489,12 @@ def _tiles(group: int, head_dim: int, splits: int, merge_parts: int = MERGE_PART
            heads: int = 1) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a program's `heads` kv heads padded
     to 16 rows (the smallest tensor-core tile); for the merge all of them (padded to a power
-    of two) and up to merge_parts parts a round trip, within 8192 floats. The merge tile sets the kernel's
-    registers, so how many programs fit on an SM: ptxas (sm_90, BLOCK_N 128, 4 warps, 2
-    stages, D 64, G 4) gives 96 / 118 / 153 registers a thread at 8 / 16 / 32 parts: 5 / 4 /
-    3 programs an SM (unfused: 122). At 32, a batch-1 x 16k launch (64 parts x 8 kv heads =
-    512 programs) ran in 1.3 waves; at 16 in one (64 parts merge in 4 round trips, not 2)."""
+    of two) and up to merge_parts parts a round trip, within 8192 floats. The merge tile
+    sets the kernel's registers, so how many programs fit on an SM: ptxas (sm_90, BLOCK_N
+    128, 4 warps, 2 stages, D 64, G 4) gives 96 / 118 / 153 registers a thread at 8 / 16 /
+    32 parts: 5 / 4 / 3 programs an SM (unfused: 122). At 32, a batch-1 x 16k launch (64
+    parts x 8 kv heads = 512 programs) needs 1.3 waves; at 16 one (64 parts merge in 4
+    round trips, not 2)."""
     g = max(2, next_pow2(group * heads))
     return max(16, next_pow2(group * heads)), g, max(2, min(max(16, next_pow2(splits)),
                                                 next_pow2(merge_parts), 8192 // (g * head_dim)))
@@ -511,7 +542,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch).
     config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
     (parts a merge round trip), heads (kv heads one program reads together, a power of two:
-    see _decode_part; 1 by default), early_index, early_kv."""
+    see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, early_kv."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -520,19 +551,21 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     if B == 0 or Hq == 0 or max_blocks == 0 or page == 0:
         return out.zero_()
     min_part = (config or {}).get("min_part") or default_min_part()
+    explicit = bool(config and "BLOCK_N" in config)
+    heads = int((config or {}).get("heads") or 0)
+    if not heads:  # (PACK_HEADS 1: no SM count needed, the launch path stays short)
+        heads = 1 if explicit or PACK_HEADS <= 1 else default_heads(B, Hkv, D, _sms(dev))
     splits = num_splits
     if splits is None:
-        sms = 1 if dev.type != "cuda" else _sm_count(
-            dev.index if dev.index is not None else torch.cuda.current_device())
-        splits = paged_decode_splits(B, Hkv, max_blocks * page, sms, min_part, D)
+        splits = paged_decode_splits(B, Hkv, max_blocks * page, _sms(dev), min_part, D, heads)
     group = Hq // Hkv
     part_o, part_lse = _parts(dev, B * Hq * splits if splits > 1 else 0, D)
     # (one split takes them too, unused: the same compiled kernel serves every split count)
     counters = _counters(dev, B * Hkv) if fused_merge else None  # (a counter per program's
     # kv heads: B * Hkv is enough for any packing)
     fused = counters is not None
-    cfg = config if config and "BLOCK_N" in config else {
-        **default_config(D, q.dtype, splits, max_blocks * page), **(config or {})}
+    cfg = config if explicit else {
+        **default_config(D, q.dtype, splits, max_blocks * page, heads), **(config or {})}
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))

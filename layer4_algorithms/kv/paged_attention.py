@@ -77,12 +77,13 @@ def pick_num_splits(batch: int, kv_heads: int, max_context: int, device: torch.d
                     head_dim: int = 64) -> int:
     """How many parts to cut each context into at most: layer 1's paged_decode_splits (a
     power of two putting ~4 programs on each SM, no part under its shortest, none while the
-    batch alone gives 2.5 programs per SM, 1.5 for head dims over 64; benchmarks/sweep_paged.py on an H100,
-    benchmarks/paged_decode_latency.py on an H200) for this device's SM count (1 off a GPU).
-    Host ints only."""
+    batch alone gives 2.5 programs per SM, 1.5 for head dims over 64;
+    benchmarks/sweep_paged.py, benchmarks/paged_decode_latency.py) for this device's SM
+    count (1 off a GPU). Host ints only."""
     sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
         if device.type == "cuda" else 1
     return l3.paged_decode_splits(batch, kv_heads, max_context, sms, head_dim=head_dim)
+    # (kv heads packed a program by layer 1's default_heads, as paged_decode assumes)
 
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

@@ -149,6 +149,26 @@ def test_packed_kv_heads_match_float64(lens, hq, hkv, d, page, window, heads):
 
 
 @pytest.mark.interpreter
+def test_packing_by_default_follows_the_split_rule(monkeypatch):
+    """With PACK_HEADS set, a call without a config packs that many kv heads a program where
+    the batch gives PACK_FROM programs an SM, and the split count counts packed programs;
+    the result is the same attention."""
+    assert pd.paged_decode_splits(32, 8, 4096, 132, heads=4) == 8  # 64 programs: 8 parts
+    assert pd.default_heads(32, 8, 64, 132) == 1  # off by default
+    monkeypatch.setattr(pd, "PACK_HEADS", 4)
+    monkeypatch.setattr(pd, "PACK_FROM", 1.5)
+    assert pd.default_heads(32, 8, 64, 132) == 4 and pd.default_heads(32, 8, 128, 132) == 1
+    assert pd.default_heads(16, 8, 64, 132) == 1  # 0.97 programs an SM: not packed
+    assert pd.paged_decode_splits(32, 8, 4096, 132, head_dim=64) == 8
+    q, k, v, t, n = make([90, 3, 40], 8, 4, 16, 8, seed=7)  # on "one SM": packed
+    assert pd.default_heads(3, 4, 16, 1) == 4
+    ref = reference(q, k, v, t, n, 0.3, None)
+    for _ in range(2):
+        assert rel(pd.paged_decode(q, k, v, t, n, 0.3, None), ref) < 1e-5
+    assert pd.default_config(16, q.dtype, 2, 128, heads=4)["heads"] == 4
+
+
+@pytest.mark.interpreter
 def test_buffers_are_kept_and_grow():
     """The partial-result buffers are reused across calls and replaced (the old ones kept
     alive for captured graphs) when a call needs more."""

@@ -29,10 +29,15 @@ def greedy_ids(out) -> bool:
     """Whether a scheduled step's tokens can be its logits' argmax taken on the last stage:
     every sequence greedy, with nothing that reads the logits beyond the argmax (logprobs,
     penalties, a grammar's mask, speculation's verification)."""
+    seen = None  # (requests share one SamplingParams object more often than not)
     for s in out.scheduled:
-        p = s.seq.params
-        if (not p.greedy or p.needs_logits_processing or s.seq.grammar is not None
-                or s.spec_token_ids):
+        seq = s.seq
+        p = seq.params
+        if p is not seen:
+            if not p.greedy or p.needs_logits_processing:
+                return False
+            seen = p
+        if seq.grammar is not None or s.spec_token_ids:
             return False
     return bool(out.scheduled)
 

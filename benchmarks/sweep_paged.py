@@ -17,8 +17,8 @@ per shape, and writes OUT/sweep_paged.json.
         [--configs I,J,...] [--splits S,...] [--heads HQ:HKV:D]
 
 --defaults B:CTX,...: no sweep; layer 4's wrapper with its own picks ("after"), the same
-with the previous split rule and merge tile ("before": SPLIT_BELOW 1.5, 32 parts a merge
-round trip), and SDPA, per shape: graph replay and do_bench.
+with the previous split rule, merge tile and peeled first tile ("before": SPLIT_BELOW 1.5,
+32 parts a merge round trip, PEEL_FIRST), and SDPA, per shape: graph replay and do_bench.
 """
 # ruff: noqa: B023  (every lambda is timed inside its own loop iteration)
 from __future__ import annotations
@@ -164,19 +164,20 @@ def old_splits(B: int, max_ctx: int) -> int:
 
 
 class before_rules:
-    """Layer 1's previous split rule (no split from 1.5 programs an SM) and merge tile (32
-    parts a round trip), for a before/after in one run (layer 4's kept plans dropped)."""
+    """Layer 1's previous split rule (no split from 1.5 programs an SM), merge tile (32 parts
+    a round trip) and first tile peeled off the loop, for a before/after in one run (layer
+    4's kept plans dropped)."""
 
     def __init__(self, pa):
         self.pa = pa
 
     def __enter__(self):
-        self.saved = pd.SPLIT_BELOW, pd.MERGE_PARTS
-        pd.SPLIT_BELOW, pd.MERGE_PARTS = 1.5, 32
+        self.saved = pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"]
+        pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"] = 1.5, 32, True
         self.pa._PLANS.clear()
 
     def __exit__(self, *exc):
-        pd.SPLIT_BELOW, pd.MERGE_PARTS = self.saved
+        pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"] = self.saved
         self.pa._PLANS.clear()
 
 

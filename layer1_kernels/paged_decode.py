@@ -75,6 +75,7 @@ def _paged_decode_kernel(
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
     EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
+    PEEL: tl.constexpr,
 ):
     if PDL and not EARLY_INDEX:  # everything below reads what the kernels before wrote
         gdc_wait()
@@ -117,7 +118,7 @@ def _paged_decode_kernel(
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
                      BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
-                     EARLY_INDEX, EARLY_KV, HEADS)
+                     EARLY_INDEX, EARLY_KV, HEADS, PEEL)
 
 
 @triton.jit
@@ -147,13 +148,15 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
                  PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr):
+                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
+                 PEEL: tl.constexpr):
     """One program's part [start, end) of the keys of kv heads grp * HEADS .. + HEADS - 1 for
     sequence b (block0: its first tile's block ids): online softmax over BLOCK_N keys a step;
     the output itself when the part is the only one, else its partial result (and with the
     fused merge, the last part in merges them all). Under PDL with EARLY_INDEX: wait for the
     kernel before here, after the first tile's keys and values but the newest key's are
-    requested (EARLY_KV; one kv head a program only).
+    requested (EARLY_KV, which peels the first tile off the loop; PEEL: peeled without
+    early loads, as this kernel was; one kv head a program only).
 
     HEADS > 1 (kv heads packed in one program): the rows are the G * HEADS query heads of
     the HEADS kv heads (16 rows hold 4 groups of 4 where one group pads 12), and a tile's
@@ -188,8 +191,8 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
     block_next = block0
     first = start
-    if EARLY_KV:  # the first tile peeled: its keys and values but the newest key's come first
-        # Token n -> (its block, its row in the block) -> its k, v rows.
+    if EARLY_KV or PEEL:  # the first tile peeled (EARLY_KV: its keys and values but the
+        # newest key's loaded before the wait). Token n -> (its block, its row) -> its k, v rows.
         offs_n = start + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         row = offs_n % PAGE
@@ -197,14 +200,20 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
             + offs_d[None, :] * stride_kd
         v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv0 * stride_vh)[:, None] \
             + offs_d[None, :] * stride_vd
-        old = valid & (offs_n != hi - 1)  # every key but the newest (the kernel before wrote it)
-        k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
-        v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
-        if PDL and EARLY_INDEX:
-            gdc_wait()
-        new = valid & (offs_n == hi - 1)
-        k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
-        v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
+        if EARLY_KV:
+            old = valid & (offs_n != hi - 1)  # every key but the newest (written just before)
+            k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
+            if PDL and EARLY_INDEX:
+                gdc_wait()
+            new = valid & (offs_n == hi - 1)
+            k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
+            v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
+        else:
+            if PDL and EARLY_INDEX:
+                gdc_wait()
+            k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+            v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
         if not IDENTITY:
             nxt = offs_n + BLOCK_N
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
@@ -507,6 +516,9 @@ EARLY_INDEX = {"on": True}
 #: ... and the first tile's keys and values but the newest key's (the kernel before writes the
 #: new token's k, v: its slot is seq_lens - 1; every other row is from earlier steps).
 EARLY_KV = {"on": False}
+#: Peel the first tile off the loop even without early_kv (as the kernel did before every tile
+#: went through the loop's pipeline; kept to time the two against each other)
+PEEL_FIRST = {"on": False}
 
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
@@ -570,6 +582,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))
     early_kv = bool(cfg.get("early_kv", EARLY_KV["on"])) and heads == 1
+    peel = bool(cfg.get("peel", PEEL_FIRST["on"])) and heads == 1 and not early_kv
     heads_first = heads_first and B <= 65535
     groups = -(-Hkv // heads)  # programs per (sequence, part)
     grid = (groups, B, splits) if heads_first else (B, groups, splits)
@@ -586,7 +599,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
-            early_kv, heads)
+            early_kv, heads, peel)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
@@ -594,7 +607,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
-                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads)
+                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:
         get_stream, get_device = _stream_getter()

@@ -115,14 +115,14 @@ def test_parts_follow_each_sequence_length(min_part, splits):
     a short one runs as one part (no partials, no merge), a long one's empty parts do
     nothing. Lengths across a page, one key, none; twice (the counters back at zero); with
     and without the early index loads and the early first tile (the newest key loaded
-    apart)."""
+    apart), and with the first tile peeled off the loop without early loads."""
     q, k, v, t, n = make([200, 1, 0, 33, 17, 64], 8, 2, 32, 16, seed=min_part)
     ref = reference(q, k, v, t, n, 0.2, None)
     cfg = dict(pd.default_config(32, q.dtype, splits), min_part=min_part)
-    for early in (True, False):
+    for early, peel in ((True, False), (False, False), (False, True)):
         for _ in range(2):
             out = pd.paged_decode(q, k, v, t, n, 0.2, None, splits,
-                                  config=dict(cfg, early_index=early, early_kv=early))
+                                  config=dict(cfg, early_index=early, early_kv=early, peel=peel))
             assert torch.isfinite(out).all() and (out[2] == 0).all()
             assert rel(out, ref) < 1e-5
     assert int(pd._COUNTERS[q.device].abs().sum()) == 0
@@ -198,7 +198,8 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
     consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=max(16, 4 * heads),
                   BLOCK_N=bn, WINDOWED=True, IDENTITY=ident, FUSED_MERGE=fused, PDL=True,
                   MERGE_G=4 * heads, MERGE_S=16 // heads, HEADS_FIRST=hf, EARLY_INDEX=early,
-                  EARLY_KV=early and not ident and heads == 1, HEADS=heads)
+                  EARLY_KV=early and not ident and heads == 1, HEADS=heads,
+                  PEEL=heads == 1 and not early and bn == 128)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")

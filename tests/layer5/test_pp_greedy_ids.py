@@ -53,9 +53,10 @@ def model() -> l3.Model:
     return l3.Model(l3.random_model(random_config(), seed=11, std=0.3))
 
 
-@pytest.mark.parametrize("k,m", [(2, 1), (1, 2)])
+@pytest.mark.parametrize("k,m", [(2, 1), (1, 2), (1, 1)])
 def test_token_ids_back_equal_logits_back(model, monkeypatch, k, m):
-    """k steps in flight (2: two lanes), m micro-batches a step."""
+    """k steps in flight (2: two lanes), m micro-batches a step (1: decode steps from host
+    arrays, runner.StageDecode; drained, k = 1, they are collected at once)."""
     both_ways(model, monkeypatch, k, m)
 
 

@@ -7,9 +7,9 @@
 #             against SDPA, do_bench and CUDA-graph replay, with the defaults now
 #   defaults  the same 12 shapes, layer 4's wrapper before (the previous split rule and merge
 #             tile) and after, and SDPA, in one process (sweep_paged.py --defaults)
-#   sweep     the shapes below 0.9x: heads-first configs (merge tile 8/16/32 parts, 1-3
-#             stages, 64 or 128 keys a step; 2, 4 or 8 kv heads packed in a program) x split
-#             counts 1-64 (sweep_paged.py)
+#   sweep     the shapes below 0.9x and the engine-like batch 256: heads-first configs (merge
+#             tile 8/16/32 parts, 1-3 stages, 64 or 128 keys a step; 2, 4 or 8 kv heads
+#             packed in a program) x split counts 1-64 (sweep_paged.py)
 #   tests     pytest -m gpu of layer 1's paged kernel and layer 4's paged attention (the time
 #             left, at most 90 s)
 #   d128      Llama-3.1-8B heads (32/8, D 128) at batch 32 x 1k/4k: one part vs two
@@ -30,7 +30,8 @@ maybe defaults 30 python3 benchmarks/sweep_paged.py --out "$out" --defaults \
 # 13/14 = the same with 32/8 merge parts, 15/16 = 1/3 stages, 17 = 64 keys unpipelined,
 # 19-22 = kv heads packed: 4 x 32 keys, 2 x 64, 4 x 32 in 3 stages, 8 x 16
 maybe sweep 50 python3 benchmarks/sweep_paged.py --out "$out" --budget-s 36 \
-    --shapes 1:16384,32:1024,32:4096,4:4096,32:16384 --configs 11,13,14,15,16,17,19,20,21,22 \
+    --shapes 1:16384,32:1024,32:4096,4:4096,256:engine,32:16384 \
+    --configs 11,13,14,15,16,17,19,20,21,22 \
     --splits 1,2,4,8,16,32,64
 left=$(( TOTAL_S - SECONDS - 2 ))  # the tests get what is left (23 tests, ~25 compiles)
 if [ "$left" -ge 20 ]; then
@@ -47,5 +48,5 @@ maybe d128 15 python3 benchmarks/sweep_paged.py --out "$out/d128" --budget-s 8 \
   tail -1 "$out/tests.log" 2>/dev/null
   grep -v "Warning\|sdpa(q" "$out/kernel.log" 2>/dev/null | grep -E "^ +[0-9]+ +[0-9]+ " | head -12
   grep -A13 "^batch context | splits" "$out/defaults.log" 2>/dev/null
-  grep -A6 "^batch context | best" "$out/sweep.log" 2>/dev/null
+  grep -A7 "^batch context | best" "$out/sweep.log" 2>/dev/null
   grep -A3 "^batch context | best" "$out/d128.log" 2>/dev/null; } | tee "$out/summary.txt"

@@ -221,7 +221,7 @@ def sweep_case(c, B, ctx, width, sms, args) -> list[dict]:
     for cfg in CANDIDATES[d]:
         conf = {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2]}
         for mp in MIN_PARTS:
-            s = pd.paged_decode_splits(B, hkv, width, sms, mp)
+            s = pd.paged_decode_splits(B, hkv, width, sms, mp, head_dim=d)
             per = -(-ctx // s)  # keys a part, then whole BLOCK_N steps, then >= min_part
             part = max(mp, -(-per // cfg[0]) * cfg[0]) if s > 1 else 0
             key = (cfg, s, part)
@@ -298,7 +298,8 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         row["before_err"] = check(before, c)
         row["before_us"] = round(iso_us(calls(before, c)), 2)
     row["after_err"] = check(pd, c)
-    row["after_splits"] = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms)
+    row["after_splits"] = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms,
+                                                 head_dim=d)
     row["after_us"] = round(iso_us(calls(pd, c)), 2)
     if args.quick:  # before / after only (the defaults), and after with the early first tile
         row["after_early_kv_us"] = round(iso_us(calls(pd, c, None, {"early_kv": True})), 2)
@@ -327,7 +328,7 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
             pd, c, best["splits"], dict(bconf, early_kv=True))), 2)
     else:  # the tight shape's best setting, the split count from the rule at this width
         ws = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms,
-                                    bconf["min_part"])
+                                    bconf["min_part"], head_dim=d)
         row["best_wide_splits"] = ws
         row["best_wide_us"] = round(iso_us(calls(pd, c, ws, bconf)), 2)
     if B == 1 and eng is not None:  # inside a step: after a PDL GEMV
@@ -398,14 +399,14 @@ def apply_policy(pol: dict):
     if joint:
         pd.MIN_SPLIT_TOKENS = int(joint["min_part"])
 
-    def default_config(head_dim, dtype, splits=1):
+    def default_config(head_dim, dtype, splits=1, *rest):
         cfg = None
         if splits > 1 and joint and f"d{head_dim}" in joint["cfg"]:
             cfg = joint["cfg"][f"d{head_dim}"]
         elif splits == 1 and pol.get(f"d{head_dim}_b32"):
             cfg = pol[f"d{head_dim}_b32"][0]["cfg"]
         if cfg is None or dtype not in (torch.float16, torch.bfloat16):
-            return real_cfg(head_dim, dtype, splits)
+            return real_cfg(head_dim, dtype, splits, *rest)
         return {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
                 "min_part": pd.default_min_part()}
 

@@ -23,14 +23,14 @@ install_stack
   python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
   git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
 
-maybe kernel 30 stack bench --layer 4 --only kernel
-maybe defaults 30 python3 benchmarks/sweep_paged.py --out "$out" --defaults \
+maybe kernel 40 stack bench --layer 4 --only kernel
+maybe defaults 35 python3 benchmarks/sweep_paged.py --out "$out" --defaults \
     1:1024,1:4096,1:16384,4:1024,4:4096,4:16384,8:1024,8:4096,8:16384,32:1024,32:4096,32:16384
 # configs: 11 = the D-64 default (128 keys, 4 warps, 2 stages, heads first; merge 16 parts),
 # 10 = 64 keys a step (96 registers: 5 programs an SM), 13/14 = 11 with 32/8 merge parts,
 # 15/16 = 1/3 stages, 17 = 64 keys unpipelined,
 # 19-22 = kv heads packed: 4 x 32 keys, 2 x 64, 4 x 32 in 3 stages, 8 x 16
-maybe sweep 50 python3 benchmarks/sweep_paged.py --out "$out" --budget-s 36 \
+maybe sweep 50 python3 benchmarks/sweep_paged.py --out "$out" --budget-s 34 \
     --shapes 1:16384,32:1024,32:4096,4:4096,256:engine,32:16384 \
     --configs 10,11,13,14,15,16,17,19,20,21,22 \
     --splits 1,2,4,8,16,32,64

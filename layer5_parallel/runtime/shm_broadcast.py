@@ -26,12 +26,12 @@ Waiting: spin (re-reading the flag) for `spin_s`, then sleep in growing naps up 
 GPU host a worker spins through a whole decode step (a long nap there would delay every
 rank's next launch); on a CPU, where ranks share cores, spin_s=0 naps at once. While
 spinning, a reader pauses `pause_s` between reads (a short sleep, with the thread's timer
-slack cut to a microsecond so that it stays short): three workers re-reading in a busy loop
-(pause_s=0: os.sched_yield between reads, a core each at 100 %) were measured to slow rank
-0's own Python ~1.9x on a GPU host though none shared its core (SMT siblings the guest does
-not see, the package's power budget); a pause of tens of microseconds should be hidden,
-since rank 0 announces a decode step before it fills the step's inputs and launches its own
-graph (tp_gpu_bench --worker-pause measures both ways).
+slack cut to a microsecond so that it stays short): a reader re-reading in a busy loop
+(pause_s=0: os.sched_yield between reads) holds a whole core for nothing, three of them next
+to the core rank 0's Python runs on (SMT siblings the guest may not see, the package's power
+budget); with a 20 us pause each used 0.21-0.27 of a core on 4x H200 at the same decode step
+time, since rank 0 announces a decode step before it fills the step's inputs and launches its
+own graph (tp_gpu_bench --worker-pause measures both ways).
 Every wait checks `alive()` (say, that the peer process still lives) each `POLL_S`, so a
 dead peer turns into an error, never a hang.
 """

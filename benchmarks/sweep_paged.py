@@ -164,20 +164,30 @@ def old_splits(B: int, max_ctx: int) -> int:
 
 
 class before_rules:
-    """Layer 1's previous split rule (no split from 1.5 programs an SM), merge tile (32 parts
-    a round trip) and first tile peeled off the loop, for a before/after in one run (layer
-    4's kept plans dropped)."""
+    """Layer 1's previous split rule (no split from 1.5 programs an SM, 32-part launches
+    uncapped), merge tile (32 parts a round trip), 2 stages everywhere and first tile peeled
+    off the loop, for a before/after in one run (layer 4's kept plans dropped); peel_only:
+    today's rules with the first tile peeled."""
 
-    def __init__(self, pa):
-        self.pa = pa
+    NAMES = ("SPLIT_BELOW", "MERGE_PARTS", "UNSPLIT_UP_TO", "PROGRAMS_PER_SM_WIDE_MERGE",
+             "FEW_PROGRAM_STAGES")
+    BEFORE = (1.5, 32, 0, 4, 2)  # (4 programs an SM: no cap on 32-part launches)
+
+    def __init__(self, pa, peel_only: bool = False):
+        self.pa, self.peel_only = pa, peel_only
 
     def __enter__(self):
-        self.saved = pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"]
-        pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"] = 1.5, 32, True
+        self.saved = [getattr(pd, n) for n in self.NAMES], pd.PEEL_FIRST["on"]
+        if not self.peel_only:
+            for n, v in zip(self.NAMES, self.BEFORE, strict=True):
+                setattr(pd, n, v)
+        pd.PEEL_FIRST["on"] = True
         self.pa._PLANS.clear()
 
     def __exit__(self, *exc):
-        pd.SPLIT_BELOW, pd.MERGE_PARTS, pd.PEEL_FIRST["on"] = self.saved
+        for n, v in zip(self.NAMES, self.saved[0], strict=True):
+            setattr(pd, n, v)
+        pd.PEEL_FIRST["on"] = self.saved[1]
         self.pa._PLANS.clear()
 
 
@@ -202,6 +212,8 @@ def defaults(args, do_bench) -> int:
             row["before_splits"] = pa.pick_num_splits(B, HKV, c["max_ctx"], c["q"].device, D)
             row["before_graph_us"] = graph_us(new, est)
             row["before_bench_us"] = do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3
+        with before_rules(pa, peel_only=True):  # today's rules, the first tile peeled
+            row["peel_graph_us"] = graph_us(new, est)
         if B <= 8:  # host cost per call, direct launch vs the JIT (and the same output)
             row["host_direct_us"] = host_us(new)
             a = new()
@@ -229,13 +241,14 @@ def defaults(args, do_bench) -> int:
                      for k, v in row.items()))
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "defaults_paged.json").write_text(json.dumps(rows, indent=1, default=str))
-    print("\nbatch context | splits before after | sdpa/ours graph before after | do_bench "
-          "before after")
+    print("\nbatch context | splits before after | sdpa/ours graph before after (peeled) | "
+          "do_bench before after")
     for r in rows:
         g = r.get("ratio_graph_before_after") or (math.nan, math.nan)
         d = r.get("ratio_bench_before_after") or (math.nan, math.nan)
+        p = r.get("sdpa_graph_us", math.nan) / r["peel_graph_us"]
         print(f"{r['batch']:5} {r['context']!s:>7} | {r['before_splits']:>3} {r['splits']:>3} | "
-              f"{g[0]:.2f} {g[1]:.2f} | {d[0]:.2f} {d[1]:.2f}")
+              f"{g[0]:.2f} {g[1]:.2f} ({p:.2f}) | {d[0]:.2f} {d[1]:.2f}")
     return 0
 
 

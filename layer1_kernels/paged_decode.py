@@ -381,14 +381,22 @@ def _parts(device: torch.device, rows: int, head_dim: int) -> tuple[torch.Tensor
 # contexts 128-4096; graph replay, keys from DRAM, also after a PDL GEMV as in a step).
 #: programs per SM a split count aims for: the best split count put 256-1024 programs on the
 #: 132 SMs (batch 1-8: 512; batch 4 x 4k: 1024). Four is also how many of the default D-64
-#: launch fit on an SM at once (118 registers a thread, see _tiles): one wave.
+#: launch fit on an SM at once while the merge tile is 16 parts (118 registers a thread).
 PROGRAMS_PER_SM = 4
+#: ... but a D-64 split count over 16 merges 32 parts a round trip (153 registers: 3 programs
+#: an SM), so it aims at one wave of those: batch 1 gets 32 parts, not 64 (H200, graph
+#: replay, 1 x 16k: 13.4 us, 64 parts with a 16-part merge 13.6, with a 32-part merge in 1.3
+#: waves 16.5; 1 x 4k: 64 parts, 16-part merge 7.8 us, 32-part 6.7)
+PROGRAMS_PER_SM_WIDE_MERGE = 3
 #: no split from this many programs per SM on. Batch 32 x 8 kv heads (1.94 an SM) splits in
-#: two: on an H200 two parts ran 2-4 % faster than the best unsplit config at 4k and 16k keys
-#: and within 1 % at 1k (and the default config unsplit, heads first, was 15-30 % slower);
-#: on the H100 one part had been 2-3 % faster. Batch 8: 0.48, eight parts 1.5-15 % faster
-#: than four.
+#: two past UNSPLIT_UP_TO keys: on an H200 two parts ran 2-4 % faster than one at 16k
+#: (256.1 vs 260.8 us) and the old default, unsplit with 2 stages, 15-30 % slower at
+#: 1k-16k; on the H100 one part had been 2-3 % faster. Batch 8: 0.48, eight parts 1.5-15 %
+#: faster than four.
 SPLIT_BELOW = 2.5
+#: ... and up to this many keys it stays unsplit, with 3 pipeline stages (default_config):
+#: batch 32 x 1k 21.8 us vs 22.7 in two parts (0.88x SDPA vs 0.84x), x 4k 70.7 vs 70.9
+UNSPLIT_UP_TO = 4096
 #: ... for head dims over 64: D 128's unsplit launch (8 warps, 121 registers) fits 2 programs
 #: an SM, so batch 32's 256 programs already fill the GPU in one wave (two parts: two waves)
 SPLIT_BELOW_WIDE = 1.5
@@ -429,8 +437,13 @@ def paged_decode_splits(batch: int, kv_heads: int, max_context: int, sm_count: i
     programs = batch * -(-kv_heads // max(1, heads))
     if programs >= (SPLIT_BELOW if head_dim <= 64 else SPLIT_BELOW_WIDE) * sm_count:
         return 1
+    if head_dim <= 64 and programs >= SPLIT_BELOW_WIDE * sm_count \
+            and max_context <= UNSPLIT_UP_TO:
+        return 1  # (the batch-32 regime at short contexts: one long part, 3 stages)
     wanted = min(PROGRAMS_PER_SM * sm_count // max(programs, 1), max_context // max(min_part, 1),
                  MAX_SPLITS)
+    if head_dim <= 64 and wanted >= 2 * MERGE_PARTS_NARROW:  # a 32-part merge tile
+        wanted = min(wanted, PROGRAMS_PER_SM_WIDE_MERGE * sm_count // max(programs, 1))
     return 1 << (wanted.bit_length() - 1) if wanted > 1 else 1
 
 
@@ -456,12 +469,14 @@ SHORT_PART = 1024
 
 
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
-                   max_context: int | None = None, heads: int = 1) -> dict:
+                   max_context: int | None = None, heads: int = 1,
+                   few_programs: bool = False) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
     change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
     shortest parts at each shape):
     D 64: 128 keys a step, 4 warps, 2 stages, split or not (1B: batch 1 within 2 % at contexts
-    128, 1k and 4k, 16 % at 256; batch 32 the best);
+    128, 1k and 4k, 16 % at 256; batch 32 the best); unsplit with few_programs (fewer than
+    SPLIT_BELOW an SM: batch 32's regime) FEW_PROGRAM_STAGES stages;
     D 128 split into short parts (max_context / splits <= SHORT_PART keys; max_context None:
     any split): 64 keys, 4 warps, no pipelining (latency-bound; 8B batch 1 at TP=1 and per
     rank at TP=4: within 0-8 %, 3 % on average);
@@ -486,11 +501,19 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
+    if splits == 1 and few_programs:
+        return {"BLOCK_N": 128, "num_warps": 4, "num_stages": FEW_PROGRAM_STAGES, **part}
     return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, **part}
 
 
-#: parts a merge round trip reads at most (per head; config "merge_s" overrides)
-MERGE_PARTS = 16
+#: stages of an unsplit D-64 launch with fewer than SPLIT_BELOW programs an SM (more tiles in
+#: flight per program where there are few programs)
+FEW_PROGRAM_STAGES = 3
+#: parts a merge round trip reads at most (per head; config "merge_s" overrides): 32 where
+#: the split count is over MERGE_PARTS_NARROW, else 16 (the tile sets the registers, so the
+#: programs an SM: see _tiles; the split rule keeps a 32-part launch to one wave)
+MERGE_PARTS = 32
+MERGE_PARTS_NARROW = 16
 
 
 @functools.cache
@@ -498,12 +521,12 @@ def _tiles(group: int, head_dim: int, splits: int, merge_parts: int = MERGE_PART
            heads: int = 1) -> tuple[int, int, int]:
     """(BLOCK_G, MERGE_G, MERGE_S): the G query heads of a program's `heads` kv heads padded
     to 16 rows (the smallest tensor-core tile); for the merge all of them (padded to a power
-    of two) and up to merge_parts parts a round trip, within 8192 floats. The merge tile
-    sets the kernel's registers, so how many programs fit on an SM: ptxas (sm_90, BLOCK_N
-    128, 4 warps, 2 stages, D 64, G 4) gives 96 / 118 / 153 registers a thread at 8 / 16 /
-    32 parts: 5 / 4 / 3 programs an SM (unfused: 122). At 32, a batch-1 x 16k launch (64
-    parts x 8 kv heads = 512 programs) needs 1.3 waves; at 16 one (64 parts merge in 4
-    round trips, not 2)."""
+    of two) and 16 parts a round trip, or up to merge_parts where the split count is over 16,
+    within 8192 floats. The merge tile sets the kernel's registers, so how many programs fit
+    on an SM: ptxas (sm_90, BLOCK_N 128, 4 warps, 2 stages, D 64, G 4) gives 96 / 118 / 153
+    registers a thread at 8 / 16 / 32 parts: 5 / 4 / 3 programs an SM (unfused: 122). So a
+    32-part launch aims at 3 programs an SM (paged_decode_splits): a batch-1 x 16k launch of
+    64 parts x 8 kv heads would take 1.3 waves; of 32, one, merged in one round trip."""
     g = max(2, next_pow2(group * heads))
     return max(16, next_pow2(group * heads)), g, max(2, min(max(16, next_pow2(splits)),
                                                 next_pow2(merge_parts), 8192 // (g * head_dim)))
@@ -576,8 +599,12 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     counters = _counters(dev, B * Hkv) if fused_merge else None  # (a counter per program's
     # kv heads: B * Hkv is enough for any packing)
     fused = counters is not None
-    cfg = config if explicit else {
-        **default_config(D, q.dtype, splits, max_blocks * page, heads), **(config or {})}
+    if not explicit:
+        few = splits == 1 and B * -(-Hkv // heads) < SPLIT_BELOW * _sms(dev)
+        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few),
+               **(config or {})}
+    else:
+        cfg = config
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))

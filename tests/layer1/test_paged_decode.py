@@ -86,13 +86,17 @@ def test_more_parts_than_one_merge_tile_and_than_keys():
         assert rel(out, ref) < 1e-5
 
 
-def test_merge_tile_keeps_the_kernel_at_four_programs_an_sm():
-    """The merge reads 16 parts a round trip by default (32 cost the D-64 kernel 153
-    registers a thread on sm_90: 3 programs an SM instead of 4); a config may ask for more."""
-    assert pd._tiles(4, 64, 64) == (16, 4, 16)
-    assert pd._tiles(4, 64, 64, 32) == (16, 4, 32)
+def test_merge_tile_and_the_split_rule_keep_one_wave():
+    """The merge reads 16 parts a round trip up to 16 parts, 32 beyond (a config may ask for
+    fewer); 32 cost the D-64 kernel 153 registers a thread on sm_90 (3 programs an SM, not
+    4), so a 32-part split count aims at 3 programs an SM: batch 1 x 8 kv heads gets 32
+    parts (256 programs), not 64."""
+    assert pd._tiles(4, 64, 64) == pd._tiles(4, 64, 32) == (16, 4, 32)
+    assert pd._tiles(4, 64, 16) == (16, 4, 16) and pd._tiles(4, 64, 64, 16)[2] == 16
     assert pd._tiles(4, 64, 2) == (16, 4, 16) and pd._tiles(4, 64, 2, 4)[2] == 4
     assert pd._tiles(4, 128, 64, 64)[2] == 16  # within 8192 floats
+    assert pd.paged_decode_splits(1, 8, 16384, 132) == 32
+    assert pd.paged_decode_splits(1, 8, 8192, 132, head_dim=128) == 64  # D 128: 16-part tile
 
 
 def test_d128_config_follows_the_part_length(monkeypatch):
@@ -105,6 +109,10 @@ def test_d128_config_follows_the_part_length(monkeypatch):
     long = pd.default_config(128, bf16, 2, 4096)  # parts of 2048 keys
     assert (long["BLOCK_N"], long["num_warps"]) == (128, 8) == tuple(
         pd.default_config(128, bf16, 1, 4096)[k] for k in ("BLOCK_N", "num_warps"))
+    # D 64 unsplit with few programs (batch 32's regime): 3 stages; else 2
+    assert pd.default_config(64, bf16, 1, 1024, few_programs=True)["num_stages"] == 3
+    assert pd.default_config(64, bf16, 1, 1024)["num_stages"] == 2
+    assert pd.default_config(64, bf16, 2, 1024, few_programs=True)["num_stages"] == 2
 
 
 @pytest.mark.interpreter

@@ -160,10 +160,11 @@ def test_split_count_and_cost_model():
     # 1k keys at batch 1-8, as the H100 sweep picked)
     assert [splits(b, 8, n, 132) for b, n in [(1, 1024), (4, 1024), (8, 1024), (1, 4096),
                                               (4, 4096), (1, 16384), (4, 16384), (8, 16384)]] \
-        == [64, 16, 8, 64, 16, 64, 16, 8]
+        == [32, 16, 8, 32, 16, 32, 16, 8]  # batch 1: one wave of 32-part merges
     assert splits(1, 8, 272, 132) == splits(1, 2, 272, 132) == 16  # a graph for 272 tokens
     assert splits(1, 8, 1024, 132, min_part=128) == 8
-    assert splits(32, 8, 4096, 132) == 2  # 1.94 programs per SM: two parts (H200 sweep)
+    assert splits(32, 8, 4096, 132) == 1  # 1.94 programs per SM: one part up to 4k keys
+    assert splits(32, 8, 16384, 132) == 2  # ... two past it (H200 sweep)
     assert splits(32, 8, 4096, 132, head_dim=128) == 1  # D 128: 2 programs fit an SM
     assert splits(48, 8, 4096, 132) == splits(256, 8, 2112, 132) == 1  # >= 2.5 per SM
     nbytes, flops = decode_bytes_and_flops(2, 100, 32, 8, 64, 2)
@@ -247,7 +248,7 @@ def test_bench_runs_its_code_on_cpu(monkeypatch, capsys):
     rows = bench.bench_paged_decode(batches=(1, 3), contexts=(40,), q_heads=4, kv_heads=2,
                                     head_dim=16,
                                     block_size=8, dtype=torch.float32, splits=(None, 2))
-    assert [(r["batch"], r["num_splits"], r["auto"]) for r in rows] == [(1, 2, True), (1, 2, False),
+    assert [(r["batch"], r["num_splits"], r["auto"]) for r in rows] == [(1, 1, True), (1, 2, False),
                                                                         (3, 1, True), (3, 2, False)]
     for r in rows:
         assert r["max_abs_diff"] < 1e-5 and r["speedup"] == pytest.approx(1.0)

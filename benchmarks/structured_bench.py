@@ -19,15 +19,11 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   replayed from CUDA graphs (cuda_graph=True).
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up, a mode's variants run in turn (round robin) so a slow spell hits them alike;
-  with the engine's own per-step mask figures (host fill, host apply, the wait for the
-  grammar worker) and its step count, and the wall time per step. json_schema is the
-  engine's default way (under async scheduling with CUDA graphs: the grammars in a worker
-  process and the apply replayed from CUDA graphs; elsewhere the fill on the engine's thread,
-  the apply from graphs under CUDA graphs); beside it, to show what each part gives, with
-  CUDA graphs: plain_apply (the apply launched plainly) and, async, in_process (the grammars
-  on the engine's thread) and no_spin (the worker and the engine sleep in recv at once
-  instead of polling for each other's messages first: MaskWorker.SPIN_S = 0); the other
-  modes: worker (the grammars in the worker process anyway).
+  with the engine's own per-step mask figures (host fill, host apply) and its step count,
+  and the wall time per step. json_schema is the engine's way (the fill on its own thread;
+  under CUDA graphs the apply, and for a greedy step the masked argmax, replayed from a CUDA
+  graph); beside it under CUDA graphs plain_apply (the apply launched plainly), to show
+  what the apply's graphs give.
 * --shape llama-3.2-1b (CUDA): the same async CUDA-graph comparison on random weights of
   that model's shape (vocabulary 128,256: the mask is 4,008 words a row) with the course
   tokenizer (so the grammar's fill walks the course vocabulary's 4,096 tokens, not a
@@ -81,21 +77,13 @@ class Throughput:
     """One engine at batch B under one variant: B prompts, `new` tokens each (ignore_eos),
     greedy, every row under LONG when constrained. `run()` times one generate(); the row keeps
     the best run (runs of a mode's variants are interleaved by the caller, so a slow spell of
-    a shared host does not land on one variant only). remote / graphs / spin: None for the
-    engine's own choice, else where the grammars live, whether the apply replays from graphs,
-    how long the grammar worker and the engine poll for each other's messages (seconds)."""
+    a shared host does not land on one variant only). graphs: None for the engine's own
+    choice, else whether the apply replays from CUDA graphs."""
 
     def __init__(self, model: l3.Model, batch: int, new: int, constrained: bool,
-                 remote: bool | None = None, graphs: bool | None = None,
-                 spin: float | None = None, **engine) -> None:
+                 graphs: bool | None = None, **engine) -> None:
         blocks = batch * (-(-(new + 16) // 16) + 1) + 16  # every sequence's KV, no more
         self.llm = l4.LLM(model, max_num_seqs=batch, num_blocks=blocks, **engine)
-        worker = l4.structured.mask_worker.MaskWorker
-        default_spin = worker.SPIN_S
-        if spin is not None:  # (read when the worker starts: in the warm-up below)
-            worker.SPIN_S = spin
-        if remote is not None:
-            self.llm.grammars.remote = remote
         if graphs is not None and self.llm.masks.cuda:
             self.llm.masks.graphs = l4.structured.mask_graph.MaskGraphs() if graphs else None
         spec = l4.StructuredOutputsParams(json=LONG) if constrained else None
@@ -103,19 +91,13 @@ class Throughput:
                                          structured_outputs=spec) for _ in range(batch)]
         self.prompts = ([f"{name}.\n" for name in ("HAMLET", "OPHELIA", "HORATIO", "LAERTES")]
                         * (-(-batch // 4)))[:batch]
-        # the engine's thread appending tokens (what the worker's fill overlaps), over a run
+        # the engine's thread appending tokens, over a run
         self.complete_s = 0.0
         self.llm._complete = timed_into(self.llm._complete, self._add_complete)
-        try:
-            self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
-        finally:
-            worker.SPIN_S = default_spin
-        w = self.llm.grammars._worker
+        self.llm.generate(self.prompts, self.params)  # warm-up: graphs, compile, allocator
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
-                    "grammars": "worker process" if self.llm.grammars.remote else "in process",
                     "apply_graphs": self.llm.masks.graphs is not None,
-                    "spin_s": w.spin_s if w is not None else None,
                     "tokens_per_s": 0.0, "runs": []}
 
     def _add_complete(self, seconds: float) -> None:
@@ -145,12 +127,7 @@ class Throughput:
             n = masks["steps"]
             row.update(masked_steps=n,
                        engine_fill_us_per_step=round(1e6 * masks["fill_s"] / n, 1),
-                       engine_apply_us_per_step=round(1e6 * masks["apply_s"] / n, 1),
-                       worker_us_per_step=round(1e6 * masks["worker_s"] / n, 1),
-                       engine_wait_us_per_step=round(1e6 * masks["wait_s"] / n, 1),
-                       engine_advance_ahead_us_per_step=round(1e6 * masks["advance_s"] / n, 1),
-                       fill_ahead_steps=masks["ahead"] + masks["ahead_remapped"],
-                       fill_ahead_remapped=masks["ahead_remapped"])
+                       engine_apply_us_per_step=round(1e6 * masks["apply_s"] / n, 1))
 
 
 def mid_document(model: l3.Model, batch: int) -> tuple[list, l4.GrammarCompiler]:
@@ -282,8 +259,7 @@ def compile_times(model: l3.Model) -> dict:
 
 def others(row: dict) -> str:
     """The other ways' ratios of a mode's row."""
-    names = {"plain_apply": "apply launched plainly", "in_process": "grammars in process",
-             "no_spin": "worker without polling", "worker": "grammars in the worker"}
+    names = {"plain_apply": "apply launched plainly"}
     got = [f"{text} {row[f'ratio_{v}']}x" for v, text in names.items() if f"ratio_{v}" in row]
     return ", ".join(got) or "no other way"
 
@@ -366,26 +342,18 @@ def main(argv: list[str] | None = None) -> dict:
                          graph if args.device == "cuda" else {"async_scheduling": True}))
     for name, m, engine in modes:
         row = {"scheduling": name, "engine": engine}
-        variants = [("unconstrained", False, None, None, None),
-                    ("json_schema", True, None, None, None)]
-        graphs = engine.get("cuda_graph", False)
-        asynchronous = engine.get("async_scheduling", True) is not False
-        if graphs and args.device == "cuda":  # what the apply's graphs give
-            variants.append(("json_schema_plain_apply", True, None, False, None))
-        if graphs and asynchronous:  # what the worker process gives, and its polling
-            variants += [("json_schema_in_process", True, False, None, None),
-                         ("json_schema_no_spin", True, None, None, 0.0)]
-        if not (graphs and asynchronous):  # the worker where the engine keeps its own thread
-            variants.append(("json_schema_worker", True, True, None, None))
+        variants = [("unconstrained", False, None), ("json_schema", True, None)]
+        if engine.get("cuda_graph", False) and args.device == "cuda":  # the apply's graphs
+            variants.append(("json_schema_plain_apply", True, False))
         runs = {}
-        for key, constrained, remote, apply_graphs, spin in variants:
+        for key, constrained, apply_graphs in variants:
             if time.perf_counter() - T0 > args.time_limit:
                 skipped.append(f"{name}/{key}")
                 say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
                 continue
             try:  # (a variant that fails is reported, the others go on)
-                runs[key] = Throughput(m, args.batch, args.new_tokens, constrained, remote,
-                                       apply_graphs, spin, **engine)
+                runs[key] = Throughput(m, args.batch, args.new_tokens, constrained,
+                                       apply_graphs, **engine)
             except Exception as e:  # noqa: BLE001
                 row[key] = {"error": f"{type(e).__name__}: {e}"}
                 say(f"{name}/{key}: FAILED to start: {row[key]['error']}")
@@ -402,15 +370,10 @@ def main(argv: list[str] | None = None) -> dict:
                     del runs[key]
         for key, t in runs.items():
             r = row[key] = t.row
-            extra = (f", grammars {r['grammars']} (spin {r['spin_s']}), apply graphs "
-                     f"{r['apply_graphs']}"
-                     f" {r.get('mask_graphs', '')}; engine mask fill "
-                     f"{r.get('engine_fill_us_per_step')} us + apply "
-                     f"{r.get('engine_apply_us_per_step')} us + waited "
-                     f"{r.get('engine_wait_us_per_step')} us per step (worker "
-                     f"{r.get('worker_us_per_step')} us), advancing grammars ahead "
-                     f"{r.get('engine_advance_ahead_us_per_step')} us, filled ahead at "
-                     f"{r.get('fill_ahead_steps')} of {r.get('masked_steps')} steps"
+            extra = (f", apply graphs {r['apply_graphs']} {r.get('mask_graphs', '')}; engine "
+                     f"mask fill {r.get('engine_fill_us_per_step')} us + apply "
+                     f"{r.get('engine_apply_us_per_step')} us per step, "
+                     f"{r.get('masked_steps')} masked steps"
                      if r["constrained"] else "")
             say(f"{name}/{key}: {r['tokens_per_s']} tok/s (runs {r['runs']}, "
                 f"async={r['async_scheduling']}, {r['steps']} steps, "
@@ -424,7 +387,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ok("unconstrained") and ok("json_schema"):
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("plain_apply", "in_process", "no_spin", "worker"):
+            for v in ("plain_apply",):
                 if ok(f"json_schema_{v}"):
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x ({others(row)}; "
@@ -447,7 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
                   f"{r['unconstrained']['tokens_per_s']} tok/s "
                   f"({r['unconstrained']['wall_ms_per_step']} ms a step), json_schema "
                   f"{r['json_schema']['tokens_per_s']} tok/s -> {r['ratio']}x "
-                  f"({r['json_schema']['grammars']}; {others(r)})", flush=True)
+                  f"({others(r)})", flush=True)
     save()
     faulthandler.cancel_dump_traceback_later()
     return rows

@@ -3,14 +3,13 @@
 #   timeout 300 bash benchmarks/structured_gpu.sh
 # 1. pytest -m gpu tests/layer4/test_structured_gpu.py: the Triton bitmask kernel equals the
 #    torch reference (and both times, printed), constrained rows under CUDA graphs and draft
-#    speculation, and under CUDA graphs with async scheduling (the grammars in a worker
-#    process, the apply replayed from CUDA graphs: the engine's defaults there), each half
-#    alone too: the same greedy outputs as in-process grammars with plain launches.
+#    speculation, and under CUDA graphs with async scheduling with the apply replayed from
+#    CUDA graphs (greedy and sampled): the same outputs as plain launches; MaskGraphs alone.
 # 2. benchmarks/structured_bench.py: compile per schema (first, cached), mask fill and apply per
 #    step at batch 32, constrained vs unconstrained tok/s at batch 32 (eager and CUDA graphs,
-#    default scheduling and synchronous; the engine's default way beside the way without the
-#    apply's graphs / with the grammars in process), and with SHAPE=llama-3.2-1b the async
-#    CUDA-graph pair on random weights of that shape -> $OUT/structured_bench.json.
+#    default scheduling and synchronous; under CUDA graphs also with the apply launched
+#    plainly), and with SHAPE=llama-3.2-1b the async CUDA-graph row on random weights of that
+#    shape -> $OUT/structured_bench.json.
 # 3. benchmarks/structured_host_phases.py: the host's phases alone, on this host's CPU
 #    -> $OUT/structured_host_phases.json.
 # Logs in $OUT/*.log; the summary is the output's tail. A dry run of the script's flow on a CPU
@@ -38,8 +37,8 @@ size=(--repeats "${REPEATS:-2}" --new-tokens 128)
 step structured_bench "${BENCH_S:-270}" python3 benchmarks/structured_bench.py --device "$device" \
     "${size[@]}" --time-limit "${TIME_LIMIT:-190}" ${SHAPE:+--shape "$SHAPE"} --out "$out"
 grep -E "^\[|SUMMARY" "$out/structured_bench.log" | tail -30
-# the host's phases on this machine's CPU (no GPU work): advance, fill, the worker process's
-# hand-over, apply; per step at batch 32, 32 different schemas
+# the host's phases on this machine's CPU (no GPU work): advance, fill, apply; per step at
+# batch 32, 32 different schemas
 if [ "${PHASES_S:-60}" != 0 ]; then
   step host_phases "${PHASES_S:-60}" python3 benchmarks/structured_host_phases.py --steps 96 \
       --out "$out"

@@ -11,16 +11,9 @@ requests, and no model is needed. Each step then times, on this thread, per way:
     advance   the rows' grammars take the step's sampled tokens
               rowwise: GrammarState.accept_at per row (what appending a token does)
               matchers_only: LLMatcher.consume_token per row (llguidance alone)
-              process_queue: RemoteGrammar.accept_at per row (the worker's rows: queued)
     fill      the rows' next-token bitmasks (R, W) int32
               rowwise: each matcher at its row's address, one call a row
               engine: TokenMasks.prepare (what the engine's own thread does)
-    handover  the fill handed to the grammar worker process (mask_worker.py, which also
-              advances the rows) while this thread runs ~300 us of Python (the engine's own
-              work that the fill overlaps), then waited for: what this thread spent beyond
-              that work (submit + wait), and the worker's own time; also split into submit
-              and wait, and the wait alone once the worker is done (collect_when_done: the
-              floor when the worker has a core)
     apply     the bitmask applied to (R, V) float32 logits with torch on the CPU:
               apply_token_bitmask_, TokenMasks.launch (as the engine calls it), and
               unpack + masked_fill_ (the plain way, the engine's before a byte lookup)
@@ -107,14 +100,6 @@ def fill_each(pairs: list, base: int, size: int) -> None:
         m.unsafe_compute_mask_ptr(base + j * size, size)
 
 
-def busy(n: int) -> int:
-    """Plain Python work (the engine's own, which the worker's fill overlaps)."""
-    x = 0
-    for i in range(n):
-        x += i & 7
-    return x
-
-
 def med(xs: list[float]) -> float:
     return round(1e6 * statistics.median(xs), 1)
 
@@ -123,8 +108,6 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=64)
-    ap.add_argument("--busy-us", type=float, default=300.0,
-                    help="the engine's own work the worker's fill overlaps, per step")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
@@ -138,16 +121,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"streams: {args.batch} rows x {args.steps} tokens in "
           f"{time.perf_counter() - t0:.1f} s ({sum(x.count(-1) for x in streams)} documents "
           f"ended and restarted)", flush=True)
-    n = 20000  # calibrate busy() to --busy-us
-    t0 = time.perf_counter()
-    busy(n)
-    n = max(1, int(n * args.busy_us * 1e-6 / (time.perf_counter() - t0)))
-
     def fresh(c=compiler) -> list:
         return [c.state(l4.StructuredOutputsParams(json=s)) for s in schemas]
 
-    remote = l4.GrammarCompiler.for_model(model)
-    remote.remote = True
 
     B, W = args.batch, (V + 31) // 32
     ways: dict[str, list[float]] = {}
@@ -159,7 +135,6 @@ def main(argv: list[str] | None = None) -> dict:
         return r
 
     masks = S.TokenMasks(V, "cpu", rows=B)
-    far_masks = S.TokenMasks(V, "cpu", rows=B)
     bitmask = S.allocate(B, V)
     logits0 = torch.randn(B, V)
     # two replays of the same streams: the first warms llguidance's lazily built lexers (a
@@ -167,8 +142,6 @@ def main(argv: list[str] | None = None) -> dict:
     for rep in range(2):
         states = fresh()
         rows = [Row(s) for s in states]
-        far = fresh(remote)
-        far_rows = [Row(s) for s in far]
         prepared = None
         positions = [0] * B
         if rep:
@@ -178,19 +151,16 @@ def main(argv: list[str] | None = None) -> dict:
             for j, t in enumerate(toks):  # a document ended: a fresh request in its row
                 if t == -1:
                     states[j] = compiler.state(l4.StructuredOutputsParams(json=schemas[j]))
-                    far[j] = remote.state(l4.StructuredOutputsParams(json=schemas[j]))
-                    rows[j].grammar, far_rows[j].grammar, positions[j] = states[j], far[j], 0
+                    rows[j].grammar, positions[j] = states[j], 0
             live = [j for j, t in enumerate(toks) if t != -1]
             # advance: one way on the live states (the other on copies: each state takes a
             # token once), checked equal below
             raw = [(states[j].matcher.deep_copy(), toks[j]) for j in live]
             at = [(states[j], toks[j], positions[j]) for j in live]
-            far_at = [(far[j], toks[j], positions[j]) for j in live]
             order = [("advance_rowwise", accept_each, (at,)),
                      ("advance_matchers_only", consume_each, (raw,))]
             for name, fn, a in order[step % 2:] + order[:step % 2]:  # (no way always first)
                 timed(name, fn, *a)
-            timed("advance_process_queue", accept_each, far_at)
             for j in live:
                 positions[j] += 1
             pairs = [(s.matcher, j) for j, s in enumerate(states)]
@@ -201,33 +171,6 @@ def main(argv: list[str] | None = None) -> dict:
                 got = timed(name, fn, *a)
                 prepared = got if name == "fill_engine_prepare" else prepared
             assert torch.equal(masks._host[masks._arena][:B * W].view(B, W), bitmask)
-            # the hand-over: submit, the engine's own work, wait
-            t = time.perf_counter()
-            busy(n)
-            ways.setdefault("busy_alone", []).append(time.perf_counter() - t)
-            for way, m, r in (("process", far_masks, far_rows),):
-                before = m.stats["worker_s"]
-                t = time.perf_counter()
-                job = m.submit(r)
-                t1 = time.perf_counter()
-                busy(n)
-                t2 = time.perf_counter()
-                m.wait(job)
-                t3 = time.perf_counter()
-                for part, x in (("submit_busy_wait", t3 - t), ("submit", t1 - t),
-                                ("wait", t3 - t2),
-                                ("other_side_fill", m.stats["worker_s"] - before)):
-                    ways.setdefault(f"handover_{way}_{part}", []).append(x)
-                # the floor: the same, but collected only once the other side is done (this
-                # thread sleeps meanwhile: the fill has a core and the GIL to itself)
-                job = m.submit(r)
-                while not job.future.done and not job.future.worker.conn.poll():
-                    time.sleep(2e-4)
-                t = time.perf_counter()
-                m.wait(job)
-                ways.setdefault(f"handover_{way}_collect_when_done", []).append(
-                    time.perf_counter() - t)
-            assert torch.equal(far_masks._host[far_masks._arena][:B * W].view(B, W), bitmask)
             outs = []
             order = [("apply_torch", S.apply_token_bitmask_, bitmask),
                      ("apply_unpack_masked_fill", unpack_masked_fill, bitmask),
@@ -238,16 +181,11 @@ def main(argv: list[str] | None = None) -> dict:
                 outs.append(logits)
             assert all(torch.equal(outs[0], x) for x in outs[1:])
     res = {k: med(v) for k, v in ways.items()}
-    for way in ("process",):
-        res[f"handover_{way}_engine_cost"] = round(
-            res[f"handover_{way}_submit_busy_wait"] - res["busy_alone"], 1)
-    remote.close()
     out = {"env": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                    "torch": torch.__version__, "vocab": V, "batch": B, "steps": args.steps,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
            "us_per_step": res,
-           "us_per_row": {k: round(v / B, 2) for k, v in res.items()
-                          if not k.startswith("busy") and not k.endswith("submit_busy_wait")}}
+           "us_per_row": {k: round(v / B, 2) for k, v in res.items()}}
     for k, v in res.items():
         print(f"{k:32s} {v:9.1f} us a step  ({v / B:6.2f} us a row)", flush=True)
     if args.out is not None:

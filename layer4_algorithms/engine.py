@@ -21,13 +21,8 @@ waiting for its tokens; the next step() reads them while the GPU runs its own la
 Constrained requests (structured outputs) keep it: a step with grammar rows launches its
 forward pass, then reads the previous step's tokens (their copy to the host was queued
 ahead of this forward, so the wait is short), advances the grammars with them, fills the
-masks on the host while the GPU runs the forward, and only then masks and samples. Under
-CUDA graphs the grammars live in a worker process (structured/mask_worker.py): it advances
-and fills while this thread appends the previous tokens and builds the step's outputs; the
-masking and sampling come after those (`_launch` returns them as a callable, which
-`_end_step` runs). When those tokens are already on the host as a step starts (a host-bound
-step), or once a synchronous step has appended its own, the worker's fill starts before the
-next step schedules (`_fill_ahead`).
+masks on the host while the GPU runs the forward, and only then masks and samples
+(structured/).
 
 `step()` in order: read the previous launch if this step needs its tokens first, schedule,
 launch (`_launch`, engine_launch.py: speculation's proposals, the model, the rows to sample with
@@ -56,7 +51,7 @@ from .outputs import ProgressBar, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
-from .structured import GrammarCompiler, TokenMasks, grammars_in_worker
+from .structured import GrammarCompiler, TokenMasks
 
 
 class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
@@ -107,15 +102,12 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
-        self._ahead: tuple | None = None  # a mask fill started before scheduling (_fill_ahead)
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
         self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
-        graphs = self.config.cuda_graph
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
-                                rows=self.config.max_num_seqs, graphs=graphs)  # made on use
-        self.grammars.remote = grammars_in_worker(self.model.net.device,
-                                                  self.config.async_scheduling, graphs)
+                                rows=self.config.max_num_seqs,  # buffers made on first use
+                                graphs=self.config.cuda_graph)  # (the apply's graphs)
         self.closed = False
         self.reset_stats()
 
@@ -183,26 +175,18 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             prev = None
             if not sync:  # first tokens only: out now, before another launch delays them
                 return self._end_step(start, advanced, finished, unfinished, delta)
-        if not sync:  # prev's tokens already here: its grammars' next masks start now
-            self._fill_ahead(prev)
         out = self.scheduler.schedule()
-        if not sync and self._ahead is None:  # or here, if they came while scheduling
-            self._fill_ahead(prev)
         launched = None
         if out.scheduled:
             launched, prev = self._launch(out, prev, sync, advanced, finished)
-        self._drop_ahead()
         if launched is None and prev is None and not advanced:
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1
             self._complete(prev, advanced, finished)
-        if callable(launched):  # its masks are being filled by the grammar worker
-            return self._end_step(start, advanced, finished, unfinished, delta, launched)
         if launched is not None and launched.sampled is None:
             self._inflight = launched  # its tokens are still on their way: the next step reads them
         elif launched is not None:
             self._complete(launched, advanced, finished)
-            self._fill_ahead(launched, appended=True)  # the next step's masks, meanwhile
         return self._end_step(start, advanced, finished, unfinished, delta)
 
     def _check_progress(self) -> None:
@@ -213,10 +197,8 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
                 f"checked to fit when added)")
 
     def _end_step(self, start: float, advanced: list[SchedulerOutput], finished: list[Sequence],
-                  unfinished: bool, delta: bool, sample=None) -> list[RequestOutput]:
-        """The outputs of the requests advanced. sample: this step's masking and sampling,
-        left until the outputs are built (the grammar worker fills the masks meanwhile); it
-        returns the step launched on the device, which the next step reads."""
+                  unfinished: bool, delta: bool) -> list[RequestOutput]:
+        """The outputs of the requests advanced."""
         now = time.perf_counter()
         if not unfinished:  # only the requests that finished: no output for the others
             ids = {q.request_id for q in finished}
@@ -225,8 +207,6 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         try:
             return self._outputs(ids, unfinished, now, delta)
         finally:
-            if sample is not None:
-                self._inflight = sample()
             self._stats.elapsed_s += time.perf_counter() - start
 
     def _complete(self, launched: LaunchedStep, advanced: list[SchedulerOutput],

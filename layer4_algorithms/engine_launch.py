@@ -7,9 +7,6 @@ follow the previous step's tokens, so a step with such rows reads those tokens a
 forward pass is queued and before it samples. Kept apart from the step loop (engine.py)."""
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 from .engine_sampling import count_speculation, sample_rows
 from .launched_step import LaunchedStep
 from .model_runner import StepLogits
@@ -24,15 +21,13 @@ class EngineLaunchMixin:
 
     def _launch(self, out: SchedulerOutput, prev: LaunchedStep | None, sync: bool,
                 advanced: list[SchedulerOutput], finished: list[Sequence]
-                ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
+                ) -> tuple[LaunchedStep, LaunchedStep | None]:
         """Run the scheduled step and sample it. sync: the tokens come back as a list (one
         host sync; penalties, logprobs and speculation take this path), else they stay on
         the device and are copied back without waiting (read by `_complete`). Returns the
         launched step and prev, or None when it was read here: a step that masks grammar
         rows reads prev's tokens after launching its forward pass and before sampling (the
-        masks follow the grammars, which follow the tokens). With the grammars in the worker
-        process the first is a callable that masks, samples and returns the launched step:
-        step() builds the outputs first, while the worker fills."""
+        masks follow the grammars, which follow the tokens)."""
         if self.speculator is not None:
             self.speculator.propose(out)
         # decoding sequences' inputs may be prev's tokens, still on the device
@@ -41,7 +36,7 @@ class EngineLaunchMixin:
 
     def _sample_launch(self, out: SchedulerOutput, logits: StepLogits, prev: LaunchedStep | None,
                        sync: bool, advanced: list[SchedulerOutput], finished: list[Sequence]
-                       ) -> tuple[LaunchedStep | Callable[[], LaunchedStep], LaunchedStep | None]:
+                       ) -> tuple[LaunchedStep, LaunchedStep | None]:
         """`_launch` once the step's logits are there (or queued on the device): the rows to
         sample, then the sampling. (A pipeline with steps in flight calls it when a step's
         logits come back: layer 5.)"""
@@ -50,85 +45,21 @@ class EngineLaunchMixin:
         self._stats.batched_tokens += sum([s.num_new_tokens for s in out.scheduled]) + (
             sum(len(s.spec_token_ids) for s in out.scheduled) if spec else 0)
         rows = logits.rows_of(row_ids)
-        # the decode graph's own argmax serves unmasked rows in order (an all-greedy step)
-        argmax = logits.argmax if rows is logits.last else None
-        ahead, self._ahead = self._ahead, None  # a fill started before this launch
         if not sync:
-            if ahead is not None:  # prev's grammars advanced, their fill started (_fill_ahead)
-                if prev is not None:
-                    self._complete(prev, advanced, finished)
-                return lambda: self._sample_on_device(
-                    out, rows, who, self.masks.wait_ahead(*ahead, who), argmax), None
             # (no live request with structured outputs: no grammar row to look for)
-            constrained = sum(q.grammar is not None for q in who) if self._grammars_live else 0
-            if constrained and self.grammars.remote:
-                # prev's tokens advance the grammars first (each state takes a position
-                # once: appending them below does not again), the worker fills the masks
-                # while this thread appends prev's tokens and step() builds the outputs,
-                # then step() calls this to mask and sample (before anything else launches)
-                if prev is not None:
-                    sampled = prev.read()
-                    bad = {q.seq_id for q, b in zip(prev.who, prev.bad.tolist(), strict=True)
-                           if b} if prev.bad is not None else ()  # voided: no token
-                    for q in who:
-                        if q.grammar is not None and q.seq_id in sampled and q.seq_id not in bad:
-                            q.grammar.accept_at(sampled[q.seq_id][0], len(q.output_ids))
-                job = self.masks.submit(who)
-                if prev is not None:
-                    self._complete(prev, advanced, finished)
-                return lambda: self._sample_on_device(out, rows, who, self.masks.wait(job),
-                                                      argmax), None
+            constrained = self._grammars_live and any([q.grammar is not None for q in who])
             if prev is not None and constrained:  # the masks follow prev's tokens
                 self._complete(prev, advanced, finished)  # while the GPU runs the forward
                 prev = None
             prepared = self.masks.prepare(who) if constrained else None
+            # the decode graph's own argmax serves unmasked rows in order (an all-greedy step)
+            argmax = logits.argmax if rows is logits.last else None
             return self._sample_on_device(out, rows, who, prepared, argmax), prev
-        prepared = self.masks.wait_ahead(*ahead, who) if ahead is not None else None
-        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who,
-                                                              self.masks, prepared),
+        launched = LaunchedStep.on_host(out, who, sample_rows(self.runner, rows, who, self.masks),
                                         self.runner.last_bad)
         if spec:
             launched.sampled.update(self._verify(spec))
         return launched, prev
-
-    def _fill_ahead(self, prev: LaunchedStep | None, appended: bool = False) -> None:
-        """Start the fill of the next masks of prev's constrained rows in the grammar worker
-        before the step that samples them schedules, so that it overlaps that step's host
-        work (scheduling, the forward's launch, under async scheduling prev's outputs) and,
-        synchronously, the forward itself. Async scheduling calls it as a step starts (else
-        again once it has scheduled): if prev's tokens are already on the host (a
-        host-bound step: CUDA graphs, a small model; its sampling, the last thing it
-        queued, has run) it advances their grammars here; not yet there (the GPU still
-        computes, as in a GPU-bound step), `_launch` reads them after queuing the forward,
-        as before. A synchronous step calls it once it has appended its tokens (appended:
-        the grammars have taken them). `_launch` maps the filled rows onto its own
-        (`TokenMasks.wait_ahead`); a step that launches nothing waits for it (`_drop_ahead`).
-        Only with the grammars in the worker process; not with a speculator (its
-        verification fills masks of its own)."""
-        if (self._ahead is not None or prev is None or self.speculator is not None
-                or not self._grammars_live or not self.grammars.remote):
-            return
-        seqs = [q for q in prev.who if q.grammar is not None and q.finish_reason is None]
-        if not seqs:
-            return
-        if not appended:
-            t0 = time.perf_counter()
-            sampled = prev.peek()
-            if sampled is None:  # still on the GPU: the launch reads it after the forward
-                return
-            for q in seqs:  # (appending the token later does not advance the state again)
-                t = sampled.get(q.seq_id)
-                if t is not None:
-                    q.grammar.accept_at(t, len(q.output_ids))
-            self.masks.stats["advance_s"] += time.perf_counter() - t0
-        self._ahead = (self.masks.submit(seqs), seqs)
-
-    def _drop_ahead(self) -> None:
-        """A fill started by _fill_ahead that no launch used: waited for (its arena is the
-        worker's until then)."""
-        if self._ahead is not None:
-            self.masks.wait(self._ahead[0])
-            self._ahead = None
 
     def _sample_on_device(self, out: SchedulerOutput, rows, who: list[Sequence],
                           prepared: tuple | None, argmax=None) -> LaunchedStep:

@@ -31,16 +31,13 @@ def host_sampled(params: l3.SamplingParams) -> bool:
 
 
 def sample_rows(runner: ModelRunner, rows: torch.Tensor, seqs: Seq[Sequence],
-                masks: TokenMasks | None = None, prepared: tuple | None = None) -> list[int]:
+                masks: TokenMasks | None = None) -> list[int]:
     """One token per row of rows (N, V), row i for seqs[i]. The plain sampler (one argmax for
     an all-greedy step) unless a row needs penalties or logprobs; those logprobs are appended
     to the sequence's `logprobs` (an EOS's too: outputs cut the list to the output tokens).
     Rows of constrained sequences (`seq.grammar`) are masked first (structured/; masks: the
-    engine's reused buffers; prepared: their rows already filled, `TokenMasks.wait_ahead`)."""
-    if prepared is not None:
-        masks.launch(rows, prepared)
-    else:
-        mask_rows(rows, seqs, masks)
+    engine's reused buffers)."""
+    mask_rows(rows, seqs, masks)
     params = [q.params for q in seqs]
     generators = [q.generator for q in seqs]
     if not any(p.needs_logits_processing for p in params):  # the fast path

@@ -91,16 +91,6 @@ class LaunchedStep:
         self.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
         return self.sampled
 
-    def peek(self) -> dict[int, int] | None:
-        """seq_id -> its token if the tokens are already on the host, without waiting and
-        without reading the step (read() still does, and the appending); None while the GPU
-        has not finished it. Rows sampling could not draw are left out."""
-        if self.sampled is not None or (self.event is not None and not self.event.query()):
-            return None  # (read already, or still on the GPU)
-        bad = self.bad.tolist() if self.bad is not None else [False] * len(self.who)
-        return {q.seq_id: t for q, t, b in zip(self.who, self.tokens.tolist(), bad, strict=True)
-                if not b}
-
     def void_rows(self, sampled: dict[int, list[int]]) -> set[str]:
         """Sequences whose row could not be sampled get no token and finish with reason
         "error" (the scheduler's postprocess frees them). Returns their request ids."""

@@ -7,9 +7,7 @@ a 32k vocabulary instead of 32k bools). Per step:
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
             (llguidance walks its token trie against the lexer; a few us per row at a 4k
             vocabulary, more at 128k), in pinned memory reused step after step
-            (`TokenMasks`): one by one on the engine's thread, or, under async scheduling
-            with CUDA graphs, by a worker process that holds the grammars (mask_worker.py),
-            so the GIL never changes hands for them
+            (`TokenMasks`): one by one on the engine's thread (mask_fill.py says why)
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -20,12 +18,9 @@ The engine fills a step's masks after its forward pass is launched, so the host'
 while the GPU computes the logits; under async scheduling it first reads the previous step's
 tokens (already on their way to the host, ahead of this forward on the stream), advances the
 grammars with them, fills, then applies and samples: the mask of step t + 1 needs the token of
-step t, and nothing more. With the grammars in the worker process the engine's thread only
-sends them the tokens and the rows to fill, appends those tokens to their sequences and
-builds the step's outputs meanwhile, and reads the rows back before it masks; when the
-previous step's tokens are already on the host as a step begins (host-bound, as a small
-model's step under CUDA graphs is) the worker starts before the step schedules, and
-`wait_ahead` maps those rows onto the rows the step samples.
+step t, and nothing more. Under CUDA-graph decoding the apply (copy + kernel) replays from a
+CUDA graph of its own, which for an all-greedy step also writes the masked rows' argmax
+(mask_graph.py).
 
 Rows without a grammar are not touched, and the mask acts on the logits after the forward
 pass (outside a CUDA graph: the graph's output buffer is masked before it is sampled), so
@@ -42,7 +37,6 @@ import torch
 
 from .mask_fill import fill_masks
 from .mask_graph import MaskGraphs, plain
-from .worker_fill import WorkerFill
 
 
 def words(vocab_size: int) -> int:
@@ -123,7 +117,7 @@ def caps(bitmask: torch.Tensor, vocab_size: int, dtype: torch.dtype) -> torch.Te
     return lut.index_select(0, idx).view(R, -1)[:, :vocab_size]
 
 
-class TokenMasks(WorkerFill):
+class TokenMasks:
     """A step's masks, in buffers kept from step to step: for one engine (its vocabulary V
     and device). `apply(logits, seqs)` fills the bitmask rows of the constrained sequences
     and masks their rows of logits.
@@ -132,15 +126,11 @@ class TokenMasks(WorkerFill):
     pinned on CUDA: one non-blocking copy moves both to the device buffer. Two arenas in
     turn; an arena is rewritten only after the event recorded behind its last copy (with the
     engine's one step in flight it has long run: the wait costs nothing). Buffers grow (to
-    twice the need) when a step has more constrained rows than they hold. The fill: `prepare`
-    on this thread (grammars in this process, or one request to their worker process,
-    waited for), or `submit` to the worker process and `wait` (worker_fill.py). graphs: the
-    apply's copy + kernel replayed from CUDA graphs once steady (mask_graph.py; CUDA only;
-    for engines whose logits sit in CUDA graphs' static buffers). `stats`: steps masked, rows
-    masked, seconds the engine's thread spent filling (or handing the fill over), seconds
-    the worker spent, seconds launching the apply, seconds the engine waited for the worker;
-    steps whose fill started ahead (`wait_ahead`) with the same rows and with rows copied,
-    seconds the engine advanced grammars for a fill ahead."""
+    twice the need) when a step has more constrained rows than they hold. `prepare` fills
+    (on this thread), `launch` applies. graphs: the apply's copy + kernel replayed from CUDA
+    graphs once steady (mask_graph.py; CUDA only; for engines whose logits sit in CUDA
+    graphs' static buffers). `stats`: steps masked, rows masked, seconds the engine's thread
+    spent filling, seconds launching the apply."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32,
                  graphs: bool = False) -> None:
@@ -156,8 +146,7 @@ class TokenMasks(WorkerFill):
         self._arena = 0
         self.graphs = MaskGraphs() if graphs and self.cuda else None
         self.argmax: torch.Tensor | None = None  # the last launch's greedy tokens (launch)
-        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "worker_s": 0.0, "apply_s": 0.0,
-                      "wait_s": 0.0, "ahead": 0, "ahead_remapped": 0, "advance_s": 0.0}
+        self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the next arena's host buffer, the device buffer), each >= n int32 words."""

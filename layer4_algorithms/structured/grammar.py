@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import layer3_model as l3
 
-from .mask_worker import MaskWorker, RemoteGrammar
 from .state import GrammarState
 
 if TYPE_CHECKING:
@@ -117,11 +116,6 @@ class GrammarCompiler:
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
         self.stats = {"compiles": 0, "hits": 0, "compile_s": 0.0}
-        # the grammars in a worker process instead (mask_worker.py; the engine sets it where
-        # mask_fill.grammars_in_worker says): started by the first constrained request
-        self.remote = False
-        self._worker: MaskWorker | None = None
-        self._grammars: dict[tuple[str, str], str] = {}  # key -> grammar text (remote)
 
     @property
     def tokenizer(self) -> llguidance.LLTokenizer:
@@ -160,31 +154,11 @@ class GrammarCompiler:
         """A new sequence's grammar state; its compile starts now (or comes from the cache).
         ValueError for a constraint that cannot compile (checked here, once per constraint:
         the request is refused when it is added, not failed in a step)."""
-        if self.remote:
-            return self._remote_state(spec)
         with self._lock:
             seen = spec.key in self._cache
         if not seen:
             check(spec)
         return GrammarState(self.compile(spec), self.eos_token_ids)
-
-    def _remote_state(self, spec: l3.StructuredOutputsParams) -> RemoteGrammar:
-        """state() with the grammar kept and compiled in the worker process."""
-        if self._source is None:
-            raise ValueError("structured outputs need the model's tokenizer (tokenizer.json): "
-                             "this model has none")
-        key = spec.key
-        grammar = self._grammars.get(key)
-        if grammar is None:
-            check(spec)  # (here: a bad constraint is refused when added, as in-process)
-            grammar = self._grammars[key] = to_grammar(spec)
-            self.stats["compiles"] += 1
-        else:
-            self.stats["hits"] += 1
-        if self._worker is None:
-            self._worker = MaskWorker(self._source.tok.to_str(), self.vocab_size,
-                                      self.eos_token_ids)
-        return self._worker.new_state(key, grammar)
 
     def _build(self, spec: l3.StructuredOutputsParams) -> llguidance.LLMatcher:
         t0 = time.perf_counter()
@@ -199,5 +173,3 @@ class GrammarCompiler:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-        if self._worker is not None:
-            self._worker.close()

@@ -52,8 +52,7 @@ def rows_for(model, compiler, pattern: str) -> list[Row]:
             q.grammar = compiler.state(SO(json=SCHEMAS[i % 8]))
             if c == "x":
                 q.grammar.accept(model.tokenizer.encode("zzz", add_special_tokens=False)[0])
-                # (a worker process's state learns it there: its rows are EOS only)
-                assert q.grammar.failed or compiler.remote
+                assert q.grammar.failed
         out.append(q)
     return out
 
@@ -85,21 +84,12 @@ def test_bitmask_on_chosen_rows_leaves_the_others():
         l4.apply_token_bitmask_(logits.clone(), bitmask, rows[:2])
 
 
-def test_grammars_go_to_the_worker_process_only_under_async_cuda_graphs(course_model):
-    """Where an engine keeps its grammars: a worker process on a GPU under async scheduling
-    with CUDA graphs (the short host-bound step), the engine's own thread everywhere else;
-    the apply's CUDA graphs only on a GPU with CUDA-graph decoding."""
-    where = l4.structured.grammars_in_worker
-    assert where("cuda", True, True) and where(torch.device("cuda:1"), True, True)
-    assert not where("cuda", False, True) and not where("cuda", True, False)
-    assert not where("cpu", True, True)
+def test_the_apply_graphs_are_for_cuda_graph_decoding_on_a_gpu(course_model):
+    """The apply's CUDA graphs: on a GPU under CUDA-graph decoding only (whose logits sit in
+    static buffers); a CPU engine and CPU masks have none."""
     llm = l4.LLM(course_model, num_blocks=16, async_scheduling=True)
-    assert not llm.grammars.remote and llm.masks.graphs is None
+    assert llm.masks.graphs is None
     assert l4.structured.TokenMasks(64, "cpu", graphs=True).graphs is None  # (CUDA only)
-    with pytest.raises(TypeError, match="in this process"):  # submit: the worker's rows only
-        compiler = l4.GrammarCompiler.for_model(course_model)
-        l4.structured.TokenMasks(course_model.config.vocab_size, "cpu").submit(
-            rows_for(course_model, compiler, "g"))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -230,13 +220,11 @@ def test_greedy_output_survives_preemption(course_model):
         valid(o.outputs[0].text, SCHEMAS[5])
 
 
-@pytest.mark.parametrize("remote", [False, True])
-def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch, remote):
+def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatch):
     """Constrained requests keep async scheduling: their decode steps take their inputs from
     the previous step's device tokens (the overlap path), and the outputs (greedy and seeded
     sampling, beside free rows, requests finishing at different steps) are the synchronous
-    engine's; with the fill on the engine's thread, and in the grammar worker process while
-    the engine builds the step's outputs (masking and sampling after)."""
+    engine's."""
     overlapped = []
     execute = l4.model_runner.ModelRunner.execute
 
@@ -257,44 +245,14 @@ def test_async_scheduling_gives_the_synchronous_outputs(course_model, monkeypatc
     a = [o.outputs[0].text for o in sync.generate(prompts, ps)]
     assert not overlapped
     overlap = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
-    overlap.grammars.remote = remote  # (a GPU's choice under CUDA graphs: forced here)
     b = [o.outputs[0].text for o in overlap.generate(prompts, ps)]
     assert a == b
     assert overlapped and max(overlapped) >= 3  # constrained rows decoded on the overlap path
     assert overlap.masks.stats["steps"] > 0 and overlap._inflight is None
-    assert (overlap.masks.stats["worker_s"] > 0) == remote
-    # the previous tokens are on the host when a step starts (a CPU): the worker's fill starts
-    # before scheduling, and the steady rows keep their filled arena
-    assert (overlap.masks.stats["ahead"] > 0) == remote
-    overlap.grammars.close()
     valid(a[0], PERSON)
     valid(a[2], SCHEMAS[17])
     assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", a[3])
     valid(a[5], SCHEMAS[5])
-
-
-def test_sync_steps_fill_the_next_masks_ahead_in_the_worker(course_model):
-    """Synchronous steps with the grammars in the worker start the next step's fill once they
-    have appended their tokens (it then overlaps the next step's scheduling and forward): the
-    outputs are those of the fill on the engine's thread, rows that stay keep the filled
-    arena, rows joining (a request admitted as another finishes) have theirs filled beside
-    the copied ones."""
-    ps = [params(SO(json=PERSON), i, temperature=0 if i % 2 else 0.8, max_tokens=12 + 4 * i)
-          for i in range(7)] + [l4.SamplingParams(temperature=0, max_tokens=9)]
-    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n"] * 2
-
-    def run(remote: bool):
-        llm = l4.LLM(course_model, num_blocks=64, max_num_seqs=6, async_scheduling=False)
-        llm.grammars.remote = remote
-        return llm, [o.outputs[0].text for o in llm.generate(prompts, ps)]
-
-    _, want = run(False)
-    llm, got = run(True)
-    assert got == want
-    st = llm.masks.stats
-    assert st["ahead"] > 0 and st["ahead_remapped"] > 0 and st["worker_s"] > 0
-    assert llm._ahead is None  # the last step finished every row: no fill left behind
-    llm.grammars.close()
 
 
 @pytest.mark.parametrize("method", ["draft", "ngram"])
@@ -315,17 +273,16 @@ def test_speculative_decoding_verifies_drafts_against_the_mask(course_model, met
         valid(o.outputs[0].text, SCHEMAS[17])
 
 
-def test_a_voided_row_beside_constrained_rows_in_the_worker(course_model):
-    """Async scheduling with the grammars in the worker process: a constrained request whose
-    row cannot be sampled (its temperature slipped past normalization) joins constrained
-    requests already decoding; it ends with "error" and its bad token never reaches its
-    grammar, the others are exactly those of a run without it and validate."""
+def test_a_voided_row_beside_constrained_rows(course_model):
+    """Async scheduling: a constrained request whose row cannot be sampled (its temperature
+    slipped past normalization) joins constrained requests already decoding; it ends with
+    "error" and its bad token never reaches its grammar, the others are exactly those of a
+    run without it and validate."""
     ps = [params(SO(json=PERSON), i, temperature=0) for i in range(3)]
     prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n"]
 
     def run(hostile: bool):
         llm = l4.LLM(course_model, num_blocks=64, async_scheduling=True)
-        llm.grammars.remote = True
         rids = [llm.add_request(p, sp) for p, sp in zip(prompts, ps, strict=True)]
         done, bad, steps = {}, None, 0
         while llm.has_unfinished():
@@ -339,9 +296,7 @@ def test_a_voided_row_beside_constrained_rows_in_the_worker(course_model):
                 done[o.request_id] = o
         for o in llm.drain():
             done[o.request_id] = o
-        assert llm.masks.stats["ahead"] > 0  # the fill started before scheduling
-        if hostile:  # a row joined: the rows filled ahead are copied beside its own
-            assert llm.masks.stats["ahead_remapped"] > 0
+        assert llm.masks.stats["steps"] > 0
         return [done[r] for r in rids], (done[bad], seq) if hostile else None
 
     ref, _ = run(False)
@@ -351,119 +306,6 @@ def test_a_voided_row_beside_constrained_rows_in_the_worker(course_model):
     assert [o.outputs[0].text for o in got] == [o.outputs[0].text for o in ref]
     for o in got:
         valid(o.outputs[0].text, PERSON)
-
-
-# ---- the grammars in a worker process (mask_worker.py) --------------------------------------
-@pytest.mark.parametrize("shared_rows", [512, 4, 0])
-def test_masks_from_the_worker_process_equal_the_in_process_ones(course_model, monkeypatch,
-                                                                 shared_rows):
-    """RemoteGrammar states (compiled, advanced and filled in mask_worker.py's process) give
-    the rows GrammarState gives, for healthy rows, a grammar that refused a token (EOS only)
-    and free rows, through TokenMasks' submit/wait and its serial prepare, whether the rows
-    come back through the shared memory or (more rows than it holds, or none) as bytes; the
-    worker exits when its compiler closes."""
-    monkeypatch.setattr(l4.structured.mask_worker.MaskWorker, "ROWS", shared_rows)
-    local = l4.GrammarCompiler.for_model(course_model)
-    remote = l4.GrammarCompiler.for_model(course_model)
-    remote.remote = True
-    V = course_model.config.vocab_size
-    prefix = course_model.tokenizer.encode('{"name":"Yo', add_special_tokens=False)
-    for pattern in ("gfgxgg", "x", "ggggggggg"):
-        got = {}
-        for name, compiler in (("local", local), ("remote", remote)):
-            seqs = rows_for(course_model, compiler, pattern)
-            for i, q in enumerate(seqs):  # mid-document: a few tokens advanced first
-                if pattern[i] == "g" and i % 8 in (0, 5, 6, 7):
-                    for pos, t in enumerate(prefix):
-                        q.grammar.accept_at(t, pos)
-            masks = l4.structured.TokenMasks(V, "cpu", rows=2)
-            a, b = torch.randn(len(seqs), V, generator=torch.Generator().manual_seed(1)), None
-            b = a.clone()
-            if name == "remote":  # (the worker's rows: handed over and waited for, or asked)
-                masks.launch(a, masks.wait(masks.submit(seqs)))
-            else:
-                masks.launch(a, masks.prepare(seqs))
-            masks.launch(b, masks.prepare(seqs))
-            assert torch.equal(a, b)
-            got[name] = a
-        assert torch.equal(got["local"], got["remote"]), pattern
-    proc = remote._worker.proc
-    assert proc.poll() is None
-    remote.close()
-    assert proc.wait(timeout=10) == 0
-
-
-def test_a_dead_worker_process_is_an_error_that_says_so(course_model):
-    remote = l4.GrammarCompiler.for_model(course_model)
-    remote.remote = True
-    q = Row()
-    q.grammar = remote.state(SO(json=PERSON))
-    remote._worker.proc.kill()
-    remote._worker.proc.wait(timeout=10)
-    masks = l4.structured.TokenMasks(course_model.config.vocab_size, "cpu")
-    with pytest.raises(RuntimeError, match="grammar worker process died"):
-        masks.prepare([q])
-    remote.close()
-
-
-def test_a_forked_child_cannot_use_its_parents_grammar_worker(course_model, monkeypatch):
-    remote = l4.GrammarCompiler.for_model(course_model)
-    remote.remote = True
-    q = Row()
-    q.grammar = remote.state(SO(json=PERSON))
-    monkeypatch.setattr(l4.structured.mask_worker.os, "getpid", lambda: -7)
-    masks = l4.structured.TokenMasks(course_model.config.vocab_size, "cpu")
-    with pytest.raises(RuntimeError, match="belongs to process"):
-        masks.prepare([q])
-    monkeypatch.undo()
-    masks.prepare([q])  # (the parent still can)
-    remote.close()
-
-
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_the_worker_process_gives_the_in_process_outputs(course_model, monkeypatch,
-                                                         async_scheduling):
-    """The grammars in the worker process: the engine's outputs (greedy and seeded sampling,
-    free rows beside constrained ones, parallel sampling's forks) are those of the grammars
-    in this process, and validate."""
-    ps = [params(SO(json=PERSON), 0, temperature=0), l4.SamplingParams(temperature=0,
-                                                                         max_tokens=10),
-          params(SO(json=SCHEMAS[17]), 1), params(SO(regex=r"(Aye|Nay), [a-z]{1,6}!"), 2),
-          params(SO(json=SCHEMAS[5]), 3, n=2)]
-    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n", "OTHELLO.\n", "PUCK.\n"]
-
-    def run(remote: bool):
-        llm = l4.LLM(course_model, num_blocks=64, async_scheduling=async_scheduling)
-        llm.grammars.remote = remote
-        outs = [[c.text for c in o.outputs] for o in llm.generate(prompts, ps)]
-        return llm, outs
-
-    _, want = run(False)
-    llm, got = run(True)
-    assert llm.grammars.remote and llm.grammars._worker is not None
-    assert llm.masks.stats["steps"] > 0
-    assert got == want
-    valid(got[0][0], PERSON)
-    valid(got[2][0], SCHEMAS[17])
-    assert re.fullmatch(r"(Aye|Nay), [a-z]{1,6}!", got[3][0])
-    for text in got[4]:
-        valid(text, SCHEMAS[5])
-    llm.grammars.close()
-
-
-def test_the_worker_process_verifies_drafts(course_model, monkeypatch):
-    """Speculative decoding with the grammars in the worker: the drafts' masks come from it
-    (fill_drafts there, the state rolled back), greedy outputs equal the plain engine's."""
-    spec = SO(json=SCHEMAS[17])
-    ps = [params(spec, i, temperature=0) for i in range(2)]
-    prompts = ["HAMLET.\n", "ROMEO.\n"]
-    plain = l4.LLM(course_model, num_blocks=64).generate(prompts, ps)
-    spec_llm = l4.LLM(course_model, num_blocks=64, speculative=dict(method="ngram", k=3))
-    spec_llm.grammars.remote = True
-    fast = spec_llm.generate(prompts, ps)
-    assert spec_llm.grammars.remote and spec_llm.stats.spec_proposed > 0
-    assert [o.outputs[0].text for o in fast] == [o.outputs[0].text for o in plain]
-    spec_llm.grammars.close()
 
 
 # ---- the apply replayed from CUDA graphs (mask_graph.py) -----------------------------------

@@ -26,7 +26,7 @@ def gpu_model() -> l3.Model:
 
 
 def accepted(llm: l4.LLM, spec: SO, token_ids: list[int]) -> bool:
-    """A fresh matcher in this process (the engine's may be in its worker) takes them all."""
+    """A fresh matcher takes them all, token by token."""
     state = l4.GrammarCompiler.for_model(llm.model).state(spec)
     return all(state.accept(t) for t in token_ids) and state.is_accepting
 
@@ -95,8 +95,7 @@ def test_constrained_rows_under_cuda_graphs_beside_free_ones(gpu_model):
         assert accepted(llm, sp, list(c.token_ids)), c.text
     assert all(len(o.outputs[0].token_ids) == 32 or o.outputs[0].finish_reason != "length"
                for o in outs[len(specs):])
-    # how often the worker's fill started before scheduling (prev's tokens already on the
-    # host), kept its rows or copied them (rows finishing), against the masked steps
+    # the masked steps, rows, the engine's fill and apply seconds
     print(f"\nmasks under CUDA graphs: {llm.masks.stats}", flush=True)
 
 
@@ -113,37 +112,31 @@ def test_constrained_rows_under_draft_speculation_on_cuda(gpu_model):
         assert accepted(llm, sp, list(o.outputs[0].token_ids)), o.outputs[0].text
 
 
-@pytest.mark.parametrize("remote, graphs", [(True, True), (True, False), (False, True)])
-def test_constrained_rows_under_cuda_graphs_in_a_worker_process(gpu_model, remote, graphs):
-    """Under CUDA-graph decoding with async scheduling the engine keeps the grammars in a
-    worker process (mask_worker.py) and replays the apply's copy + kernel from CUDA graphs
-    (mask_graph.py): the greedy outputs equal those of the grammars in this process with
-    plain launches, each accepted token by token by a fresh matcher; so do the two halves
-    alone. The apply's graphs are captured and replayed (the steady batch's two arenas)."""
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_constrained_rows_with_the_apply_from_cuda_graphs(gpu_model, temperature):
+    """Under CUDA-graph decoding with async scheduling the apply's copy + kernel replay from
+    CUDA graphs (mask_graph.py; greedy: with the masked argmax written over the decode
+    graph's input ids): the outputs equal those of plain launches, each accepted token by
+    token by a fresh matcher, and the graphs were captured (the steady batch's two arenas)
+    and replayed."""
     specs = [SO(json=s) for s in SCHEMAS[:16]]
-    params = [l4.SamplingParams(temperature=0, max_tokens=96, structured_outputs=sp)
-              for sp in specs]
+    params = [l4.SamplingParams(temperature=temperature, seed=i, max_tokens=96,
+                                structured_outputs=sp) for i, sp in enumerate(specs)]
 
-    def run(remote: bool, graphs: bool):
+    def run(graphs: bool):
         llm = l4.LLM(gpu_model, num_blocks=256, max_num_seqs=32, cuda_graph=True)
-        assert llm.grammars.remote and llm.masks.graphs is not None  # (the defaults here)
-        llm.grammars.remote = remote
+        assert llm.masks.graphs is not None and llm.config.async_scheduling  # (the default)
         if not graphs:
             llm.masks.graphs = None
         outs = llm.generate(["HAMLET.\n"] * len(specs), params)
         return llm, [list(o.outputs[0].token_ids) for o in outs]
 
-    ref, want = run(False, False)
-    ref.grammars.close()
-    llm, got = run(remote, graphs)
-    assert llm.config.async_scheduling
+    ref, want = run(False)
+    llm, got = run(True)
     assert got == want
     for sp, ids in zip(specs, got, strict=True):
         assert accepted(ref, sp, ids)
-    if graphs:
-        assert llm.masks.graphs.failed is None, llm.masks.graphs.failed
-        st = llm.masks.graphs.stats
-        assert st["captures"] >= 2 and st["replays"] > 0, st  # (both arenas)
-    print(f"\nmasks ({remote=}, {graphs=}) under CUDA graphs: {llm.masks.stats}, "
-          f"{llm.masks.graphs.stats if llm.masks.graphs else ''}", flush=True)
-    llm.grammars.close()
+    assert llm.masks.graphs.failed is None, llm.masks.graphs.failed
+    st = llm.masks.graphs.stats
+    assert st["captures"] >= 2 and st["replays"] > 0, st  # (both arenas)
+    print(f"\nmasks ({temperature=}) under CUDA graphs: {llm.masks.stats}, {st}", flush=True)

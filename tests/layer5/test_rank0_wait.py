@@ -40,9 +40,25 @@ class Group:
             raise RuntimeError(f"tensor-parallel {what} failed on rank 0: {exc}") from exc
 
 
+class Clock:
+    """rank0's clock, virtual: each reading 1 us after the last, naps recorded, not slept (a
+    busy machine cannot stretch 200 polls past the spin window)."""
+
+    def __init__(self) -> None:
+        self.now, self.naps = 0.0, []
+
+    def monotonic(self) -> float:
+        self.now += 1e-6
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.naps.append(s)
+
+
 def test_returns_once_the_event_is_done_without_napping(monkeypatch):
-    naps = []
-    monkeypatch.setattr(rank0.time, "sleep", lambda s: naps.append(s))
+    clock = Clock()
+    monkeypatch.setattr(rank0, "time", clock)
+    naps = clock.naps
     event, group = Event(done_after=200), Group()
     rank0.wait_event(group, event, "reading a step's tokens")
     assert event.polls == 201 and naps == [] and group.failed_with is None

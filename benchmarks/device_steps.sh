@@ -4,6 +4,7 @@
 #   install_stack            # carried wheels (.whl/, if any) on PYTHONPATH, then this repo
 #   step NAME SECONDS CMD... # run with a limit -> $logs/NAME.log; say how it ended (first
 #                            # waiting for the GPUs to be free of the last step's processes)
+#   gpu_tests SECONDS TESTS  # after gpu_session: the step "tests", pytest TESTS, its verdicts
 install_stack() {  # once per call: suites started from one script share the install
     [ -n "${LLM_STACK_INSTALLED:-}" ] && return 0
     if [ -d .whl ]; then
@@ -60,4 +61,14 @@ gpu_session() {  # gpu_session MARK: the start every multi-GPU script shares, af
       python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
       git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
     T="python3 -m pytest -v -s -m '$1' -p no:cacheprovider -o addopts= -rA --durations=8 --timeout 100 --timeout-method=thread"
+}
+
+verdicts() {  # verdicts NAME [N]: the last N (10) pass/fail lines of step NAME's pytest log
+    grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$logs/$1.log" | tail -"${2:-10}"
+}
+
+gpu_tests() {  # gpu_tests LIMIT TESTS: the step "tests" (maybe), $T over TESTS (one string, split
+    # by bash as a command line: quote a test id with brackets), then its verdicts
+    maybe tests "$1" bash -c "$T $2"
+    verdicts tests 12
 }

@@ -17,8 +17,7 @@ out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 TOTAL_S=${TOTAL_S:-200}
 gpu_session "gpu or multigpu"
-maybe tests 80 bash -c "$T tests/layer4/test_cuda_graph_runner.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_engine_gpu.py::test_greedy_outputs_equal_layer3_on_cuda 'tests/layer5/test_tp_graph_gpu.py::test_tp4_bf16_llama_shape_graphs_equal_tp1_tokens[ours]'"
-grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
+gpu_tests 80 "tests/layer4/test_cuda_graph_runner.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_engine_gpu.py::test_greedy_outputs_equal_layer3_on_cuda 'tests/layer5/test_tp_graph_gpu.py::test_tp4_bf16_llama_shape_graphs_equal_tp1_tokens[ours]'"
 [ "$gpus" -ge 4 ] && maybe tp 115 python3 -m layer5_parallel.bench.tp_gpu_bench \
     --shapes llama-3.1-8b --tps 4 --tp-backends ours --worker-pause 2e-5,0 --repeats 2 \
     --phase-timeout 100 --out "$out"

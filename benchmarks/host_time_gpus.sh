@@ -17,8 +17,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 gpu_session "gpu or multigpu"
-maybe tests 200 bash -c "$T tests/layer4/test_cuda_graph_runner.py tests/layer4/test_engine_gpu.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_model_runner.py tests/layer5/test_tp_graph_gpu.py tests/layer5/test_pp_engine_gpu.py"
-grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
+gpu_tests 200 "tests/layer4/test_cuda_graph_runner.py tests/layer4/test_engine_gpu.py tests/layer4/test_async_scheduling_gpu.py tests/layer4/test_model_runner.py tests/layer5/test_tp_graph_gpu.py tests/layer5/test_pp_engine_gpu.py"
 [ "$gpus" -ge 2 ] && maybe tp 330 python3 -m layer5_parallel.bench.tp_gpu_bench \
     --shapes llama-3.1-8b --tps "$gpus" --tp-backends ours --repeats 2 --phase-timeout 150 --out "$out"
 grep -sE "tok/s|host|TP=|FAILED" "$out/tp.log" | tail -30

@@ -19,7 +19,6 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 gpu_session "multigpu"
-verdicts() { grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/$1.log" | tail -"${2:-10}"; }
 maybe tests_tp 170 bash -c "$T tests/layer5/test_tp_graph_gpu.py tests/layer5/test_tp_gpu.py"; verdicts tests_tp
 maybe tests_forms 90 bash -c "$T tests/layer5/test_forms_gpu.py tests/layer5/test_pp_engine_gpu.py"; verdicts tests_forms
 maybe tests_l2 80 bash -c "$T tests/layer2/test_peer_all_reduce.py"; verdicts tests_l2 5

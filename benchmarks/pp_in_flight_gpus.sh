@@ -17,8 +17,7 @@ set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 logs=$out; . "$(dirname "$0")/device_steps.sh"
 gpu_session "gpu or multigpu"
-maybe tests 170 bash -c "$T tests/layer5/test_pp_engine_gpu.py tests/layer5/test_pp_stage_graphs.py tests/layer5/test_forms_gpu.py"
-grep -sE "^(PASSED|FAILED|ERROR)|passed|failed|Timeout" "$out/tests.log" | tail -12
+gpu_tests 170 "tests/layer5/test_pp_engine_gpu.py tests/layer5/test_pp_stage_graphs.py tests/layer5/test_forms_gpu.py"
 maybe pp 370 python3 -m layer5_parallel.bench.dp --dp "$gpus" --layouts 1,pp2gf,pp1gf,pp2g,pp2gF,ppNg \
     --layout-timeout 150 --budget-s 300 --out "$out/pp_in_flight.json"
 grep -sE "tok/s|replica|FAILED|skipped" "$out/pp.log" | tail -16

@@ -470,6 +470,19 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _seconds_list(ap: argparse.ArgumentParser, flag: str, text: str | None) -> list[float] | None:
+    """A flag's comma-separated seconds (each >= 0), None when not given; else a usage error."""
+    if not text:
+        return None
+    try:
+        values = [float(w) for w in text.split(",")]
+    except ValueError:
+        values = [-1.0]
+    if min(values) < 0:
+        ap.error(f"{flag} {text!r}: seconds >= 0, comma-separated")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m layer5_parallel.bench.tp_gpu_bench")
     ap.add_argument("--shapes", default="llama-3.2-1b,llama-3.1-8b")
@@ -498,18 +511,8 @@ def main(argv: list[str] | None = None) -> int:
     tps = [t.strip() for t in args.tps.split(",")]
     if not all(t.isdigit() and int(t) > 1 for t in tps):
         ap.error(f"--tps {args.tps!r}: TP sizes above 1, comma-separated (e.g. 2,4)")
-    try:
-        spins = [float(w) for w in args.worker_spin.split(",")] if args.worker_spin else None
-    except ValueError:
-        spins = [-1.0]
-    if spins is not None and min(spins) < 0:
-        ap.error(f"--worker-spin {args.worker_spin!r}: seconds >= 0, comma-separated")
-    try:
-        pauses = [float(w) for w in args.worker_pause.split(",")] if args.worker_pause else None
-    except ValueError:
-        pauses = [-1.0]
-    if pauses is not None and min(pauses) < 0:
-        ap.error(f"--worker-pause {args.worker_pause!r}: seconds >= 0, comma-separated")
+    spins = _seconds_list(ap, "--worker-spin", args.worker_spin)
+    pauses = _seconds_list(ap, "--worker-pause", args.worker_pause)
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         ap.error(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")

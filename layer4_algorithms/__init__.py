@@ -52,7 +52,7 @@ from .kv import (
     paged_decode_attention,
     paged_decode_attention_reference,
 )
-from .model_runner import ModelRunner, greedy_tokens
+from .model_runner import ModelRunner
 from .outputs import CompletionOutput, EngineStats, RequestMetrics, RequestOutput
 from .scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from .sequence import Sequence, SequenceStatus
@@ -68,6 +68,7 @@ from .spec import (
     accept_proposals,
     rejection_sample,
 )
+from .step_sampling import greedy_tokens
 from .structured import GrammarCompiler, GrammarState, apply_token_bitmask_
 
 __all__ = [

@@ -55,7 +55,7 @@ def test_graph_argmax_serves_greedy_steps_and_logprobs_stay_right(cuda_model, mo
     sampling launch after the replay); the tokens equal the eager engine's, and requests
     asking for logprobs or sampling (the logits read after the graph) get the eager
     engine's tokens and logprobs too, alone and beside greedy rows."""
-    import layer4_algorithms.model_runner as MR  # noqa: PLC0415
+    import layer4_algorithms.step_sampling as MR  # noqa: PLC0415
 
     calls = []
     inner = MR.greedy_tokens

@@ -156,7 +156,7 @@ def _awkward_rows(device: str) -> list[torch.Tensor]:
 
 
 def test_greedy_tokens_is_torch_argmax():
-    from layer4_algorithms.model_runner import greedy_tokens
+    from layer4_algorithms.step_sampling import greedy_tokens
     for x in _awkward_rows("cpu"):
         assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))
 
@@ -165,7 +165,7 @@ def test_greedy_tokens_is_torch_argmax():
 def test_greedy_tokens_on_gpu_is_torch_argmax():
     """On a GPU the runner's greedy pick is layer 1's split argmax: the same tokens as
     torch.argmax (the first index of the max, NaN the largest), twice (its counters reset)."""
-    from layer4_algorithms.model_runner import greedy_tokens
+    from layer4_algorithms.step_sampling import greedy_tokens
     for x in _awkward_rows("cuda"):
         for _ in range(2):
             assert torch.equal(greedy_tokens(x), x.argmax(dim=-1))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from datetime import datetime, timezone
 
 import pytest
 import torch
@@ -60,7 +61,8 @@ def test_host_device_bandwidth_needs_cuda():
 def _sample() -> Ceilings:
     return Ceilings(device_name="Test Chip 9000", device_type="cpu", memory_bandwidth=2e10,
                     flops={"fp32": 1e11, "bf16": 4e11}, launch_latency_s=3e-6,
-                    host_device_bandwidth={}, measured_at="2026-01-01T00:00:00+00:00",
+                    host_device_bandwidth={},
+                    measured_at=datetime(2000, 1, 1, tzinfo=timezone.utc).isoformat(),
                     versions={"torch": "x"})
 
 

@@ -4,8 +4,8 @@ On a GPU, TokenMasks.launch issues two things a step: the copy of the arena (bit
 row indices) to the device and the Triton kernel that writes -inf. Their device time is a
 few microseconds, but their host time (a copy_ call, the kernel's launch through Triton's
 Python launcher) was ~50 us back to back and ~100 us a step inside the engine on an H100 host:
-on a host-bound step (a small model under CUDA graphs) that is the largest part of the mask's
-cost once the fill is off the engine's thread. Both are replayable: the copy reads pinned host
+on a host-bound step (a small model under CUDA graphs) that is as dear as a third of the
+rows' fill. Unlike the fill, both are replayable: the copy reads pinned host
 memory that the arena reuses step after step, and the kernel writes a logits buffer that CUDA
 graph decoding reuses too. So a launch whose buffers (host arena, device buffer, logits
 address and shape, row count) have been seen WARM times (the two arenas alternate, so each

@@ -79,7 +79,7 @@ class GrammarState:
         """accept(token) as the output's token number `position` (0-based), once: a second
         call for a position already seen does nothing (the engine advances a state as soon as
         a step's tokens reach the host, to fill the next mask sooner, and again when it
-        appends them). The engine's thread only: the masks' helper fills, never advances."""
+        appends them). On the engine's thread, which also fills the masks."""
         if position < self.position:
             return self.failed is None
         self.position = position + 1

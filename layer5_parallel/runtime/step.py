@@ -1,12 +1,12 @@
 """A step as rank 0 hands it to the workers: a small host message and one packed broadcast.
 
-The host half (`step_message`, sent over each worker's pipe) holds the integers a worker needs
-to rebuild rank 0's AttentionContext: query and sequence lengths, the block table's width,
-whether the step writes the cache, whether only each sequence's last logits are wanted, and
-(pipeline) the micro-batch cuts and whether the last stage sends back greedy token ids instead
-of logits. The device half (`pack_step`) is one int64 tensor, token ids |
-slot_mapping | block_tables, broadcast from rank 0 over the process group: under NCCL it never
-leaves the GPU.
+The host half (`step_message`, written once for all workers into the shared-memory ring,
+shm_broadcast.py) holds the integers a worker needs to rebuild rank 0's AttentionContext: query
+and sequence lengths, the block table's width, whether the step writes the cache, whether only
+each sequence's last logits are wanted, and (pipeline) the micro-batch cuts and whether the
+last stage sends back greedy token ids instead of logits. The device half (`pack_step`) is one
+int64 tensor, token ids | slot_mapping | block_tables, broadcast from rank 0 over the process
+group: under NCCL it never leaves the GPU.
 """
 from __future__ import annotations
 

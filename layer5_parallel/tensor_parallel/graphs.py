@@ -17,7 +17,8 @@ What the workers need each step, and how it reaches them without a host round tr
       pack the bucket's rows (B, 3 + n)           BROADCAST from rank 0 -> packed rows
       BROADCAST from rank 0 -------------------->  unpack into its static buffers
       slots, shard forward (+ collectives)       slots, shard forward (+ collectives)
-      logits (B, V)                               logits (unused)
+      logits (B, V), their greedy argmax          logits, argmax (unused)
+      (over its static input ids)
 
 The host message is one small tuple through shared memory (runtime/shm_broadcast.py). The inputs
 themselves travel on the GPUs, inside the graph: under async scheduling a decode step's

@@ -308,6 +308,23 @@ def _copy_pieces(x_ptr, bufs, half, dst, start, lanes, numel, STRIDE, FROM: tl.c
 
 
 @triton.jit
+def _copy_in(x_ptr, bufs, half, offs, numel, RANK: tl.constexpr, out_ptr=None, seg_lo=None,
+             seg_hi=None):
+    """The copy-in of the one-barrier kernels: the elements `offs` of x into my buffer (and
+    into my slot of out when out_ptr is given), except those in [seg_lo, seg_hi) when given."""
+    if seg_lo is None:
+        mask = offs < numel
+    else:
+        mask = (offs < numel) & ((offs < seg_lo) | (offs >= seg_hi))
+    if out_ptr is None:
+        tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+    else:  # all-gather: my own slot of out as well
+        v = tl.load(x_ptr + offs, mask=mask)
+        tl.store(bufs[RANK] + half + offs, v, mask=mask)
+        tl.store(out_ptr + RANK * numel + offs, v, mask=mask)
+
+
+@triton.jit
 def one_shot_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status_addr,
                     timeout_ns, half_elems, RANK: tl.constexpr, WORLD: tl.constexpr,
                     BLOCK: tl.constexpr, SERIAL: tl.constexpr = False):
@@ -324,9 +341,7 @@ def one_shot_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status
     if pid < active:
         lanes = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, numel, active * BLOCK):
-            offs = start + lanes
-            mask = offs < numel
-            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+            _copy_in(x_ptr, bufs, half, start + lanes, numel, RANK)
         _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
         for start in range(pid * BLOCK, numel, active * BLOCK):
             offs = start + lanes
@@ -406,11 +421,7 @@ def all_gather_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, stat
     if pid < active:
         lanes = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, numel, active * BLOCK):
-            offs = start + lanes
-            mask = offs < numel
-            v = tl.load(x_ptr + offs, mask=mask)
-            tl.store(bufs[RANK] + half + offs, v, mask=mask)
-            tl.store(out_ptr + RANK * numel + offs, v, mask=mask)
+            _copy_in(x_ptr, bufs, half, start + lanes, numel, RANK, out_ptr)
         _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
         for start in range(pid * BLOCK, numel, active * BLOCK):
             _copy_pieces(x_ptr, bufs, half, out_ptr, start, lanes, numel, numel, 1, 0, RANK, WORLD)
@@ -432,9 +443,8 @@ def reduce_scatter_kernel(x_ptr, out_ptr, numel, active, seg_lo, seg_hi, bufs, p
     if pid < active:
         lanes = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, numel, active * BLOCK):
-            offs = start + lanes
-            mask = (offs < numel) & ((offs < seg_lo) | (offs >= seg_hi))
-            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+            _copy_in(x_ptr, bufs, half, start + lanes, numel, RANK, seg_lo=seg_lo,
+                     seg_hi=seg_hi)
         _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
         for t in range(_first_tile(seg_lo, pid, active, BLOCK), tl.cdiv(seg_hi, BLOCK), active):
             offs = t * BLOCK + lanes

@@ -189,6 +189,4 @@ class StepsInFlight:
             sync = self._host_sampling > 0
             launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
                                               finished)
-            if callable(launched):  # its masks filled on the helper thread: mask, sample now
-                launched = launched()
         self._complete(launched, advanced, finished)

@@ -37,7 +37,7 @@ from .engine_config import EngineConfig
 from .expert_parallel.engine_model import MoEModelConfig, check_expert_parallel
 from .pipeline_parallel.engine import capture_stage_graphs, start_pipeline
 from .pipeline_parallel.in_flight import StepsInFlight
-from .pipeline_parallel.runner import PPRunner
+from .pipeline_parallel.runner import PPRunner, StageDecode
 from .runtime import RankedKVCache, RankZeroModel, RankZeroRunner, WorkerGroup, wait_event
 from .runtime.worker import weight_bytes
 from .tensor_parallel.engine import capture_graphs, start_tensor_parallel
@@ -131,6 +131,8 @@ class LLM(StepsInFlight, engine.LLM):
         runner.group = group
         if self.config.cuda_graph and self.pipeline_parallel_size > 1:  # each stage's own
             capture_stage_graphs(group, self.model.net, self.cache, self.config)
+            # decode steps from host arrays, where they fit (pipeline_parallel/runner.py)
+            runner.graph = StageDecode(self.model.net)
         elif self.config.cuda_graph:  # tensor parallelism: the whole step, collectives inside
             runner.graph = capture_graphs(group, self.model.net, self.cache, self.config)
         return runner

@@ -12,6 +12,8 @@ stages in worker processes), a warm-up then one timed greedy run of `--seqs` pro
 a decode step charged to the innermost phase; wall and thread CPU time) with the pipeline's
 own parts named as well:
 
+    graph inputs     (a decode step) the runner's hand-over of its host arrays to the
+                     pipeline (runner.StageDecode), what the phases below leave of it
     dispatch         PPModel.dispatch's own code (the step's cuts, stats, bookkeeping)
     step broadcast   the step's ids | slots | tables packed and broadcast to the stages
     micro contexts   the micro-batches' cuts and contexts
@@ -60,6 +62,7 @@ class PPPhaseClock(PhaseClock):
         if not hasattr(net, "dispatch"):  # one process: layer 4's phases only
             return
         self._wrap(net, "dispatch", "dispatch")
+        self._wrap(net, "_dispatch_decode", "dispatch")
         self._wrap(net, "collect", "collect")
         self._wrap(pp_engine, "pack_step", "step broadcast")
         self._wrap(net.group.comm, "broadcast", "step broadcast")
@@ -72,6 +75,7 @@ class PPPhaseClock(PhaseClock):
         self._wrap(net.shard, "forward", "stage forward")
         if net.graphs is not None:
             self._wrap(net.graphs, "run_micro", "stage graph")
+            self._wrap(net.graphs, "run_micro_host", "stage graph")
 
 
 def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int]]:

@@ -46,6 +46,7 @@ from ..runtime import (
     Rank,
     RankZeroModel,
     WorkerGroup,
+    decode_message,
     host_context,
     pack_step,
     step_message,
@@ -186,6 +187,50 @@ class PPModel(RankZeroModel):
         st["wall_s"] += time.perf_counter() - start
         return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy, out,
                              ready)
+
+    def decode_fits(self, B: int, n: int) -> bool:
+        """Whether a decode step of B sequences with (B, n) block tables can go through
+        `decode_host`: one rank a stage, one micro-batch, rank 0's stage graphs fit it, and
+        its table fits the ring beside the lengths."""
+        return (self.tp == 1 and self.micro_batches == 1 and self.graphs is not None
+                and self.graphs.can_run(B, n)
+                and 4 * B * (n + 6) <= self.group.ring.slot_bytes // 2)
+
+    def decode_host(self, input_ids: torch.Tensor, positions, table) -> torch.Tensor:
+        """forward() of a decode step from its host arrays (what layer 4's runner hands a
+        CUDA graph: positions (B,) and block table (B, n), int64 numpy, each row long enough
+        for its position: the runner checked): the table goes to the stages in the step's
+        message, and rank 0's stage replays its graph from the arrays (run_micro_host)
+        without an AttentionContext. decode_fits says when. Returns what forward returns:
+        the logits, or the token ids of a greedy step."""
+        step = self._dispatch_decode(input_ids, positions, table)
+        if not self.deferred:
+            return self.collect(step)
+        self.pending.append(step)
+        return step.out
+
+    def _dispatch_decode(self, input_ids, positions, table) -> PendingLogits:
+        group, (B, n) = self.group, table.shape
+        with group.guard("pipeline step"):
+            start = time.perf_counter()
+            greedy = self.greedy
+            rows = (table.astype(np.int32), np.full(B, n, dtype=np.int32))  # (long enough)
+            group.send(decode_message((positions + 1).tolist(), rows, greedy))
+            checked = S.headers_on(self.device, group.comm.check)
+            out, ready = self._deferred_buffer(B, greedy) if self.deferred else (None, None)
+            t0 = time.perf_counter()
+            x = self.graphs.run_micro_host(input_ids, positions, table)
+            t1 = time.perf_counter()
+            self.events.append(("F", 0, t0, t1))
+            sends = S.send(group.comm.pg, x, 1, 0, checked=checked)
+        st = self.stats
+        st["forwards"] += 1
+        st["micro_batches"] += 1
+        st["busy_s"] += t1 - t0
+        st["wall_s"] += time.perf_counter() - start
+        # one micro-batch of B rows, one a sequence: collect needs no context
+        return PendingLogits([(0, B, None, None)], [B], False, checked, sends, start, greedy,
+                             out, ready)
 
     def _deferred_buffer(self, rows: int, greedy: bool):
         """The buffer a deferred step's logits (greedy: token ids) land in, made before the

@@ -10,6 +10,13 @@ be, (rows,) int64, and `sample_tokens` passes them through. The tokens are the s
 argmax of the same values (layer 4's `greedy_tokens`, first maximum first; widening bf16 to
 fp32 changes no value). Any other step (sampled rows, logprobs, penalties, a grammar,
 speculation) gets its logits as before.
+
+With stage graphs and one rank a stage, the runner's `graph` is a `StageDecode`: layer 4's
+runner hands a decode step's host arrays (positions, block table) to a CUDA graph runner's
+`run_host` instead of building an AttentionContext (numpy, then a copy to the device: at 128
+sequences about as long as the rest of the step's launch), and StageDecode passes them to
+PPModel.decode_host: the table to the other stages in the step's message, rank 0's stage
+replayed from the arrays.
 """
 from __future__ import annotations
 
@@ -54,3 +61,32 @@ class PPRunner(RankZeroRunner):
             self.last_bad = None
             return logits.reshape(-1)
         return super().sample_tokens(logits, params, generators, argmax=argmax)
+
+
+class StageDecode:
+    """What layer 4's runner takes for its decode CUDA graph (`runner.graph`), over a PPModel
+    with stage graphs: can_run / run_host / tokens / release. run_host is the PPModel's
+    decode_host (its own graphs replay on every rank); the step's greedy tokens, when the last
+    stage took them, are what run_host returns (int64), so `tokens` has none to add (empty:
+    layer 4 uses it only when it holds a token a row)."""
+
+    graphs: dict = {}  # (none of layer 4's own)
+
+    def __init__(self, net) -> None:
+        self.net = net
+        self._none = torch.empty(0, dtype=torch.int64, device=net.device)
+
+    def can_run(self, batch: int, num_blocks: int) -> bool:
+        return self.net.decode_fits(batch, num_blocks)
+
+    def run_host(self, input_ids: torch.Tensor, positions, block_tables) -> torch.Tensor:
+        return self.net.decode_host(input_ids, positions, block_tables)
+
+    def run(self, *args, **kwargs):
+        raise ValueError("a decode step's block table is too short for its positions")
+
+    def tokens(self, B: int) -> torch.Tensor:
+        return self._none
+
+    def release(self) -> None:
+        pass

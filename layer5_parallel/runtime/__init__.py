@@ -12,9 +12,10 @@ a cache whose block copies reach every rank, a runner whose waits are bounded).
 from .comm import TPComm, host_store, new_group, sub_group
 from .group import WorkerGroup
 from .rank0 import RankedKVCache, RankZeroModel, RankZeroRunner, wait_event
-from .step import host_context, pack_step, step_message, unpack_step
+from .step import decode_message, host_context, pack_step, step_message, unpack_step
 from .worker import Rank, load_full, weight_bytes
 
 __all__ = ["TPComm", "new_group", "host_store", "sub_group", "WorkerGroup", "RankZeroModel",
            "RankedKVCache", "RankZeroRunner", "wait_event", "step_message", "pack_step",
-           "unpack_step", "host_context", "Rank", "load_full", "weight_bytes"]
+           "unpack_step", "host_context", "decode_message", "Rank", "load_full",
+           "weight_bytes"]

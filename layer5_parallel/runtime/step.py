@@ -27,6 +27,14 @@ def step_message(ctx, has_cache: bool, last_only: bool, cuts=None, greedy: bool 
             cuts, greedy, table)
 
 
+def decode_message(seq_lens: list[int], table, greedy: bool) -> tuple:
+    """step_message of a decode step (one new token a sequence, a cache, one micro-batch)
+    from host values: seq_lens, and table = (rows (B, n), lengths (B,)) int32."""
+    B = len(seq_lens)
+    return ("step", (1,) * B, seq_lens, int(table[0].shape[1]), True, True, [(0, B)], greedy,
+            table)
+
+
 def host_context(msg: tuple, cache, device: torch.device, staging=None):
     """The AttentionContext of a step whose message carries its block table: the slots worked
     out on the host from the table as rank 0's cache did, everything to the device in one

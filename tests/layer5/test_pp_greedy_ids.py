@@ -88,11 +88,15 @@ def both_ways(model, monkeypatch, k: int, m: int, vocab: int = 211, **kw) -> Non
         graphs = graphs.replays
         # the block tables went with the messages: rank 0 broadcast nothing
         assert llm.tp_group.comm.calls == 0
-        # as before: every step's logits back, its ids | slots | tables broadcast
+        # as before: every step's logits back, its ids | slots | tables broadcast, rank 0's
+        # decode steps through an AttentionContext (no StageDecode)
         monkeypatch.setattr(pp_runner, "greedy_ids", lambda out: False)
         monkeypatch.setattr(PPModel, "_table_for_ring", lambda self, ctx, cache: None)
+        fast, llm.runner.graph = llm.runner.graph, None
         with_logits = outputs(llm.generate(prompts, params))
         assert llm.tp_group.comm.calls > 0
+        # decode steps from host arrays: one micro-batch a step (steps in flight)
+        assert fast.can_run(2, 1) == (m == 1)
     for i, (a, b) in enumerate(zip(with_ids, with_logits, strict=True)):
         assert [c[:2] for c in a] == [c[:2] for c in b], f"request {i}: {a} != {b}"
         for (_, _, lp_a), (_, _, lp_b) in zip(a, b, strict=True):  # the same numbers

@@ -10,8 +10,10 @@ the GEMVs, and the mean idle gap before each (launch latency / dependency wait).
 span minus its kernels' busy time is the idle time the GPU spends between kernels.
 --eager profiles eager steps instead; --unfused the general path (ops.decode off).
 --variants times the benchmark's decode (tok/s, MBU) with the fused path's options toggled:
-RoPE in the qkv GEMV epilogue, and PDL's early trigger. --sweep times the qkv (+RoPE) and
-o_proj GEMV tiles under graph replay (weights rotated past L2)."""
+RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with each kernel's
+trigger point moved (--attn-early, --early-kv, --early-bytes set them for the profile).
+--sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
+L2)."""
 from __future__ import annotations
 
 import argparse
@@ -49,12 +51,23 @@ ap.add_argument("--tiles", action="store_true",
 ap.add_argument("--sweep", action="store_true", help="qkv / o_proj GEMV tile sweep")
 ap.add_argument("--early", action="store_true", help="PDL early trigger on for the profile")
 ap.add_argument("--no-fuse-rope", action="store_true", help="RoPE in its own kernel")
+ap.add_argument("--attn-early", action="store_true",
+                help="decode attention lets the next kernel launch when it starts")
+ap.add_argument("--early-kv", action="store_true",
+                help="decode attention loads its first tile (but the newest key) before its wait")
+ap.add_argument("--early-bytes", type=float, default=0,
+                help="GEMVs over at most this many weight bytes trigger their dependents early")
+ap.add_argument("--pre-tiles", type=int, default=1,
+                help="weight tiles a GEMV program requests before its PDL wait (1 or 2)")
+ap.add_argument("--pdl", action="store_true",
+                help="end-to-end tok/s with each kernel's PDL trigger point moved")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
 net = l3.random_model(cfg, backend=args.backend, dtype=torch.bfloat16, device="cuda")
 BW = l3.load_ceilings("cuda").memory_bandwidth
 fused_ops = net.ops
+PAGED = sys.modules["layer1_kernels.paged_decode"]
 result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
 
 
@@ -63,6 +76,17 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
     net.ops = (fused_ops if dk is None else
                dataclasses.replace(fused_ops, decode=dataclasses.replace(dk, fuse_rope=fuse_rope)))
     K1.set_decode_pdl(True, early=early)
+
+
+def set_triggers(attn_early: bool, early_kv: bool, early_bytes: float,
+                 pre_tiles: int = 1) -> None:
+    """Where each kernel lets the next one launch (PDL): decode attention at its start or
+    after its key loop (and its first tile loaded before its wait or after); GEMVs over at
+    most early_bytes of weights right after their first tile, the others after their K loop;
+    and how many weight tiles a GEMV program requests before its wait."""
+    PAGED.TRIGGER_EARLY["on"] = attn_early
+    PAGED.EARLY_KV["on"] = early_kv
+    K1.set_decode_pdl(True, early_bytes=int(early_bytes), pre_tiles=pre_tiles)
 
 
 def shape_labels() -> dict:
@@ -122,7 +146,10 @@ def profile_step() -> None:
     path = "unfused" if net.ops.decode is None else (
         "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
-          f"{sys.modules['layer1_kernels.gemv'].pdl_early()}): {n} kernels/copies per step")
+          f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
+          f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, GEMVs <= "
+          f"{args.early_bytes / 1e6:.1f} MB trigger early, {args.pre_tiles} weight tile(s) "
+          f"before the wait): {n} kernels/copies per step")
     labels = shape_labels()
     groups: dict = defaultdict(lambda: {"us": [], "gap": []})
     spans, busy = [], []
@@ -190,16 +217,19 @@ def attention_variants() -> None:
               f"{1 / spt:7.1f} tok/s, MBU {moved / spt / BW:.3f}")
 
 
-def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 256) -> float:
+def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 256,
+                             tokens: list | None = None) -> float:
     """decode_seconds_per_token's loop with step_greedy (argmax in the graph, no logits
-    copy); splits_min: backends.MIN_SPLIT_TOKENS for the attention split count."""
+    copy); splits_min: backends.MIN_SPLIT_TOKENS for the attention split count. tokens: a
+    list that gets the first timed run's greedy tokens (the prompt is the same every call)."""
     old = l3.backends.MIN_SPLIT_TOKENS
     if splits_min is not None:
         l3.backends.MIN_SPLIT_TOKENS = splits_min
     try:
         cache = l3.ContiguousKVCache.for_model(cfg, 1, 128 + new_tokens + 1, dtype=net.dtype,
                                                device="cuda")
-        prompt = torch.randint(0, cfg.vocab_size, (128,), device="cuda")
+        prompt = torch.randint(0, cfg.vocab_size, (128,),
+                               generator=torch.Generator().manual_seed(0)).cuda()
         tok = net(prompt, cache.context([128], [0]), cache, last_only=True).argmax(-1)
         pos = torch.tensor([128], device="cuda")
         graph = l3.CudaGraphDecoder(net, cache, 1, greedy=True)
@@ -212,6 +242,8 @@ def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 25
             start = time.perf_counter()
             for i in range(new_tokens):
                 t = graph.step_greedy(t, pos + i)
+                if tokens is not None and best == float("inf"):
+                    tokens.append(t)  # (a device tensor: no sync in the loop)
             torch.cuda.synchronize()
             best = min(best, (time.perf_counter() - start) / new_tokens)
         return best
@@ -234,6 +266,37 @@ def more_variants() -> None:
                  "MBU": moved / spt / BW})
             print(f"step_greedy early={early!s:5} min_split_tokens={splits_min:4}: "
                   f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}")
+
+
+def pdl_variants() -> None:
+    """The whole step (step_greedy) with the PDL trigger points moved, one after another
+    (the first configuration again at the end: how much the figures drift)."""
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    mb = 1e6
+    trials = [(False, False, 0, 1), (True, False, 0, 1), (True, True, 0, 1),
+              (False, False, 13 * mb, 1), (True, False, 9 * mb, 1), (True, False, 13 * mb, 1),
+              (True, True, 13 * mb, 1), (True, False, 70 * mb, 1), (True, True, 70 * mb, 1),
+              (False, False, 0, 2), (True, False, 0, 2), (True, True, 13 * mb, 2),
+              (True, True, 70 * mb, 2), (False, False, 0, 1)]
+    first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
+    # so every trial must pick the same tokens (a kernel reading too early would not)
+    for attn_early, early_kv, early_bytes, pre in trials:
+        set_triggers(attn_early, early_kv, early_bytes, pre)
+        toks: list = []
+        with torch.no_grad():
+            spt = greedy_seconds_per_token(tokens=toks)
+        toks = torch.cat(toks).tolist()
+        first = toks if first is None else first
+        same = toks == first
+        result.setdefault("pdl", []).append(
+            {"attn_early": attn_early, "early_kv": early_kv, "early_bytes": early_bytes,
+             "pre_tiles": pre, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
+             "MBU": moved / spt / BW, "same_tokens": same})
+        print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5} GEMVs <= "
+              f"{early_bytes / mb:2.0f} MB early, {pre} tile(s) before the wait: {1 / spt:7.1f} "
+              f"tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, tokens "
+              f"{'= first' if same else 'DIFFER from the first trial'}", flush=True)
+    set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles)
 
 
 def tiles() -> None:
@@ -300,9 +363,11 @@ if args.unfused:
     net.ops = dataclasses.replace(fused_ops, decode=None)
 else:
     set_variant(not args.no_fuse_rope, args.early)
+set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles)
 if not args.no_profile:
     profile_step()
-for wanted, part in ((args.variants, variants), (args.more_variants, more_variants),
+for wanted, part in ((args.pdl, pdl_variants),
+                     (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
                      (args.sweep, sweep)):
     if wanted:

@@ -133,9 +133,11 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr,
+                 PRE_TILES: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = x_ptr.dtype.element_ty  # activations' rounding (y may be fp32)
+    TWO: tl.constexpr = PRE_TILES > 1 and K > BLOCK_K  # a second tile requested up front
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     m = tl.arange(0, BLOCK_M)
@@ -144,8 +146,11 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
 
     # The first weight tile does not depend on the kernel before: under programmatic dependent
-    # launch (PDL) it is requested before waiting for that kernel's results.
+    # launch (PDL) it is requested before waiting for that kernel's results. PRE_TILES 2: the
+    # second too (twice the bytes in flight while waiting, at the cost of its registers).
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
+    if TWO:
+        w1 = _w_tile(w_rows, BLOCK_K + offs_k, n_ok, K, EVEN_K)
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
@@ -156,9 +161,13 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     acc = _mac(acc, w0, _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
                                   offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
                                   EVEN_K), BLOCK_M)
+    if TWO:
+        acc = _mac(acc, w1, _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m,
+                                      m_ok, BLOCK_K + offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL,
+                                      pid == 0, OUT_TY, EVEN_K), BLOCK_M)
     # STAGES > 1: Triton's pipeliner copies the next STAGES - 1 tiles into shared memory
     # (cp.async) while this one is multiplied: bytes in flight without holding registers
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):
         k = k0 + offs_k
         w = _w_tile(w_rows, k, n_ok, K, EVEN_K)
         a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
@@ -188,15 +197,27 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: kernel of the step writes before its own griddepcontrol.wait.
 #: early_bytes: GEMVs over at most this many weight bytes trigger early even when early is
 #: off (a short kernel's launch and drain are most of its time; 0: none).
-_PDL = {"on": True, "early": False, "early_bytes": 0}
+#: pre_tiles: weight tiles a GEMV program requests before waiting for the kernel before (1 or
+#: 2; gemv_rope's programs: per half of their column pairs).
+_PDL = {"on": True, "early": False, "early_bytes": 0, "pre_tiles": 1}
 
 
-def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = None) -> None:
+def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = None,
+            pre_tiles: int | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
     if early_bytes is not None:
         _PDL["early_bytes"] = int(early_bytes)
+    if pre_tiles is not None:
+        if pre_tiles not in (1, 2):
+            raise ValueError(f"pre_tiles must be 1 or 2, got {pre_tiles}")
+        _PDL["pre_tiles"] = int(pre_tiles)
+
+
+def pre_tiles() -> int:
+    """Weight tiles a GEMV program requests before its PDL wait (set_pdl's pre_tiles)."""
+    return _PDL["pre_tiles"]
 
 
 def pdl_early(weight_bytes: int | None = None) -> bool:
@@ -302,7 +323,8 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(w.numel() * w.element_size()), **pdl_launch(x.device),
+        PDL_EARLY=pdl_early(w.numel() * w.element_size()), PRE_TILES=pre_tiles(),
+        **pdl_launch(x.device),
     )
     return y, h
 

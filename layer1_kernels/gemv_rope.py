@@ -40,6 +40,7 @@ from .gemv import (
     gemv_rms_norm_reference,
     pdl_early,
     pdl_launch,
+    pre_tiles,
 )
 from .host import cdiv, next_pow2
 from .rope_kv_write import rope_cache_write_reference
@@ -78,9 +79,11 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                      STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
+                      STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr,
+                      PRE_TILES: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
+    TWO: tl.constexpr = PRE_TILES > 1 and K > BLOCK_K  # second K tiles requested up front
     j = pid * BLOCK_P + tl.arange(0, BLOCK_P)  # pair index over all heads
     j_ok = j < N_PAIRS
     head = j // HALF
@@ -96,6 +99,9 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # weights first (they do not depend on the kernel before), as in gemv._gemv_kernel
     w_lo = _w_tile(lo_rows, offs_k, j_ok, K, EVEN_K)
     w_hi = _w_tile(hi_rows, offs_k, j_ok, K, EVEN_K)
+    if TWO:  # (PRE_TILES 2, as in gemv._gemv_kernel)
+        w_lo1 = _w_tile(lo_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K)
+        w_hi1 = _w_tile(hi_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K)
     # ... and the epilogue's positions, slots and cos/sin (no kernel of the step writes them:
     # loaded here, they arrive during the K loop instead of adding two round trips after it)
     mask = m_ok[:, None] & j_ok[None, :]
@@ -117,7 +123,14 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                     K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
     acc_lo = _mac(acc_lo, w_lo, a, BLOCK_M)
     acc_hi = _mac(acc_hi, w_hi, a, BLOCK_M)
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # as in _gemv_kernel
+    if TWO:
+        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                      BLOCK_K + offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
+                      EVEN_K)
+        acc_lo = _mac(acc_lo, w_lo1, a, BLOCK_M)
+        acc_hi = _mac(acc_hi, w_hi1, a, BLOCK_M)
+    for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):  # as in
+        # _gemv_kernel
         k = k0 + offs_k
         w_lo = _w_tile(lo_rows, k, j_ok, K, EVEN_K)
         w_hi = _w_tile(hi_rows, k, j_ok, K, EVEN_K)
@@ -234,6 +247,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         PROLOGUE=1, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(w.numel() * w.element_size()), **pdl_launch(x.device),
+        PDL_EARLY=pdl_early(w.numel() * w.element_size()), PRE_TILES=pre_tiles(),
+        **pdl_launch(x.device),
     )
     return y, h

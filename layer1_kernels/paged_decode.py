@@ -75,8 +75,10 @@ def _paged_decode_kernel(
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
     EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-    PEEL: tl.constexpr,
+    PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr,
 ):
+    if PDL and TRIGGER_EARLY:  # the next kernel may launch now: see TRIGGER_EARLY below
+        gdc_launch_dependents()
     if PDL and not EARLY_INDEX:  # everything below reads what the kernels before wrote
         gdc_wait()
     if HEADS_FIRST:  # neighbouring programs: the kv heads of one sequence (same cache rows)
@@ -118,7 +120,7 @@ def _paged_decode_kernel(
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
                      BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
-                     EARLY_INDEX, EARLY_KV, HEADS, PEEL)
+                     EARLY_INDEX, EARLY_KV, HEADS, PEEL, TRIGGER_EARLY)
 
 
 @triton.jit
@@ -149,7 +151,7 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
                  PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
                  EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-                 PEEL: tl.constexpr):
+                 PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):
     """One program's part [start, end) of the keys of kv heads grp * HEADS .. + HEADS - 1 for
     sequence b (block0: its first tile's block ids): online softmax over BLOCK_N keys a step;
     the output itself when the part is the only one, else its partial result (and with the
@@ -250,7 +252,7 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
             m_i, l_i, acc = _attend(q, k, v, valid[None, :] & same_head, m_i, l_i, acc,
                                     qk_scale)
 
-    if PDL:
+    if PDL and not TRIGGER_EARLY:
         gdc_launch_dependents()
     seen = l_i > 0.0  # false for an empty part (or an empty sequence): its output is 0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]
@@ -539,6 +541,14 @@ EARLY_INDEX = {"on": True}
 #: ... and the first tile's keys and values but the newest key's (the kernel before writes the
 #: new token's k, v: its slot is seq_lens - 1; every other row is from earlier steps).
 EARLY_KV = {"on": False}
+#: Let the next kernel launch when this one starts instead of after its key loop. At batch 1
+#: the launch is a few dozen programs, latency-bound, with most SM slots idle: the next
+#: kernel (the o_proj GEMV) fills them and requests its weight tiles -- at Llama-3.2-1B's
+#: o_proj tile, the whole matrix -- while attention runs, then waits for its output
+#: (griddepcontrol.wait: until this grid has finished and its writes are visible). Safe for
+#: the same reason as the GEMVs' early trigger: no kernel of the step reads, before its own
+#: wait, anything the kernel before it writes.
+TRIGGER_EARLY = {"on": False}
 #: Peel the first tile off the loop even without early_kv (as the kernel did before every tile
 #: went through the loop's pipeline; kept to time the two against each other)
 PEEL_FIRST = {"on": False}
@@ -577,7 +587,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch).
     config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
     (parts a merge round trip), heads (kv heads one program reads together, a power of two:
-    see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, early_kv."""
+    see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, early_kv,
+    trigger_early (see TRIGGER_EARLY)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -610,6 +621,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))
     early_kv = bool(cfg.get("early_kv", EARLY_KV["on"])) and heads == 1
     peel = bool(cfg.get("peel", PEEL_FIRST["on"])) and heads == 1 and not early_kv
+    trigger_early = bool(pdl["PDL"] and cfg.get("trigger_early", TRIGGER_EARLY["on"]))
     heads_first = heads_first and B <= 65535
     groups = -(-Hkv // heads)  # programs per (sequence, part)
     grid = (groups, B, splits) if heads_first else (B, groups, splits)
@@ -626,7 +638,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
-            early_kv, heads, peel)
+            early_kv, heads, peel, trigger_early)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
@@ -634,7 +646,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
-                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel)
+                   cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel,
+                   trigger_early)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:
         get_stream, get_device = _stream_getter()

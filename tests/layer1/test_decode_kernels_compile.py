@@ -25,16 +25,23 @@ CASES = [(1, True, 1, 2, 2048, 2048, True, 1), (0, False, 1, 2, 2048, 2048, True
 for pro, res, bm, bn, bk, k, pdl, st in CASES:
     kern = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm),
-                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1), {},
+                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1, PRE_TILES=1 + (st > 1)), {},
                     {"num_warps": 4, "launch_pdl": pdl}, aligned=True)
     # stages > 1: the weight tiles go through shared memory (cp.async), else straight loads
     assert ("cp.async" in kern.asm["ptx"]) == (st > 1), (bn, bk, st)
+# two weight tiles requested before the PDL wait, at Llama-3.2-1B's gate_up and down tiles
+for pro, bn, bk, k, st in [(1, 8, 1024, 2048, 1), (2, 8, 2048, 8192, 1), (2, 8, 512, 8192, 3)]:
+    compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=pro == 1, HAS_BIAS=False,
+             BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=k, STAGES=st, PDL=True,
+             PDL_EARLY=False, PRE_TILES=2), {}, {"num_warps": 4, "launch_pdl": True},
+             aligned=True)
 rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
 for res, bm, bp, bk, early, st in [(True, 1, 1, 2048, False, 1), (False, 1, 1, 2048, True, 1),
                                    (True, 4, 2, 256, False, 1), (True, 1, 2, 512, False, 3)]:
     compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
              PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
-             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early), rope_ptrs,
+             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early,
+             PRE_TILES=1 + early), rope_ptrs,
              {"num_warps": 8, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
@@ -42,7 +49,8 @@ for ident, fused, heads_first in [(True, True, False), (False, True, True), (Fal
     compile_(P._paged_decode_kernel, dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16,
              BLOCK_N=64, WINDOWED=False, IDENTITY=ident, FUSED_MERGE=fused,
              PDL=True, MERGE_G=4, MERGE_S=16, HEADS_FIRST=heads_first,
-             EARLY_INDEX=not ident, EARLY_KV=not ident, HEADS=1, PEEL=False), ptrs,
+             EARLY_INDEX=not ident, EARLY_KV=not ident, HEADS=1, PEEL=False,
+             TRIGGER_EARLY=ident), ptrs,
              {"num_warps": 4, "num_stages": 2, "launch_pdl": True})
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),
          {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"},

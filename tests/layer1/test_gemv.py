@@ -161,6 +161,22 @@ def test_tuned_tiles_at_awkward_sizes():
         _check_rope(cfg, (4 + 2 * 1) * 24, cfg[1] + 40, (4, 1, 24), dtype, 200 + i)
 
 
+@pytest.mark.parametrize("m", [1, 3])
+def test_two_weight_tiles_before_the_wait(m, monkeypatch):
+    """pre_tiles 2 (a program requests its second K tile before the PDL wait, then the loop
+    starts at the third): the same results, at K with two tiles and a ragged second one, three
+    with a ragged last one, exactly one tile (no second to take), and a pipelined loop."""
+    monkeypatch.setitem(G._PDL, "pre_tiles", 2)
+    dtype = DTYPES[-1]
+    for i, (cfg, k) in enumerate([((4, 16, 1), 20), ((4, 16, 1), 33), ((8, 16, 2), 16),
+                                  ((2, 16, 1, 3), 64)]):
+        _check_projections(cfg, m, 2 * cfg[0] + 3, k, dtype, 300 + i)
+    _check_rope((2, 16, 1), (4 + 2 * 1) * 12, 40, (4, 1, 12), dtype, 310)
+    _check_rope(None, (4 + 2 * 1) * 12, 16, (4, 1, 12), dtype, 311)
+    with pytest.raises(ValueError, match="pre_tiles"):
+        G.set_pdl(True, pre_tiles=3)
+
+
 @pytest.mark.gpu
 def test_tuned_shapes_gpu():
     """Every (N, K) in the shape tables, bf16, through the config the kernels pick for it

@@ -207,7 +207,7 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
                   BLOCK_N=bn, WINDOWED=True, IDENTITY=ident, FUSED_MERGE=fused, PDL=True,
                   MERGE_G=4 * heads, MERGE_S=16 // heads, HEADS_FIRST=hf, EARLY_INDEX=early,
                   EARLY_KV=early and not ident and heads == 1, HEADS=heads,
-                  PEEL=heads == 1 and not early and bn == 128)
+                  PEEL=heads == 1 and not early and bn == 128, TRIGGER_EARLY=early)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
@@ -262,7 +262,8 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     """The engine's use: one launch captured in a CUDA graph (block tables as wide as a long
     max_model_len, so the split count is the largest the rule gives), replayed while the
     lengths change: each replay cuts each sequence by its own length (one part, a few, many),
-    the counters stay consistent across replays, early index loads on and off."""
+    the counters stay consistent across replays, early index loads (and the early trigger of
+    the next kernel) on and off."""
     g = torch.Generator(device=DEV).manual_seed(d + hkv)
     B, width = 4, 256  # 4096 keys a sequence at most
     k = torch.randn(B * width + 1, 16, hkv, d, generator=g, device=DEV, dtype=torch.bfloat16)
@@ -272,7 +273,8 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
     steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
     for early in (True, False):
-        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early)
+        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early,
+                   trigger_early=early)
         lens = torch.tensor(steps[0], device=DEV)
 
         def fn(lens=lens, cfg=cfg):

@@ -23,7 +23,8 @@ than its bytes. Each program recomputes it for the K values it reads (the norm's
 statistics need the whole row: a first pass over the row, from L2), and program 0 alone
 writes the new residual h. The arithmetic matches the unfused kernels': h rounded to the
 activation dtype, then round(h * rstd) * weight rounded (HF's LlamaRMSNorm); silu(g) * u in
-fp32, rounded once (layer 1's silu_and_mul).
+fp32, rounded once (layer 1's silu_and_mul). set_norm_late(True) moves the statistics into
+the K loop instead (1 / rms scales the finished product: no pass before the first multiply).
 
     FLOPs = 2 * M * N * K          bytes ~ N * K * w_itemsize (+ M * K activations)
 """
@@ -45,7 +46,7 @@ from .host import cdiv, next_pow2
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Most rows (tokens) one call takes: the register tiles hold all of them.
 MAX_ROWS = 8
-_NONE, _RMS, _SILU = 0, 1, 2
+_NONE, _RMS, _SILU, _RMS_LATE = 0, 1, 2, 3
 
 
 @triton.jit
@@ -78,6 +79,28 @@ def _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rst
             a = (a * rstd[:, None]).to(OUT_TY).to(tl.float32) * nw[None, :]
             a = a.to(OUT_TY).to(tl.float32)
     return a
+
+
+@triton.jit
+def _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, ss,
+         K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+         WRITE_H, OUT_TY: tl.constexpr, EVEN_K: tl.constexpr):
+    """(activations at columns k, ss): _act_tile's, except for the late norm (PROLOGUE 3):
+    h * norm weight, unscaled, with each row's sum of squares of h carried on in ss (the
+    statistics gathered by the K loop itself: see set_norm_late)."""
+    if PROLOGUE == 3:
+        h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, K,
+                      0, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
+        ss += tl.sum(h * h, 1)
+        if EVEN_K:
+            nw = tl.load(nw_ptr + k).to(tl.float32)
+        else:
+            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
+        a = h * nw[None, :]
+    else:
+        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, K,
+                      PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
+    return a, ss
 
 
 @triton.jit
@@ -158,20 +181,22 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    acc = _mac(acc, w0, _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                                  offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
-                                  EVEN_K), BLOCK_M)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # (the late norm's sums of squares)
+    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
+                 K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+    acc = _mac(acc, w0, a, BLOCK_M)
     if TWO:
-        acc = _mac(acc, w1, _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m,
-                                      m_ok, BLOCK_K + offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL,
-                                      pid == 0, OUT_TY, EVEN_K), BLOCK_M)
+        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
+                     EVEN_K)
+        acc = _mac(acc, w1, a, BLOCK_M)
     # STAGES > 1: Triton's pipeliner copies the next STAGES - 1 tiles into shared memory
     # (cp.async) while this one is multiplied: bytes in flight without holding registers
     for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):
         k = k0 + offs_k
         w = _w_tile(w_rows, k, n_ok, K, EVEN_K)
-        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
-                      K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, ss,
+                     K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
         acc = _mac(acc, w, a, BLOCK_M)
     if PDL and not PDL_EARLY:  # the next kernel may launch (it waits for us before its reads)
         gdc_launch_dependents()
@@ -179,6 +204,8 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         out = tl.sum(acc, 1)[None, :]
     else:
         out = acc
+    if PROLOGUE == 3:  # the late norm: each row's 1 / rms, on the finished product
+        out = out * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     # rounded to the activations' dtype even into a fp32 y (the logits: what .float() gives)
@@ -218,6 +245,26 @@ def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = No
 def pre_tiles() -> int:
     """Weight tiles a GEMV program requests before its PDL wait (set_pdl's pre_tiles)."""
     return _PDL["pre_tiles"]
+
+
+# ---- the RMSNorm prologue's two orders ------------------------------------------------------------
+#: late False: the statistics first -- a pass over the row (from L2) and a block-wide sum before
+#: the first multiply -- then each activation normalised and rounded as rms_norm rounds it
+#: (HF's arithmetic: the product of rms_norm's output, to the bit on the same tiles).
+#: late True: the K loop multiplies h * norm weight and sums h^2 on the way (every program reads
+#: the whole row anyway); 1 / rms scales the finished product. One L2 round trip and one
+#: reduction fewer between a program's PDL wait and its first multiply, fp32 throughout:
+#: within rounding of the first order, not equal to it bit for bit.
+_NORM = {"late": False}
+
+
+def set_norm_late(on: bool) -> None:
+    _NORM["late"] = bool(on)
+
+
+def norm_prologue() -> int:
+    """The PROLOGUE code of a normed GEMV (_RMS, or _RMS_LATE with set_norm_late(True))."""
+    return _RMS_LATE if _NORM["late"] else _RMS
 
 
 def pdl_early(weight_bytes: int | None = None) -> bool:
@@ -401,7 +448,8 @@ def gemv_rms_norm(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, e
     if not interpreter.use_triton(impl, x, "gemv_rms_norm"):
         y, h = gemv_rms_norm_reference(x, w, norm_weight, eps, residual, bias)
         return (y if out_dtype is None else y.to(out_dtype)), h
-    return _launch(x, w, bias, _RMS, residual=residual, norm_weight=norm_weight.contiguous(),
+    return _launch(x, w, bias, norm_prologue(), residual=residual,
+                   norm_weight=norm_weight.contiguous(),
                    eps=eps, config=config, out_dtype=out_dtype)
 
 

@@ -31,13 +31,14 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents
 
 from .gemv import (
-    _act_tile,
+    _act,
     _check,
     _mac,
     _prologue,
     _unpack,
     _w_tile,
     gemv_rms_norm_reference,
+    norm_prologue,
     pdl_early,
     pdl_launch,
     pre_tiles,
@@ -119,14 +120,15 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     else:
         acc_lo = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
-    a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd,
-                    K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+    ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # (the late norm's sums of squares)
+    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
+                 K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
     acc_lo = _mac(acc_lo, w_lo, a, BLOCK_M)
     acc_hi = _mac(acc_hi, w_hi, a, BLOCK_M)
     if TWO:
-        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                      BLOCK_K + offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
-                      EVEN_K)
+        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
+                     EVEN_K)
         acc_lo = _mac(acc_lo, w_lo1, a, BLOCK_M)
         acc_hi = _mac(acc_hi, w_hi1, a, BLOCK_M)
     for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):  # as in
@@ -134,8 +136,8 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         k = k0 + offs_k
         w_lo = _w_tile(lo_rows, k, j_ok, K, EVEN_K)
         w_hi = _w_tile(hi_rows, k, j_ok, K, EVEN_K)
-        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd,
-                        K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, ss,
+                     K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
         acc_lo = _mac(acc_lo, w_lo, a, BLOCK_M)
         acc_hi = _mac(acc_hi, w_hi, a, BLOCK_M)
     if PDL and not PDL_EARLY:
@@ -146,6 +148,10 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     else:
         lo = acc_lo
         hi = acc_hi
+    if PROLOGUE == 3:  # the late norm (gemv.set_norm_late): each row's 1 / rms
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+        lo = lo * rstd[:, None]
+        hi = hi * rstd[:, None]
     if HAS_BIAS:
         lo += tl.load(b_ptr + n_lo, mask=j_ok, other=0.0).to(tl.float32)[None, :]
         hi += tl.load(b_ptr + n_hi, mask=j_ok, other=0.0).to(tl.float32)[None, :]
@@ -244,7 +250,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         M, x.stride(0), r.stride(0), w.stride(0), y.stride(0), cos_c.stride(0),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), float(eps),
         K=K, N_PAIRS=N // 2, HALF=half, HEAD_D=head_dim, NQ=n_q_heads, NKV=n_kv_heads,
-        PROLOGUE=1, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
+        PROLOGUE=norm_prologue(), HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
         PDL_EARLY=pdl_early(w.numel() * w.element_size()), PRE_TILES=pre_tiles(),

@@ -177,6 +177,22 @@ def test_two_weight_tiles_before_the_wait(m, monkeypatch):
         G.set_pdl(True, pre_tiles=3)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_late_norm_matches_the_references(dtype, m, monkeypatch):
+    """set_norm_late (the norm's statistics gathered in the K loop, 1 / rms on the finished
+    product): within rounding of the references, the residual exact, at ragged K, a pipelined
+    loop, two tiles before the wait; gemv_rope's the same rows as gemv_rms_norm then
+    rope_cache_write."""
+    monkeypatch.setitem(G._NORM, "late", True)
+    for i, (cfg, k) in enumerate([((4, 16, 1), 33), ((8, 32, 2), 20), ((2, 16, 1, 3), 64)]):
+        _check_projections(cfg, m, 2 * cfg[0] + 3, k, dtype, 400 + i, ops=(1,))
+    monkeypatch.setitem(G._PDL, "pre_tiles", 2)
+    _check_projections((4, 16, 1), m, 11, 40, dtype, 410, ops=(1,))
+    _check_rope((2, 16, 1), (4 + 2 * 1) * 12, 40, (4, 1, 12), dtype, 411)
+    test_gemv_rms_norm_rope_matches_unfused(dtype, m, 4, 1, 16, 33, None)
+
+
 @pytest.mark.gpu
 def test_tuned_shapes_gpu():
     """Every (N, K) in the shape tables, bf16, through the config the kernels pick for it

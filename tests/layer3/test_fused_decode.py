@@ -60,11 +60,17 @@ def _decode(net, cache, context, prompt, steps: int, tables=None):
     return out
 
 
-@pytest.mark.parametrize("batch,paged,fuse_rope", [(1, False, True), (3, True, True),
-                                                    (2, False, True), (2, False, False)])
-def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, monkeypatch):
+@pytest.mark.parametrize("batch,paged,fuse_rope,late", [
+    (1, False, True, False), (3, True, True, False), (2, False, True, False),
+    (2, False, False, False), (1, False, True, True)])
+def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, late,
+                                                       monkeypatch):
+    """late: the GEMVs' late norm and two weight tiles before the wait (layer 1's options)."""
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
+    if late:
+        monkeypatch.setitem(GEMV._NORM, "late", True)
+        monkeypatch.setitem(GEMV._PDL, "pre_tiles", 2)
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
     fused.ops = dataclasses.replace(  # the kernels at every row count they take
         fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope,
@@ -190,5 +196,20 @@ def test_fused_decode_under_cuda_graph_gpu():
             early = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
         finally:
             l3.comm.kernels.set_decode_pdl(True, early=False)
+        # ... nor do attention's early trigger and two weight tiles before each GEMV's wait;
+        # the late norm changes the rounding only
+        paged = importlib.import_module("layer1_kernels.paged_decode")
+        paged.TRIGGER_EARLY["on"] = True
+        l3.comm.kernels.set_decode_pdl(True, pre_tiles=2)
+        try:
+            moved = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
+            GEMV.set_norm_late(True)
+            late = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
+        finally:
+            paged.TRIGGER_EARLY["on"] = False
+            l3.comm.kernels.set_decode_pdl(True, pre_tiles=1)
+            GEMV.set_norm_late(False)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
     assert torch.equal(early, got)
+    assert torch.equal(moved, got)
+    assert ((late - got).norm() / got.norm()).item() < 1e-2

@@ -1,7 +1,7 @@
 """Rank 0's host time building a decode step's inputs, by phase, on this machine's CPU.
 
     PYTHONPATH=<tree> python benchmarks/decode_inputs_host.py [--batches 1,32,128,256]
-        [--modes graph,context] [--new-tokens 40] [--repeats 3] [--json FILE]
+        [--modes graph,sync,context] [--new-tokens 40] [--repeats 3] [--json FILE]
 
 Layer 4's engine (async scheduling, greedy, EOS ignored) over a tiny Llama's shapes (vocab
 4096) decodes `batch` sequences whose prompts have 64-511 tokens (tables of
@@ -14,6 +14,8 @@ of the positions) where its greedy tokens go; both are left out of the host time
     graph    the GPU's decode path: the CUDA-graph runner run eagerly (capture=False) with its
              inputs through host arrays and copies (GraphInputs(copies=True), as on a GPU,
              without pinning or events); its eager step is "graph launch", left out here
+    sync     `graph` under synchronous scheduling: every input token on the host (as in a
+             pipeline's lanes, whose steps land before their next step is scheduled)
     context  the path without decode graphs (cuda_graph=False, and what a pipeline's rank 0
              runs: layer 5's stage graphs take the runner's AttentionContext): the cache's
              context, then the eager forward ("forward (eager)", left out, as is the CPU
@@ -84,9 +86,9 @@ def one_run(model: l3.Model, mode: str, batch: int, new_tokens: int) -> dict:
     work = prompts(batch)
     blocks = sum(-(-(len(p) + new_tokens) // 16) for p in work) + 16
     llm = LLM(model, num_blocks=blocks, block_size=16, max_num_seqs=batch, max_model_len=1024,
-              max_num_batched_tokens=8192, async_scheduling=True)
+              max_num_batched_tokens=8192, async_scheduling=mode != "sync")
     fake_forward(llm)
-    if mode == "graph":
+    if mode in ("graph", "sync"):
         graph_runner(llm)
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     llm.generate(work[:2], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
@@ -105,7 +107,7 @@ def one_run(model: l3.Model, mode: str, batch: int, new_tokens: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,32,128,256")
-    ap.add_argument("--modes", default="graph,context")
+    ap.add_argument("--modes", default="graph,sync,context")
     ap.add_argument("--new-tokens", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)

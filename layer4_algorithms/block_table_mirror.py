@@ -26,8 +26,8 @@ class BlockTableMirror:
     def __init__(self, rows: int, width: int) -> None:
         self.table = np.zeros((rows, width), dtype=np.int64)
         self.owner: list[list[int] | None] = [None] * rows
-        self.synced = np.zeros(rows, dtype=np.int64)  # entries of each row copied so far
-        self._rows: tuple[list, np.ndarray] = ([], np.zeros(0, dtype=np.int64))  # last step's
+        self.synced = [0] * rows  # entries of each row copied so far
+        self._rows: tuple[list, slice | np.ndarray] = ([], slice(0, 0))  # the last step's
 
     def sync(self, seq) -> int:
         """Bring seq's row in step with its block-table list; returns the list's length, or -1
@@ -36,7 +36,7 @@ class BlockTableMirror:
         n = len(t)
         if r is None or r >= table.shape[0] or n > table.shape[1]:
             return -1
-        m = int(self.synced[r])
+        m = self.synced[r]
         if self.owner[r] is not t or m > n:  # a new list: rewrite the row
             table[r, :n] = t
             table[r, n:] = 0
@@ -46,31 +46,33 @@ class BlockTableMirror:
             self.synced[r] = n
         return n
 
-    def sync_rows(self, seqs: list) -> tuple[np.ndarray, np.ndarray] | None:
-        """`sync` of every sequence in seqs: their rows and table lengths, (B,) int64 each; None
-        when one has no row or a table wider than the mirror. A row is touched only when its
-        sequence has a new list or a longer one (found without a Python call per sequence)."""
+    def sync_rows(self, seqs: list) -> tuple[slice | np.ndarray, list[int]] | None:
+        """`sync` of every sequence in seqs: where their rows are (`table[where]`: a slice when
+        the rows are consecutive, so the step's table is a view; else a row array) and their
+        table lengths; None when one has no row or a table wider than the mirror. Whether
+        any row needs a sync is checked with map() over the step (C-level loops); only those
+        that do are touched."""
         rows = [q.row for q in seqs]
         if None in rows:
             return None
         tables = [q.block_table for q in seqs]
-        lens = np.fromiter(map(len, tables), dtype=np.int64, count=len(tables))
-        if rows == self._rows[0]:  # the last step's rows (steady decoding): checked then
-            rows_np = self._rows[1]
-        else:
-            rows_np = np.array(rows, dtype=np.int64)
-            if len(rows) and rows_np.max() >= self.table.shape[0]:
+        lens = list(map(len, tables))
+        if rows != self._rows[0]:  # (else the last step's rows, checked then)
+            if rows and max(rows) >= self.table.shape[0]:
                 return None
-            self._rows = rows, rows_np
-        if len(rows) and lens.max() > self.table.shape[1]:
+            first = rows[0] if rows else 0
+            consecutive = rows == list(range(first, first + len(rows)))
+            self._rows = rows, (slice(first, first + len(rows)) if consecutive
+                                else np.array(rows, dtype=np.int64))
+        if lens and max(lens) > self.table.shape[1]:
             return None
-        stale = self.synced[rows_np] != lens
-        if not all(map(is_, map(self.owner.__getitem__, rows), tables)):  # a list replaced
-            stale |= ~np.fromiter(map(is_, map(self.owner.__getitem__, rows), tables),
-                                  dtype=bool, count=len(rows))
-        for i in np.flatnonzero(stale).tolist():
-            self.sync(seqs[i])
-        return rows_np, lens
+        owner, synced = self.owner, self.synced
+        if (list(map(synced.__getitem__, rows)) != lens
+                or not all(map(is_, map(owner.__getitem__, rows), tables))):
+            for q in [q for q, r, t, n in zip(seqs, rows, tables, lens)
+                      if owner[r] is not t or synced[r] != n]:
+                self.sync(q)
+        return self._rows[1], lens
 
     def gather(self, seqs: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
         """(B, longest) table of seqs (zero-padded) and their lengths; None when a sequence has
@@ -78,5 +80,5 @@ class BlockTableMirror:
         got = self.sync_rows(list(seqs))
         if got is None:
             return None
-        rows, lens = got
-        return self.table[rows, :int(lens.max(initial=0))], lens
+        where, lens = got
+        return self.table[where, :max(lens, default=0)].copy(), np.array(lens, dtype=np.int64)

@@ -29,7 +29,7 @@ class DecodeInputs:
     longest) zero-padded block ids and lens (B,) their counts; rows: each sequence's logits
     row (None: it does not sample); in_order: every input token is on the device, sequence
     j's at row j of the previous step's tokens (steady decoding: the input ids are those
-    tokens themselves, no gather)."""
+    tokens themselves, no gather). table may view the mirror: read it before the next step."""
 
     ids: list[int]
     src: list[int]
@@ -50,7 +50,7 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     got = mirror.sync_rows(seqs)
     if got is None:
         return None
-    rows, lens = got
+    where, lens = got
     B = len(group)
     ctx = [s.context_len for s in group]
     pending = [s.pending for s in group]
@@ -69,6 +69,6 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     ends = [len(q.token_ids) + q.num_pending - 1 for q in seqs]
     samples = list(range(B)) if ends == ctx else [
         j if e == c else None for j, (e, c) in enumerate(zip(ends, ctx))]
-    table = mirror.table[rows, :int(lens.max())]
-    return DecodeInputs(ids, src, dst, np.array(ctx, dtype=np.int64), table, lens, samples,
-                        in_order)
+    table = mirror.table[where, :max(lens)]  # (a view of the mirror when its rows are in order)
+    return DecodeInputs(ids, src, dst, np.array(ctx, dtype=np.int64), table,
+                        np.array(lens, dtype=np.int64), samples, in_order)

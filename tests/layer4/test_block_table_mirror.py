@@ -1,0 +1,53 @@
+"""The runner's block-table mirror: a step's rows stay equal to the sequences' lists through
+appends, replaced lists (copy-on-write: same length, one id changed), rows out of order."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from layer4_algorithms.block_table_mirror import BlockTableMirror
+
+
+def padded(tables: list[list[int]]) -> np.ndarray:
+    out = np.zeros((len(tables), max(map(len, tables))), dtype=np.int64)
+    for i, t in enumerate(tables):
+        out[i, :len(t)] = t
+    return out
+
+
+def check(mirror: BlockTableMirror, seqs) -> None:
+    where, lens = mirror.sync_rows(seqs)
+    assert lens == [len(q.block_table) for q in seqs]
+    want = padded([q.block_table for q in seqs])
+    assert np.array_equal(mirror.table[where, :want.shape[1]], want)
+    table, lens_np = mirror.gather(seqs)
+    assert np.array_equal(table, want) and lens_np.tolist() == lens
+
+
+def test_rows_follow_appends_replaced_lists_and_reordering():
+    mirror = BlockTableMirror(4, 6)
+    seqs = [SimpleNamespace(row=r, block_table=[10 * r + 1]) for r in range(3)]
+    check(mirror, seqs)
+    assert isinstance(mirror.sync_rows(seqs)[0], slice)  # rows 0, 1, 2: a view
+    seqs[1].block_table.append(12)  # a block added in place
+    check(mirror, seqs)
+    seqs[0].block_table = [99]  # copy-on-write: a new list of the same length
+    check(mirror, seqs)
+    seqs[2].block_table.extend([22, 23])
+    check(mirror, seqs)
+    seqs[2].block_table = [7]  # shorter than the row held: its tail is cleared
+    check(mirror, seqs)
+    order = [seqs[2], seqs[0]]  # rows 2, 0: gathered
+    assert not isinstance(mirror.sync_rows(order)[0], slice)
+    check(mirror, order)
+    seqs[2].block_table.append(5)
+    check(mirror, order)
+
+
+def test_a_sequence_the_mirror_cannot_hold_is_refused():
+    mirror = BlockTableMirror(2, 3)
+    assert mirror.sync_rows([SimpleNamespace(row=None, block_table=[1])]) is None
+    assert mirror.sync_rows([SimpleNamespace(row=2, block_table=[1])]) is None
+    assert mirror.sync_rows([SimpleNamespace(row=0, block_table=[1, 2, 3, 4])]) is None
+    assert mirror.gather([SimpleNamespace(row=1, block_table=[1, 2, 3, 4])]) is None

@@ -53,7 +53,13 @@ CONFIGS = [(64, 2, 2, False), (64, 4, 2, False), (64, 4, 3, False), (128, 4, 1, 
            # 128): 4 heads x 32 keys (127 registers: 4 an SM), 2 x 64, 4 x 32 in 3 stages,
            # 8 x 16 (a token's whole 1 KB row in one run)
            (32, 4, 2, True, 4, 4), (64, 4, 2, True, 8, 2), (32, 4, 3, True, 4, 4),
-           (16, 4, 2, True, 4, 8)]
+           (16, 4, 2, True, 4, 8),
+           # 23-28: each step's block ids in the software pipeline (7th: pipelined_ids; 5
+           # stages: ids two steps before the keys and values, those two before their math;
+           # 7: three), 128 or 64 keys, the merge tile's default or 16 parts, 4 or 8 warps
+           (128, 4, 5, True, 0, 1, True), (128, 4, 7, True, 0, 1, True),
+           (64, 4, 5, True, 0, 1, True), (64, 4, 7, True, 0, 1, True),
+           (128, 4, 5, True, 16, 1, True), (128, 8, 5, True, 0, 1, True)]
 T0 = time.perf_counter()
 DEV, DTYPE = "cuda", torch.bfloat16  # a CPU smoke run swaps them
 ENGINE_LENS, ENGINE_WIDTH = (100, 1125), 2112  # max_model_len 2 * 1024 + 64
@@ -99,7 +105,8 @@ def split_options(B: int, max_ctx: int, splits=SPLITS) -> list[int]:
 def cfg_dict(c) -> dict:
     return {"BLOCK_N": c[0], "num_warps": c[1], "num_stages": c[2],
             **({"merge_s": c[4]} if len(c) > 4 and c[4] else {}),
-            **({"heads": c[5]} if len(c) > 5 else {})}
+            **({"heads": c[5]} if len(c) > 5 else {}),
+            **({"pipelined_ids": c[6]} if len(c) > 6 else {})}
 
 
 def ours(c: dict, cfg, splits: int):
@@ -214,6 +221,16 @@ def defaults(args, do_bench) -> int:
             row["before_bench_us"] = do_bench(new, warmup=5, rep=25, return_mode="median") * 1e3
         with before_rules(pa, peel_only=True):  # today's rules, the first tile peeled
             row["peel_graph_us"] = graph_us(new, est)
+        if args.flip_pipelined:  # the same picks with layer 1's PIPELINED_IDS knob flipped
+            unflipped = new().float()
+            pd.PIPELINED_IDS["on"] = not pd.PIPELINED_IDS["on"]
+            try:
+                row["flip_graph_us"] = graph_us(new, est)
+                row["flip_bench_us"] = do_bench(new, warmup=5, rep=25,
+                                                return_mode="median") * 1e3
+                row["flip_max_diff"] = (new().float() - unflipped).abs().max().item()
+            finally:
+                pd.PIPELINED_IDS["on"] = not pd.PIPELINED_IDS["on"]
         if B <= 8:  # host cost per call, direct launch vs the JIT (and the same output)
             row["host_direct_us"] = host_us(new)
             a = new()
@@ -243,12 +260,23 @@ def defaults(args, do_bench) -> int:
     (Path(args.out) / "defaults_paged.json").write_text(json.dumps(rows, indent=1, default=str))
     print("\nbatch context | splits before after | sdpa/ours graph before after (peeled) | "
           "do_bench before after")
+    flip = args.flip_pipelined
     for r in rows:
         g = r.get("ratio_graph_before_after") or (math.nan, math.nan)
         d = r.get("ratio_bench_before_after") or (math.nan, math.nan)
         p = r.get("sdpa_graph_us", math.nan) / r["peel_graph_us"]
         print(f"{r['batch']:5} {r['context']!s:>7} | {r['before_splits']:>3} {r['splits']:>3} | "
               f"{g[0]:.2f} {g[1]:.2f} ({p:.2f}) | {d[0]:.2f} {d[1]:.2f}")
+    if flip:
+        print(f"\nbatch context | PIPELINED_IDS {pd.PIPELINED_IDS['on']} -> "
+              f"{not pd.PIPELINED_IDS['on']}: graph us, sdpa/ours | do_bench us, sdpa/ours | diff")
+        for r in rows:
+            sg, sb = r.get("sdpa_graph_us", math.nan), r.get("sdpa_bench_us", math.nan)
+            print(f"{r['batch']:5} {r['context']!s:>7} | {r['new_graph_us']:7.1f} -> "
+                  f"{r['flip_graph_us']:7.1f}  {sg / r['new_graph_us']:.2f} -> "
+                  f"{sg / r['flip_graph_us']:.2f} | {r['new_bench_us']:7.1f} -> "
+                  f"{r['flip_bench_us']:7.1f}  {sb / r['new_bench_us']:.2f} -> "
+                  f"{sb / r['flip_bench_us']:.2f} | {r['flip_max_diff']:.1e}")
     return 0
 
 
@@ -290,6 +318,9 @@ def main(argv=None) -> int:
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
+    ap.add_argument("--flip-pipelined", action="store_true",
+                    help="with --defaults: also time layer 4's picks with layer 1's "
+                         "PIPELINED_IDS knob flipped (each step's block ids pipelined or not)")
     ap.add_argument("--defaults", default=None, metavar="B:CTX,...",
                     help="no sweep: time layer 4's wrapper with its own picks (and --old with "
                          "the old picks, and SDPA) at these shapes, e.g. 256:engine,1:16384")

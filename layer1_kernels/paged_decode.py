@@ -37,6 +37,17 @@ kernel (EARLY_INDEX): lengths and block tables are a step's inputs, which no ker
 step writes (a PDL kernel right before this one must not write them). The loop fetches each
 next tile's block ids a step ahead, so a tile's K/V loads wait on one round trip, not two.
 
+Block ids and the software pipeline. With num_stages > 1 Triton's compiler pipelines the
+loop: it copies the keys and values of tiles ahead into shared memory (cp.async) while the
+current one is computed. But a tile's addresses need its block ids, and ids fetched a step
+ahead in registers (above) are a load the pipeline does not see as one: it issues that load
+right before the copies that need it, and waits for it, a round trip every step (at 1 x 16k,
+four steps a program, these add up to most of a microsecond). With PIPELINED_IDS the loop
+loads each tile's own ids instead, and the pipeline sees the chain ids -> keys: from
+num_stages 5 on (the compiler spreads the stages over the two loads) it copies the ids two
+steps before the keys and values, and those two steps before their math, all asynchronous.
+(With fewer stages it keeps the keys one step ahead and waits on every copy each step.)
+
 The launch. At small shapes the host costs more than the kernel (a decode step at batch 1
 moves ~2 MB per layer: ~2 us on an H100), so a call does little besides the launch: the
 split count is a runtime argument (one compiled kernel serves every count), and after the
@@ -75,7 +86,7 @@ def _paged_decode_kernel(
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
     EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-    PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr,
+    PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr,
 ):
     if PDL and TRIGGER_EARLY:  # the next kernel may launch now: see TRIGGER_EARLY below
         gdc_launch_dependents()
@@ -109,7 +120,7 @@ def _paged_decode_kernel(
             offs_n0 = start + tl.arange(0, BLOCK_N)
         else:  # a tile's column c: token c // HEADS (see _decode_part)
             offs_n0 = start + tl.arange(0, HEADS * BLOCK_N) // HEADS
-        if IDENTITY:
+        if IDENTITY or (PIPELINED_IDS and not (EARLY_KV or PEEL)):  # (none needed here)
             block0 = b + offs_n0.to(tl.int64) * 0
         else:  # the first tile's block ids (the loop fetches each next tile's a step ahead)
             block0 = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
@@ -120,7 +131,7 @@ def _paged_decode_kernel(
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
                      BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
-                     EARLY_INDEX, EARLY_KV, HEADS, PEEL, TRIGGER_EARLY)
+                     EARLY_INDEX, EARLY_KV, HEADS, PEEL, TRIGGER_EARLY, PIPELINED_IDS)
 
 
 @triton.jit
@@ -151,14 +162,17 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
                  PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
                  EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-                 PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr):
+                 PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr,
+                 PIPELINED_IDS: tl.constexpr):
     """One program's part [start, end) of the keys of kv heads grp * HEADS .. + HEADS - 1 for
     sequence b (block0: its first tile's block ids): online softmax over BLOCK_N keys a step;
     the output itself when the part is the only one, else its partial result (and with the
     fused merge, the last part in merges them all). Under PDL with EARLY_INDEX: wait for the
     kernel before here, after the first tile's keys and values but the newest key's are
     requested (EARLY_KV, which peels the first tile off the loop; PEEL: peeled without
-    early loads, as this kernel was; one kv head a program only).
+    early loads, as this kernel was; one kv head a program only). PIPELINED_IDS: each loop
+    step loads its own tile's block ids, for the compiler's software pipeline to fetch ahead
+    (see the module docstring), instead of the next tile's a step ahead in registers.
 
     HEADS > 1 (kv heads packed in one program): the rows are the G * HEADS query heads of
     the HEADS kv heads (16 rows hold 4 groups of 4 where one group pads 12), and a tile's
@@ -216,7 +230,7 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
                 gdc_wait()
             k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
             v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
-        if not IDENTITY:
+        if not IDENTITY and not PIPELINED_IDS:
             nxt = offs_n + BLOCK_N
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
                                  other=0).to(tl.int64)
@@ -236,11 +250,15 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
         valid = offs_n < end
         if HEADS > 1:
             valid = valid & (col_head < num_kv_heads)
-        block = block_next
-        if not IDENTITY:
-            nxt = offs_n + BLOCK_N
-            block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
-                                 other=0).to(tl.int64)
+        if PIPELINED_IDS and not IDENTITY:  # this tile's own ids: the pipeline fetches them
+            block = tl.load(table + (offs_n // PAGE) * stride_tc, mask=valid,
+                            other=0).to(tl.int64)
+        else:
+            block = block_next
+            if not IDENTITY:
+                nxt = offs_n + BLOCK_N
+                block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
+                                     other=0).to(tl.int64)
         row = offs_n % PAGE
         k_rows = k_ptr + block * stride_kblk + row * stride_ktok + col_head * stride_kh
         v_rows = v_ptr + block * stride_vblk + row * stride_vtok + col_head * stride_vh
@@ -487,7 +505,9 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     at 128-256).
     heads > 1 (kv heads packed, D <= 64 16-bit): tiles of 128 (token, head) rows, 4 warps,
     2 stages, the merge reading 16 / heads parts a round trip (4 heads: 127 registers a
-    thread, 4 programs an SM)."""
+    thread, 4 programs an SM).
+    PIPELINED_IDS on (D <= 64, 16-bit, one kv head a program): 128 keys, 4 warps,
+    PIPELINED_STAGES stages, each step's block ids in the software pipeline."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part,
@@ -503,6 +523,9 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
+    if PIPELINED_IDS["on"]:  # the block ids in the software pipeline (see PIPELINED_IDS)
+        return {"BLOCK_N": 128, "num_warps": 4, "num_stages": PIPELINED_STAGES,
+                "pipelined_ids": True, **part}
     if splits == 1 and few_programs:
         return {"BLOCK_N": 128, "num_warps": 4, "num_stages": FEW_PROGRAM_STAGES, **part}
     return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, **part}
@@ -552,6 +575,12 @@ TRIGGER_EARLY = {"on": False}
 #: Peel the first tile off the loop even without early_kv (as the kernel did before every tile
 #: went through the loop's pipeline; kept to time the two against each other)
 PEEL_FIRST = {"on": False}
+#: Each loop step loads its own tile's block ids for the software pipeline to fetch ahead
+#: (config "pipelined_ids"; see the module docstring): with num_stages 5 or more only
+PIPELINED_IDS = {"on": False}
+#: the stages of such a launch: the fewest at which the compiler copies the keys and values
+#: two steps ahead (it spreads the stages over the two loads: ids, then keys and values)
+PIPELINED_STAGES = 5
 
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
@@ -588,7 +617,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
     (parts a merge round trip), heads (kv heads one program reads together, a power of two:
     see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, early_kv,
-    trigger_early (see TRIGGER_EARLY)."""
+    trigger_early (see TRIGGER_EARLY), pipelined_ids (see PIPELINED_IDS)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -622,10 +651,11 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     early_kv = bool(cfg.get("early_kv", EARLY_KV["on"])) and heads == 1
     peel = bool(cfg.get("peel", PEEL_FIRST["on"])) and heads == 1 and not early_kv
     trigger_early = bool(pdl["PDL"] and cfg.get("trigger_early", TRIGGER_EARLY["on"]))
+    identity = block_tables is None
+    pipelined_ids = bool(cfg.get("pipelined_ids", PIPELINED_IDS["on"])) and not identity
     heads_first = heads_first and B <= 65535
     groups = -(-Hkv // heads)  # programs per (sequence, part)
     grid = (groups, B, splits) if heads_first else (B, groups, splits)
-    identity = block_tables is None
     tables = seq_lens if identity else block_tables  # unused when IDENTITY
     t_stride_b, t_stride_c = (0, 0) if identity else block_tables.stride()
     block_g, merge_g, merge_s = _tiles(group, D, splits, cfg.get("merge_s") or MERGE_PARTS,
@@ -638,7 +668,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
-            early_kv, heads, peel, trigger_early)
+            early_kv, heads, peel, trigger_early, pipelined_ids)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
@@ -647,7 +677,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel,
-                   trigger_early)
+                   trigger_early, pipelined_ids)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:
         get_stream, get_device = _stream_getter()

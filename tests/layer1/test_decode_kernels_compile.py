@@ -56,7 +56,7 @@ for ident, fused, heads_first in [(True, True, False), (False, True, True), (Fal
              BLOCK_N=64, WINDOWED=False, IDENTITY=ident, FUSED_MERGE=fused,
              PDL=True, MERGE_G=4, MERGE_S=16, HEADS_FIRST=heads_first,
              EARLY_INDEX=not ident, EARLY_KV=not ident, HEADS=1, PEEL=False,
-             TRIGGER_EARLY=ident), ptrs,
+             TRIGGER_EARLY=ident, PIPELINED_IDS=False), ptrs,
              {"num_warps": 4, "num_stages": 2, "launch_pdl": True})
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),
          {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"},

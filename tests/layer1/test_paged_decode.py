@@ -157,6 +157,29 @@ def test_packed_kv_heads_match_float64(lens, hq, hkv, d, page, window, heads):
 
 
 @pytest.mark.interpreter
+@pytest.mark.parametrize("lens,hq,hkv,d,page,window,heads", [
+    ([333, 1, 77, 0, 190], 8, 8, 64, 16, None, 1),  # MHA (group 1), odd lengths, an empty one
+    ([517, 45, 129], 16, 4, 128, 8, None, 1),       # group 4, D 128, tables 65 blocks wide
+    ([201, 3, 96], 10, 2, 64, 32, 70, 1),           # group 5, a window across pages
+    ([150, 17, 61], 8, 2, 64, 16, None, 2)])        # kv heads packed two a program
+def test_pipelined_ids_match_float64(lens, hq, hkv, d, page, window, heads):
+    """Each loop step loading its own tile's block ids (config "pipelined_ids", for the
+    compiler's software pipeline) computes the same attention: split in the launch and by
+    the merge kernel, one part and many (more than some sequences fill), the first tile
+    peeled or loaded early, twice (the counters back at zero)."""
+    q, k, v, t, n = make(lens, hq, hkv, d, page, seed=hq + d, window=window)
+    ref = reference(q, k, v, t, n, 0.2, window)
+    for splits, fused, extra in [(1, True, {}), (5, True, {}), (6, False, {}),
+                                 (9, True, {"peel": True}), (3, True, {"early_kv": True})]:
+        cfg = {"pipelined_ids": True, "heads": heads, "min_part": 16, **extra}
+        for _ in range(2):
+            out = pd.paged_decode(q, k, v, t, n, 0.2, window, splits, fused_merge=fused,
+                                  config=cfg)
+            assert torch.isfinite(out).all() and rel(out, ref) < 1e-5, (splits, fused, extra)
+    assert int(pd._COUNTERS[q.device].abs().sum()) == 0
+
+
+@pytest.mark.interpreter
 def test_packing_by_default_follows_the_split_rule(monkeypatch):
     """With PACK_HEADS set, a call without a config packs that many kv heads a program where
     the batch gives PACK_FROM programs an SM, and the split count counts packed programs;
@@ -207,7 +230,8 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
                   BLOCK_N=bn, WINDOWED=True, IDENTITY=ident, FUSED_MERGE=fused, PDL=True,
                   MERGE_G=4 * heads, MERGE_S=16 // heads, HEADS_FIRST=hf, EARLY_INDEX=early,
                   EARLY_KV=early and not ident and heads == 1, HEADS=heads,
-                  PEEL=heads == 1 and not early and bn == 128, TRIGGER_EARLY=early)
+                  PEEL=heads == 1 and not early and bn == 128, TRIGGER_EARLY=early,
+                  PIPELINED_IDS=not ident and bn == 32)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
 print("compiled")
@@ -219,6 +243,50 @@ def test_compiles_for_sm90():
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-3000:]
 
 
+SCHEDULE = r'''
+import os
+os.environ["TRITON_INTERPRET"] = "0"
+import importlib, json, re
+from tests.layer1.sm90 import compile_for_sm90
+P = importlib.import_module("layer1_kernels.paged_decode")
+ptrs = {"tables_ptr": "*i32", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
+        "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
+unit = dict(stride_qd=1, stride_kd=1, stride_vd=1, stride_od=1, stride_tc=1)  # as the JIT sees
+found = {}
+for pipelined, stages in [(False, 3), (True, 5)]:
+    consts = dict(HEAD_DIM=64, PAGE=16, BLOCK_G=16, BLOCK_N=128, WINDOWED=False, IDENTITY=False,
+                  FUSED_MERGE=True, PDL=True, MERGE_G=4, MERGE_S=32, HEADS_FIRST=True,
+                  EARLY_INDEX=True, EARLY_KV=False, HEADS=1, PEEL=False, TRIGGER_EARLY=False,
+                  PIPELINED_IDS=pipelined, **unit)
+    k = compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
+                         {"num_warps": 4, "num_stages": stages, "launch_pdl": True}, aligned=True)
+    loop = k.asm["ttgir"].split("scf.for", 1)[1].split("scf.yield", 1)[0]  # the key loop
+    found[str(pipelined)] = dict(
+        table_loads=len(re.findall(r"tt.load [^\n]*!tt.ptr<i32>", loop)),
+        table_copies=len(re.findall(r"async_copy_global_to_local [^\n]*!tt.ptr<i32>", loop)),
+        kv_copies=len(re.findall(r"async_copy_global_to_local [^\n]*!tt.ptr<bf16>", loop)),
+        waits=[int(w) for w in re.findall(r"async_wait[^\n]*num = (\d+)", loop)])
+print("JSON", json.dumps(found))
+'''
+
+
+def test_pipelined_ids_let_the_compiler_fetch_them_ahead():
+    """Why "pipelined_ids" exists, read off the compiler's schedule for sm_90 (the 1 x 16k
+    shape's loop: 128 keys, 4 warps): with the next tile's ids fetched a step ahead in
+    registers, the pipeline copies keys and values ahead (cp.async) but loads the ids with a
+    plain load inside the loop, right before the copies that need them (a round trip every
+    step); with each step's own ids at 5 stages, the ids are copied ahead too and each step
+    waits only for its own tile (copies still in flight: wait count > 0)."""
+    import json
+    run = run_compile_script(SCHEDULE, "compiling the paged decode loop")
+    assert run.returncode == 0 and "JSON" in run.stdout, run.stderr[-3000:]
+    found = json.loads(run.stdout.split("JSON ", 1)[1])
+    ahead, pipelined = found["False"], found["True"]
+    assert ahead["table_loads"] == 1 and ahead["table_copies"] == 0 and ahead["kv_copies"] == 2
+    assert pipelined["table_loads"] == 0 and pipelined["table_copies"] == 1
+    assert pipelined["kv_copies"] == 2 and min(pipelined["waits"]) > 0
+
+
 # ---- GPU ---------------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype,config,orders", [
@@ -226,9 +294,16 @@ def test_compiles_for_sm90():
     (torch.bfloat16, {"BLOCK_N": 256, "num_warps": 8, "num_stages": 2}, (True,)),
     (torch.bfloat16, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, "heads": 4, "merge_s": 4},
      (True, False)),
-    (torch.bfloat16, {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "heads": 8}, (True,))])
+    (torch.bfloat16, {"BLOCK_N": 16, "num_warps": 4, "num_stages": 2, "heads": 8}, (True,)),
+    (torch.bfloat16, {"BLOCK_N": 128, "num_warps": 4, "num_stages": 5, "pipelined_ids": True},
+     (True, False)),
+    (torch.bfloat16, {"BLOCK_N": 64, "num_warps": 4, "num_stages": 7, "pipelined_ids": True},
+     (True,)),
+    (torch.float16, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 5, "heads": 4, "merge_s": 4,
+                     "pipelined_ids": True}, (True,))])
 def test_gpu_configs_and_direct_launch(dtype, config, orders):
-    """The configs the heuristics pick (and others: kv heads packed 4 and 8 a program),
+    """The configs the heuristics pick (and others: kv heads packed 4 and 8 a program; each
+    step's block ids in the software pipeline, 5 and 7 stages),
     JIT-launched and then directly launched (the second call of a shape), against float64,
     at 1 and many parts (one and several merge tiles), both grid orders."""
     lens = [1000, 3, 517, 129, 2048, 64, 700]
@@ -263,7 +338,7 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     max_model_len, so the split count is the largest the rule gives), replayed while the
     lengths change: each replay cuts each sequence by its own length (one part, a few, many),
     the counters stay consistent across replays, early index loads (and the early trigger of
-    the next kernel) on and off."""
+    the next kernel) on and off, each step's block ids in the software pipeline or not."""
     g = torch.Generator(device=DEV).manual_seed(d + hkv)
     B, width = 4, 256  # 4096 keys a sequence at most
     k = torch.randn(B * width + 1, 16, hkv, d, generator=g, device=DEV, dtype=torch.bfloat16)
@@ -272,9 +347,11 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     q = torch.randn(B, hq, d, generator=g, device=DEV, dtype=torch.bfloat16)
     splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
     steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
-    for early in (True, False):
+    for early, pipelined in ((True, False), (False, False), (True, True), (False, True)):
         cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early,
                    trigger_early=early)
+        if pipelined:  # each step's block ids in the software pipeline
+            cfg.update(pipelined_ids=True, num_stages=pd.PIPELINED_STAGES)
         lens = torch.tensor(steps[0], device=DEV)
 
         def fn(lens=lens, cfg=cfg):
@@ -288,7 +365,8 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
             lens.copy_(torch.tensor(step, device=DEV))
             graph.replay()
             torch.cuda.synchronize()
-            assert rel(out, reference(q, k, v, t, lens, 0.1, None)) < 1e-2, (step, early)
+            assert rel(out, reference(q, k, v, t, lens, 0.1, None)) < 1e-2, (step, early,
+                                                                              pipelined)
         assert (out[2] == 0).all()  # the last step's empty sequence
 
 

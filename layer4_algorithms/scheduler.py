@@ -122,27 +122,29 @@ class Scheduler:
             self.running.sort(key=priority_key)
         lookahead = self.num_lookahead_slots
         scheduled = out.scheduled
+        append = scheduled.append
         running, bs, refs = self.running, self.bm.block_size, self.bm.ref_counts
-        i = 0
-        while i < len(running) and budget > 0:
-            seq = running[i]
+        # (a for loop over running is safe: preemption only removes from its end, and a
+        # sequence that preempts itself ends the loop)
+        for seq in running:
+            if budget <= 0:
+                break
             pending = seq.num_pending
-            if pending and len(seq.output_ids) + pending >= seq.params.max_tokens:
-                i += 1  # its token on the device finishes it (length, or EOS / stop)
-                continue
+            total = len(seq.token_ids) + pending  # its tokens, those still on the device too
+            if pending and total >= seq.max_num_tokens:
+                continue  # its token on the device finishes it (length, or EOS / stop)
             computed = seq.num_computed_tokens
-            left = len(seq.token_ids) + pending - computed
+            left = total - computed
             if left == 1 and not lookahead:
                 # a plain decode whose slot is in its own last block already (most steps of
                 # most sequences): allocate_slots would change nothing and copy nothing
                 table = seq.block_table
                 j = computed // bs
                 if j < len(table) and refs[table[j]] == 1:
-                    scheduled.append(ScheduledSeq(seq, 1, computed, 0, [],
-                                                  seq.pending_index if pending else -1))
+                    append(ScheduledSeq(seq, 1, computed, 0, (),
+                                        seq.pending_index if pending else -1))
                     seq.num_computed_tokens = computed + 1
                     budget -= 1
-                    i += 1
                     continue
             n = left if left < budget else budget
             k = self._lookahead(seq, budget - n) if lookahead and left == 1 else 0
@@ -151,7 +153,7 @@ class Scheduler:
                 k = 0
                 copies = self.bm.allocate_slots(seq, n)
             while copies is None:  # out of blocks: preempt the newest, possibly seq itself
-                victim = self.running[-1]
+                victim = running[-1]
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:
@@ -159,13 +161,11 @@ class Scheduler:
                 copies = self.bm.allocate_slots(seq, n)
             if copies is None:
                 break
-            scheduled.append(ScheduledSeq(seq, n, seq.num_computed_tokens, k, [],
-                                          seq.pending_index if pending else -1))
-            seq.num_computed_tokens += n
+            append(ScheduledSeq(seq, n, computed, k, (), seq.pending_index if pending else -1))
+            seq.num_computed_tokens = computed + n
             if copies:
                 out.copies += copies
             budget -= n + k
-            i += 1
         if not out.preempted:
             self._admit(out, budget)
         return out
@@ -238,26 +238,25 @@ class Scheduler:
         get = sampled.get
         for s in out.scheduled:
             seq = s.seq
-            if seq.status is done:  # aborted since it was scheduled
-                continue
             tokens = get(seq.seq_id)
-            if tokens:
-                if len(tokens) == 1:
-                    if not seq.append_token(tokens[0], now) and not s.num_lookahead:
-                        # decoding on (the common case): at most a newly full block to commit
-                        if caching and seq.status is running:
-                            full, known = seq.num_computed_tokens // bs, len(seq.block_hashes)
-                            if full > known and len(seq.block_table) > known:
-                                self.bm.commit(seq)
-                        continue
-                else:
-                    for j, t in enumerate(tokens):
-                        if seq.append_token(t, now):
-                            break
-                        if j < len(tokens) - 1:  # an accepted draft: its k, v are valid
-                            seq.num_computed_tokens += 1
+            if tokens is not None and len(tokens) == 1 and seq.status is running \
+                    and not s.num_lookahead:
+                # decoding on (the common case): one token, at most a newly full block to commit
+                if not seq.append_token(tokens[0], now):
+                    if caching:
+                        known = len(seq.block_hashes)
+                        if seq.num_computed_tokens // bs > known and len(seq.block_table) > known:
+                            self.bm.commit(seq)
+                    continue
+            elif seq.status is done:  # aborted since it was scheduled
+                continue
+            elif tokens:
+                for j, t in enumerate(tokens):
+                    if seq.append_token(t, now):
+                        break
+                    if j < len(tokens) - 1:  # an accepted draft: its k, v are valid
+                        seq.num_computed_tokens += 1
             if seq.finish_reason is not None:
-                self._finish(seq)
                 finished.append(seq)
                 continue
             if seq.status is not running:  # preempted after this step was scheduled
@@ -268,6 +267,7 @@ class Scheduler:
                 full = seq.num_computed_tokens // bs
                 if full > len(seq.block_hashes) and len(seq.block_table) > len(seq.block_hashes):
                     self.bm.commit(seq)
+        self._finish_all(finished)
         return finished
 
     # ---- bookkeeping ---------------------------------------------------------------------------
@@ -290,6 +290,20 @@ class Scheduler:
             bisect.insort(self.waiting, seq, key=priority_key)
         else:
             self.waiting.appendleft(seq)
+
+    def _finish_all(self, seqs: list[Sequence]) -> None:
+        """_finish for each of seqs; running ones leave the running list in one pass (one
+        removal each would rescan it once per sequence: many finish in the same step when
+        their max_tokens are equal)."""
+        if len(seqs) > 1 and all(q.status is SequenceStatus.RUNNING for q in seqs):
+            gone = {id(q) for q in seqs}
+            self.running[:] = [q for q in self.running if id(q) not in gone]
+            for q in seqs:
+                self._release(q)
+                q.status = SequenceStatus.FINISHED
+            return
+        for q in seqs:
+            self._finish(q)
 
     def _finish(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:

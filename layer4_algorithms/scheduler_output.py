@@ -18,7 +18,9 @@ class ScheduledSeq:
     num_new_tokens: int
     context_len: int
     num_lookahead: int = 0
-    spec_token_ids: list[int] = field(default_factory=list)
+    # a list once a speculator fills it in; the empty tuple until then (one of these is made
+    # per sequence per step: no new empty list each time)
+    spec_token_ids: list[int] | tuple[()] = ()
     # >= 0: the one input token is still on the device, row `pending` of the previous step's
     # sampled tokens (async scheduling); -1: every input token is on the host
     pending: int = -1
@@ -30,7 +32,7 @@ class ScheduledSeq:
     @property
     def input_ids(self) -> list[int]:
         end = self.context_len + self.num_new_tokens
-        return self.seq.token_ids[self.context_len:end] + self.spec_token_ids
+        return self.seq.token_ids[self.context_len:end] + list(self.spec_token_ids)
 
     @property
     def samples(self) -> bool:

@@ -63,6 +63,8 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.finish = l3.FinishRule(params, eos_token_ids, decoder)
         self.output_ids: list[int] = self.finish.token_ids  # the rule appends to it
+        # the length at which max_tokens stops it (token_ids is prompt_ids + output_ids)
+        self.max_num_tokens = len(self.prompt_ids) + params.max_tokens
         self.priority = priority
         self.logprobs: list | None = [] if params.logprobs is not None else None
         self.spec_proposed = 0
@@ -129,13 +131,11 @@ class Sequence:
         if self.first_token_time is None:
             self.first_token_time = now
         self.last_token_time = now
-        out = self.output_ids
-        before = len(out)
         self.finish_reason = reason = self.finish.add(token)
-        if len(out) > before:
+        if reason != "eos":  # the rule took the token into output_ids (EOS it leaves out)
             self.token_ids.append(token)
             if self.grammar is not None:  # once per output position (accept_at)
-                self.grammar.accept_at(token, before)
+                self.grammar.accept_at(token, len(self.output_ids) - 1)
         return reason is not None
 
     def fork(self, seq_id: int, index: int, generator: torch.Generator | None,

@@ -84,12 +84,17 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
 
 
 def set_triggers(attn_early: bool, early_kv: bool, early_bytes: float,
-                 pre_tiles: int = 1, late_norm: bool = False) -> None:
+                 pre_tiles: int = 1, late_norm: bool = False, in_qkv: bool = False) -> None:
     """Where each kernel lets the next one launch (PDL): decode attention at its start or
     after its key loop (and its first tile loaded before its wait or after); GEMVs over at
     most early_bytes of weights right after their first tile, the others after their K loop;
-    how many weight tiles a GEMV program requests before its wait; and the normed GEMVs'
-    statistics before their K loop or in it (late_norm)."""
+    how many weight tiles a GEMV program requests before its wait; the normed GEMVs'
+    statistics before their K loop or in it (late_norm); and the attention in its own launch
+    or in the qkv GEMV's (in_qkv: DecodeKernels.fuse_attention)."""
+    dk = net.ops.decode
+    if dk is not None and dk.fuse_attention != in_qkv:
+        net.ops = dataclasses.replace(net.ops, decode=dataclasses.replace(
+            dk, fuse_attention=in_qkv))
     PAGED.TRIGGER_EARLY["on"] = attn_early
     PAGED.EARLY_KV["on"] = early_kv
     K1.set_decode_pdl(True, early_bytes=int(early_bytes), pre_tiles=pre_tiles)
@@ -156,8 +161,9 @@ def profile_step() -> None:
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
           f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, GEMVs <= "
           f"{GEMV._PDL['early_bytes'] / 1e6:.1f} MB trigger early, {GEMV.pre_tiles()} weight "
-          f"tile(s) before the wait, late norm {GEMV._NORM['late']}): {n} kernels/copies per "
-          "step")
+          f"tile(s) before the wait, late norm {GEMV._NORM['late']}, attention in qkv "
+          f"{net.ops.decode is not None and net.ops.decode.fuse_attention}): {n} kernels/copies "
+          "per step")
     labels = shape_labels()
     groups: dict = defaultdict(lambda: {"us": [], "gap": []})
     spans, busy = [], []
@@ -281,37 +287,43 @@ def pdl_variants() -> None:
     (the first configuration again at the end: how much the figures drift)."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
     mb = 1e6
-    # (attention early, early kv, GEMVs <= bytes early, tiles before the wait, late norm)
-    trials = [(False, False, 0, 1, False), (True, False, 0, 1, False),
-              (True, True, 0, 1, False), (False, False, 13 * mb, 1, False),
-              (True, False, 13 * mb, 1, False), (True, True, 13 * mb, 1, False),
-              (True, False, 70 * mb, 1, False), (False, False, 0, 2, False),
-              (True, False, 0, 2, False), (True, True, 13 * mb, 2, False),
-              (False, False, 0, 1, True), (True, False, 0, 1, True), (True, False, 0, 2, True),
-              (True, True, 13 * mb, 2, True), (False, False, 0, 1, False)]
+    # (attention early, early kv, GEMVs <= bytes early, tiles before the wait, late norm,
+    # attention in the qkv launch)
+    f = False
+    trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f), (True, True, 0, 1, f, f),
+              (f, f, 13 * mb, 1, f, f), (True, f, 13 * mb, 1, f, f),
+              (True, True, 13 * mb, 1, f, f), (True, f, 70 * mb, 1, f, f), (f, f, 0, 2, f, f),
+              (True, f, 0, 2, f, f), (True, True, 13 * mb, 2, f, f), (f, f, 0, 1, True, f),
+              (True, f, 0, 1, True, f), (True, f, 0, 2, True, f), (True, True, 13 * mb, 2, True, f),
+              (f, f, 0, 1, f, True), (f, f, 13 * mb, 1, f, True), (f, f, 13 * mb, 2, True, True),
+              (f, f, 0, 1, f, f)]
     first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
     # so every trial must pick the same tokens (a kernel reading too early would not); the
     # late norm rounds otherwise (random weights have near-ties: tokens may part after a while)
     best = None
-    for attn_early, early_kv, early_bytes, pre, late in trials:
-        set_triggers(attn_early, early_kv, early_bytes, pre, late)
+    for attn_early, early_kv, early_bytes, pre, late, in_qkv in trials:
+        set_triggers(attn_early, early_kv, early_bytes, pre, late, in_qkv)
         toks: list = []
         with torch.no_grad():
             spt = greedy_seconds_per_token(tokens=toks)
         toks = torch.cat(toks).tolist()
         first = toks if first is None else first
-        same = next((i for i, (a, b) in enumerate(zip(toks, first)) if a != b), len(toks))
+        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
+                    len(toks))
         row = {"attn_early": attn_early, "early_kv": early_kv, "early_bytes": early_bytes,
-               "pre_tiles": pre, "late_norm": late, "tokens_per_s": 1 / spt,
+               "pre_tiles": pre, "late_norm": late, "attention_in_qkv": in_qkv,
+               "tokens_per_s": 1 / spt,
                "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same}
         result.setdefault("pdl", []).append(row)
         if best is None or spt < best[0]:
-            best = (spt, (attn_early, early_kv, early_bytes, pre, late))
+            best = (spt, (attn_early, early_kv, early_bytes, pre, late, in_qkv))
         print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5} GEMVs <= "
               f"{early_bytes / mb:2.0f} MB early, {pre} tile(s) before the wait, late norm "
-              f"{late!s:5}: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU "
-              f"{moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = the first trial's"
-              + ("" if same == len(toks) or late else "  <-- DIFFER: a race?"), flush=True)
+              f"{late!s:5}, attention in qkv {in_qkv!s:5}: {1 / spt:7.1f} tok/s, "
+              f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
+              f"{len(toks)} tokens = the first trial's"
+              + ("" if same == len(toks) or late or in_qkv else "  <-- DIFFER: a race?"),
+              flush=True)
     result["pdl_best"] = best[1]
     print(f"pdl best: {best[1]} {1 / best[0]:.1f} tok/s", flush=True)
     if args.profile_best:

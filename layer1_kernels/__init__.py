@@ -38,7 +38,11 @@ from .gemv import (
     gemv_silu_mul_reference,
 )
 from .gemv import set_pdl as set_decode_pdl
-from .gemv_rope import gemv_rms_norm_rope, gemv_rms_norm_rope_reference
+from .gemv_rope import (
+    gemv_rms_norm_rope,
+    gemv_rms_norm_rope_attention,
+    gemv_rms_norm_rope_reference,
+)
 from .graphs_streams import cuda_graph_demo, stream_overlap_demo
 from .int8_matmul import int8_matmul, int8_matmul_reference, quantize_int8
 from .interpreter import INTERPRETED, kernel_device, refuse_interpreted_bf16_dot, use_triton
@@ -85,7 +89,7 @@ __all__ = [
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",
     "gemv_rms_norm", "gemv_rms_norm_reference",
-    "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
+    "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference", "gemv_rms_norm_rope_attention",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
     "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # CuPy / CUDA C kernels

@@ -247,7 +247,7 @@ def pre_tiles() -> int:
     return _PDL["pre_tiles"]
 
 
-# ---- the RMSNorm prologue's two orders ------------------------------------------------------------
+# ---- the RMSNorm prologue's two orders ----------------------------------------------------------
 #: late False: the statistics first -- a pass over the row (from L2) and a block-wide sum before
 #: the first multiply -- then each activation normalised and rounded as rms_norm rounds it
 #: (HF's arithmetic: the product of rms_norm's output, to the bit on the same tiles).

@@ -38,7 +38,9 @@ for pro, bm, bn, bk, k, st, pre in [(1, 1, 8, 1024, 2048, 1, 2), (2, 1, 8, 2048,
              BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=k, STAGES=st, PDL=True,
              PDL_EARLY=False, PRE_TILES=pre), {}, {"num_warps": 4, "launch_pdl": True},
              aligned=True)
-rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
+rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
+             "cnt_ptr": "*i32", "lens_ptr": "*i64", "tables_ptr": "*i32"}
+no_tail = dict(ATTEND=False, PAGE=1, IDENTITY=True, BLOCK_G=16, ATT_BLOCK_N=16)
 for res, bm, bp, bk, early, st, pro in [(True, 1, 1, 2048, False, 1, 1),
                                         (False, 1, 1, 2048, True, 1, 1),
                                         (True, 4, 2, 256, False, 1, 1),
@@ -47,8 +49,16 @@ for res, bm, bp, bk, early, st, pro in [(True, 1, 1, 2048, False, 1, 1),
     compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
              PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
              EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early,
-             PRE_TILES=1 + early), rope_ptrs,
+             PRE_TILES=1 + early, **no_tail), rope_ptrs,
              {"num_warps": 8, "launch_pdl": True})
+# with the attention tail, at Llama-3.2-1B's qkv tile: contiguous cache (pages of max_len) and
+# paged, the late norm, two tiles before the wait
+for ident, page, pro, pre in [(True, 385, 1, 1), (False, 16, 3, 2)]:
+    compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
+             PROLOGUE=pro, HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_P=2,
+             BLOCK_K=1024, EVEN_K=True, STATS_K=2048, STAGES=1, PDL=True, PDL_EARLY=False,
+             PRE_TILES=pre, ATTEND=True, PAGE=page, IDENTITY=ident, BLOCK_G=16,
+             ATT_BLOCK_N=64), rope_ptrs, {"num_warps": 4, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
 for ident, fused, heads_first in [(True, True, False), (False, True, True), (False, False, False)]:

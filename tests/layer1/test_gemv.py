@@ -16,6 +16,7 @@ from layer1_kernels import (
     gemv_rms_norm,
     gemv_rms_norm_reference,
     gemv_rms_norm_rope,
+    gemv_rms_norm_rope_attention,
     gemv_rms_norm_rope_reference,
     gemv_silu_mul,
     gemv_silu_mul_reference,
@@ -191,6 +192,87 @@ def test_late_norm_matches_the_references(dtype, m, monkeypatch):
     _check_projections((4, 16, 1), m, 11, 40, dtype, 410, ops=(1,))
     _check_rope((2, 16, 1), (4 + 2 * 1) * 12, 40, (4, 1, 12), dtype, 411)
     test_gemv_rms_norm_rope_matches_unfused(dtype, m, 4, 1, 16, 33, None)
+
+
+def _attention_case(m, hq, hkv, d, k, lens, paged, dtype, seed):
+    """Inputs of gemv_rms_norm_rope_attention: a cache holding older keys, each row's new
+    token at position lens[m] - 1 (written by the call)."""
+    g = torch.Generator().manual_seed(seed)
+    n = (hq + 2 * hkv) * d
+    x, r = (torch.randn(m, k, generator=g).to(DEV, dtype) for _ in range(2))
+    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
+    cos, sin = (t.to(DEV) for t in rope_cache(64, d))
+    page = 4 if paged else 40
+    blocks = 3 * m * 40 // page if paged else m
+    kb = torch.randn(blocks, page, hkv, d, generator=g).to(DEV, dtype)
+    vb = torch.randn(blocks, page, hkv, d, generator=g).to(DEV, dtype)
+    tables = (torch.randperm(blocks, generator=g)[:m * 10].view(m, 10).to(DEV, torch.int32)
+              if paged else None)
+    pos = torch.tensor([max(n_ - 1, 0) for n_ in lens], device=DEV)  # (an empty row: a
+    # padding row's token, written at position 0 and seeing no key)
+    if paged:
+        slot = tables.long()[torch.arange(m, device=DEV), pos // page] * page + pos % page
+    else:
+        slot = torch.arange(m, device=DEV) * page + pos
+    return (x, w, nw, 1e-6, r, None, cos, sin, pos), (kb, vb, slot), tables, \
+        torch.tensor(lens, device=DEV)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,hq,hkv,d,k,lens,paged,cfg", [
+    (1, 4, 1, 16, 40, [7], False, None), (2, 6, 2, 16, 33, [1, 38], True, None),
+    (3, 8, 2, 8, 24, [17, 5, 33], True, (1, 16, 1)), (1, 4, 2, 16, 50, [40], False, (4, 16, 1)),
+    (2, 2, 2, 32, 20, [12, 0], False, (16, 16, 1))])
+def test_gemv_rope_attention_matches_unfused(dtype, m, hq, hkv, d, k, lens, paged, cfg):
+    """The qkv GEMV with RoPE, the cache write and decode attention in one launch: qkv, h and
+    the cache as gemv_rms_norm_rope leaves them, o within rounding of paged_decode over the
+    written cache and of the fp32 reference; at awkward head counts, GQA groups of 1-4, pair
+    tiles wider than half a head (cut down to one head a program), paged and contiguous
+    caches, a new token in the first and last slot of a page, an empty row; twice in a row
+    (the groups' counters are back at zero after a call)."""
+    (x, w, nw, eps, r, b, cos, sin, pos), (kb, vb, slot), tables, lens_t = _attention_case(
+        m, hq, hkv, d, k, lens, paged, dtype, 7 * m + d)
+    kb2, vb2 = kb.clone(), vb.clone()
+    for step in range(2):  # (the first call with another x: its cache rows are overwritten)
+        y, h, o = gemv_rms_norm_rope_attention(
+            x if step else -x, w, nw, eps, r, b, cos, sin, pos, kb.view(-1, hkv, d),
+            vb.view(-1, hkv, d), slot, hq, hkv, d, kb, vb, tables, lens_t, 0.3, impl="triton",
+            config=cfg)
+        q = y[:, :hq * d].view(m, hq, d)
+        ref = GR.group_attention_reference(q, kb, vb, tables, lens_t, 0.3)
+        assert rel(o, ref) < tol(dtype), step
+    y2, h2 = gemv_rms_norm_rope(x, w, nw, eps, r, b, cos, sin, pos, kb2.view(-1, hkv, d),
+                                vb2.view(-1, hkv, d), slot, hq, hkv, d, impl="triton",
+                                config=cfg)
+    assert torch.equal(h, h2) and rel(y, y2) < tol(dtype)
+    assert rel(kb, kb2) < tol(dtype) and rel(vb, vb2) < tol(dtype)
+    if 0 in lens:
+        assert (o[lens.index(0)] == 0).all()
+    if hq // hkv <= 16 and d >= 16:  # (paged_decode's tiles: D >= 16)
+        split = paged_decode(q, kb, vb, tables, lens_t, 0.3, None, 2)
+        assert rel(o, split) < tol(dtype)
+    # the reference path (impl="torch") gives the same
+    kb3, vb3 = kb2.clone(), vb2.clone()
+    _, _, o3 = gemv_rms_norm_rope_attention(
+        x, w, nw, eps, r, b, cos, sin, pos, kb3.view(-1, hkv, d), vb3.view(-1, hkv, d), slot,
+        hq, hkv, d, kb3, vb3, tables, lens_t, 0.3, impl="torch", config=cfg)
+    assert rel(o3, ref) < tol(dtype)
+
+
+def test_gemv_rope_attention_bad_input():
+    (x, w, nw, eps, r, b, cos, sin, pos), (kb, vb, slot), tables, lens = _attention_case(
+        2, 4, 1, 16, 24, [3, 4], True, torch.float32, 0)
+    args = (x, w, nw, eps, r, b, cos, sin, pos, kb.view(-1, 1, 16), vb.view(-1, 1, 16), slot,
+            4, 1, 16)
+    with pytest.raises(ValueError, match="k_blocks"):
+        gemv_rms_norm_rope_attention(*args, kb[..., :8], vb, tables, lens, 0.3)
+    with pytest.raises(ValueError, match="block_tables"):
+        gemv_rms_norm_rope_attention(*args, kb, vb, tables[:1], lens, 0.3)
+    with pytest.raises(ValueError, match="seq_lens"):
+        gemv_rms_norm_rope_attention(*args, kb, vb, tables, lens[:1], 0.3)
+    with pytest.raises(ValueError, match="a block per"):
+        gemv_rms_norm_rope_attention(*args, kb[:1], vb[:1], None, lens, 0.3)
 
 
 @pytest.mark.gpu

@@ -37,6 +37,7 @@ costs W + KV/p for p lanes' tokens.
 """
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from contextlib import nullcontext
@@ -64,6 +65,9 @@ class LaneScheduler(engine.Scheduler):
         self.lanes = lanes
         self.seats = self.max_num_seqs // lanes
         self.lane_of: dict[int, int] = {}  # seq_id -> lane, while it holds a row
+        # each lane's running sequences; `running` is always all of them, lane after lane
+        # (a lane's step reads only its own list: no pass over the others' sequences)
+        self.lane_running: list[list[Seq]] = [[] for _ in range(lanes)]
 
     def add(self, seq: Seq) -> None:
         if seq.params.n > self.seats:
@@ -73,27 +77,42 @@ class LaneScheduler(engine.Scheduler):
         super().add(seq)
 
     def schedule_lane(self, lane: int) -> engine.SchedulerOutput:
-        lane_of, waiting = self.lane_of, self.waiting
+        waiting = self.waiting
         live = sum([1 + q.pending_forks for q in waiting]) + len(self.running)
         need = 1 + waiting[0].pending_forks if waiting else 1  # (unforked children: a few)
-        others = [q for q in self.running if lane_of[q.seq_id] != lane]
-        self.running = [q for q in self.running if lane_of[q.seq_id] == lane]
+        mine = self.lane_running[lane]
+        before = len(mine)
+        self.running = mine  # schedule() preempts from it and admits into it, in place
         limit = self.max_num_seqs
         self.max_num_seqs = min(self.seats, max(-(-live // self.lanes), need))
         try:
             out = self.schedule()
-        finally:  # the lane's list after scheduling (preempted out, admitted in), then the rest
+        finally:
             self.max_num_seqs = limit
-            self.running += others
-        for s in out.scheduled:
-            lane_of[s.seq.seq_id] = lane
+            self.running = list(itertools.chain.from_iterable(self.lane_running))
+        admitted = len(mine) - before + len(out.preempted)  # appended at its end
+        for q in mine[len(mine) - admitted:]:
+            self.lane_of[q.seq_id] = lane
         return out
 
     def fork(self, parent: engine.ScheduledSeq, children: list[Seq],
              out: engine.SchedulerOutput) -> None:
         super().fork(parent, children, out)
+        lane = self.lane_of[parent.seq.seq_id]
+        mine = self.lane_running[lane]
+        at = mine.index(parent.seq) + 1
+        mine[at:at] = children  # right behind their parent, as in `running`
         for child in children:
-            self.lane_of[child.seq_id] = self.lane_of[parent.seq.seq_id]
+            self.lane_of[child.seq_id] = lane
+
+    def _finish(self, seq: Seq) -> None:
+        if seq.status is engine.SequenceStatus.RUNNING:  # out of its lane's list too
+            self.lane_running[self.lane_of[seq.seq_id]].remove(seq)
+        super()._finish(seq)
+
+    def _finish_all(self, seqs: list[Seq]) -> None:
+        for q in seqs:  # (one at a time: each leaves its lane's list and `running`)
+            self._finish(q)
 
     def _forget(self, seq: Seq) -> None:
         self.lane_of.pop(seq.seq_id, None)

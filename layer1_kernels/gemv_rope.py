@@ -228,8 +228,10 @@ def _group_attention(pid, M, y_ptr, stride_ym, o_ptr, cnt_ptr, lens_ptr, kb_ptr,
                          b, grp, 0, 0, hi, hi, block0, G, NKV, 1, 1,
                          stride_ym, HEAD_D, 1, kb_stride_blk, kb_stride_tok, kb_stride_h, 1,
                          vb_stride_blk, vb_stride_tok, vb_stride_h, 1, stride_tc,
-                         NQ * HEAD_D, HEAD_D, 1, HEAD_D, PAGE, BLOCK_G, ATT_BLOCK_N, IDENTITY,
-                         False, False, 2, 2, False, False, 1, False, False)
+                         NQ * HEAD_D, HEAD_D, 1, HEAD_DIM=HEAD_D, PAGE=PAGE, BLOCK_G=BLOCK_G,
+                         BLOCK_N=ATT_BLOCK_N, IDENTITY=IDENTITY, FUSED_MERGE=False, PDL=False,
+                         MERGE_G=2, MERGE_S=2, EARLY_INDEX=False, EARLY_KV=False, HEADS=1,
+                         PEEL=False, TRIGGER_EARLY=False, PIPELINED_IDS=False)
         tl.atomic_xchg(cnt_ptr + grp, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 

@@ -78,32 +78,38 @@ class RequestOutput:
         """delta: each completion carries only what is new since its last delta output (token
         ids, released text, logprobs; vLLM's RequestOutputKind.DELTA), and prompt_token_ids
         only in the request's first one: no copy of what the caller already has."""
-        if len(seqs) > 1:
-            seqs = sorted(seqs, key=lambda s: s.index)
-        first = seqs[0]
-        # built for every running request every step (layer 6): one completion without a loop
-        if len(seqs) == 1:
+        if len(seqs) == 1:  # built for every running request every step (layer 6): no loops
+            first = seqs[0]
             n_out = len(first.output_ids)
-            finished = first.pending_forks == 0 and first.finish_reason is not None
-            tpot = ((first.last_token_time - first.first_token_time) / (n_out - 1)
-                    if n_out > 1 else None)
-            first_token, preemptions = first.first_token_time, first.num_preemptions
-            proposed, accepted = first.spec_proposed, first.spec_accepted
-        else:  # one pass: counts, TPOTs, first token
-            finished = first.pending_forks == 0
-            tpots, first_token, preemptions, proposed, accepted = [], None, 0, 0, 0
-            for s in seqs:
-                finished = finished and s.finish_reason is not None
-                n_out = len(s.output_ids)
-                if n_out > 1:
-                    tpots.append((s.last_token_time - s.first_token_time) / (n_out - 1))
-                t = s.first_token_time
-                if t is not None and (first_token is None or t < first_token):
-                    first_token = t
-                preemptions += s.num_preemptions
-                proposed += s.spec_proposed
-                accepted += s.spec_accepted
-            tpot = sum(tpots) / len(tpots) if tpots else None
+            finished = first.finish_reason is not None and first.pending_forks == 0
+            metrics = RequestMetrics(
+                first.arrival_time, first.first_scheduled_time, first.first_token_time,
+                now if finished else None, len(first.prompt_ids), first.num_cached_tokens,
+                first.num_preemptions,
+                (first.last_token_time - first.first_token_time) / (n_out - 1)
+                if n_out > 1 else None, first.spec_proposed, first.spec_accepted)
+            if delta:
+                prompt_ids = [] if first.delta_started else list(first.prompt_ids)
+                first.delta_started = True
+                return cls(request_id, prompt, prompt_ids, [_delta(first)], finished, metrics)
+            return cls(request_id, prompt, list(first.prompt_ids), [_completion(first)], finished,
+                       metrics)
+        seqs = sorted(seqs, key=lambda s: s.index)
+        first = seqs[0]
+        finished = first.pending_forks == 0  # one pass: counts, TPOTs, first token
+        tpots, first_token, preemptions, proposed, accepted = [], None, 0, 0, 0
+        for s in seqs:
+            finished = finished and s.finish_reason is not None
+            n_out = len(s.output_ids)
+            if n_out > 1:
+                tpots.append((s.last_token_time - s.first_token_time) / (n_out - 1))
+            t = s.first_token_time
+            if t is not None and (first_token is None or t < first_token):
+                first_token = t
+            preemptions += s.num_preemptions
+            proposed += s.spec_proposed
+            accepted += s.spec_accepted
+        tpot = sum(tpots) / len(tpots) if tpots else None
         metrics = RequestMetrics(
             first.arrival_time, first.first_scheduled_time, first_token,
             now if finished else None, len(first.prompt_ids), first.num_cached_tokens,
@@ -113,10 +119,14 @@ class RequestOutput:
             prompt_ids = [] if first.delta_started else list(first.prompt_ids)
             first.delta_started = True
             return cls(request_id, prompt, prompt_ids, outs, finished, metrics)
-        outs = [CompletionOutput(s.index, list(s.output_ids), s.safe_text, s.finish_reason,
-                                 None if s.logprobs is None else s.logprobs[:len(s.output_ids)])
-                for s in seqs]
-        return cls(request_id, prompt, list(first.prompt_ids), outs, finished, metrics)
+        return cls(request_id, prompt, list(first.prompt_ids), [_completion(s) for s in seqs],
+                   finished, metrics)
+
+
+def _completion(s: Sequence) -> CompletionOutput:
+    """All of `s` so far (copies: the caller may keep it while `s` goes on)."""
+    return CompletionOutput(s.index, list(s.output_ids), s.safe_text, s.finish_reason,
+                            None if s.logprobs is None else s.logprobs[:len(s.output_ids)])
 
 
 def _delta(s: Sequence) -> CompletionOutput:

@@ -63,6 +63,8 @@ ap.add_argument("--late-norm", action="store_true",
                 help="normed GEMVs gather the norm's statistics in their K loop (set_norm_late)")
 ap.add_argument("--pdl", action="store_true",
                 help="end-to-end tok/s with each kernel's PDL trigger point moved")
+ap.add_argument("--trials", default="all", choices=("all", "final"),
+                help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
                 help="after --pdl, profile the step again with its fastest trial's settings")
 ap.add_argument("--json", default=None, help="write the figures here")
@@ -73,6 +75,7 @@ BW = l3.load_ceilings("cuda").memory_bandwidth
 fused_ops = net.ops
 PAGED = sys.modules["layer1_kernels.paged_decode"]
 GEMV = sys.modules["layer1_kernels.gemv"]
+ROPE = sys.modules["layer1_kernels.gemv_rope"]
 result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
 
 
@@ -84,13 +87,17 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
 
 
 def set_triggers(attn_early: bool, early_kv: bool, early_bytes: float,
-                 pre_tiles: int = 1, late_norm: bool = False, in_qkv: bool = False) -> None:
+                 pre_tiles: int = 1, late_norm: bool = False, in_qkv: bool = False,
+                 in_qkv_keys: int = 32, in_qkv_tile: tuple = (4, 1024, 8)) -> None:
     """Where each kernel lets the next one launch (PDL): decode attention at its start or
     after its key loop (and its first tile loaded before its wait or after); GEMVs over at
     most early_bytes of weights right after their first tile, the others after their K loop;
     how many weight tiles a GEMV program requests before its wait; the normed GEMVs'
     statistics before their K loop or in it (late_norm); and the attention in its own launch
-    or in the qkv GEMV's (in_qkv: DecodeKernels.fuse_attention)."""
+    or in the qkv GEMV's (in_qkv: DecodeKernels.fuse_attention; in_qkv_keys keys a step of
+    its loop, in_qkv_tile the qkv launch's tile with it)."""
+    ROPE.ATTENTION_BLOCK_N = in_qkv_keys
+    ROPE.ATTENTION_TUNED[(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)] = in_qkv_tile
     dk = net.ops.decode
     if dk is not None and dk.fuse_attention != in_qkv:
         net.ops = dataclasses.replace(net.ops, decode=dataclasses.replace(
@@ -297,29 +304,39 @@ def pdl_variants() -> None:
               (True, f, 0, 1, True, f), (True, f, 0, 2, True, f), (True, True, 13 * mb, 2, True, f),
               (f, f, 0, 1, f, True), (f, f, 13 * mb, 1, f, True), (f, f, 13 * mb, 2, True, True),
               (f, f, 0, 1, f, f)]
+    if args.trials == "final":  # all off, attention's early trigger, attention in the qkv
+        # launch (32 keys a step, its wider tile; 16 keys, the plain tile): twice, interleaved
+        trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f), (f, f, 0, 1, f, True),
+                  (f, f, 0, 1, f, True, 16, (2, 1024, 4))] * 2
     first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
     # so every trial must pick the same tokens (a kernel reading too early would not); the
     # late norm rounds otherwise (random weights have near-ties: tokens may part after a while)
     best = None
-    for attn_early, early_kv, early_bytes, pre, late, in_qkv in trials:
-        set_triggers(attn_early, early_kv, early_bytes, pre, late, in_qkv)
+    for trial in trials:
+        attn_early, early_kv, early_bytes, pre, late, in_qkv = trial[:6]
+        set_triggers(*trial)
         toks: list = []
-        with torch.no_grad():
-            spt = greedy_seconds_per_token(tokens=toks)
+        try:
+            with torch.no_grad():
+                spt = greedy_seconds_per_token(tokens=toks)
+        except Exception as err:  # (a failing option must not cost the other trials)
+            print(f"pdl trial {trial} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
+            continue
         toks = torch.cat(toks).tolist()
         first = toks if first is None else first
         same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
                     len(toks))
         row = {"attn_early": attn_early, "early_kv": early_kv, "early_bytes": early_bytes,
                "pre_tiles": pre, "late_norm": late, "attention_in_qkv": in_qkv,
+               "in_qkv_keys_tile": trial[6:],
                "tokens_per_s": 1 / spt,
                "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same}
         result.setdefault("pdl", []).append(row)
         if best is None or spt < best[0]:
-            best = (spt, (attn_early, early_kv, early_bytes, pre, late, in_qkv))
+            best = (spt, trial)
         print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5} GEMVs <= "
               f"{early_bytes / mb:2.0f} MB early, {pre} tile(s) before the wait, late norm "
-              f"{late!s:5}, attention in qkv {in_qkv!s:5}: {1 / spt:7.1f} tok/s, "
+              f"{late!s:5}, attention in qkv {in_qkv!s:5}{trial[6:] or ''}: {1 / spt:7.1f} tok/s, "
               f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
               f"{len(toks)} tokens = the first trial's"
               + ("" if same == len(toks) or late or in_qkv else "  <-- DIFFER: a race?"),

@@ -324,6 +324,8 @@ def _check_attention(name, x, attention, n_q_heads, n_kv_heads, head_dim) -> Non
     if n_q_heads % n_kv_heads:
         raise ValueError(f"{name}: n_q_heads {n_q_heads} must be a multiple of n_kv_heads "
                          f"{n_kv_heads}")
+    if head_dim < 16 or head_dim & (head_dim - 1):  # (paged_decode's tiles: tensor-core dots)
+        raise ValueError(f"{name}: head_dim must be a power of two >= 16, got {head_dim}")
     for what, c in (("k_blocks", kb), ("v_blocks", vb)):
         if (c.dim() != 4 or c.shape[2:] != (n_kv_heads, head_dim) or c.dtype != x.dtype
                 or c.stride(-1) != 1 or c.device != x.device):

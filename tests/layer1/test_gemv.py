@@ -222,7 +222,7 @@ def _attention_case(m, hq, hkv, d, k, lens, paged, dtype, seed):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,hq,hkv,d,k,lens,paged,cfg", [
     (1, 4, 1, 16, 40, [7], False, None), (2, 6, 2, 16, 33, [1, 38], True, None),
-    (3, 8, 2, 8, 24, [17, 5, 33], True, (1, 16, 1)), (1, 4, 2, 16, 50, [40], False, (4, 16, 1)),
+    (3, 8, 2, 16, 24, [17, 5, 33], True, (1, 16, 1)), (1, 4, 2, 16, 50, [40], False, (4, 16, 1)),
     (2, 2, 2, 32, 20, [12, 0], False, (16, 16, 1))])
 def test_gemv_rope_attention_matches_unfused(dtype, m, hq, hkv, d, k, lens, paged, cfg):
     """The qkv GEMV with RoPE, the cache write and decode attention in one launch: qkv, h and
@@ -249,7 +249,7 @@ def test_gemv_rope_attention_matches_unfused(dtype, m, hq, hkv, d, k, lens, page
     assert rel(kb, kb2) < tol(dtype) and rel(vb, vb2) < tol(dtype)
     if 0 in lens:
         assert (o[lens.index(0)] == 0).all()
-    if hq // hkv <= 16 and d >= 16:  # (paged_decode's tiles: D >= 16)
+    if hq // hkv <= 16:
         split = paged_decode(q, kb, vb, tables, lens_t, 0.3, None, 2)
         assert rel(o, split) < tol(dtype)
     # the reference path (impl="torch") gives the same
@@ -273,6 +273,11 @@ def test_gemv_rope_attention_bad_input():
         gemv_rms_norm_rope_attention(*args, kb, vb, tables, lens[:1], 0.3)
     with pytest.raises(ValueError, match="a block per"):
         gemv_rms_norm_rope_attention(*args, kb[:1], vb[:1], None, lens, 0.3)
+    kb8 = torch.zeros(kb.shape[0], kb.shape[1], 1, 8, device=DEV)  # head_dim 8: too narrow
+    with pytest.raises(ValueError, match="power of two"):
+        gemv_rms_norm_rope_attention(x, w[:48], nw, eps, r, b, cos[:, :4], sin[:, :4], pos,
+                                     kb8.view(-1, 1, 8), kb8.view(-1, 1, 8), slot, 4, 1, 8, kb8,
+                                     kb8, tables, lens, 0.3)
 
 
 @pytest.mark.gpu

@@ -88,14 +88,17 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
 
 def set_triggers(attn_early: bool, early_kv: bool, early_bytes: float,
                  pre_tiles: int = 1, late_norm: bool = False, in_qkv: bool = False,
-                 in_qkv_keys: int = 32, in_qkv_tile: tuple = (4, 1024, 8)) -> None:
+                 in_qkv_keys: int = 32, in_qkv_tile: tuple = (4, 1024, 8),
+                 attn_config: dict | None = None) -> None:
     """Where each kernel lets the next one launch (PDL): decode attention at its start or
     after its key loop (and its first tile loaded before its wait or after); GEMVs over at
     most early_bytes of weights right after their first tile, the others after their K loop;
     how many weight tiles a GEMV program requests before its wait; the normed GEMVs'
     statistics before their K loop or in it (late_norm); and the attention in its own launch
     or in the qkv GEMV's (in_qkv: DecodeKernels.fuse_attention; in_qkv_keys keys a step of
-    its loop, in_qkv_tile the qkv launch's tile with it)."""
+    its loop, in_qkv_tile the qkv launch's tile with it); attn_config: the separate
+    attention's launch config (backends.ATTENTION_CONFIG; None: layer 1's default)."""
+    l3.backends.ATTENTION_CONFIG = attn_config
     ROPE.ATTENTION_BLOCK_N = in_qkv_keys
     ROPE.ATTENTION_TUNED[(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)] = in_qkv_tile
     dk = net.ops.decode
@@ -304,9 +307,12 @@ def pdl_variants() -> None:
               (True, f, 0, 1, True, f), (True, f, 0, 2, True, f), (True, True, 13 * mb, 2, True, f),
               (f, f, 0, 1, f, True), (f, f, 13 * mb, 1, f, True), (f, f, 13 * mb, 2, True, True),
               (f, f, 0, 1, f, f)]
-    if args.trials == "final":  # all off, attention's early trigger, attention in the qkv
-        # launch (32 keys a step, its wider tile; 16 keys, the plain tile): twice, interleaved
-        trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f), (f, f, 0, 1, f, True),
+    if args.trials == "final":  # all off, attention's early trigger (with 128 / 64 keys a
+        # step), attention in the qkv launch (32 keys a step, its wider tile; 16 keys, the
+        # plain tile): twice, interleaved
+        b64 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+        trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f),
+                  (True, f, 0, 1, f, f, 32, (4, 1024, 8), b64), (f, f, 0, 1, f, True),
                   (f, f, 0, 1, f, True, 16, (2, 1024, 4))] * 2
     first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
     # so every trial must pick the same tokens (a kernel reading too early would not); the

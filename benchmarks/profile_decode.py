@@ -345,8 +345,11 @@ def pdl_variants() -> None:
               f"{late!s:5}, attention in qkv {in_qkv!s:5}{trial[6:] or ''}: {1 / spt:7.1f} tok/s, "
               f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
               f"{len(toks)} tokens = the first trial's"
-              + ("" if same == len(toks) or late or in_qkv else "  <-- DIFFER: a race?"),
+              + ("" if same == len(toks) or late or in_qkv or trial[8:] else
+                 "  <-- DIFFER: a race?"),  # (those three options change the rounding)
               flush=True)
+    if best is None:
+        return
     result["pdl_best"] = best[1]
     print(f"pdl best: {best[1]} {1 / best[0]:.1f} tok/s", flush=True)
     if args.profile_best:

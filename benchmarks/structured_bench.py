@@ -8,9 +8,12 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   enums, bounded numbers, anyOf, patterns): a fresh compiler's first compile, then the
   cached second request (a cache hit + a copy of the compiled matcher).
 * mask: the mask alone per step at batch B, B rows mid-document: the host fill (one by one
-  on this thread, as the engine's own fill), then the apply: `TokenMasks.apply` as the
-  engine calls it (fill + one copy + one kernel launch: host time, then the time until the
-  device is done), the Triton kernel alone and the torch reference on device-resident inputs.
+  on this thread), the fill of B rows spread over a document (keys, numbers, enums, strings)
+  on 1, 2, 4 and the engine's default number of fill threads (llguidance's pool, the rows'
+  grammar in as many lanes: layer4_algorithms/structured/mask_fill.py), then the apply:
+  `TokenMasks.apply` as the engine calls it (fill + one copy + one kernel launch: host time,
+  then the time until the device is done), the Triton kernel alone and the torch reference
+  on device-resident inputs.
 * throughput at batch B (default 32): B prompts, N new tokens each, every row under a
   json_schema constraint that cannot finish within N tokens (an array of >= 64 objects), so
   every step masks every row; against the same requests unconstrained, with the engine's
@@ -20,10 +23,11 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   Generated tokens per wall second, each the best of --repeats runs after an untimed
   warm-up, a mode's variants run in turn (round robin) so a slow spell hits them alike;
   with the engine's own per-step mask figures (host fill, host apply) and its step count,
-  and the wall time per step. json_schema is the engine's way (the fill on its own thread;
-  under CUDA graphs the apply, and for a greedy step the masked argmax, replayed from a CUDA
-  graph); beside it under CUDA graphs plain_apply (the apply launched plainly), to show
-  what the apply's graphs give.
+  and the wall time per step. json_schema is the engine's way (the fill on its default fill
+  threads; under CUDA graphs the apply, and for a greedy step the masked argmax, replayed
+  from a CUDA graph); beside it, where that default is more than one thread, one_thread (the
+  fill one row at a time on the engine's thread), and under CUDA graphs plain_apply (the
+  apply launched plainly), to show what each gives.
 * --shape llama-3.2-1b (CUDA): the same async CUDA-graph comparison on random weights of
   that model's shape (vocabulary 128,256: the mask is 4,008 words a row) with the course
   tokenizer (so the grammar's fill walks the course vocabulary's 4,096 tokens, not a
@@ -98,6 +102,7 @@ class Throughput:
         self.row = {"batch": batch, "new_tokens": new, "constrained": constrained,
                     "async_scheduling": self.llm.config.async_scheduling,
                     "apply_graphs": self.llm.masks.graphs is not None,
+                    "fill_threads": self.llm.masks.fill_threads,
                     "tokens_per_s": 0.0, "runs": []}
 
     def _add_complete(self, seconds: float) -> None:
@@ -141,6 +146,22 @@ def mid_document(model: l3.Model, batch: int) -> tuple[list, l4.GrammarCompiler]
     return states, compiler
 
 
+DOC = ('[{"name":"Yorick","age":3,"tags":["red","blue"]},{"name":"Ophelia","age":17,'
+       '"tags":[]},{"name":"Horatio","age":30,"tags":["green"]},{"name":"Osric","age":2')
+
+
+def spread_states(model: l3.Model, batch: int, lanes: int) -> list:
+    """batch states of LONG at different places of one document (row i after its first
+    ~i * 40 / batch tokens): keys, numbers, enums and strings, as a real batch is."""
+    compiler = l4.GrammarCompiler.for_model(model, lanes=lanes)
+    doc = model.tokenizer.encode(DOC, add_special_tokens=False)
+    states = [compiler.state(l4.StructuredOutputsParams(json=LONG)) for _ in range(batch)]
+    for i, s in enumerate(states):
+        for t in doc[:i * (len(doc) - 1) // max(1, batch - 1)]:
+            assert s.accept(t)
+    return states
+
+
 def _median_us(fn, steps: int, device: torch.device) -> float:
     times = []
     for _ in range(steps):
@@ -170,6 +191,17 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
                          torch.device("cpu"))
     say(f"mask fill at batch {batch}, V={V}: {fill_us} us a step on this thread (warm: the "
         f"same states again and again)")
+    # rows spread over a document: one thread, then llguidance's pool over lanes of LONG
+    lanes = l4.structured.default_lanes(device.type)
+    spread = {}
+    for n in sorted({1, 2, 4, lanes}):
+        states = spread_states(model, batch, n)
+        pool = l4.structured.grammar.llg().LLExecutor(n) if n > 1 else None
+        l4.structured.fill_masks(states, bitmask, pool)  # (the lanes' first visits)
+        spread[n] = _median_us(lambda st=states, p=pool: l4.structured.fill_masks(st, bitmask, p),
+                               steps, torch.device("cpu"))
+    say(f"mask fill at batch {batch}, rows spread over a document: {spread} us a step by fill "
+        f"threads (= lanes; the engine's default here: {lanes})")
 
     class Row:
         def __init__(self, g):
@@ -226,7 +258,8 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
                 lambda impl=impl: l4.apply_token_bitmask_(logits, dev_bitmask, rows,
                                                           impl=impl)), 1)
     say(f"mask apply at batch {batch}: {apply}")
-    return {"batch": batch, "vocab": V, "fill_us": fill_us, **apply}
+    return {"batch": batch, "vocab": V, "fill_us": fill_us, "fill_spread_us_by_threads": spread,
+            "default_fill_threads": lanes, **apply}
 
 
 def compile_times(model: l3.Model) -> dict:
@@ -259,7 +292,7 @@ def compile_times(model: l3.Model) -> dict:
 
 def others(row: dict) -> str:
     """The other ways' ratios of a mode's row."""
-    names = {"plain_apply": "apply launched plainly"}
+    names = {"one_thread": "fill on one thread", "plain_apply": "apply launched plainly"}
     got = [f"{text} {row[f'ratio_{v}']}x" for v, text in names.items() if f"ratio_{v}" in row]
     return ", ".join(got) or "no other way"
 
@@ -342,18 +375,20 @@ def main(argv: list[str] | None = None) -> dict:
                          graph if args.device == "cuda" else {"async_scheduling": True}))
     for name, m, engine in modes:
         row = {"scheduling": name, "engine": engine}
-        variants = [("unconstrained", False, None), ("json_schema", True, None)]
+        variants = [("unconstrained", False, None, {}), ("json_schema", True, None, {})]
+        if l4.structured.default_lanes(args.device) > 1:  # the fill on the pool, or not
+            variants.append(("json_schema_one_thread", True, None, {"grammar_fill_threads": 1}))
         if engine.get("cuda_graph", False) and args.device == "cuda":  # the apply's graphs
-            variants.append(("json_schema_plain_apply", True, False))
+            variants.append(("json_schema_plain_apply", True, False, {}))
         runs = {}
-        for key, constrained, apply_graphs in variants:
+        for key, constrained, apply_graphs, more in variants:
             if time.perf_counter() - T0 > args.time_limit:
                 skipped.append(f"{name}/{key}")
                 say(f"{name}/{key}: skipped (past --time-limit {args.time_limit} s)")
                 continue
             try:  # (a variant that fails is reported, the others go on)
                 runs[key] = Throughput(m, args.batch, args.new_tokens, constrained,
-                                       apply_graphs, **engine)
+                                       apply_graphs, **engine, **more)
             except Exception as e:  # noqa: BLE001
                 row[key] = {"error": f"{type(e).__name__}: {e}"}
                 say(f"{name}/{key}: FAILED to start: {row[key]['error']}")
@@ -370,7 +405,8 @@ def main(argv: list[str] | None = None) -> dict:
                     del runs[key]
         for key, t in runs.items():
             r = row[key] = t.row
-            extra = (f", apply graphs {r['apply_graphs']} {r.get('mask_graphs', '')}; engine "
+            extra = (f", fill threads {r['fill_threads']}, apply graphs {r['apply_graphs']} "
+                     f"{r.get('mask_graphs', '')}; engine "
                      f"mask fill {r.get('engine_fill_us_per_step')} us + apply "
                      f"{r.get('engine_apply_us_per_step')} us per step, "
                      f"{r.get('masked_steps')} masked steps"
@@ -387,7 +423,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ok("unconstrained") and ok("json_schema"):
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("plain_apply",):
+            for v in ("one_thread", "plain_apply"):
                 if ok(f"json_schema_{v}"):
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x ({others(row)}; "

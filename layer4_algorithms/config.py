@@ -77,7 +77,9 @@ class EngineConfig:
     later; see engine.py). None: on for a CUDA model without speculative decoding, else off;
     True with speculative decoding is an error (verification needs the tokens on the host).
     Outputs are the same either way; while a request with penalties or logprobs is live the
-    engine runs its steps synchronously."""
+    engine runs its steps synchronously. grammar_fill_threads: threads that fill a step's
+    grammar masks (structured outputs; each constraint then compiled once per thread, see
+    structured/grammar.py); None: half the CPUs up to 8 for a CUDA engine on >= 8 CPUs, else 1."""
 
     backend: str = "torch"
     dtype: str | torch.dtype | None = None
@@ -96,6 +98,7 @@ class EngineConfig:
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None
+    grammar_fill_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.speculative = SpecConfig.of(self.speculative)
@@ -126,6 +129,7 @@ class EngineConfig:
             f"gpu_memory_utilization must be in (0, 1], got {util!r}",
             positive("max_num_seqs"), positive("max_num_batched_tokens"),
             positive("max_model_len", True), positive("attn_bytes_limit"),
+            positive("grammar_fill_threads", True),
             flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
             None if self.async_scheduling is None or isinstance(self.async_scheduling, bool) else
             f"async_scheduling must be True, False or None, got {self.async_scheduling!r}",

@@ -51,7 +51,7 @@ from .outputs import ProgressBar, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
-from .structured import GrammarCompiler, TokenMasks
+from .structured import GrammarCompiler, TokenMasks, default_lanes
 
 
 class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
@@ -104,10 +104,13 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
-        self.grammars = GrammarCompiler.for_model(self.model)  # structured outputs (lazy)
+        lanes = self.config.grammar_fill_threads or default_lanes(self.model.net.device.type)
+        self.config = replace(self.config, grammar_fill_threads=lanes)
+        self.grammars = GrammarCompiler.for_model(self.model, lanes=lanes)  # (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
                                 rows=self.config.max_num_seqs,  # buffers made on first use
-                                graphs=self.config.cuda_graph)  # (the apply's graphs)
+                                graphs=self.config.cuda_graph,  # (the apply's graphs)
+                                fill_threads=lanes)
         self.closed = False
         self.reset_stats()
 

@@ -7,7 +7,8 @@ a 32k vocabulary instead of 32k bools). Per step:
     host    each constrained row's parser writes its row of a (R, W) int32 bitmask
             (llguidance walks its token trie against the lexer; a few us per row at a 4k
             vocabulary, more at 128k), in pinned memory reused step after step
-            (`TokenMasks`): one by one on the engine's thread (mask_fill.py says why)
+            (`TokenMasks`): one by one on the engine's thread, or on llguidance's pool of
+            `fill_threads` threads, a lane each (mask_fill.py says why)
     copy    the (R, W) bitmask and the R row indices to the device in one non-blocking copy
             (R * (W + 1) * 4 bytes: 16 KB at R = 32, V = 128k)
     apply   one Triton kernel (mask_kernel.py) sets the refused logits of those R rows to
@@ -129,11 +130,12 @@ class TokenMasks:
     twice the need) when a step has more constrained rows than they hold. `prepare` fills
     (on this thread), `launch` applies. graphs: the apply's copy + kernel replayed from CUDA
     graphs once steady (mask_graph.py; CUDA only; for engines whose logits sit in CUDA
-    graphs' static buffers). `stats`: steps masked, rows masked, seconds the engine's thread
-    spent filling, seconds launching the apply."""
+    graphs' static buffers). fill_threads > 1: the fill runs on llguidance's pool of that
+    many threads (the rows' grammars in as many lanes: grammar.py). `stats`: steps masked,
+    rows masked, seconds the engine's thread spent filling, seconds launching the apply."""
 
     def __init__(self, vocab_size: int, device: torch.device | str, *, rows: int = 32,
-                 graphs: bool = False) -> None:
+                 graphs: bool = False, fill_threads: int = 1) -> None:
         self.vocab_size = vocab_size
         self.W = words(vocab_size)
         self.device = torch.device(device)
@@ -146,6 +148,8 @@ class TokenMasks:
         self._arena = 0
         self.graphs = MaskGraphs() if graphs and self.cuda else None
         self.argmax: torch.Tensor | None = None  # the last launch's greedy tokens (launch)
+        self.fill_threads = fill_threads
+        self._pool = None  # llguidance's LLExecutor, made by the first fill that uses it
         self.stats = {"steps": 0, "rows": 0, "fill_s": 0.0, "apply_s": 0.0}
 
     def _buffers(self, n: int) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -188,7 +192,11 @@ class TokenMasks:
         if got is None:
             return None
         states, rows, prepared = got
-        fill_masks(states, rows)
+        if self._pool is None and self.fill_threads > 1 and len(states) > 1:
+            from .grammar import llg
+
+            self._pool = llg().LLExecutor(self.fill_threads)
+        fill_masks(states, rows, self._pool)
         self.stats["fill_s"] += time.perf_counter() - t0
         return prepared
 

@@ -15,14 +15,24 @@ The vocabulary ("tokenizer info"): llguidance reads the model's own `tokenizer.j
 every token id, which it needs to decide which tokens can extend the text without leaving the
 grammar. JSON is compiled compact (no free whitespace between tokens, "," and ":" as
 separators): a small model cannot then stall in an endless run of spaces and newlines.
+
+Lanes: the copies of one compiled matcher share its lexer behind one lock (llguidance builds
+the lexer's automaton lazily and keeps it with the compiled grammar), and a row's mask holds
+that lock for its whole token-trie walk. So rows of one schema cannot fill in parallel
+unless they hang off different compiles of it: with `lanes` = L > 1 the compiler keeps up
+to L compiled matchers per constraint (lane i compiled when a request first lands on it) and
+deals its requests' states out to them in turn; mask_fill.py fills the lanes on L threads.
 """
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from types import ModuleType
 from typing import TYPE_CHECKING
 
@@ -98,20 +108,23 @@ def llg_tokenizer(tokenizer: l3.Tokenizer, vocab_size: int,
 
 class GrammarCompiler:
     """Compiles constraints for one model, on `threads` worker threads, caching the compiled
-    matcher of the last `cache_size` distinct constraints. `compile(spec)` returns a Future of
-    a fresh llguidance LLMatcher (nothing consumed); copy it before use (`state(spec)`, a
-    new sequence's GrammarState, does). Nothing is built until the first constraint comes.
+    matchers of the last `cache_size` distinct constraints (each in up to `lanes` compiles:
+    the module docstring says why). `compile(spec, lane)` returns a Future of a fresh
+    llguidance LLMatcher (nothing consumed); copy it before use (`state(spec)`, a new
+    sequence's GrammarState, does). Nothing is built until the first constraint comes.
     `stats`: compiles, cache hits and seconds spent compiling."""
 
     def __init__(self, tokenizer: l3.Tokenizer | None, vocab_size: int,
                  eos_token_ids: tuple[int, ...], *, threads: int = 1,
-                 cache_size: int = 256) -> None:
+                 cache_size: int = 256, lanes: int = 1) -> None:
         self._source = tokenizer
         self._tokenizer: llguidance.LLTokenizer | None = None  # built by the first compile
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, str], Future] = OrderedDict()
+        self.lanes = max(1, lanes)
+        self._next_lane = itertools.count()  # requests dealt out to the lanes in turn
+        self._cache: OrderedDict[tuple[tuple[str, str], int], Future] = OrderedDict()
         self._lock = threading.Lock()
         self._threads = threads
         self._pool: ThreadPoolExecutor | None = None
@@ -130,12 +143,13 @@ class GrammarCompiler:
     def for_model(cls, model: l3.Model, **kwargs) -> GrammarCompiler:
         return cls(model.tokenizer, model.config.vocab_size, model.eos_token_ids, **kwargs)
 
-    def compile(self, spec: l3.StructuredOutputsParams) -> Future:
-        """Future of the compiled (fresh) matcher; from the cache when seen before."""
+    def compile(self, spec: l3.StructuredOutputsParams, lane: int = 0) -> Future:
+        """Future of the compiled (fresh) matcher of lane `lane`; from the cache when seen
+        before."""
         if self._source is None:
             raise ValueError("structured outputs need the model's tokenizer (tokenizer.json): "
                              "this model has none")
-        key = spec.key
+        key = (spec.key, lane)
         with self._lock:
             fut = self._cache.get(key)
             if fut is not None:
@@ -146,19 +160,27 @@ class GrammarCompiler:
                 self._pool = ThreadPoolExecutor(self._threads, thread_name_prefix="grammar")
             fut = self._pool.submit(self._build, spec)
             self._cache[key] = fut
-            while len(self._cache) > self.cache_size:
+            while len(self._cache) > self.cache_size * self.lanes:
                 self._cache.popitem(last=False)
         return fut
+
+    def next_lane(self, spec: l3.StructuredOutputsParams) -> tuple[Future, int]:
+        """(the compiled matcher's Future, its lane) for the next state of spec: the lanes
+        in turn."""
+        lane = next(self._next_lane) % self.lanes
+        return self.compile(spec, lane), lane
 
     def state(self, spec: l3.StructuredOutputsParams) -> GrammarState:
         """A new sequence's grammar state; its compile starts now (or comes from the cache).
         ValueError for a constraint that cannot compile (checked here, once per constraint:
         the request is refused when it is added, not failed in a step)."""
         with self._lock:
-            seen = spec.key in self._cache
+            seen = any((spec.key, i) in self._cache for i in range(self.lanes))
         if not seen:
             check(spec)
-        return GrammarState(self.compile(spec), self.eos_token_ids)
+        compiled, lane = self.next_lane(spec)
+        return GrammarState(compiled, self.eos_token_ids, lane=lane,
+                            relane=partial(self.next_lane, spec))
 
     def _build(self, spec: l3.StructuredOutputsParams) -> llguidance.LLMatcher:
         t0 = time.perf_counter()
@@ -173,3 +195,15 @@ class GrammarCompiler:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def default_lanes(device_type: str) -> int:
+    """Fill lanes (= fill threads) when the engine's config leaves them to the engine: on a
+    GPU engine with >= 8 CPUs to itself, half of them up to 8 (its step is short and the
+    host's, so the fill is worth spreading); 1 elsewhere (a CPU engine's step is the model's
+    own matmuls, and they want the cores)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every platform)
+        cpus = os.cpu_count() or 1
+    return min(8, cpus // 2) if device_type == "cuda" and cpus >= 8 else 1

@@ -1,16 +1,24 @@
-"""How a step's masks get filled on the host: one row at a time on the engine's thread, each
-at its row's address in the step's pinned arena. The masks' layout, buffers and application
-are bitmask.py's.
+"""How a step's masks get filled on the host: each row at its row's address in the step's
+pinned arena, by llguidance, on the engine's thread (one row at a time) or, with fill
+threads, on llguidance's pool (all rows in one GIL-free call the engine's thread waits for).
+The masks' layout, buffers and application are bitmask.py's.
 
-Why on the engine's own thread, always: the other ways were built and measured on GPU hosts
-(course model, batch 32, async scheduling with CUDA graphs, where the step is short and
-host-bound) and lost. A helper thread paid more in GIL hand-overs (each wakes a sleeping
-thread: 100-200 us a step) than the fill it hid (0.32x the unconstrained tokens/s against
-0.44x); llguidance's thread pool lost to one row at a time at every size (its threads sleep
-between steps); a worker process holding the grammars took the advance and fill off the
-engine's thread, but its hand-over and its own slower fill made the engine wait (0.67-0.75x
-against 0.85x on the engine's thread, once the apply replayed from a CUDA graph). The fill
-runs after the step's forward is queued, so on a GPU it overlaps the forward's device time.
+Why the engine's thread waits for the fill instead of handing it over: the other ways were
+built and measured on GPU hosts (course model, batch 32, async scheduling with CUDA graphs,
+where the step is short and host-bound) and lost. A helper thread paid more in GIL
+hand-overs (each wakes a sleeping thread: 100-200 us a step) than the fill it hid (0.32x the
+unconstrained tokens/s against 0.44x); a worker process holding the grammars took the advance
+and fill off the engine's thread, but its hand-over and its own slower fill made the engine
+wait (0.67-0.75x against 0.85x on the engine's thread). The fill runs after the step's
+forward is queued, so on a GPU it overlaps the forward's device time, but on a host-bound
+step it adds to the step: 32 rows at ~10 us each are ~0.3-0.4 ms.
+
+Why llguidance's pool once lost too, and how lanes fix it: its threads were handed rows that
+were all copies of one compiled grammar, and the copies share one lexer behind one lock held
+for a row's whole mask (grammar.py), so the threads queued on that lock (8 threads slower
+than 1 at every size). With lanes each thread's rows hang off their own compile of the
+schema: the rows are sorted by lane, so the pool's split of the list hands each thread
+mostly one lane's rows, and the lanes fill side by side.
 """
 from __future__ import annotations
 
@@ -21,14 +29,24 @@ import torch
 from .state import FAILED
 
 
-def fill_masks(states: Sequence, bitmask: torch.Tensor) -> None:
-    """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens, one row
-    at a time on this thread (llguidance drops the GIL inside each call)."""
+def fill_masks(states: Sequence, bitmask: torch.Tensor, pool=None) -> None:
+    """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens. pool:
+    an llguidance LLExecutor: every row in one call on its threads (rows ordered by lane);
+    else one row at a time on this thread (llguidance drops the GIL inside each call)."""
     rows = bitmask.numpy()
     base, size = bitmask.data_ptr(), rows.shape[1] * 4  # (row j's address: no per-row
-    for j, s in enumerate(states):  # numpy/ctypes objects)
-        m = s._matcher or s.matcher  # (made on first use: waits for its compile)
-        if m is FAILED:  # a grammar that did not compile: EOS only
-            s.fill(rows[j])
+    matchers = [s._matcher or s.matcher for s in states]  # numpy/ctypes objects; a matcher
+    if pool is not None and len(states) > 1:  # is made on first use: waits for its compile)
+        order = sorted(range(len(states)), key=[s.lane for s in states].__getitem__)
+        pairs = [(matchers[j], j) for j in order if matchers[j] is not FAILED]
+        if pairs:
+            pool.unsafe_compute_mask_ptr(pairs, base, size, len(states))
+        for j, m in enumerate(matchers):
+            if m is FAILED:  # a grammar that did not compile: EOS only
+                states[j].fill(rows[j])
+        return
+    for j, m in enumerate(matchers):
+        if m is FAILED:
+            states[j].fill(rows[j])
         else:  # (a matcher in error or stopped writes an EOS-only row itself)
             m.unsafe_compute_mask_ptr(base + j * size, size)

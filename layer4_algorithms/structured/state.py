@@ -18,6 +18,7 @@ sequence instead of letting it run unconstrained.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
@@ -29,10 +30,15 @@ if TYPE_CHECKING:
 
 class GrammarState:
     """compiled: the Future of the compiled grammar's fresh matcher (GrammarCompiler.compile);
-    the state copies it when first needed, waiting for the compile only then."""
+    the state copies it when first needed, waiting for the compile only then. lane: which of
+    the constraint's compiles it is (grammar.py: rows of different lanes fill in parallel);
+    relane: () -> (Future, lane) of the next lane's compile, for forks."""
 
-    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...]) -> None:
+    def __init__(self, compiled: Future, eos_token_ids: tuple[int, ...], *, lane: int = 0,
+                 relane: Callable[[], tuple[Future, int]] | None = None) -> None:
         self._compiled = compiled
+        self.lane = lane
+        self._relane = relane
         self._matcher: llguidance.LLMatcher | None = None
         self.eos_token_ids = eos_token_ids
         self.num_accepted = 0
@@ -60,7 +66,8 @@ class GrammarState:
         first output token)."""
         if self.num_accepted:
             raise RuntimeError("a grammar state forks before its first token")
-        return GrammarState(self._compiled, self.eos_token_ids)
+        compiled, lane = self._relane() if self._relane else (self._compiled, self.lane)
+        return GrammarState(compiled, self.eos_token_ids, lane=lane, relane=self._relane)
 
     def accept(self, token: int) -> bool:
         """Advance by one sampled token; False (and failed) if the grammar refuses it."""

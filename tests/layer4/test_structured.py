@@ -150,6 +150,43 @@ def test_mask_rows_touches_only_constrained_rows(course_model):
     assert texts and all("yes".startswith(t) or "no".startswith(t) for t in texts), texts
 
 
+def test_fill_threads_over_lanes_give_the_one_thread_masks(course_model):
+    """With lanes the compiler deals a constraint's states out to its compiles in turn (forks
+    take the next lane), and the pool's fill of rows ordered by lane writes the rows one
+    thread writes one by one: mixed schemas, a failed row (EOS only) included."""
+    compiler = l4.GrammarCompiler.for_model(course_model, lanes=3)
+    states = [compiler.state(SO(json=PERSON)) for _ in range(4)]
+    assert [q.lane for q in states] == [0, 1, 2, 0]
+    assert states[0].fork().lane == 1  # (the counter moved on: the 5th state of PERSON)
+    grammars = [q.grammar for q in rows_for(course_model, compiler, "ggxgggfg") if q.grammar]
+    for q in grammars[:3]:  # mid-document rows too
+        for t in course_model.tokenizer.encode('{"', add_special_tokens=False):
+            q.accept(t)
+    V = course_model.config.vocab_size
+    one, many = l4.structured.allocate(len(grammars), V), l4.structured.allocate(len(grammars), V)
+    pool = l4.structured.grammar.llg().LLExecutor(3)
+    l4.structured.fill_masks(grammars, one)
+    l4.structured.fill_masks(grammars, many, pool)
+    assert torch.equal(one, many)
+    assert compiler.stats["compiles"] <= 3 + 3 * 6  # at most one compile a (schema, lane)
+
+
+def test_engine_outputs_do_not_depend_on_its_fill_threads(course_model):
+    spec = SO(json=SCHEMAS[5])
+    ps = [params(spec, i, temperature=0 if i % 2 else 0.8, max_tokens=40) for i in range(6)]
+    prompts = ["HAMLET.\n", "ROMEO.\n", "JULIET.\n"] * 2
+    texts = []
+    for threads in (1, 3):
+        llm = l4.LLM(course_model, num_blocks=64, async_scheduling=True,
+                     grammar_fill_threads=threads)
+        assert llm.grammars.lanes == threads and llm.masks.fill_threads == threads
+        texts.append([o.outputs[0].text for o in llm.generate(prompts, ps)])
+        assert llm.masks.stats["steps"] > 0
+    assert texts[0] == texts[1]
+    for t in texts[1]:
+        valid(t, SCHEMAS[5])
+
+
 # ---- outputs match their constraint --------------------------------------------------------
 def test_json_schemas_parse_and_validate(llm):
     schemas = SCHEMAS[::4]  # 14 of them here; layer 6's API test runs them all

@@ -92,7 +92,8 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             speculator = EngineSpeculator.from_config(self.config, self.model)
         self.speculator = speculator
         overlap = self.config.async_for(self.model.net.device.type, speculator is not None)
-        self.config = replace(self.config, async_scheduling=overlap)
+        lanes = self.config.grammar_fill_threads or default_lanes(self.model.net.device.type)
+        self.config = replace(self.config, async_scheduling=overlap, grammar_fill_threads=lanes)
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0
         release = (speculator.release,) if speculator is not None else ()
         self.scheduler = Scheduler(self.block_manager, self.config,
@@ -104,8 +105,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
-        lanes = self.config.grammar_fill_threads or default_lanes(self.model.net.device.type)
-        self.config = replace(self.config, grammar_fill_threads=lanes)
+        lanes = self.config.grammar_fill_threads
         self.grammars = GrammarCompiler.for_model(self.model, lanes=lanes)  # (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,
                                 rows=self.config.max_num_seqs,  # buffers made on first use

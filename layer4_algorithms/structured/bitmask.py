@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .mask_fill import fill_masks
+from .mask_fill import POOL_MIN_ROWS, fill_masks
 from .mask_graph import MaskGraphs, plain
 
 
@@ -192,7 +192,7 @@ class TokenMasks:
         if got is None:
             return None
         states, rows, prepared = got
-        if self._pool is None and self.fill_threads > 1 and len(states) > 1:
+        if self._pool is None and self.fill_threads > 1 and len(states) >= POOL_MIN_ROWS:
             from .grammar import llg
 
             self._pool = llg().LLExecutor(self.fill_threads)

@@ -28,15 +28,21 @@ import torch
 
 from .state import FAILED
 
+# fewer rows fill one by one: waking the pool's threads (~10-30 us) costs more than it saves
+POOL_MIN_ROWS = 4
+
 
 def fill_masks(states: Sequence, bitmask: torch.Tensor, pool=None) -> None:
     """Row j of bitmask (R, W) int32 on the host <- states[j]'s allowed next tokens. pool:
-    an llguidance LLExecutor: every row in one call on its threads (rows ordered by lane);
-    else one row at a time on this thread (llguidance drops the GIL inside each call)."""
+    an llguidance LLExecutor: every row in one call on its threads (rows ordered by lane;
+    at least POOL_MIN_ROWS rows); else one row at a time on this thread (llguidance drops
+    the GIL inside each call)."""
     rows = bitmask.numpy()
-    base, size = bitmask.data_ptr(), rows.shape[1] * 4  # (row j's address: no per-row
-    matchers = [s._matcher or s.matcher for s in states]  # numpy/ctypes objects; a matcher
-    if pool is not None and len(states) > 1:  # is made on first use: waits for its compile)
+    # row j's address (no numpy/ctypes object per row); a matcher is made on first use,
+    # waiting for its compile
+    base, size = bitmask.data_ptr(), rows.shape[1] * 4
+    matchers = [s._matcher or s.matcher for s in states]
+    if pool is not None and len(states) >= POOL_MIN_ROWS:
         order = sorted(range(len(states)), key=[s.lane for s in states].__getitem__)
         pairs = [(matchers[j], j) for j in order if matchers[j] is not FAILED]
         if pairs:

@@ -25,9 +25,10 @@ Parts, in this order, each printed (flushed) as it ends, the whole bounded by --
   with the engine's own per-step mask figures (host fill, host apply) and its step count,
   and the wall time per step. json_schema is the engine's way (the fill on its default fill
   threads; under CUDA graphs the apply, and for a greedy step the masked argmax, replayed
-  from a CUDA graph); beside it, where that default is more than one thread, one_thread (the
-  fill one row at a time on the engine's thread), and under CUDA graphs plain_apply (the
-  apply launched plainly), to show what each gives.
+  from a CUDA graph); beside it, on a host with >= 8 CPUs, the other way of filling:
+  one_thread (one row at a time on the engine's thread) where the default is the pool, else
+  pool (llguidance's pool over lanes); under CUDA graphs plain_apply (the apply launched
+  plainly): to show what each gives.
 * --shape llama-3.2-1b (CUDA): the same async CUDA-graph comparison on random weights of
   that model's shape (vocabulary 128,256: the mask is 4,008 words a row) with the course
   tokenizer (so the grammar's fill walks the course vocabulary's 4,096 tokens, not a
@@ -42,6 +43,7 @@ import gc
 import json
 import os
 import platform
+import signal
 import statistics
 import sys
 import time
@@ -192,7 +194,7 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
     say(f"mask fill at batch {batch}, V={V}: {fill_us} us a step on this thread (warm: the "
         f"same states again and again)")
     # rows spread over a document: one thread, then llguidance's pool over lanes of LONG
-    lanes = l4.structured.default_lanes(device.type)
+    lanes = l4.structured.host_lanes()
     spread = {}
     for n in sorted({1, 2, 4, lanes}):
         states = spread_states(model, batch, n)
@@ -201,7 +203,8 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
         spread[n] = _median_us(lambda st=states, p=pool: l4.structured.fill_masks(st, bitmask, p),
                                steps, torch.device("cpu"))
     say(f"mask fill at batch {batch}, rows spread over a document: {spread} us a step by fill "
-        f"threads (= lanes; the engine's default here: {lanes})")
+        f"threads (= lanes; this host's share: {lanes}, the engine's default: "
+        f"{l4.structured.default_lanes(device.type)})")
 
     class Row:
         def __init__(self, g):
@@ -259,7 +262,8 @@ def mask_cost(model: l3.Model, batch: int, steps: int = 50) -> dict:
                                                           impl=impl)), 1)
     say(f"mask apply at batch {batch}: {apply}")
     return {"batch": batch, "vocab": V, "fill_us": fill_us, "fill_spread_us_by_threads": spread,
-            "default_fill_threads": lanes, **apply}
+            "host_fill_threads": lanes,
+            "default_fill_threads": l4.structured.default_lanes(device.type), **apply}
 
 
 def compile_times(model: l3.Model) -> dict:
@@ -292,7 +296,8 @@ def compile_times(model: l3.Model) -> dict:
 
 def others(row: dict) -> str:
     """The other ways' ratios of a mode's row."""
-    names = {"one_thread": "fill on one thread", "plain_apply": "apply launched plainly"}
+    names = {"one_thread": "fill on one thread", "pool": "fill on the pool",
+             "plain_apply": "apply launched plainly"}
     got = [f"{text} {row[f'ratio_{v}']}x" for v, text in names.items() if f"ratio_{v}" in row]
     return ", ".join(got) or "no other way"
 
@@ -334,6 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, default=None, help="folder for structured_bench.json")
     args = ap.parse_args(argv)
     faulthandler.dump_traceback_later(args.time_limit + 60, exit=True)
+    faulthandler.register(signal.SIGTERM, chain=True)  # killed by a caller's limit: say where
     if args.quick:
         args.batch, args.new_tokens, args.repeats = 4, 24, 1
     dtype = "bfloat16" if args.device == "cuda" else "float32"
@@ -376,8 +382,11 @@ def main(argv: list[str] | None = None) -> dict:
     for name, m, engine in modes:
         row = {"scheduling": name, "engine": engine}
         variants = [("unconstrained", False, None, {}), ("json_schema", True, None, {})]
-        if l4.structured.default_lanes(args.device) > 1:  # the fill on the pool, or not
+        lanes = l4.structured.host_lanes()
+        if lanes > 1 and l4.structured.default_lanes(args.device) > 1:  # the other fill way
             variants.append(("json_schema_one_thread", True, None, {"grammar_fill_threads": 1}))
+        elif lanes > 1:
+            variants.append(("json_schema_pool", True, None, {"grammar_fill_threads": lanes}))
         if engine.get("cuda_graph", False) and args.device == "cuda":  # the apply's graphs
             variants.append(("json_schema_plain_apply", True, False, {}))
         runs = {}
@@ -423,7 +432,7 @@ def main(argv: list[str] | None = None) -> dict:
         if ok("unconstrained") and ok("json_schema"):
             free = row["unconstrained"]["tokens_per_s"]
             row["ratio"] = round(row["json_schema"]["tokens_per_s"] / free, 3)
-            for v in ("one_thread", "plain_apply"):
+            for v in ("one_thread", "pool", "plain_apply"):
                 if ok(f"json_schema_{v}"):
                     row[f"ratio_{v}"] = round(row[f"json_schema_{v}"]["tokens_per_s"] / free, 3)
             say(f"{name}: json_schema / unconstrained = {row['ratio']}x ({others(row)}; "

@@ -18,7 +18,8 @@
 # Shorter: PYTEST_K=cuda_graphs PYTEST_S=100 BENCH_S=150 TIME_LIMIT=100 PHASES_S=40
 # (the GPU tests of the CUDA-graph path only; bench modes that would start after 100 s skipped;
 # PHASES_S=0 skips the host phases).
-# REPEATS=N: each variant's best of N runs (default 2).
+# REPEATS=N: each variant's best of N runs (default 2). PYTEST_TIMEOUT: seconds a GPU test may
+# take before its stacks are printed and it fails (default 60).
 set -uo pipefail
 out=${OUT:-gpu-out}; mkdir -p "$out"
 device=${DEVICE:-cuda}
@@ -29,7 +30,7 @@ python3 -c "import os, torch, triton, llguidance; print(torch.cuda.get_device_na
 if torch.cuda.is_available() else 'no GPU', 'torch', torch.__version__, 'triton', \
 triton.__version__, 'llguidance', llguidance.__version__, 'cpus', os.cpu_count())"
 step pytest_structured_gpu "${PYTEST_S:-150}" python3 -m pytest -m gpu -s -v -rfE -p no:cacheprovider \
-    --timeout 60 ${PYTEST_K:+-k "$PYTEST_K"} tests/layer4/test_structured_gpu.py
+    --timeout "${PYTEST_TIMEOUT:-60}" ${PYTEST_K:+-k "$PYTEST_K"} tests/layer4/test_structured_gpu.py
 grep -E "apply \(|^masks|PASSED|FAILED|ERROR|SKIPPED|passed|failed|skipped" \
     "$out/pytest_structured_gpu.log" | tail -12
 size=(--repeats "${REPEATS:-2}" --new-tokens 128)

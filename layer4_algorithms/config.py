@@ -79,7 +79,7 @@ class EngineConfig:
     Outputs are the same either way; while a request with penalties or logprobs is live the
     engine runs its steps synchronously. grammar_fill_threads: threads that fill a step's
     grammar masks (structured outputs; each constraint then compiled once per thread, see
-    structured/grammar.py); None: half the CPUs up to 8 for a CUDA engine on >= 8 CPUs, else 1."""
+    structured/grammar.py); None: structured.default_lanes (1, or the host's share of CPUs)."""
 
     backend: str = "torch"
     dtype: str | torch.dtype | None = None

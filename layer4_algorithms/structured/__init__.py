@@ -10,10 +10,10 @@ CUDA graph under CUDA-graph decoding: mask_graph.py);
 with a constraint, for layer 6's 400s). (Lab 4's exercise 4 is the mask at teaching size, on
 a small automaton: labs/lab4_algorithms/lab4_reference.py.)"""
 from .bitmask import TokenMasks, allocate, apply_token_bitmask_, mask_rows, mask_spec, unpack
-from .grammar import GrammarCompiler, check, default_lanes, llg_tokenizer, to_grammar
+from .grammar import GrammarCompiler, check, default_lanes, host_lanes, llg_tokenizer, to_grammar
 from .mask_fill import fill_masks
 from .state import GrammarState
 
 __all__ = ["GrammarCompiler", "GrammarState", "check", "to_grammar", "llg_tokenizer",
-           "default_lanes", "allocate", "unpack", "apply_token_bitmask_", "fill_masks",
-           "mask_rows", "mask_spec", "TokenMasks"]
+           "default_lanes", "host_lanes", "allocate", "unpack", "apply_token_bitmask_",
+           "fill_masks", "mask_rows", "mask_spec", "TokenMasks"]

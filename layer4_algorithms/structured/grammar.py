@@ -197,13 +197,23 @@ class GrammarCompiler:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def default_lanes(device_type: str) -> int:
-    """Fill lanes (= fill threads) when the engine's config leaves them to the engine: on a
-    GPU engine with >= 8 CPUs to itself, half of them up to 8 (its step is short and the
-    host's, so the fill is worth spreading); 1 elsewhere (a CPU engine's step is the model's
-    own matmuls, and they want the cores)."""
+# fill threads by default for a GPU engine (a CPU engine's step is its model's matmuls,
+# which want the cores): proven, or not, by benchmarks/structured_gpu.sh on a GPU host
+POOL_BY_DEFAULT = False
+
+
+def host_lanes() -> int:
+    """Fill threads (= lanes) this host can give an engine: half its CPUs up to 8 when it has
+    >= 8, else 1 (a step that is the host's time is worth spreading over idle cores, not over
+    busy ones)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # (not on every platform)
         cpus = os.cpu_count() or 1
-    return min(8, cpus // 2) if device_type == "cuda" and cpus >= 8 else 1
+    return min(8, cpus // 2) if cpus >= 8 else 1
+
+
+def default_lanes(device_type: str) -> int:
+    """The engine's fill threads when its config leaves them to it (grammar_fill_threads=None):
+    host_lanes() for a CUDA engine if POOL_BY_DEFAULT, else 1."""
+    return host_lanes() if device_type == "cuda" and POOL_BY_DEFAULT else 1

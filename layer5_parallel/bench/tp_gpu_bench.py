@@ -218,10 +218,13 @@ def host_profile(llm, prompts, n: int, top: int = 14) -> str:
     return "\n".join(line for line in text.getvalue().splitlines() if line.strip())
 
 
-def gpu_profile(llm, prompts, n: int, top: int = 12) -> str:
+def gpu_profile(llm, prompts, n: int, top: int = 24, sequence: int = 32) -> str:
     """Rank 0's GPU over one run under torch.profiler: kernel time per decode step beside the
     step's wall time (busy fraction: what is left is the GPU waiting for the host or for the
-    other ranks), and the kernels by total time (those inside CUDA graphs included)."""
+    other ranks), the kernels by total time (those inside CUDA graphs included, with the mean
+    time of one call), and `sequence` kernels in a row from the middle of the run (a decode
+    step's layers there), each with its time and the idle gap before it: what one layer
+    launches, in order, and what the gaps between its kernels cost."""
     from torch.profiler import ProfilerActivity, profile  # noqa: PLC0415 - only when asked
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -234,7 +237,31 @@ def gpu_profile(llm, prompts, n: int, top: int = 12) -> str:
              f"({100 * busy_us / 1e6 / wall:.0f} % busy) over {steps} steps"]
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
         lines.append(f"  {e.self_device_time_total / 1e3 / steps:8.4f} ms/step "
-                     f"{e.count / steps:6.1f}/step  {e.key[:90]}")
+                     f"{e.count / steps:6.1f}/step {e.self_device_time_total / max(e.count, 1):7.2f}"
+                     f" us/call  {e.key[:80]}")
+    if sequence:
+        lines.append(kernel_sequence([e for e in prof.events()
+                                      if e.device_type == torch.autograd.DeviceType.CUDA],
+                                     sequence))
+    return "\n".join(lines)
+
+
+def kernel_sequence(events, count: int) -> str:
+    """`count` device events in start order from the middle of `events` (FunctionEvents with
+    a time_range in us): start offset, duration, the idle gap since the previous one ended."""
+    events = sorted(events, key=lambda e: e.time_range.start)
+    mid = len(events) // 2
+    window = events[mid:mid + count]
+    if not window:
+        return "  (no kernels recorded)"
+    lines = [f"  {count} kernels in a row from the middle of the run "
+             "(start us, duration us, gap us before it):"]
+    t0, prev_end = window[0].time_range.start, events[mid - 1].time_range.end if mid else None
+    for e in window:
+        r = e.time_range
+        gap = float("nan") if prev_end is None else r.start - prev_end
+        lines.append(f"  {r.start - t0:9.1f} {r.end - r.start:7.2f} {gap:6.2f}  {e.name[:80]}")
+        prev_end = r.end
     return "\n".join(lines)
 
 

@@ -1,0 +1,105 @@
+"""Skinny products for decode batches: y = x @ W^T for a few to a few dozen rows (M <= 64).
+
+    skinny_matmul(x, w, config=None)        x (M, K), w (N, K) row-major -> y (M, N)
+
+Why a kernel of its own. A decode step of B sequences multiplies a (B, K) activation by each
+weight matrix once: with B = 32 every weight byte is used 32 times, still far below the ~300
+FLOPs a byte an H100's tensor cores need, so the product is bound by streaming W, as at batch
+1. cuBLAS picks tiles made for square products; at the narrow per-rank shapes tensor
+parallelism gives (8B at TP=4: o_proj 4096 x 1024, qkv 1536 x 4096) it launches few tiles
+and a split-K reduction kernel behind them.
+
+What one program does ("swap AB"): program n owns BLOCK_N rows of W (outputs) and walks all
+of K in BLOCK_K steps; each step loads a (BLOCK_N, BLOCK_K) tile of W and the (BLOCK_K,
+BLOCK_M) activations (from L2: every program reads the same x), and `tl.dot` multiplies them
+on the tensor cores with W's rows as the MMA's long side, so BLOCK_M (>= 16, the MMA's
+narrowest) pads the few rows of x instead of W's thousands. Triton pipelines the K loop
+(`stages` tiles of W in flight through shared memory), which is what keeps enough bytes in
+flight per SM to stream at copy bandwidth. The fp32 (BLOCK_N, BLOCK_M) accumulator is
+stored transposed, once.
+
+    FLOPs = 2 * M * N * K          bytes ~ N * K * w_itemsize (+ M * K + M * N activations)
+"""
+from __future__ import annotations
+
+import torch
+
+from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
+
+# isort: split
+import triton
+import triton.language as tl
+
+from .host import cdiv, next_pow2
+
+_DTYPES = (torch.float16, torch.bfloat16)
+#: Most rows one call takes (the accumulator tile holds them all).
+MAX_ROWS = 64
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   EVEN_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    n_ok, m_ok = rn < N, rm < M
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + rk[None, :]
+    x_ptrs = x_ptr + rm[None, :] * stride_xm + rk[:, None]  # (BLOCK_K, BLOCK_M): x^T
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        if EVEN_K:  # no column mask: the loads stay 16 bytes wide
+            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
+            x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
+        else:
+            k_ok = k + rk < K
+            w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+            x = tl.load(x_ptrs, mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+        acc = tl.dot(w, x, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=n_ok[:, None] & m_ok[None, :])
+
+
+#: (BLOCK_N, BLOCK_K, warps, stages) per (N, K); others get default_config's guess.
+TUNED: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+
+
+def default_config(n: int, k: int) -> tuple[int, int, int, int]:
+    """An untuned guess: 32-row tiles of W (N / 32 programs: 48..896 at the 8B's per-rank
+    shapes), 256 columns a step, four steps in flight."""
+    if interpreter.INTERPRETED:
+        return 16, 32, 1, 1
+    return 32, min(256, max(16, next_pow2(k))), 4, 4
+
+
+def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x.float() @ w.float().T).to(x.dtype)
+
+
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Tensor:
+    """y = x @ w^T: x (M, K) with 1 <= M <= MAX_ROWS, w (N, K) (an nn.Linear weight, read in
+    place), both fp16 or bf16 -> y (M, N) in x's dtype, fp32 accumulation. config:
+    (BLOCK_N, BLOCK_K, warps, stages), default TUNED's entry or default_config."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"skinny_matmul: x must be (M, K) and w (N, K), got {tuple(x.shape)} "
+                         f"and {tuple(w.shape)}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ValueError(f"skinny_matmul: takes 1..{MAX_ROWS} rows, got {x.shape[0]}")
+    if x.dtype not in _DTYPES or w.dtype != x.dtype:
+        raise ValueError(f"skinny_matmul: x and w must share a dtype of {_DTYPES}, got "
+                         f"{x.dtype} and {w.dtype}")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError("skinny_matmul: x and w need unit stride along K")
+    M, K = x.shape
+    N = w.shape[0]
+    block_n, block_k, warps, stages = config or TUNED.get((N, K)) or default_config(N, K)
+    y = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    _skinny_kernel[(cdiv(N, block_n),)](
+        x, w, y, M, N, K, x.stride(0), w.stride(0), y.stride(0),
+        BLOCK_M=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k,
+        EVEN_K=K % block_k == 0, num_warps=warps, num_stages=stages)
+    return y

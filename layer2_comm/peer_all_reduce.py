@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+import layer1_kernels as kernels  # the layer beneath: the unfused norm
+
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -201,6 +203,55 @@ class PeerAllReduce:
             self._status.data_ptr(), int(self.timeout_s * 1e9), self.max_bytes // elsize,
             RANK=self.rank, WORLD=self.world, BLOCK=self.block_elems(elsize), SERIAL=serial,
             num_warps=self.num_warps, **extra)
+
+    # ---- the all-reduce with the residual add and RMSNorm after it ----------------------
+    #: Widest row the fused kernel takes (a row in one block's registers, as layer 1's norm).
+    NORM_MAX_COLS = 16384
+
+    def fuses_norm(self, x: torch.Tensor) -> bool:
+        """Whether all_reduce_rms_norm(x, ...) runs as one kernel: a 2-D CUDA x in FLOATS,
+        rows of at most NORM_MAX_COLS, small enough for the one-shot path."""
+        return (x.dim() == 2 and x.is_cuda and 0 < x.shape[1] <= self.NORM_MAX_COLS
+                and x.shape[0] > 0 and self.algorithm(x.numel() * x.element_size(), x.dtype)
+                == "one_shot")
+
+    def all_reduce_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h) with h = (sum over ranks of x) + residual and y = rms_norm(h) * weight: what
+        self(x) followed by layer 1's rms_norm(s, weight, eps=eps, residual=residual) returns,
+        in one kernel (fuses_norm) or else as those two calls. The step of a tensor-parallel
+        block after each row-parallel projection: its partial sums joined, added to the
+        residual stream, normalised for the next projection. x, residual: (rows, H), same
+        dtype; weight (H,). Collective, like a call."""
+        if residual.shape != x.shape or residual.dtype != x.dtype or weight.shape != x.shape[-1:]:
+            raise ValueError(f"rank {self.rank}: all_reduce_rms_norm needs residual of x's shape "
+                             f"{tuple(x.shape)} and dtype {x.dtype} and a ({x.shape[-1]},) weight; "
+                             f"got {tuple(residual.shape)} {residual.dtype} and "
+                             f"{tuple(weight.shape)}")
+        if not self.fuses_norm(x):
+            return kernels.rms_norm(self(x), weight, eps=eps, residual=residual)
+        self._usable()
+        if x.device != self.device:
+            raise ValueError(f"rank {self.rank}: expected a tensor on {self.device}, got {x.device}")
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.debug and not capturing:
+            self._agree(x, "one_shot_norm")
+        from . import peer_kernels
+
+        x, residual, weight = x.contiguous(), residual.contiguous(), weight.contiguous()
+        y, h = torch.empty_like(x), torch.empty_like(x)
+        rows, H = x.shape
+        serial = bool(self.serial_barrier) or self.world > peer_kernels.PARALLEL_MAX_WORLD
+        block_h = 1 << (H - 1).bit_length()
+        peer_kernels.one_shot_norm_kernel[(self.blocks,)](
+            x, residual, weight, y, h, rows, H, float(eps), min(self.blocks, rows),
+            self._buffers(x.dtype), self._pads, self._state, self._status.data_ptr(),
+            int(self.timeout_s * 1e9), self.max_bytes // x.element_size(),
+            RANK=self.rank, WORLD=self.world, BLOCK_H=block_h, SERIAL=serial,
+            num_warps=max(1, min(self.num_warps, block_h * x.element_size() // (16 * 32))))
+        if self.debug and not capturing:
+            self.check()
+        return y, h
 
     # ---- all-gather and reduce-scatter through the same buffers ------------------------
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -454,3 +454,45 @@ def reduce_scatter_kernel(x_ptr, out_ptr, numel, active, seg_lo, seg_hi, bufs, p
         _end(state_ptr, pid, calls, epoch)
     else:
         _end(state_ptr, pid, calls, epoch - 1)
+
+
+@triton.jit
+def one_shot_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, H, eps, active, bufs, pads,
+                         state_ptr, status_addr, timeout_ns, half_elems, RANK: tl.constexpr,
+                         WORLD: tl.constexpr, BLOCK_H: tl.constexpr, SERIAL: tl.constexpr = False):
+    """The one-shot all-reduce of a (rows, H) row-parallel output with the transformer block's
+    next step in its epilogue: s = sum over ranks of x, h = s + residual, y = rms_norm(h) * w.
+    Writes h (the new residual stream) and y (the next projection's input): one launch where
+    the unfused block takes two (all-reduce, then the norm with its residual add), and s never
+    goes to memory.
+
+    Rows instead of flat tiles: the norm needs a whole row, so block b copies in, barriers on
+    and sums rows b, b + active, ... (BLOCK_H >= H columns each). The arithmetic is the unfused
+    kernels' step for step: s summed in fp32 in rank order and rounded to x's dtype (the
+    all-reduce's output), h = round(s + residual), y = round(round(h * rstd) * w) (layer 1's
+    rms_norm), so every rank gets the same bits and the same values as the two launches
+    (up to the order of the sum of squares inside one block)."""
+    pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
+        state_ptr, status_addr, timeout_ns, half_elems)
+    if pid < active:
+        cols = tl.arange(0, BLOCK_H)
+        cmask = cols < H
+        for row in range(pid, rows, active):
+            offs = row * H + cols
+            tl.store(bufs[RANK] + half + offs, tl.load(x_ptr + offs, mask=cmask), mask=cmask)
+        _barrier(pads, pid, epoch, timeout_ns, status_ptr, RANK, WORLD, SERIAL)
+        dtype = x_ptr.dtype.element_ty
+        w = tl.load(w_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+        for row in range(pid, rows, active):
+            offs = row * H + cols
+            s = _sum_over_ranks(x_ptr, bufs, half, offs, cmask, RANK, WORLD, BLOCK_H).to(dtype)
+            r = tl.load(res_ptr + offs, mask=cmask, other=0.0)
+            h = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)
+            tl.store(h_ptr + offs, h, mask=cmask)
+            hf = tl.where(cmask, h.to(tl.float32), 0.0)
+            rstd = 1.0 / tl.sqrt(tl.sum(hf * hf, axis=0) / H + eps)
+            y = (hf * rstd).to(dtype).to(tl.float32) * w
+            tl.store(y_ptr + offs, y.to(dtype), mask=cmask)
+        _end(state_ptr, pid, calls, epoch)
+    else:
+        _end(state_ptr, pid, calls, epoch - 1)

@@ -21,8 +21,10 @@ def stage_of(full, rank: int, stages: int, tp: int, comm: TPComm | None, device,
              expert_parallel: bool) -> S.StageNet:
     """Rank's stage of the whole model `full`: its shard first (tp > 1), then its layers."""
     s, t = place(rank, tp)
+    # fuse_norms off: a stage's last block hands its output to the next stage, so its
+    # row-parallel sums must be complete there
     net = full if tp == 1 else shard_model(full, t, tp, comm, device=device,
-                                           expert_parallel=expert_parallel)
+                                           expert_parallel=expert_parallel, fuse_norms=False)
     return S.StageNet(net, s, stages)
 
 

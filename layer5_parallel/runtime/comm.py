@@ -227,6 +227,19 @@ class TPComm:
         """x (n, ...) on every rank -> (world, n, ...), rank r's x at [r]."""
         return self._timed("all_gather", self._all_gather, x)
 
+    def all_reduce_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                            eps: float, ops) -> tuple[torch.Tensor, torch.Tensor]:
+        """(y, h): h = (x summed over the ranks) + residual, y = rms_norm(h) * weight, for x,
+        residual (T, H). With layer 2's all-reduce on GPUs one kernel (PeerAllReduce's
+        all_reduce_rms_norm, which falls back to the two steps where it cannot fuse); else
+        all_reduce(x) (in place) and then ops.rms_norm (layer 3's op set: the model's own)."""
+        if self.backend == "ours" and x.is_cuda:
+            def fused(t: torch.Tensor):
+                self._count(t)
+                return self._peer_for(t).all_reduce_rms_norm(t, residual, weight, eps)
+            return self._timed("all_reduce", fused, x)
+        return ops.rms_norm(self.all_reduce(x.contiguous()), weight, eps, residual)
+
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         return self._timed("broadcast", self._broadcast, x)

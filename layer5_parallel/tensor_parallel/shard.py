@@ -29,6 +29,7 @@ world) rows, the padding's logits dropped after the gather).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import torch
 import torch.nn.functional as F
@@ -82,22 +83,82 @@ def tp_config(config, world: int, rank: int):
 
 class RowParallelLinear(nn.Module):
     """y = all_reduce(x_r @ W_r^T) + b: x_r (T, in/p) is this rank's slice of the input
-    features, W_r (out, in/p) the matching columns. The bias is added once, after the sum."""
+    features, W_r (out, in/p) the matching columns. The bias is added once, after the sum.
+    reduce=False (set by defer_all_reduces): forward returns this rank's partial product and
+    the norm after it (a ReducingRMSNorm) sums it over the ranks."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm: TPComm) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        self.comm = comm
+        self.comm, self.reduce = comm, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.combine(F.linear(x, self.weight))  # g: the one all-reduce
+        y = F.linear(x, self.weight)
+        if not self.reduce:
+            return y
+        y = self.combine(y)  # g: the one all-reduce
         return y if self.bias is None else y + self.bias
 
     def combine(self, y: torch.Tensor) -> torch.Tensor:
         """This rank's partial product -> the sum over the ranks (layer 3's fused decode
         kernels call it after their GEMV, so a shard keeps the fused path)."""
         return self.comm.all_reduce(y)
+
+
+class ReducingRMSNorm(nn.Module):
+    """Layer 3's RMSNorm after a row-parallel projection that left its all-reduce to it:
+    forward(x, ops, residual) sums x (this rank's partial product, (T, H)) over the ranks,
+    adds the residual and normalises -> (y, h), as RMSNorm's forward over the summed x. With
+    layer 2's all-reduce on GPUs that is one kernel (PeerAllReduce.all_reduce_rms_norm: the
+    sum, the add and the norm in one launch, 64 launches fewer per 8B decode step); elsewhere
+    the all-reduce and then ops.rms_norm. The fused decode kernels read only weight and eps
+    (their projections reduce through `combine`)."""
+
+    def __init__(self, norm: nn.Module, comm: TPComm) -> None:
+        super().__init__()
+        self.weight, self.eps, self.comm = norm.weight, norm.eps, comm
+
+    def forward(self, x: torch.Tensor, ops, residual: torch.Tensor | None = None):
+        if residual is None:  # layer 3's training path: its blocks add partial sums unreduced
+            raise ValueError("a shard whose norms do the all-reduces (fused norms) runs the "
+                             "serving forward only (a step with an AttentionContext); build it "
+                             "with fuse_norms=False to train or score without a context")
+        return self.comm.all_reduce_rms_norm(x, residual, self.weight, self.eps, ops)
+
+
+#: Environment switch for defer_all_reduces in shard_model (default off until GPU-measured):
+#: "1" moves each row-parallel all-reduce into the RMSNorm after it.
+FUSED_NORMS_ENV = "LLM_STACK_TP_FUSED_NORMS"
+
+
+def fused_norms_default() -> bool:
+    return os.environ.get(FUSED_NORMS_ENV, "0") == "1"
+
+
+def defer_all_reduces(shard, comm: TPComm) -> int:
+    """Move the all-reduce of every bias-free row-parallel projection (o_proj, down) into the
+    norm that follows it (the same layer's mlp_norm; the next layer's attn_norm, or the final
+    norm after the last layer), which becomes a ReducingRMSNorm. Returns how many moved.
+    The serving forward then computes what it did before; a layer whose MLP shards itself
+    (MoE) keeps its reduction, and so does the next layer's attn_norm."""
+    moved, layers = 0, shard.layers
+    for i, layer in enumerate(layers):
+        o_proj = layer.attn.o_proj
+        if isinstance(o_proj, RowParallelLinear) and o_proj.bias is None:
+            o_proj.reduce = False
+            layer.mlp_norm = ReducingRMSNorm(layer.mlp_norm, comm)
+            moved += 1
+        down = getattr(layer.mlp, "down", None)
+        if isinstance(down, RowParallelLinear) and down.bias is None:
+            down.reduce = False
+            after = layers[i + 1] if i + 1 < len(layers) else None
+            if after is not None:
+                after.attn_norm = ReducingRMSNorm(after.attn_norm, comm)
+            else:
+                shard.norm = ReducingRMSNorm(shard.norm, comm)
+            moved += 1
+    return moved
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -140,11 +201,13 @@ def _cols(t: torch.Tensor, a: int, b: int) -> torch.Tensor:
 
 
 def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
-                expert_parallel: bool = False):
+                expert_parallel: bool = False, fuse_norms: bool | None = None):
     """Rank `rank`'s shard of `net` (a layer-3 LlamaModel, or a subclass such as expert_parallel's
     MoE model; left unchanged): a model of net's class on `device` (default net's) whose config
     has this rank's head counts and FFN width. An MLP with a `tp_shard` method (an MoE layer)
-    shards itself: its experts split over the ranks (expert_parallel) or each expert's FFN."""
+    shards itself: its experts split over the ranks (expert_parallel) or each expert's FFN.
+    fuse_norms: each row-parallel all-reduce done by the norm after it (defer_all_reduces;
+    serving only); None: the LLM_STACK_TP_FUSED_NORMS switch (off unless "1")."""
     c, device = net.config, torch.device(device or net.device)
     local = tp_config(c, world, rank)
     D, hq = c.head_dim, local.num_attention_heads
@@ -199,5 +262,7 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
     tied = c.tie_word_embeddings
     shard.lm_head = VocabParallelLMHead(shard.embed.weight if tied else head, V, comm)
     shard.init_rope(device)
+    if fused_norms_default() if fuse_norms is None else fuse_norms:
+        defer_all_reduces(shard, comm)
     return shard.eval()
 

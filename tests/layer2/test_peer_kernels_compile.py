@@ -30,8 +30,10 @@ world, name, serial = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
 fn = getattr(K, f"{name}_kernel")
 sig, consts, attrs = {}, {}, {}
 for i, a in enumerate(fn.arg_names):
-    if a in ("x_ptr", "out_ptr"):
+    if a in ("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"):
         sig[a] = "*bf16"; attrs[(i,)] = [["tt.divisibility", 16]]
+    elif a == "eps":
+        sig[a] = "fp32"
     elif a in ("bufs", "pads"):
         sig[a] = tuple(["*bf16" if a == "bufs" else "*i32"] * world)
         for j in range(world):
@@ -40,13 +42,13 @@ for i, a in enumerate(fn.arg_names):
         sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
     elif a in ("status_addr", "timeout_ns"):
         sig[a] = "i64"
-    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL"):
+    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H"):
         sig[a] = "constexpr"
         consts[a] = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * 8, "SERIAL": serial,
-                     "PULL": True}[a]
+                     "PULL": True, "BLOCK_H": 4096}[a]
     else:
         sig[a] = "i32"
-        if a in ("numel", "half_elems"):
+        if a in ("numel", "half_elems", "H"):
             attrs[(i,)] = [["tt.divisibility", 16]]
 src = ASTSource(fn=fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
@@ -100,3 +102,13 @@ def test_serial_barrier_fences_once_per_peer(tmp_path):
 def test_other_kernels_assemble_at_four_ranks(name, tmp_path):
     ops = _sass(4, name, False, tmp_path)
     assert ops.count("MEMBAR.ALL.SYS") == (2 if name == "two_shot" else 1)
+
+
+@pytest.mark.parametrize("world,loads_first", [(2, 1), (4, 3)])
+def test_one_shot_norm_barrier_and_loads(world, loads_first, tmp_path):
+    """The all-reduce with the norm in its epilogue: the same one barrier, and the peers' rows
+    loaded before the first add."""
+    ops = _sass(world, "one_shot_norm", False, tmp_path)
+    assert ops.count("MEMBAR.ALL.SYS") == 1
+    first_add = next(i for i, op in enumerate(ops) if op.startswith(("FADD", "HADD2")))
+    assert sum(op.startswith("LDG.E.128.STRONG.GPU") for op in ops[:first_add]) >= loads_first

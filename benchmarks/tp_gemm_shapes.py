@@ -28,8 +28,7 @@ from layer1_kernels.skinny_matmul import skinny_matmul  # noqa: E402
 
 T0 = time.monotonic()
 ROTATE_BYTES = 256e6
-CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (32, 128, 4, 5), (64, 128, 4, 4), (16, 512, 4, 3),
-           (32, 512, 8, 3), (64, 256, 8, 3), (128, 128, 8, 3)]
+CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (16, 512, 4, 3), (64, 256, 8, 3)]
 
 
 def log(msg: str) -> None:

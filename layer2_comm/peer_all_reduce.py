@@ -28,12 +28,15 @@ the ranks that disagree. Larger than the buffer: NCCL takes it (`algorithm` says
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
 import layer1_kernels as kernels  # the layer beneath: the unfused norm
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+PDL_ENV = "LLM_STACK_PEER_PDL"  # "1": PeerAllReduce.pdl on by default (see there)
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
 
@@ -177,6 +180,16 @@ class PeerAllReduce:
     # sums from their buffers (False: owners push them into every buffer, then a local copy).
     serial_barrier = False
     pull_gather = True
+    # pdl: launch the one-shot kernels with programmatic dependent launch, as layer 1's decode
+    # kernels are (see peer_kernels._pdl_start): the projection after an all-reduce launches
+    # while it waits for the peers. Off unless LLM_STACK_PEER_PDL=1 until measured in decode.
+    PDL_ENV = PDL_ENV
+    pdl = os.environ.get(PDL_ENV, "0") == "1"
+
+    def _pdl(self) -> dict:
+        """Launch keywords for a one-shot kernel: PDL on Hopper and later when self.pdl."""
+        on = self.pdl and torch.cuda.get_device_capability(self.device)[0] >= 9
+        return {"PDL": True, "launch_pdl": True} if on else {}
 
     def block_elems(self, elsize: int) -> int:
         """Elements one block moves per pass: one 16-byte vector per thread (with more, the
@@ -196,6 +209,8 @@ class PeerAllReduce:
         kernel = getattr(peer_kernels, f"{name}_kernel")
         elsize = x.element_size()
         extra = {"PULL": bool(self.pull_gather)} if name == "two_shot" else {}
+        if name == "one_shot":
+            extra.update(self._pdl())
         serial = bool(self.serial_barrier) or self.world > peer_kernels.PARALLEL_MAX_WORLD
         kernel[(self.blocks,)](
             x, out, x.numel(), self.active_blocks(name, x.numel(), elsize), *segment,
@@ -248,7 +263,8 @@ class PeerAllReduce:
             self._buffers(x.dtype), self._pads, self._state, self._status.data_ptr(),
             int(self.timeout_s * 1e9), self.max_bytes // x.element_size(),
             RANK=self.rank, WORLD=self.world, BLOCK_H=block_h, SERIAL=serial,
-            num_warps=max(1, min(self.num_warps, block_h * x.element_size() // (16 * 32))))
+            num_warps=max(1, min(self.num_warps, block_h * x.element_size() // (16 * 32))),
+            **self._pdl())
         if self.debug and not capturing:
             self.check()
         return y, h

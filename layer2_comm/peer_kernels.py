@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -220,6 +221,18 @@ def _begin(state_ptr, status_addr, timeout_ns, half_elems):
 
 
 @triton.jit
+def _pdl_start(PDL: tl.constexpr):
+    """Under programmatic dependent launch (PDL: the decode kernels around it launch that way):
+    wait for the kernel before to finish (its output is our input, and the buffers' reuse
+    argument above needs it finished), then let the next kernel launch at once: its programs
+    get onto the SMs and request their first weight tiles while we wait for the peers, and
+    wait for us (griddepcontrol.wait) before they read what we write."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
 def _end(state_ptr, pid, calls, barriers):
     """This block's end of a call: one more call made, `barriers` barriers passed in all."""
     tl.store(state_ptr + 2 * pid, calls + 1)
@@ -327,15 +340,16 @@ def _copy_in(x_ptr, bufs, half, offs, numel, RANK: tl.constexpr, out_ptr=None, s
 @triton.jit
 def one_shot_kernel(x_ptr, out_ptr, numel, active, bufs, pads, state_ptr, status_addr,
                     timeout_ns, half_elems, RANK: tl.constexpr, WORLD: tl.constexpr,
-                    BLOCK: tl.constexpr, SERIAL: tl.constexpr = False):
+                    BLOCK: tl.constexpr, SERIAL: tl.constexpr = False, PDL: tl.constexpr = False):
     """out = sum over ranks of x. Each rank copies x into its buffer, meets the others, then
     reads every peer's copy and sums it: one barrier, (W-1) x n bytes read over NVLink.
 
     x_ptr, out_ptr: this rank's numel elements; active: how many blocks of the grid work
     (pass b handles elements [b, b + active, ...] x BLOCK); bufs/pads: tuples of W pointers
     (rank order); state_ptr: int32[2 * grid] counters (calls, barriers) per block;
-    status_addr: int32 word.
+    status_addr: int32 word; PDL: see _pdl_start.
     """
+    _pdl_start(PDL)
     pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
         state_ptr, status_addr, timeout_ns, half_elems)
     if pid < active:
@@ -459,7 +473,8 @@ def reduce_scatter_kernel(x_ptr, out_ptr, numel, active, seg_lo, seg_hi, bufs, p
 @triton.jit
 def one_shot_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, H, eps, active, bufs, pads,
                          state_ptr, status_addr, timeout_ns, half_elems, RANK: tl.constexpr,
-                         WORLD: tl.constexpr, BLOCK_H: tl.constexpr, SERIAL: tl.constexpr = False):
+                         WORLD: tl.constexpr, BLOCK_H: tl.constexpr, SERIAL: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     """The one-shot all-reduce of a (rows, H) row-parallel output with the transformer block's
     next step in its epilogue: s = sum over ranks of x, h = s + residual, y = rms_norm(h) * w.
     Writes h (the new residual stream) and y (the next projection's input): one launch where
@@ -472,6 +487,7 @@ def one_shot_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, H, eps, acti
     all-reduce's output), h = round(s + residual), y = round(round(h * rstd) * w) (layer 1's
     rms_norm), so every rank gets the same bits and the same values as the two launches
     (up to the order of the sum of squares inside one block)."""
+    _pdl_start(PDL)
     pid, calls, epoch, half, status_ptr, timeout_ns = _begin(
         state_ptr, status_addr, timeout_ns, half_elems)
     if pid < active:

@@ -42,10 +42,10 @@ for i, a in enumerate(fn.arg_names):
         sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
     elif a in ("status_addr", "timeout_ns"):
         sig[a] = "i64"
-    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H"):
+    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL"):
         sig[a] = "constexpr"
         consts[a] = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * 8, "SERIAL": serial,
-                     "PULL": True, "BLOCK_H": 4096}[a]
+                     "PULL": True, "BLOCK_H": 4096, "PDL": len(sys.argv) > 5}[a]
     else:
         sig[a] = "i32"
         if a in ("numel", "half_elems", "H"):
@@ -76,11 +76,12 @@ pytestmark = pytest.mark.skipif(not _ptxas_here(),
                                 reason="Triton's wheel has no ptxas/cuobjdump here")
 
 
-def _sass(world: int, name: str, serial: bool, tmp_path) -> list[str]:
+def _sass(world: int, name: str, serial: bool, tmp_path, pdl: bool = False) -> list[str]:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}"
            + os.environ.get("PYTHONPATH", "")}
     done = subprocess.run([sys.executable, "-c", SCRIPT, str(world), name, "1" if serial else "0",
-                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=300)
+                           str(tmp_path)] + (["pdl"] if pdl else []), capture_output=True,
+                          text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -112,3 +113,15 @@ def test_one_shot_norm_barrier_and_loads(world, loads_first, tmp_path):
     assert ops.count("MEMBAR.ALL.SYS") == 1
     first_add = next(i for i, op in enumerate(ops) if op.startswith(("FADD", "HADD2")))
     assert sum(op.startswith("LDG.E.128.STRONG.GPU") for op in ops[:first_add]) >= loads_first
+
+
+@pytest.mark.parametrize("name", ["one_shot", "one_shot_norm"])
+def test_one_shot_kernels_assemble_with_pdl(name, tmp_path):
+    """Launched as programmatic dependents: the grid-dependency wait and trigger come first,
+    the barrier is unchanged."""
+    ops = _sass(4, name, False, tmp_path, pdl=True)
+    assert ops.count("MEMBAR.ALL.SYS") == 1
+    # griddepcontrol.wait and .launch_dependents, before the first load of x
+    first_load = next(i for i, op in enumerate(ops) if op.startswith("LDG.E.128"))
+    assert "ACQBULK" in ops[:first_load] and "PREEXIT" in ops[:first_load]
+    assert "ACQBULK" not in _sass(4, name, False, tmp_path)

@@ -8,7 +8,8 @@ rows, on fresh random inputs at awkward widths.
 GPUs (multigpu, every visible GPU): the fused kernel against the two-launch path on fresh
 random inputs (hidden sizes not multiples of 128, 1 / 3 / 32 rows, three dtypes), the same bits
 on every rank, the fallback above the one-shot size, and inside a CUDA graph replayed with new
-inputs between plain all-reduces (its buffers and flags are the all-reduce's).
+inputs between plain all-reduces (its buffers and flags are the all-reduce's), with and
+without programmatic dependent launch.
 """
 from __future__ import annotations
 
@@ -111,6 +112,8 @@ def _norm_checks() -> list[str]:
     except ValueError:
         pass
     bad += _graph_checks(ar, eps)
+    ar.pdl = True  # launched as programmatic dependents (as between layer 1's decode kernels)
+    bad += [f"PDL: {b}" for b in _graph_checks(ar, eps)]
     ar.check()
     ar.close()
     return bad

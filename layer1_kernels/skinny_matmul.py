@@ -1,6 +1,7 @@
 """Skinny products for decode batches: y = x @ W^T for a few to a few dozen rows (M <= 64).
 
     skinny_matmul(x, w, config=None)        x (M, K), w (N, K) row-major -> y (M, N)
+    skinny_linear(x, w, bias=None)          F.linear, or skinny_matmul where measured faster
 
 Why a kernel of its own. A decode step of B sequences multiplies a (B, K) activation by each
 weight matrix once: with B = 32 every weight byte is used 32 times, still far below the ~300
@@ -22,7 +23,10 @@ stored transposed, once.
 """
 from __future__ import annotations
 
+import os
+
 import torch
+import torch.nn.functional as F
 
 from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_INTERPRET)
 
@@ -64,8 +68,14 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym
              mask=n_ok[:, None] & m_ok[None, :])
 
 
-#: (BLOCK_N, BLOCK_K, warps, stages) per (N, K); others get default_config's guess.
+#: (BLOCK_N, BLOCK_K, warps, stages) per (N, K), where skinny_matmul was measured faster than
+#: cuBLAS at 32 rows (benchmarks/tp_gemm_shapes.py); skinny_linear uses it only at these shapes.
 TUNED: dict[tuple[int, int], tuple[int, int, int, int]] = {}
+#: skinny_linear's row range: the measured one (32 rows; 17..32 pad to the same 32-row tile)
+LINEAR_ROWS = (17, 32)
+#: "1": skinny_linear takes skinny_matmul at TUNED's shapes (off until measured in decode steps)
+ENV = "LLM_STACK_SKINNY_GEMM"
+ENABLED = os.environ.get(ENV, "0") == "1"
 
 
 def default_config(n: int, k: int) -> tuple[int, int, int, int]:
@@ -103,3 +113,17 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Ten
         BLOCK_M=max(16, next_pow2(M)), BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=K % block_k == 0, num_warps=warps, num_stages=stages)
     return y
+
+
+def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """F.linear(x, w, bias) for x (M, K), w (N, K): through skinny_matmul when ENABLED, x is a
+    CUDA tensor with LINEAR_ROWS rows and (N, K) is in TUNED (measured faster than cuBLAS
+    there), else F.linear itself (cuBLAS on a GPU)."""
+    lo, hi = LINEAR_ROWS
+    if (ENABLED and x.is_cuda and x.dim() == 2 and lo <= x.shape[0] <= hi
+            and tuple(w.shape) in TUNED and x.dtype in _DTYPES and w.dtype == x.dtype
+            and x.stride(1) == 1 and w.stride(1) == 1):
+        y = skinny_matmul(x, w)
+        return y if bias is None else y + bias
+    return F.linear(x, w, bias)

@@ -37,6 +37,8 @@ import layer1_kernels as kernels  # the layer beneath: the unfused norm
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PDL_ENV = "LLM_STACK_PEER_PDL"  # "1": PeerAllReduce.pdl on by default (see there)
+LL_ENV = "LLM_STACK_PEER_LL"  # "1": PeerAllReduce.low_latency on by default (see there)
+_LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
 
@@ -118,9 +120,14 @@ class PeerAllReduce:
         # the rendezvous runs over a group of its own: this process may have rendezvoused
         # before and the others not (see symmetric_group.py)
         self._symmetric = symmetric_group.rendezvous_group(self.group, self.device)
+        # the low-latency one-shot's region after the buffers: two halves of W slots, each
+        # LL_MAX_BYTES of data as 8-byte packets (see peer_kernels.py), made at construction
+        self._ll_slot_words = self.LL_MAX_BYTES // 4 if self.low_latency else 0
+        ll_bytes = 2 * self.world * self._ll_slot_words * 8
         try:
             # two halves: one-shot alternates between them (see peer_kernels.py)
-            self._storage = symm_mem.empty(2 * self.max_bytes, dtype=torch.uint8, device=self.device)
+            self._storage = symm_mem.empty(2 * self.max_bytes + ll_bytes, dtype=torch.uint8,
+                                           device=self.device)
             self._handle = symm_mem.rendezvous(self._storage, self._symmetric)
         except Exception as exc:
             raise RuntimeError(f"rank {self.rank}: PeerAllReduce needs CUDA peer access between "
@@ -133,6 +140,9 @@ class PeerAllReduce:
         self._pads = tuple(self._handle.get_signal_pad(r, (pad_ints,), torch.int32)
                            for r in range(self.world))
         self._views: dict[torch.dtype, tuple[torch.Tensor, ...]] = {}
+        self._lls = tuple(self._handle.get_buffer(r, (ll_bytes // 8,), torch.int64,
+                                                  storage_offset=2 * self.max_bytes // 8)
+                          for r in range(self.world)) if ll_bytes else ()
         self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
         # written by the kernel when a wait times out: host memory, read without a GPU sync
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
@@ -185,6 +195,12 @@ class PeerAllReduce:
     # while it waits for the peers. Off unless LLM_STACK_PEER_PDL=1 until measured in decode.
     PDL_ENV = PDL_ENV
     pdl = os.environ.get(PDL_ENV, "0") == "1"
+    # low_latency: one-shot messages of at most LL_MAX_BYTES (whole 16-byte vectors) go as
+    # NCCL-style LL packets, data and flag in one store, no barrier (peer_kernels.py). Read at
+    # construction (it sizes the buffers). Off unless LLM_STACK_PEER_LL=1 until measured.
+    LL_ENV = LL_ENV
+    low_latency = os.environ.get(LL_ENV, "0") == "1"
+    LL_MAX_BYTES = 64 << 10
 
     def _pdl(self) -> dict:
         """Launch keywords for a one-shot kernel: PDL on Hopper and later when self.pdl."""
@@ -203,9 +219,30 @@ class PeerAllReduce:
         unit = self.block_elems(elsize) * (self.world if name == "two_shot" else 1)
         return max(1, min(self.blocks, -(-numel // unit)))
 
+    def _takes_ll(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """Whether a one-shot call goes through the low-latency kernel (see low_latency)."""
+        nbytes = x.numel() * x.element_size()
+        return (nbytes <= self._ll_slot_words * 4 and nbytes % 16 == 0
+                and (x.data_ptr() | out.data_ptr()) % 16 == 0)
+
+    def _launch_ll(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        from . import peer_kernels
+
+        words, out_words = x.view(-1).view(torch.int32), out.view(-1).view(torch.int32)
+        block = self.num_warps * 32 * 2  # two 8-byte packets a thread per pass
+        active = max(1, min(self.blocks, -(-words.numel() // block)))
+        peer_kernels.one_shot_ll_kernel[(self.blocks,)](
+            words, out_words, words.numel(), active, self._lls, self._state,
+            self._status.data_ptr(), int(self.timeout_s * 1e9), self._ll_slot_words,
+            RANK=self.rank, WORLD=self.world, BLOCK=block, KIND=_LL_KINDS[x.dtype],
+            num_warps=self.num_warps, **self._pdl())
+
     def _launch(self, x: torch.Tensor, out: torch.Tensor, name: str, *segment: int) -> None:
         from . import peer_kernels
 
+        if name == "one_shot" and self.low_latency and self._ll_slot_words and \
+                self._takes_ll(x, out):
+            return self._launch_ll(x, out)
         kernel = getattr(peer_kernels, f"{name}_kernel")
         elsize = x.element_size()
         extra = {"PULL": bool(self.pull_gather)} if name == "two_shot" else {}
@@ -361,7 +398,7 @@ class PeerAllReduce:
         if not self._closed:
             self._closed = True
             self._views.clear()
-            self._pads = ()
+            self._pads, self._lls = (), ()
             self._handle = None
             self._storage = None
             from .symmetric_group import release

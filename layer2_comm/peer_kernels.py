@@ -512,3 +512,123 @@ def one_shot_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, H, eps, acti
         _end(state_ptr, pid, calls, epoch)
     else:
         _end(state_ptr, pid, calls, epoch - 1)
+
+
+# ---- the low-latency one-shot: data and flag in one 8-byte store ----------------------------
+# The barrier above costs a fence (the release store waits for my copy-in to land), a flag's
+# trip to each peer and then a read of the peers' data: two NVLink latencies after the fence.
+# NCCL's "LL" protocol needs one: each 4-byte word of data travels with a 4-byte flag in one
+# 8-byte store (an aligned 8-byte access is never torn), straight into the receiver's buffer;
+# the receiver polls its own memory until every word of its share carries this call's flag,
+# then sums. No fence, no barrier, no remote read; the price is twice the bytes on the wire,
+# which decode's few-KiB messages do not notice.
+#
+# Layout: every rank's LL region has two halves (alternating by call, as the buffers above)
+# of WORLD slots, slot s holding what rank s sent: packet i = (flag << 32) | word i. The flag
+# is the block's call count + 1, the same on every rank and never the value a stale packet of
+# the same half holds (that one is two calls old). Reuse: by the time I write into a half of
+# peer p again, I have received p's packets of the call in between (block 0 always works),
+# which p sent only after finishing the call before it; every kernel here gives the same
+# guarantee (a barrier with every peer, or received packets), so they may follow each other in
+# any order, as above.
+
+
+@triton.jit
+def _globaltimer(dummy):
+    """Nanoseconds (%globaltimer) as a scalar (dummy: any scalar, to give the op a shape)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [dummy],
+                                     dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _store_volatile(ptrs, values, mask):
+    """Each lane with mask set: one 8-byte st.volatile of values at ptrs (never split)."""
+    tl.inline_asm_elementwise(
+        """{
+        .reg .pred %p;
+        setp.ne.s32 %p, $3, 0;
+        @%p st.volatile.global.b64 [$1], $2;
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,l,r", [ptrs, values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _words_as_floats(w, KIND: tl.constexpr):
+    """int32 words -> (low, high) fp32 values: two 16-bit floats a word (KIND 1 fp16, 2 bf16),
+    or one fp32 (KIND 0: high is 0)."""
+    if KIND == 0:
+        return w.to(tl.float32, bitcast=True), tl.zeros_like(w).to(tl.float32)
+    u = w.to(tl.uint32, bitcast=True)
+    ty = tl.float16 if KIND == 1 else tl.bfloat16
+    lo = (u & 0xFFFF).to(tl.uint16).to(ty, bitcast=True).to(tl.float32)
+    hi = (u >> 16).to(tl.uint16).to(ty, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _floats_as_words(lo, hi, KIND: tl.constexpr):
+    """The inverse of _words_as_floats, rounding to the 16-bit type (or fp32) once."""
+    if KIND == 0:
+        return lo.to(tl.int32, bitcast=True)
+    ty = tl.float16 if KIND == 1 else tl.bfloat16
+    a = lo.to(ty).to(tl.uint16, bitcast=True).to(tl.uint32)
+    b = hi.to(ty).to(tl.uint16, bitcast=True).to(tl.uint32)
+    return (a | (b << 16)).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_addr, timeout_ns,
+                       slot_words, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                       KIND: tl.constexpr, PDL: tl.constexpr = False):
+    """out = sum over ranks of x, x and out viewed as nwords int32 words (KIND: 0 fp32, 1 fp16,
+    2 bf16 pairs). Block b sends words [b, b + active, ...] x BLOCK of x to every peer as
+    packets, then polls its slots of my region for the same words from every peer (until
+    timeout_ns, then a status code as the barrier's), and sums in rank order in fp32: the
+    same bits as one_shot_kernel's. lls: W pointers (int64) to the ranks' LL regions;
+    slot_words: packets a slot holds."""
+    _pdl_start(PDL)
+    pid = tl.program_id(0)
+    calls = tl.load(state_ptr + 2 * pid)
+    barriers = tl.load(state_ptr + 2 * pid + 1)
+    if pid < active:
+        expect = calls + 1
+        flag = expect.to(tl.int64) << 32
+        half = (calls % 2).to(tl.int64) * WORLD * slot_words
+        status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+        lanes = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, nwords, active * BLOCK):
+            offs = start + lanes
+            mask = offs < nwords
+            w = tl.load(x_ptr + offs, mask=mask, other=0)
+            packet = flag | w.to(tl.uint32, bitcast=True).to(tl.int64)
+            for p in tl.static_range(WORLD):
+                if p != RANK:
+                    _store_volatile(lls[p] + half + RANK * slot_words + offs, packet, mask)
+        for start in range(pid * BLOCK, nwords, active * BLOCK):
+            offs = start + lanes
+            mask = offs < nwords
+            words = ()
+            for p in tl.static_range(WORLD):
+                if p == RANK:
+                    words = words + (tl.load(x_ptr + offs, mask=mask, other=0),)
+                else:
+                    slot = lls[RANK] + half + p * slot_words + offs
+                    v = tl.load(slot, mask=mask, other=0, volatile=True)
+                    t0 = _globaltimer(pid)
+                    late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
+                    waited = _globaltimer(pid) - t0
+                    while (late > 0) & (waited < timeout_ns):
+                        v = tl.load(slot, mask=mask, other=0, volatile=True)
+                        late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
+                        waited = _globaltimer(pid) - t0
+                    if late > 0:
+                        tl.store(status_ptr, p + 1)
+                    words = words + (v.to(tl.int32),)
+            lo, hi = _words_as_floats(words[0], KIND)
+            for p in tl.static_range(1, WORLD):
+                a, b = _words_as_floats(words[p], KIND)
+                lo += a
+                hi += b
+            tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+    _end(state_ptr, pid, calls, barriers)

@@ -31,7 +31,12 @@ fn = getattr(K, f"{name}_kernel")
 sig, consts, attrs = {}, {}, {}
 for i, a in enumerate(fn.arg_names):
     if a in ("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"):
-        sig[a] = "*bf16"; attrs[(i,)] = [["tt.divisibility", 16]]
+        sig[a] = "*i32" if name == "one_shot_ll" else "*bf16"
+        attrs[(i,)] = [["tt.divisibility", 16]]
+    elif a == "lls":
+        sig[a] = tuple(["*i64"] * world)
+        for j in range(world):
+            attrs[(i, j)] = [["tt.divisibility", 16]]
     elif a == "eps":
         sig[a] = "fp32"
     elif a in ("bufs", "pads"):
@@ -42,13 +47,14 @@ for i, a in enumerate(fn.arg_names):
         sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
     elif a in ("status_addr", "timeout_ns"):
         sig[a] = "i64"
-    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL"):
+    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL", "KIND"):
         sig[a] = "constexpr"
-        consts[a] = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * 8, "SERIAL": serial,
-                     "PULL": True, "BLOCK_H": 4096, "PDL": len(sys.argv) > 5}[a]
+        consts[a] = {"RANK": 1, "WORLD": world,
+                     "BLOCK": 16 * 32 * (2 if name == "one_shot_ll" else 8), "SERIAL": serial,
+                     "PULL": True, "BLOCK_H": 4096, "PDL": len(sys.argv) > 5, "KIND": 2}[a]
     else:
         sig[a] = "i32"
-        if a in ("numel", "half_elems", "H"):
+        if a in ("numel", "half_elems", "H", "nwords", "slot_words"):
             attrs[(i,)] = [["tt.divisibility", 16]]
 src = ASTSource(fn=fn, signature=sig, attrs=attrs,
                 constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
@@ -125,3 +131,14 @@ def test_one_shot_kernels_assemble_with_pdl(name, tmp_path):
     first_load = next(i for i, op in enumerate(ops) if op.startswith("LDG.E.128"))
     assert "ACQBULK" in ops[:first_load] and "PREEXIT" in ops[:first_load]
     assert "ACQBULK" not in _sass(4, name, False, tmp_path)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_low_latency_one_shot_assembles(world, tmp_path):
+    """The LL kernel: no fence and no flag barrier; each packet an 8-byte volatile (.sys)
+    store into each peer's region, polled back with volatile loads."""
+    ops = _sass(world, "one_shot_ll", False, tmp_path)
+    assert not any(op.startswith("MEMBAR") for op in ops)
+    stores = sum(op.startswith("STG.E.64.STRONG.SYS") for op in ops)
+    assert stores == 2 * (world - 1)  # two packets a thread to each peer
+    assert any(op.startswith("LDG.E.128.STRONG.SYS") for op in ops)

@@ -128,6 +128,10 @@ class PeerAllReduce:
             # two halves: one-shot alternates between them (see peer_kernels.py)
             self._storage = symm_mem.empty(2 * self.max_bytes + ll_bytes, dtype=torch.uint8,
                                            device=self.device)
+            if ll_bytes:  # no stale memory may look like a packet of the first calls; done
+                # before the rendezvous, which no peer passes (and then writes here) before us
+                self._storage[2 * self.max_bytes:].zero_()
+                torch.cuda.synchronize(self.device)
             self._handle = symm_mem.rendezvous(self._storage, self._symmetric)
         except Exception as exc:
             raise RuntimeError(f"rank {self.rank}: PeerAllReduce needs CUDA peer access between "

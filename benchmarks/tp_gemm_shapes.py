@@ -28,7 +28,9 @@ from layer1_kernels.skinny_matmul import skinny_matmul  # noqa: E402
 
 T0 = time.monotonic()
 ROTATE_BYTES = 256e6
-CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (16, 512, 4, 3), (64, 256, 8, 3)]
+# (BLOCK_N, BLOCK_K, warps, stages[, split K])
+CONFIGS = [(16, 256, 4, 4), (32, 256, 4, 4), (64, 128, 4, 4), (16, 512, 4, 3), (64, 256, 8, 3),
+           (64, 128, 4, 4, 4), (128, 128, 8, 3, 4), (64, 256, 4, 3, 2)]
 
 
 def log(msg: str) -> None:

@@ -35,6 +35,10 @@ def test_skinny_matmul_at_awkward_sizes(m, n, k):
     cfg = (16, 32, 1, 1) if DEV.type == "cpu" else None
     _check(m, n, k, cfg, m * 1000 + n)
     _check(m, n, k, (32, 64, 4, 2) if DEV.type == "cpu" else (64, 128, 4, 3), m + n + k)
+    # split K (3 parts of whole K tiles, the last one short where K is ragged), twice: the
+    # arrival counters must be left at zero for the next call
+    for seed in (1, 2):
+        _check(m, n, k, (16, 16, 1, 1, 3) if DEV.type == "cpu" else (32, 32, 4, 2, 3), seed)
 
 
 def test_skinny_matmul_refuses_bad_input():
@@ -65,6 +69,7 @@ def test_skinny_matmul_at_tp_shapes_gpu(m):
         for j, (n, k) in enumerate(((6144 // tp, 4096), (4096, 4096 // tp), (28672 // tp, 4096),
                                     (4096, 14336 // tp))):
             _check(m, n, k, None, 10 * i + j)
+            _check(m, n, k, (64, 128, 4, 3, 4), 10 * i + j)
 
 
 @pytest.mark.gpu
@@ -82,3 +87,26 @@ def test_skinny_linear_takes_the_kernel_where_chosen_gpu(monkeypatch):
         y = skinny_linear(xi, w)
         assert bool(calls) == used, rows
         torch.testing.assert_close(y.float(), F.linear(xi, w).float(), rtol=2e-2, atol=2e-2)
+
+
+def test_skinny_matmul_compiles_for_sm90():
+    """The real compiler (the interpreter accepts what it rejects), split K and not: tensor-core
+    MMAs and the split's one atomic a column."""
+    from .sm90 import run_compile_script
+
+    code = """
+from tests.layer1.sm90 import compile_for_sm90
+from layer1_kernels.skinny_matmul import _skinny_kernel
+for split in (1, 4):
+    ck = compile_for_sm90(_skinny_kernel, dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, EVEN_K=True,
+                          SPLIT=split), {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
+                          "part_ptr": "*fp32", "count_ptr": "*i32"},
+                          {"num_warps": 4, "num_stages": 3}, aligned=True)
+    ptx = ck.asm["ptx"]
+    print(split, "mma" in ptx, ptx.count("atom."))
+"""
+    run = run_compile_script(code, "skinny_matmul's sm_90 compile")
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.split()
+    assert lines[:3] == ["1", "True", "0"] and lines[3:5] == ["4", "True"], run.stdout
+    assert int(lines[5]) >= 1

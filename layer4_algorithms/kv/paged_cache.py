@@ -125,13 +125,46 @@ class PagedKVCache:
             b = int(short[0])
             raise ValueError(f"block table of {lens[b]} blocks cannot hold {q[b] + c[b]} tokens")
         if q.size and q.max() == 1:  # decode: one token per sequence at position c
-            rows, pos = np.arange(q.size), c
-        else:
-            rows = np.repeat(np.arange(q.size), q)
-            pos = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q) + np.repeat(c, q)
+            return self._decode_context(c, np.asarray(table, dtype=np.int64), staging)
+        rows = np.repeat(np.arange(q.size), q)
+        pos = np.arange(int(q.sum())) - np.repeat(np.cumsum(q) - q, q) + np.repeat(c, q)
         slots = table[rows, pos // bs] * bs + pos % bs if q.size else np.zeros(0, np.int64)
         return l3.AttentionContext.build(query_lens, context_lens, slots, block_tables=table,
                                          device=self.device, staging=staging)
+
+    def _decode_context(self, c: np.ndarray, table: np.ndarray,
+                        staging: l3.HostStaging | None) -> l3.AttentionContext:
+        """context() of a decode step (B sequences, one new token each at position c[b];
+        table (B, n) padded): what AttentionContext.build makes of it, every index array
+        written straight into one host array and sent in one copy (a decode step pays this
+        every step: no temporaries to concatenate, nothing worked out for one-token queries;
+        seq_ids are query_start_loc's first B, 0..B-1 both)."""
+        B, n = table.shape
+        bs = self.block_size
+        flat = np.empty(6 * B + 1 + B * n, dtype=np.int64)
+        # positions | query_start_loc (B + 1) | query_offsets | query_lens | seq_lens | slots
+        flat[:B] = c
+        flat[B:2 * B + 1] = np.arange(B + 1)
+        flat[2 * B + 1:3 * B + 1] = 0
+        flat[3 * B + 1:4 * B + 1] = 1
+        seq_lens = np.add(c, 1, out=flat[4 * B + 1:5 * B + 1])
+        block = table[flat[B:2 * B], c // bs]  # the block each new token goes to
+        np.add(block * bs, c % bs, out=flat[5 * B + 1:6 * B + 1])
+        flat[6 * B + 1:].reshape(B, n)[:] = table
+        if staging is not None:  # pinned, reused, non-blocking
+            on_device = staging.to_device(flat)
+        elif self.device.type == "cuda":
+            on_device = torch.from_numpy(flat).pin_memory().to(self.device, non_blocking=True)
+        else:
+            on_device = torch.from_numpy(flat)
+        views = on_device.split_with_sizes([B, B + 1, B, B, B, B, B * n])
+        seq_lens_host = tuple(seq_lens.tolist())
+        return l3.AttentionContext(
+            positions=views[0], slot_mapping=views[5], seq_ids=views[1][:B],
+            query_offsets=views[2], query_start_loc=views[1], query_lens=views[3],
+            seq_lens=views[4], max_query_len=1, max_seq_len=max(seq_lens_host),
+            query_lens_host=(1,) * B, seq_lens_host=seq_lens_host,
+            block_tables=views[6].view(B, n))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, ctx: l3.AttentionContext) -> None:
         """k, v (T, kv_heads, head_dim) -> their slots (ctx.slot_mapping), one scatter each."""

@@ -76,6 +76,38 @@ def test_context_of_ragged_random_tables_matches_a_per_token_lookup():
         assert ctx.query_start_loc.tolist() == [sum(q[:b]) for b in range(B + 1)]
 
 
+def test_a_decode_steps_context_is_what_the_general_build_makes():
+    """A decode step's context (one token a sequence: the cache writes its index arrays
+    straight into one host array) equals layer 3's AttentionContext.build of the same step,
+    field by field, with the table given padded (the runner's mirror) or as lists."""
+    import numpy as np  # noqa: PLC0415
+
+    gen = torch.Generator().manual_seed(11)
+    for B in (1, 2, 5, 9):
+        bs = int(torch.randint(1, 6, (1,), generator=gen))
+        c = torch.randint(0, 30, (B,), generator=gen).tolist()
+        tables = [torch.randint(0, 50, (c_ // bs + 1 + int(torch.randint(0, 2, (1,),
+                                                                        generator=gen)),),
+                                generator=gen).tolist() for c_ in c]
+        width = max(map(len, tables))
+        padded = np.array([t + [0] * (width - len(t)) for t in tables], dtype=np.int64)
+        lens = np.array([len(t) for t in tables], dtype=np.int64)
+        cache = PagedKVCache(1, 64, bs, 1, 2)
+        slots = [t[p // bs] * bs + p % bs for t, p in zip(tables, c, strict=True)]
+        want = l3.AttentionContext.build([1] * B, c, slots, block_tables=padded)
+        for got in (cache.context(np.ones(B, dtype=np.int64), np.array(c), padded,
+                                  table=(padded, lens)),
+                    cache.context([1] * B, c, tables)):
+            for name in ("positions", "slot_mapping", "seq_ids", "query_offsets",
+                         "query_start_loc", "query_lens", "seq_lens", "block_tables"):
+                a, b = getattr(got, name), getattr(want, name)
+                assert a.dtype == b.dtype and a.tolist() == b.tolist(), name
+            for name in ("max_query_len", "max_seq_len", "query_lens_host", "seq_lens_host"):
+                assert getattr(got, name) == getattr(want, name), name
+    with pytest.raises(ValueError, match="cannot hold"):
+        PagedKVCache(1, 8, 4, 1, 2).context([1], [4], [[1]])
+
+
 @pytest.mark.parametrize("block_size", [1, 3, 4, 16])
 def test_read_gathers_what_the_contiguous_cache_reads(block_size):
     seq_lens = [5, 12, 1, 9]

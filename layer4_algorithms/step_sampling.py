@@ -10,6 +10,7 @@ through logits_processing.py. The tokens stay on the device until the engine rea
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import attrgetter
 
 import numpy as np
 import torch
@@ -18,6 +19,8 @@ import layer3_model as l3
 
 from .logits_processing import TokenLogprobs, sample_processed
 from .sampling_guard import sample_guarded
+
+_TEMPERATURE = attrgetter("temperature")
 
 
 class StepSampler:
@@ -47,10 +50,9 @@ class StepSampler:
         argmax: the rows' argmax, already computed (the decode graph's, StepLogits.argmax):
         an all-greedy step returns it as it is (nothing launched)."""
         self.last_bad = None
-        for p in params:
-            if not p.greedy:
-                break
-        else:  # the common case, every row greedy: no gather, no scatter
+        # every row greedy (SamplingParams.greedy: temperature 0), the common case, checked by
+        # map() over the rows (a property call a row is ~15 us at 256 rows): no gather, no scatter
+        if not any(map(_TEMPERATURE, params)):
             if argmax is not None and argmax.shape[0] == len(params):
                 return argmax
             x = logits if isinstance(logits, torch.Tensor) else torch.stack(list(logits))

@@ -69,7 +69,7 @@ class BlockTableMirror:
         owner, synced = self.owner, self.synced
         if (list(map(synced.__getitem__, rows)) != lens
                 or not all(map(is_, map(owner.__getitem__, rows), tables))):
-            for q in [q for q, r, t, n in zip(seqs, rows, tables, lens)
+            for q in [q for q, r, t, n in zip(seqs, rows, tables, lens, strict=True)
                       if owner[r] is not t or synced[r] != n]:
                 self.sync(q)
         return self._rows[1], lens

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+
 @dataclass(slots=True)
 class DecodeInputs:
     """ids / src / dst: host input ids, with ids[dst[i]] taken from the previous step's
@@ -59,16 +60,16 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
     if in_order or min(pending) >= 0:  # every input token on the device
         ids, src, dst = [0] * B, pending, order
     elif max(pending) < 0:  # every input token on the host
-        ids, src, dst = [q.token_ids[c] for q, c in zip(seqs, ctx)], [], []
+        ids, src, dst = [q.token_ids[c] for q, c in zip(seqs, ctx, strict=True)], [], []
     else:
-        ids = [0 if p >= 0 else q.token_ids[c] for q, c, p in zip(seqs, ctx, pending)]
+        ids = [0 if p >= 0 else q.token_ids[c] for q, c, p in zip(seqs, ctx, pending, strict=True)]
         dst = [j for j, p in enumerate(pending) if p >= 0]
         src = [pending[j] for j in dst]
     # a sequence samples when the step reaches its end (tokens on the device count), which
     # only a prompt's one-token chunk short of its end does not
     ends = [len(q.token_ids) + q.num_pending - 1 for q in seqs]
     samples = list(range(B)) if ends == ctx else [
-        j if e == c else None for j, (e, c) in enumerate(zip(ends, ctx))]
+        j if e == c else None for j, (e, c) in enumerate(zip(ends, ctx, strict=True))]
     table = mirror.table[where, :max(lens)]  # (a view of the mirror when its rows are in order)
     return DecodeInputs(ids, src, dst, np.array(ctx, dtype=np.int64), table,
                         np.array(lens, dtype=np.int64), samples, in_order)

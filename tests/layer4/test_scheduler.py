@@ -114,6 +114,25 @@ def test_decodes_and_a_prefill_chunk_share_a_step_within_the_token_budget():
     assert sched.running[2].num_computed_tokens == 6 * 5  # 6 tokens per step while others decode
 
 
+def test_sequences_finishing_in_one_step_all_leave_and_free_their_blocks():
+    """Equal max_tokens finish together: they leave `running` at once (one pass), the others
+    keep their order, and every block and row comes back."""
+    bm = BlockManager(64, 4)
+    sched = make_scheduler(bm, max_model_len=64)
+    eng = FakeEngine(sched)
+    seqs = [make_seq(i, 3 + i, 4 if i % 2 else 6) for i in range(6)]
+    for q in seqs:
+        sched.add(q)
+    for _ in range(4):  # the prefill's token and three decodes: max_tokens=4 reached
+        eng.step()
+    assert [q.seq_id for q in sched.running] == [0, 2, 4]
+    for q in seqs[1::2]:
+        assert q.finish_reason == "length" and q.row is None and q.block_table == []
+    check_invariants(sched)
+    eng.run()
+    assert bm.num_free_blocks == 64 and sorted(sched._free_rows) == list(range(sched.max_num_seqs))
+
+
 def test_admission_is_first_come_first_served_and_respects_max_num_seqs():
     sched = make_scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=100,
                            max_model_len=200)

@@ -132,6 +132,10 @@ def test_lane_scheduler_keeps_lanes_apart():
         assert sum(x == lane for x in sched.lane_of.values()) <= sched.seats
         assert len(sched.running) == len(sched.lane_of)
         sched.postprocess(out, {s.seq.seq_id: [5] for s in out.scheduled if s.samples})
+        # each lane's own list holds its running sequences; `running` is all of them
+        assert sched.running == [q for lane_seqs in sched.lane_running for q in lane_seqs]
+        assert all(sched.lane_of[q.seq_id] == g
+                   for g, lane_seqs in enumerate(sched.lane_running) for q in lane_seqs)
     assert sched.num_preemptions > 0
     with pytest.raises(ValueError, match="seats"):
         sched.add(l5.engine.Sequence(9, "r9", [1, 2], l5.SamplingParams(n=3)))

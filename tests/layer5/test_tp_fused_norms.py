@@ -73,8 +73,17 @@ def test_a_shard_with_fused_norms_computes_the_whole_model(backend):
         assert "serving forward only" in r["training"]
 
 
-def test_the_switch_reads_the_environment(monkeypatch):
+def test_the_default_is_on_where_it_is_one_kernel(monkeypatch):
+    class Comm:
+        def __init__(self, backend):
+            self.backend = backend
+
     monkeypatch.delenv(S.FUSED_NORMS_ENV, raising=False)
+    assert S.fused_norms_default(Comm("ours"), "cuda:0")  # layer 2's fused kernel
+    assert not S.fused_norms_default(Comm("ours"), "cpu")  # gloo: nothing to fuse
+    assert not S.fused_norms_default(Comm("torch"), "cuda:0")  # NCCL: nothing to fuse
     assert not S.fused_norms_default()
+    monkeypatch.setenv(S.FUSED_NORMS_ENV, "0")
+    assert not S.fused_norms_default(Comm("ours"), "cuda:0")
     monkeypatch.setenv(S.FUSED_NORMS_ENV, "1")
-    assert S.fused_norms_default()
+    assert S.fused_norms_default(Comm("torch"), "cpu")

@@ -24,7 +24,6 @@ import torch
 import layer3_model as l3
 from layer4_algorithms import PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
-from layer4_algorithms.graph_inputs import GraphInputs
 from layer4_algorithms.model_runner import ModelRunner
 
 CONFIG = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
@@ -53,11 +52,7 @@ def main() -> None:
     for B in (int(b) for b in args.batches.split(",")):
         cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32,
                                        device="cpu")
-        runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False)
-        g = runner.inputs = GraphInputs(max(B, 8), 64, cache.scratch_block,
-                                        torch.device("cpu"), copies=True)
-        runner.positions, runner.seq_lens, runner.block_tables = (g.positions, g.seq_lens,
-                                                                  g.block_tables)
+        runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False, copies=True)
         runner._replay = lambda bucket: None  # the replay is the GPU's: left out
         pos = np.arange(B, dtype=np.int64) * 7 + 100
         table = np.arange(B * 12, dtype=np.int64).reshape(B, 12)

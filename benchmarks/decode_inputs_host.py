@@ -38,7 +38,6 @@ import torch
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner
-from layer4_algorithms.graph_inputs import GraphInputs
 from layer5_parallel.bench.step_phases import PhaseClock
 
 PHASES = ("schedule", "input ids", "context", "execute", "graph inputs", "sampling launch",
@@ -62,10 +61,18 @@ def graph_runner(llm: LLM) -> None:
     """The runner's decode steps through an eager CudaGraphRunner fed as on a GPU."""
     cfg, cache = llm.config, llm.cache
     max_blocks = -(-cfg.resolved_max_model_len // cache.block_size)
-    graph = CudaGraphRunner(llm.model.net, cache, cfg.max_num_seqs, max_blocks, capture=False)
-    g = graph.inputs = GraphInputs(cfg.max_num_seqs, max_blocks, cache.scratch_block,
-                                   torch.device("cpu"), copies=True)
-    graph.positions, graph.seq_lens, graph.block_tables = g.positions, g.seq_lens, g.block_tables
+    try:
+        graph = CudaGraphRunner(llm.model.net, cache, cfg.max_num_seqs, max_blocks,
+                                capture=False, copies=True)
+    except TypeError:  # a tree from before the copies option: its buffers swapped in
+        from layer4_algorithms.graph_inputs import GraphInputs  # noqa: PLC0415
+
+        graph = CudaGraphRunner(llm.model.net, cache, cfg.max_num_seqs, max_blocks,
+                                capture=False)
+        g = graph.inputs = GraphInputs(cfg.max_num_seqs, max_blocks, cache.scratch_block,
+                                       torch.device("cpu"), copies=True)
+        graph.positions, graph.seq_lens = g.positions, g.seq_lens
+        graph.block_tables = g.block_tables
 
     def step(bucket: int) -> None:  # the replay's greedy tokens, made up
         torch.remainder(graph.positions[:bucket] * 31 + 7, 4096, out=graph.input_ids[:bucket])

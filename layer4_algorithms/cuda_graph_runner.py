@@ -8,8 +8,8 @@ What must be static, and how it is made so (vLLM's and nano-vllm's recipe):
 - *Addresses.* A graph replays the pointers it recorded. So every input lives in a static
   buffer (input_ids, positions, slot_mapping, seq_lens, block_tables) sized for
   max_num_seqs rows, and run() copies the step's values into them (run_host: positions,
-  lengths and tables from the host in one copy, graph_inputs.py); the logits come out in a
-  static buffer too.
+  lengths, and ids that are on the host, in one copy, the tables in another, graph_inputs.py);
+  the logits come out in a static buffer too.
 - *Shapes.* The batch size is baked into every kernel, so graphs are captured for buckets
   (1, 2, 4, 8, 16, 24, ... max_num_seqs) and a batch of B runs the smallest bucket >= B,
   its extra rows padding. The block table width is fixed (max_blocks_per_seq): the paged
@@ -73,10 +73,11 @@ class CudaGraphRunner:
 
     The cache needs `k` (layers, blocks, block_size, kv_heads, head_dim), `block_size`,
     `scratch_block` and `decode_attention` (layer 4's PagedKVCache). capture=False runs the
-    same buffers eagerly (no graphs; also on a CPU): for debugging and tests."""
+    same buffers eagerly (no graphs; also on a CPU): for debugging and tests; so is copies
+    (GraphInputs': on a CPU, fill the buffers through host arrays and copies as on a GPU)."""
 
     def __init__(self, model: l3.LlamaModel, cache, max_num_seqs: int, max_blocks_per_seq: int, *,
-                 capture: bool = True, warmup: int = 1) -> None:
+                 capture: bool = True, warmup: int = 1, copies: bool | None = None) -> None:
         if capture and not torch.cuda.is_available():
             raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False "
                                "here; "
@@ -102,12 +103,11 @@ class CudaGraphRunner:
         def zeros(*shape: int) -> torch.Tensor:
             return torch.zeros(shape, dtype=torch.int64, device=dev)
 
-        self.input_ids = zeros(n)
         self.slot_mapping = zeros(n)
-        # positions, seq_lens, block_tables: views of one buffer the host fills in one copy
-        self.inputs = GraphInputs(n, max_blocks_per_seq, self.scratch, dev)
+        # positions, seq_lens, input_ids, block_tables: the buffers the host fills in a copy
+        self.inputs = GraphInputs(n, max_blocks_per_seq, self.scratch, dev, copies=copies)
         self.positions, self.seq_lens = self.inputs.positions, self.inputs.seq_lens
-        self.block_tables = self.inputs.block_tables
+        self.input_ids, self.block_tables = self.inputs.input_ids, self.inputs.block_tables
         self._pad_rows(0)  # every row a padding row until a step fills it
         self.logits = torch.zeros((n, model.config.vocab_size), dtype=torch.float32, device=dev)
         self.contexts = {B: self._context(B) for B in self.buckets}
@@ -202,13 +202,14 @@ class CudaGraphRunner:
             self._pad_rows(B, bucket)
         self._replay(bucket)
 
-    def run_host(self, input_ids: torch.Tensor, positions: np.ndarray,
+    def run_host(self, input_ids: torch.Tensor | np.ndarray, positions: np.ndarray,
                  block_tables: np.ndarray) -> torch.Tensor:
         """`run(..., copy=False)` from host arrays: positions (B,) and block_tables (B, n)
-        int64 numpy, seq_lens = positions + 1; input_ids (B,) on the device. The context
-        reaches the static buffers in one copy (graph_inputs.py) instead of one copy to the
-        device and three (up to seven with padding rows) into the buffers. (No autograd
-        to turn off around copies and a replay: only an eager step enters no_grad.)"""
+        int64 numpy, seq_lens = positions + 1; input_ids (B,) on the device, or int64 numpy
+        on the host. The context (and host ids) reach the static buffers in one copy
+        (graph_inputs.py) instead of one copy to the device and three (up to seven with
+        padding rows) into the buffers. (No autograd to turn off around copies and a replay:
+        only an eager step enters no_grad.)"""
         B = input_ids.shape[0]
         if positions.shape != (B,) or block_tables.ndim != 2 or block_tables.shape[0] != B \
                 or not self.can_run(B, block_tables.shape[1]):
@@ -217,10 +218,11 @@ class CudaGraphRunner:
                              f"graphs (<= {self.max_num_seqs} sequences, <= {self.max_blocks} "
                              "blocks); run it eagerly")
         bucket = self.bucket_of[B]
-        if input_ids.data_ptr() != self.input_ids.data_ptr():  # (else last step's own tokens)
-            self.input_ids[:B].copy_(input_ids)
+        host = isinstance(input_ids, np.ndarray)
+        if not host and input_ids.data_ptr() != self.input_ids.data_ptr():  # (else last
+            self.input_ids[:B].copy_(input_ids)                              # step's tokens)
         # padding rows keep whatever ids they hold: valid token ids, outputs never read
-        self.inputs.load(B, bucket, positions, block_tables)
+        self.inputs.load(B, bucket, positions, block_tables, input_ids if host else None)
         self._replay(bucket)
         return self.logits[:B]
 

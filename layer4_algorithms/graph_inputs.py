@@ -4,9 +4,12 @@ A CUDA graph reads its inputs from the addresses it was captured with, so each s
 positions, sequence lengths and block tables must land in static buffers. Taken there as
 tensors, that is one copy to the device (from pinned memory) and then three device copies
 into the static buffers, plus four fills when the step's bucket has padding rows: up to eight
-launches for a few hundred bytes. Here positions and seq_lens are the two halves of one device
-tensor, `positions (rows,) | seq_lens (rows,)`, and the host writes a step's values and its
-bucket's padding rows into a pinned array of the same layout, then copies it in one go; the
+launches for a few hundred bytes. Here positions, seq_lens and the input ids are the three
+thirds of one device tensor, `positions (rows,) | seq_lens (rows,) | input_ids (rows,)`, and
+the host writes a step's values and its bucket's padding rows into a pinned array of the same
+layout, then copies it in one go: positions and seq_lens, and the ids too when the step's
+input tokens are on the host (synchronous steps, a pipeline's lanes: no copy of their own
+and no device copy into the graph's ids); ids already on the device stay out of it. The
 block tables go as the bucket's (bucket, n) rows (n: the step's widest table, not the graph's
 max_blocks, which follows max_model_len), padding rows pointing at the scratch block, in one
 more copy, which is skipped when the device holds those very rows already (steady decoding:
@@ -25,22 +28,23 @@ import torch
 
 
 class GraphInputs:
-    """positions, seq_lens (rows,) and block_tables (rows, max_blocks) int64 on `device`, every
-    row padding to start with (position 0, length 1, the scratch block). `load(B, bucket, pos,
-    table)` fills rows [0, bucket) from the host. copies: through host arrays and copies
-    (default: on a GPU; a CPU test may ask for it: no pinning, no events)."""
+    """positions, seq_lens, input_ids (rows,) and block_tables (rows, max_blocks) int64 on
+    `device`, every row padding to start with (position 0, length 1, token 0, the scratch
+    block). `load(B, bucket, pos, table[, ids])` fills rows [0, bucket) from the host. copies:
+    through host arrays and copies (default: on a GPU; a CPU test may ask for it: no pinning,
+    no events)."""
 
     def __init__(self, rows: int, max_blocks: int, scratch: int, device: torch.device, *,
                  copies: bool | None = None) -> None:
         self.rows, self.scratch = rows, scratch
-        self.lens_buffer = torch.zeros(2 * rows, dtype=torch.int64, device=device)
-        self.positions, self.seq_lens = self.lens_buffer[:rows], self.lens_buffer[rows:]
+        self.lens_buffer = torch.zeros(3 * rows, dtype=torch.int64, device=device)
+        self.positions, self.seq_lens, self.input_ids = self.lens_buffer.view(3, rows)
         self.block_tables = torch.zeros((rows, max_blocks), dtype=torch.int64, device=device)
         self.pinned = device.type == "cuda"
         self.copies = self.pinned if copies is None else copies
         self._events: list[torch.cuda.Event | None] = [None, None]
-        if self.copies:  # two of each: [positions | seq_lens], and the tables' rows
-            self._lens_t = [torch.zeros(2 * rows, dtype=torch.int64, pin_memory=self.pinned)
+        if self.copies:  # two of each: [positions | seq_lens | ids], and the tables' rows
+            self._lens_t = [torch.zeros(3 * rows, dtype=torch.int64, pin_memory=self.pinned)
                             for _ in range(2)]
             self._tables_t: list[torch.Tensor | None] = [None, None]  # grown on demand
         else:  # the static buffers themselves
@@ -48,21 +52,25 @@ class GraphInputs:
             self._cpu_tables = self.block_tables.numpy()
         self._lens = [t.numpy() for t in self._lens_t]
         for h in self._lens:
-            h[:rows], h[rows:] = 0, 1
+            h[:rows], h[rows:2 * rows] = 0, 1
         self.block_tables.fill_(scratch)
         self._turn = 0
-        self._views: dict[tuple, tuple] = {}  # cached views per (turn, bucket[, n])
+        self._views: dict[tuple, tuple] = {}  # cached views per (turn, length[, n])
         self._last: tuple | None = None  # (bucket, shape, ids) of the tables the device holds
 
-    def load(self, B: int, bucket: int, pos: np.ndarray, table: np.ndarray) -> None:
+    def load(self, B: int, bucket: int, pos: np.ndarray, table: np.ndarray,
+             ids: np.ndarray | None = None) -> None:
         """Rows [0, B): positions pos (B,), seq_lens pos + 1, block tables table (B, n) with
-        n <= max_blocks; rows [B, bucket) padding; on the device in stream order."""
+        n <= max_blocks, and input ids `ids` (B,) when given (else the device's input_ids are
+        left as they are); rows [B, bucket) padding; on the device in stream order."""
         r, n = self.rows, table.shape[1]
         if not self.copies:
             h = self._lens[0]
             h[:B] = pos
             np.add(pos, 1, out=h[r:r + B])
             h[B:bucket], h[r + B:r + bucket] = 0, 1
+            if ids is not None:
+                h[2 * r:2 * r + B] = ids
             t = self._cpu_tables
             t[:B, :n] = table
             t[B:bucket, :n] = self.scratch
@@ -77,11 +85,16 @@ class GraphInputs:
         np.add(pos, 1, out=h[r:r + B])
         if B < bucket:
             h[B:bucket], h[r + B:r + bucket] = 0, 1
-        views = self._views.get((turn, bucket))
+        # positions for every row, seq_lens up to the bucket's; with host ids every seq_len
+        # and the ids (padding rows keep theirs: valid ids, outputs never read)
+        size = r + bucket
+        if ids is not None:
+            h[2 * r:2 * r + B] = ids
+            size = 2 * r + B
+        views = self._views.get((turn, size))
         if views is None:
-            views = self._views[(turn, bucket)] = (
-                self.lens_buffer[:r + bucket], self._lens_t[turn][:r + bucket])
-        # positions for every row, seq_lens up to the bucket's
+            views = self._views[(turn, size)] = (self.lens_buffer[:size],
+                                                 self._lens_t[turn][:size])
         views[0].copy_(views[1], non_blocking=True)
         key = (bucket, table.shape, table.tobytes())
         if key != self._last:

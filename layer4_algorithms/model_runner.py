@@ -106,8 +106,11 @@ class ModelRunner(StepSampler):
         if fast is None:
             with torch.no_grad():
                 return self._execute(scheduled, prev_tokens)
-        ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
+        ids = None
         if self.graph is not None:
+            # input ids all on the host: into the graph's buffers with its context, one copy
+            ids = (np.array(fast.ids, dtype=np.int64) if not fast.dst else
+                   self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order))
             last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
             if last is not None:
                 # the graph's greedy tokens come with its logits (an all-greedy step samples
@@ -116,6 +119,8 @@ class ModelRunner(StepSampler):
                 tokens = self.graph.tokens(last.shape[0])
                 return StepLogits(last, fast.rows, {}, self.staging,
                                   argmax=tokens if tokens.is_cuda else tokens.clone())
+        if ids is None or isinstance(ids, np.ndarray):
+            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
         with torch.no_grad():
             ctx = self.cache.context(np.ones(len(fast.rows), dtype=np.int64),
                                      fast.context_lens, fast.table,
@@ -233,9 +238,10 @@ class ModelRunner(StepSampler):
         pos = np.fromiter((s.context_len for s in group), dtype=np.int64, count=len(group))
         return self._graph_run(ids, table, lens, pos)
 
-    def _graph_run(self, ids: torch.Tensor, table: np.ndarray, lens: np.ndarray,
+    def _graph_run(self, ids: torch.Tensor | np.ndarray, table: np.ndarray, lens: np.ndarray,
                    pos: np.ndarray) -> torch.Tensor | None:
-        """_graph_decode from the pass's (B, n) block table, table lengths and positions."""
+        """_graph_decode from the pass's (B, n) block table, table lengths and positions; ids
+        on the device, or on the host (numpy: they go with the context, run_host)."""
         B, n = table.shape
         if not self.graph.can_run(B, n):
             return None

@@ -196,13 +196,14 @@ class PPModel(RankZeroModel):
                 and self.graphs.can_run(B, n)
                 and 4 * B * (n + 6) <= self.group.ring.slot_bytes // 2)
 
-    def decode_host(self, input_ids: torch.Tensor, positions, table) -> torch.Tensor:
+    def decode_host(self, input_ids: torch.Tensor | np.ndarray, positions, table) -> torch.Tensor:
         """forward() of a decode step from its host arrays (what layer 4's runner hands a
         CUDA graph: positions (B,) and block table (B, n), int64 numpy, each row long enough
         for its position: the runner checked): the table goes to the stages in the step's
         message, and rank 0's stage replays its graph from the arrays (run_micro_host)
-        without an AttentionContext. decode_fits says when. Returns what forward returns:
-        the logits, or the token ids of a greedy step."""
+        without an AttentionContext; input_ids on the device, or numpy on the host (copied
+        with the positions). decode_fits says when. Returns what forward returns: the
+        logits, or the token ids of a greedy step."""
         step = self._dispatch_decode(input_ids, positions, table)
         if not self.deferred:
             return self.collect(step)

@@ -20,6 +20,7 @@ without capturing (capture=False), so the CPU suite tests this path too.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import layer4_algorithms as engine
@@ -57,20 +58,22 @@ class StageGraphRunner(engine.CudaGraphRunner):
         return (cache is not None and ctx.max_query_len == 1 and ctx.block_tables is not None
                 and self.can_run(ctx.num_seqs, ctx.block_tables.shape[1]))
 
-    def run_micro_host(self, inp: torch.Tensor, positions, block_tables,
+    def run_micro_host(self, inp: torch.Tensor | np.ndarray, positions, block_tables,
                        copy: bool = True) -> torch.Tensor:
         """run_micro from host arrays, as layer 4's run_host: positions (B,) and block_tables
         (B, n) int64 numpy reach the static buffers in one copy each (graph_inputs.py), with no
-        AttentionContext built (rank 0's decode steps: pipeline_parallel/runner.py)."""
+        AttentionContext built (rank 0's decode steps: pipeline_parallel/runner.py); token ids
+        on the host (numpy) go with the positions."""
         B = positions.shape[0]
         bucket = self.bucket_of[B]
-        if self.stream_in is None:
-            self.input_ids[:B].copy_(inp)
-        else:
+        host_ids = isinstance(inp, np.ndarray)
+        if self.stream_in is not None:
             self.stream_in[:, :B].copy_(inp)
+        elif not host_ids:
+            self.input_ids[:B].copy_(inp)
         # padding rows keep whatever inputs they hold: valid ids or a finite stream, whose
         # outputs nobody reads
-        self.inputs.load(B, bucket, positions, block_tables)
+        self.inputs.load(B, bucket, positions, block_tables, inp if host_ids else None)
         self._replay(bucket)
         self.replays += 1
         out = self.out[:B] if self.model.last else self.out[:, :B]

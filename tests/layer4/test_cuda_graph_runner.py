@@ -12,7 +12,6 @@ import torch
 import layer3_model as l3
 from layer4_algorithms import PagedKVCache
 from layer4_algorithms.cuda_graph_runner import CudaGraphRunner, bucket_sizes
-from layer4_algorithms.graph_inputs import GraphInputs
 
 CONFIG = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96,
                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -69,16 +68,12 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
     """inputs: how each step's context reaches the graph: "device" (run: tensors), "host"
     (run_host: numpy positions and tables, one copy), "mixed" (the two in turn: rows a
     smaller bucket left behind must not matter to the next one); "copies": run_host through
-    host arrays and copies as on a GPU (on a CPU it writes the buffers in place)."""
+    host arrays and copies as on a GPU (on a CPU it writes the buffers in place); " ids":
+    run_host's input ids from the host (numpy, in the context's copy) every other step."""
     model, cache, tables, lens, tokens = prefilled(device, dtype)
     eager_cache = copy_cache(cache)
-    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture)
-    if inputs == "copies":
-        g = runner.inputs = GraphInputs(MAX_SEQS, MAX_BLOCKS, cache.scratch_block,
-                                        torch.device(device), copies=True)
-        runner.positions, runner.seq_lens, runner.block_tables = (
-            g.positions, g.seq_lens, g.block_tables)
-        runner.contexts = {B: runner._context(B) for B in runner.buckets}
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture,
+                             copies=True if inputs.startswith("copies") else None)
     assert sorted(runner.graphs) == (runner.buckets if capture else [])
     for i, step in enumerate(STEPS):
         ctx = eager_cache.context([1] * len(step), [lens[b] for b in step],
@@ -89,8 +84,10 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         bucket = next(b for b in runner.buckets if b >= len(step))
         if bucket > len(step):
             cache.k[:, cache.scratch_block] = 0.0  # so we see the padding rows' writes land there
-        if inputs in ("host", "copies") or (inputs == "mixed" and i % 2):
-            replay = runner.run_host(ids, ctx.positions.cpu().numpy(),
+        if inputs.split()[0] in ("host", "copies") or (inputs == "mixed" and i % 2):
+            host_ids = inputs.endswith(" ids") and i % 2 == 0
+            replay = runner.run_host(ids.cpu().numpy() if host_ids else ids,
+                                     ctx.positions.cpu().numpy(),
                                      ctx.block_tables.cpu().numpy()).clone()
         else:
             replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
@@ -118,7 +115,8 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         assert (ours[:, untouched] == 0).all()
 
 
-@pytest.mark.parametrize("inputs", ["device", "host", "mixed", "copies"])
+@pytest.mark.parametrize("inputs", ["device", "host", "mixed", "copies", "host ids",
+                                    "copies ids"])
 def test_eager_buffers_match_the_model_on_cpu(inputs):
     check_replay_matches_eager("cpu", torch.float32, capture=False, tol=1e-5, inputs=inputs)
 
@@ -147,7 +145,7 @@ def test_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("inputs", ["device", "host", "mixed"])
+@pytest.mark.parametrize("inputs", ["device", "host", "mixed", "host ids"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_gpu_replay_matches_eager_and_padding_stays_in_scratch(dtype, tol, inputs):
     check_replay_matches_eager("cuda", dtype, capture=True, tol=tol, inputs=inputs)
@@ -176,12 +174,8 @@ def test_steady_decode_copies_no_ids_and_tables_only_when_they_change():
     eager model's."""
     model, cache, tables, lens, tokens = prefilled("cpu", torch.float32)
     eager_cache = copy_cache(cache)
-    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=False)
-    g = runner.inputs = GraphInputs(MAX_SEQS, MAX_BLOCKS, cache.scratch_block,
-                                    torch.device("cpu"), copies=True)
-    runner.positions, runner.seq_lens, runner.block_tables = g.positions, g.seq_lens, \
-        g.block_tables
-    runner.contexts = {B: runner._context(B) for B in runner.buckets}
+    runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=False, copies=True)
+    g = runner.inputs
     copies, changed = [], []
     inner_copy = torch.Tensor.copy_
     seqs = [0, 1, 2]

@@ -1,6 +1,7 @@
 """The host cost of a graph-replayed decode step's own calls, on this machine's CPU.
 
     PYTHONPATH=<tree> python benchmarks/decode_host_calls.py [--batches 1,32] [--n 3000]
+                                                             [--device cuda]
 
 Times, with CPU tensors (thread CPU time, the best of 5 rounds of --n calls each), the calls
 rank 0 makes around a decode step's CUDA-graph replay, the replay itself left out:
@@ -10,7 +11,14 @@ rank 0 makes around a decode step's CUDA-graph replay, the replay itself left ou
   sample       ModelRunner.sample_tokens of an all-greedy batch as the engine calls it after a
                graph-replayed step (with the graph's argmax where the runner has one)
 What a GPU adds on top (CUDA API calls: copies, events, pinned allocations) is not here:
-tp_gpu_bench's phases measure that. Run it once per tree to compare two versions.
+--device cuda measures it, on the GPU's own path (pinned buffers, events; the replay still
+left out), per call, host CPU and wall microseconds:
+  run_host, table same / changed   steady decoding, ids on the device (the last step's)
+  run_host, host ids               ids from the host in the context's copy (sync steps, lanes)
+  staging ids + run_host           the same step with its ids copied on their own first
+  pinned copy / event record / event sync (done) / gather launch / token copy back:
+                                   the CUDA calls these are made of
+Run it once per tree to compare two versions.
 """
 from __future__ import annotations
 
@@ -46,8 +54,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batches", default="1,32")
     ap.add_argument("--n", type=int, default=3000)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.device == "cuda":
+        return gpu_calls([int(b) for b in args.batches.split(",")], args.n)
     model = l3.random_model(CONFIG, seed=0)
     for B in (int(b) for b in args.batches.split(",")):
         cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32,
@@ -70,6 +81,66 @@ def main() -> None:
         print(f"batch {B:3}: run_host {t_run:6.1f} us, sample (all greedy) {t_sample:6.1f} us "
               f"(CPU, replay and argmax kernel excluded{'' if kw else '; argmax on the host'})",
               flush=True)
+
+
+def timed(fn, n: int, rounds: int = 5) -> tuple[float, float]:
+    """(cpu, wall) microseconds per call: the best round's means; the GPU drained first."""
+    cpu, wall = [], []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t, w = time.thread_time(), time.perf_counter()
+        for _ in range(n):
+            fn()
+        cpu.append((time.thread_time() - t) / n * 1e6)
+        wall.append((time.perf_counter() - w) / n * 1e6)
+    return min(cpu), min(wall)
+
+
+def gpu_calls(batches: list[int], n: int) -> None:
+    """--device cuda: the GPU path's host calls (see the module docstring)."""
+    dev = torch.device("cuda")
+    model = l3.random_model(CONFIG, seed=0, device=dev)
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: host us per call "
+          "(cpu / wall), the replay left out", flush=True)
+    for B in batches:
+        cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32, device=dev)
+        runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False)
+        runner._replay = lambda bucket: None
+        pos = np.arange(B, dtype=np.int64) * 7 + 100
+        tables = [np.arange(B * 12, dtype=np.int64).reshape(B, 12) + k for k in (0, 1)]
+        ids, host_ids = runner.tokens(B), np.arange(B, dtype=np.int64)
+        staging = l3.HostStaging(dev)
+        turn = [0]
+
+        def changed(r=runner, i=ids, p=pos):
+            turn[0] ^= 1
+            r.run_host(i, p, tables[turn[0]])
+
+        def staged(r=runner, p=pos, t=tables[0]):
+            staging.next_step()
+            r.run_host(staging.to_device(host_ids), p, t)
+
+        pinned = torch.zeros(3 * max(B, 8), dtype=torch.int64, pin_memory=True)
+        dst = torch.zeros(pinned.shape, dtype=torch.int64, device=dev)
+        event = torch.cuda.Event()
+        event.record()
+        idx = torch.arange(B, device=dev)
+        tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+        back = torch.zeros(B, dtype=torch.int64, pin_memory=True)
+        rows = {
+            "run_host, table same": lambda: runner.run_host(ids, pos, tables[0]),
+            "run_host, table changed": changed,
+            "run_host, host ids": lambda: runner.run_host(host_ids, pos, tables[0]),
+            "staging ids + run_host": staged,
+            "pinned copy": lambda: dst.copy_(pinned, non_blocking=True),
+            "event record": event.record,
+            "event sync (done)": event.synchronize,
+            "gather launch": lambda: tokens[idx],
+            "token copy back": lambda: back.copy_(tokens, non_blocking=True),
+        }
+        for name, fn in rows.items():
+            cpu, wall = timed(fn, n)
+            print(f"  batch {B:3}  {name:24} {cpu:7.1f} / {wall:7.1f}", flush=True)
 
 
 if __name__ == "__main__":

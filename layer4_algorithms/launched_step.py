@@ -106,11 +106,11 @@ class LaunchedStep:
 
 
 class _PinnedPool:
-    """Pinned int64 buffers of at least 256 tokens, each with its CUDA event, per device, each
-    lent to one launched step at a time: copy(tokens) takes a free one (or makes one) and
-    starts the copy into it (the caller records the event behind it); give_back() once the
-    host has read it. At most `keep` are kept per device. (Engines on several threads share
-    it: list.pop and append are atomic.)"""
+    """Pinned (>= 256,) int64 buffers, each with its CUDA event, per device, each lent to one
+    launched step at a time: copy(tokens) takes a free one (or makes one) and starts the copy
+    of (N,) int64 tokens into it (the caller records the event behind it); give_back() once
+    the host has read it. At most `keep` are kept per device. (Engines on several threads
+    share it: list.pop and append are atomic.)"""
 
     def __init__(self, keep: int = 16) -> None:
         self.keep = keep
@@ -118,28 +118,21 @@ class _PinnedPool:
 
     def copy(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event]:
         n, free = tokens.shape[0], self.free.setdefault(tokens.device, [])
-        got = None
-        if tokens.dtype == torch.int64 and tokens.dim() == 1:
-            try:
-                got = free.pop()
-            except IndexError:
-                pass
-            if got is not None and got[0].shape[0] < n:  # too short for this step: a new one
-                got = None
-        if got is None:
-            size = max(n, 256) if tokens.dtype == torch.int64 and tokens.dim() == 1 else n
-            buf = torch.empty((size,) + tuple(tokens.shape[1:]), dtype=tokens.dtype,
-                              pin_memory=True)
-            got = (buf, torch.cuda.Event())
-        host = got[0][:n]
+        try:
+            buf, event = free.pop()
+        except IndexError:
+            buf = None
+        if buf is None or buf.shape[0] < n:  # none free, or too short for this step: a new one
+            buf, event = torch.empty(max(n, 256), dtype=torch.int64, pin_memory=True), \
+                torch.cuda.Event()
+        host = buf[:n]
         host.copy_(tokens, non_blocking=True)
-        return host, got[1]
+        return host, event
 
     def give_back(self, host: torch.Tensor, event: torch.cuda.Event, device) -> None:
-        base = host._base if host._base is not None else host
         free = self.free.setdefault(device, [])
-        if len(free) < self.keep and base.dtype == torch.int64 and base.dim() == 1:
-            free.append((base, event))
+        if len(free) < self.keep:
+            free.append((host._base if host._base is not None else host, event))
 
 
 _TOKENS = _PinnedPool()

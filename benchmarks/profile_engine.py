@@ -69,10 +69,10 @@ def count_coverage() -> None:
             COVERAGE[len(group)]["graph" if _REPLAYED[0] else "eager"] += 1
         return result
 
-    def counted_replay(self, ids, table, *a):
-        result = replay(self, ids, table, *a)
-        if result is not None:
-            COVERAGE[table.shape[0]]["graph"] += 1
+    def counted_replay(self, *a):
+        result = replay(self, *a)
+        if result is not None:  # (B, V) logits
+            COVERAGE[result.shape[0]]["graph"] += 1
         return result
     CG.CudaGraphRunner.run, MR.ModelRunner._run = graph_run, counted_run
     MR.ModelRunner._graph_run = counted_replay

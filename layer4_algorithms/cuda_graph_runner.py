@@ -203,28 +203,42 @@ class CudaGraphRunner:
         self._replay(bucket)
 
     def run_host(self, input_ids: torch.Tensor | np.ndarray, positions: np.ndarray,
-                 block_tables: np.ndarray) -> torch.Tensor:
+                 block_tables: np.ndarray, gather: np.ndarray | None = None) -> torch.Tensor:
         """`run(..., copy=False)` from host arrays: positions (B,) and block_tables (B, n)
         int64 numpy, seq_lens = positions + 1; input_ids (B,) on the device, or int64 numpy
-        on the host. The context (and host ids) reach the static buffers in one copy
-        (graph_inputs.py) instead of one copy to the device and three (up to seven with
-        padding rows) into the buffers. (No autograd to turn off around copies and a replay:
-        only an eager step enters no_grad.)"""
-        B = input_ids.shape[0]
-        if positions.shape != (B,) or block_tables.ndim != 2 or block_tables.shape[0] != B \
+        on the host; gather (B,) int64 numpy: the ids are input_ids[gather] instead (the last
+        step's tokens on the device, in another order). The context, host ids and the gather
+        index reach the static buffers in one copy (graph_inputs.py) instead of one copy to
+        the device and three (up to seven with padding rows) into the buffers. (No autograd
+        to turn off around copies and a replay: only an eager step enters no_grad.)"""
+        B = positions.shape[0]
+        ids_rows = (input_ids if gather is None else gather).shape[0]
+        if ids_rows != B or block_tables.ndim != 2 or block_tables.shape[0] != B \
                 or not self.can_run(B, block_tables.shape[1]):
-            raise ValueError(f"a step of {B} sequences with positions {positions.shape} and "
-                             f"block tables {block_tables.shape} does not fit the captured "
+            raise ValueError(f"a step of {ids_rows} sequences with positions {positions.shape} "
+                             f"and block tables {block_tables.shape} does not fit the captured "
                              f"graphs (<= {self.max_num_seqs} sequences, <= {self.max_blocks} "
                              "blocks); run it eagerly")
-        bucket = self.bucket_of[B]
-        host = isinstance(input_ids, np.ndarray)
-        if not host and input_ids.data_ptr() != self.input_ids.data_ptr():  # (else last
-            self.input_ids[:B].copy_(input_ids)                              # step's tokens)
-        # padding rows keep whatever ids they hold: valid token ids, outputs never read
-        self.inputs.load(B, bucket, positions, block_tables, input_ids if host else None)
-        self._replay(bucket)
+        self._replay(self.load_host(input_ids, positions, block_tables, gather))
         return self.logits[:B]
+
+    def load_host(self, input_ids: torch.Tensor | np.ndarray, positions: np.ndarray,
+                  block_tables: np.ndarray, gather: np.ndarray | None = None) -> int:
+        """run_host's inputs into the static buffers (checked by the caller); returns the
+        bucket to replay."""
+        B = positions.shape[0]
+        bucket = self.bucket_of[B]
+        # padding rows keep whatever ids they hold: valid token ids, outputs never read
+        if gather is not None:  # the index with the context, then the gather on the device
+            self.inputs.load(B, bucket, positions, block_tables, gather=gather)
+            self.input_ids[:B].copy_(input_ids[self.inputs.gather[:B]])
+        elif isinstance(input_ids, np.ndarray):
+            self.inputs.load(B, bucket, positions, block_tables, ids=input_ids)
+        else:
+            if input_ids.data_ptr() != self.input_ids.data_ptr():  # (else last step's tokens)
+                self.input_ids[:B].copy_(input_ids)
+            self.inputs.load(B, bucket, positions, block_tables)
+        return bucket
 
     def tokens(self, B: int) -> torch.Tensor:
         """(B,) int64 on the device: the last replay's greedy tokens (its logits' argmax, which

@@ -4,12 +4,14 @@ A CUDA graph reads its inputs from the addresses it was captured with, so each s
 positions, sequence lengths and block tables must land in static buffers. Taken there as
 tensors, that is one copy to the device (from pinned memory) and then three device copies
 into the static buffers, plus four fills when the step's bucket has padding rows: up to eight
-launches for a few hundred bytes. Here positions, seq_lens and the input ids are the three
-thirds of one device tensor, `positions (rows,) | seq_lens (rows,) | input_ids (rows,)`, and
-the host writes a step's values and its bucket's padding rows into a pinned array of the same
-layout, then copies it in one go: positions and seq_lens, and the ids too when the step's
-input tokens are on the host (synchronous steps, a pipeline's lanes: no copy of their own
-and no device copy into the graph's ids); ids already on the device stay out of it. The
+launches for a few hundred bytes. Here positions, seq_lens, a gather index and the input ids
+are the four quarters of one device tensor, `positions | seq_lens | gather | input_ids` (rows,
+each), and the host writes a step's values and its bucket's padding rows into a pinned array
+of the same layout, then copies it in one go: positions and seq_lens, and the ids too when the
+step's input tokens are on the host (synchronous steps, a pipeline's lanes: no copy of their
+own and no device copy into the graph's ids), or the rows of the last step's tokens they are
+when those are on the device in another order (a sequence finished or joined: the gather's
+index rides along instead of a copy of its own); ids in place stay out of it. The
 block tables go as the bucket's (bucket, n) rows (n: the step's widest table, not the graph's
 max_blocks, which follows max_model_len), padding rows pointing at the scratch block, in one
 more copy, which is skipped when the device holds those very rows already (steady decoding:
@@ -28,23 +30,24 @@ import torch
 
 
 class GraphInputs:
-    """positions, seq_lens, input_ids (rows,) and block_tables (rows, max_blocks) int64 on
-    `device`, every row padding to start with (position 0, length 1, token 0, the scratch
-    block). `load(B, bucket, pos, table[, ids])` fills rows [0, bucket) from the host. copies:
+    """positions, seq_lens, gather, input_ids (rows,) and block_tables (rows, max_blocks) int64
+    on `device`, every row padding to start with (position 0, length 1, token 0, the scratch
+    block). `load(B, bucket, pos, table[, ids | gather])` fills rows [0, bucket) from the host
+    (gather: only its first B rows, for the caller's gather of the ids). copies:
     through host arrays and copies (default: on a GPU; a CPU test may ask for it: no pinning,
     no events)."""
 
     def __init__(self, rows: int, max_blocks: int, scratch: int, device: torch.device, *,
                  copies: bool | None = None) -> None:
         self.rows, self.scratch = rows, scratch
-        self.lens_buffer = torch.zeros(3 * rows, dtype=torch.int64, device=device)
-        self.positions, self.seq_lens, self.input_ids = self.lens_buffer.view(3, rows)
+        self.lens_buffer = torch.zeros(4 * rows, dtype=torch.int64, device=device)
+        self.positions, self.seq_lens, self.gather, self.input_ids = self.lens_buffer.view(4, rows)
         self.block_tables = torch.zeros((rows, max_blocks), dtype=torch.int64, device=device)
         self.pinned = device.type == "cuda"
         self.copies = self.pinned if copies is None else copies
         self._events: list[torch.cuda.Event | None] = [None, None]
-        if self.copies:  # two of each: [positions | seq_lens | ids], and the tables' rows
-            self._lens_t = [torch.zeros(3 * rows, dtype=torch.int64, pin_memory=self.pinned)
+        if self.copies:  # two of each: [positions | seq_lens | gather | ids], the tables' rows
+            self._lens_t = [torch.zeros(4 * rows, dtype=torch.int64, pin_memory=self.pinned)
                             for _ in range(2)]
             self._tables_t: list[torch.Tensor | None] = [None, None]  # grown on demand
         else:  # the static buffers themselves
@@ -59,18 +62,21 @@ class GraphInputs:
         self._last: tuple | None = None  # (bucket, shape, ids) of the tables the device holds
 
     def load(self, B: int, bucket: int, pos: np.ndarray, table: np.ndarray,
-             ids: np.ndarray | None = None) -> None:
+             ids: np.ndarray | None = None, gather: np.ndarray | None = None) -> None:
         """Rows [0, B): positions pos (B,), seq_lens pos + 1, block tables table (B, n) with
-        n <= max_blocks, and input ids `ids` (B,) when given (else the device's input_ids are
-        left as they are); rows [B, bucket) padding; on the device in stream order."""
+        n <= max_blocks, and input ids `ids` (B,) or a gather index `gather` (B,) when given
+        (the device's input_ids are left as they are); rows [B, bucket) padding; on the device
+        in stream order."""
         r, n = self.rows, table.shape[1]
         if not self.copies:
             h = self._lens[0]
             h[:B] = pos
             np.add(pos, 1, out=h[r:r + B])
             h[B:bucket], h[r + B:r + bucket] = 0, 1
+            if gather is not None:
+                h[2 * r:2 * r + B] = gather
             if ids is not None:
-                h[2 * r:2 * r + B] = ids
+                h[3 * r:3 * r + B] = ids
             t = self._cpu_tables
             t[:B, :n] = table
             t[B:bucket, :n] = self.scratch
@@ -85,12 +91,15 @@ class GraphInputs:
         np.add(pos, 1, out=h[r:r + B])
         if B < bucket:
             h[B:bucket], h[r + B:r + bucket] = 0, 1
-        # positions for every row, seq_lens up to the bucket's; with host ids every seq_len
-        # and the ids (padding rows keep theirs: valid ids, outputs never read)
+        # positions for every row, seq_lens up to the bucket's; with a gather index or host
+        # ids, every seq_len and those (padding rows keep their ids: valid, outputs never read)
         size = r + bucket
-        if ids is not None:
-            h[2 * r:2 * r + B] = ids
+        if gather is not None:
+            h[2 * r:2 * r + B] = gather
             size = 2 * r + B
+        if ids is not None:
+            h[3 * r:3 * r + B] = ids
+            size = 3 * r + B
         views = self._views.get((turn, size))
         if views is None:
             views = self._views[(turn, size)] = (self.lens_buffer[:size],

@@ -106,12 +106,9 @@ class ModelRunner(StepSampler):
         if fast is None:
             with torch.no_grad():
                 return self._execute(scheduled, prev_tokens)
-        ids = None
         if self.graph is not None:
-            # input ids all on the host: into the graph's buffers with its context, one copy
-            ids = (np.array(fast.ids, dtype=np.int64) if not fast.dst else
-                   self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order))
-            last = self._graph_run(ids, fast.table, fast.lens, fast.context_lens)
+            last = self._graph_run(*self._graph_ids(fast, prev_tokens), fast.table, fast.lens,
+                                   fast.context_lens)
             if last is not None:
                 # the graph's greedy tokens come with its logits (an all-greedy step samples
                 # nothing); a view of its buffer, which the next step overwrites: on a GPU their
@@ -119,8 +116,7 @@ class ModelRunner(StepSampler):
                 tokens = self.graph.tokens(last.shape[0])
                 return StepLogits(last, fast.rows, {}, self.staging,
                                   argmax=tokens if tokens.is_cuda else tokens.clone())
-        if ids is None or isinstance(ids, np.ndarray):
-            ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
+        ids = self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order)
         with torch.no_grad():
             ctx = self.cache.context(np.ones(len(fast.rows), dtype=np.int64),
                                      fast.context_lens, fast.table,
@@ -188,6 +184,18 @@ class ModelRunner(StepSampler):
         out[dst_t] = prev_tokens[src_t]
         return out
 
+    def _graph_ids(self, fast, prev_tokens: torch.Tensor | None
+                   ) -> tuple[torch.Tensor | np.ndarray, np.ndarray | None]:
+        """A decode step's input ids as the graph runner takes them (run_host): on the host
+        (numpy: they go with the context, one copy), all on the device in another order than
+        the last step's (its tokens, and the gather index that goes with the context), or
+        placed on the device (place_ids: the last step's tokens in order, or a mix)."""
+        if not fast.dst:
+            return np.array(fast.ids, dtype=np.int64), None
+        if prev_tokens is not None and not fast.in_order and len(fast.dst) == len(fast.ids):
+            return prev_tokens, np.array(fast.src, dtype=np.int64)
+        return self.place_ids(fast.ids, fast.src, fast.dst, prev_tokens, fast.in_order), None
+
     def _forward(self, group: list[ScheduledSeq], prev_tokens: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
@@ -236,15 +244,17 @@ class ModelRunner(StepSampler):
             return None
         table, lens = got
         pos = np.fromiter((s.context_len for s in group), dtype=np.int64, count=len(group))
-        return self._graph_run(ids, table, lens, pos)
+        return self._graph_run(ids, None, table, lens, pos)
 
-    def _graph_run(self, ids: torch.Tensor | np.ndarray, table: np.ndarray, lens: np.ndarray,
-                   pos: np.ndarray) -> torch.Tensor | None:
-        """_graph_decode from the pass's (B, n) block table, table lengths and positions; ids
-        on the device, or on the host (numpy: they go with the context, run_host)."""
+    def _graph_run(self, ids: torch.Tensor | np.ndarray, gather: np.ndarray | None,
+                   table: np.ndarray, lens: np.ndarray, pos: np.ndarray) -> torch.Tensor | None:
+        """_graph_decode from the pass's ids (as _graph_ids gives them), (B, n) block table,
+        table lengths and positions."""
         B, n = table.shape
         if not self.graph.can_run(B, n):
             return None
         if (lens * self.cache.block_size <= pos).any():
             return None
+        if gather is not None:
+            return self.graph.run_host(ids, pos, table, gather)
         return self.graph.run_host(ids, pos, table)  # (seq_lens = pos + 1: one copy of all)

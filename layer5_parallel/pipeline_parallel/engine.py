@@ -196,21 +196,22 @@ class PPModel(RankZeroModel):
                 and self.graphs.can_run(B, n)
                 and 4 * B * (n + 6) <= self.group.ring.slot_bytes // 2)
 
-    def decode_host(self, input_ids: torch.Tensor | np.ndarray, positions, table) -> torch.Tensor:
+    def decode_host(self, input_ids: torch.Tensor | np.ndarray, positions, table,
+                    gather: np.ndarray | None = None) -> torch.Tensor:
         """forward() of a decode step from its host arrays (what layer 4's runner hands a
         CUDA graph: positions (B,) and block table (B, n), int64 numpy, each row long enough
         for its position: the runner checked): the table goes to the stages in the step's
         message, and rank 0's stage replays its graph from the arrays (run_micro_host)
-        without an AttentionContext; input_ids on the device, or numpy on the host (copied
-        with the positions). decode_fits says when. Returns what forward returns: the
-        logits, or the token ids of a greedy step."""
-        step = self._dispatch_decode(input_ids, positions, table)
+        without an AttentionContext; input_ids as layer 4's run_host takes them (on the
+        device, on the host, or gathered). decode_fits says when. Returns what forward
+        returns: the logits, or the token ids of a greedy step."""
+        step = self._dispatch_decode(input_ids, positions, table, gather)
         if not self.deferred:
             return self.collect(step)
         self.pending.append(step)
         return step.out
 
-    def _dispatch_decode(self, input_ids, positions, table) -> PendingLogits:
+    def _dispatch_decode(self, input_ids, positions, table, gather=None) -> PendingLogits:
         group, (B, n) = self.group, table.shape
         with group.guard("pipeline step"):
             start = time.perf_counter()
@@ -220,7 +221,7 @@ class PPModel(RankZeroModel):
             checked = S.headers_on(self.device, group.comm.check)
             out, ready = self._deferred_buffer(B, greedy) if self.deferred else (None, None)
             t0 = time.perf_counter()
-            x = self.graphs.run_micro_host(input_ids, positions, table)
+            x = self.graphs.run_micro_host(input_ids, positions, table, gather=gather)
             t1 = time.perf_counter()
             self.events.append(("F", 0, t0, t1))
             sends = S.send(group.comm.pg, x, 1, 0, checked=checked)

@@ -59,21 +59,20 @@ class StageGraphRunner(engine.CudaGraphRunner):
                 and self.can_run(ctx.num_seqs, ctx.block_tables.shape[1]))
 
     def run_micro_host(self, inp: torch.Tensor | np.ndarray, positions, block_tables,
-                       copy: bool = True) -> torch.Tensor:
+                       copy: bool = True, gather: np.ndarray | None = None) -> torch.Tensor:
         """run_micro from host arrays, as layer 4's run_host: positions (B,) and block_tables
         (B, n) int64 numpy reach the static buffers in one copy each (graph_inputs.py), with no
-        AttentionContext built (rank 0's decode steps: pipeline_parallel/runner.py); token ids
-        on the host (numpy) go with the positions."""
+        AttentionContext built (rank 0's decode steps: pipeline_parallel/runner.py); stage 0's
+        token ids as run_host takes them (on the device, on the host, or gathered)."""
         B = positions.shape[0]
-        bucket = self.bucket_of[B]
-        host_ids = isinstance(inp, np.ndarray)
-        if self.stream_in is not None:
+        if self.stream_in is None:
+            bucket = self.load_host(inp, positions, block_tables, gather)
+        else:
+            bucket = self.bucket_of[B]
             self.stream_in[:, :B].copy_(inp)
-        elif not host_ids:
-            self.input_ids[:B].copy_(inp)
-        # padding rows keep whatever inputs they hold: valid ids or a finite stream, whose
-        # outputs nobody reads
-        self.inputs.load(B, bucket, positions, block_tables, inp if host_ids else None)
+            # padding rows keep whatever inputs they hold: a finite stream, whose outputs
+            # nobody reads
+            self.inputs.load(B, bucket, positions, block_tables)
         self._replay(bucket)
         self.replays += 1
         out = self.out[:B] if self.model.last else self.out[:, :B]

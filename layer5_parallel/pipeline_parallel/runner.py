@@ -79,8 +79,8 @@ class StageDecode:
     def can_run(self, batch: int, num_blocks: int) -> bool:
         return self.net.decode_fits(batch, num_blocks)
 
-    def run_host(self, input_ids: torch.Tensor, positions, block_tables) -> torch.Tensor:
-        return self.net.decode_host(input_ids, positions, block_tables)
+    def run_host(self, input_ids, positions, block_tables, gather=None) -> torch.Tensor:
+        return self.net.decode_host(input_ids, positions, block_tables, gather)
 
     def run(self, *args, **kwargs):
         raise ValueError("a decode step's block table is too short for its positions")

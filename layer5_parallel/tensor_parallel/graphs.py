@@ -111,14 +111,14 @@ class TPGraphRunner(engine.CudaGraphRunner):
             self.group.send(self.messages[self.bucket(B)])
             return super().run(input_ids, positions, block_tables, seq_lens, copy=copy)
 
-    def run_host(self, input_ids: torch.Tensor, positions, block_tables) -> torch.Tensor:
+    def run_host(self, input_ids, positions, block_tables, gather=None) -> torch.Tensor:
         """Layer 4's run_host(); rank 0 first tells every worker which graph to replay."""
-        B = input_ids.shape[0]
+        B = positions.shape[0]
         if self.group is None or not self.can_run(B, block_tables.shape[1]):
-            return super().run_host(input_ids, positions, block_tables)
+            return super().run_host(input_ids, positions, block_tables, gather)
         with self.group.guard("decode step (CUDA graph)"):
             self.group.send(self.messages[self.bucket_of[B]])
-            return super().run_host(input_ids, positions, block_tables)
+            return super().run_host(input_ids, positions, block_tables, gather)
 
     @torch.no_grad()
     def replay(self, bucket: int) -> None:

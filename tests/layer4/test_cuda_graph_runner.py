@@ -69,7 +69,9 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
     (run_host: numpy positions and tables, one copy), "mixed" (the two in turn: rows a
     smaller bucket left behind must not matter to the next one); "copies": run_host through
     host arrays and copies as on a GPU (on a CPU it writes the buffers in place); " ids":
-    run_host's input ids from the host (numpy, in the context's copy) every other step."""
+    run_host's input ids from the host (numpy, in the context's copy) every other step;
+    " gather": every other step's ids gathered on the device from a tensor holding them in
+    reverse order, the index in the context's copy."""
     model, cache, tables, lens, tokens = prefilled(device, dtype)
     eager_cache = copy_cache(cache)
     runner = CudaGraphRunner(model, cache, MAX_SEQS, MAX_BLOCKS, capture=capture,
@@ -85,10 +87,14 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
         if bucket > len(step):
             cache.k[:, cache.scratch_block] = 0.0  # so we see the padding rows' writes land there
         if inputs.split()[0] in ("host", "copies") or (inputs == "mixed" and i % 2):
-            host_ids = inputs.endswith(" ids") and i % 2 == 0
-            replay = runner.run_host(ids.cpu().numpy() if host_ids else ids,
-                                     ctx.positions.cpu().numpy(),
-                                     ctx.block_tables.cpu().numpy()).clone()
+            pos, table = ctx.positions.cpu().numpy(), ctx.block_tables.cpu().numpy()
+            if inputs.endswith(" ids") and i % 2 == 0:
+                replay = runner.run_host(ids.cpu().numpy(), pos, table).clone()
+            elif inputs.endswith(" gather") and i % 2 == 0:
+                backwards = np.arange(len(step))[::-1].copy()
+                replay = runner.run_host(ids.flip(0), pos, table, backwards).clone()
+            else:
+                replay = runner.run_host(ids, pos, table).clone()
         else:
             replay = runner.run(ids, ctx.positions, ctx.block_tables, ctx.seq_lens)
         assert replay.shape == (len(step), CONFIG.vocab_size) and replay.dtype == torch.float32
@@ -116,7 +122,7 @@ def check_replay_matches_eager(device: str, dtype: torch.dtype, capture: bool, t
 
 
 @pytest.mark.parametrize("inputs", ["device", "host", "mixed", "copies", "host ids",
-                                    "copies ids"])
+                                    "copies ids", "host gather", "copies gather"])
 def test_eager_buffers_match_the_model_on_cpu(inputs):
     check_replay_matches_eager("cpu", torch.float32, capture=False, tol=1e-5, inputs=inputs)
 
@@ -145,7 +151,7 @@ def test_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("inputs", ["device", "host", "mixed", "host ids"])
+@pytest.mark.parametrize("inputs", ["device", "host", "mixed", "host ids", "host gather"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
 def test_gpu_replay_matches_eager_and_padding_stays_in_scratch(dtype, tol, inputs):
     check_replay_matches_eager("cuda", dtype, capture=True, tol=tol, inputs=inputs)
@@ -238,3 +244,36 @@ def test_engine_decode_through_the_graph_runner_gives_the_plain_engines_tokens(a
     assert got == ref
     assert len(runs) >= 11 and max(runs) == 6  # every decode step went through the graph runner
     assert contexts == [6]  # only the prefill built an AttentionContext
+
+
+@pytest.mark.parametrize("copies", [False, True])
+def test_engine_steps_in_a_new_order_gather_the_last_tokens_with_the_context(copies):
+    """Async decoding through the graph runner while sequences finish at different steps: a
+    step whose input tokens are all on the device but in another order than the last step's
+    sends its gather index with the context (run_host's gather), a step of host tokens sends
+    them the same way; the plain engine's greedy tokens either way (copies: as on a GPU)."""
+    from layer4_algorithms import LLM, SamplingParams  # noqa: PLC0415
+
+    model = l3.Model(l3.random_model(CONFIG, seed=1, std=0.3))
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(2, CONFIG.vocab_size, (n,), generator=g).tolist()
+               for n in PROMPT_LENS[:6]]
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True)
+              for m in (12, 5, 9, 3, 12, 7)]
+    kw = dict(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=8,
+              async_scheduling=True)
+    ref = [o.outputs[0].token_ids for o in LLM(model, **kw).generate(prompts, params)]
+    llm = LLM(model, **kw)
+    graph = CudaGraphRunner(model.net, llm.cache, 8, MAX_BLOCKS + 2, capture=False,
+                            copies=copies)
+    kinds = []
+    inner = graph.run_host
+
+    def run_host(ids, pos, table, gather=None):
+        kinds.append("gather" if gather is not None else
+                     "host" if isinstance(ids, np.ndarray) else "device")
+        return inner(ids, pos, table, gather)
+    graph.run_host = run_host
+    llm.runner.graph = graph
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == ref
+    assert {"gather", "host", "device"} <= set(kinds)

@@ -15,7 +15,8 @@ What a GPU adds on top (CUDA API calls: copies, events, pinned allocations) is n
 left out), per call, host CPU and wall microseconds:
   run_host, table same / changed   steady decoding, ids on the device (the last step's)
   run_host, host ids               ids from the host in the context's copy (sync steps, lanes)
-  staging ids + run_host           the same step with its ids copied on their own first
+  run_host, gathered ids           ids reordered from the last step's, the index in that copy
+  staging ids + run_host           a host-ids step with its ids copied on their own first (before)
   pinned copy / event record / event sync (done) / gather launch / token copy back:
                                    the CUDA calls these are made of
 Run it once per tree to compare two versions.
@@ -103,45 +104,51 @@ def gpu_calls(batches: list[int], n: int) -> None:
     print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}: host us per call "
           "(cpu / wall), the replay left out", flush=True)
     for B in batches:
-        cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32, device=dev)
-        runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False)
-        runner._replay = lambda bucket: None
-        pos = np.arange(B, dtype=np.int64) * 7 + 100
-        tables = [np.arange(B * 12, dtype=np.int64).reshape(B, 12) + k for k in (0, 1)]
-        ids, host_ids = runner.tokens(B), np.arange(B, dtype=np.int64)
-        staging = l3.HostStaging(dev)
-        turn = [0]
-
-        def changed(r=runner, i=ids, p=pos):
-            turn[0] ^= 1
-            r.run_host(i, p, tables[turn[0]])
-
-        def staged(r=runner, p=pos, t=tables[0]):
-            staging.next_step()
-            r.run_host(staging.to_device(host_ids), p, t)
-
-        pinned = torch.zeros(3 * max(B, 8), dtype=torch.int64, pin_memory=True)
-        dst = torch.zeros(pinned.shape, dtype=torch.int64, device=dev)
-        event = torch.cuda.Event()
-        event.record()
-        idx = torch.arange(B, device=dev)
-        tokens = torch.zeros(B, dtype=torch.int64, device=dev)
-        back = torch.zeros(B, dtype=torch.int64, pin_memory=True)
-        rows = {
-            "run_host, table same": lambda: runner.run_host(ids, pos, tables[0]),
-            "run_host, table changed": changed,
-            "run_host, host ids": lambda: runner.run_host(host_ids, pos, tables[0]),
-            "staging ids + run_host": staged,
-            "pinned copy": lambda: dst.copy_(pinned, non_blocking=True),
-            "event record": event.record,
-            "event sync (done)": event.synchronize,
-            "gather launch": lambda: tokens[idx],
-            "token copy back": lambda: back.copy_(tokens, non_blocking=True),
-        }
-        for name, fn in rows.items():
+        for name, fn in gpu_rows(model, B).items():
             cpu, wall = timed(fn, n)
             print(f"  batch {B:3}  {name:24} {cpu:7.1f} / {wall:7.1f}", flush=True)
 
+
+def gpu_rows(model, B: int) -> dict:
+    """The calls timed at batch B: name -> a call."""
+    dev = model.device
+    cache = PagedKVCache.for_model(CONFIG, 64 * B + 8, 16, dtype=torch.float32, device=dev)
+    runner = CudaGraphRunner(model, cache, max(B, 8), 64, capture=False)
+    runner._replay = lambda bucket: None
+    pos = np.arange(B, dtype=np.int64) * 7 + 100
+    tables = [np.arange(B * 12, dtype=np.int64).reshape(B, 12) + k for k in (0, 1)]
+    ids, host_ids = runner.tokens(B), np.arange(B, dtype=np.int64)
+    staging = l3.HostStaging(dev)
+    turn = [0]
+
+    def changed():
+        turn[0] ^= 1
+        runner.run_host(ids, pos, tables[turn[0]])
+
+    def staged():
+        staging.next_step()
+        runner.run_host(staging.to_device(host_ids), pos, tables[0])
+
+    pinned = torch.zeros(3 * max(B, 8), dtype=torch.int64, pin_memory=True)
+    dst = torch.zeros(pinned.shape, dtype=torch.int64, device=dev)
+    event = torch.cuda.Event()
+    event.record()
+    idx = torch.arange(B, device=dev)
+    idx_np = np.arange(B, dtype=np.int64)[::-1].copy()
+    tokens = torch.zeros(B, dtype=torch.int64, device=dev)
+    back = torch.zeros(B, dtype=torch.int64, pin_memory=True)
+    return {
+        "run_host, table same": lambda: runner.run_host(ids, pos, tables[0]),
+        "run_host, table changed": changed,
+        "run_host, host ids": lambda: runner.run_host(host_ids, pos, tables[0]),
+        "run_host, gathered ids": lambda: runner.run_host(tokens, pos, tables[0], idx_np),
+        "staging ids + run_host": staged,
+        "pinned copy": lambda: dst.copy_(pinned, non_blocking=True),
+        "event record": event.record,
+        "event sync (done)": event.synchronize,
+        "gather launch": lambda: tokens[idx],
+        "token copy back": lambda: back.copy_(tokens, non_blocking=True),
+    }
 
 if __name__ == "__main__":
     main()

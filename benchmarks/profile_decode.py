@@ -76,6 +76,7 @@ fused_ops = net.ops
 PAGED = sys.modules["layer1_kernels.paged_decode"]
 GEMV = sys.modules["layer1_kernels.gemv"]
 ROPE = sys.modules["layer1_kernels.gemv_rope"]
+ATTN_DEFAULT = l3.backends.ATTENTION_CONFIG  # layer 3's own (the trials set theirs)
 result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
 
 
@@ -307,6 +308,8 @@ def pdl_variants() -> None:
               (True, f, 0, 1, True, f), (True, f, 0, 2, True, f), (True, True, 13 * mb, 2, True, f),
               (f, f, 0, 1, f, True), (f, f, 13 * mb, 1, f, True), (f, f, 13 * mb, 2, True, True),
               (f, f, 0, 1, f, f)]
+    # (the separate attention's config: layer 1's default unless a trial names one; layer
+    # 3's ATTENTION_CONFIG is the last "final" trial's 64-key steps with the early trigger)
     if args.trials == "final":  # all off, attention's early trigger (with 128 / 64 keys a
         # step), attention in the qkv launch (32 keys a step, its wider tile; 16 keys, the
         # plain tile): twice, interleaved
@@ -356,7 +359,7 @@ def pdl_variants() -> None:
         set_triggers(*best[1])
         profile_step()
     set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles,
-                 args.late_norm)
+                 args.late_norm, attn_config=ATTN_DEFAULT)
 
 
 def tiles() -> None:
@@ -423,7 +426,8 @@ if args.unfused:
     net.ops = dataclasses.replace(fused_ops, decode=None)
 else:
     set_variant(not args.no_fuse_rope, args.early)
-set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles, args.late_norm)
+set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles, args.late_norm,
+             attn_config=ATTN_DEFAULT)
 if not args.no_profile:
     profile_step()
 for wanted, part in ((args.pdl, pdl_variants),

@@ -175,8 +175,17 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
 
 
 # ---- fused small-batch decode (layer 1's gemv, rope_cache_write, paged_decode) -------------
-#: layer 1's paged_decode config for the contiguous cache's decode (None: its default_config)
-ATTENTION_CONFIG: dict | None = None
+#: layer 1's paged_decode config for the contiguous cache's decode (None: its default_config):
+#: 64 keys a loop step (parts of 64-384 keys at a 1B decode's 129-384-key contexts: 2-6
+#: parts, not 2-3 of 128) and trigger_early, which lets the o_proj GEMV after it launch while
+#: it runs (that GEMV fetches its weights before its PDL wait: at the 1B tile, the whole
+#: matrix). H200, 1B batch 1 from a CUDA graph (benchmarks/profile_decode.py --pdl, both in
+#: one run, twice): 1,277.9 / 1,276.8 tok/s, MBU 73.8 %, vs layer 1's default config 1,254.3 /
+#: 1,253.4 (72.4 %); the early trigger alone 1,248.0 / 1,273.5 (another run: 1,270.3 vs
+#: 1,251.1 / 1,230.3, the same greedy tokens as without it). On an H100, 64-key steps alone
+#: had been level with 128 (974.6 vs 975.2 tok/s).
+ATTENTION_CONFIG: dict | None = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
+                                 "trigger_early": True}
 #: Fewest key positions one part of a split decode attention takes (its merge is in-kernel).
 #: H100, 1B decode at 128-384 keys: 64 -> 975.2 tok/s, 128 -> 967.3 (layer 1's default
 #: config; its BLOCK_N 64 config: 974.6 / 966.9)

@@ -24,6 +24,7 @@ with the previous split rule, merge tile and peeled first tile ("before": SPLIT_
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import math
@@ -202,6 +203,34 @@ class before_rules:
         self.pa._PLANS.clear()
 
 
+COLD_CACHES = 3
+
+
+def cold_row(args, pa, item: str) -> dict:
+    """Graph replay with every call on its own K/V: COLD_CACHES caches (each larger than a
+    third of L2 at these shapes) in turn, so a call finds little of its K/V in L2 from the
+    call before (as a model's layers do: each reads its own cache), ours and SDPA alike."""
+    gen = torch.Generator(device=DEV).manual_seed(1)
+    b, n = item.split(":")
+    B, n = int(b), int(n)
+    cases = [case(B, n, gen) for _ in range(COLD_CACHES)]
+    ours = [lambda c=c: pa.paged_decode_attention(c["q"], c["k"], c["v"], c["t"], c["n"], 0.125)
+            for c in cases]
+    replay = functools.partial(l3.graph_replay_us, calls=7, replays=10, warmup=2)
+    row = dict(batch=B, context=n, ours_us=replay(ours))
+    pd.PIPELINED_IDS["on"] = not pd.PIPELINED_IDS["on"]
+    try:
+        row["flip_us"] = replay(ours)
+    finally:
+        pd.PIPELINED_IDS["on"] = not pd.PIPELINED_IDS["on"]
+    per_case = [sdpa_fns(c) for c in cases]
+    times = {k: replay([f[k] for f in per_case]) for k in per_case[0]}
+    row["sdpa"] = min(times, key=times.get)
+    row["sdpa_us"] = times[row["sdpa"]]
+    log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
+    return row
+
+
 def defaults(args, do_bench) -> int:
     """Before/after at a few shapes: the wrapper's own picks vs the old kernel's, and SDPA."""
     pa = importlib.import_module("layer4_algorithms.kv.paged_attention")
@@ -260,8 +289,10 @@ def defaults(args, do_bench) -> int:
         rows.append(row)
         log(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                      for k, v in row.items()))
+    cold = [cold_row(args, pa, item) for item in (args.cold.split(",") if args.cold else [])]
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "defaults_paged.json").write_text(json.dumps(rows, indent=1, default=str))
+    (Path(args.out) / "defaults_paged.json").write_text(json.dumps(
+        {"rows": rows, "cold": cold}, indent=1, default=str))
     print("\nbatch context | splits before after | sdpa/ours graph before after (peeled) | "
           "do_bench before after")
     flip = args.flip_pipelined
@@ -281,6 +312,13 @@ def defaults(args, do_bench) -> int:
                   f"{sg / r['flip_graph_us']:.2f} | {r['new_bench_us']:7.1f} -> "
                   f"{r['flip_bench_us']:7.1f}  {sb / r['new_bench_us']:.2f} -> "
                   f"{sb / r['flip_bench_us']:.2f} | {r['flip_max_diff']:.1e}")
+    if cold:
+        print(f"\nbatch context | cold: {COLD_CACHES} caches in turn, graph us: ours (flipped) "
+              "| SDPA | sdpa/ours (flipped)")
+        for r in cold:
+            print(f"{r['batch']:5} {r['context']!s:>7} | {r['ours_us']:7.1f} ({r['flip_us']:7.1f}) "
+                  f"| {r['sdpa_us']:7.1f} {r['sdpa']:<10} | {r['sdpa_us'] / r['ours_us']:.2f} "
+                  f"({r['sdpa_us'] / r['flip_us']:.2f})")
     return 0
 
 
@@ -322,6 +360,9 @@ def main(argv=None) -> int:
     ap.add_argument("--old", default=None,
                     help="an earlier paged_decode.py (git show REV:layer1_kernels/paged_decode.py"
                          " > FILE): timed at the engine shape with its own config, as 'before'")
+    ap.add_argument("--cold", default=None, metavar="B:CTX,...",
+                    help="with --defaults: also these shapes under graph replay with "
+                         f"{COLD_CACHES} caches in turn (each call's K/V mostly from DRAM)")
     ap.add_argument("--flip-pipelined", action="store_true",
                     help="with --defaults: also time layer 4's picks with layer 1's "
                          "PIPELINED_IDS knob flipped (each step's block ids pipelined or not)")

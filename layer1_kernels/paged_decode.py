@@ -490,7 +490,7 @@ SHORT_PART = 1024
 
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
                    max_context: int | None = None, heads: int = 1,
-                   few_programs: bool = False) -> dict:
+                   few_programs: bool = False, one_wave: bool = False) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
     change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
     shortest parts at each shape):
@@ -506,8 +506,10 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     heads > 1 (kv heads packed, D <= 64 16-bit): tiles of 128 (token, head) rows, 4 warps,
     2 stages, the merge reading 16 / heads parts a round trip (4 heads: 127 registers a
     thread, 4 programs an SM).
-    PIPELINED_IDS on (D <= 64, 16-bit, one kv head a program): 128 keys, 4 warps,
-    PIPELINED_STAGES stages, each step's block ids in the software pipeline."""
+    D 64 with long parts in one wave (PIPELINED_IDS on; one_wave: the launch has at most
+    PIPELINED_PROGRAMS_PER_SM programs an SM; parts of max_context / splits >=
+    PIPELINED_MIN_PART keys): 128 keys, 4 warps, PIPELINED_STAGES stages, each step's block
+    ids in the software pipeline."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part,
@@ -523,7 +525,8 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
-    if PIPELINED_IDS["on"]:  # the block ids in the software pipeline (see PIPELINED_IDS)
+    if PIPELINED_IDS["on"] and one_wave and max_context is not None \
+            and max_context // max(splits, 1) >= PIPELINED_MIN_PART:  # see PIPELINED_IDS
         return {"BLOCK_N": 128, "num_warps": 4, "num_stages": PIPELINED_STAGES,
                 "pipelined_ids": True, **part}
     if splits == 1 and few_programs:
@@ -576,11 +579,22 @@ TRIGGER_EARLY = {"on": False}
 #: went through the loop's pipeline; kept to time the two against each other)
 PEEL_FIRST = {"on": False}
 #: Each loop step loads its own tile's block ids for the software pipeline to fetch ahead
-#: (config "pipelined_ids"; see the module docstring): with num_stages 5 or more only
-PIPELINED_IDS = {"on": False}
+#: (config "pipelined_ids"; see the module docstring): with num_stages 5 or more only. By
+#: default (default_config) where it won on an H200 (graph replay, sweep_paged.py --defaults
+#: --flip-pipelined): D 64 launches whose parts are PIPELINED_MIN_PART keys or more and
+#: whose programs fit in one wave at PIPELINED_PROGRAMS_PER_SM an SM: 1 x 16k (32 parts)
+#: 13.4 -> 12.8 us, 32 x 1k 21.8 -> 20.9, 32 x 4k 70.2 -> 66.7 (unsplit). Elsewhere it lost:
+#: parts of one step (1 x 4k: 6.5 -> 7.2 us; the ids then come after the PDL wait, through
+#: shared memory) and launches of 512 programs, one wave at 4 an SM but 1.3 at 3 (4 x 16k
+#: 39.0 -> 48.4, 32 x 16k 257 -> 327).
+PIPELINED_IDS = {"on": True}
 #: the stages of such a launch: the fewest at which the compiler copies the keys and values
 #: two steps ahead (it spreads the stages over the two loads: ids, then keys and values)
 PIPELINED_STAGES = 5
+#: ... which hold 72 KB of shared memory a program (D 64, 128 keys): 3 programs an SM
+PIPELINED_PROGRAMS_PER_SM = 3
+#: ... and are worth it from parts of four loop steps
+PIPELINED_MIN_PART = 512
 
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
@@ -641,7 +655,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     fused = counters is not None
     if not explicit:
         few = splits == 1 and B * -(-Hkv // heads) < SPLIT_BELOW * _sms(dev)
-        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few),
+        one_wave = PIPELINED_IDS["on"] and \
+            B * -(-Hkv // heads) * splits <= PIPELINED_PROGRAMS_PER_SM * _sms(dev)
+        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, one_wave),
                **(config or {})}
     else:
         cfg = config

@@ -115,6 +115,26 @@ def test_d128_config_follows_the_part_length(monkeypatch):
     assert pd.default_config(64, bf16, 2, 1024, few_programs=True)["num_stages"] == 2
 
 
+def test_pipelined_ids_only_for_long_parts_in_one_wave(monkeypatch):
+    """By default each step's block ids go through the software pipeline (5 stages: 3 programs
+    an SM) only where the launch fits in one wave at that occupancy and the parts are 512 keys
+    or more: batch 1 x 16k in 32 parts and batch 32 unsplit, not 1 x 4k's one-step parts nor
+    a launch that needs 4 programs an SM; never with the knob off, nor at D 128."""
+    monkeypatch.setattr(pd.interpreter, "INTERPRETED", False)  # the GPU's configs
+    monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": True})
+    bf16 = torch.bfloat16
+    long = pd.default_config(64, bf16, 32, 16384, one_wave=True)
+    assert long["pipelined_ids"] and long["num_stages"] == pd.PIPELINED_STAGES == 5
+    assert pd.default_config(64, bf16, 1, 1024, few_programs=True, one_wave=True)["pipelined_ids"]
+    for cfg in (pd.default_config(64, bf16, 32, 4096, one_wave=True),  # parts of 128 keys
+                pd.default_config(64, bf16, 16, 16384),                # 1.3 waves at 3 an SM
+                pd.default_config(64, bf16, 32, None, one_wave=True),  # length unknown
+                pd.default_config(128, bf16, 32, 16384, one_wave=True)):
+        assert not cfg.get("pipelined_ids") and cfg["num_stages"] < 5
+    monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": False})
+    assert not pd.default_config(64, bf16, 32, 16384, one_wave=True).get("pipelined_ids")
+
+
 @pytest.mark.interpreter
 @pytest.mark.parametrize("min_part,splits", [(1, 9), (16, 8), (24, 5), (40, 64)])
 def test_parts_follow_each_sequence_length(min_part, splits):
@@ -300,7 +320,9 @@ def test_pipelined_ids_let_the_compiler_fetch_them_ahead():
     (torch.bfloat16, {"BLOCK_N": 64, "num_warps": 4, "num_stages": 7, "pipelined_ids": True},
      (True,)),
     (torch.float16, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 5, "heads": 4, "merge_s": 4,
-                     "pipelined_ids": True}, (True,))])
+                     "pipelined_ids": True}, (True,))],
+    ids=["default-bf16", "default-fp16", "256-keys", "heads4", "heads8", "pipelined-128",
+         "pipelined-64-7stages", "pipelined-heads4"])
 def test_gpu_configs_and_direct_launch(dtype, config, orders):
     """The configs the heuristics pick (and others: kv heads packed 4 and 8 a program; each
     step's block ids in the software pipeline, 5 and 7 stages),
@@ -333,7 +355,8 @@ def test_gpu_misaligned_q_takes_the_jit_and_stays_right():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
-def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
+@pytest.mark.parametrize("pipelined", [False, True], ids=["ids-ahead", "pipelined"])
+def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d, pipelined):
     """The engine's use: one launch captured in a CUDA graph (block tables as wide as a long
     max_model_len, so the split count is the largest the rule gives), replayed while the
     lengths change: each replay cuts each sequence by its own length (one part, a few, many),
@@ -347,7 +370,7 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d):
     q = torch.randn(B, hq, d, generator=g, device=DEV, dtype=torch.bfloat16)
     splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
     steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
-    for early, pipelined in ((True, False), (False, False), (True, True), (False, True)):
+    for early in (True, False):
         cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early,
                    trigger_early=early)
         if pipelined:  # each step's block ids in the software pipeline

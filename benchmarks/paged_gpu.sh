@@ -6,7 +6,8 @@
 #   kernel    `stack bench --layer 4 --only kernel`: the 12 shapes (batch 1/4/8/32 x 1k/4k/16k)
 #             against SDPA, do_bench and CUDA-graph replay, with the defaults now
 #   defaults  the same 12 shapes, layer 4's wrapper before (the previous split rule and merge
-#             tile) and after, and SDPA, in one process (sweep_paged.py --defaults)
+#             tile) and after, with layer 1's PIPELINED_IDS knob flipped, and SDPA, in one
+#             process (sweep_paged.py --defaults --flip-pipelined)
 #   sweep     the shapes below 0.9x and the engine-like batch 256: heads-first configs (merge
 #             tile 8/16/32 parts, 1-3 stages, 64 or 128 keys a step; 2, 4 or 8 kv heads
 #             packed in a program) x split counts 1-64 (sweep_paged.py)
@@ -24,7 +25,7 @@ install_stack
   git log --oneline -1 2>/dev/null; date -u; } 2>&1 | tee "$out/env.txt"
 
 maybe kernel 40 stack bench --layer 4 --only kernel
-maybe defaults 35 python3 benchmarks/sweep_paged.py --out "$out" --defaults \
+maybe defaults 40 python3 benchmarks/sweep_paged.py --out "$out" --flip-pipelined --defaults \
     1:1024,1:4096,1:16384,4:1024,4:4096,4:16384,8:1024,8:4096,8:16384,32:1024,32:4096,32:16384
 # configs: 11 = the D-64 default (128 keys, 4 warps, 2 stages, heads first; merge 16 parts),
 # 10 = 64 keys a step (96 registers: 5 programs an SM), 13/14 = 11 with 32/8 merge parts,
@@ -49,5 +50,6 @@ maybe d128 15 python3 benchmarks/sweep_paged.py --out "$out/d128" --budget-s 8 \
   tail -1 "$out/tests.log" 2>/dev/null
   grep -v "Warning\|sdpa(q" "$out/kernel.log" 2>/dev/null | grep -E "^ +[0-9]+ +[0-9]+ " | head -12
   grep -A13 "^batch context | splits" "$out/defaults.log" 2>/dev/null
+  grep -A13 "^batch context | PIPELINED_IDS" "$out/defaults.log" 2>/dev/null
   grep -A7 "^batch context | best" "$out/sweep.log" 2>/dev/null
   grep -A3 "^batch context | best" "$out/d128.log" 2>/dev/null; } | tee "$out/summary.txt"

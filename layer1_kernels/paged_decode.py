@@ -506,10 +506,10 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     heads > 1 (kv heads packed, D <= 64 16-bit): tiles of 128 (token, head) rows, 4 warps,
     2 stages, the merge reading 16 / heads parts a round trip (4 heads: 127 registers a
     thread, 4 programs an SM).
-    D 64 with long parts in one wave (PIPELINED_IDS on; one_wave: the launch has at most
-    PIPELINED_PROGRAMS_PER_SM programs an SM; parts of max_context / splits >=
-    PIPELINED_MIN_PART keys): 128 keys, 4 warps, PIPELINED_STAGES stages, each step's block
-    ids in the software pipeline."""
+    D 64 with long parts in one wave (PIPELINED_IDS on; one_wave: the launch reads a paged
+    cache and has at most PIPELINED_PROGRAMS_PER_SM programs an SM; parts of max_context /
+    splits >= PIPELINED_MIN_PART keys): 128 keys, 4 warps, PIPELINED_STAGES stages, each
+    step's block ids in the software pipeline."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part,
@@ -655,8 +655,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     fused = counters is not None
     if not explicit:
         few = splits == 1 and B * -(-Hkv // heads) < SPLIT_BELOW * _sms(dev)
-        one_wave = PIPELINED_IDS["on"] and \
+        one_wave = PIPELINED_IDS["on"] and block_tables is not None and \
             B * -(-Hkv // heads) * splits <= PIPELINED_PROGRAMS_PER_SM * _sms(dev)
+        # (a contiguous cache has no ids to pipeline: it keeps its config)
         cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, one_wave),
                **(config or {})}
     else:

@@ -136,6 +136,30 @@ def test_pipelined_ids_only_for_long_parts_in_one_wave(monkeypatch):
 
 
 @pytest.mark.interpreter
+def test_one_wave_counts_the_programs_of_paged_launches_only(monkeypatch):
+    """paged_decode asks default_config for the pipelined ids' occupancy check (one_wave) with
+    the launch's programs against PIPELINED_PROGRAMS_PER_SM an SM, and never for a contiguous
+    cache (no ids: it keeps its config)."""
+    seen = []
+    real = pd.default_config
+
+    def spy(*args):
+        seen.append(args[-1])
+        return real(*args)
+    monkeypatch.setattr(pd, "default_config", spy)
+    monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": True})
+    q, k, v, t, n = make([40, 9], 4, 2, 16, 8, seed=5)  # 2 x 2 kv heads x 3 parts: 12 programs
+    for sms, wave in ((4, True), (3, False)):
+        monkeypatch.setattr(pd, "_sms", lambda dev, sms=sms: sms)
+        pd.paged_decode(q, k, v, t, n, 0.25, None, 3)
+        assert seen[-1] is wave
+    kc = torch.randn(2, 40, 2, 16)  # a contiguous cache: (batch, max_len, kv heads, D)
+    monkeypatch.setattr(pd, "_sms", lambda dev: 1000)
+    pd.paged_decode(q, kc, kc, None, n, 0.25, None, 3)
+    assert seen[-1] is False
+
+
+@pytest.mark.interpreter
 @pytest.mark.parametrize("min_part,splits", [(1, 9), (16, 8), (24, 5), (40, 64)])
 def test_parts_follow_each_sequence_length(min_part, splits):
     """The fused kernel cuts each sequence into as many parts as its keys fill (none under

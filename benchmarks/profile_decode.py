@@ -233,7 +233,7 @@ def attention_variants() -> None:
             with torch.no_grad():
                 spt = greedy_seconds_per_token(splits_min)
         finally:
-            l3.backends.ATTENTION_CONFIG = None
+            l3.backends.ATTENTION_CONFIG = ATTN_DEFAULT
         splits_min = splits_min or l3.backends.MIN_SPLIT_TOKENS
         result.setdefault("attention", []).append(
             {"min_split_tokens": splits_min, "config": config, "tokens_per_s": 1 / spt,

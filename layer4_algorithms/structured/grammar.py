@@ -22,6 +22,7 @@ that lock for its whole token-trie walk. So rows of one schema cannot fill in pa
 unless they hang off different compiles of it: with `lanes` = L > 1 the compiler keeps up
 to L compiled matchers per constraint (lane i compiled when a request first lands on it) and
 deals its requests' states out to them in turn; mask_fill.py fills the lanes on L threads.
+(Opt-in: on a GPU host the pool over lanes has not yet been shown to pay; mask_fill.py.)
 """
 from __future__ import annotations
 

@@ -13,12 +13,18 @@ wait (0.67-0.75x against 0.85x on the engine's thread). The fill runs after the 
 forward is queued, so on a GPU it overlaps the forward's device time, but on a host-bound
 step it adds to the step: 32 rows at ~10 us each are ~0.3-0.4 ms.
 
-Why llguidance's pool once lost too, and how lanes fix it: its threads were handed rows that
+Why llguidance's pool once lost too, and what lanes try: its threads were handed rows that
 were all copies of one compiled grammar, and the copies share one lexer behind one lock held
 for a row's whole mask (grammar.py), so the threads queued on that lock (8 threads slower
 than 1 at every size). With lanes each thread's rows hang off their own compile of the
 schema: the rows are sorted by lane, so the pool's split of the list hands each thread
-mostly one lane's rows, and the lanes fill side by side.
+mostly one lane's rows. Measured once, on a 4x H200 host running three other jobs: inside
+the engine (course model, CUDA graphs, async) the pool of 8 filled a step in 244 us against
+322 us one row at a time (0.863x the unconstrained tokens/s against 0.781x), but 32 rows
+spread over a document filled slower the more threads (1: 162 us, 2: 173, 4: 241, 8: 300)
+and the Llama-3.2-1B-shape row lost (0.892x against 0.981x; its runs varied 3x). Not
+proven, so off by default (EngineConfig.grammar_fill_threads=N turns it on); why more threads
+stay slower over lanes is not known yet (something else llguidance shares, or that busy host).
 """
 from __future__ import annotations
 

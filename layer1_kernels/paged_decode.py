@@ -490,7 +490,7 @@ SHORT_PART = 1024
 
 def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
                    max_context: int | None = None, heads: int = 1,
-                   few_programs: bool = False, one_wave: bool = False) -> dict:
+                   few_programs: bool = False, per_sm: float | None = None) -> dict:
     """Tokens per loop step, launch shape and shortest part (not autotuned: decode shapes
     change every step). 16-bit (H200, graph replay, per call, vs the best of 7-9 configs x 5
     shortest parts at each shape):
@@ -506,10 +506,12 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     heads > 1 (kv heads packed, D <= 64 16-bit): tiles of 128 (token, head) rows, 4 warps,
     2 stages, the merge reading 16 / heads parts a round trip (4 heads: 127 registers a
     thread, 4 programs an SM).
-    D 64 with long parts in one wave (PIPELINED_IDS on; one_wave: the launch reads a paged
-    cache and has at most PIPELINED_PROGRAMS_PER_SM programs an SM; parts of max_context /
-    splits >= PIPELINED_MIN_PART keys): 128 keys, 4 warps, PIPELINED_STAGES stages, each
-    step's block ids in the software pipeline."""
+    D 64 with long parts in one wave (PIPELINED_IDS on; per_sm: a paged launch's programs an
+    SM (None: not paged, or not counted), at most PIPELINED_PROGRAMS_PER_SM; parts of
+    max_context / splits >= PIPELINED_MIN_PART keys): 128 keys, 4 warps, PIPELINED_STAGES
+    stages, each step's block ids in the software pipeline; at most 2 programs an SM with
+    parts of PIPELINED_MIN_PART keys (batch 1 x 16k): 7 stages, a part's four tiles nearly
+    all in flight at once (106 KB of shared memory: 2 programs an SM)."""
     part = {"min_part": default_min_part()}
     if interpreter.INTERPRETED:
         return {"BLOCK_N": 16, "num_warps": 1, "num_stages": 1, **part,
@@ -525,10 +527,12 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
-    if PIPELINED_IDS["on"] and one_wave and max_context is not None \
-            and max_context // max(splits, 1) >= PIPELINED_MIN_PART:  # see PIPELINED_IDS
-        return {"BLOCK_N": 128, "num_warps": 4, "num_stages": PIPELINED_STAGES,
-                "pipelined_ids": True, **part}
+    part_keys = max_context // max(splits, 1) if max_context is not None else 0
+    if PIPELINED_IDS["on"] and per_sm is not None and per_sm <= PIPELINED_PROGRAMS_PER_SM \
+            and part_keys >= PIPELINED_MIN_PART:  # see PIPELINED_IDS
+        short = per_sm <= 2 and part_keys <= PIPELINED_MIN_PART
+        return {"BLOCK_N": 128, "num_warps": 4, "pipelined_ids": True,
+                "num_stages": PIPELINED_SHORT_STAGES if short else PIPELINED_STAGES, **part}
     if splits == 1 and few_programs:
         return {"BLOCK_N": 128, "num_warps": 4, "num_stages": FEW_PROGRAM_STAGES, **part}
     return {"BLOCK_N": 128, "num_warps": 4, "num_stages": 2, **part}
@@ -583,7 +587,9 @@ PEEL_FIRST = {"on": False}
 #: default (default_config) where it won on an H200 (graph replay, sweep_paged.py --defaults
 #: --flip-pipelined): D 64 launches whose parts are PIPELINED_MIN_PART keys or more and
 #: whose programs fit in one wave at PIPELINED_PROGRAMS_PER_SM an SM: 1 x 16k (32 parts)
-#: 13.4 -> 12.8 us, 32 x 1k 21.8 -> 20.9, 32 x 4k 70.2 -> 66.7 (unsplit). Elsewhere it lost:
+#: 13.4 -> 12.8 us, 32 x 1k 21.8 -> 20.9, 32 x 4k 70.2 -> 66.7 (unsplit); the same in a
+#: second run, and with three caches in turn (each call's K/V from DRAM, as a model's layers
+#: read theirs) 1 x 16k 17.4 -> 14.9 us (SDPA 14.3). Elsewhere (one run) it lost:
 #: parts of one step (1 x 4k: 6.5 -> 7.2 us; the ids then come after the PDL wait, through
 #: shared memory) and launches of 512 programs, one wave at 4 an SM but 1.3 at 3 (4 x 16k
 #: 39.0 -> 48.4, 32 x 16k 257 -> 327).
@@ -595,6 +601,11 @@ PIPELINED_STAGES = 5
 PIPELINED_PROGRAMS_PER_SM = 3
 #: ... and are worth it from parts of four loop steps
 PIPELINED_MIN_PART = 512
+#: stages where parts are that short and the launch fits one wave at 2 programs an SM: three
+#: tiles copied ahead (H200, graph replay, 1 x 16k in 32 parts: 11.7 us at 7 stages, 12.9 at 5,
+#: 13.2 with the ids a step ahead; SDPA 11.0. At 32 x 16k unsplit, 128 steps a part, 7 stages
+#: ran 258.5 us against 5 stages' 248.5: long loops want the third program an SM)
+PIPELINED_SHORT_STAGES = 7
 
 #: (shape, strides, dtypes, config, flags) -> the compiled kernel that served it. Everything
 #: Triton specializes the kernel on is in the key (pointer alignment: only 16-byte aligned
@@ -655,10 +666,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     fused = counters is not None
     if not explicit:
         few = splits == 1 and B * -(-Hkv // heads) < SPLIT_BELOW * _sms(dev)
-        one_wave = PIPELINED_IDS["on"] and block_tables is not None and \
-            B * -(-Hkv // heads) * splits <= PIPELINED_PROGRAMS_PER_SM * _sms(dev)
+        per_sm = B * -(-Hkv // heads) * splits / _sms(dev) \
+            if PIPELINED_IDS["on"] and block_tables is not None else None
         # (a contiguous cache has no ids to pipeline: it keeps its config)
-        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, one_wave),
+        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, per_sm),
                **(config or {})}
     else:
         cfg = config

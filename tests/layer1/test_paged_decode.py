@@ -118,28 +118,31 @@ def test_d128_config_follows_the_part_length(monkeypatch):
 def test_pipelined_ids_only_for_long_parts_in_one_wave(monkeypatch):
     """By default each step's block ids go through the software pipeline (5 stages: 3 programs
     an SM) only where the launch fits in one wave at that occupancy and the parts are 512 keys
-    or more: batch 1 x 16k in 32 parts and batch 32 unsplit, not 1 x 4k's one-step parts nor
-    a launch that needs 4 programs an SM; never with the knob off, nor at D 128."""
+    or more: batch 32 unsplit, and batch 1 x 16k in 32 parts (2 programs an SM with parts of
+    four steps: 7 stages), not 1 x 4k's one-step parts nor a launch that needs 4 programs an
+    SM; never with the knob off, for a launch not counted (a contiguous cache), nor at D 128."""
     monkeypatch.setattr(pd.interpreter, "INTERPRETED", False)  # the GPU's configs
     monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": True})
     bf16 = torch.bfloat16
-    long = pd.default_config(64, bf16, 32, 16384, one_wave=True)
-    assert long["pipelined_ids"] and long["num_stages"] == pd.PIPELINED_STAGES == 5
-    assert pd.default_config(64, bf16, 1, 1024, few_programs=True, one_wave=True)["pipelined_ids"]
-    for cfg in (pd.default_config(64, bf16, 32, 4096, one_wave=True),  # parts of 128 keys
-                pd.default_config(64, bf16, 16, 16384),                # 1.3 waves at 3 an SM
-                pd.default_config(64, bf16, 32, None, one_wave=True),  # length unknown
-                pd.default_config(128, bf16, 32, 16384, one_wave=True)):
+    one = pd.default_config(64, bf16, 32, 16384, per_sm=256 / 132)  # batch 1 x 16k
+    assert one["pipelined_ids"] and one["num_stages"] == pd.PIPELINED_SHORT_STAGES == 7
+    b32 = pd.default_config(64, bf16, 1, 1024, few_programs=True, per_sm=256 / 132)
+    assert b32["pipelined_ids"] and b32["num_stages"] == pd.PIPELINED_STAGES == 5
+    assert pd.default_config(64, bf16, 32, 16384, per_sm=2.5)["num_stages"] == 5
+    for cfg in (pd.default_config(64, bf16, 32, 4096, per_sm=1.9),  # parts of 128 keys
+                pd.default_config(64, bf16, 16, 16384, per_sm=3.9),  # 1.3 waves at 3 an SM
+                pd.default_config(64, bf16, 16, 16384),               # not counted
+                pd.default_config(64, bf16, 32, None, per_sm=1.9),   # length unknown
+                pd.default_config(128, bf16, 32, 16384, per_sm=1.9)):
         assert not cfg.get("pipelined_ids") and cfg["num_stages"] < 5
     monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": False})
-    assert not pd.default_config(64, bf16, 32, 16384, one_wave=True).get("pipelined_ids")
+    assert not pd.default_config(64, bf16, 32, 16384, per_sm=1.9).get("pipelined_ids")
 
 
 @pytest.mark.interpreter
-def test_one_wave_counts_the_programs_of_paged_launches_only(monkeypatch):
-    """paged_decode asks default_config for the pipelined ids' occupancy check (one_wave) with
-    the launch's programs against PIPELINED_PROGRAMS_PER_SM an SM, and never for a contiguous
-    cache (no ids: it keeps its config)."""
+def test_per_sm_counts_the_programs_of_paged_launches_only(monkeypatch):
+    """paged_decode gives default_config a paged launch's programs an SM (for the pipelined
+    ids' occupancy rule), and nothing for a contiguous cache (no ids: it keeps its config)."""
     seen = []
     real = pd.default_config
 
@@ -149,14 +152,13 @@ def test_one_wave_counts_the_programs_of_paged_launches_only(monkeypatch):
     monkeypatch.setattr(pd, "default_config", spy)
     monkeypatch.setattr(pd, "PIPELINED_IDS", {"on": True})
     q, k, v, t, n = make([40, 9], 4, 2, 16, 8, seed=5)  # 2 x 2 kv heads x 3 parts: 12 programs
-    for sms, wave in ((4, True), (3, False)):
+    for sms in (4, 3):
         monkeypatch.setattr(pd, "_sms", lambda dev, sms=sms: sms)
         pd.paged_decode(q, k, v, t, n, 0.25, None, 3)
-        assert seen[-1] is wave
+        assert seen[-1] == 12 / sms
     kc = torch.randn(2, 40, 2, 16)  # a contiguous cache: (batch, max_len, kv heads, D)
-    monkeypatch.setattr(pd, "_sms", lambda dev: 1000)
     pd.paged_decode(q, kc, kc, None, n, 0.25, None, 3)
-    assert seen[-1] is False
+    assert seen[-1] is None
 
 
 @pytest.mark.interpreter
@@ -343,10 +345,12 @@ def test_pipelined_ids_let_the_compiler_fetch_them_ahead():
      (True, False)),
     (torch.bfloat16, {"BLOCK_N": 64, "num_warps": 4, "num_stages": 7, "pipelined_ids": True},
      (True,)),
+    (torch.bfloat16, {"BLOCK_N": 128, "num_warps": 4, "num_stages": 7, "pipelined_ids": True},
+     (True,)),
     (torch.float16, {"BLOCK_N": 32, "num_warps": 4, "num_stages": 5, "heads": 4, "merge_s": 4,
                      "pipelined_ids": True}, (True,))],
     ids=["default-bf16", "default-fp16", "256-keys", "heads4", "heads8", "pipelined-128",
-         "pipelined-64-7stages", "pipelined-heads4"])
+         "pipelined-64-7stages", "pipelined-128-7stages", "pipelined-heads4"])
 def test_gpu_configs_and_direct_launch(dtype, config, orders):
     """The configs the heuristics pick (and others: kv heads packed 4 and 8 a program; each
     step's block ids in the software pipeline, 5 and 7 stages),

@@ -24,7 +24,9 @@ from layer2_comm import (
     segment_bounds,
     two_shot_all_reduce,
 )
-from layer2_comm.cost_model import predict, AlphaBeta
+from layer2_comm.cost_model import AlphaBeta, predict
+
+from .peer_checks import assert_every_rank_passes, exact_ints, nccl_sum, visible_gpus
 
 ALGOS = {"one_shot": one_shot_all_reduce, "two_shot": two_shot_all_reduce}
 
@@ -105,18 +107,6 @@ def test_peer_all_reduce_refuses_without_cuda():
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def _data(n: int, dtype, salt: int) -> torch.Tensor:
-    """Small integers (exact in every dtype, and their sums too): ours must equal NCCL's bits."""
-    g = torch.Generator().manual_seed(salt * 7919 + dist.get_rank() * 31 + n)
-    return torch.randint(-8, 9, (n,), generator=g).to(dtype).cuda()
-
-
-def _nccl(x: torch.Tensor) -> torch.Tensor:
-    y = x.clone()
-    dist.all_reduce(y)
-    return y
-
-
 def _gpu_checks() -> list[str]:
     """Every check on this rank; returns what failed (empty: all passed)."""
     bad: list[str] = []
@@ -126,17 +116,17 @@ def _gpu_checks() -> list[str]:
     for dtype in DTYPES:
         for n in sizes:
             for algo in ("one_shot", "two_shot"):
-                x = _data(n, dtype, 1)
+                x = exact_ints(n, dtype, 1)
                 ar.one_shot_max_bytes = 1 << 40 if algo == "one_shot" else 0
                 got = ar(x)
-                if not torch.equal(got, _nccl(x)):
+                if not torch.equal(got, nccl_sum(x)):
                     bad.append(f"{algo} {dtype} n={n}: differs from NCCL")
     # random normals (not exact): close to NCCL, identical on every rank
     ar.one_shot_max_bytes = 256 << 10
     for n in (12345, 200_000):
         x = torch.randn(n, device="cuda", dtype=torch.bfloat16)
         got = ar(x)
-        if not torch.allclose(got.float(), _nccl(x).float(), rtol=2e-2, atol=2e-2 * world):
+        if not torch.allclose(got.float(), nccl_sum(x).float(), rtol=2e-2, atol=2e-2 * world):
             bad.append(f"randn bf16 n={n}: not close to NCCL")
         gathered = [torch.empty_like(got) for _ in range(world)]
         dist.all_gather(gathered, got)
@@ -148,38 +138,38 @@ def _gpu_checks() -> list[str]:
     for i in range(300):
         n = (37, 5000, 70001)[i % 3]
         ar.one_shot_max_bytes = 1 << 40 if i % 2 else 0
-        x = _data(n, torch.float32, 100 + i)
+        x = exact_ints(n, torch.float32, 100 + i)
         results.append((x, ar(x), i))
     for x, got, i in results:
-        if not torch.equal(got, _nccl(x)):
+        if not torch.equal(got, nccl_sum(x)):
             bad.append(f"repeated call {i} (n={x.numel()}): differs from NCCL")
             break
     ar.debug = True
     # all-gather and reduce-scatter through the same buffers, interleaved with all-reduces
     for i, n in enumerate((1, 7, 1000, 4097, 65537)):
         for dtype in DTYPES:
-            x = _data(n, dtype, 500 + i)
+            x = exact_ints(n, dtype, 500 + i)
             want = torch.empty(world * n, device="cuda", dtype=dtype)
             dist.all_gather_into_tensor(want, x)
             if not torch.equal(ar.all_gather(x), want):
                 bad.append(f"all_gather {dtype} n={n}: differs from NCCL")
             # uneven segments, within the registered 1 MiB at any world size
-            y = _data(min(n * world + world - 1, (1 << 18) - 1), dtype, 600 + i)
-            mine = torch.tensor_split(_nccl(y), world)[dist.get_rank()]
+            y = exact_ints(min(n * world + world - 1, (1 << 18) - 1), dtype, 600 + i)
+            mine = torch.tensor_split(nccl_sum(y), world)[dist.get_rank()]
             if not torch.equal(ar.reduce_scatter(y), mine):
                 bad.append(f"reduce_scatter {dtype} n={y.numel()}: differs from NCCL")
-            if not torch.equal(ar(x), _nccl(x)):
+            if not torch.equal(ar(x), nccl_sum(x)):
                 bad.append(f"all-reduce after gather/scatter {dtype} n={n}: differs")
-    if ar.all_gather(_data(3, torch.float32, 9).view(3, 1)).shape != (3 * world, 1):
+    if ar.all_gather(exact_ints(3, torch.float32, 9).view(3, 1)).shape != (3 * world, 1):
         bad.append("all_gather: wrong shape")
     # a 2-D, non-contiguous input and an out= tensor
-    x = _data(64 * 33, torch.float16, 3).view(64, 33).t()
+    x = exact_ints(64 * 33, torch.float16, 3).view(64, 33).t()
     out = torch.empty(33, 64, device="cuda", dtype=torch.float16)
-    if ar(x, out) is not out or not torch.equal(out, _nccl(x.contiguous())):
+    if ar(x, out) is not out or not torch.equal(out, nccl_sum(x.contiguous())):
         bad.append("non-contiguous input with out=: wrong")
     # larger than the buffer: NCCL takes it
-    big = _data((1 << 20) // 2 + 3, torch.float32, 4)
-    if ar.algorithm(big.numel() * 4) != "nccl" or not torch.equal(ar(big), _nccl(big)):
+    big = exact_ints((1 << 20) // 2 + 3, torch.float32, 4)
+    if ar.algorithm(big.numel() * 4) != "nccl" or not torch.equal(ar(big), nccl_sum(big)):
         bad.append("above max_bytes: not NCCL's result")
     bad += _graph_checks(ar)
     ar.check()
@@ -208,13 +198,13 @@ def _graph_checks(ar: PeerAllReduce) -> list[str]:
         scattered = ar.reduce_scatter(large)
     world = dist.get_world_size()
     for i in range(200):
-        small.copy_(_data(small.numel(), torch.bfloat16, 1000 + i))
-        large.copy_(_data(large.numel(), torch.float32, 2000 + i))
+        small.copy_(exact_ints(small.numel(), torch.bfloat16, 1000 + i))
+        large.copy_(exact_ints(large.numel(), torch.float32, 2000 + i))
         graph.replay()
-        want_small = _nccl(small)
-        if not (torch.equal(out_small, want_small) and torch.equal(out_large, _nccl(large))
+        want_small = nccl_sum(small)
+        if not (torch.equal(out_small, want_small) and torch.equal(out_large, nccl_sum(large))
                 and torch.equal(out_small2, want_small * world)
-                and torch.equal(scattered, torch.tensor_split(_nccl(large), world)[dist.get_rank()])
+                and torch.equal(scattered, torch.tensor_split(nccl_sum(large), world)[dist.get_rank()])
                 and torch.equal(gathered, _gathered(small))):
             bad.append(f"CUDA graph replay {i}: differs from NCCL")
             break
@@ -262,37 +252,32 @@ def _after_a_rendezvous_of_rank_0_alone() -> bool:
         earlier = symm_mem.empty(64, device="cuda")
         symm_mem.rendezvous(earlier, alone.group_name)
     ar = PeerAllReduce(max_bytes=1 << 16, timeout_s=10.0)
-    x = _data(1000, torch.float32, 5)
-    ok = torch.equal(ar(x), _nccl(x))
+    x = exact_ints(1000, torch.float32, 5)
+    ok = torch.equal(ar(x), nccl_sum(x))
     ar.close()
     return ok
 
 
-def _gpus() -> int:
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
 @pytest.mark.multigpu
 def test_peer_all_reduce_equals_nccl_everywhere():
-    reports = launch(_gpu_checks, _gpus(), backend="nccl", timeout_s=300)
-    bad = [f"rank {r}: {b}" for r, rep in enumerate(reports) for b in rep]
-    assert not bad, "\n".join(bad[:30])
+    assert_every_rank_passes(_gpu_checks, timeout_s=300)
 
 
 @pytest.mark.multigpu
 def test_peer_all_reduce_meets_when_one_rank_rendezvoused_before():
-    assert all(launch(_after_a_rendezvous_of_rank_0_alone, _gpus(), backend="nccl", timeout_s=40))
+    assert all(launch(_after_a_rendezvous_of_rank_0_alone, visible_gpus(), backend="nccl",
+                      timeout_s=40))
 
 
 @pytest.mark.multigpu
 def test_peer_all_reduce_names_mismatched_ranks():
-    messages = launch(_mismatch, _gpus(), backend="nccl", timeout_s=120)
+    messages = launch(_mismatch, visible_gpus(), backend="nccl", timeout_s=120)
     assert all("rank 1 passed 101" in m or "rank 0 passed 100" in m for m in messages), messages
 
 
 @pytest.mark.multigpu
 def test_peer_all_reduce_times_out_on_an_absent_rank():
-    messages = launch(_absent_peer, _gpus(), backend="nccl", timeout_s=120)
+    messages = launch(_absent_peer, visible_gpus(), backend="nccl", timeout_s=120)
     # any absent peer may be the first rank 0's barrier finds missing
     missing = re.search(r"waiting for rank (\d+)", messages[0])
     assert missing and 0 < int(missing.group(1)) < len(messages), messages

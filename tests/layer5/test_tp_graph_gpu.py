@@ -117,7 +117,7 @@ def test_tp2_bf16_llama_shape_graphs_equal_tp1_tokens(backend):
     """bf16 at Llama-3.2-1B's widths (4 layers): every prompt's full-vocabulary prefill logits
     within bf16 tolerance of TP=1's; greedy tokens (decode steps replayed from the graphs) equal
     until a near-tie of TP=1's own logits, logprobs within tolerance until then."""
-    _bf16_tp_equals_tp1(backend, 2, "torch")
+    bf16_tp_equals_tp1(backend, 2, "torch")
 
 
 @pytest.mark.multigpu
@@ -126,34 +126,40 @@ def test_tp4_bf16_llama_shape_graphs_equal_tp1_tokens(tp_backend):
     """The same at TP=4 (8 KV heads: 2 per rank), with NCCL's and with our all-reduce."""
     if torch.cuda.device_count() < 4:
         pytest.skip(f"TP=4 needs 4 GPUs; {torch.cuda.device_count()} visible")
-    _bf16_tp_equals_tp1("triton", 4, tp_backend)
+    bf16_tp_equals_tp1("triton", 4, tp_backend)
 
 
-def _bf16_tp_equals_tp1(backend: str, tp: int, tp_backend: str) -> None:
+def bf16_tp_equals_tp1(backend: str, tp: int, tp_backend: str,
+                       one_sequence_too: bool = False) -> None:
+    """TP=tp's prefill logits within bf16 tolerance of TP=1's and its greedy tokens equal (or a
+    near tie) on a 4-layer Llama-3.2-1B-shaped model with CUDA graphs: four sequences a step,
+    then (one_sequence_too) one, which takes the fused GEMV decode path."""
     config = l3.ModelConfig.from_dict(dict(l3.LLAMA_3_2_1B, num_hidden_layers=4))
     model = l3.Model(l3.random_model(config, backend=backend, dtype=torch.bfloat16,
                                      device="cuda", seed=0))
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, config.vocab_size, (n,), generator=g).tolist()
                for n in (5, 17, 33, 64)]
+    runs = (prompts, prompts[1:2]) if one_sequence_too else (prompts,)
     params = l5.SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True, logprobs=1)
     kw = dict(num_blocks=64, max_num_seqs=8, cuda_graph=True, max_model_len=256)
     ref = l5.LLM(model, **kw)
-    r1 = ref.generate(prompts, params)
-    want = ref.prompt_logits(prompts)
+    want = [ref.generate(p, params) for p in runs]
+    want_logits = ref.prompt_logits(prompts)
     with l5.LLM(model, tensor_parallel_size=tp, tp_backend=tp_backend, **kw) as llm:
         assert llm.runner.graph.captured
-        r2 = llm.generate(prompts, params)
-        got = llm.prompt_logits(prompts)
+        got = [llm.generate(p, params) for p in runs]
+        got_logits = llm.prompt_logits(prompts)
     problems = []
-    for i, (w, x) in enumerate(zip(want, got, strict=True)):
+    for i, (w, x) in enumerate(zip(want_logits, got_logits, strict=True)):
         d = (w.float() - x.float()).abs()
         line = (f"prompt {i}: prefill logits |TP={tp} - TP=1| max {float(d.max()):.3g}, mean "
                 f"{float(d.mean()):.3g} (logits' std {float(w.float().std()):.3g})")
         print(line)
         if float(d.max()) > BF16_LOGITS_ATOL or float(d.mean()) > BF16_LOGITS_MEAN:
             problems.append(line)
-    problems += bf16_diagnosis(ref, prompts, r1, r2, tp)
+    for p, r1, r2 in zip(runs, want, got, strict=True):
+        problems += bf16_diagnosis(ref, p, r1, r2, tp)
     assert not problems, "\n".join(problems)
 
 

@@ -318,6 +318,19 @@ def _counters(device: torch.device, n: int) -> torch.Tensor:
     return buf
 
 
+def _check_caches(name, x, caches, lead: tuple[str, ...], n_kv_heads, head_dim) -> None:
+    """Each (what, tensor) of caches must be (*lead, n_kv_heads, head_dim) in x's dtype, on
+    x's device, with a contiguous last dim: the kernel's k/v cache check, shared by the
+    contiguous caches it writes (lead: slots) and the paged ones its attention tail reads
+    (lead: blocks, page)."""
+    for what, c in caches:
+        if (c.dim() != len(lead) + 2 or c.shape[len(lead):] != (n_kv_heads, head_dim)
+                or c.dtype != x.dtype or c.stride(-1) != 1 or c.device != x.device):
+            raise ValueError(f"{name}: {what} must be ({', '.join(lead)}, {n_kv_heads}, "
+                             f"{head_dim}) {x.dtype} on {x.device}, contiguous last dim; got "
+                             f"{tuple(c.shape)} {c.dtype} on {c.device}")
+
+
 def _check_attention(name, x, attention, n_q_heads, n_kv_heads, head_dim) -> None:
     kb, vb, tables, lens, scale = attention
     M = x.shape[0]
@@ -326,12 +339,8 @@ def _check_attention(name, x, attention, n_q_heads, n_kv_heads, head_dim) -> Non
                          f"{n_kv_heads}")
     if head_dim < 16 or head_dim & (head_dim - 1):  # (paged_decode's tiles: tensor-core dots)
         raise ValueError(f"{name}: head_dim must be a power of two >= 16, got {head_dim}")
-    for what, c in (("k_blocks", kb), ("v_blocks", vb)):
-        if (c.dim() != 4 or c.shape[2:] != (n_kv_heads, head_dim) or c.dtype != x.dtype
-                or c.stride(-1) != 1 or c.device != x.device):
-            raise ValueError(f"{name}: {what} must be (blocks, page, {n_kv_heads}, {head_dim}) "
-                             f"{x.dtype} on {x.device}, contiguous last dim; got "
-                             f"{tuple(c.shape)} {c.dtype} on {c.device}")
+    _check_caches(name, x, (("k_blocks", kb), ("v_blocks", vb)), ("blocks", "page"),
+                  n_kv_heads, head_dim)
     if tables is None and kb.shape[0] < M:
         raise ValueError(f"{name}: a contiguous cache (block_tables None) needs a block per "
                          f"row: {kb.shape[0]} blocks for {M} rows")
@@ -388,12 +397,8 @@ def _rope(name, x, w, norm_weight, eps, residual, bias, cos, sin, positions, k_c
         if t.shape != (M,) or t.dtype not in (torch.int32, torch.int64) or t.device != x.device:
             raise ValueError(f"{name}: {what} must be int32/int64 ({M},) on "
                              f"{x.device}, got {t.dtype} {tuple(t.shape)} on {t.device}")
-    for what, c in (("k_cache", k_cache), ("v_cache", v_cache)):
-        if (c.dim() != 3 or c.shape[1:] != (n_kv_heads, head_dim) or c.dtype != x.dtype
-                or c.stride(-1) != 1 or c.device != x.device):
-            raise ValueError(f"{name}: {what} must be (slots, {n_kv_heads}, "
-                             f"{head_dim}) {x.dtype} on {x.device}, contiguous last dim; got "
-                             f"{tuple(c.shape)} {c.dtype} on {c.device}")
+    _check_caches(name, x, (("k_cache", k_cache), ("v_cache", v_cache)), ("slots",),
+                  n_kv_heads, head_dim)
     if config is not None:
         try:
             _unpack(config)

@@ -124,6 +124,33 @@ def _mac(acc, w, a, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _first_tiles(acc, acc2, w, w2, w_next, w2_next, x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm,
+                 stride_rm, m, m_ok, offs_k, rstd, ss, K: tl.constexpr, PROLOGUE: tl.constexpr,
+                 HAS_RESIDUAL: tl.constexpr, WRITE_H, OUT_TY: tl.constexpr,
+                 EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                 TWO: tl.constexpr):
+    """The K loop's first tile (TWO: its first two), whose weights were requested before the
+    PDL wait: the activations at those columns (_act), multiplied into acc by w (w_next: the
+    second tile's) and, where w2 is not None, into acc2 by w2 (w2_next) -> (acc, acc2, ss).
+    Shared by _gemv_kernel (one accumulator: w2 and w2_next None, acc2 comes back as passed;
+    w_next None unless TWO) and gemv_rope._gemv_rope_kernel (two: the low and the high column
+    of each rotated pair, over the same activations), so both peel those tiles the same way."""
+    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
+                 K, PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
+    acc = _mac(acc, w, a, BLOCK_M)
+    if w2 is not None:
+        acc2 = _mac(acc2, w2, a, BLOCK_M)
+    if TWO:
+        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY,
+                     EVEN_K)
+        acc = _mac(acc, w_next, a, BLOCK_M)
+        if w2 is not None:
+            acc2 = _mac(acc2, w2_next, a, BLOCK_M)
+    return acc, acc2, ss
+
+
+@triton.jit
 def _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps,
               K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
               BLOCK_M: tl.constexpr, STATS_K: tl.constexpr, OUT_TY: tl.constexpr,
@@ -172,8 +199,7 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # launch (PDL) it is requested before waiting for that kernel's results. PRE_TILES 2: the
     # second too (twice the bytes in flight while waiting, at the cost of its registers).
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
-    if TWO:
-        w1 = _w_tile(w_rows, BLOCK_K + offs_k, n_ok, K, EVEN_K)
+    w1 = _w_tile(w_rows, BLOCK_K + offs_k, n_ok, K, EVEN_K) if TWO else None
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
@@ -182,14 +208,9 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # (the late norm's sums of squares)
-    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
-                 K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
-    acc = _mac(acc, w0, a, BLOCK_M)
-    if TWO:
-        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
-                     EVEN_K)
-        acc = _mac(acc, w1, a, BLOCK_M)
+    acc, _, ss = _first_tiles(acc, acc, w0, None, w1, None, x_ptr, r_ptr, h_ptr, nw_ptr,
+                              stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss, K, PROLOGUE,
+                              HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K, BLOCK_K, BLOCK_M, TWO)
     # STAGES > 1: Triton's pipeliner copies the next STAGES - 1 tiles into shared memory
     # (cp.async) while this one is multiplied: bytes in flight without holding registers
     for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):

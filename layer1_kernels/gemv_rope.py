@@ -33,6 +33,7 @@ from triton.language.extra.cuda import gdc_launch_dependents
 from .gemv import (
     _act,
     _check,
+    _first_tiles,
     _mac,
     _prologue,
     _unpack,
@@ -107,9 +108,9 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # weights first (they do not depend on the kernel before), as in gemv._gemv_kernel
     w_lo = _w_tile(lo_rows, offs_k, j_ok, K, EVEN_K)
     w_hi = _w_tile(hi_rows, offs_k, j_ok, K, EVEN_K)
-    if TWO:  # (PRE_TILES 2, as in gemv._gemv_kernel)
-        w_lo1 = _w_tile(lo_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K)
-        w_hi1 = _w_tile(hi_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K)
+    # (PRE_TILES 2, as in gemv._gemv_kernel)
+    w_lo1 = _w_tile(lo_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K) if TWO else None
+    w_hi1 = _w_tile(hi_rows, BLOCK_K + offs_k, j_ok, K, EVEN_K) if TWO else None
     # ... and the epilogue's positions, slots and cos/sin (no kernel of the step writes them:
     # loaded here, they arrive during the K loop instead of adding two round trips after it)
     mask = m_ok[:, None] & j_ok[None, :]
@@ -128,16 +129,10 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         acc_lo = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
         acc_hi = tl.zeros([BLOCK_M, BLOCK_P], dtype=tl.float32)
     ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # (the late norm's sums of squares)
-    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
-                 K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
-    acc_lo = _mac(acc_lo, w_lo, a, BLOCK_M)
-    acc_hi = _mac(acc_hi, w_hi, a, BLOCK_M)
-    if TWO:
-        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
-                     EVEN_K)
-        acc_lo = _mac(acc_lo, w_lo1, a, BLOCK_M)
-        acc_hi = _mac(acc_hi, w_hi1, a, BLOCK_M)
+    acc_lo, acc_hi, ss = _first_tiles(acc_lo, acc_hi, w_lo, w_hi, w_lo1, w_hi1, x_ptr, r_ptr,
+                                      h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k,
+                                      rstd, ss, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
+                                      EVEN_K, BLOCK_K, BLOCK_M, TWO)
     for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):  # as in
         # _gemv_kernel
         k = k0 + offs_k

@@ -9,7 +9,6 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import layer3_model as l3
 from layer3_model import backends
@@ -236,33 +235,3 @@ def test_fused_decode_under_cuda_graph_gpu():
     assert ((late - got).norm() / got.norm()).item() < 1e-2
     for logits in in_qkv:
         assert ((logits - got).norm() / got.norm()).item() < 1e-2
-
-
-def test_the_general_path_projections_go_through_the_op_sets_linear(monkeypatch):
-    """ops.linear: the torch op set calls the module; the triton one hands plain nn.Linear
-    weights to layer 1's skinny_linear (cuBLAS unless a tuned decode-batch shape), finishes a
-    bias-free module with `finish` (layer 5's row-parallel linear), and calls anything else."""
-    from layer3_model import backends
-
-    seen = []
-    monkeypatch.setattr(backends.kernels, "skinny_linear",
-                        lambda x, w, b=None: seen.append(tuple(w.shape)) or F.linear(x, w, b))
-    lin = torch.nn.Linear(6, 4)
-    x = torch.randn(3, 6)
-    torch_ops, triton_ops = backends.make_ops("torch"), backends.make_ops("triton")
-    assert torch.equal(torch_ops.linear(lin, x), lin(x)) and not seen
-    assert torch.equal(triton_ops.linear(lin, x), lin(x)) and seen == [(4, 6)]
-
-    class Finishing(torch.nn.Module):
-        bias = None
-
-        def __init__(self):
-            super().__init__()
-            self.weight = lin.weight
-
-        def finish(self, y):
-            return 2 * y
-
-    assert torch.equal(triton_ops.linear(Finishing(), x), 2 * F.linear(x, lin.weight))
-    other = torch.nn.Sequential(lin)
-    assert torch.equal(triton_ops.linear(other, x), lin(x)) and len(seen) == 2

@@ -67,16 +67,9 @@ class GraphInputs:
         n <= max_blocks, and input ids `ids` (B,) or a gather index `gather` (B,) when given
         (the device's input_ids are left as they are); rows [B, bucket) padding; on the device
         in stream order."""
-        r, n = self.rows, table.shape[1]
+        n = table.shape[1]
         if not self.copies:
-            h = self._lens[0]
-            h[:B] = pos
-            np.add(pos, 1, out=h[r:r + B])
-            h[B:bucket], h[r + B:r + bucket] = 0, 1
-            if gather is not None:
-                h[2 * r:2 * r + B] = gather
-            if ids is not None:
-                h[3 * r:3 * r + B] = ids
+            self._fill(self._lens[0], B, bucket, pos, ids, gather)
             t = self._cpu_tables
             t[:B, :n] = table
             t[B:bucket, :n] = self.scratch
@@ -86,20 +79,7 @@ class GraphInputs:
         ev = self._events[turn]
         if ev is not None:  # this turn's copies of two steps ago have run (long since)
             ev.synchronize()
-        h = self._lens[turn]
-        h[:B] = pos
-        np.add(pos, 1, out=h[r:r + B])
-        if B < bucket:
-            h[B:bucket], h[r + B:r + bucket] = 0, 1
-        # positions for every row, seq_lens up to the bucket's; with a gather index or host
-        # ids, every seq_len and those (padding rows keep their ids: valid, outputs never read)
-        size = r + bucket
-        if gather is not None:
-            h[2 * r:2 * r + B] = gather
-            size = 2 * r + B
-        if ids is not None:
-            h[3 * r:3 * r + B] = ids
-            size = 3 * r + B
+        size = self._fill(self._lens[turn], B, bucket, pos, ids, gather)
         views = self._views.get((turn, size))
         if views is None:
             views = self._views[(turn, size)] = (self.lens_buffer[:size],
@@ -119,6 +99,26 @@ class GraphInputs:
             if ev is None:
                 ev = self._events[turn] = torch.cuda.Event()
             ev.record()
+
+    def _fill(self, h: np.ndarray, B: int, bucket: int, pos: np.ndarray,
+              ids: np.ndarray | None, gather: np.ndarray | None) -> int:
+        """Write a step's rows [0, B) and its bucket's padding rows into the host layout h;
+        returns how many of h's leading entries the device needs: positions for every row,
+        seq_lens up to the bucket's; with a gather index or host ids, every seq_len and those
+        (padding rows keep their ids: valid, outputs never read)."""
+        r = self.rows
+        h[:B] = pos
+        np.add(pos, 1, out=h[r:r + B])
+        if B < bucket:
+            h[B:bucket], h[r + B:r + bucket] = 0, 1
+        size = r + bucket
+        if gather is not None:
+            h[2 * r:2 * r + B] = gather
+            size = 2 * r + B
+        if ids is not None:
+            h[3 * r:3 * r + B] = ids
+            size = 3 * r + B
+        return size
 
     def forget(self) -> None:
         """Someone else wrote the static tables: the next load copies its rows again."""

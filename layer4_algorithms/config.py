@@ -59,6 +59,9 @@ class SpecConfig:
         return cls(**spec)
 
 
+#: The most grammar fill threads an engine may ask for (each also compiles every constraint).
+MAX_FILL_THREADS = 64
+
 @dataclass
 class EngineConfig:
     """Every knob of the engine. Model loading (when LLM is given a path): backend
@@ -130,6 +133,10 @@ class EngineConfig:
             positive("max_num_seqs"), positive("max_num_batched_tokens"),
             positive("max_model_len", True), positive("attn_bytes_limit"),
             positive("grammar_fill_threads", True),
+            None if not _positive_int(self.grammar_fill_threads)
+            or self.grammar_fill_threads <= MAX_FILL_THREADS else
+            f"grammar_fill_threads must be at most {MAX_FILL_THREADS} (each is a thread and a "
+            f"compile of every constraint), got {self.grammar_fill_threads}",
             flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
             None if self.async_scheduling is None or isinstance(self.async_scheduling, bool) else
             f"async_scheduling must be True, False or None, got {self.async_scheduling!r}",

@@ -16,7 +16,8 @@ from .l4_helpers import greedy, random_prompts
     ("backend", "cuda"), ("block_size", 0), ("num_blocks", -1), ("kv_cache_bytes", 0),
     ("gpu_memory_utilization", 1.5), ("max_num_seqs", 0), ("max_num_batched_tokens", 2.5),
     ("max_model_len", 0), ("attn_bytes_limit", 0), ("enable_prefix_caching", "yes"),
-    ("cuda_graph", 1), ("scheduling", "lottery"),
+    ("cuda_graph", 1), ("scheduling", "lottery"), ("grammar_fill_threads", 0),
+    ("grammar_fill_threads", 10**9),
 ])
 def test_a_bad_value_is_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field if field != "scheduling" else "policy"):

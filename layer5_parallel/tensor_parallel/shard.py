@@ -139,6 +139,8 @@ def fused_norms_default(comm: TPComm | None = None, device=None) -> bool:
     set, else whether `comm` runs layer 2's all-reduce on a CUDA `device`."""
     switch = os.environ.get(FUSED_NORMS_ENV)
     if switch is not None:
+        if switch not in ("0", "1"):
+            raise ValueError(f"{FUSED_NORMS_ENV} must be 0 or 1, got {switch!r}")
         return switch == "1"
     return (comm is not None and comm.backend == "ours" and device is not None
             and torch.device(device).type == "cuda")

@@ -87,3 +87,6 @@ def test_the_default_is_on_where_it_is_one_kernel(monkeypatch):
     assert not S.fused_norms_default(Comm("ours"), "cuda:0")
     monkeypatch.setenv(S.FUSED_NORMS_ENV, "1")
     assert S.fused_norms_default(Comm("torch"), "cpu")
+    monkeypatch.setenv(S.FUSED_NORMS_ENV, "yes")  # a typo is an error, not silently off
+    with pytest.raises(ValueError, match="must be 0 or 1"):
+        S.fused_norms_default(Comm("ours"), "cuda:0")

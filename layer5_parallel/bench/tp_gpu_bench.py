@@ -434,7 +434,11 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks(x)
         ax.set_ylabel("decode tokens/s")
         ax.set_ylim(bottom=0)
-        ax.legend()
+        failed = sorted({r["tp"] for r in mine if not r["decode_tok_s"] >= 0})  # nan: no figure
+        if failed:
+            ax.text(0.03, 0.97, "not measured: TP=" + ", ".join(map(str, failed)),
+                    transform=ax.transAxes, va="top", color="firebrick")
+        ax.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

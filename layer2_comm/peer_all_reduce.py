@@ -121,8 +121,8 @@ class PeerAllReduce:
         # before and the others not (see symmetric_group.py)
         self._symmetric = symmetric_group.rendezvous_group(self.group, self.device)
         # the low-latency one-shot's region after the buffers: two halves of W slots, each
-        # LL_MAX_BYTES of data as 8-byte packets (see peer_kernels.py), made at construction
-        self._ll_slot_words = self.LL_MAX_BYTES // 4 if self.low_latency else 0
+        # LL_SLOT_BYTES of data as 8-byte packets (see peer_kernels.py), made at construction
+        self._ll_slot_words = self.LL_SLOT_BYTES // 4 if self.low_latency else 0
         ll_bytes = 2 * self.world * self._ll_slot_words * 8
         try:
             # two halves: one-shot alternates between them (see peer_kernels.py)
@@ -205,6 +205,10 @@ class PeerAllReduce:
     LL_ENV = LL_ENV
     low_latency = os.environ.get(LL_ENV, "0") == "1"
     LL_MAX_BYTES = 64 << 10
+    # all_reduce_rms_norm's LL form takes (rows, H) messages up to this size (a decode batch of
+    # 32 rows of 4096 bf16 is 256 KiB); each slot of the region holds the larger of the two
+    LL_NORM_MAX_BYTES = 256 << 10
+    LL_SLOT_BYTES = max(LL_MAX_BYTES, LL_NORM_MAX_BYTES)
 
     def _pdl(self) -> dict:
         """Launch keywords for a one-shot kernel: PDL on Hopper and later when self.pdl."""
@@ -226,7 +230,7 @@ class PeerAllReduce:
     def _takes_ll(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         """Whether a one-shot call goes through the low-latency kernel (see low_latency)."""
         nbytes = x.numel() * x.element_size()
-        return (nbytes <= self._ll_slot_words * 4 and nbytes % 16 == 0
+        return (nbytes <= min(self.LL_MAX_BYTES, self._ll_slot_words * 4) and nbytes % 16 == 0
                 and (x.data_ptr() | out.data_ptr()) % 16 == 0)
 
     def _launch_ll(self, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -297,6 +301,11 @@ class PeerAllReduce:
         x, residual, weight = x.contiguous(), residual.contiguous(), weight.contiguous()
         y, h = torch.empty_like(x), torch.empty_like(x)
         rows, H = x.shape
+        if self._takes_ll_norm(x, residual, weight):
+            self._launch_ll_norm(x, residual, weight, y, h, eps)
+            if self.debug and not capturing:
+                self.check()
+            return y, h
         serial = bool(self.serial_barrier) or self.world > peer_kernels.PARALLEL_MAX_WORLD
         block_h = 1 << (H - 1).bit_length()
         peer_kernels.one_shot_norm_kernel[(self.blocks,)](
@@ -309,6 +318,35 @@ class PeerAllReduce:
         if self.debug and not capturing:
             self.check()
         return y, h
+
+    def _takes_ll_norm(self, x: torch.Tensor, *others: torch.Tensor) -> bool:
+        """Whether all_reduce_rms_norm goes through the LL kernel: low_latency on, the message
+        at most LL_NORM_MAX_BYTES (and the region's slot), rows of whole 16-byte vectors,
+        every tensor 16-byte aligned (x, residual, weight contiguous)."""
+        nbytes = x.numel() * x.element_size()
+        ptrs = 0
+        for t in (x, *others):
+            ptrs |= t.data_ptr()
+        return (self.low_latency and bool(self._ll_slot_words) and x.dtype in _LL_KINDS
+                and nbytes <= min(self.LL_NORM_MAX_BYTES, self._ll_slot_words * 4)
+                and (x.shape[1] * x.element_size()) % 16 == 0 and ptrs % 16 == 0)
+
+    def _launch_ll_norm(self, x, residual, weight, y, h, eps: float) -> None:
+        from . import peer_kernels
+
+        rows, H = x.shape
+        row_words = H * x.element_size() // 4
+        block_w = 1 << (row_words - 1).bit_length()
+
+        def words(t: torch.Tensor) -> torch.Tensor:
+            return t.view(-1).view(torch.int32)
+
+        peer_kernels.one_shot_ll_norm_kernel[(self.blocks,)](
+            words(x), words(residual), words(weight), words(y), words(h), rows, row_words, H,
+            float(eps), min(self.blocks, rows), self._lls, self._state, self._status.data_ptr(),
+            int(self.timeout_s * 1e9), self._ll_slot_words, RANK=self.rank, WORLD=self.world,
+            BLOCK_W=block_w, KIND=_LL_KINDS[x.dtype],
+            num_warps=max(1, min(self.num_warps, block_w * 4 // (16 * 32))), **self._pdl())
 
     # ---- all-gather and reduce-scatter through the same buffers ------------------------
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

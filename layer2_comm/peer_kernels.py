@@ -578,6 +578,68 @@ def _floats_as_words(lo, hi, KIND: tl.constexpr):
 
 
 @triton.jit
+def _ll_round(v, KIND: tl.constexpr):
+    """fp32 values rounded to the 16-bit type and back (KIND 1 fp16, 2 bf16); fp32 as is."""
+    if KIND == 0:
+        return v
+    ty = tl.float16 if KIND == 1 else tl.bfloat16
+    return v.to(ty).to(tl.float32)
+
+
+@triton.jit
+def _ll_begin(state_ptr, slot_words, WORLD: tl.constexpr):
+    """A block's start of an LL call: (pid, calls, barriers, expect, flag, half)."""
+    pid = tl.program_id(0)
+    calls = tl.load(state_ptr + 2 * pid)
+    barriers = tl.load(state_ptr + 2 * pid + 1)
+    expect = calls + 1
+    half = (calls % 2).to(tl.int64) * WORLD * slot_words
+    return pid, calls, barriers, expect, expect.to(tl.int64) << 32, half
+
+
+@triton.jit
+def _ll_send(x_ptr, lls, half, offs, mask, flag, slot_words, RANK: tl.constexpr,
+             WORLD: tl.constexpr):
+    """My words at offs, each with this call's flag, into my slot of every peer's region."""
+    w = tl.load(x_ptr + offs, mask=mask, other=0)
+    packet = flag | w.to(tl.uint32, bitcast=True).to(tl.int64)
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            _store_volatile(lls[p] + half + RANK * slot_words + offs, packet, mask)
+
+
+@triton.jit
+def _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns, status_ptr, pid,
+            RANK: tl.constexpr, WORLD: tl.constexpr, KIND: tl.constexpr):
+    """The words at offs summed over the ranks in rank order, fp32, as (low, high) values:
+    mine from x, each peer's polled from its slot of my region until every packet carries
+    `expect` (or timeout_ns have passed: then the peer's code into the status word)."""
+    words = ()
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            words = words + (tl.load(x_ptr + offs, mask=mask, other=0),)
+        else:
+            slot = lls[RANK] + half + p * slot_words + offs
+            v = tl.load(slot, mask=mask, other=0, volatile=True)
+            t0 = _globaltimer(pid)
+            late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
+            waited = _globaltimer(pid) - t0
+            while (late > 0) & (waited < timeout_ns):
+                v = tl.load(slot, mask=mask, other=0, volatile=True)
+                late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
+                waited = _globaltimer(pid) - t0
+            if late > 0:
+                tl.store(status_ptr, p + 1)
+            words = words + (v.to(tl.int32),)
+    lo, hi = _words_as_floats(words[0], KIND)
+    for p in tl.static_range(1, WORLD):
+        a, b = _words_as_floats(words[p], KIND)
+        lo += a
+        hi += b
+    return lo, hi
+
+
+@triton.jit
 def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_addr, timeout_ns,
                        slot_words, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                        KIND: tl.constexpr, PDL: tl.constexpr = False):
@@ -588,47 +650,56 @@ def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_ad
     same bits as one_shot_kernel's. lls: W pointers (int64) to the ranks' LL regions;
     slot_words: packets a slot holds."""
     _pdl_start(PDL)
-    pid = tl.program_id(0)
-    calls = tl.load(state_ptr + 2 * pid)
-    barriers = tl.load(state_ptr + 2 * pid + 1)
+    pid, calls, barriers, expect, flag, half = _ll_begin(state_ptr, slot_words, WORLD)
     if pid < active:
-        expect = calls + 1
-        flag = expect.to(tl.int64) << 32
-        half = (calls % 2).to(tl.int64) * WORLD * slot_words
         status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
         lanes = tl.arange(0, BLOCK)
         for start in range(pid * BLOCK, nwords, active * BLOCK):
             offs = start + lanes
-            mask = offs < nwords
-            w = tl.load(x_ptr + offs, mask=mask, other=0)
-            packet = flag | w.to(tl.uint32, bitcast=True).to(tl.int64)
-            for p in tl.static_range(WORLD):
-                if p != RANK:
-                    _store_volatile(lls[p] + half + RANK * slot_words + offs, packet, mask)
+            _ll_send(x_ptr, lls, half, offs, offs < nwords, flag, slot_words, RANK, WORLD)
         for start in range(pid * BLOCK, nwords, active * BLOCK):
             offs = start + lanes
             mask = offs < nwords
-            words = ()
-            for p in tl.static_range(WORLD):
-                if p == RANK:
-                    words = words + (tl.load(x_ptr + offs, mask=mask, other=0),)
-                else:
-                    slot = lls[RANK] + half + p * slot_words + offs
-                    v = tl.load(slot, mask=mask, other=0, volatile=True)
-                    t0 = _globaltimer(pid)
-                    late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
-                    waited = _globaltimer(pid) - t0
-                    while (late > 0) & (waited < timeout_ns):
-                        v = tl.load(slot, mask=mask, other=0, volatile=True)
-                        late = tl.sum((((v >> 32).to(tl.int32) != expect) & mask).to(tl.int32), 0)
-                        waited = _globaltimer(pid) - t0
-                    if late > 0:
-                        tl.store(status_ptr, p + 1)
-                    words = words + (v.to(tl.int32),)
-            lo, hi = _words_as_floats(words[0], KIND)
-            for p in tl.static_range(1, WORLD):
-                a, b = _words_as_floats(words[p], KIND)
-                lo += a
-                hi += b
+            lo, hi = _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
+                             status_ptr, pid, RANK, WORLD, KIND)
             tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+    _end(state_ptr, pid, calls, barriers)
+
+
+@triton.jit
+def one_shot_ll_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, row_words, H, eps,
+                            active, lls, state_ptr, status_addr, timeout_ns, slot_words,
+                            RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_W: tl.constexpr,
+                            KIND: tl.constexpr, PDL: tl.constexpr = False):
+    """one_shot_norm_kernel's result (h = sum over ranks of x + residual, y = rms_norm(h) * w)
+    with the LL exchange instead of the barrier: x, residual, y, h are (rows, row_words) int32
+    words and w (row_words,) words (KIND as one_shot_ll_kernel's; H values a row). Block b
+    sends rows b, b + active, ... as packets, then polls them back from every peer and does
+    the norm's arithmetic step for step as one_shot_norm_kernel (s rounded, h = round(s + r),
+    y = round(round(h * rstd) * w)): the same bits up to the order of the sum of squares."""
+    _pdl_start(PDL)
+    pid, calls, barriers, expect, flag, half = _ll_begin(state_ptr, slot_words, WORLD)
+    if pid < active:
+        status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+        lanes = tl.arange(0, BLOCK_W)
+        lmask = lanes < row_words
+        for row in range(pid, rows, active):
+            _ll_send(x_ptr, lls, half, row * row_words + lanes, lmask, flag, slot_words, RANK,
+                     WORLD)
+        w_lo, w_hi = _words_as_floats(tl.load(w_ptr + lanes, mask=lmask, other=0), KIND)
+        for row in range(pid, rows, active):
+            offs = row * row_words + lanes
+            lo, hi = _ll_sum(x_ptr, lls, half, offs, lmask, expect, slot_words, timeout_ns,
+                             status_ptr, pid, RANK, WORLD, KIND)
+            r_lo, r_hi = _words_as_floats(tl.load(res_ptr + offs, mask=lmask, other=0), KIND)
+            h = _floats_as_words(_ll_round(lo, KIND) + r_lo, _ll_round(hi, KIND) + r_hi, KIND)
+            tl.store(h_ptr + offs, h, mask=lmask)
+            h_lo, h_hi = _words_as_floats(h, KIND)
+            h_lo = tl.where(lmask, h_lo, 0.0)
+            h_hi = tl.where(lmask, h_hi, 0.0)
+            rstd = 1.0 / tl.sqrt((tl.sum(h_lo * h_lo, axis=0) + tl.sum(h_hi * h_hi, axis=0)) / H
+                                 + eps)
+            y = _floats_as_words(_ll_round(h_lo * rstd, KIND) * w_lo,
+                                 _ll_round(h_hi * rstd, KIND) * w_hi, KIND)
+            tl.store(y_ptr + offs, y, mask=lmask)
     _end(state_ptr, pid, calls, barriers)

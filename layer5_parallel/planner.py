@@ -17,7 +17,9 @@ one is recommended, with why. The decode step is memory-bound, so the model is a
                      layer 2's peer-memory kernels, which the link's alpha already describes)
             kernels  t_k = (L/pp) * kernels per layer * fixed cost per kernel (a decode kernel's
                      launch, ramp-up and tail, even replayed from a CUDA graph: why a 1B model
-                     at batch 1 cannot stream its weights at the full copy bandwidth)
+                     at batch 1 cannot stream its weights at the full copy bandwidth); kernels
+                     per layer by layer 3's decode path: 5 fused ones for one sequence a rank,
+                     ~12 on the general path (cuBLAS, separate norms, RoPE, SiLU)
   step     t = pp * (t_c + t_tp + t_k) + (pp - 1) * p2p(B/dp * H * bytes)
   decode   latency per token = t;   throughput = dp * (B/dp) / t tokens/s
 
@@ -72,13 +74,24 @@ DEVICES = {
 LINKS = {"nvlink": (3.0, 450.0), "pcie": (5.0, 32.0), "loopback": (60.0, 2.0)}
 # Calibrated on 2x H100 (BENCHMARKS.md: "Layer 2 on NVLink", "Layer 5 on 2 GPUs"): a device copy
 # reaches 90 % of the datasheet bandwidth; NCCL's all-reduce takes 12.6 us at 8 KiB where the
-# link's alpha-beta (and layer 2's peer-memory one-shot, 5.8 us) say ~6; a fused decode layer
-# runs ~8 kernels (2 norms, qkv + rope, attention, o, gate/up, down, residual) at ~2 us fixed
-# cost each, which put the predicted TP=1/2 decode steps of the 1B and 8B shapes within 11 %.
+# link's alpha-beta (and layer 2's peer-memory one-shot, 5.8 us) say ~6; each decode kernel
+# costs ~2 us fixed. Kernels per layer by decode path (layer 3's backends): one sequence a rank
+# runs the fused decode kernels (qkv + norm + RoPE + cache write, attention, o_proj, gate_up +
+# norm, down + SiLU), more sequences the general path (2 norms, qkv, RoPE, attention, o_proj,
+# gate_up, SiLU, down, and cuBLAS's split-K reductions behind the narrow products); the
+# all-reduces' own launch is in their alpha. With one count (8) for both paths the 8B batch-32
+# steps at TP=2/4 measured 16-22 % slower than predicted (H200s) and batch 1 at TP=1 8 % faster;
+# with the count by path every 8B point of TP=1/2/4 on H100s and H200s is within 15 %.
 COPY_FRACTION = 0.9
 LIBRARY_S = {"torch": 6.5e-6, "ours": 0.0}  # per collective, above the link's alpha-beta
-KERNELS_PER_LAYER = 8
+FUSED_KERNELS_PER_LAYER, GENERAL_KERNELS_PER_LAYER = 5, 12
+FUSED_DECODE_MAX_SEQS = 1  # layer 3's fused decode path takes steps of at most this many
 KERNEL_S = 2e-6
+
+
+def kernels_per_layer(seqs: int) -> int:
+    """Decode kernels a decoder layer launches for `seqs` sequences on one rank (by path)."""
+    return FUSED_KERNELS_PER_LAYER if seqs <= FUSED_DECODE_MAX_SEQS else GENERAL_KERNELS_PER_LAYER
 
 
 @dataclass(frozen=True)
@@ -227,7 +240,7 @@ def cost(
     flops = hw.flops.get(nbytes, hw.flops[2])
     compute = max((W + K) * ranks / hw.bandwidth, 2 * params * seqs * ranks / flops)
     tp_s = tp_comm_seconds(c, tp, pp, seqs, hw.link, nbytes, hw.collective_s)
-    kernels = math.ceil(c.num_hidden_layers / pp) * KERNELS_PER_LAYER * hw.kernel_s
+    kernels = math.ceil(c.num_hidden_layers / pp) * kernels_per_layer(seqs) * hw.kernel_s
     p2p = hw.link.message(seqs * c.hidden_size * nbytes) if pp > 1 else 0.0
     step = pp * (compute + tp_s + kernels) + (pp - 1) * p2p
     return Layout(tp, pp, dp, W, K, A, compute, tp_s, step, dp * seqs / step, kernels)

@@ -82,7 +82,7 @@ def test_decode_step_is_the_roofline_plus_comm():
     K = planner.kv_bytes(c, 2, 2, 4, 1000)
     assert lay.compute_s == pytest.approx((W + K) / hw.bandwidth)  # batch 4: memory-bound
     p2p = hw.link.message(4 * c.hidden_size * 2)
-    kernels = c.num_hidden_layers // 2 * planner.KERNELS_PER_LAYER * planner.KERNEL_S
+    kernels = c.num_hidden_layers // 2 * planner.GENERAL_KERNELS_PER_LAYER * planner.KERNEL_S
     assert lay.kernels_s == pytest.approx(kernels)
     assert lay.step_s == pytest.approx(2 * (lay.compute_s + lay.tp_comm_s + kernels) + p2p)
     assert lay.tokens_per_s == pytest.approx(4 / lay.step_s)
@@ -120,3 +120,18 @@ def test_run_with_a_tp_the_heads_do_not_allow_is_one_line_and_exit_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "valid sizes: 1, 2, 6" in err[0]
     assert run_command(commands.run, ["--tp", "1", "--device", "cpu"]) == 2
+
+
+def test_kernels_per_layer_follow_the_decode_path():
+    """One sequence a rank: layer 3's fused decode kernels; more: the general path's; a dp
+    replica's share of the batch decides, and the steps differ by exactly those kernels."""
+    c, hw = planner.load_config("llama-3-8b"), planner.hardware_for("h200", tp_backend="ours")
+    assert planner.kernels_per_layer(1) < planner.kernels_per_layer(2) == \
+        planner.kernels_per_layer(32)
+    one = planner.cost(c, hw, 2, 1, 1, batch=1, context=192)
+    two_replicas = planner.cost(c, hw, 2, 1, 2, batch=2, context=192)  # one sequence each
+    assert one.kernels_s == two_replicas.kernels_s == pytest.approx(
+        c.num_hidden_layers * planner.FUSED_KERNELS_PER_LAYER * planner.KERNEL_S)
+    many = planner.cost(c, hw, 2, 1, 1, batch=32, context=192)
+    assert many.kernels_s == pytest.approx(
+        c.num_hidden_layers * planner.GENERAL_KERNELS_PER_LAYER * planner.KERNEL_S)

@@ -3,6 +3,7 @@ to a JSON file for decode_prefill_engine_summary.py.
 
     python benchmarks/decode_prefill_engine.py decode  --out DIR  # 1B, batch 1, CUDA graph: MBU
     python benchmarks/decode_prefill_engine.py prefill --out DIR  # 2048 tokens x5: median MFU
+                                                                  # (+ through the engine)
     python benchmarks/decode_prefill_engine.py engine  --out DIR  # 256 seqs: tok/s, floor
 
 Llama-3.2-1B's shape with random bf16 weights (nothing downloaded); ceilings from layer 0.
@@ -95,7 +96,40 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
     row["host_python_loop_ms"] = [loop_before, python_loop_ms()]
     if not smoke:
         row.update(bucket_graph_prefill(net, tokens, peak))
+    row.update(engine_prefill(net, tokens, peak, smoke))
     return row
+
+
+def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5) -> dict:
+    """The same prefill through layer 4's engine (its own path: schedule, the paged cache's
+    context, the forward, sampling the first token and reading it back): `LLM.generate` of
+    one fresh random `tokens`-token prompt, max_tokens 1, two untimed then `runs` timed (a
+    new prompt each: no prefix-cache hit), each between device syncs; the engine's config as
+    in the engine part (CUDA graphs, async scheduling), its token budget the prompt."""
+    dev = net.device
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
+              cuda_graph=not smoke)
+    params = l3.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    secs, steps = [], []
+    for i in range(2 + runs):
+        prompt = torch.randint(0, net.config.vocab_size, (tokens,), generator=gen).tolist()
+        sync()
+        t0 = time.perf_counter()
+        out = llm.generate([prompt], params)
+        sync()
+        if i >= 2:
+            secs.append(time.perf_counter() - t0)
+            steps.append(llm.stats.steps)
+        if len(out[0].outputs[0].token_ids) != 1:
+            raise RuntimeError("the engine's prefill did not sample one token")
+    med, flops = statistics.median(secs), L3B.prefill_flops(net, tokens)
+    return {"engine_ms": med * 1e3, "engine_runs_ms": [s * 1e3 for s in secs],
+            "engine_MFU": flops / med / peak, "engine_MFU_min": flops / max(secs) / peak,
+            "engine_MFU_max": flops / min(secs) / peak, "engine_steps": steps,
+            "engine_target_MFU": 0.7}
 
 
 def bucket_graph_prefill(net, tokens: int, peak: float, runs: int = 5) -> dict:

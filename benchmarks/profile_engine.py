@@ -3,6 +3,7 @@
     python benchmarks/profile_engine.py [--seqs 256] [--steps 20] [--profile-steps 10]
                                         [--json out.json] [--no-to-end]
                                         [--async-scheduling auto|on|off] [--unfinished]
+    python benchmarks/profile_engine.py --timeline [--json out.json]
 
 Llama-3.2-1B's shape with random bf16 weights, nano-vllm's workload: `--seqs` requests,
 prompts and outputs uniform in [--min-len, --max-len] tokens (EOS ignored, greedy). All
@@ -20,7 +21,16 @@ is the one to read). Last,
 unless --no-to-end, the workload runs to completion and every decode pass is counted by
 batch size as replayed from a CUDA graph or run eagerly (the graph coverage).
 Prints a short table; --json writes the same figures. --smoke: a tiny model on the CPU
-(checks the script; no GPU figures)."""
+(checks the script; no GPU figures).
+
+--timeline: the whole workload instead (decode_prefill_engine.py's: seed 0, after its warm-up),
+one CUDA event recorded on the stream before each step's launch and one after it (its
+sampling and token copy included). The GPU reaches them in order, so per step: its span
+(launch start to end on the GPU: kernels, plus any wait for an eager step's enqueue) and the
+gap before it (the GPU idle with nothing queued: the host late between launches). Steps are
+grouped (prefill = any chunk in the step; the first decode step after one; decode steps by
+batch), each group against its roofline floor (the weights and its KV at copy bandwidth, or
+its tokens' FLOPs at the bf16 rate): where the engine's time over its floor goes."""
 from __future__ import annotations
 
 import argparse
@@ -38,8 +48,10 @@ from layer0_hardware import timed_into
 from layer4_algorithms import LLM, SamplingParams
 from layer4_algorithms import cuda_graph_runner as CG
 from layer4_algorithms import engine as E
+from layer4_algorithms import launched_step as LS
 from layer4_algorithms import model_runner as MR
 from layer4_algorithms import scheduler as S
+from layer4_algorithms.bench import engine as L4B
 from layer4_algorithms.kv import paged_cache as PC
 
 STAGES: collections.Counter = collections.Counter()
@@ -154,6 +166,177 @@ def build(args: argparse.Namespace) -> tuple[LLM, str]:
     return llm, dev
 
 
+class Timeline:
+    """Per launched step: CUDA events before and after `LLM._launch` (on a CPU: none), the
+    step's shape and the host's time in the launch and in the whole step() call."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.rows, self.steps, self.reads = cuda, [], [], []
+        self._launch, self._step, self._read = E.LLM._launch, E.LLM.step, LS.LaunchedStep.read
+
+    def __enter__(self) -> Timeline:
+        timeline, launch, step, read = self, self._launch, self._step, self._read
+
+        def timed_launch(llm, out, *a, **k):
+            begin = timeline._event()
+            t0 = time.perf_counter()
+            result = launch(llm, out, *a, **k)
+            host = time.perf_counter() - t0
+            chunks = [s for s in out.scheduled if s.query_len > 1]
+            decodes = [s for s in out.scheduled if s.query_len == 1]
+            timeline.rows.append({
+                "begin": begin, "end": timeline._event(), "host_launch_s": host,
+                "step_index": len(timeline.steps), "seqs": len(out.scheduled),
+                "prefill_tokens": sum(s.query_len for s in chunks),
+                "prefill_attended": sum(s.query_len * (s.context_len + s.query_len / 2)
+                                        for s in chunks),
+                "decodes": len(decodes),
+                "decode_context": sum(s.context_len + 1 for s in decodes)})
+            return result
+
+        def timed_step(llm, *a, **k):
+            t0 = time.perf_counter()
+            try:
+                return step(llm, *a, **k)
+            finally:
+                timeline.steps.append(time.perf_counter() - t0)
+
+        def timed_read(launched):
+            t0 = time.perf_counter()
+            try:
+                return read(launched)
+            finally:
+                timeline.reads.append((len(timeline.steps), time.perf_counter() - t0))
+        E.LLM._launch, E.LLM.step, LS.LaunchedStep.read = timed_launch, timed_step, timed_read
+        return self
+
+    def __exit__(self, *exc) -> None:
+        E.LLM._launch, E.LLM.step, LS.LaunchedStep.read = self._launch, self._step, self._read
+
+    def host_ms(self) -> list[float]:
+        """Per step() call: its wall time minus the time in reading tokens (the waits)."""
+        host = [s * 1e3 for s in self.steps]
+        for i, r in self.reads:
+            if i < len(host):
+                host[i] -= r * 1e3
+        return host
+
+    def _event(self):
+        if not self.cuda:
+            return None
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        return ev
+
+
+def timeline_groups(rows: list[dict], net, bw: float, peak: float,
+                    host_ms: list[float]) -> dict[str, dict]:
+    """Each launched step's span and preceding gap on the GPU (ms; None on a CPU), its
+    floor, grouped: "prefill" (a chunk in the step), "first decode" (the first decode-only
+    step after a prefill), "decode B<=32" / "B<=128" / "B>128" by batch; host_ms: each
+    step() call's host time (Timeline.host_ms), counted for the launch made in it."""
+    cfg, wbytes = net.config, l3.weight_bytes(net)
+    params = wbytes / net.dtype.itemsize
+    kv_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim \
+        * net.dtype.itemsize
+    attn_flops = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * cfg.head_dim
+    groups: dict[str, dict] = {}
+    after_prefill = False
+    for i, r in enumerate(rows):
+        span = gap = None
+        if r["begin"] is not None:
+            span = r["begin"].elapsed_time(r["end"])
+            gap = rows[i - 1]["end"].elapsed_time(r["begin"]) if i else 0.0
+        tokens = r["prefill_tokens"] + r["decodes"]
+        flops = 2 * params * tokens + attn_flops * r["prefill_attended"]
+        moved = wbytes + kv_token * (r["decode_context"] + r["prefill_attended"] /
+                                     max(r["prefill_tokens"], 1))
+        floor = max(flops / peak, moved / bw) * 1e3
+        if r["prefill_tokens"]:
+            name, after_prefill = "prefill", True
+        elif after_prefill:
+            name, after_prefill = "first decode", False
+        else:
+            b = r["decodes"]
+            name = "decode B<=32" if b <= 32 else "decode B<=128" if b <= 128 else "decode B>128"
+        g = groups.setdefault(name, {"steps": 0, "span_ms": 0.0, "gap_ms": 0.0, "floor_ms": 0.0,
+                                     "host_launch_ms": 0.0, "host_step_ms": 0.0, "tokens": 0})
+        g["steps"] += 1
+        g["span_ms"] += span or 0.0
+        g["gap_ms"] += gap or 0.0
+        g["floor_ms"] += floor
+        g["host_launch_ms"] += r["host_launch_s"] * 1e3
+        if r["step_index"] < len(host_ms):
+            g["host_step_ms"] += host_ms[r["step_index"]]
+        g["tokens"] += tokens
+    return groups
+
+
+def run_timeline(args: argparse.Namespace) -> dict:
+    """--timeline: the whole workload once, after the warm-up, each step's span and gap on
+    the GPU; a table by group, totals against the roofline floor."""
+    shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
+    seqs, lo, hi = args.seqs, args.min_len, args.max_len
+    if args.smoke:
+        shape.update(hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=1, head_dim=16, vocab_size=512)
+        dev, dtype, seqs, lo, hi = "cpu", torch.float32, 6, 4, 16
+    net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", dtype=dtype,
+                          device=dev)
+    bw, peak = (1e11, 1e11) if args.smoke else (lambda c: (c.memory_bandwidth,
+                                                            c.flops["bf16"]))(
+        l3.load_ceilings("cuda"))
+    wl = L4B.random_workload(seqs, lo, hi, net.config.vocab_size)
+    mode = {"auto": None, "on": True, "off": False}[args.async_scheduling]
+    llm = LLM(l3.Model(net, None), max_num_seqs=seqs, block_size=16,
+              max_num_batched_tokens=8192, cuda_graph=not args.smoke, async_scheduling=mode,
+              max_model_len=2 * hi + 64, num_blocks=None if dev == "cuda" else 512)
+    with torch.no_grad():
+        L4B.warm_up(llm, wl)
+        sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+        sync()
+        with Timeline(dev == "cuda") as tl:
+            t0 = time.perf_counter()
+            llm.generate(wl.prompts, wl.params())
+            sync()
+            wall = time.perf_counter() - t0
+    groups = timeline_groups(tl.rows, net, bw, peak, tl.host_ms())
+    floor = L4B.roofline_floor_s(net, wl, seqs, bw, peak)
+    print(f"whole workload: {wl.output_tokens / wall:,.0f} tok/s, {wall:.3f} s, "
+          f"{len(tl.rows)} launches, {len(tl.steps)} step() calls, host in step() "
+          f"{sum(tl.steps):.3f} s; roofline floor {floor:.3f} s = {floor / wall:.1%}")
+    print(f"{'group':14s} {'steps':>6} {'span ms':>9} {'gap ms':>8} {'floor ms':>9} "
+          f"{'span/floor':>10} {'host launch ms':>14} {'host step ms':>12} {'tokens':>8}")
+    for name, g in groups.items():
+        print(f"{name:14s} {g['steps']:6d} {g['span_ms']:9.1f} {g['gap_ms']:8.1f} "
+              f"{g['floor_ms']:9.1f} {g['span_ms'] / max(g['floor_ms'], 1e-9):10.2f} "
+              f"{g['host_launch_ms']:14.1f} {g['host_step_ms']:12.1f} {g['tokens']:8d}")
+    span = sum(g["span_ms"] for g in groups.values())
+    gap = sum(g["gap_ms"] for g in groups.values())
+    print(f"GPU timeline: spans {span:.1f} ms + gaps {gap:.1f} ms of {wall * 1e3:.1f} ms wall")
+    worst = sorted(((r["begin"].elapsed_time(r["end"]) if r["begin"] is not None else 0.0,
+                     i) for i, r in enumerate(tl.rows)), reverse=True)[:8]
+    for ms, i in worst:
+        r = tl.rows[i]
+        print(f"  longest span: step {i} {ms:.2f} ms, {r['prefill_tokens']} prefill tokens, "
+              f"{r['decodes']} decodes, host launch {r['host_launch_s'] * 1e3:.2f} ms")
+    result = {"device": torch.cuda.get_device_name() if dev == "cuda" else "cpu",
+              "async_scheduling": llm.config.async_scheduling, "seconds": wall,
+              "tokens_per_s": wl.output_tokens / wall, "roofline_floor_s": floor,
+              "roofline_fraction": floor / wall, "launches": len(tl.rows),
+              "host_step_s": sum(tl.steps), "groups": groups,
+              "per_step": [{k: v for k, v in r.items() if k not in ("begin", "end")}
+                           | ({"span_ms": r["begin"].elapsed_time(r["end"]),
+                               "gap_ms": tl.rows[i - 1]["end"].elapsed_time(r["begin"])
+                               if i else 0.0} if r["begin"] is not None else {})
+                           for i, r in enumerate(tl.rows)]}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+        print(f"wrote {args.json}")
+    return result
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seqs", type=int, default=256)
@@ -170,7 +353,11 @@ def main(argv: list[str] | None = None) -> dict:
                     help="step() returns every request's output (layer 6's way)")
     ap.add_argument("--smoke", action="store_true",
                     help="a tiny model on the CPU: checks the script runs")
+    ap.add_argument("--timeline", action="store_true",
+                    help="the whole workload: each step's span and gap on the GPU, by group")
     args = ap.parse_args(argv)
+    if args.timeline:
+        return run_timeline(args)
     wrapped = [(S.Scheduler, "schedule"), (S.Scheduler, "postprocess"),
                (PC.PagedKVCache, "context"), (MR.ModelRunner, "input_ids"),
                (MR, "decode_inputs"), (MR.ModelRunner, "place_ids"),

@@ -13,7 +13,11 @@ def test_parts_write_what_the_summary_reads(tmp_path):
     p = bench.main(["prefill", "--smoke", "--out", str(tmp_path)])
     assert d["tokens_per_s"] > 0 and 0 < d["MBU"] and d["target_MBU"] == 0.8
     assert len(p["runs_ms"]) == 5 and p["MFU_min"] <= p["MFU"] <= p["MFU_max"]
+    # the same prefill through the engine: one step a run (the prompt fits the budget)
+    assert len(p["engine_runs_ms"]) == 5 and p["engine_steps"] == [1] * 5
+    assert p["engine_MFU_min"] <= p["engine_MFU"] <= p["engine_MFU_max"]
     lines = summary.summary(tmp_path)
     assert any(line.startswith("decode 1B") for line in lines)
     assert any(line.startswith("prefill 2048 x5") for line in lines)
+    assert any("through the engine" in line for line in lines)
     assert any("engine: MISSING" in line for line in lines)  # not run here: said, not fatal

@@ -703,3 +703,163 @@ def one_shot_ll_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, row_words
                                  _ll_round(h_hi * rstd, KIND) * w_hi, KIND)
             tl.store(y_ptr + offs, y, mask=lmask)
     _end(state_ptr, pid, calls, barriers)
+
+
+# ---- the row-parallel GEMV with the LL all-reduce in its epilogue (batch 1) -----------------
+# A tensor-parallel decode step at batch 1 all-reduces the output of two GEMVs a layer (o_proj,
+# down). As two kernels, the all-reduce costs its own launch and the kernel boundary on either
+# side (the GEMV drains, the all-reduce starts; it ends, the next GEMV starts) on top of the
+# NVLink latency itself. Here the GEMV sends each finished tile of outputs to the peers as LL
+# packets straight from its registers and sums the peers' tiles at its end: one kernel.
+#
+# Persistent: a grid no larger than the GPU holds at once (the host sizes it from the compiled
+# kernel's registers), each program looping over tiles t = pid, pid + grid, ...: it computes
+# every tile and sends it before it waits for any peer's packet, so no program ever waits for
+# one that is not running (a grid of more programs than fit could wait for a program queued
+# behind waiting ones). The exchange needs no pairing of programs across ranks: tile t's words
+# land at the same place whichever program sent them, and the grids may differ.
+#
+# Flags: each output word (two 16-bit outputs) has its own call counter (cnt_ptr), advanced by
+# whichever program handles it; a packet's flag is the counter + 1, and its half of the region
+# alternates with the counter's parity. A word's counter is the same on every rank (same calls,
+# same N) and only grows, so a stale packet never carries the flag a poll expects; the reuse
+# argument is one_shot_ll_kernel's, per word (I write a half of peer p's region for word i
+# again only after I received p's packet of the call in between, which p sent after finishing
+# the call before it). A region of its own: its flags follow other counters than the LL
+# kernels' above.
+
+
+@triton.jit
+def _gemv_act(x_ptr, k, K: tl.constexpr, SILU: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activations at columns k, fp32: x, or silu(gate) * up of x = gate | up rounded once
+    to x's dtype (layer 1's gemv_silu_mul prologue)."""
+    kmask = k < K
+    if SILU:
+        if EVEN_K:  # no mask: the loads stay 16 bytes wide
+            g = tl.load(x_ptr + k).to(tl.float32)
+            u = tl.load(x_ptr + K + k).to(tl.float32)
+        else:
+            g = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + K + k, mask=kmask, other=0.0).to(tl.float32)
+        a = (g / (1.0 + tl.exp(-g)) * u).to(x_ptr.dtype.element_ty).to(tl.float32)
+    elif EVEN_K:
+        a = tl.load(x_ptr + k).to(tl.float32)
+    else:
+        a = tl.load(x_ptr + k, mask=kmask, other=0.0).to(tl.float32)
+    return a
+
+
+@triton.jit
+def _gemv_w(w_rows, k, n_ok, K: tl.constexpr, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None], other=0.0)
+    else:
+        w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
+    return w
+
+
+@triton.jit
+def _gemv_rest(acc, w_rows, n_ok, x_ptr, k_start, offs_k, K: tl.constexpr,
+               BLOCK_K: tl.constexpr, STAGES: tl.constexpr, SILU: tl.constexpr,
+               EVEN_K: tl.constexpr):
+    """acc (BLOCK_N, BLOCK_K) + the tile's products over columns k_start.. K (pipelined)."""
+    for k0 in tl.range(k_start, K, BLOCK_K, num_stages=STAGES):
+        k = k0 + offs_k
+        acc = acc + (_gemv_w(w_rows, k, n_ok, K, EVEN_K).to(tl.float32)
+                     * _gemv_act(x_ptr, k, K, SILU, EVEN_K)[None, :])
+    return acc
+
+
+@triton.jit
+def _gemv_send(acc, t, x_ptr, out_words, lls, cnt_ptr, slot_words, words_n,
+               BLOCK_N: tl.constexpr, KIND: tl.constexpr, RANK: tl.constexpr,
+               WORLD: tl.constexpr):
+    """Tile t's outputs rounded to x's dtype, two a word: to every peer as packets, and into
+    out as my own share (read back when the peers' arrive)."""
+    HALF: tl.constexpr = BLOCK_N // 2
+    y = tl.sum(acc, 1).to(x_ptr.dtype.element_ty).to(tl.float32)
+    lo, hi = tl.split(tl.reshape(y, (HALF, 2)))
+    words = _floats_as_words(lo, hi, KIND)
+    wi = t * HALF + tl.arange(0, HALF)
+    w_ok = wi < words_n
+    c = tl.load(cnt_ptr + wi, mask=w_ok, other=0)
+    half = (c % 2).to(tl.int64) * WORLD * slot_words
+    packet = ((c + 1).to(tl.int64) << 32) | words.to(tl.uint32, bitcast=True).to(tl.int64)
+    for p in tl.static_range(WORLD):
+        if p != RANK:  # an aligned 8-byte store: data and flag arrive together
+            tl.store(lls[p] + half + RANK * slot_words + wi, packet, mask=w_ok)
+    tl.store(out_words + wi, words, mask=w_ok)
+
+
+@triton.jit
+def gemv_ll_kernel(x_ptr, w_ptr, out_ptr, N, lls, cnt_ptr, status_addr, timeout_ns, slot_words,
+                   K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   STAGES: tl.constexpr, SILU: tl.constexpr, KIND: tl.constexpr,
+                   RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr = False):
+    """out (N,) = sum over ranks of a @ w^T, a = x (K,) or silu(gate) * up of x (2K,) (SILU),
+    w (N, K) row-major, 16-bit (KIND 1 fp16, 2 bf16), N even: each rank's product rounded to
+    x's dtype (what layer 1's gemv returns), then summed over the ranks in rank order in fp32
+    and rounded (what one_shot_ll_kernel returns for it). Tiles of BLOCK_N outputs; see above
+    for the grid, the packets and the counters. Under PDL the first weight tile is requested
+    before the wait for the kernel before (whose output the activations are)."""
+    pid, grid = tl.program_id(0), tl.num_programs(0)
+    HALF: tl.constexpr = BLOCK_N // 2
+    EVEN_K: tl.constexpr = K % BLOCK_K == 0
+    tiles = tl.cdiv(N, BLOCK_N)
+    words_n = N // 2
+    offs_k = tl.arange(0, BLOCK_K)
+    out_words = out_ptr.to(tl.pointer_type(tl.int32))
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)  # the first tile (grid <= tiles)
+    n_ok = n < N
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * K
+    w0 = _gemv_w(w_rows, offs_k, n_ok, K, EVEN_K)
+    if PDL:
+        gdc_wait()
+    acc = w0.to(tl.float32) * _gemv_act(x_ptr, offs_k, K, SILU, EVEN_K)[None, :]
+    acc = _gemv_rest(acc, w_rows, n_ok, x_ptr, BLOCK_K, offs_k, K, BLOCK_K, STAGES, SILU, EVEN_K)
+    _gemv_send(acc, pid, x_ptr, out_words, lls, cnt_ptr, slot_words, words_n, BLOCK_N, KIND,
+               RANK, WORLD)
+    for t in range(pid + grid, tiles, grid):
+        n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = n < N
+        w_rows = w_ptr + n.to(tl.int64)[:, None] * K
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+        acc = _gemv_rest(acc, w_rows, n_ok, x_ptr, 0, offs_k, K, BLOCK_K, STAGES, SILU, EVEN_K)
+        _gemv_send(acc, t, x_ptr, out_words, lls, cnt_ptr, slot_words, words_n, BLOCK_N, KIND,
+                   RANK, WORLD)
+    if PDL:  # the next kernel may launch: it waits for us before reading out
+        gdc_launch_dependents()
+    tl.debug_barrier()
+    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+    for t in range(pid, tiles, grid):
+        wi = t * HALF + tl.arange(0, HALF)
+        w_ok = wi < words_n
+        c = tl.load(cnt_ptr + wi, mask=w_ok, other=0)
+        expect = c + 1
+        half = (c % 2).to(tl.int64) * WORLD * slot_words
+        lo = tl.zeros([HALF], dtype=tl.float32)
+        hi = tl.zeros([HALF], dtype=tl.float32)
+        for p in tl.static_range(WORLD):  # in rank order, from rank 0's value (as the others)
+            if p == RANK:
+                v = tl.load(out_words + wi, mask=w_ok, other=0)
+            else:
+                slot = lls[RANK] + half + p * slot_words + wi
+                got = tl.load(slot, mask=w_ok, other=0, volatile=True)
+                t0 = _globaltimer(pid)
+                late = tl.sum((((got >> 32).to(tl.int32) != expect) & w_ok).to(tl.int32), 0)
+                waited = _globaltimer(pid) - t0
+                while (late > 0) & (waited < timeout_ns):
+                    got = tl.load(slot, mask=w_ok, other=0, volatile=True)
+                    late = tl.sum((((got >> 32).to(tl.int32) != expect) & w_ok).to(tl.int32), 0)
+                    waited = _globaltimer(pid) - t0
+                if late > 0:
+                    tl.store(status_ptr, p + 1)
+                v = got.to(tl.int32)
+            a, b = _words_as_floats(v, KIND)
+            if p == 0:
+                lo, hi = a, b
+            else:
+                lo += a
+                hi += b
+        tl.store(out_words + wi, _floats_as_words(lo, hi, KIND), mask=w_ok)
+        tl.store(cnt_ptr + wi, expect, mask=w_ok)

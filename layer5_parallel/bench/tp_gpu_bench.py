@@ -53,6 +53,7 @@ from .. import planner
 from ..llm import LLM
 from ..runtime import group as runtime_group
 from ..runtime.random_source import random_net
+from ..tensor_parallel.shard import FUSED_NORMS_ENV
 from .step_phases import (
     cpu_probe,
     engine_wait,
@@ -64,6 +65,11 @@ from .step_phases import (
 
 l3 = engine.executor
 SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
+_PEER = engine.comm.PeerAllReduce
+#: The decode options a TP layout may set (--switches): name -> (the environment variable the
+#: workers read when they start, the attribute of rank 0's PeerAllReduce class or None)
+SWITCHES = {"pdl": (_PEER.PDL_ENV, "pdl"), "ll": (_PEER.LL_ENV, "low_latency"),
+            "gemv": (_PEER.GEMV_ENV, "fused_gemv"), "norms": (FUSED_NORMS_ENV, None)}
 WORKLOADS = ((1, 128), (32, 64))  # (batch, new tokens)
 PROMPT_LEN = 128
 
@@ -141,6 +147,46 @@ class Progress:
 
 def _quiet(what: str) -> None:
     pass
+
+
+def parse_switches(text: str) -> frozenset | None:
+    """"default" -> None (the engine's own defaults); "off" -> every switch off; "pdl+ll+norms"
+    -> those on, the rest off. ValueError naming the known switches otherwise."""
+    if text == "default":
+        return None
+    names = frozenset() if text == "off" else frozenset(text.split("+"))
+    unknown = sorted(names - set(SWITCHES))
+    if unknown or not text:
+        raise ValueError(f"switches {text!r}: 'default', 'off' or names joined by '+' from "
+                         f"{', '.join(SWITCHES)}")
+    return names
+
+
+class switched:
+    """Context: the decode switches `on` (a parse_switches set; None: leave everything as is)
+    for the engine started inside: environment for its workers, class attributes for rank 0;
+    both put back on exit."""
+
+    def __init__(self, on: frozenset | None) -> None:
+        self.on, self.saved_env, self.saved_attr = on, {}, {}
+
+    def __enter__(self) -> switched:
+        for name, (env, attr) in SWITCHES.items() if self.on is not None else ():
+            self.saved_env[env] = os.environ.get(env)
+            os.environ[env] = "1" if name in self.on else "0"
+            if attr is not None:
+                self.saved_attr[attr] = _PEER.__dict__.get(attr)
+                setattr(_PEER, attr, name in self.on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for env, value in self.saved_env.items():
+            if value is None:
+                os.environ.pop(env, None)
+            else:
+                os.environ[env] = value
+        for attr, value in self.saved_attr.items():
+            setattr(_PEER, attr, value)
 
 
 def random_weights(config, *, backend: str, device: str, seed: int = 0,
@@ -288,12 +334,14 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
                 tp_timeout_s: float = 300.0, profile_host: bool = False,
                 phases: bool = True, config=None, device: str = "cuda:0",
                 dtype: torch.dtype = torch.bfloat16) -> list[dict]:
-    """layouts: (tp, tp_backend[, worker_spin_s[, pin[, worker_pause_s]]]), TP=1 first (the
+    """layouts: (tp, tp_backend[, worker_spin_s[, pin[, worker_pause_s[, switches]]]]), TP=1
+    first (the
     reference of tokens and speed); worker_spin_s: how long the workers spin on the ring
     before they nap (runtime/group.py's SPIN_S; None: its default); pin: rank 0 and each
     worker on a physical core of its own (step_phases.pin_processes) while that layout runs;
     worker_pause_s: the workers' pause between reads while they spin (SPIN_PAUSE_S; 0:
-    sched_yield, a busy loop; None: its default).
+    sched_yield, a busy loop; None: its default); switches: a parse_switches text (the decode
+    options of layer 2's all-reduce and the fused norms: "pdl+ll+norms"; None: the defaults).
     log: told when each phase ends (Progress). profile_host: also print where rank 0's host
     time goes (cProfile) and its GPU's (torch.profiler) at each batch (two more runs each).
     phases: one more run per batch with rank 0's step timed by phase (step_phases.py), kept
@@ -314,10 +362,11 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
     blocks = big * -(-longest // 16) + 16
     rows, ref = [], {}
     for tp, tp_backend, *more in layouts:
-        spin, pin, pause = list(more) + [None, False, None][len(more):]
+        spin, pin, pause, switches = list(more) + [None, False, None, None][len(more):]
         label = (tp_backend if spin is None else f"{tp_backend}@{spin:g}s") + ("+pin" if pin
                                                                                 else "")
         label += "" if pause is None else f"/{pause * 1e6:g}us"
+        label += "" if switches is None else f"[{switches}]"
         what = f"{name} TP={tp} {label}"
         saved_spin, saved_pause = dict(runtime_group.SPIN_S), runtime_group.SPIN_PAUSE_S
         if spin is not None:  # the group reads it at start: this engine's workers only
@@ -325,10 +374,17 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
         if pause is not None:
             runtime_group.SPIN_PAUSE_S = pause
         log(f"{what}: starting the engine (CUDA graphs on every rank)")
+        # the switches hold for the engine's whole life: the workers read them as they start,
+        # rank 0 at every call (every rank must take the same kernels, eager calls too)
+        options = switched(parse_switches(switches) if switches is not None else None)
+        options.__enter__()
         try:
             llm = LLM(model, tensor_parallel_size=tp, cuda_graph=True, num_blocks=blocks,
                       max_num_seqs=big, max_model_len=longest, tp_backend=tp_backend,
                       tp_timeout_s=tp_timeout_s, async_scheduling=True)
+        except BaseException:
+            options.__exit__()
+            raise
         finally:
             runtime_group.SPIN_S.update(saved_spin)
             runtime_group.SPIN_PAUSE_S = saved_pause
@@ -375,6 +431,7 @@ def bench_shape(name: str, layouts: list[tuple], *, repeats: int = 2,
         finally:
             os.sched_setaffinity(0, affinity)
             llm.close()
+            options.__exit__()
             llm = None
             gc.collect()  # the engine's graphs and cache, before the next layout allocates
             _empty_cache()
@@ -466,13 +523,16 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
                  tp_backends: tuple[str, ...] = ("torch",), log=_quiet,
                  profile_host: bool = False, tps: list[int] | None = None,
                  phases: bool = True, worker_spins: list[float] | None = None,
-                 pin_cpus: bool = False, worker_pauses: list[float] | None = None) -> dict:
+                 pin_cpus: bool = False, worker_pauses: list[float] | None = None,
+                 switch_sets: list[str] | None = None) -> dict:
     """tps: the TP sizes beyond 1 to run (default every power of two up to the GPUs);
     worker_spins: run each TP layout once per value (the workers' spin on the ring before
     they nap; default: the group's own, once); pin_cpus: each TP layout once more (at the
     first spin) with rank 0 and every worker pinned to a physical core of its own;
     worker_pauses: each TP layout once per value of the workers' pause between reads while
-    they spin (0: a busy loop; default: the group's own, once)."""
+    they spin (0: a busy loop; default: the group's own, once); switch_sets: each TP layout
+    once per set of decode switches (parse_switches texts; default: the engine's, once), all
+    beside the same TP=1 run."""
     gpus = torch.cuda.device_count()
     tps = [t for t in (tps or (2, 4, 8)) if 1 < t <= gpus]
     rows: list[dict] = []
@@ -481,8 +541,9 @@ def bench_tp_gpu(shapes: list[str], out_dir: Path, *, repeats: int = 2,
               "date": time.strftime("%Y-%m-%d"), "rows": rows}
     spins = worker_spins or [None]
     pauses = worker_pauses or [None]
-    layouts = [(1, "torch")] + [(t, b, w, False, p) for b in tp_backends for w in spins
-                                for p in pauses for t in tps]
+    sets = switch_sets or [None]
+    layouts = [(1, "torch")] + [(t, b, w, False, p, sw) for b in tp_backends for w in spins
+                                for p in pauses for sw in sets for t in tps]
     if pin_cpus:
         layouts += [(t, b, spins[0], True) for b in tp_backends for t in tps]
     for name in shapes:
@@ -544,6 +605,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pin-cpus", action="store_true",
                     help="each TP layout once more with rank 0 and every worker pinned to a "
                          "physical core of its own")
+    ap.add_argument("--switches", default="",
+                    help="each TP layout once per set of decode switches, comma-separated: "
+                         "'default', 'off', or names joined by '+' from "
+                         + ", ".join(SWITCHES) + " (those on, the rest off)")
     ap.add_argument("--no-phases", action="store_true",
                     help="skip the run per batch that times rank 0's step by phase")
     ap.add_argument("--profile-host", action="store_true",
@@ -552,6 +617,12 @@ def main(argv: list[str] | None = None) -> int:
     tps = [t.strip() for t in args.tps.split(",")]
     if not all(t.isdigit() and int(t) > 1 for t in tps):
         ap.error(f"--tps {args.tps!r}: TP sizes above 1, comma-separated (e.g. 2,4)")
+    switch_sets = [w.strip() for w in args.switches.split(",")] if args.switches else None
+    for text in switch_sets or ():
+        try:
+            parse_switches(text)
+        except ValueError as exc:
+            ap.error(str(exc))
     spins = _seconds_list(ap, "--worker-spin", args.worker_spin)
     pauses = _seconds_list(ap, "--worker-pause", args.worker_pause)
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
@@ -568,7 +639,8 @@ def main(argv: list[str] | None = None) -> int:
                          tp_backends=tuple(args.tp_backends.split(",")), log=log,
                          profile_host=args.profile_host,
                          tps=[int(t) for t in tps], phases=not args.no_phases,
-                         worker_spins=spins, pin_cpus=args.pin_cpus, worker_pauses=pauses)
+                         worker_spins=spins, pin_cpus=args.pin_cpus, worker_pauses=pauses,
+                         switch_sets=switch_sets)
     finally:
         runtime_group.progress = None
         log.done()

@@ -32,7 +32,8 @@ def test_bad_arguments_are_one_line_each():
     from layer5_parallel.bench import dp, tp_gpu_bench  # noqa: PLC0415
 
     for main, argv in ((tp_gpu_bench.main, ["--shapes", "llama-9"]), (dp.main, ["--dp", "0"]),
-                       (dp.main, ["--max-out", "-3"])):
+                       (dp.main, ["--max-out", "-3"]),
+                       (tp_gpu_bench.main, ["--switches", "pdl+turbo"])):
         with pytest.raises(SystemExit) as info:
             main(argv)
         assert info.value.code == 2
@@ -124,3 +125,32 @@ def test_cpu_sets_read_and_written_as_linux_writes_them():
 
     assert _parse_cpus("0-3,8") == {0, 1, 2, 3, 8} and _parse_cpus("5") == {5}
     assert _cpus({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"
+
+
+def test_decode_switches_are_set_for_an_engine_and_put_back(monkeypatch):
+    """--switches: the named ones on, the others off, as environment for the workers and as
+    rank 0's PeerAllReduce class attributes, for one engine's life; 'default' touches nothing."""
+    import os  # noqa: PLC0415
+
+    import pytest  # noqa: PLC0415
+
+    from layer5_parallel.bench import tp_gpu_bench as B  # noqa: PLC0415
+
+    assert B.parse_switches("default") is None
+    assert B.parse_switches("off") == frozenset()
+    assert B.parse_switches("pdl+ll") == {"pdl", "ll"}
+    for bad in ("", "pdl+", "fast"):
+        with pytest.raises(ValueError, match="switches"):
+            B.parse_switches(bad)
+    peer = B._PEER
+    monkeypatch.setenv(peer.PDL_ENV, "1")
+    monkeypatch.delenv(peer.LL_ENV, raising=False)
+    before = {a: getattr(peer, a) for a in ("pdl", "low_latency", "fused_gemv")}
+    with B.switched(B.parse_switches("ll+norms")):
+        assert os.environ[peer.LL_ENV] == "1" and os.environ[peer.PDL_ENV] == "0"
+        assert os.environ[B.FUSED_NORMS_ENV] == "1" and os.environ[peer.GEMV_ENV] == "0"
+        assert peer.low_latency and not peer.pdl and not peer.fused_gemv
+    assert os.environ[peer.PDL_ENV] == "1" and peer.LL_ENV not in os.environ
+    assert {a: getattr(peer, a) for a in before} == before
+    with B.switched(None):
+        assert os.environ[peer.PDL_ENV] == "1"

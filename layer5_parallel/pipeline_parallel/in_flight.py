@@ -20,9 +20,19 @@ the stages pass the lanes along like a bucket brigade, and no group waits for an
 tokens. Every sequence stays in one lane, so its own steps still run one after the other,
 each from the tokens of the last: greedy outputs are one process's.
 
+With async scheduling (layer 4's, on by default on a GPU) landing is split around step 2:
+lane g's previous step is received and sampled on the device, its tokens start their copy to
+the host, lane g is scheduled over them (layer 4's `num_pending`: each decoding sequence's
+input token is that step's sample, gathered on the device) and dispatched, and only then are
+the tokens read and appended. Why: with k = p, stage 0 finishes the other lanes' steps just
+as the last stage sends lane g's tokens back, so every microsecond of host work between their
+arrival and the next dispatch (read, postprocess, schedule, inputs, launch) idles stage 0
+once a round; now rank 0's stream waits for the tokens, not its host.
+
 What keeps it correct:
 - a lane never preempts another lane's sequence (whose step may be in flight): victims come
-  from the lane being scheduled, whose step has landed;
+  from the lane being scheduled, whose step has landed (or, overlapped, is landing: its
+  tokens count as layer 4's async scheduling counts them);
 - freed blocks may be reused by a later step of another lane while an earlier step still
   writes them: harmless, every rank runs the steps in the order dispatched;
 - steps land in the order dispatched (the hand-offs between two ranks are matched in the
@@ -151,17 +161,32 @@ class StepsInFlight:
         finished: list[Seq] = []
         for _ in range(self.lanes):  # the next lane with work (an idle lane passes its turn)
             lane, self._turn = self._turn, (self._turn + 1) % self.lanes
+            prev = None  # the lane's previous step, its tokens still on the device
             while self._flights and any(f.lane == lane for f in self._flights):
-                self._land(self._flights.popleft(), advanced, finished)  # (its own: the oldest)
+                flight = self._flights.popleft()  # (its own: the oldest)
+                launched, arrived = self._land_launch(flight, advanced, finished)
+                if flight.lane == lane and self._overlaps(launched):
+                    prev = (launched, arrived)
+                else:
+                    self._complete(launched, advanced, finished)
             out = self.scheduler.schedule_lane(lane)
             if out.scheduled:
-                self._dispatch(lane, out, advanced, finished)
-                break
-            if advanced:  # its step landed and it has nothing more: the outputs go out now
+                self._dispatch(lane, out, advanced, finished, prev)
+            if prev is not None:  # read while the stages run the step just dispatched
+                self._complete(prev[0], advanced, finished)
+            if out.scheduled or advanced:  # (landed with nothing more: the outputs go out now)
                 break
         else:  # no lane had a step in flight or one to run
             self._check_progress()  # raises if requests wait and none could run
         return self._end_step(start, advanced, finished, unfinished, delta)
+
+    def _overlaps(self, launched) -> bool:
+        """Whether a lane's next step may be dispatched before this landing step's tokens reach
+        the host (layer 4's async scheduling, per lane): its tokens stay on the device, where
+        the next step's inputs are gathered from; a step of first tokens only is read at once
+        (nothing to overlap; its tokens go out sooner), as layer 4 does."""
+        return (self.config.async_scheduling and launched.device_tokens is not None
+                and not launched.first_only)
 
     def drain(self):
         if self.lanes is None:
@@ -172,18 +197,28 @@ class StepsInFlight:
         return self._outputs({q.request_id for q in finished}, False, time.perf_counter())
 
     def _dispatch(self, lane: int, out: engine.SchedulerOutput, advanced: list,
-                  finished: list) -> None:
+                  finished: list, prev=None) -> None:
         """Send lane's step through the pipeline. Deferred (its logits collected when it lands)
         unless layer 4's runner would run it as several forward passes (their logits are
-        joined inside the runner): then every step in flight lands first and it runs now."""
+        joined inside the runner): then every step in flight lands first and it runs now.
+        prev: (the lane's previous step, landing, its tokens still on the device; the event of
+        their arrival or None): a decoding sequence's input is gathered from them there (layer
+        4's runner), rank 0's stream waiting for that event."""
         runner, net = self.runner, self.runner.net
         defer = runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
         if not defer:
             while self._flights:
                 self._land(self._flights.popleft(), advanced, finished)
+        tokens = None
+        if prev is not None:
+            tokens, arrived = prev[0].device_tokens, prev[1]
+            if arrived is not None:  # landed on the landing stream: rank 0's stream waits
+                here = torch.cuda.current_stream(tokens.device)
+                here.wait_event(arrived)
+                tokens.record_stream(here)  # (made on the landing stream, read on this one)
         net.deferred = defer
         try:
-            logits = runner.execute(out)
+            logits = runner.execute(out, tokens)
         finally:
             net.deferred = False
         flight = Flight(lane, out, logits, net.pending)
@@ -194,10 +229,17 @@ class StepsInFlight:
             self._land(flight, advanced, finished)
 
     def _land(self, flight: Flight, advanced: list, finished: list) -> None:
-        """A step's logits back from the last stage, sampled, its tokens appended. A deferred
-        step lands on a GPU stream of its own: on rank 0's stream its receive and the copy of
-        its tokens would queue behind the stage-0 work of the step dispatched just before
-        (another lane's), and reading them would wait for that too."""
+        """A step's logits back from the last stage, sampled, its tokens appended."""
+        self._complete(self._land_launch(flight, advanced, finished)[0], advanced, finished)
+
+    def _land_launch(self, flight: Flight, advanced: list, finished: list):
+        """A step's logits (or greedy ids) received from the last stage and sampled: layer 4's
+        LaunchedStep, its tokens on the device and on their way to the host (on the host at
+        once when sampling needs it). A deferred step lands on a GPU stream of its own: on
+        rank 0's stream its receive and the copy of its tokens would queue behind the stage-0
+        work of the step dispatched just before (another lane's), and reading them would wait
+        for that too. Returns the step and, landed on that stream, the event a step that takes
+        its tokens as inputs waits for (else None)."""
         stream = self._land_stream if flight.pending else None
         with torch.cuda.stream(stream) if stream is not None else nullcontext():
             for step in flight.pending:
@@ -208,4 +250,5 @@ class StepsInFlight:
             sync = self._host_sampling > 0
             launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
                                               finished)
-        self._complete(launched, advanced, finished)
+            arrived = stream.record_event() if stream is not None else None
+        return launched, arrived

@@ -83,20 +83,24 @@ def ref(model):
             "tokens": [[c.token_ids for c in o.outputs] for o in outs]}
 
 
-@pytest.mark.parametrize("pp,k,tp,m", [(2, 2, 1, None), (3, 3, 1, None), (2, 3, 1, 3),
-                                        (2, 2, 2, None)])
-def test_steps_in_flight_equal_one_process(model, ref, pp, k, tp, m):
+@pytest.mark.parametrize("pp,k,tp,m,overlap", [(2, 2, 1, None, False), (3, 3, 1, None, False),
+                                                (2, 3, 1, 3, False), (2, 2, 2, None, False),
+                                                (2, 2, 1, None, True), (3, 3, 1, 2, True),
+                                                (2, 2, 2, None, True)])
+def test_steps_in_flight_equal_one_process(model, ref, pp, k, tp, m, overlap):
     """(tp = 2: each stage two tensor-parallel ranks, 4 ranks in all; m = 3: each lane's step
-    cut into 3 micro-batches, prefill chunks too.)"""
+    cut into 3 micro-batches, prefill chunks too; overlap: async scheduling, a GPU's default,
+    so a lane's next step is dispatched before its previous step's tokens reach the host,
+    its inputs gathered from them on the device.)"""
     prompts, params = ref["prompts"], ref["params"]
     with l5.LLM(model, pipeline_parallel_size=pp, tensor_parallel_size=tp, pp_steps_in_flight=k,
-                pp_micro_batches=m, **ENGINE) as llm:
+                pp_micro_batches=m, async_scheduling=overlap, **ENGINE) as llm:
         got, most = run_online(llm, prompts, params, abort=5)
         stats = llm.stats
         again = llm.generate(prompts, params)  # offline, prefix cache warm: the same tokens
         busy = llm.runner.net.stage_busy()
     assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
-    where = f"seed {SEED}, PP={pp} x TP={tp}, {k} steps in flight, m={m}"
+    where = f"seed {SEED}, PP={pp} x TP={tp}, {k} steps in flight, m={m}, overlap={overlap}"
     # (k only when the pool lets every lane hold sequences at once: 2 shows steps overlap)
     assert 2 <= most <= k, f"{where}: at most {most} steps were in flight"
     assert stats.preemptions > 0, f"{where}: the pool never ran short"

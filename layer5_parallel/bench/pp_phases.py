@@ -1,8 +1,13 @@
 """Where rank 0's step goes under pipeline parallelism: one engine vs PP with steps in flight.
 
     python -m layer5_parallel.bench.pp_phases [--seqs 256] [--new-tokens 64] [--layouts 1,pp2gf]
-    (GPUs: the Llama-3.2-1B shape, random bf16 weights, triton kernels, CUDA graphs / stage
-    graphs; a CPU: step_phases' tiny model on gloo, 64 sequences)
+        [--shape llama-3.2-1b|llama-3.1-8b]
+    (GPUs: the shape with random bf16 weights drawn on each GPU, triton kernels, CUDA graphs /
+    stage graphs; a CPU: step_phases' tiny model on gloo, 64 sequences)
+
+Layouts: 1 (one engine), pp2g (PP=2, 2 micro-batches, drained), pp2gf (PP=2, 2 steps in
+flight), pp2gF (3 in flight), pp2gs (pp2gf with async scheduling off: each lane's step read
+on the host before the lane's next is dispatched, as before the landing overlapped it).
 
 With steps in flight every lane's step pays rank 0's fixed host cost (schedule, inputs, the
 control message, the hand-offs, the launches, the landing), so that cost, not the GPUs,
@@ -26,7 +31,17 @@ own parts named as well:
     collect          PPModel.collect's own code (the step's logits / ids into their buffer)
 
 A lane's step is a decode step of its own sequences: the figures are per (lane) step, as the
-engine counts them. Printed per layout: tokens/s, steps, ms per step, and the phases.
+engine counts them. Printed per layout: tokens/s (the whole run, prefill included), decode
+tokens/s (tokens of the decode-only steps scheduled after the run's last prefill, over the
+time from that first decode-only step to the run's end: the regime of a full decode batch,
+where the gain of PP is meant to show), steps, ms per step, and the phases.
+
+Where PP=2 can pay (count first): a decode step reads the weights W once per micro-batch and
+the step's KV cache; one GPU's step costs about W + KV (+ the GEMMs' FLOPs where a big batch
+makes them the bound), PP=2 with two lanes about W + KV/2 per GPU per round: at most
+(W + KV)/(W + KV/2), 1.4x only where KV >= 1.33 W (8B shape: 128 KiB a token, W ~ 15 GB: 256
+sequences of ~1,000 tokens), and only while rank 0's host work per lane step stays below a
+lane step's GPU time. `--shape llama-3.1-8b` is that regime.
 """
 from __future__ import annotations
 
@@ -50,7 +65,42 @@ LAYOUTS = {
     "pp2g": dict(pipeline_parallel_size=2, pp_micro_batches=2),
     "pp2gf": dict(pipeline_parallel_size=2, pp_steps_in_flight=2, pp_micro_batches=1),
     "pp2gF": dict(pipeline_parallel_size=2, pp_steps_in_flight=3, pp_micro_batches=1),
+    "pp2gs": dict(pipeline_parallel_size=2, pp_steps_in_flight=2, pp_micro_batches=1,
+                  async_scheduling=False),
 }
+SHAPES = ("llama-3.2-1b", "llama-3.1-8b")
+
+
+class DecodeWindow:
+    """The decode-only stretch of a run: every schedule() of `llm`'s scheduler noted (time,
+    rows, decode-only or not); `rate(end)` is the rows of the decode-only steps scheduled after
+    the last step with a prefill, over the time from the first of them to `end`."""
+
+    def __init__(self, llm) -> None:
+        self.sched, self.marks = llm.scheduler, []
+        own = self.sched.schedule  # (the instance's: a PhaseClock's wrapper, if any)
+
+        def schedule():
+            out = own()
+            if out.scheduled:
+                self.marks.append((time.perf_counter(), len(out.scheduled), all(
+                    s.num_new_tokens == 1 and not s.spec_token_ids for s in out.scheduled)))
+            return out
+        self.sched.schedule = schedule
+        self._own = own
+
+    def close(self) -> None:
+        self.sched.schedule = self._own
+
+    def rate(self, end: float) -> tuple[float, int]:
+        """(tokens/s, decode steps) of the window; (nan, 0) when no decode-only step followed
+        the last prefill."""
+        last = max((i for i, m in enumerate(self.marks) if not m[2]), default=-1)
+        window = self.marks[last + 1:]
+        if not window or end <= window[0][0]:
+            return float("nan"), 0
+        return sum(m[1] for m in window) / (end - window[0][0]), len(window)
+
 
 
 class PPPhaseClock(PhaseClock):
@@ -84,7 +134,8 @@ def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int
 
 
 def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
-    """One layout's engine in this process: warm-up, then a timed greedy run under the clock."""
+    """One layout's engine in this process: warm-up (a quarter of the prompts, up to 16 new
+    tokens: every kernel compiled), then a timed greedy run under the clock."""
     blocks = len(prompts) * -(-(len(prompts[0]) + new_tokens) // 16) + 64  # every sequence
     kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0,
               num_blocks=blocks, block_size=16)
@@ -94,22 +145,29 @@ def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
     with LLM(model_fn(), **kw) as llm:
         ready = time.perf_counter() - start
         params = l3.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        llm.generate(prompts[: max(2, len(prompts) // 4)], params)  # warm-up
+        llm.generate(prompts[: max(2, len(prompts) // 4)],
+                     l3.SamplingParams(temperature=0.0, max_tokens=min(new_tokens, 16),
+                                       ignore_eos=True))  # warm-up
         clock = PPPhaseClock(llm)
+        window = DecodeWindow(llm)
         try:
             if gpu:
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params)
-            wall = time.perf_counter() - t0
+            end = time.perf_counter()
+            wall = end - t0
         finally:
+            window.close()
             clock.close()
         steps = llm.stats.steps
+        decode_tok_s, decode_steps = window.rate(end)
     if gpu:  # the next layout sizes nothing from free memory, but starts from an empty pool
         gc.collect()
         torch.cuda.empty_cache()
     n = sum(len(o.outputs[0].token_ids) for o in outs)
     return {"layout": key, "tok_s": n / wall, "seconds": wall, "steps": steps,
+            "decode_tok_s": decode_tok_s, "decode_steps": decode_steps,
             "ms_per_step": 1e3 * wall / max(steps, 1), "startup_s": ready,
             "phases": clock.summary(), "tokens": [o.outputs[0].token_ids for o in outs]}
 
@@ -120,22 +178,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seqs", type=int, default=None, help="default: 256 on GPUs, 64 on a CPU")
     ap.add_argument("--prompt", type=int, default=None, help="default: 128 on GPUs, 16 on a CPU")
     ap.add_argument("--new-tokens", type=int, default=None, help="default: 64 (CPU: 16)")
+    ap.add_argument("--shape", default=SHAPES[0], choices=SHAPES,
+                    help="the shape on GPUs (random bf16 weights; a CPU runs its tiny model)")
     ap.add_argument("--out", type=Path, default=None, help="results as JSON")
     args = ap.parse_args(argv)
     layouts = args.layouts.split(",")
     unknown = [k for k in layouts if k not in LAYOUTS]
     if unknown:
         ap.error(f"unknown layout(s) {unknown}: expected {', '.join(LAYOUTS)}")
+    bad = [f"--{k.replace('_', '-')} {v}" for k, v in
+           (("seqs", args.seqs), ("prompt", args.prompt), ("new_tokens", args.new_tokens))
+           if v is not None and v < 1]
+    if bad:
+        ap.error(f"{', '.join(bad)}: each must be >= 1")
     gpu = torch.cuda.device_count() >= 2
     seqs = args.seqs or (256 if gpu else 64)
     prompt = args.prompt or (128 if gpu else 16)
     new = args.new_tokens or (64 if gpu else 16)
     if gpu:
-        from .dp import llama_1b  # noqa: PLC0415
+        from .tp_gpu_bench import SHAPES as CONFIGS  # noqa: PLC0415
+        from .tp_gpu_bench import random_weights  # noqa: PLC0415
+
+        config = l3.ModelConfig.from_dict(CONFIGS[args.shape])
 
         def model_fn():
-            return llama_1b("cuda", "triton")
-        vocab, what = 128256, f"Llama-3.2-1B shape, bf16, {torch.cuda.get_device_name(0)}"
+            return l3.Model(random_weights(config, backend="triton", device="cuda"))
+        vocab = config.vocab_size
+        what = f"{args.shape} shape, random bf16, {torch.cuda.get_device_name(0)}"
     else:
         torch.set_num_threads(1)
         model_fn, vocab, what = tiny_model, 4096, "tiny Llama fp32, CPU (gloo)"
@@ -151,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         base = rows[0] if rows else r
         same = r["tokens"] == base["tokens"]
         ratio = r["tok_s"] / base["tok_s"]
-        print(f"{key}: {r['tok_s']:,.0f} tok/s ({ratio:.2f}x {base['layout']}), "
+        r["decode_vs_base"] = r["decode_tok_s"] / base["decode_tok_s"]
+        print(f"{key}: {r['tok_s']:,.0f} tok/s ({ratio:.2f}x {base['layout']}); decode "
+              f"{r['decode_tok_s']:,.0f} tok/s ({r['decode_vs_base']:.2f}x {base['layout']}, "
+              f"{r['decode_steps']} steps); "
               f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
               f"{r['startup_s']:.0f} s; same tokens as {base['layout']}: {same}\n"
               + format_summary(r["phases"]), flush=True)

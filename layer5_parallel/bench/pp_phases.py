@@ -133,10 +133,14 @@ def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int
     return [torch.randint(0, vocab, (prompt,), generator=g).tolist() for _ in range(seqs)]
 
 
-def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
+def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool,
+               prefill_first: bool = False) -> dict:
     """One layout's engine in this process: warm-up (a quarter of the prompts, up to 16 new
-    tokens: every kernel compiled), then a timed greedy run under the clock."""
-    blocks = len(prompts) * -(-(len(prompts[0]) + new_tokens) // 16) + 64  # every sequence
+    tokens: every kernel compiled), then a timed greedy run under the clock. prefill_first:
+    the warm-up is every prompt with 2 new tokens instead, which leaves the prompts in the
+    prefix cache: the timed run recomputes only their last block and decodes the whole batch
+    from its first steps."""
+    blocks = len(prompts) * (-(-(len(prompts[0]) + new_tokens) // 16) + 1) + 64  # (+1: slack)
     kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0,
               num_blocks=blocks, block_size=16)
     from ..llm import LLM  # noqa: PLC0415
@@ -145,9 +149,10 @@ def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool) -> dict:
     with LLM(model_fn(), **kw) as llm:
         ready = time.perf_counter() - start
         params = l3.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        llm.generate(prompts[: max(2, len(prompts) // 4)],
-                     l3.SamplingParams(temperature=0.0, max_tokens=min(new_tokens, 16),
-                                       ignore_eos=True))  # warm-up
+        warm = prompts if prefill_first else prompts[: max(2, len(prompts) // 4)]
+        llm.generate(warm, l3.SamplingParams(temperature=0.0, ignore_eos=True,
+                                             max_tokens=2 if prefill_first else
+                                             min(new_tokens, 16)))
         clock = PPPhaseClock(llm)
         window = DecodeWindow(llm)
         try:
@@ -180,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--new-tokens", type=int, default=None, help="default: 64 (CPU: 16)")
     ap.add_argument("--shape", default=SHAPES[0], choices=SHAPES,
                     help="the shape on GPUs (random bf16 weights; a CPU runs its tiny model)")
+    ap.add_argument("--prefill-first", action="store_true",
+                    help="prefill every prompt before the timed run (prefix cache): it then "
+                         "decodes a full batch from its first steps")
     ap.add_argument("--out", type=Path, default=None, help="results as JSON")
     args = ap.parse_args(argv)
     layouts = args.layouts.split(",")
@@ -209,11 +217,13 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         model_fn, vocab, what = tiny_model, 4096, "tiny Llama fp32, CPU (gloo)"
     prompts = workload(seqs, prompt, vocab)
-    print(f"{what}: {seqs} sequences, {prompt}-token prompts, {new} new tokens", flush=True)
+    print(f"{what}: {seqs} sequences, {prompt}-token prompts, {new} new tokens"
+          + (", prompts prefilled before the timed run" if args.prefill_first else ""),
+          flush=True)
     rows = []
     for key in layouts:
         try:
-            r = run_layout(key, model_fn, prompts, new, gpu)
+            r = run_layout(key, model_fn, prompts, new, gpu, args.prefill_first)
         except Exception as exc:  # one layout failing keeps the others'
             print(f"{key}: FAILED {type(exc).__name__}: {exc}", flush=True)
             continue
@@ -231,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None:
             args.out.write_text(json.dumps({"model": what, "seqs": seqs, "prompt": prompt,
                                             "new_tokens": new, "torch": torch.__version__,
+                                            "prefill_first": args.prefill_first,
                                             "rows": [{k: v for k, v in x.items() if k != "tokens"}
                                                      for x in rows]}, indent=2))
     return 0 if rows else 1

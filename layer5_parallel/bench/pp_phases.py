@@ -46,8 +46,10 @@ lane step's GPU time. `--shape llama-3.1-8b` is that regime.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import gc
 import json
+import pstats
 import time
 from pathlib import Path
 
@@ -134,12 +136,13 @@ def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int
 
 
 def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool,
-               prefill_first: bool = False) -> dict:
+               prefill_first: bool = False, profile_top: int = 0) -> dict:
     """One layout's engine in this process: warm-up (a quarter of the prompts, up to 16 new
     tokens: every kernel compiled), then a timed greedy run under the clock. prefill_first:
     the warm-up is every prompt with 2 new tokens instead, which leaves the prompts in the
     prefix cache: the timed run recomputes only their last block and decodes the whole batch
-    from its first steps."""
+    from its first steps. profile_top: after it, the same run again under cProfile (this
+    process: rank 0), its `profile_top` functions of most own time listed."""
     blocks = len(prompts) * (-(-(len(prompts[0]) + new_tokens) // 16) + 1) + 64  # (+1: slack)
     kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0,
               num_blocks=blocks, block_size=16)
@@ -167,6 +170,7 @@ def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool,
             clock.close()
         steps = llm.stats.steps
         decode_tok_s, decode_steps = window.rate(end)
+        profile = own_time(llm, prompts, params, profile_top) if profile_top else []
     if gpu:  # the next layout sizes nothing from free memory, but starts from an empty pool
         gc.collect()
         torch.cuda.empty_cache()
@@ -174,7 +178,24 @@ def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool,
     return {"layout": key, "tok_s": n / wall, "seconds": wall, "steps": steps,
             "decode_tok_s": decode_tok_s, "decode_steps": decode_steps,
             "ms_per_step": 1e3 * wall / max(steps, 1), "startup_s": ready,
-            "phases": clock.summary(), "tokens": [o.outputs[0].token_ids for o in outs]}
+            "phases": clock.summary(), "profile": profile,
+            "tokens": [o.outputs[0].token_ids for o in outs]}
+
+
+def own_time(llm, prompts, params, top: int) -> list[tuple[str, int, float]]:
+    """One more run of `prompts` under cProfile: the `top` functions by own time, as
+    (file:line(function), calls, own us per step of that run). (cProfile's hooks slow the
+    Python it times: the ranking, not the sum, is what it tells.)"""
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        llm.generate(prompts, params)
+    finally:
+        prof.disable()
+    steps = max(llm.stats.steps, 1)
+    rows = sorted(pstats.Stats(prof).stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [(f"{Path(f).name}:{line}({fn})", nc, 1e6 * tt / steps)
+            for (f, line, fn), (_, nc, tt, _, _) in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -188,6 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill-first", action="store_true",
                     help="prefill every prompt before the timed run (prefix cache): it then "
                          "decodes a full batch from its first steps")
+    ap.add_argument("--profile-top", type=int, default=0,
+                    help="after each timed run, one more under cProfile: its N functions of most "
+                         "own time (rank 0)")
     ap.add_argument("--out", type=Path, default=None, help="results as JSON")
     args = ap.parse_args(argv)
     layouts = args.layouts.split(",")
@@ -197,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in
            (("seqs", args.seqs), ("prompt", args.prompt), ("new_tokens", args.new_tokens))
            if v is not None and v < 1]
+    if args.profile_top < 0:
+        bad.append(f"--profile-top {args.profile_top}")
     if bad:
-        ap.error(f"{', '.join(bad)}: each must be >= 1")
+        ap.error(f"{', '.join(bad)}: sizes must be >= 1, --profile-top >= 0")
     gpu = torch.cuda.device_count() >= 2
     seqs = args.seqs or (256 if gpu else 64)
     prompt = args.prompt or (128 if gpu else 16)
@@ -223,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for key in layouts:
         try:
-            r = run_layout(key, model_fn, prompts, new, gpu, args.prefill_first)
+            r = run_layout(key, model_fn, prompts, new, gpu, args.prefill_first,
+                           args.profile_top)
         except Exception as exc:  # one layout failing keeps the others'
             print(f"{key}: FAILED {type(exc).__name__}: {exc}", flush=True)
             continue
@@ -237,6 +264,10 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
               f"{r['startup_s']:.0f} s; same tokens as {base['layout']}: {same}\n"
               + format_summary(r["phases"]), flush=True)
+        if r["profile"]:
+            print(f"  own time under cProfile (us a step, {key}):\n" + "\n".join(
+                f"  {us:9.1f} {calls:8d}  {where}" for where, calls, us in r["profile"]),
+                flush=True)
         rows.append(r)
         if args.out is not None:
             args.out.write_text(json.dumps({"model": what, "seqs": seqs, "prompt": prompt,

@@ -3,12 +3,13 @@
     python -m layer5_parallel.bench.dp --dp 4 --out dp.json     # on a machine with 4 GPUs
 
 nano-vllm's workload: 256 sequences of random token ids, prompts of 100..1024 tokens,
-100..`--max-out` new tokens each (ignore_eos), on a Llama-3.2-1B-shaped model with random
-bf16 weights drawn on each GPU from one seed (said so; a CPU gets the course model and a
-small workload), kernels of `--backend` (triton: layer 1's fused kernels, what the GPU
-benchmarks run; torch: plain PyTorch, some 50 small kernels a layer, each paid even inside a
-CUDA graph). Each layout runs in processes of its own (a `ReplicaSet`, so every layout pays
-the same overheads), after a warm-up, timed from this process around one `generate`:
+100..`--max-out` new tokens each (ignore_eos), on a Llama-3.2-1B-shaped model (`--shape
+llama-3.1-8b`: the 8B shape, whose step is GPU-bound) with random bf16 weights drawn on
+each GPU from one seed (said so; a CPU gets the course model and a small workload), kernels
+of `--backend` (triton: layer 1's fused kernels, what the GPU benchmarks run; torch: plain
+PyTorch, some 50 small kernels a layer, each paid even inside a CUDA graph). Each layout
+runs in processes of its own (a `ReplicaSet`, so every layout pays the same overheads),
+after a warm-up, timed from this process around one `generate`:
 
     1 GPU        one engine (1ng: without CUDA graphs, as the pipeline runs)
     DP=N         N engines, one per GPU, each its `hands` share of the sequences
@@ -53,14 +54,16 @@ import layer4_algorithms as engine
 from ..data_parallel.replicas import ReplicaSet, hands
 from ..runtime.random_source import random_net
 from .tp import workload
+from .tp_gpu_bench import SHAPES
 
 l3 = engine.executor
 
 
-def llama_1b(device: str, backend: str = "triton") -> l3.Model:
-    """A Llama-3.2-1B-shaped model with random bf16 weights drawn on `device` from seed 0
-    (every replica, every pipeline rank, draws the same ones: runtime/random_source.py)."""
-    config = l3.ModelConfig.from_dict(l3.LLAMA_3_2_1B)
+def llama(device: str, backend: str = "triton", shape: str = "llama-3.2-1b") -> l3.Model:
+    """A model of `shape` (SHAPES; Llama-3.2-1B's by default) with random bf16 weights drawn
+    on `device` from seed 0 (every replica, every pipeline rank, draws the same ones:
+    runtime/random_source.py)."""
+    config = l3.ModelConfig.from_dict(SHAPES[shape])
     return l3.Model(random_net(config, backend=backend, dtype=torch.bfloat16, device=device))
 
 
@@ -125,7 +128,8 @@ def run_layout(name: str, factory, prompts, max_tokens: list[int], *, warmup: li
 def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: int = 1024,
              layouts: tuple[str, ...] = ("1", "dp", "hand", "tp", "pp1", "ppN"), seed: int = 0,
              backend: str | None = None, timeout_s: float = 600.0, hand_of: int | None = None,
-             budget_s: float | None = None, out: Path | None = None, **engine_kw) -> dict:
+             budget_s: float | None = None, out: Path | None = None,
+             shape: str = "llama-3.2-1b", **engine_kw) -> dict:
     """Every layout in `layouts` (see the module docstring; "key:backend" names a layout's
     kernels, else `backend`: triton on GPUs, torch on a CPU) on the same workload; rows and
     ratios to the first. hand_of: the DP size whose replica-0 share "hand" runs (default dp;
@@ -188,7 +192,7 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
     if unknown:
         raise ValueError(f"unknown layout(s) {', '.join(unknown)}: expected {', '.join(plan)}")
     rows, by_key, failed, skipped = [], {}, [], []
-    model = "Llama-3.2-1B shape, random bf16 weights" if on_gpu else "course model fp32"
+    model = f"{shape} shape, random bf16 weights" if on_gpu else "course model fp32"
     device = torch.cuda.get_device_name(0) if on_gpu else "cpu"
 
     def result() -> dict:
@@ -227,7 +231,8 @@ def bench_dp(dp: int = 2, *, num_seqs: int = 256, max_in: int = 1024, max_out: i
             kw.setdefault("cuda_graph", True)
         if on_gpu:
             wait_for_free_gpus(gpus)
-        factory = functools.partial(llama_1b if on_gpu else course, backend=kernels)
+        factory = functools.partial(llama, backend=kernels, shape=shape) if on_gpu else \
+            functools.partial(course, backend=kernels)
         ps, mt = prompts, max_tokens
         if key == "hand":
             ps, mt = [prompts[k] for k in hand0], [max_tokens[k] for k in hand0]
@@ -311,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds a layout's replicas may take to answer (start, warm-up, run)")
     ap.add_argument("--budget-s", type=float, default=None,
                     help="start no layout past this many seconds (the rest are listed skipped)")
+    ap.add_argument("--shape", default="llama-3.2-1b", choices=tuple(SHAPES),
+                    help="the model's shape on GPUs (random bf16 weights; a CPU runs the course "
+                         "model)")
     ap.add_argument("--out", type=Path, default=None,
                     help="results as JSON, rewritten after each layout")
     args = ap.parse_args(argv)
@@ -326,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         r = bench_dp(args.dp, num_seqs=args.num_seqs, max_in=args.max_in, max_out=args.max_out,
                      layouts=tuple(args.layouts.split(",")), backend=args.backend,
                      timeout_s=args.layout_timeout, hand_of=args.hand_of,
-                     budget_s=args.budget_s, out=args.out)
+                     budget_s=args.budget_s, out=args.out, shape=args.shape)
     except ValueError as exc:  # an unknown layout
         ap.error(str(exc))
     print(format_dp(r), flush=True)

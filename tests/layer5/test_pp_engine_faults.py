@@ -70,12 +70,15 @@ def test_middle_stage_sending_a_wrong_shape_is_caught_by_the_next_stage():
     assert elapsed < TIMEOUT_S
 
 
-@pytest.mark.parametrize("fault", ["die", "shape"])
-def test_steps_in_flight_fail_as_clearly(fault):
+@pytest.mark.parametrize("fault,overlap", [("die", False), ("shape", False), ("die", True),
+                                           ("shape", True)])
+def test_steps_in_flight_fail_as_clearly(fault, overlap):
     """With 3 steps in flight over 3 stages (the logits of a step collected a turn later, the
-    last stage's sends held): a stage dying, or the last sending a wrong shape, is still one
-    error on rank 0 within the timeout, every stage stopped."""
-    msg, elapsed = fail_once(3, {2: fault}, pp_steps_in_flight=3, max_num_seqs=6)
+    last stage's sends held; overlap: async scheduling, each lane's next step dispatched
+    before its landing step is read): a stage dying, or the last sending a wrong shape, is
+    still one error on rank 0 within the timeout, every stage stopped."""
+    msg, elapsed = fail_once(3, {2: fault}, pp_steps_in_flight=3, max_num_seqs=6,
+                             async_scheduling=overlap)
     first = msg.splitlines()[0]
     if fault == "die":
         assert "rank 2" in msg and "code 3" in msg, msg

@@ -90,6 +90,9 @@ def _setup(ar, variant: str) -> None:
     ar.low_latency = variant.startswith(("ll", "gemv_ll")) or variant.endswith("+ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES
+    # the norm's LL form (off by default) for fused+ll
+    ar.LL_NORM_MAX_BYTES = ar.LL_SLOT_BYTES if variant.endswith("+ll") else \
+        type(ar).LL_NORM_MAX_BYTES
 
 
 def _batch1_layer(kernels, ar, variant, lw, x, res):

@@ -36,8 +36,8 @@ import torch.distributed as dist
 import layer1_kernels as kernels  # the layer beneath: the unfused norm
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-PDL_ENV = "LLM_STACK_PEER_PDL"  # "1": PeerAllReduce.pdl on by default (see there)
-LL_ENV = "LLM_STACK_PEER_LL"  # "1": PeerAllReduce.low_latency on by default (see there)
+PDL_ENV = "LLM_STACK_PEER_PDL"  # "0": PeerAllReduce.pdl off by default (see there)
+LL_ENV = "LLM_STACK_PEER_LL"  # "0": PeerAllReduce.low_latency off by default (see there)
 GEMV_ENV = "LLM_STACK_PEER_GEMV"  # "1": PeerAllReduce.fused_gemv on by default (see there)
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
@@ -221,24 +221,30 @@ class PeerAllReduce:
     pull_gather = True
     # pdl: launch the one-shot kernels with programmatic dependent launch, as layer 1's decode
     # kernels are (see peer_kernels._pdl_start): the projection after an all-reduce launches
-    # while it waits for the peers. Off unless LLM_STACK_PEER_PDL=1 until measured in decode.
+    # while it waits for the peers. low_latency: one-shot messages of at most LL_MAX_BYTES
+    # (whole 16-byte vectors) go as NCCL-style LL packets, data and flag in one store, no
+    # barrier (peer_kernels.py); read at construction (it sizes the buffers). Both on unless
+    # LLM_STACK_PEER_PDL=0 / LLM_STACK_PEER_LL=0. Measured on 2x H200 (8B shape, TP=2): inside a
+    # decoder layer's batch-1 GEMV chain each all-reduce costs 4.14 us over none as the barrier
+    # one-shot, 3.84 with LL, 3.76 with PDL, 3.02 with both (benchmarks/tp_decode_chain.py);
+    # the engine's batch-1 decode 2.606 -> 2.475 ms a step (384 -> 404 tok/s, 1.51x -> 1.58x
+    # TP=1), batch 32 unchanged (9,497 / 9,515 tok/s).
     PDL_ENV = PDL_ENV
-    pdl = os.environ.get(PDL_ENV, "0") == "1"
-    # low_latency: one-shot messages of at most LL_MAX_BYTES (whole 16-byte vectors) go as
-    # NCCL-style LL packets, data and flag in one store, no barrier (peer_kernels.py). Read at
-    # construction (it sizes the buffers). Off unless LLM_STACK_PEER_LL=1 until measured.
+    pdl = os.environ.get(PDL_ENV, "1") != "0"
     LL_ENV = LL_ENV
-    low_latency = os.environ.get(LL_ENV, "0") == "1"
+    low_latency = os.environ.get(LL_ENV, "1") != "0"
     # fused_gemv: layer 5's row-parallel projections at batch 1 ask for gemv_all_reduce (the GEMV
     # with the LL all-reduce in its epilogue) where fuses_gemv; it needs low_latency's region.
     # Off unless LLM_STACK_PEER_GEMV=1 until measured in decode.
     GEMV_ENV = GEMV_ENV
     fused_gemv = os.environ.get(GEMV_ENV, "0") == "1"
     LL_MAX_BYTES = 64 << 10
-    # all_reduce_rms_norm's LL form takes (rows, H) messages up to this size (a decode batch of
-    # 32 rows of 4096 bf16 is 256 KiB); each slot of the region holds the larger of the two
-    LL_NORM_MAX_BYTES = 256 << 10
-    LL_SLOT_BYTES = max(LL_MAX_BYTES, LL_NORM_MAX_BYTES)
+    # all_reduce_rms_norm's LL form (one_shot_ll_norm_kernel) takes (rows, H) messages up to
+    # LL_NORM_MAX_BYTES: 0, off. Measured slower than the barrier kernel at decode's 32 rows of
+    # 4096 bf16 (256 KiB), 7.09 against 3.00 us over no all-reduce in a TP=2 layer on 2x H200;
+    # set it on an instance (up to LL_SLOT_BYTES) to measure it
+    LL_NORM_MAX_BYTES = 0
+    LL_SLOT_BYTES = 256 << 10  # each slot of the LL region (the plain and the norm's LL forms)
 
     def _pdl(self) -> dict:
         """Launch keywords for a one-shot kernel: PDL on Hopper and later when self.pdl."""

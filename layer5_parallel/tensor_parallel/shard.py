@@ -183,17 +183,30 @@ def defer_all_reduces(shard, comm: TPComm) -> int:
 
 class VocabParallelEmbedding(nn.Module):
     """Rows [v0, v1) of the embedding (padded to `rows` rows): ids (T,) -> (T, H), the
-    ids other ranks own looked up as zeros, then an all-reduce puts every row together."""
+    ids other ranks own looked up as zeros, then an all-reduce puts every row together.
 
-    def __init__(self, weight: torch.Tensor, v0: int, v1: int, comm: TPComm) -> None:
+    The rows sit in a table with one more row, of zeros, and `local` maps every token id of
+    the vocabulary to its row here (ids this rank does not own: the zero row), so a lookup is
+    two kernels (the map, the embedding) before the all-reduce, not a mask built from range
+    tests, a shifted index and a fill (six more launches in every decode step). `weight` is
+    the table without its zero row (the same memory: a tied LM head shares it)."""
+
+    def __init__(self, table: torch.Tensor, v0: int, v1: int, comm: TPComm, vocab: int) -> None:
+        """table: (rows + 1, H), rows [0, v1 - v0) this rank's tokens', the last row zeros."""
         super().__init__()
-        self.weight = nn.Parameter(weight, requires_grad=False)
+        rows = table.shape[0] - 1
+        if rows < v1 - v0 or table[rows].any():
+            raise ValueError(f"the embedding table needs {v1 - v0} rows and a last row of zeros, "
+                             f"got {tuple(table.shape)}")
+        self.register_buffer("table", table, persistent=False)
+        self.weight = nn.Parameter(table[:rows], requires_grad=False)
+        local = torch.full((vocab,), rows, dtype=torch.int64, device=table.device)
+        local[v0:v1] = torch.arange(v1 - v0, device=table.device)
+        self.register_buffer("local", local, persistent=False)
         self.v0, self.v1, self.comm = v0, v1, comm
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        mine = (ids >= self.v0) & (ids < self.v1)
-        out = F.embedding(torch.where(mine, ids - self.v0, 0), self.weight)
-        return self.comm.all_reduce(out.masked_fill_(~mine.unsqueeze(-1), 0))
+        return self.comm.all_reduce(F.embedding(self.local[ids], self.table))
 
 
 class VocabParallelLMHead(nn.Module):
@@ -271,14 +284,15 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
     per = -(-V // world)
     v0, v1 = min(rank * per, V), min((rank + 1) * per, V)
 
-    def vocab_rows(w: torch.Tensor) -> torch.Tensor:  # (per, H), zero rows past the vocab
-        out = torch.zeros(per, w.shape[1], dtype=w.dtype, device=device)
+    def vocab_rows(w: torch.Tensor, extra: int = 0) -> torch.Tensor:
+        """(per + extra, H): this rank's rows, zero rows past the vocab (and the extra)."""
+        out = torch.zeros(per + extra, w.shape[1], dtype=w.dtype, device=device)
         out[: v1 - v0] = w[v0:v1]
         return out
 
-    emb = vocab_rows(full["embed.weight"])
+    emb = vocab_rows(full["embed.weight"], extra=1)  # the lookup's zero row last
     head = None if c.tie_word_embeddings else vocab_rows(full["lm_head.weight"])
-    shard.embed = VocabParallelEmbedding(emb, v0, v1, comm)
+    shard.embed = VocabParallelEmbedding(emb, v0, v1, comm, V)
     tied = c.tie_word_embeddings
     shard.lm_head = VocabParallelLMHead(shard.embed.weight if tied else head, V, comm)
     shard.init_rope(device)

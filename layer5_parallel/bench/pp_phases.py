@@ -1,7 +1,7 @@
 """Where rank 0's step goes under pipeline parallelism: one engine vs PP with steps in flight.
 
-    python -m layer5_parallel.bench.pp_phases [--seqs 256] [--new-tokens 64] [--layouts 1,pp2gf]
-        [--shape llama-3.2-1b|llama-3.1-8b]
+    python -m layer5_parallel.bench.pp_phases [--seqs 64,128,256] [--new-tokens 64]
+        [--layouts 1,pp2gf] [--shape llama-3.2-1b|llama-3.1-8b] [--prefill-first]
     (GPUs: the shape with random bf16 weights drawn on each GPU, triton kernels, CUDA graphs /
     stage graphs; a CPU: step_phases' tiny model on gloo, 64 sequences)
 
@@ -12,8 +12,11 @@ on the host before the lane's next is dispatched, as before the landing overlapp
 With steps in flight every lane's step pays rank 0's fixed host cost (schedule, inputs, the
 control message, the hand-offs, the launches, the landing), so that cost, not the GPUs,
 decides whether PP beats one GPU. Each layout runs in this process (rank 0 here, the other
-stages in worker processes), a warm-up then one timed greedy run of `--seqs` prompts of
-`--prompt` tokens and `--new-tokens` new ones, under step_phases' PhaseClock (every moment of
+stages in worker processes): one engine, a warm-up, then for each count of `--seqs` a timed
+greedy run of that many prompts of `--prompt` tokens and `--new-tokens` new ones (the same
+prompts for every layout; a row per layout and count, its ratios against the first layout's
+row of that count, its tokens compared with that row's and with the first pipeline
+layout's), under step_phases' PhaseClock (every moment of
 a decode step charged to the innermost phase; wall and thread CPU time) with the pipeline's
 own parts named as well:
 
@@ -59,6 +62,7 @@ import layer4_algorithms as engine
 
 from ..pipeline_parallel import engine as pp_engine
 from ..pipeline_parallel import stage as pp_stage
+from .dp import differences
 from .step_phases import PhaseClock, format_summary, tiny_model
 
 l3 = engine.executor
@@ -135,51 +139,69 @@ def workload(seqs: int, prompt: int, vocab: int, seed: int = 0) -> list[list[int
     return [torch.randint(0, vocab, (prompt,), generator=g).tolist() for _ in range(seqs)]
 
 
-def run_layout(key: str, model_fn, prompts, new_tokens: int, gpu: bool,
-               prefill_first: bool = False, profile_top: int = 0) -> dict:
-    """One layout's engine in this process: warm-up (a quarter of the prompts, up to 16 new
-    tokens: every kernel compiled), then a timed greedy run under the clock. prefill_first:
-    the warm-up is every prompt with 2 new tokens instead, which leaves the prompts in the
-    prefix cache: the timed run recomputes only their last block and decodes the whole batch
-    from its first steps. profile_top: after it, the same run again under cProfile (this
-    process: rank 0), its `profile_top` functions of most own time listed."""
+def run_layout(key: str, model_fn, prompts, counts: list[int], new_tokens: int, gpu: bool,
+               prefill_first: bool = False, profile_top: int = 0) -> list[dict]:
+    """One layout's engine in this process (sized for every prompt): a warm-up, then for each
+    count n in `counts` a timed greedy run of the first n prompts under the clock; a row per
+    run. Warm-up: a quarter of the prompts with up to 16 new tokens (every kernel compiled),
+    or with prefill_first every prompt with 2 new tokens, twice: the prompts stay in the
+    prefix cache (the timed runs recompute only their last block and decode the whole batch
+    from their first steps) and the second pass compiles that path. profile_top: after the
+    last run the same run again under cProfile (this process: rank 0), its `profile_top`
+    functions of most own time listed in that row."""
     blocks = len(prompts) * (-(-(len(prompts[0]) + new_tokens) // 16) + 1) + 64  # (+1: slack)
     kw = dict(LAYOUTS[key], cuda_graph=True, max_num_seqs=len(prompts), tp_timeout_s=120.0,
               num_blocks=blocks, block_size=16)
     from ..llm import LLM  # noqa: PLC0415
 
+    rows = []
     start = time.perf_counter()
     with LLM(model_fn(), **kw) as llm:
         ready = time.perf_counter() - start
         params = l3.SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
-        warm = prompts if prefill_first else prompts[: max(2, len(prompts) // 4)]
-        llm.generate(warm, l3.SamplingParams(temperature=0.0, ignore_eos=True,
-                                             max_tokens=2 if prefill_first else
-                                             min(new_tokens, 16)))
-        clock = PPPhaseClock(llm)
-        window = DecodeWindow(llm)
-        try:
-            if gpu:
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outs = llm.generate(prompts, params)
-            end = time.perf_counter()
-            wall = end - t0
-        finally:
-            window.close()
-            clock.close()
-        steps = llm.stats.steps
-        decode_tok_s, decode_steps = window.rate(end)
-        profile = own_time(llm, prompts, params, profile_top) if profile_top else []
+        if prefill_first:
+            two = l3.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+            llm.generate(prompts, two)
+            llm.generate(prompts, two)
+        else:
+            llm.generate(prompts[: max(2, len(prompts) // 4)],
+                         l3.SamplingParams(temperature=0.0, ignore_eos=True,
+                                           max_tokens=min(new_tokens, 16)))
+        for n in counts:
+            clock = PPPhaseClock(llm)
+            window = DecodeWindow(llm)
+            try:
+                if gpu:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                outs = llm.generate(prompts[:n], params)
+                end = time.perf_counter()
+                wall = end - t0
+            finally:
+                window.close()
+                clock.close()
+            steps = llm.stats.steps
+            decode_tok_s, decode_steps = window.rate(end)
+            made = sum(len(o.outputs[0].token_ids) for o in outs)
+            rows.append({"layout": key, "seqs": n, "tok_s": made / wall, "seconds": wall,
+                         "steps": steps, "decode_tok_s": decode_tok_s,
+                         "decode_steps": decode_steps, "ms_per_step": 1e3 * wall / max(steps, 1),
+                         "startup_s": ready, "phases": clock.summary(), "profile": [],
+                         "tokens": [o.outputs[0].token_ids for o in outs]})
+        if profile_top:
+            rows[-1]["profile"] = own_time(llm, prompts[:counts[-1]], params, profile_top)
     if gpu:  # the next layout sizes nothing from free memory, but starts from an empty pool
         gc.collect()
         torch.cuda.empty_cache()
-    n = sum(len(o.outputs[0].token_ids) for o in outs)
-    return {"layout": key, "tok_s": n / wall, "seconds": wall, "steps": steps,
-            "decode_tok_s": decode_tok_s, "decode_steps": decode_steps,
-            "ms_per_step": 1e3 * wall / max(steps, 1), "startup_s": ready,
-            "phases": clock.summary(), "profile": profile,
-            "tokens": [o.outputs[0].token_ids for o in outs]}
+    return rows
+
+
+def words(d: dict) -> str:
+    """differences() in words."""
+    if d["same_tokens"]:
+        return "same as"
+    return (f"{d['seqs_differ']} sequences differ (first at {d['first_difference']}, median "
+            f"{d['median_first_difference']:g}) from")
 
 
 def own_time(llm, prompts, params, top: int) -> list[tuple[str, int, float]]:
@@ -201,7 +223,9 @@ def own_time(llm, prompts, params, top: int) -> list[tuple[str, int, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m layer5_parallel.bench.pp_phases")
     ap.add_argument("--layouts", default="1,pp2gf")
-    ap.add_argument("--seqs", type=int, default=None, help="default: 256 on GPUs, 64 on a CPU")
+    ap.add_argument("--seqs", default=None,
+                    help="sequence counts, comma-separated: one engine a layout runs each "
+                         "(default: 256 on GPUs, 64 on a CPU)")
     ap.add_argument("--prompt", type=int, default=None, help="default: 128 on GPUs, 16 on a CPU")
     ap.add_argument("--new-tokens", type=int, default=None, help="default: 64 (CPU: 16)")
     ap.add_argument("--shape", default=SHAPES[0], choices=SHAPES,
@@ -218,15 +242,21 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [k for k in layouts if k not in LAYOUTS]
     if unknown:
         ap.error(f"unknown layout(s) {unknown}: expected {', '.join(LAYOUTS)}")
+    try:
+        counts = None if args.seqs is None else [int(x) for x in args.seqs.split(",")]
+    except ValueError:
+        ap.error(f"--seqs {args.seqs!r}: comma-separated integers")
     bad = [f"--{k.replace('_', '-')} {v}" for k, v in
-           (("seqs", args.seqs), ("prompt", args.prompt), ("new_tokens", args.new_tokens))
+           (("prompt", args.prompt), ("new_tokens", args.new_tokens))
            if v is not None and v < 1]
+    bad += [f"--seqs {args.seqs}"] if counts is not None and min(counts) < 1 else []
     if args.profile_top < 0:
         bad.append(f"--profile-top {args.profile_top}")
     if bad:
         ap.error(f"{', '.join(bad)}: sizes must be >= 1, --profile-top >= 0")
     gpu = torch.cuda.device_count() >= 2
-    seqs = args.seqs or (256 if gpu else 64)
+    counts = sorted(set(counts or [256 if gpu else 64]))
+    seqs = counts[-1]
     prompt = args.prompt or (128 if gpu else 16)
     new = args.new_tokens or (64 if gpu else 16)
     if gpu:
@@ -243,34 +273,44 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(1)
         model_fn, vocab, what = tiny_model, 4096, "tiny Llama fp32, CPU (gloo)"
     prompts = workload(seqs, prompt, vocab)
-    print(f"{what}: {seqs} sequences, {prompt}-token prompts, {new} new tokens"
+    print(f"{what}: {', '.join(map(str, counts))} sequences, {prompt}-token prompts, "
+          f"{new} new tokens"
           + (", prompts prefilled before the timed run" if args.prefill_first else ""),
           flush=True)
-    rows = []
+    rows: list[dict] = []
+    first: dict[int, dict] = {}  # seqs -> the first layout's row (the ratios' base)
+    pp_first: dict[int, dict] = {}  # seqs -> the first pipeline layout's row
     for key in layouts:
         try:
-            r = run_layout(key, model_fn, prompts, new, gpu, args.prefill_first,
-                           args.profile_top)
+            runs = run_layout(key, model_fn, prompts, counts, new, gpu, args.prefill_first,
+                              args.profile_top)
         except Exception as exc:  # one layout failing keeps the others'
             print(f"{key}: FAILED {type(exc).__name__}: {exc}", flush=True)
             continue
-        base = rows[0] if rows else r
-        same = r["tokens"] == base["tokens"]
-        ratio = r["tok_s"] / base["tok_s"]
-        r["decode_vs_base"] = r["decode_tok_s"] / base["decode_tok_s"]
-        print(f"{key}: {r['tok_s']:,.0f} tok/s ({ratio:.2f}x {base['layout']}); decode "
-              f"{r['decode_tok_s']:,.0f} tok/s ({r['decode_vs_base']:.2f}x {base['layout']}, "
-              f"{r['decode_steps']} steps); "
-              f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
-              f"{r['startup_s']:.0f} s; same tokens as {base['layout']}: {same}\n"
-              + format_summary(r["phases"]), flush=True)
-        if r["profile"]:
-            print(f"  own time under cProfile (us a step, {key}):\n" + "\n".join(
-                f"  {us:9.1f} {calls:8d}  {where}" for where, calls, us in r["profile"]),
-                flush=True)
-        rows.append(r)
+        for r in runs:
+            n = r["seqs"]
+            base = first.setdefault(n, r)
+            r["vs_base"] = r["tok_s"] / base["tok_s"]
+            r["decode_vs_base"] = r["decode_tok_s"] / base["decode_tok_s"]
+            r["vs"] = {base["layout"]: differences(base["tokens"], r["tokens"])}
+            twin = pp_first.setdefault(n, r) if key.startswith("pp") else None
+            if twin is not None and twin is not r:
+                r["vs"][twin["layout"]] = differences(twin["tokens"], r["tokens"])
+            print(f"{key} @ {n} seqs: {r['tok_s']:,.0f} tok/s ({r['vs_base']:.2f}x "
+                  f"{base['layout']}); decode {r['decode_tok_s']:,.0f} tok/s "
+                  f"({r['decode_vs_base']:.2f}x {base['layout']}, {r['decode_steps']} steps); "
+                  f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
+                  f"{r['startup_s']:.0f} s; tokens: "
+                  + "; ".join(f"{words(d)} {other}" for other, d in r["vs"].items()), flush=True)
+            if n == counts[-1]:
+                print(format_summary(r["phases"]), flush=True)
+            if r["profile"]:
+                print(f"  own time under cProfile (us a step, {key} @ {n} seqs):\n" + "\n".join(
+                    f"  {us:9.1f} {calls:8d}  {where}" for where, calls, us in r["profile"]),
+                    flush=True)
+            rows.append(r)
         if args.out is not None:
-            args.out.write_text(json.dumps({"model": what, "seqs": seqs, "prompt": prompt,
+            args.out.write_text(json.dumps({"model": what, "seqs": counts, "prompt": prompt,
                                             "new_tokens": new, "torch": torch.__version__,
                                             "prefill_first": args.prefill_first,
                                             "rows": [{k: v for k, v in x.items() if k != "tokens"}

@@ -9,16 +9,20 @@ from layer5_parallel.bench import pp_phases
 
 def test_pp_phases_names_the_pipeline_parts(tmp_path, capsys):
     out = tmp_path / "pp.json"
-    assert pp_phases.main(["--layouts", "1,pp2gf", "--seqs", "6", "--prompt", "5",
-                           "--new-tokens", "5", "--out", str(out)]) == 0
+    assert pp_phases.main(["--layouts", "1,pp2gf,pp2gs", "--seqs", "6,3", "--prompt", "5",
+                           "--new-tokens", "5", "--prefill-first", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "same tokens as 1: True" in text.split("pp2gf:")[1], text
+    assert "tokens: same as 1" in text.split("pp2gf @ 6 seqs:")[1], text
+    assert "tokens: same as 1; same as pp2gf" in text.split("pp2gs @ 3 seqs:")[1], text
     rows = json.loads(out.read_text())["rows"]
-    assert [r["layout"] for r in rows] == ["1", "pp2gf"]
-    one, pp = (r["phases"]["phases"] for r in rows)
+    assert [(r["layout"], r["seqs"]) for r in rows] == [
+        ("1", 3), ("1", 6), ("pp2gf", 3), ("pp2gf", 6), ("pp2gs", 3), ("pp2gs", 6)]
+    assert all(r["decode_steps"] > 0 and r["decode_tok_s"] > 0 for r in rows)
+    assert rows[0]["vs_base"] == 1.0 and rows[3]["vs"]["1"]["same_tokens"]
+    one, pp = (r["phases"]["phases"] for r in (rows[1], rows[3]))
     assert "dispatch" not in one and "schedule" in one
     for phase in ("dispatch", "collect", "hand-off send", "hand-off recv", "stage graph",
                   "ring put"):
         assert phase in pp, (phase, sorted(pp))
     assert "step broadcast" not in pp  # one rank a stage: the table rides in the message
-    assert rows[1]["steps"] > rows[0]["steps"]  # two lanes: a lane step each
+    assert rows[3]["steps"] > rows[1]["steps"]  # two lanes: a lane step each

@@ -36,6 +36,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -187,6 +188,19 @@ class PPModel(RankZeroModel):
         st["wall_s"] += time.perf_counter() - start
         return PendingLogits(parts, rows, last_only, checked, early + sends, start, greedy, out,
                              ready)
+
+    @property
+    def ops(self):
+        """The kernels every stage runs (layer 3's Ops), as layer 4's runner asks for them
+        (`pads_prefill_attention(net)`: whether a mixed step's attention pads, so that the
+        step must be cut into passes under attn_bytes_limit): the shard's, judged against the
+        whole model's config (a sliding window in another stage's layers pads there); None
+        where some stage pads. Without it every mixed step counted as padded: with long
+        prompts it was cut into several passes, and with steps in flight it drained the
+        pipeline first, where the triton kernels pad nothing."""
+        shard = self.shard
+        whole = SimpleNamespace(ops=shard.ops, config=shard.full_config)
+        return None if l3.pads_prefill_attention(whole) else shard.ops
 
     def decode_fits(self, B: int, n: int) -> bool:
         """Whether a decode step of B sequences with (B, n) block tables can go through

@@ -205,7 +205,9 @@ class StepsInFlight:
         their arrival or None): a decoding sequence's input is gathered from them there (layer
         4's runner), rank 0's stream waiting for that event."""
         runner, net = self.runner, self.runner.net
-        defer = runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
+        # (kernels that pad nothing: no pass over the step's sequences to find out)
+        defer = not engine.executor.pads_prefill_attention(net) or \
+            runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
         if not defer:
             while self._flights:
                 self._land(self._flights.popleft(), advanced, finished)

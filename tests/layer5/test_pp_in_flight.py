@@ -12,6 +12,7 @@ batch size sums in another order).
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 
@@ -168,3 +169,20 @@ def test_a_few_requests_spread_over_the_lanes():
         sched.add(l5.engine.Sequence(i, f"r{i}", [1, 2, 3], params))
     sizes = [len(sched.schedule_lane(lane).scheduled) for lane in range(3)]
     assert sizes == [2, 2, 0]
+
+
+def test_a_mixed_step_stays_one_deferred_pass_where_no_stage_pads():
+    """Layer 4's runner cuts a mixed step into passes (and steps in flight drain first) when
+    rank 0's net pads attention: a pipeline's answer is the shard's kernels judged against the
+    whole model's config: the triton kernels pad nothing, unless a sliding window sits in any
+    stage's layers (here the last layer, on stage 1); the torch kernels pad."""
+    from layer5_parallel.pipeline_parallel import PPModel
+    from layer5_parallel.pipeline_parallel.stage import StageNet
+
+    config = dataclasses.replace(random_config(4), head_dim=16)
+    windowed = dataclasses.replace(config, layer_windows=(None, None, None, 8))
+    for cfg, backend, pads in ((config, "triton", False), (windowed, "triton", True),
+                               (config, "torch", True)):
+        stage = StageNet(l3.random_model(cfg, backend=backend, seed=0), 0, 2)
+        assert l3.pads_prefill_attention(stage) is (backend == "torch")  # stage 0's own layers
+        assert l3.pads_prefill_attention(PPModel(stage, None, 1)) is pads, (cfg, backend)

@@ -31,14 +31,16 @@ class RankZeroModel(nn.Module):
     def __init__(self, shard: nn.Module, group: WorkerGroup) -> None:
         super().__init__()
         self.shard, self.group, self.config = shard, group, shard.config
+        # read on every step (a shard's own answer walks its modules to a weight): kept
+        self._dtype, self._device = shard.dtype, shard.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.shard.dtype
+        return self._dtype
 
     @property
     def device(self) -> torch.device:
-        return self.shard.device
+        return self._device
 
     @property
     def backend(self) -> str:

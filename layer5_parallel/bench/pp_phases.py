@@ -196,6 +196,19 @@ def run_layout(key: str, model_fn, prompts, counts: list[int], new_tokens: int, 
     return rows
 
 
+def pp2_floor(config, seqs: int, context: float, itemsize: int) -> float:
+    """(W + KV)/(W + KV/2): PP=2 with two lanes against one GPU where a decode step costs the
+    bytes it reads: W the weights (the embedding table aside: one row a token), KV the
+    step's cache, `seqs` sequences of `context` tokens. (The ceiling when the GPUs set the
+    pace; rank 0's host per lane step can only lower it.)"""
+    H, L, ffn = config.hidden_size, config.num_hidden_layers, config.intermediate_size
+    q = config.num_attention_heads * config.head_dim
+    kv = config.num_key_value_heads * config.head_dim
+    weights = itemsize * (L * (H * (q + 2 * kv) + q * H + 3 * H * ffn) + config.vocab_size * H)
+    cache = itemsize * 2 * L * kv * seqs * context
+    return (weights + cache) / (weights + cache / 2)
+
+
 def words(d: dict) -> str:
     """differences() in words."""
     if d["same_tokens"]:
@@ -267,11 +280,12 @@ def main(argv: list[str] | None = None) -> int:
 
         def model_fn():
             return l3.Model(random_weights(config, backend="triton", device="cuda"))
-        vocab = config.vocab_size
+        vocab, itemsize = config.vocab_size, 2
         what = f"{args.shape} shape, random bf16, {torch.cuda.get_device_name(0)}"
     else:
         torch.set_num_threads(1)
         model_fn, vocab, what = tiny_model, 4096, "tiny Llama fp32, CPU (gloo)"
+        config, itemsize = tiny_model().config, 4
     prompts = workload(seqs, prompt, vocab)
     print(f"{what}: {', '.join(map(str, counts))} sequences, {prompt}-token prompts, "
           f"{new} new tokens"
@@ -292,13 +306,16 @@ def main(argv: list[str] | None = None) -> int:
             base = first.setdefault(n, r)
             r["vs_base"] = r["tok_s"] / base["tok_s"]
             r["decode_vs_base"] = r["decode_tok_s"] / base["decode_tok_s"]
+            # (a decode step's mean context: the prompt and half the new tokens)
+            r["pp2_floor"] = pp2_floor(config, n, prompt + new / 2, itemsize)
             r["vs"] = {base["layout"]: differences(base["tokens"], r["tokens"])}
             twin = pp_first.setdefault(n, r) if key.startswith("pp") else None
             if twin is not None and twin is not r:
                 r["vs"][twin["layout"]] = differences(twin["tokens"], r["tokens"])
             print(f"{key} @ {n} seqs: {r['tok_s']:,.0f} tok/s ({r['vs_base']:.2f}x "
                   f"{base['layout']}); decode {r['decode_tok_s']:,.0f} tok/s "
-                  f"({r['decode_vs_base']:.2f}x {base['layout']}, {r['decode_steps']} steps); "
+                  f"({r['decode_vs_base']:.2f}x {base['layout']}, {r['decode_steps']} steps; "
+                  f"PP=2's floor (W + KV)/(W + KV/2) {r['pp2_floor']:.2f}x); "
                   f"{r['steps']} steps, {r['ms_per_step']:.3f} ms/step, started in "
                   f"{r['startup_s']:.0f} s; tokens: "
                   + "; ".join(f"{words(d)} {other}" for other, d in r["vs"].items()), flush=True)

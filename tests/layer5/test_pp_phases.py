@@ -26,3 +26,19 @@ def test_pp_phases_names_the_pipeline_parts(tmp_path, capsys):
         assert phase in pp, (phase, sorted(pp))
     assert "step broadcast" not in pp  # one rank a stage: the table rides in the message
     assert rows[3]["steps"] > rows[1]["steps"]  # two lanes: a lane step each
+
+
+def test_pp2_floor_counts_weights_against_the_cache():
+    """The 8B shape: 7.5e9 weights read a step in bf16 (32 layers of 218M, the 525M LM head),
+    128 KiB of KV a token; no cache: no gain; a cache as big as the weights: 4/3."""
+    import layer4_algorithms as engine
+    from layer5_parallel.bench.tp_gpu_bench import SHAPES
+
+    config = engine.executor.ModelConfig.from_dict(SHAPES["llama-3.1-8b"])
+    weights = 2 * (32 * 218_103_808 + 128256 * 4096)
+    per_token = 2 * 2 * 32 * 8 * 128
+    assert per_token == 128 * 1024
+    assert pp_phases.pp2_floor(config, 1, 0, 2) == 1.0
+    tokens = weights / per_token  # the cache's tokens that weigh what the weights do
+    assert abs(pp_phases.pp2_floor(config, 1, tokens, 2) - 4 / 3) < 1e-9
+    assert 1.5 < pp_phases.pp2_floor(config, 256, 1056, 2) < 1.6

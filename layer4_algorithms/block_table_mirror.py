@@ -28,6 +28,7 @@ class BlockTableMirror:
         self.owner: list[list[int] | None] = [None] * rows
         self.synced = [0] * rows  # entries of each row copied so far
         self._rows: tuple[list, slice | np.ndarray] = ([], slice(0, 0))  # the last step's
+        self._last: tuple[list, tuple] | None = None  # (seqs, sync_rows' answer) of the last sync
 
     def sync(self, seq) -> int:
         """Bring seq's row in step with its block-table list; returns the list's length, or -1
@@ -46,12 +47,18 @@ class BlockTableMirror:
             self.synced[r] = n
         return n
 
-    def sync_rows(self, seqs: list) -> tuple[slice | np.ndarray, list[int]] | None:
+    def sync_rows(self, seqs: list, unchanged: bool = False
+                  ) -> tuple[slice | np.ndarray, list[int]] | None:
         """`sync` of every sequence in seqs: where their rows are (`table[where]`: a slice when
         the rows are consecutive, so the step's table is a view; else a row array) and their
         table lengths; None when one has no row or a table wider than the mirror. Whether
         any row needs a sync is checked with map() over the step (C-level loops); only those
-        that do are touched."""
+        that do are touched. unchanged: the caller knows no table of seqs changed since they
+        were last synced (a step of plain decodes): when seqs are the last call's, in order
+        (one identity comparison), its answer is returned as it is."""
+        last = self._last
+        if unchanged and last is not None and seqs == last[0]:
+            return last[1]
         rows = [q.row for q in seqs]
         if None in rows:
             return None
@@ -72,7 +79,9 @@ class BlockTableMirror:
             for q in [q for q, r, t, n in zip(seqs, rows, tables, lens, strict=True)
                       if owner[r] is not t or synced[r] != n]:
                 self.sync(q)
-        return self._rows[1], lens
+        answer = self._rows[1], lens
+        self._last = (seqs, answer)
+        return answer
 
     def gather(self, seqs: Sequence) -> tuple[np.ndarray, np.ndarray] | None:
         """(B, longest) table of seqs (zero-padded) and their lengths; None when a sequence has

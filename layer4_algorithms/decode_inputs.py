@@ -11,6 +11,10 @@ doing all of them costs ~0.5 us a sequence), and the usual cases are recognised 
 input token on the device in the last step's order (steady decoding under async scheduling:
 nothing to gather), or every one on the host (synchronous steps, pipeline lanes); every
 sequence sampling. The table is gathered from the mirror only when a caller asks for it.
+A step the scheduler made of plain decodes only (`SchedulerOutput.plain_decodes`: one token
+each, the sequence's last, no block added or copied) is taken as such: no check of its
+shape, every sequence samples, and when its sequences are the last synced ones, in order,
+the mirror's rows are as they were (no pass over the tables at all).
 
 `decode_inputs` returns None for a step that is not all one-token steps, or that has a
 sequence without a mirror row (the caller then takes the general path).
@@ -42,13 +46,15 @@ class DecodeInputs:
     in_order: bool = False
 
 
-def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
+def decode_inputs(mirror, group: Sequence, plain: bool = False) -> DecodeInputs | None:
     """The inputs of a step of one-token ScheduledSeqs `group` (None: not such a step, or a
-    sequence the mirror cannot hold). Syncs the mirror's rows as BlockTableMirror.gather."""
-    if not group or any([s.num_new_tokens != 1 or s.spec_token_ids for s in group]):
+    sequence the mirror cannot hold). Syncs the mirror's rows as BlockTableMirror.gather.
+    plain: every one of group is a plain decode (SchedulerOutput.plain_decodes == len(group))."""
+    if not group or (not plain and any([s.num_new_tokens != 1 or s.spec_token_ids
+                                        for s in group])):
         return None
     seqs = [s.seq for s in group]
-    got = mirror.sync_rows(seqs)
+    got = mirror.sync_rows(seqs, unchanged=plain)
     if got is None:
         return None
     where, lens = got
@@ -67,7 +73,7 @@ def decode_inputs(mirror, group: Sequence) -> DecodeInputs | None:
         src = [pending[j] for j in dst]
     # a sequence samples when the step reaches its end (tokens on the device count), which
     # only a prompt's one-token chunk short of its end does not
-    ends = [len(q.token_ids) + q.num_pending - 1 for q in seqs]
+    ends = ctx if plain else [len(q.token_ids) + q.num_pending - 1 for q in seqs]
     samples = list(range(B)) if ends == ctx else [
         j if e == c else None for j, (e, c) in enumerate(zip(ends, ctx, strict=True))]
     table = mirror.table[where, :max(lens)]  # (a view of the mirror when its rows are in order)

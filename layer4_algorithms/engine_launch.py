@@ -42,7 +42,9 @@ class EngineLaunchMixin:
         logits come back: layer 5.)"""
         row_ids, who, spec = self._sampling_rows(out, logits)
         self._stats.steps += 1
-        self._stats.batched_tokens += sum([s.num_new_tokens for s in out.scheduled]) + (
+        n = len(out.scheduled)  # (plain decodes: one token each; forks since then add rows)
+        self._stats.batched_tokens += n if n == out.plain_decodes else sum(
+            [s.num_new_tokens for s in out.scheduled]) + (
             sum(len(s.spec_token_ids) for s in out.scheduled) if spec else 0)
         rows = logits.rows_of(row_ids)
         if not sync:

@@ -102,7 +102,8 @@ class ModelRunner(StepSampler):
         self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
         scheduled = out.scheduled
-        fast = decode_inputs(self.tables, scheduled)  # a decode step: one pass over it
+        # a decode step: one pass over it (plain decodes only: its shape and tables known)
+        fast = decode_inputs(self.tables, scheduled, out.plain_decodes == len(scheduled))
         if fast is None:
             with torch.no_grad():
                 return self._execute(scheduled, prev_tokens)

@@ -124,6 +124,7 @@ class Scheduler:
         scheduled = out.scheduled
         append = scheduled.append
         running, bs, refs = self.running, self.bm.block_size, self.bm.ref_counts
+        plain = 0
         # (a for loop over running is safe: preemption only removes from its end, and a
         # sequence that preempts itself ends the loop)
         for seq in running:
@@ -145,6 +146,7 @@ class Scheduler:
                                         seq.pending_index if pending else -1))
                     seq.num_computed_tokens = computed + 1
                     budget -= 1
+                    plain += 1
                     continue
             n = left if left < budget else budget
             k = self._lookahead(seq, budget - n) if lookahead and left == 1 else 0
@@ -166,6 +168,7 @@ class Scheduler:
             if copies:
                 out.copies += copies
             budget -= n + k
+        out.plain_decodes = plain
         if not out.preempted:
             self._admit(out, budget)
         return out

@@ -47,6 +47,11 @@ class SchedulerOutput:
     # copy-on-write (src, dst) before the step
     copies: list[tuple[int, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    # how many of `scheduled` the scheduler made as plain decodes: one token, the sequence's
+    # last (so it samples), no lookahead, its slot in its own last block (no block allocated
+    # or copied). All of them: a decode step that changed no block table, which the model
+    # runner's decode inputs then take as such (decode_inputs.py)
+    plain_decodes: int = 0
 
     @property
     def num_batched_tokens(self) -> int:

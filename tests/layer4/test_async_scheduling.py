@@ -270,10 +270,13 @@ def checked_mirror(monkeypatch):
     monkeypatch.setattr(MR.BlockTableMirror, "gather", checked)
     one_pass = MR.decode_inputs
 
-    def checked_decode(mirror, group):  # a decode step's rows, from the same mirror
-        got = one_pass(mirror, group)
+    def checked_decode(mirror, group, plain=False):  # a decode step's rows, same mirror
+        got = one_pass(mirror, group, plain)
         if got is not None:
             seqs = [s.seq for s in group]
+            if plain:  # the scheduler's word for it (no table changed): it held, and all sample
+                assert got.rows == list(range(len(group)))
+                assert all(s.num_new_tokens == 1 and not s.spec_token_ids for s in group)
             assert np.array_equal(got.table, padded_table([q.block_table for q in seqs]))
             assert got.lens.tolist() == [len(q.block_table) for q in seqs]
             assert got.context_lens.tolist() == [s.context_len for s in group]

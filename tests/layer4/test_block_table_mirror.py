@@ -51,3 +51,22 @@ def test_a_sequence_the_mirror_cannot_hold_is_refused():
     assert mirror.sync_rows([SimpleNamespace(row=2, block_table=[1])]) is None
     assert mirror.sync_rows([SimpleNamespace(row=0, block_table=[1, 2, 3, 4])]) is None
     assert mirror.gather([SimpleNamespace(row=1, block_table=[1, 2, 3, 4])]) is None
+
+
+def test_unchanged_rows_of_the_last_sync_are_answered_without_a_pass():
+    """sync_rows(seqs, unchanged=True): the caller vouches no table changed. For the last
+    synced sequences, in order, the last answer comes back as it is (even if a list was
+    changed behind the mirror's back: the caller's promise is what is trusted); for any other
+    list of sequences it syncs as usual."""
+    mirror = BlockTableMirror(4, 6)
+    seqs = [SimpleNamespace(row=r, block_table=[10 * r + 1]) for r in range(3)]
+    first = mirror.sync_rows(seqs)
+    assert mirror.sync_rows(list(seqs), unchanged=True) is first  # the same answer object
+    seqs[1].block_table.append(12)  # a real change: without the promise it is synced
+    check(mirror, seqs)
+    assert mirror.sync_rows(list(seqs), unchanged=True)[1] == [1, 2, 1]
+    seqs[0].block_table.append(3)  # broken promise: not seen (what the flag means)
+    assert mirror.sync_rows(list(seqs), unchanged=True)[1] == [1, 2, 1]
+    order = [seqs[2], seqs[0]]  # other sequences: synced in full, promise or not
+    where, lens = mirror.sync_rows(order, unchanged=True)
+    assert lens == [1, 2] and np.array_equal(mirror.table[where, :2], padded([[21], [1, 3]]))

@@ -44,8 +44,10 @@ class FakeEngine:
         self.next_id, self.finished, self.steps = 10_000, [], []
 
     def step(self):
+        tables = {id(q): (q.block_table, len(q.block_table)) for q in self.sched.running}
         out = self.sched.schedule()
         self.steps.append(out)
+        check_plain(out, tables)
         for s in out.scheduled:  # a speculator fills the reserved slots
             s.spec_token_ids = [self.rng.randrange(1, 50) for _ in range(s.num_lookahead)]
         sampled = {}
@@ -79,6 +81,18 @@ class FakeEngine:
             assert out.scheduled, "no progress"
             check_invariants(self.sched)
         raise AssertionError("did not finish")
+
+
+def check_plain(out, tables: dict) -> None:
+    """A step the scheduler says is all plain decodes: one token each, the sequence's last,
+    no lookahead, and no block table replaced or grown by the scheduling (what the model
+    runner's decode inputs take for granted)."""
+    assert 0 <= out.plain_decodes <= len(out.scheduled)
+    if out.scheduled and out.plain_decodes == len(out.scheduled):
+        for s in out.scheduled:
+            assert s.num_new_tokens == 1 and s.num_lookahead == 0 and s.samples
+            table, n = tables[id(s.seq)]
+            assert s.seq.block_table is table and len(table) == n
 
 
 def check_invariants(sched: Scheduler) -> None:

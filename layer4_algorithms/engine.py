@@ -217,12 +217,21 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         """Read a launched step's tokens (waiting for them if still on the GPU), append them,
         free what finished; adds the step (its requests advanced) and the sequences it
         finished. (The requests' ids are gathered only for outputs of unfinished ones.)"""
+        out = launched.out
+        # a step of plain decodes sampled every scheduled sequence's row, in order (no fork,
+        # no void row possible when bad is None): its tokens are appended as a list
+        if launched.bad is None and out.plain_decodes == len(out.scheduled) == len(launched.who):
+            tokens = launched.read_tokens()
+            if tokens is not None:
+                finished += self.scheduler.postprocess(out, None, in_order=tokens)
+                advanced.append(out)
+                return
         sampled = launched.read()
         void = launched.void_rows(sampled)
-        finished += self.scheduler.postprocess(launched.out, sampled)
+        finished += self.scheduler.postprocess(out, sampled)
         for rid in void:  # the request's other completions end with it
             finished += self.scheduler.abort(rid)
-        advanced.append(launched.out)
+        advanced.append(out)
 
     def drain(self) -> list[RequestOutput]:
         """Wait for the step still on the GPU (async scheduling) and apply it: returns the

@@ -47,6 +47,7 @@ class LaunchedStep:
     event: torch.cuda.Event | None = None
     first_only: bool = False  # only first tokens sampled: the next step() reads it first
     bad: torch.Tensor | None = None
+    _tokens_read: list[int] | None = None  # read_tokens()'s list, once read
 
     @classmethod
     def on_host(cls, out: SchedulerOutput, who: list[Sequence], tokens: list[int],
@@ -76,8 +77,20 @@ class LaunchedStep:
     def read(self) -> dict[int, list[int]]:
         """seq_id -> the tokens to append (waiting for them if still on the GPU); read once,
         then kept (a step with grammar rows reads its predecessor's tokens early)."""
-        if self.sampled is not None:
-            return self.sampled
+        if self.sampled is None:
+            tokens = self.read_tokens()
+            if tokens is None:
+                tokens = self._tokens_read
+            self.sampled = {q.seq_id: [t] for q, t in zip(self.who, tokens, strict=True)}
+        return self.sampled
+
+    def read_tokens(self) -> list[int] | None:
+        """The tokens of `who`, one each, in its order (waiting for them if still on the
+        GPU), without making `sampled` (a dict of one-token lists): the engine appends them in
+        row order when its rows are its scheduled sequences'. None when already read
+        (`read()` then has them)."""
+        if self.sampled is not None or self._tokens_read is not None:
+            return None
         if self.event is not None:
             self.event.synchronize()
         tokens, who = self.tokens.tolist(), self.who
@@ -88,8 +101,8 @@ class LaunchedStep:
             raise ValueError(f"{len(tokens)} tokens for {len(who)} sampled rows")
         for q in who:
             q.num_pending -= 1
-        self.sampled = {q.seq_id: [t] for q, t in zip(who, tokens, strict=True)}
-        return self.sampled
+        self._tokens_read = tokens
+        return tokens
 
     def void_rows(self, sampled: dict[int, list[int]]) -> set[str]:
         """Sequences whose row could not be sampled get no token and finish with reason

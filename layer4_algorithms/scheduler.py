@@ -226,52 +226,73 @@ class Scheduler:
         self.running[at:at] = children
         parent.seq.pending_forks = 0
 
-    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]]) -> list[Sequence]:
+    def postprocess(self, out: SchedulerOutput, sampled: dict[int, list[int]] | None,
+                    in_order: list[int] | None = None) -> list[Sequence]:
         """After the step: append each sampled sequence's tokens (seq_id -> tokens: one, or
         accepted drafts + one with speculation; EOS, stop strings and max_tokens may cut
         them); free finished sequences, roll back rejected speculative slots, register newly
         full blocks. Returns the finished ones. Under async scheduling the next step is
         already scheduled: a sequence may have been preempted since (its token still counts)
-        or may finish now although that step computes one more token for it (discarded)."""
+        or may finish now although that step computes one more token for it (discarded).
+        in_order (instead of sampled): one token for each of out.scheduled, in its order."""
         finished = []
         now = time.perf_counter()
         bs, caching, running = self.bm.block_size, self.bm.enable_prefix_caching, \
             SequenceStatus.RUNNING
-        done = SequenceStatus.FINISHED
-        get = sampled.get
-        for s in out.scheduled:
+        if in_order is not None:
+            if len(in_order) != len(out.scheduled):
+                raise ValueError(f"{len(in_order)} tokens for {len(out.scheduled)} sequences")
+            pairs = zip(out.scheduled, in_order, strict=True)
+        else:
+            get = sampled.get
+            pairs = ((s, get(s.seq.seq_id)) for s in out.scheduled)
+        for s, tokens in pairs:
             seq = s.seq
-            tokens = get(seq.seq_id)
-            if tokens is not None and len(tokens) == 1 and seq.status is running \
-                    and not s.num_lookahead:
-                # decoding on (the common case): one token, at most a newly full block to commit
-                if not seq.append_token(tokens[0], now):
-                    if caching:
-                        known = len(seq.block_hashes)
-                        if seq.num_computed_tokens // bs > known and len(seq.block_table) > known:
-                            self.bm.commit(seq)
+            if in_order is not None:  # (an int: one token)
+                if seq.status is not running or s.num_lookahead:
+                    self._advance(s, [tokens], now, finished)
                     continue
-            elif seq.status is done:  # aborted since it was scheduled
+                token = tokens
+            elif (tokens is not None and len(tokens) == 1 and seq.status is running
+                  and not s.num_lookahead):
+                token = tokens[0]
+            else:
+                self._advance(s, tokens, now, finished)
                 continue
-            elif tokens:
-                for j, t in enumerate(tokens):
-                    if seq.append_token(t, now):
-                        break
-                    if j < len(tokens) - 1:  # an accepted draft: its k, v are valid
-                        seq.num_computed_tokens += 1
-            if seq.finish_reason is not None:
+            # decoding on (the common case): one token, at most a newly full block to commit
+            if seq.append_token(token, now):
                 finished.append(seq)
-                continue
-            if seq.status is not running:  # preempted after this step was scheduled
-                continue
-            if s.num_lookahead:
-                self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
-            if caching:
-                full = seq.num_computed_tokens // bs
-                if full > len(seq.block_hashes) and len(seq.block_table) > len(seq.block_hashes):
+            elif caching:
+                known = len(seq.block_hashes)
+                if seq.num_computed_tokens // bs > known and len(seq.block_table) > known:
                     self.bm.commit(seq)
         self._finish_all(finished)
         return finished
+
+    def _advance(self, s: ScheduledSeq, tokens: list[int] | None, now: float,
+                 finished: list[Sequence]) -> None:
+        """postprocess of one scheduled sequence off the common path: several tokens
+        (speculation), none, lookahead slots, or no longer running."""
+        seq = s.seq
+        if seq.status is SequenceStatus.FINISHED:  # aborted since it was scheduled
+            return
+        if tokens:
+            for j, t in enumerate(tokens):
+                if seq.append_token(t, now):
+                    break
+                if j < len(tokens) - 1:  # an accepted draft: its k, v are valid
+                    seq.num_computed_tokens += 1
+        if seq.finish_reason is not None:
+            finished.append(seq)
+            return
+        if seq.status is not SequenceStatus.RUNNING:  # preempted after this step was scheduled
+            return
+        if s.num_lookahead:
+            self.bm.truncate(seq, seq.num_computed_tokens)  # drop slots of rejected drafts
+        if self.bm.enable_prefix_caching:
+            full = seq.num_computed_tokens // self.bm.block_size
+            if full > len(seq.block_hashes) and len(seq.block_table) > len(seq.block_hashes):
+                self.bm.commit(seq)
 
     # ---- bookkeeping ---------------------------------------------------------------------------
     def _release(self, seq: Sequence) -> None:

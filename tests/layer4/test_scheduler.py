@@ -36,8 +36,10 @@ def make_seq(i: int, n_prompt: int, max_tokens: int, *, n: int = 1, vocab: int =
 class FakeEngine:
     """Drives a scheduler the way LLM.step does, with random tokens instead of a model."""
 
-    def __init__(self, sched: Scheduler, seed: int = 0, eos_prob: float = 0.0, accept=None) -> None:
+    def __init__(self, sched: Scheduler, seed: int = 0, eos_prob: float = 0.0, accept=None,
+                 in_order: bool = False) -> None:
         self.sched = sched
+        self.in_order = in_order  # plain-decode steps' tokens given as a list in step order
         self.rng = random.Random(seed)
         self.eos_prob = eos_prob
         self.accept = accept
@@ -70,7 +72,11 @@ class FakeEngine:
                     sampled[q.seq_id] = s.spec_token_ids[:j] + [tok]
                 else:
                     sampled[q.seq_id] = [tok]
-        self.finished += self.sched.postprocess(out, sampled)
+        if self.in_order and out.plain_decodes == len(out.scheduled) == len(sampled):
+            tokens = [sampled[s.seq.seq_id][0] for s in out.scheduled]
+            self.finished += self.sched.postprocess(out, None, in_order=tokens)
+        else:
+            self.finished += self.sched.postprocess(out, sampled)
         return out
 
     def run(self, max_steps: int = 10_000):
@@ -242,7 +248,8 @@ def test_no_workload_leaks_a_block(data):
                       scheduling=data.draw(st.sampled_from(["continuous", "priority"])),
                       num_lookahead_slots=data.draw(st.integers(0, 2)))
     eng = FakeEngine(sched, seed=data.draw(st.integers(0, 99)),
-                     eos_prob=data.draw(st.sampled_from([0.0, 0.1])))
+                     eos_prob=data.draw(st.sampled_from([0.0, 0.1])),
+                     in_order=data.draw(st.booleans()))
     shared = [7, 8, 9, 10, 11, 12, 13, 14]
     arrivals = data.draw(st.lists(st.tuples(st.integers(0, 6), st.integers(1, 14),
                                             st.integers(1, 8),
@@ -280,3 +287,26 @@ def test_no_workload_leaks_a_block(data):
     assert all(r == 0 for r in sched.bm.ref_counts)
     assert sched.bm.num_free_blocks == num_blocks
     assert sorted(sched._free_rows) == list(range(sched.max_num_seqs))
+
+
+def test_plain_steps_tokens_in_order_advance_sequences_as_the_dict_does():
+    """postprocess(out, None, in_order=tokens) (the engine's plain decode steps) leaves every
+    sequence, block and finish exactly as postprocess(out, {seq_id: [token]}) does, EOS and
+    max_tokens included; a token count that does not match the step is refused."""
+    runs = []
+    for in_order in (False, True):
+        sched = make_scheduler(BlockManager(30, 4, enable_prefix_caching=True), max_num_seqs=5,
+                               max_num_batched_tokens=12, max_model_len=120)
+        eng = FakeEngine(sched, seed=3, eos_prob=0.05, in_order=in_order)
+        for i in range(7):
+            sched.add(make_seq(i, 3 + i, 4 + 2 * i, prompt=[7, 8, 9, 10] + [i + 1] * i))
+        eng.run()
+        runs.append(([(q.seq_id, q.output_ids, q.finish_reason) for q in eng.finished],
+                     [(o.plain_decodes, len(o.scheduled)) for o in eng.steps]))
+    assert runs[0] == runs[1] and any(p == n > 0 for p, n in runs[0][1])
+    sched = make_scheduler(BlockManager(8, 4), max_num_seqs=2, max_num_batched_tokens=8,
+                           max_model_len=32)
+    sched.add(make_seq(0, 3, 2))
+    out = sched.schedule()
+    with pytest.raises(ValueError, match="2 tokens for 1 sequences"):
+        sched.postprocess(out, None, in_order=[1, 2])

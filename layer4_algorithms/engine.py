@@ -105,6 +105,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
+        self._random_live = 0  # live requests sampling at a temperature > 0 (not greedy)
         lanes = self.config.grammar_fill_threads
         self.grammars = GrammarCompiler.for_model(self.model, lanes=lanes)  # (lazy)
         self.masks = TokenMasks(self.model.config.vocab_size, self.model.net.device,

@@ -12,7 +12,14 @@ from .launched_step import LaunchedStep
 from .model_runner import StepLogits
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
+from .step_sampling import StepSampler
 from .structured import mask_spec
+
+
+def _plain_sampler(runner) -> bool:
+    """The runner samples with layer 4's own sample_tokens (a subclass may treat its logits
+    otherwise: layer 5's pipeline runner takes int64 rows as tokens)."""
+    return type(runner).sample_tokens is StepSampler.sample_tokens
 
 
 class EngineLaunchMixin:
@@ -70,6 +77,12 @@ class EngineLaunchMixin:
         unmasked rows' argmax already on the device (the decode graph's, over its input ids),
         for greedy rows; with masked rows the apply's CUDA graph, when it replays, writes
         theirs over it (TokenMasks.argmax: the next step's ids again need no copy)."""
+        if (not self._random_live and prepared is None and argmax is not None
+                and argmax.shape[0] == len(who) and _plain_sampler(self.runner)):
+            # every live request greedy, the graph's argmax in hand: sample_tokens would
+            # return it as it is, after a pass over the rows' params (what it checks)
+            self.runner.last_bad = None
+            return LaunchedStep.on_device(out, who, argmax, None)
         params = [q.params for q in who]
         if prepared is not None:  # greedy: into the decode graph's ids when rows are its own
             greedy = all([p.greedy for p in params]) and (argmax if argmax is not None else True)

@@ -19,7 +19,8 @@ from .sequence import Sequence
 
 class EngineRequestsMixin:
     """For LLM: reads self.model, self.scheduler, self.speculator, self.grammars; keeps
-    self._requests (id -> (prompt, its sequences)) and self._host_sampling."""
+    self._requests (id -> (prompt, its sequences)) and the counts of live requests that need
+    host sampling, grammars, or random sampling (temperature > 0)."""
 
     def add_request(self, prompt: str | Seq[int], params: l3.SamplingParams | None = None,
                     request_id: str | None = None, priority: int = 0) -> str:
@@ -42,6 +43,7 @@ class EngineRequestsMixin:
         self._requests[rid] = (prompt, [seq])
         self._host_sampling += host_sampled(params)
         self._grammars_live += params.structured_outputs is not None
+        self._random_live += not params.greedy
         return rid
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
@@ -71,6 +73,7 @@ class EngineRequestsMixin:
         prompt, seqs = self._requests.pop(request_id)
         self._host_sampling -= host_sampled(seqs[0].params)
         self._grammars_live -= seqs[0].params.structured_outputs is not None
+        self._random_live -= not seqs[0].params.greedy
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
@@ -110,6 +113,7 @@ class EngineRequestsMixin:
                 del reqs[rid]
                 self._host_sampling -= host_sampled(seqs[0].params)
                 self._grammars_live -= seqs[0].params.structured_outputs is not None
+                self._random_live -= not seqs[0].params.greedy
                 self._count_finished(o)
             outs.append(o)
         return outs

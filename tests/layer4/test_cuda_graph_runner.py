@@ -277,3 +277,36 @@ def test_engine_steps_in_a_new_order_gather_the_last_tokens_with_the_context(cop
     llm.runner.graph = graph
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == ref
     assert {"gather", "host", "device"} <= set(kinds)
+
+
+def test_sampled_requests_beside_greedy_ones_through_the_graph_runner():
+    """While a request samples at a temperature, every step goes through sample_tokens (its
+    seeded draws: the plain engine's tokens); once only greedy requests are live, the graph's
+    argmax is taken as the step's tokens without it; the live count of sampling requests is
+    back to 0 after finishing and aborted requests."""
+    from layer4_algorithms import (  # noqa: PLC0415
+        LLM,
+        SamplingParams,
+        model_runner,  # noqa: PLC0415
+    )
+
+    model = l3.Model(l3.random_model(CONFIG, seed=1, std=0.3))
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(2, CONFIG.vocab_size, (n,), generator=g).tolist()
+               for n in PROMPT_LENS[:5]]
+    params = [SamplingParams(temperature=0.0 if i % 2 else 0.9, seed=i,
+                             max_tokens=12 if i % 2 else 3, ignore_eos=True) for i in range(5)]
+    kw = dict(num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=8, async_scheduling=True)
+    ref = [o.outputs[0].token_ids for o in LLM(model, **kw).generate(prompts, params)]
+    llm = LLM(model, **kw)
+    llm.runner.graph = CudaGraphRunner(model.net, llm.cache, 8, MAX_BLOCKS + 2, capture=False)
+    calls = []
+    inner = model_runner.ModelRunner.sample_tokens
+    llm.runner.sample_tokens = lambda *a, **k: calls.append(len(a[1])) or inner(llm.runner, *a, **k)
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params)] == ref
+    # the sampling requests' steps called it; the greedy ones' last ~9 steps did not
+    assert 0 < len(calls) <= llm.stats.steps - 8 and llm._random_live == 0
+    rid = llm.add_request(prompts[0], params[0])
+    assert llm._random_live == 1
+    llm.abort(rid)
+    assert llm._random_live == 0

@@ -152,7 +152,6 @@ class StepsInFlight:
         self.lanes, self._turn, self._flights = lanes, 0, deque()
         device = self.runner.net.device
         self._land_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._arrival = torch.cuda.Event() if device.type == "cuda" else None
 
     def step(self, *, unfinished: bool = True, delta: bool = False):
         if self.lanes is None:
@@ -214,7 +213,7 @@ class StepsInFlight:
             tokens, arrived = prev[0].device_tokens, prev[1]
             if arrived is not None:  # landed on the landing stream: rank 0's stream waits
                 here = torch.cuda.current_stream(tokens.device)
-                here.wait_event(arrived)  # (before another landing records the event again)
+                here.wait_event(arrived)
                 tokens.record_stream(here)  # (made on the landing stream, read on this one)
         if not defer:
             while self._flights:
@@ -253,8 +252,5 @@ class StepsInFlight:
             sync = self._host_sampling > 0
             launched, _ = self._sample_launch(flight.out, flight.logits, None, sync, advanced,
                                               finished)
-            arrived = None
-            if stream is not None:  # (one event serves: a wait takes its latest record)
-                arrived = self._arrival
-                arrived.record(stream)
+            arrived = stream.record_event() if stream is not None else None
         return launched, arrived

@@ -247,17 +247,22 @@ class LlamaModel(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     def forward(self, input_ids: torch.Tensor, ctx: AttentionContext | None = None,
-                cache: KVCache | None = None, *, last_only: bool = False) -> torch.Tensor:
+                cache: KVCache | None = None, *, last_only: bool = False,
+                logits_out: torch.Tensor | None = None) -> torch.Tensor:
         """Two calls, one network; both return fp32 logits.
 
         model(input_ids (B, T)): training and scoring. Each of the B sequences starts at
             position 0 and sees only itself and earlier tokens; no cache; -> (B, T, V).
         model(input_ids (T,), ctx, cache): a serving step over T flat new tokens that
             `ctx` describes -> (T, V), or (B, V) for each sequence's last token with
-            last_only. cache None: a prefill with nothing cached (scoring text)."""
+            last_only. cache None: a prefill with nothing cached (scoring text).
+            logits_out: an fp32 tensor of the logits' shape to write them into and return
+            (a CUDA graph's static output): the LM head's output converted in one pass,
+            where .float() and a copy into it would write and read the fp32 logits twice."""
         if ctx is None:
-            if cache is not None or last_only:
-                raise ValueError("cache and last_only need an AttentionContext (serving step)")
+            if cache is not None or last_only or logits_out is not None:
+                raise ValueError("cache, last_only and logits_out need an AttentionContext "
+                                 "(serving step)")
             return self.head(self.causal_layers(self.embed_tokens(input_ids)))
         if cache is None and not ctx.is_prefill:
             raise ValueError("a step that continues cached sequences needs the cache")
@@ -270,14 +275,15 @@ class LlamaModel(nn.Module):
                 x, residual = layer.decode_fused(x, residual, ctx, cache, dk, self.cos, self.sin)
             logits, _ = dk.norm_linear(x, residual, self.norm, self.lm_head,
                                        out_dtype=torch.float32)  # = .float(), no own kernel
-            return logits
+            return logits if logits_out is None else _into(logits_out, logits)
         for layer in self.layers:
             x, residual = layer(x, residual, ctx, cache, self.ops, self.cos, self.sin)
         if last_only:  # only the logits that pick the next token: skip (T - B) rows of lm_head
             last = ctx.query_start_loc[1:] - 1
             x, residual = x[last], residual[last]
         x, _ = self.norm(x, self.ops, residual)
-        return self.lm_head(x).float()
+        logits = self.lm_head(x)
+        return logits.float() if logits_out is None else _into(logits_out, logits)
 
     # ---- the training path, in pieces a pipeline stage can run a slice of -----------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -318,6 +324,14 @@ class LlamaModel(nn.Module):
         ctx = AttentionContext.build([L] * B, [0] * B, torch.zeros(B * L, dtype=torch.int64),
                                      device=input_ids.device)
         return self.forward(input_ids.reshape(-1), ctx, None).view(B, L, -1)
+
+
+def _into(out: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """logits (any float dtype) into the fp32 tensor out of the same shape; returns out."""
+    if out.dtype != torch.float32 or out.shape != logits.shape:
+        raise ValueError(f"logits_out must be float32 of the logits' shape "
+                         f"{tuple(logits.shape)}, got {out.dtype} {tuple(out.shape)}")
+    return out.copy_(logits)
 
 
 def causal_lm_loss(logits: torch.Tensor, targets: torch.Tensor,

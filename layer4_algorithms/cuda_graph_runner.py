@@ -132,9 +132,14 @@ class CudaGraphRunner:
         pos, bs = self.positions[:B], self.block_size
         block = self.block_tables[:B].gather(1, (pos // bs)[:, None])[:, 0]
         self.slot_mapping[:B].copy_(block * bs + pos % bs)
-        self.logits[:B] = self.model(self.input_ids[:B], self.contexts[B], self.cache,
-                                     last_only=True)
-        greedy_into(self.logits[:B], self.input_ids[:B])  # the greedy tokens (see above)
+        logits = self.logits[:B]
+        if isinstance(self.model, l3.LlamaModel):  # the head's output into the buffer itself
+            self.model(self.input_ids[:B], self.contexts[B], self.cache, last_only=True,
+                       logits_out=logits)
+        else:  # (a network with LlamaModel's forward but no logits_out: layer 5's wrappers)
+            logits[:] = self.model(self.input_ids[:B], self.contexts[B], self.cache,
+                                   last_only=True)
+        greedy_into(logits, self.input_ids[:B])  # the greedy tokens (see above)
 
     def _capture(self, warmup: int) -> None:
         def every_bucket() -> None:  # every bucket warmed up before any capture

@@ -81,3 +81,34 @@ def test_a_cache_without_a_callable_hook_takes_the_padded_path():
     plain, _ = decode_twice("torch", l3.ContiguousKVCache)
     other, _ = decode_twice("torch", NotCallable)
     torch.testing.assert_close(other, plain, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_out_holds_the_same_logits_and_is_returned(dtype):
+    """forward(logits_out=buf): the head's output converted into buf, bit for bit what the
+    call without it returns (prefill and decode steps, all rows and last_only); bad buffers
+    are refused by name."""
+    model = l3.random_model(CONFIG, seed=5, std=0.3).to(dtype)
+    prompts = torch.tensor([5, 9, 2, 33, 17, 40, 8])
+    for last_only in (True, False):
+        cache = l3.ContiguousKVCache.for_model(CONFIG, 2, 16, dtype=dtype)
+        with torch.no_grad():
+            ctx = cache.context([4, 3], [0, 0])
+            want = model(prompts, ctx, cache, last_only=last_only)
+            buf = torch.full(want.shape, float("nan"))
+            got = model(prompts, ctx, cache, last_only=last_only, logits_out=buf)
+            assert got is buf and want.dtype == torch.float32 and torch.equal(buf, want)
+            # a decode step after it (run twice: it writes the same k, v both times)
+            step = cache.context([1, 1], [4, 3])
+            tokens = want[[3, 6] if not last_only else [0, 1]].argmax(-1)
+            want = model(tokens, step, cache, last_only=True)
+            buf = torch.empty(2, CONFIG.vocab_size)
+            assert model(tokens, step, cache, last_only=True, logits_out=buf) is buf
+            assert torch.equal(buf, want)
+    with torch.no_grad():
+        for bad in (torch.zeros(2, CONFIG.vocab_size, dtype=torch.float16),
+                    torch.zeros(3, CONFIG.vocab_size)):
+            with pytest.raises(ValueError, match="logits_out must be float32"):
+                model(prompts[:2], step, cache, last_only=True, logits_out=bad)
+        with pytest.raises(ValueError, match="logits_out need an AttentionContext"):
+            model(prompts[None], logits_out=torch.zeros(1, 7, CONFIG.vocab_size))

@@ -786,11 +786,8 @@ def _gemv_send(acc, t, x_ptr, out_words, lls, cnt_ptr, slot_words, words_n,
     half = (c % 2).to(tl.int64) * WORLD * slot_words
     packet = ((c + 1).to(tl.int64) << 32) | words.to(tl.uint32, bitcast=True).to(tl.int64)
     for p in tl.static_range(WORLD):
-        if p != RANK:  # 8 bytes at once, data and flag together, performed at system scope
-            # (a weak store to a peer may wait in this GPU's L2 with no fence after it; an
-            # atomic is one per element even where a small tile's values sit in every thread)
-            tl.atomic_xchg(lls[p] + half + RANK * slot_words + wi, packet, mask=w_ok,
-                           sem="relaxed", scope="sys")
+        if p != RANK:  # an aligned 8-byte store: data and flag arrive together
+            tl.store(lls[p] + half + RANK * slot_words + wi, packet, mask=w_ok)
     tl.store(out_words + wi, words, mask=w_ok)
 
 

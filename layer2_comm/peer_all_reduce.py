@@ -38,7 +38,6 @@ import layer1_kernels as kernels  # the layer beneath: the unfused norm
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PDL_ENV = "LLM_STACK_PEER_PDL"  # "0": PeerAllReduce.pdl off by default (see there)
 LL_ENV = "LLM_STACK_PEER_LL"  # "0": PeerAllReduce.low_latency off by default (see there)
-GEMV_ENV = "LLM_STACK_PEER_GEMV"  # "1": PeerAllReduce.fused_gemv on by default (see there)
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -233,11 +232,6 @@ class PeerAllReduce:
     pdl = os.environ.get(PDL_ENV, "1") != "0"
     LL_ENV = LL_ENV
     low_latency = os.environ.get(LL_ENV, "1") != "0"
-    # fused_gemv: layer 5's row-parallel projections at batch 1 ask for gemv_all_reduce (the GEMV
-    # with the LL all-reduce in its epilogue) where fuses_gemv; it needs low_latency's region.
-    # Off unless LLM_STACK_PEER_GEMV=1 until measured in decode.
-    GEMV_ENV = GEMV_ENV
-    fused_gemv = os.environ.get(GEMV_ENV, "0") == "1"
     LL_MAX_BYTES = 64 << 10
     # all_reduce_rms_norm's LL form (one_shot_ll_norm_kernel) takes (rows, H) messages up to
     # LL_NORM_MAX_BYTES: 0, off. Measured slower than the barrier kernel at decode's 32 rows of

@@ -216,13 +216,6 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
     return y if combine is None else combine(y)
 
 
-def _fuses_gemv(linear, x: torch.Tensor, silu: bool = False) -> bool:
-    """Whether `linear` runs its GEMV and its combine in one kernel of its own (layer 5's
-    row-parallel linears over layer 2's GEMV with the all-reduce in its epilogue)."""
-    fuses = getattr(linear, "fuses_gemv", None)
-    return callable(fuses) and fuses(x, silu)
-
-
 #: Most tokens (sequences) a decode step may have to take the fused path; larger steps take
 #: the general path (cuBLAS GEMMs, layer 1's norm / RoPE / SiLU kernels). Layer 1's gemv takes
 #: up to 8 rows, but it keeps its (rows x BLOCK_N x BLOCK_K) product tile in registers, so the
@@ -302,13 +295,9 @@ class DecodeKernels:
         return o.view(x.shape[0], -1), (x if residual is None else h)
 
     def linear(self, x, linear):
-        if _fuses_gemv(linear, x):
-            return linear.gemv_combine(x)
         return _combined(linear, kernels.gemv(x, linear.weight, linear.bias, impl=self.impl))
 
     def silu_linear(self, gu, linear):
-        if _fuses_gemv(linear, gu, silu=True):
-            return linear.gemv_combine(gu, silu=True)
         return _combined(linear, kernels.gemv_silu_mul(gu, linear.weight, linear.bias,
                                                        impl=self.impl))
 

@@ -240,24 +240,6 @@ class TPComm:
             return self._timed("all_reduce", fused, x)
         return ops.rms_norm(self.all_reduce(x.contiguous()), weight, eps, residual)
 
-    def fuses_gemv(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> bool:
-        """Whether gemv_all_reduce(x, w, silu) is one kernel: layer 2's all-reduce on CUDA
-        with its GEMV fusion on (PeerAllReduce.fuses_gemv; its switch fused_gemv)."""
-        if self.backend != "ours" or not x.is_cuda:
-            return False
-        peer = self._peer_for(x)
-        return peer.fused_gemv and peer.fuses_gemv(x, w, silu)
-
-    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor,
-                        silu: bool = False) -> torch.Tensor:
-        """The sum over the ranks of x @ w^T (silu: of silu(gate) * up, x = gate | up), one
-        row, in one kernel (fuses_gemv): layer 2's PeerAllReduce.gemv_all_reduce."""
-        def fused(t: torch.Tensor) -> torch.Tensor:
-            out = self._peer_for(t).gemv_all_reduce(t, w, silu)
-            self._count(out)
-            return out
-        return self._timed("all_reduce", fused, x)
-
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:
         """Rank 0's x into every rank's x (same shape everywhere), in place; returns x."""
         return self._timed("broadcast", self._broadcast, x)

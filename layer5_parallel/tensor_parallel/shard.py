@@ -105,16 +105,6 @@ class RowParallelLinear(nn.Module):
         kernels call it after their GEMV, so a shard keeps the fused path)."""
         return self.comm.all_reduce(y)
 
-    def fuses_gemv(self, x: torch.Tensor, silu: bool = False) -> bool:
-        """Whether gemv_combine(x, silu) is one kernel (layer 3's fused decode path asks):
-        layer 2's GEMV with the all-reduce in its epilogue, on a GPU, with its switch on."""
-        return self.bias is None and self.comm.fuses_gemv(x, self.weight, silu)
-
-    def gemv_combine(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
-        """combine(x @ W_r^T) (silu: of silu(gate) * up, x = gate | up) in one kernel: a
-        batch-1 decode's row-parallel projection and its all-reduce."""
-        return self.comm.gemv_all_reduce(x, self.weight, silu)
-
 
 class ReducingRMSNorm(nn.Module):
     """Layer 3's RMSNorm after a row-parallel projection that left its all-reduce to it:

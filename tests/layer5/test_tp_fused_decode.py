@@ -84,34 +84,3 @@ def test_a_row_parallel_linear_with_a_bias_is_not_fused():
     assert not backends._fusable(Row(lin.bias), torch.float32)  # the bias comes after the sum
     assert not backends._fusable(Row(None), torch.bfloat16)
     assert backends._fusable(lin, torch.float32)
-
-
-def test_a_projection_that_fuses_its_gemv_and_all_reduce_takes_that_one_call(monkeypatch):
-    """Where the comm does a row-parallel GEMV and its all-reduce in one kernel (layer 2's
-    gemv_all_reduce on GPUs: here a stand-in with the same arithmetic), layer 3's fused decode
-    path hands o_proj (plain) and down (silu(gate) * up) to it, and the logits stay the
-    model's."""
-    net = l3.random_model(l3.ModelConfig.from_dict(TINY), backend="triton", seed=4, std=0.3)
-    net.set_backend("triton", impl="triton")
-    store = dist.HashStore()
-    pg = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=30))
-    shard = l5.shard_model(net, 0, 1, l5.TPComm("torch", pg=pg))
-    shard.set_backend("triton", impl="triton")
-    shard.ops = dataclasses.replace(  # two sequences: more than the default limit takes
-        shard.ops, decode=dataclasses.replace(shard.ops.decode, max_tokens=2))
-    comm = shard.layers[0].attn.o_proj.comm
-    seen = []
-
-    def gemv_all_reduce(x, w, silu=False):
-        seen.append(silu)
-        k = w.shape[1]
-        a = torch.nn.functional.silu(x[:, :k]) * x[:, k:] if silu else x
-        return comm.all_reduce(a @ w.T)
-
-    monkeypatch.setattr(comm, "fuses_gemv", lambda x, w, silu=False: True)
-    monkeypatch.setattr(comm, "gemv_all_reduce", gemv_all_reduce)
-    want = _decode(net, decode_ops=l3.make_ops("torch"))
-    got = _decode(shard)
-    assert seen.count(False) == seen.count(True) == 2 * 3  # layers x decode steps
-    for a, b in zip(want, got, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)

@@ -17,8 +17,6 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
   one_shot    layer 2's barrier one-shot           one_shot+pdl  launched as a PDL dependent
   ll          the low-latency one-shot (packets)   ll+pdl        the same, PDL
               (at batch 32 too: 256 KiB, past the class's LL_MAX_BYTES)
-  gemv_ll     (batch 1) o_proj and down with the LL all-reduce in their epilogue (one kernel
-              each: PeerAllReduce.gemv_all_reduce)         gemv_ll+pdl  the same, PDL
   nccl        dist.all_reduce
   ...+pre2    layer 1's GEMVs request two weight tiles before their PDL wait (one by default)
   ...+early   layer 1's GEMVs of <= 64 MB trigger the next kernel's launch after their first tile
@@ -45,8 +43,8 @@ import torch  # noqa: E402
 T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
-VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "gemv_ll", "gemv_ll+pdl",
-                "ll+pdl+pre2", "ll+pdl+early", "nccl"),
+VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+pdl+pre2",
+                "ll+pdl+early", "nccl"),
             32: ("none", "one_shot", "ll", "fused", "fused+ll", "nccl")}
 
 
@@ -87,7 +85,7 @@ def _setup(ar, variant: str) -> None:
     # each program's wait for the kernel before (one by default)
     kernels.set_decode_pdl(True, early=False, early_bytes=64_000_000 if "+early" in variant else 0,
                            pre_tiles=2 if "+pre2" in variant else 1)
-    ar.low_latency = variant.startswith(("ll", "gemv_ll")) or variant.endswith("+ll")
+    ar.low_latency = variant.startswith("ll") or variant.endswith("+ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES
     # the norm's LL form (off by default) for fused+ll
@@ -96,12 +94,8 @@ def _setup(ar, variant: str) -> None:
 
 
 def _batch1_layer(kernels, ar, variant, lw, x, res):
-    y, h = kernels.gemv_rms_norm(x, lw["qkv"], lw["n1"], EPS, res)
-    if variant.startswith("gemv_ll"):  # the all-reduces in the GEMVs' epilogues
-        o = ar.gemv_all_reduce(y[:, : lw["q"]], lw["o"])
-        gu, h2 = kernels.gemv_rms_norm(o, lw["gu"], lw["n2"], EPS, h)
-        return ar.gemv_all_reduce(gu, lw["down"], silu=True), h2
     reduce = _reduce(ar, variant)
+    y, h = kernels.gemv_rms_norm(x, lw["qkv"], lw["n1"], EPS, res)
     o = reduce(kernels.gemv(y[:, : lw["q"]], lw["o"]))
     gu, h2 = kernels.gemv_rms_norm(o, lw["gu"], lw["n2"], EPS, h)
     return reduce(kernels.gemv_silu_mul(gu, lw["down"])), h2
@@ -147,7 +141,7 @@ def _rank(rows_list: list[int], variants: dict, layers: int, iters: int) -> list
         dist.broadcast(x0, 0)  # the same activations on every rank, as in a TP forward
         dist.broadcast(r0, 0)
 
-        def chain(variant, x0=x0, r0=r0, rows=rows):
+        def chain(variant):
             x, res = x0, r0
             for lw in lws:
                 if rows == 1:
@@ -210,9 +204,8 @@ def main(argv=None) -> int:
     pick = set(filter(None, args.variants.split(",")))
     variants = {r: tuple(v for v in VARIANTS.get(r, VARIANTS[32]) if not pick or v in pick)
                 for r in rows}
-    print(f"[tp-chain +{time.monotonic() - T0:6.1f} s] {world} ranks "
-          f"({torch.cuda.get_device_name(0)}), rows {rows}, {args.layers} layers a graph",
-          flush=True)
+    print(f"[tp-chain +{time.monotonic() - T0:6.1f} s] {world} ranks ({torch.cuda.get_device_name(0)}),"
+          f" rows {rows}, {args.layers} layers a graph", flush=True)
     result = launch(_rank, world, rows, variants, args.layers, args.iters, backend="nccl",
                     timeout_s=args.timeout)[0]
     base = {r["rows"]: r.get("us_per_layer") for r in result if r["variant"] == "none"}

@@ -77,21 +77,6 @@ def choose(nbytes: int, world: int, max_bytes: int = 8 << 20, one_shot_max_bytes
     return "one_shot" if nbytes <= limit else "two_shot"
 
 
-def _resident_programs(compiled, warps: int, device) -> int:
-    """Programs of a compiled Triton kernel one SM holds at once: the least of what its warps,
-    registers (allocated 256 a warp at a time) and shared memory allow (>= 1)."""
-    props = torch.cuda.get_device_properties(device)
-    regs = max(1, int(getattr(compiled, "n_regs", 0) or 255))
-    per_block = -(-regs * 32 // 256) * 256 * warps
-    regs_sm = getattr(props, "regs_per_multiprocessor", 65536) or 65536
-    threads_sm = getattr(props, "max_threads_per_multi_processor", 2048) or 2048
-    smem_sm = getattr(props, "shared_memory_per_multiprocessor", 228 << 10) or (228 << 10)
-    shared = int(getattr(getattr(compiled, "metadata", None), "shared", 0) or 0)
-    fit = min(regs_sm // per_block, threads_sm // (32 * warps), 32,
-              smem_sm // (shared + 1024) if shared else 32)
-    return max(1, fit)
-
-
 class PeerAllReduce:
     """Sum a CUDA tensor over the ranks of `group` with our one-shot / two-shot kernels.
 
@@ -139,13 +124,10 @@ class PeerAllReduce:
         # LL_SLOT_BYTES of data as 8-byte packets (see peer_kernels.py), made at construction
         self._ll_slot_words = self.LL_SLOT_BYTES // 4 if self.low_latency else 0
         ll_bytes = 2 * self.world * self._ll_slot_words * 8
-        # and the GEMV with the LL all-reduce's region after it (its own flags: see there)
-        self._gemv_slot_words = self.GEMV_LL_MAX_N // 2 if self.low_latency else 0
-        gemv_bytes = 2 * self.world * self._gemv_slot_words * 8
         try:
             # two halves: one-shot alternates between them (see peer_kernels.py)
-            self._storage = symm_mem.empty(2 * self.max_bytes + ll_bytes + gemv_bytes,
-                                           dtype=torch.uint8, device=self.device)
+            self._storage = symm_mem.empty(2 * self.max_bytes + ll_bytes, dtype=torch.uint8,
+                                           device=self.device)
             if ll_bytes:  # no stale memory may look like a packet of the first calls; done
                 # before the rendezvous, which no peer passes (and then writes here) before us
                 self._storage[2 * self.max_bytes:].zero_()
@@ -165,12 +147,6 @@ class PeerAllReduce:
         self._lls = tuple(self._handle.get_buffer(r, (ll_bytes // 8,), torch.int64,
                                                   storage_offset=2 * self.max_bytes // 8)
                           for r in range(self.world)) if ll_bytes else ()
-        self._gemv_lls = tuple(self._handle.get_buffer(
-            r, (gemv_bytes // 8,), torch.int64, storage_offset=(2 * self.max_bytes + ll_bytes) // 8)
-            for r in range(self.world)) if gemv_bytes else ()
-        self._gemv_counts = torch.zeros(max(1, self._gemv_slot_words), dtype=torch.int32,
-                                        device=self.device)
-        self._gemv_grids: dict[tuple, int] = {}  # programs the GPU holds at once, per config
         self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
         # written by the kernel when a wait times out: host memory, read without a GPU sync
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
@@ -377,55 +353,6 @@ class PeerAllReduce:
             int(self.timeout_s * 1e9), self._ll_slot_words, RANK=self.rank, WORLD=self.world,
             BLOCK_W=block_w, KIND=_LL_KINDS[x.dtype],
             num_warps=max(1, min(self.num_warps, block_w * 4 // (16 * 32))), **self._pdl())
-
-    # ---- a row-parallel GEMV with the all-reduce in its epilogue (batch 1) -------------------
-    #: Widest product the fused GEMV takes (its counters and region are sized for it).
-    GEMV_LL_MAX_N = 16384
-
-    def fuses_gemv(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> bool:
-        """Whether gemv_all_reduce(x, w, silu) runs as one kernel: low_latency on, one 16-bit
-        row x (of w's K, or 2K with silu) and w (N, K) contiguous on this GPU, N even and at
-        most GEMV_LL_MAX_N."""
-        return (self.low_latency and bool(self._gemv_slot_words) and x.dim() == 2
-                and x.shape[0] == 1
-                and w.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)
-                and w.dtype == x.dtype and x.device == w.device == self.device
-                and x.shape[1] == (2 if silu else 1) * w.shape[1] and w.shape[0] % 2 == 0
-                and w.shape[0] // 2 <= self._gemv_slot_words
-                and x.is_contiguous() and w.is_contiguous())
-
-    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False
-                        ) -> torch.Tensor:
-        """(1, N): the sum over ranks of this rank's x @ w^T -- layer 1's gemv(x, w) (silu:
-        gemv_silu_mul(x, w), x = gate | up) followed by self(...) -- in one kernel where
-        fuses_gemv: the GEMV sends its outputs to the peers as LL packets and sums theirs at
-        its end (peer_kernels.gemv_ll_kernel), the same bits as the two calls with the same
-        tile. The step after a row-parallel projection of a batch-1 decode. Collective."""
-        if not self.fuses_gemv(x, w, silu):
-            y = kernels.gemv_silu_mul(x, w) if silu else kernels.gemv(x, w)
-            return self(y, out=y)
-        self._usable()
-        from . import peer_kernels
-
-        N, K = w.shape
-        cfg = kernels.GEMV_TUNED.get((N, K)) or (4, min(2048, 1 << (K - 1).bit_length()), 4)
-        block_n, block_k, warps = max(2, cfg[0]), cfg[1], cfg[2]
-        stages = cfg[3] if len(cfg) > 3 else 1
-        out = torch.empty((1, N), dtype=x.dtype, device=x.device)
-        tiles = -(-N // block_n)
-        key = (K, block_n, block_k, warps, stages, silu)
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        grid = min(tiles, self._gemv_grids.get(key, sms))  # one a GPU until the registers known
-        compiled = peer_kernels.gemv_ll_kernel[(grid,)](
-            x, w, out, N, self._gemv_lls, self._gemv_counts, self._status.data_ptr(),
-            int(self.timeout_s * 1e9), self._gemv_slot_words, K=K, BLOCK_N=block_n,
-            BLOCK_K=block_k, STAGES=stages, SILU=bool(silu), KIND=_LL_KINDS[x.dtype],
-            RANK=self.rank, WORLD=self.world, num_warps=warps, **self._pdl())
-        if key not in self._gemv_grids:
-            self._gemv_grids[key] = sms * _resident_programs(compiled, warps, self.device)
-        if self.debug and not torch.cuda.is_current_stream_capturing():
-            self.check()
-        return out
 
     # ---- all-gather and reduce-scatter through the same buffers ------------------------
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

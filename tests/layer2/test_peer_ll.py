@@ -6,8 +6,7 @@ between barrier one-shots, two-shots and the fused norm (the kernels share the c
 and alternate halves), with and without programmatic dependent launch. Sizes it does not take
 (not whole 16-byte vectors, above LL_MAX_BYTES) go to the other kernels. Its form with the
 residual add and RMSNorm (all_reduce_rms_norm) equals the barrier kernel's, and takes rows up
-to LL_NORM_MAX_BYTES; its form in a GEMV's epilogue (gemv_all_reduce) equals layer 1's GEMV
-followed by the all-reduce."""
+to LL_NORM_MAX_BYTES."""
 from __future__ import annotations
 
 import pytest
@@ -58,7 +57,6 @@ def _ll_checks() -> list[str]:
     for pdl in (False, True):
         ar.pdl = pdl
         bad += [f"pdl={pdl}: {b}" for b in _graph_checks(ar)]
-        bad += [f"pdl={pdl}: {b}" for b in _gemv_checks(ar)]
     ar.check()
     ar.close()
     return bad
@@ -103,66 +101,6 @@ def _norm_checks(ar: PeerAllReduce) -> list[str]:
                 bad.append(f"norm {rows}x{H} {dtype} {data}: LL differs from the barrier kernel")
     ar._launch_ll_norm = original
     del ar.LL_NORM_MAX_BYTES
-    return bad
-
-
-# (N, K, silu): 8B TP=2's o_proj and down (layer 1's tuned tiles), awkward sizes (untuned
-# tile, K not a multiple of it, N not of the tile), the smallest
-GEMV_CASES = [(4096, 2048, False), (4096, 7168, True), (1000, 300, False), (246, 130, True),
-              (2, 16, False)]
-
-
-def _gemv_checks(ar: PeerAllReduce) -> list[str]:
-    """gemv_all_reduce (the GEMV with the LL all-reduce in its epilogue) = layer 1's GEMV then
-    the all-reduce: exact on integer data without SiLU (every order sums the same), within
-    rounding with it; eager, then in a CUDA graph replayed with fresh inputs between other
-    all-reduces (the per-word counters and halves across replays)."""
-    import layer1_kernels as kernels
-
-    bad: list[str] = []
-    cases = []
-    for i, (N, K, silu) in enumerate(GEMV_CASES):
-        if silu:
-            x = torch.randn(1, 2 * K, device="cuda", dtype=torch.bfloat16)
-            w = (torch.randn(N, K, device="cuda") / K ** 0.5).to(torch.bfloat16)
-        else:
-            x = exact_ints(K, torch.bfloat16, 1100 + i).view(1, K)
-            w = exact_ints(N * K, torch.bfloat16, 1200 + i).view(N, K)
-        if not ar.fuses_gemv(x, w, silu):
-            bad.append(f"gemv {N}x{K} silu={silu}: not fused")
-            continue
-        want = ar(kernels.gemv_silu_mul(x, w) if silu else kernels.gemv(x, w))
-        got = ar.gemv_all_reduce(x, w, silu)
-        ok = torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2) if silu else \
-            torch.equal(got, want)
-        if not ok:
-            bad.append(f"gemv {N}x{K} silu={silu}: differs from gemv + all-reduce "
-                       f"(max {(got.float() - want.float()).abs().max().item():.3g})")
-        cases.append((x, w, silu))
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    small = torch.zeros(4096, device="cuda", dtype=torch.bfloat16)
-    with torch.cuda.stream(side):
-        for x, w, silu in cases:
-            ar.gemv_all_reduce(x, w, silu)
-        ar(small)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = []
-        for x, w, silu in cases:
-            outs.append(ar.gemv_all_reduce(x, w, silu))
-            ar(small)
-        outs.append(ar.gemv_all_reduce(*cases[0]))  # the same words twice in one replay
-    for r in range(20):
-        for i, (x, _, _) in enumerate(cases):
-            x.copy_(exact_ints(x.numel(), x.dtype, 1300 + 17 * r + i).view(x.shape))
-        graph.replay()
-        for j, (x, w, silu) in enumerate(cases + cases[:1]):
-            want = ar(kernels.gemv_silu_mul(x, w) if silu else kernels.gemv(x, w))
-            if not torch.allclose(outs[j].float(), want.float(), rtol=1e-2, atol=1e-2):
-                bad.append(f"gemv graph replay {r}: output {j} differs")
-                return bad
     return bad
 
 

@@ -69,7 +69,7 @@ _PEER = engine.comm.PeerAllReduce
 #: The decode options a TP layout may set (--switches): name -> (the environment variable the
 #: workers read when they start, the attribute of rank 0's PeerAllReduce class or None)
 SWITCHES = {"pdl": (_PEER.PDL_ENV, "pdl"), "ll": (_PEER.LL_ENV, "low_latency"),
-            "gemv": (_PEER.GEMV_ENV, "fused_gemv"), "norms": (FUSED_NORMS_ENV, None)}
+            "norms": (FUSED_NORMS_ENV, None)}
 WORKLOADS = ((1, 128), (32, 64))  # (batch, new tokens)
 PROMPT_LEN = 128
 

@@ -145,11 +145,11 @@ def test_decode_switches_are_set_for_an_engine_and_put_back(monkeypatch):
     peer = B._PEER
     monkeypatch.setenv(peer.PDL_ENV, "1")
     monkeypatch.delenv(peer.LL_ENV, raising=False)
-    before = {a: getattr(peer, a) for a in ("pdl", "low_latency", "fused_gemv")}
+    before = {a: getattr(peer, a) for a in ("pdl", "low_latency")}
     with B.switched(B.parse_switches("ll+norms")):
         assert os.environ[peer.LL_ENV] == "1" and os.environ[peer.PDL_ENV] == "0"
-        assert os.environ[B.FUSED_NORMS_ENV] == "1" and os.environ[peer.GEMV_ENV] == "0"
-        assert peer.low_latency and not peer.pdl and not peer.fused_gemv
+        assert os.environ[B.FUSED_NORMS_ENV] == "1"
+        assert peer.low_latency and not peer.pdl
     assert os.environ[peer.PDL_ENV] == "1" and peer.LL_ENV not in os.environ
     assert {a: getattr(peer, a) for a in before} == before
     with B.switched(None):

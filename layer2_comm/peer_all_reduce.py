@@ -36,8 +36,8 @@ import torch.distributed as dist
 import layer1_kernels as kernels  # the layer beneath: the unfused norm
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
-PDL_ENV = "LLM_STACK_PEER_PDL"  # "0": PeerAllReduce.pdl off by default (see there)
-LL_ENV = "LLM_STACK_PEER_LL"  # "0": PeerAllReduce.low_latency off by default (see there)
+PDL_ENV = "LLM_STACK_PEER_PDL"  # "0" turns PeerAllReduce.pdl off (on by default)
+LL_ENV = "LLM_STACK_PEER_LL"  # "0" turns PeerAllReduce.low_latency off (on by default)
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 

@@ -41,10 +41,15 @@ class EngineRequestsMixin:
         seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
-        self._host_sampling += host_sampled(params)
-        self._grammars_live += params.structured_outputs is not None
-        self._random_live += not params.greedy
+        self._count_live(params, 1)
         return rid
+
+    def _count_live(self, params: l3.SamplingParams, sign: int) -> None:
+        """A request joins (sign 1) or leaves (-1) the live counts that pick the step's
+        sampling: host sampling, grammars, random sampling (temperature > 0)."""
+        self._host_sampling += sign * host_sampled(params)
+        self._grammars_live += sign * (params.structured_outputs is not None)
+        self._random_live += sign * (not params.greedy)
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
                   arrival: float, priority: int) -> Sequence:
@@ -71,9 +76,7 @@ class EngineRequestsMixin:
             return None
         self.scheduler.abort(request_id)
         prompt, seqs = self._requests.pop(request_id)
-        self._host_sampling -= host_sampled(seqs[0].params)
-        self._grammars_live -= seqs[0].params.structured_outputs is not None
-        self._random_live -= not seqs[0].params.greedy
+        self._count_live(seqs[0].params, -1)
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
@@ -111,9 +114,7 @@ class EngineRequestsMixin:
             o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
             if o.finished:
                 del reqs[rid]
-                self._host_sampling -= host_sampled(seqs[0].params)
-                self._grammars_live -= seqs[0].params.structured_outputs is not None
-                self._random_live -= not seqs[0].params.greedy
+                self._count_live(seqs[0].params, -1)
                 self._count_finished(o)
             outs.append(o)
         return outs

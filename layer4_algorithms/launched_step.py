@@ -78,10 +78,9 @@ class LaunchedStep:
         """seq_id -> the tokens to append (waiting for them if still on the GPU); read once,
         then kept (a step with grammar rows reads its predecessor's tokens early)."""
         if self.sampled is None:
-            tokens = self.read_tokens()
-            if tokens is None:
-                tokens = self._tokens_read
-            self.sampled = {q.seq_id: [t] for q, t in zip(self.who, tokens, strict=True)}
+            self.read_tokens()  # (None if read before: its list is kept)
+            self.sampled = {q.seq_id: [t] for q, t in zip(self.who, self._tokens_read,
+                                                           strict=True)}
         return self.sampled
 
     def read_tokens(self) -> list[int] | None:

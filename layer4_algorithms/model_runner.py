@@ -63,10 +63,10 @@ class ModelRunner(StepSampler):
     # ---- planning ---------------------------------------------------------------------------
     def padded_attention_bytes(self, group: Sequence[ScheduledSeq]) -> int:
         """fp32 score bytes of layer 3's padded attention for these sequences in one pass."""
-        if all(s.query_len == 1 for s in group):
-            return 0  # a decode pass: the cache's decode_attention, no padded queries
         if not l3.pads_prefill_attention(self.net):
             return 0  # flash kernels at each sequence's length (triton backend): no padding
+        if all(s.query_len == 1 for s in group):
+            return 0  # a decode pass: the cache's decode_attention, no padded queries
         max_q = max(s.query_len for s in group)
         max_s = max(s.context_len + s.query_len for s in group)
         return len(group) * self.net.config.num_attention_heads * max_q * max_s * 4
@@ -256,6 +256,4 @@ class ModelRunner(StepSampler):
             return None
         if (lens * self.cache.block_size <= pos).any():
             return None
-        if gather is not None:
-            return self.graph.run_host(ids, pos, table, gather)
-        return self.graph.run_host(ids, pos, table)  # (seq_lens = pos + 1: one copy of all)
+        return self.graph.run_host(ids, pos, table, gather)  # (seq_lens = pos + 1: one copy)

@@ -205,9 +205,7 @@ class StepsInFlight:
         their arrival or None): a decoding sequence's input is gathered from them there (layer
         4's runner), rank 0's stream waiting for that event."""
         runner, net = self.runner, self.runner.net
-        # (kernels that pad nothing: no pass over the step's sequences to find out)
-        defer = not engine.executor.pads_prefill_attention(net) or \
-            runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
+        defer = runner.padded_attention_bytes(out.scheduled) <= runner.attn_bytes_limit
         tokens = None
         if prev is not None:
             tokens, arrived = prev[0].device_tokens, prev[1]

@@ -42,6 +42,17 @@ _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off switch from the environment: "1" on, "0" off, unset the default; anything
+    else is an error naming the variable (a typo must not silently pick a kernel)."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _need_cuda(what: str) -> None:
     if not torch.cuda.is_available():
         raise RuntimeError(f"{what} needs CUDA peer access (GPUs that can read each other's "
@@ -205,9 +216,9 @@ class PeerAllReduce:
     # the engine's batch-1 decode 2.606 -> 2.475 ms a step (384 -> 404 tok/s, 1.51x -> 1.58x
     # TP=1), batch 32 unchanged (9,497 / 9,515 tok/s).
     PDL_ENV = PDL_ENV
-    pdl = os.environ.get(PDL_ENV, "1") != "0"
+    pdl = env_switch(PDL_ENV, True)
     LL_ENV = LL_ENV
-    low_latency = os.environ.get(LL_ENV, "1") != "0"
+    low_latency = env_switch(LL_ENV, True)
     LL_MAX_BYTES = 64 << 10
     # all_reduce_rms_norm's LL form (one_shot_ll_norm_kernel) takes (rows, H) messages up to
     # LL_NORM_MAX_BYTES: 0, off. Measured slower than the barrier kernel at decode's 32 rows of

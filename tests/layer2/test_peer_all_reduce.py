@@ -96,6 +96,20 @@ def test_simulated_bad_input_is_named():
         PeerBuffers(2, 4).read(0, 1, 0, 5)
 
 
+def test_peer_switches_read_0_or_1_and_name_anything_else(monkeypatch):
+    from layer2_comm.peer_all_reduce import PDL_ENV, env_switch
+
+    monkeypatch.delenv(PDL_ENV, raising=False)
+    assert env_switch(PDL_ENV, True) and not env_switch(PDL_ENV, False)
+    for value, on in (("1", True), ("0", False)):
+        monkeypatch.setenv(PDL_ENV, value)
+        assert env_switch(PDL_ENV, not on) is on
+    for bad in ("off", "", "yes", "2"):
+        monkeypatch.setenv(PDL_ENV, bad)
+        with pytest.raises(ValueError, match=f"{PDL_ENV} must be 0 or 1, got {bad!r}"):
+            env_switch(PDL_ENV, True)
+
+
 def test_peer_all_reduce_refuses_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("CUDA is visible: the multigpu tests run the real thing")

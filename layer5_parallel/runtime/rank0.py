@@ -46,6 +46,13 @@ class RankZeroModel(nn.Module):
     def backend(self) -> str:
         return self.shard.backend
 
+    @property
+    def ops(self):
+        """The shard's kernels (layer 3's Ops), as layer 4's runner asks for them
+        (`pads_prefill_attention(net)`): without them every mixed step counted as padded and
+        was cut into passes, where the triton kernels pad nothing."""
+        return self.shard.ops
+
 
 class RankedKVCache(engine.PagedKVCache):
     """Layer 4's paged cache on rank 0 whose copy-on-write copies happen on every rank.

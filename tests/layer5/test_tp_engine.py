@@ -6,6 +6,7 @@ shows that margin. One LLM per tp size (its worker processes start once), few to
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 
 import pytest
@@ -124,3 +125,17 @@ def test_tp_that_does_not_divide_heads_names_valid_sizes():
     assert l5.valid_tp_sizes(random_config()) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="positive int"):
         l5.LLM(l3.course_model_dir("target"), tensor_parallel_size=0)
+
+
+def test_tp_rank0_model_pads_prefill_as_its_shard_does(course):
+    """Layer 4's runner cuts a mixed step into passes only where the model's attention pads
+    (pads_prefill_attention reads net.ops): rank 0's TP model must answer as its shard."""
+    model = course[1]["llm"].model.net
+    shard, own = model.shard, model.shard.ops
+    try:
+        for name in ("torch", "triton"):
+            shard.ops = dataclasses.replace(own, name=name)
+            assert l3.pads_prefill_attention(model) == l3.pads_prefill_attention(shard)
+        assert not l3.pads_prefill_attention(model)  # triton at head_dim 64: nothing pads
+    finally:
+        shard.ops = own

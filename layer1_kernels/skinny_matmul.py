@@ -1,23 +1,29 @@
-"""Skinny products for decode batches: y = x @ W^T for a few to a few dozen rows (M <= 64).
+"""Decode-batch products: y = x @ W^T for a decode step's rows (one per sequence, up to 256).
 
     skinny_matmul(x, w, config=None)        x (M, K), w (N, K) row-major -> y (M, N)
     skinny_linear(x, w, bias=None)          F.linear, or skinny_matmul where measured faster
 
 Why a kernel of its own. A decode step of B sequences multiplies a (B, K) activation by each
-weight matrix once: with B = 32 every weight byte is used 32 times, still far below the ~300
-FLOPs a byte an H100's tensor cores need, so the product is bound by streaming W, as at batch
-1. cuBLAS picks tiles made for square products; at the narrow per-rank shapes tensor
-parallelism gives (8B at TP=4: o_proj 4096 x 1024, qkv 1536 x 4096) it launches few tiles
-and a split-K reduction kernel behind them.
+weight matrix once: every weight byte is used B times. An H100 streams ~3.35 TB/s and
+multiplies ~700 TFLOP/s (bf16, dense, in practice), ~210 FLOPs a byte, so a projection is
+bound by streaming W up to B ~ 200 rows (2 B FLOPs a 2-byte weight) and only near B = 256
+do the tensor cores start to matter. cuBLAS picks tiles made for square products: at the
+narrow per-rank shapes tensor parallelism gives (8B at TP=4: o_proj 4096 x 1024, qkv 1536 x
+4096) it launches few tiles and a split-K reduction kernel behind them, and at the 1B's
+mid-sized projections (qkv 3072 x 2048, o 2048 x 2048) a few hundred rows leave its 64 x 64
+tiles short of either floor.
 
-What one program does ("swap AB"): program n owns BLOCK_N rows of W (outputs) and walks all
-of K in BLOCK_K steps; each step loads a (BLOCK_N, BLOCK_K) tile of W and the (BLOCK_K,
-BLOCK_M) activations (from L2: every program reads the same x), and `tl.dot` multiplies them
-on the tensor cores with W's rows as the MMA's long side, so BLOCK_M (>= 16, the MMA's
-narrowest) pads the few rows of x instead of W's thousands. Triton pipelines the K loop
-(`stages` tiles of W in flight through shared memory), which is what keeps enough bytes in
-flight per SM to stream at copy bandwidth. The fp32 (BLOCK_N, BLOCK_M) accumulator is
-stored transposed, once.
+What one program does ("swap AB"): program (m, n) owns BLOCK_N rows of W (outputs) and
+BLOCK_M rows of x and walks all of K (or its split's share) in BLOCK_K steps; each step loads
+a (BLOCK_N, BLOCK_K) tile of W and the (BLOCK_K, BLOCK_M) activations, and `tl.dot`
+multiplies them on the tensor cores with W's rows as the MMA's long side, so BLOCK_M (>= 16,
+the MMA's narrowest) pads the few rows of x instead of W's thousands. The programs of one W
+tile are launched next to each other (m varies fastest), so W comes from DRAM once and from
+L2 for the others. Triton pipelines the K loop (`stages` tiles in flight through shared
+memory), which is what keeps enough bytes in flight per SM to stream at copy bandwidth. The
+fp32 (BLOCK_N, BLOCK_M) accumulator is stored transposed, once. Split K (for the thin-N
+shapes: more programs than N / BLOCK_N tiles give) sums the parts in the last program of a
+tile to arrive.
 
     FLOPs = 2 * M * N * K          bytes ~ N * K * w_itemsize (+ M * K + M * N activations)
 """
@@ -37,19 +43,19 @@ import triton.language as tl
 from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16)
-#: Most rows one call takes (the accumulator tile holds them all).
-MAX_ROWS = 64
+#: Most rows one call takes: a decode step's batch (larger products are prefill's: cuBLAS).
+MAX_ROWS = 256
 
 
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, stride_xm,
-                   stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT: tl.constexpr):
-    pid_n, pid_k = tl.program_id(0), tl.program_id(1)
+                   stride_wn, stride_ym, SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     n_ok, m_ok = rn < N, rm < M
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
@@ -67,44 +73,55 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, s
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
-    if SPLIT == 1:
+    if not SPLIT_K:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
     else:
         # Split K: each program leaves its partial tile in the workspace; the last of a
-        # column's SPLIT programs to finish (a counter per column of tiles) adds them in
-        # split order (the same sum whichever finishes last) and resets the counter for the
-        # next call. The CTA barrier orders every thread's stores before the release.
-        tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + rm[None, :]
-        column = pid_n * BLOCK_N * BLOCK_M
-        stride = tl.num_programs(0) * BLOCK_N * BLOCK_M
-        tl.store(part_ptr + pid_k * stride + column + tile, acc)
+        # tile's SPLIT programs to finish (a counter per output tile) adds them in split
+        # order (the same sum whichever finishes last) and resets the counter for the next
+        # call. The CTA barrier orders every thread's stores before the release.
+        t = pid_n * tl.num_programs(0) + pid_m
+        tile = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        at = t * BLOCK_N * BLOCK_M
+        stride = tl.num_programs(0) * tl.num_programs(1) * BLOCK_N * BLOCK_M
+        tl.store(part_ptr + pid_k * stride + at + tile, acc)
         tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        arrived = tl.atomic_add(count_ptr + t, 1, sem="acq_rel", scope="gpu")
         if arrived == SPLIT - 1:
             total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for s in tl.static_range(SPLIT):
-                total += tl.load(part_ptr + s * stride + column + tile, cache_modifier=".cg")
+            for s in range(SPLIT):
+                total += tl.load(part_ptr + s * stride + at + tile, cache_modifier=".cg")
             tl.store(y_ptrs, total.to(y_ptr.dtype.element_ty),
                      mask=n_ok[:, None] & m_ok[None, :])
-            tl.store(count_ptr + pid_n, 0)
+            tl.store(count_ptr + t, 0)
 
 
-#: (BLOCK_N, BLOCK_K, warps, stages[, split]) per (N, K), where skinny_matmul was measured faster
-#: than cuBLAS at 32 rows (benchmarks/tp_gemm_shapes.py); skinny_linear uses it only there.
-TUNED: dict[tuple[int, int], tuple[int, ...]] = {}
-#: skinny_linear's row range: the measured one (32 rows; 17..32 pad to the same 32-row tile)
-LINEAR_ROWS = (17, 32)
-#: "1": skinny_linear takes skinny_matmul at TUNED's shapes (off until measured in decode steps)
+#: Where skinny_matmul was measured faster than cuBLAS (benchmarks/decode_gemm_shapes.py, CUDA
+#: graph replay, weights rotated past L2): (N, K) -> ((first row count, last row count,
+#: config), ...); skinny_linear takes the kernel only inside those row ranges. A config is
+#: (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages[, split]).
+TUNED: dict[tuple[int, int], tuple[tuple[int, int, tuple[int, ...]], ...]] = {}
+#: "1": skinny_linear takes skinny_matmul at TUNED's shapes and rows (off until a decode step
+#: measured with it on is faster)
 ENV = "LLM_STACK_SKINNY_GEMM"
 ENABLED = os.environ.get(ENV, "0") == "1"
 
 
-def default_config(n: int, k: int) -> tuple[int, ...]:
-    """An untuned guess: 32-row tiles of W (N / 32 programs: 48..896 at the 8B's per-rank
-    shapes), 256 columns a step, four steps in flight."""
+def tuned_config(n: int, k: int, m: int) -> tuple[int, ...] | None:
+    """TUNED's config for an (m, k) @ (n, k)^T product, None where cuBLAS stays."""
+    for lo, hi, config in TUNED.get((n, k), ()):
+        if lo <= m <= hi:
+            return config
+    return None
+
+
+def default_config(n: int, k: int, m: int) -> tuple[int, ...]:
+    """An untuned guess: 32-row tiles of W, x's rows in one tile up to 64 (64-row tiles
+    past that), 256 columns a step, four steps in flight."""
+    block_m = min(64, max(16, next_pow2(m)))
     if interpreter.INTERPRETED:
-        return 16, 32, 1, 1
-    return 32, min(256, max(16, next_pow2(k))), 4, 4
+        return 16, block_m, 32, 1, 1
+    return 32, block_m, min(256, max(16, next_pow2(k))), 4, 4
 
 
 _COUNTS: dict[torch.device, torch.Tensor] = {}
@@ -112,7 +129,7 @@ _COUNTS: dict[torch.device, torch.Tensor] = {}
 
 def _counters(device: torch.device, tiles: int) -> torch.Tensor:
     """The split-K arrival counters of a device: zeros, left zero by every call (the last
-    program of a column resets its counter), so graphs replay them; grown when needed."""
+    program of a tile resets its counter), so graphs replay them; grown when needed."""
     t = _COUNTS.get(device)
     if t is None or t.numel() < tiles:
         t = _COUNTS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
@@ -126,9 +143,9 @@ def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Tensor:
     """y = x @ w^T: x (M, K) with 1 <= M <= MAX_ROWS, w (N, K) (an nn.Linear weight, read in
     place), both fp16 or bf16 -> y (M, N) in x's dtype, fp32 accumulation. config:
-    (BLOCK_N, BLOCK_K, warps, stages[, split]): split > 1 cuts K into that many parts, one
-    program each (more programs for narrow N), summed by the last to finish; default TUNED's
-    entry or default_config."""
+    (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages[, split]): split > 1 cuts K into that many
+    parts, one program each (more programs for narrow N), summed by the last to finish;
+    default TUNED's entry for M rows or default_config."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"skinny_matmul: x must be (M, K) and w (N, K), got {tuple(x.shape)} "
                          f"and {tuple(w.shape)}")
@@ -141,22 +158,25 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Ten
         raise ValueError("skinny_matmul: x and w need unit stride along K")
     M, K = x.shape
     N = w.shape[0]
-    block_n, block_k, warps, stages, *rest = config or TUNED.get((N, K)) or default_config(N, K)
+    config = config or tuned_config(N, K, M) or default_config(N, K, M)
+    if len(config) not in (5, 6) or any(not isinstance(c, int) or c < 1 for c in config):
+        raise ValueError(f"skinny_matmul: config must be (BLOCK_N, BLOCK_M, BLOCK_K, warps, "
+                         f"stages[, split]) of positive ints, got {config!r}")
+    block_n, block_m, block_k, warps, stages, *rest = config
     split = max(1, min(rest[0] if rest else 1, cdiv(K, block_k)))
     k_split = cdiv(cdiv(K, split), block_k) * block_k  # whole K tiles a split
     split = cdiv(K, k_split)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    tiles = cdiv(N, block_n)
-    block_m = max(16, next_pow2(M))
+    tiles_m, tiles_n = cdiv(M, block_m), cdiv(N, block_n)
     part, count = y, y  # not read without a split
     if split > 1:
-        part = torch.empty((split, tiles * block_n * block_m), dtype=torch.float32,
+        part = torch.empty((split, tiles_m * tiles_n * block_n * block_m), dtype=torch.float32,
                            device=x.device)
-        count = _counters(x.device, tiles)
-    _skinny_kernel[(tiles, split)](
-        x, w, y, part, count, M, N, K, k_split, x.stride(0), w.stride(0), y.stride(0),
+        count = _counters(x.device, tiles_m * tiles_n)
+    _skinny_kernel[(tiles_m, tiles_n, split)](
+        x, w, y, part, count, M, N, K, k_split, x.stride(0), w.stride(0), y.stride(0), split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-        EVEN_K=K % k_split == 0 and k_split % block_k == 0, SPLIT=split, num_warps=warps,
+        EVEN_K=K % k_split == 0 and k_split % block_k == 0, SPLIT_K=split > 1, num_warps=warps,
         num_stages=stages)
     return y
 
@@ -164,12 +184,11 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Ten
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                   ) -> torch.Tensor:
     """F.linear(x, w, bias) for x (M, K), w (N, K): through skinny_matmul when ENABLED, x is a
-    CUDA tensor with LINEAR_ROWS rows and (N, K) is in TUNED (measured faster than cuBLAS
+    CUDA tensor and TUNED has a config for (N, K) at M rows (measured faster than cuBLAS
     there), else F.linear itself (cuBLAS on a GPU)."""
-    lo, hi = LINEAR_ROWS
-    if (ENABLED and x.is_cuda and x.dim() == 2 and lo <= x.shape[0] <= hi
-            and tuple(w.shape) in TUNED and x.dtype in _DTYPES and w.dtype == x.dtype
-            and x.stride(1) == 1 and w.stride(1) == 1):
-        y = skinny_matmul(x, w)
-        return y if bias is None else y + bias
+    if ENABLED and x.is_cuda and x.dim() == 2 and x.dtype in _DTYPES and w.dtype == x.dtype:
+        config = tuned_config(w.shape[0], w.shape[1], x.shape[0])
+        if config is not None and x.stride(1) == 1 and w.stride(1) == 1:
+            y = skinny_matmul(x, w, config=config)
+            return y if bias is None else y + bias
     return F.linear(x, w, bias)

@@ -1,7 +1,7 @@
-"""Layer 1's skinny_matmul (a few dozen rows times a weight matrix, swap-AB on the tensor cores)
-against the fp32 product at awkward sizes, and skinny_linear's choice: F.linear unless switched
-on, on a GPU, at a tuned shape and a tuned row count. On a CPU the kernel runs through Triton's
-interpreter in fp16 (the interpreter's bf16 dot is wrong); bf16 on a GPU."""
+"""Layer 1's skinny_matmul (a decode batch of rows times a weight matrix, swap-AB on the tensor
+cores) against the fp32 product at awkward sizes, and skinny_linear's choice: F.linear unless
+switched on, on a GPU, at a tuned shape and inside a tuned row range. On a CPU the kernel runs
+through Triton's interpreter in fp16 (the interpreter's bf16 dot is wrong); bf16 on a GPU."""
 from __future__ import annotations
 
 import importlib
@@ -30,15 +30,24 @@ def _check(m: int, n: int, k: int, config, seed: int) -> None:
     assert torch.equal(skinny_matmul_reference(x, w), (x.float() @ w.float().T).to(DTYPE))
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 50, 70), (3, 33, 48), (32, 40, 64), (17, 16, 130)])
+@pytest.mark.parametrize("m,n,k", [(1, 50, 70), (3, 33, 48), (32, 40, 64), (17, 16, 130),
+                                   (70, 24, 96)])
 def test_skinny_matmul_at_awkward_sizes(m, n, k):
-    cfg = (16, 32, 1, 1) if DEV.type == "cpu" else None
+    cfg = (16, 16, 32, 1, 1) if DEV.type == "cpu" else None
     _check(m, n, k, cfg, m * 1000 + n)
-    _check(m, n, k, (32, 64, 4, 2) if DEV.type == "cpu" else (64, 128, 4, 3), m + n + k)
+    _check(m, n, k, (32, 32, 64, 4, 2) if DEV.type == "cpu" else (64, 64, 128, 4, 3), m + n + k)
     # split K (3 parts of whole K tiles, the last one short where K is ragged), twice: the
     # arrival counters must be left at zero for the next call
     for seed in (1, 2):
-        _check(m, n, k, (16, 16, 1, 1, 3) if DEV.type == "cpu" else (32, 32, 4, 2, 3), seed)
+        _check(m, n, k, (16, 16, 16, 1, 1, 3) if DEV.type == "cpu" else (32, 32, 32, 4, 2, 3),
+               seed)
+
+
+def test_skinny_matmul_tiles_a_decode_batch_of_rows():
+    """Up to MAX_ROWS rows in several row tiles (the last one partial), with and without split
+    K, and the default tile for the row count."""
+    for m, cfg in ((256, (16, 64, 32, 1, 1)), (200, (32, 64, 16, 1, 1, 2)), (130, None)):
+        _check(m, 48, 64, cfg, m)
 
 
 def test_skinny_matmul_refuses_bad_input():
@@ -46,15 +55,29 @@ def test_skinny_matmul_refuses_bad_input():
     with pytest.raises(ValueError, match="x must be"):
         skinny_matmul(x, torch.zeros(4, 9, dtype=torch.float16))
     with pytest.raises(ValueError, match="rows"):
-        skinny_matmul(torch.zeros(65, 8, dtype=torch.float16), torch.zeros(4, 8, dtype=torch.float16))
+        skinny_matmul(torch.zeros(257, 8, dtype=torch.float16),
+                      torch.zeros(4, 8, dtype=torch.float16))
     with pytest.raises(ValueError, match="dtype"):
         skinny_matmul(x.float(), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="config"):
+        skinny_matmul(x, torch.zeros(4, 8, dtype=torch.float16), config=(16, 32, 1, 1))
+    with pytest.raises(ValueError, match="config"):
+        skinny_matmul(x, torch.zeros(4, 8, dtype=torch.float16), config=(16, 0, 32, 1, 1))
+
+
+def test_tuned_config_picks_by_shape_and_rows(monkeypatch):
+    monkeypatch.setitem(SK.TUNED, (8, 16), ((17, 32, (16, 32, 16, 1, 1)),
+                                            (129, 256, (16, 128, 16, 1, 1, 2))))
+    assert SK.tuned_config(8, 16, 24) == (16, 32, 16, 1, 1)
+    assert SK.tuned_config(8, 16, 256) == (16, 128, 16, 1, 1, 2)
+    assert SK.tuned_config(8, 16, 64) is None and SK.tuned_config(8, 16, 8) is None
+    assert SK.tuned_config(16, 8, 24) is None
 
 
 def test_skinny_linear_is_f_linear_unless_chosen(monkeypatch):
     x, w, b = torch.randn(32, 16), torch.randn(8, 16), torch.randn(8)
     monkeypatch.setattr(SK, "ENABLED", True)
-    monkeypatch.setitem(SK.TUNED, (8, 16), (16, 16, 1, 1))
+    monkeypatch.setitem(SK.TUNED, (8, 16), ((1, 256, (16, 32, 16, 1, 1)),))
     calls = []
     monkeypatch.setattr(SK, "skinny_matmul", lambda *a, **k: calls.append(a) or F.linear(*a))
     assert torch.equal(skinny_linear(x, w, b), F.linear(x, w, b))  # a CPU tensor: F.linear
@@ -62,31 +85,35 @@ def test_skinny_linear_is_f_linear_unless_chosen(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("m", [1, 8, 24, 32, 64])
-def test_skinny_matmul_at_tp_shapes_gpu(m):
-    """Rank 0's projections of Llama-3.1-8B at TP=1/2/4 (bf16)."""
-    for i, tp in enumerate((1, 2, 4)):
-        for j, (n, k) in enumerate(((6144 // tp, 4096), (4096, 4096 // tp), (28672 // tp, 4096),
-                                    (4096, 14336 // tp))):
-            _check(m, n, k, None, 10 * i + j)
-            _check(m, n, k, (64, 128, 4, 3, 4), 10 * i + j)
+@pytest.mark.parametrize("m", [1, 8, 24, 32, 64, 136, 256])
+def test_skinny_matmul_at_decode_shapes_gpu(m):
+    """Rank 0's projections of Llama-3.1-8B at TP=1/2/4 and Llama-3.2-1B's (bf16), the default
+    tile and a split-K one."""
+    shapes = [(6144 // tp, 4096) for tp in (1, 2, 4)] + [(4096, 4096 // tp) for tp in (1, 2, 4)]
+    shapes += [(28672 // tp, 4096) for tp in (1, 2, 4)] + [(4096, 14336 // tp) for tp in (1, 2, 4)]
+    shapes += [(3072, 2048), (2048, 2048), (16384, 2048), (2048, 8192)]
+    for i, (n, k) in enumerate(shapes):
+        _check(m, n, k, None, i)
+        _check(m, n, k, (64, 64, 128, 4, 3, 4), i)
 
 
 @pytest.mark.gpu
 def test_skinny_linear_takes_the_kernel_where_chosen_gpu(monkeypatch):
-    x = torch.randn(32, 1024, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16) / 32
     calls = []
     original = SK.skinny_matmul
     monkeypatch.setattr(SK, "skinny_matmul", lambda *a, **k: calls.append(1) or original(*a, **k))
     monkeypatch.setattr(SK, "ENABLED", True)
-    monkeypatch.setitem(SK.TUNED, (4096, 1024), (32, 256, 4, 4))
-    for rows, used in ((32, True), (24, True), (8, False), (33, False)):
+    monkeypatch.setitem(SK.TUNED, (4096, 1024), ((17, 32, (32, 32, 256, 4, 4)),
+                                                  (129, 256, (128, 128, 64, 8, 3, 2))))
+    for rows, used in ((32, True), (24, True), (8, False), (33, False), (200, True),
+                       (256, True), (257, False)):
         calls.clear()
-        xi = x[:1].expand(rows, -1).contiguous() if rows > 32 else x[:rows]
-        y = skinny_linear(xi, w)
+        y = skinny_linear(x[:rows], w)
         assert bool(calls) == used, rows
-        torch.testing.assert_close(y.float(), F.linear(xi, w).float(), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(y.float(), F.linear(x[:rows], w).float(), rtol=2e-2,
+                                   atol=2e-2)
 
 
 def test_skinny_matmul_compiles_for_sm90():
@@ -99,7 +126,7 @@ from tests.layer1.sm90 import compile_for_sm90
 from layer1_kernels.skinny_matmul import _skinny_kernel
 for split in (1, 4):
     ck = compile_for_sm90(_skinny_kernel, dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=128, EVEN_K=True,
-                          SPLIT=split), {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
+                          SPLIT_K=split > 1), {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16",
                           "part_ptr": "*fp32", "count_ptr": "*i32"},
                           {"num_warps": 4, "num_stages": 3}, aligned=True)
     ptx = ck.asm["ptx"]

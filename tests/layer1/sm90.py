@@ -17,18 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def compile_for_sm90(fn, consts: dict, ptrs: dict, opts: dict, *,
-                     scalars: tuple[str, ...] = ("eps", "qk_scale"), aligned: bool = False):
+                     scalars: tuple[str, ...] = ("eps", "qk_scale"), aligned: bool = False,
+                     divisible: tuple[str, ...] = ()):
     """triton.compile of jit function `fn` for cuda:90: the arguments named in consts are
     constexprs of those values, those in ptrs of the given types, other `*_ptr` arguments
     bf16 pointers, `scalars` fp32, the rest i32. aligned: pointers and `stride*` arguments
     divisible by 16, as the JIT sees them for aligned tensors (its wide loads and cp.async
-    copies need that). Returns the compiled kernel (its .asm)."""
+    copies need that); `divisible`: integer arguments marked so too (the JIT marks any int
+    argument that is a multiple of 16). Returns the compiled kernel (its .asm)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     sig, cx, attrs = {}, {}, {}
     for i, n in enumerate(fn.arg_names):
-        if aligned and n not in consts and (n.endswith("_ptr") or n.startswith("stride")):
+        if n in divisible or (aligned and n not in consts
+                              and (n.endswith("_ptr") or n.startswith("stride"))):
             attrs[(i,)] = [["tt.divisibility", 16]]
         if n in consts:
             sig[n] = "constexpr"

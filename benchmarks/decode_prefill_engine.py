@@ -97,23 +97,32 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
     if not smoke:
         row.update(bucket_graph_prefill(net, tokens, peak))
     row.update(engine_prefill(net, tokens, peak, smoke))
+    if not smoke:  # the engine's prefill steps replayed from its per-bucket graphs
+        graphed = engine_prefill(net, tokens, peak, smoke, prefill_cuda_graph=True)
+        row.update({f"graph_{k}": v for k, v in graphed.items()})
+        row["graph_engine_ratio"] = row["engine_ms"] / graphed["engine_ms"]
+        # the same prompts (one seed): the same greedy first tokens?
+        row["graph_tokens_equal"] = graphed["engine_first_tokens"] == row["engine_first_tokens"]
     return row
 
 
-def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5) -> dict:
+def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,
+                   prefill_cuda_graph: bool = False) -> dict:
     """The same prefill through layer 4's engine (its own path: schedule, the paged cache's
     context, the forward, sampling the first token and reading it back): `LLM.generate` of
     one fresh random `tokens`-token prompt, max_tokens 1, two untimed then `runs` timed (a
     new prompt each: no prefix-cache hit), each between device syncs; the engine's config as
-    in the engine part (CUDA graphs, async scheduling), its token budget the prompt."""
+    in the engine part (CUDA graphs, async scheduling), its token budget the prompt.
+    prefill_cuda_graph: the engine's prefill steps from its per-bucket graphs (the prompt
+    fills the largest bucket: no padding), their pool's size reported."""
     dev = net.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
-              cuda_graph=not smoke)
+              cuda_graph=not smoke, prefill_cuda_graph=prefill_cuda_graph)
     params = l3.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
-    secs, steps = [], []
+    secs, steps, first = [], [], []
     for i in range(2 + runs):
         prompt = torch.randint(0, net.config.vocab_size, (tokens,), generator=gen).tolist()
         sync()
@@ -125,8 +134,11 @@ def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5) ->
             steps.append(llm.stats.steps)
         if len(out[0].outputs[0].token_ids) != 1:
             raise RuntimeError("the engine's prefill did not sample one token")
+        first.append(out[0].outputs[0].token_ids[0])
     med, flops = statistics.median(secs), L3B.prefill_flops(net, tokens)
-    return {"engine_ms": med * 1e3, "engine_runs_ms": [s * 1e3 for s in secs],
+    pool = getattr(llm.runner.prefill_graph, "pool_bytes", 0)
+    return {"engine_first_tokens": first, "engine_prefill_graph_pool_MiB": pool / 2**20,
+            "engine_ms": med * 1e3, "engine_runs_ms": [s * 1e3 for s in secs],
             "engine_MFU": flops / med / peak, "engine_MFU_min": flops / max(secs) / peak,
             "engine_MFU_max": flops / min(secs) / peak, "engine_steps": steps,
             "engine_target_MFU": 0.7}

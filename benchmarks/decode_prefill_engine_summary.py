@@ -50,6 +50,13 @@ def summary(out: Path) -> list[str]:
             row(f"prefill 2048 x{len(p['engine_runs_ms'])}, through the engine (LLM.generate)",
                 f"{p['engine_ms']:.2f}", f"{_pct(p['engine_MFU'])} "
                 f"({_pct(p['engine_MFU_min'])}-{_pct(p['engine_MFU_max'])})", ">= 70%")
+        if "graph_engine_ms" in p:  # the same engine with prefill_cuda_graph
+            row(f"prefill 2048 x{len(p['graph_engine_runs_ms'])}, through the engine, prefill "
+                f"graphs (tokens equal: {p['graph_tokens_equal']}, pool "
+                f"{p['graph_engine_prefill_graph_pool_MiB']:.0f} MiB)",
+                f"{p['graph_engine_ms']:.2f}", f"{_pct(p['graph_engine_MFU'])} "
+                f"({_pct(p['graph_engine_MFU_min'])}-{_pct(p['graph_engine_MFU_max'])})",
+                ">= 70%")
     else:
         row("prefill: MISSING (prefill.log)", "", "", "")
     e = _load(out / "engine.json")

@@ -73,7 +73,11 @@ class EngineConfig:
     enable_prefix_caching, enable_chunked_prefill; scheduling "continuous" (FCFS), "static" (the
     benchmark baseline: fixed batches run to completion) or "priority" (continuous, ordered by
     (request priority, arrival); preemption takes the lowest priority). Runner: cuda_graph
-    (decode steps replayed from CUDA graphs, CUDA only), attn_bytes_limit (padded attention
+    (decode steps replayed from CUDA graphs, CUDA only), prefill_cuda_graph (steps of up to a
+    few sequences, prefill chunks among them, replayed from CUDA graphs per token-count
+    bucket up to max_num_batched_tokens: one launch where an eager prefill's host time rivals
+    its GPU time; CUDA and the triton backend only; its graphs' pool holds about one forward
+    of max_num_batched_tokens tokens), attn_bytes_limit (padded attention
     scores per forward pass before a step is split). speculative: a SpecConfig or its dict,
     or None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its
     decode inputs taken from step N's tokens on the device; step N's tokens read one step
@@ -98,6 +102,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling: str = "continuous"
     cuda_graph: bool = False
+    prefill_cuda_graph: bool = False
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None
@@ -138,6 +143,7 @@ class EngineConfig:
             f"grammar_fill_threads must be at most {MAX_FILL_THREADS} (each is a thread and a "
             f"compile of every constraint), got {self.grammar_fill_threads}",
             flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
+            flag("prefill_cuda_graph"),
             None if self.async_scheduling is None or isinstance(self.async_scheduling, bool) else
             f"async_scheduling must be True, False or None, got {self.async_scheduling!r}",
             None if not (self.async_scheduling and self.speculative is not None) else

@@ -34,6 +34,7 @@ from .config import EngineConfig
 from .cuda_graph_runner import CudaGraphRunner
 from .decode_inputs import decode_inputs
 from .kv import PagedKVCache
+from .prefill_graph_runner import PrefillGraphRunner
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .step_logits import StepLogits
 from .step_sampling import StepSampler
@@ -43,7 +44,9 @@ class ModelRunner(StepSampler):
     """Runs scheduled steps of `net` (LlamaModel, or anything with its forward signature and
     `.config`, `.device`) over `cache`, with config.attn_bytes_limit per pass. config.cuda_graph:
     replay decode-only passes from captured CUDA graphs (cuda_graph_runner.py; CUDA only) for
-    up to config.max_num_seqs sequences of config.max_model_len tokens. Its logits become
+    up to config.max_num_seqs sequences of config.max_model_len tokens; config.prefill_cuda_graph:
+    other passes of a few sequences from graphs per token bucket (prefill_graph_runner.py),
+    eager where none fits. Its logits become
     tokens through StepSampler's `sample` / `sample_tokens` (step_sampling.py)."""
 
     def __init__(self, net: l3.LlamaModel, cache: PagedKVCache, config: EngineConfig) -> None:
@@ -59,6 +62,10 @@ class ModelRunner(StepSampler):
         self.last_bad: torch.Tensor | None = None  # the last sample_tokens call's void rows
         if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
             self.graph = CudaGraphRunner(net, cache, config.max_num_seqs, max_blocks)
+        self.prefill_graph = None
+        if config.prefill_cuda_graph and self.device.type == "cuda":
+            self.prefill_graph = PrefillGraphRunner(net, cache, config.max_num_batched_tokens,
+                                                    max_blocks + 1)
 
     # ---- planning ---------------------------------------------------------------------------
     def padded_attention_bytes(self, group: Sequence[ScheduledSeq]) -> int:
@@ -207,6 +214,10 @@ class ModelRunner(StepSampler):
             logits = self._graph_decode(group, ids)
             if logits is not None:  # (B, V), a view of the graph's output: sampled first
                 return logits, {}
+        if self.prefill_graph is not None:
+            logits = self._graph_prefill(group, ids)
+            if logits is not None:  # (k, V), a view of the graph's output: sampled first
+                return logits, {}
         qlens = [s.num_new_tokens + len(s.spec_token_ids) for s in group]
         seqs = [s.seq for s in group]
         ctx = self.cache.context(qlens, [s.context_len for s in group],
@@ -233,6 +244,17 @@ class ModelRunner(StepSampler):
             if s.spec_token_ids:
                 spec[b] = logits[start - 1 - len(s.spec_token_ids):start]
         return logits[ends], spec
+
+    def _graph_prefill(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:
+        """A pass replayed from the prefill graphs (prefill_graph_runner.py), or None when
+        none fits it (then it runs eagerly)."""
+        plan = self.prefill_graph.plan(group)
+        if plan is None:
+            return None
+        got = self.tables.gather([s.seq for s in group])
+        if got is None:
+            return None
+        return self.prefill_graph.run(plan, group, ids, *got, staging=self.staging)
 
     def _graph_decode(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:
         """A decode pass replayed from the CUDA graphs, its inputs without a whole

@@ -75,6 +75,10 @@ class EngineConfig(engine.EngineConfig):
             "(pipeline_parallel_size=1, data_parallel_size=1, no expert parallelism)",
             None if isinstance(dp, int) and not isinstance(dp, bool) and dp >= 1 else
             f"data_parallel_size must be a positive int, got {dp!r}",
+            # (the workers would have to replay rank 0's prefill graphs: not built)
+            None if not self.prefill_cuda_graph or (tp == 1 and self.pipeline_parallel_size == 1)
+            else "prefill_cuda_graph runs on one rank only (tensor_parallel_size=1, "
+                 "pipeline_parallel_size=1)",
             None if self.dp_devices is None or len(self.dp_devices) == dp else
             f"dp_devices names {len(self.dp_devices or ())} devices for data_parallel_size={dp}",
         ]

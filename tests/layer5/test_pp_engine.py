@@ -213,6 +213,10 @@ def test_bad_pipeline_sizes_are_named():
         l5.LLM(model, pipeline_parallel_size=2, tensor_parallel_size=3, num_blocks=8)
     with pytest.raises(ValueError, match="pp_micro_batches"):
         l5.EngineConfig(pipeline_parallel_size=2, pp_micro_batches=0)
+    for sizes in (dict(pipeline_parallel_size=2), dict(tensor_parallel_size=2)):
+        with pytest.raises(ValueError, match="prefill_cuda_graph runs on one rank only"):
+            l5.EngineConfig(prefill_cuda_graph=True, **sizes)
+    assert l5.EngineConfig(prefill_cuda_graph=True).prefill_cuda_graph
     assert pp_stage.valid_pp_sizes(random_config()) == [1, 2, 3, 4, 5]
 
 

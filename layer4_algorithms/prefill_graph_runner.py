@@ -1,0 +1,269 @@
+"""The engine's prefill steps replayed from CUDA graphs, one per token-count bucket.
+
+An eager prefill step issues ~9 launches a layer from Python. For a lone 2048-token prompt
+of a 1B model that is ~9 ms of host time against ~7.5 ms of GPU work (H200): the step runs
+at the host's speed. Replayed from a CUDA graph it is one launch and a few input copies.
+
+A graph fixes every shape, so a step of n tokens runs in the graph of the smallest token
+bucket >= n (128, 256, ... up to max_num_batched_tokens), and its tokens [n, bucket) are
+padding. Two kinds of step are captured per bucket:
+
+- "one": a single fresh prompt (context 0), the padding appended to it. Causal attention
+  (layer 3's single-sequence flash kernel over all `bucket` rows) keeps the n real tokens
+  blind to the padding behind them: their outputs are the same arithmetic as the eager step.
+- "many": up to max_seqs sequences with any context (chunks, prefix hits, a few prompts at
+  once), as the varlen flash kernel's rows 0..k-1 reading keys through the block tables;
+  rows k..max_seqs-1 empty (no query, no key), and the padding a sequence of its own in the
+  last row, so no real sequence ever sees it.
+
+Padding never writes a real block: its tokens' slots are in the cache's scratch block (the
+block no sequence owns, where the decode graphs' padding rows write too), their positions 0,
+and the padding row's block table is all scratch. Many padding tokens writing one slot race,
+harmlessly: nothing reads the scratch block's values for a real token.
+
+The graph's host ints are fixed at capture: max_query_len = bucket (the kernels' grids cover
+the longest a sequence can be; blocks past a sequence's end exit at once). The logits come
+out of the captured forward's `last_only`, which reads each row's last token from
+query_start_loc, a static buffer: rows 0..k-1 are the step's sequences' (the rest are read
+by nobody). A padded step's GEMMs have another height than the eager step's, so cuBLAS may
+pick another kernel: logits equal up to the last bits, not bit for bit.
+
+Static inputs: one int64 buffer `query_start_loc | seq_lens | positions | slots | tables`
+that a step fills from the host in one copy, and the input ids. Memory: the graphs share one
+pool, captured largest bucket first, so the pool is about one largest-bucket forward's
+temporaries (the activations of max_num_batched_tokens tokens: what an eager step of that
+size takes too, held for good); plus the (max_seqs + 1, vocab) fp32 logits buffer.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+import layer3_model as l3
+
+#: The smallest token bucket: shorter steps run in it (their host time is as long as a
+#: bigger step's, their GPU time shorter: the graph helps them most).
+MIN_BUCKET = 128
+#: Sequences a "many" step may hold (more: eager); each costs a row of the attention grid.
+MAX_PREFILL_SEQS = 4
+KINDS = ("one", "many")
+
+
+def token_buckets(max_tokens: int, smallest: int = MIN_BUCKET) -> list[int]:
+    """Token counts to capture: powers of two from `smallest` below max_tokens, and
+    max_tokens itself (the scheduler's token budget: no step is longer)."""
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+    sizes, b = [], smallest
+    while b < max_tokens:
+        sizes.append(b)
+        b *= 2
+    return sizes + [max_tokens]
+
+
+class PrefillGraphRunner:
+    """Steps of `model` over the paged `cache` whose sequences bring tokens_in <= max_tokens
+    tokens in all, replayed from CUDA graphs (module docstring). plan(group) -> (bucket, kind)
+    or None (the step does not fit: run it eagerly); run(plan, group, ids, table) -> fp32
+    logits (k, V) of each sequence's last token, a view of the output buffer that the next
+    replay overwrites.
+
+    The cache needs `block_size`, `scratch_block` and slot / block views (layer 4's
+    PagedKVCache); the model the triton backend's flash attention (l3.pads_prefill_attention
+    False: the general path's padded shapes follow the step's lengths on the host).
+    capture=False runs the same buffers eagerly (no graphs; also on a CPU): for tests."""
+
+    def __init__(self, model: l3.LlamaModel, cache, max_tokens: int, max_blocks: int, *,
+                 max_seqs: int = MAX_PREFILL_SEQS, capture: bool = True,
+                 warmup: int = 1) -> None:
+        if capture and not torch.cuda.is_available():
+            raise RuntimeError("CUDA graphs need a CUDA GPU: torch.cuda.is_available() is False "
+                               "here; prefill eagerly instead (prefill_cuda_graph=False)")
+        if capture and (model.device.type != "cuda" or cache.k.device.type != "cuda"):
+            raise RuntimeError("CUDA graphs need the model and the cache on a CUDA device; model "
+                               f"on {model.device}, cache on {cache.k.device}")
+        if l3.pads_prefill_attention(model):
+            raise ValueError("prefill graphs need the triton backend's flash attention (no "
+                             "sliding window, a head_dim its kernels have): the general "
+                             "attention path pads to the step's lengths, which a graph cannot "
+                             "follow; prefill eagerly instead (prefill_cuda_graph=False)")
+        for name in ("block_size", "scratch_block", "block_views"):
+            if not hasattr(cache, name):
+                raise TypeError(f"the cache has no `{name}`: PrefillGraphRunner needs a paged "
+                                "cache (layer 4's PagedKVCache)")
+        if not isinstance(max_seqs, int) or max_seqs < 1:
+            raise ValueError(f"max_seqs must be an int >= 1, got {max_seqs!r}")
+        if not isinstance(max_blocks, int) or max_blocks < 1:
+            raise ValueError(f"max_blocks must be an int >= 1, got {max_blocks!r}")
+        self.model, self.cache, self.captured = model, cache, capture
+        self.buckets = token_buckets(max_tokens)
+        self.max_tokens, self.max_seqs = max_tokens, max_seqs
+        bs = self.block_size = cache.block_size
+        self.scratch = cache.scratch_block
+        R = self.rows = max_seqs + 1  # the last row: the padding's own sequence
+        # the padding row's table must span the padding (up to a whole bucket)
+        W = self.width = max(max_blocks, -(-max_tokens // bs))
+        T, dev = max_tokens, model.device
+        # one buffer the host fills in one copy: query_start_loc | seq_lens | positions |
+        # slots | tables (rows x width)
+        self.io = torch.zeros(2 * R + 1 + 2 * T + R * W, dtype=torch.int64, device=dev)
+        parts = self.io.split([R + 1, R, T, T, R * W])
+        self.query_start_loc, self.seq_lens, self.positions, self.slots = parts[:4]
+        self.block_tables = parts[4].view(R, W)
+        self.ids = torch.zeros(T, dtype=torch.int64, device=dev)
+        self.logits = torch.zeros((R, model.config.vocab_size), dtype=torch.float32, device=dev)
+        # the host's copy of io; padding rows' values, which no step changes, written once
+        self._host = np.zeros(self.io.numel(), dtype=np.int64)
+        self._host_parts = np.split(self._host, np.cumsum([R + 1, R, T, T])[:4])
+        self._host_parts[4] = self._host_parts[4].reshape(R, W)
+        self._host_parts[4][:] = self.scratch
+        self._pad_slots = self.scratch * bs + np.arange(T, dtype=np.int64) % bs
+        self.contexts = {(b, kind): self._context(b, kind) for b in self.buckets
+                         for kind in KINDS}
+        self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
+        self.pool_bytes = 0
+        if capture:
+            self._capture(warmup)
+
+    def _context(self, T: int, kind: str) -> l3.AttentionContext:
+        """A bucket's AttentionContext: views of the static buffers, host ints for `bucket`
+        tokens. "one": a single fresh sequence (is_prefill: the single-sequence kernel over
+        this step's own k, v). "many": rows sequences whose keys are read through the block
+        tables (seq_lens_host unequal to query_lens_host: not is_prefill, the paged path)."""
+        R, W, dev = self.rows, self.width, self.io.device
+        if kind == "one":
+            zero = torch.zeros(1, dtype=torch.int64, device=dev)
+            return l3.AttentionContext(
+                positions=self.positions[:T], slot_mapping=self.slots[:T],
+                seq_ids=zero.expand(T), query_offsets=torch.arange(T, device=dev),
+                query_start_loc=self.query_start_loc[:2], query_lens=self.seq_lens[:1],
+                seq_lens=self.seq_lens[:1], max_query_len=T, max_seq_len=T,
+                query_lens_host=(T,), seq_lens_host=(T,), block_tables=None)
+        return l3.AttentionContext(
+            positions=self.positions[:T], slot_mapping=self.slots[:T],
+            seq_ids=torch.zeros(T, dtype=torch.int64, device=dev),
+            query_offsets=torch.zeros(T, dtype=torch.int64, device=dev),
+            query_start_loc=self.query_start_loc, query_lens=self.seq_lens,
+            seq_lens=self.seq_lens, max_query_len=T, max_seq_len=W * self.block_size,
+            query_lens_host=(T,) * R, seq_lens_host=(T + 1,) * R, block_tables=self.block_tables)
+
+    def _step(self, T: int, kind: str) -> None:
+        """What a graph records: the forward over the bucket's tokens, the logits of each
+        row's last token into the static buffer."""
+        rows = 1 if kind == "one" else self.rows
+        out = self.logits[:rows]
+        ctx = self.contexts[(T, kind)]
+        if isinstance(self.model, l3.LlamaModel):  # the head's output into the buffer itself
+            self.model(self.ids[:T], ctx, self.cache, last_only=True, logits_out=out)
+        else:  # (a network with LlamaModel's forward but no logits_out)
+            out[:] = self.model(self.ids[:T], ctx, self.cache, last_only=True)
+
+    def _capture(self, warmup: int) -> None:
+        # warm-up and capture inputs: token 0 a one-token sequence in row 0 (scratch slots,
+        # like all the rest: padding), the other rows empty
+        self._fill_padding(self.buckets[-1])
+        qsl, lens = self._host_parts[:2]
+        qsl[1:], lens[0] = 1, 1
+        self.io.copy_(torch.from_numpy(self._host).to(self.io.device))
+        keys = [(b, kind) for b in reversed(self.buckets) for kind in KINDS]
+
+        def every_graph() -> None:  # warmed up (compiles, cuBLAS plans) before any capture
+            for key in keys:
+                for _ in range(warmup):
+                    self._step(*key)
+        l3.warm_up(every_graph, 1)
+        torch.cuda.synchronize(self.io.device)
+        before = torch.cuda.memory_reserved(self.io.device)  # (the warm-up's blocks: reusable)
+        pool = None
+        for key in keys:  # largest first: the pool it leaves fits the smaller ones
+            graph, _ = l3.capture_graph(lambda key=key: self._step(*key), warmup=0, pool=pool)
+            pool = graph.pool()
+            self.graphs[key] = graph
+        torch.cuda.synchronize(self.io.device)
+        self.pool_bytes = torch.cuda.memory_reserved(self.io.device) - before
+
+    def _fill_padding(self, T: int, n: int = 0) -> None:
+        """Tokens [n, T) of the host layout: padding (position 0, a scratch slot)."""
+        _, _, pos, slots, _ = self._host_parts
+        pos[n:T] = 0
+        slots[n:T] = self._pad_slots[:T - n]
+
+    def bucket_for(self, n: int) -> int | None:
+        """The smallest bucket >= n tokens, None past the largest."""
+        for b in self.buckets:
+            if n <= b:
+                return b
+        return None
+
+    def plan(self, group: Sequence) -> tuple[int, str] | None:
+        """(bucket, kind) for a step of ScheduledSeqs `group`, or None when no graph fits it:
+        drafts to verify (their rows' logits), more than max_seqs sequences, more tokens than
+        the largest bucket."""
+        if not group or len(group) > self.max_seqs or any(s.spec_token_ids for s in group):
+            return None
+        bucket = self.bucket_for(sum(s.num_new_tokens for s in group))
+        if bucket is None:
+            return None
+        if len(group) == 1 and group[0].context_len == 0:
+            return bucket, "one"
+        return bucket, "many"
+
+    def run(self, plan: tuple[int, str], group: Sequence, ids: torch.Tensor,
+            table: np.ndarray, lens: np.ndarray,
+            staging: l3.HostStaging | None = None) -> torch.Tensor | None:
+        """The step `group` (planned by plan()) from its graph: ids (n,) its input ids on the
+        device, table (k, m) int64 its block tables (zero-padded), lens (k,) their lengths.
+        Returns the (k, V) logits view, or None when a table is wider than the graphs' (run
+        it eagerly). staging: the pinned buffers the host layout goes to the device through
+        (None: a plain copy)."""
+        T, kind = plan
+        k = len(group)
+        if table.ndim != 2 or table.shape[0] != k or np.shape(lens) != (k,):
+            raise ValueError(f"need one block table row and length per sequence ({k}), got "
+                             f"{table.shape} and {np.shape(lens)}")
+        if table.shape[1] > self.width:
+            return None
+        q = np.fromiter((s.num_new_tokens for s in group), dtype=np.int64, count=k)
+        c = np.fromiter((s.context_len for s in group), dtype=np.int64, count=k)
+        short = np.flatnonzero(np.asarray(lens) * self.block_size < q + c)
+        if short.size:  # (else its slots would land in block 0, someone else's)
+            b = int(short[0])
+            raise ValueError(f"block table of {lens[b]} blocks cannot hold {q[b] + c[b]} tokens")
+        n = int(q.sum())
+        if ids.shape != (n,):
+            raise ValueError(f"input ids must be ({n},) for this step's tokens, got "
+                             f"{tuple(ids.shape)}")
+        qsl, seq_lens, pos, slots, tables = self._host_parts
+        bs = self.block_size
+        starts = np.cumsum(q) - q
+        p = np.arange(n, dtype=np.int64) - np.repeat(starts, q) + np.repeat(c, q)
+        pos[:n] = p
+        slots[:n] = table[np.repeat(np.arange(k), q), p // bs] * bs + p % bs
+        self._fill_padding(T, n)
+        qsl[0] = 0
+        if kind == "one":
+            qsl[1] = n
+        else:
+            R = self.rows
+            qsl[1:k + 1] = starts + q
+            qsl[k + 1:R] = n  # empty rows: no query, no key
+            qsl[R] = T  # the padding's sequence
+            seq_lens[:k] = c + q
+            seq_lens[k:R - 1] = 0
+            seq_lens[R - 1] = T - n
+            tables[:k, :table.shape[1]] = table
+        if staging is not None:
+            self.io.copy_(staging.to_device(self._host), non_blocking=True)
+        else:
+            self.io.copy_(torch.from_numpy(self._host))
+        if kind == "many":  # this step's tables stay in the host copy: rows reset for the next
+            tables[:k] = self.scratch
+        self.ids[:n].copy_(ids)  # tokens [n, T) keep earlier ids: valid, outputs never read
+        if self.captured:
+            self.graphs[plan].replay()
+        else:
+            with torch.no_grad():
+                self._step(T, kind)
+        return self.logits[:k]

@@ -107,6 +107,12 @@ ENV = "LLM_STACK_SKINNY_GEMM"
 ENABLED = os.environ.get(ENV, "0") == "1"
 
 
+def skinny_gemm_enabled() -> bool:
+    """Whether skinny_linear may take the kernel (the ENV switch): callers that would only
+    pass through to F.linear otherwise skip their own dispatch when it is off."""
+    return ENABLED
+
+
 def tuned_config(n: int, k: int, m: int) -> tuple[int, ...] | None:
     """TUNED's config for an (m, k) @ (n, k)^T product, None where cuBLAS stays."""
     for lo, hi, config in TUNED.get((n, k), ()):

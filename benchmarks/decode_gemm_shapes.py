@@ -59,13 +59,14 @@ def candidates(m: int, n: int, k: int) -> list[tuple[int, ...]]:
     also split in K (whole tiles a split) where its tiles leave SMs idle."""
     bm = max(16, pow2(m))
     if m <= 64:  # streaming W: deep K steps, many programs
-        base = [(32, bm, 256, 4, 4), (64, bm, 128, 4, 4), (64, bm, 256, 4, 3),
-                (128, bm, 128, 8, 3)]
+        base = [(16, bm, 256, 4, 4), (32, bm, 256, 4, 4), (64, bm, 128, 4, 4),
+                (64, bm, 256, 4, 3), (128, bm, 128, 8, 3)]
     elif m <= 128:
         base = [(64, 64, 128, 4, 4), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3),
-                (128, 64, 128, 8, 3)]
+                (128, 128, 128, 8, 3), (128, 64, 128, 8, 3)]
     else:  # near the ridge: wgmma-sized tiles
-        base = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+        base = [(64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3),
+                (128, 256, 64, 8, 3), (128, 256, 64, 8, 4), (256, 128, 64, 8, 3),
                 (64, 256, 64, 8, 3)]
     out = []
     for bn, bm_, bk, warps, stages in base:

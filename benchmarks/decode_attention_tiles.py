@@ -15,7 +15,10 @@ Shapes: Llama-3.2-1B (32 q / 8 kv heads, D 64) and Llama-3.1-8B per rank at TP=1
               decode launches it: "old" is its call today (backends.ATTENTION_CONFIG and its
               split count), capacity CAP keys for every context (one compile a config);
   paged:      layer 4's cache (pages of 16, shuffled blocks, tables as wide as context + 16):
-              "old" is layer 1's defaults (what layer 4 launches).
+              "old" is layer 1's defaults (what layer 4 launches), "old_ahead" the same with
+              each part's first block ids read before the PDL wait (a launch without a
+              "pipelined_ids" key gets PIPELINED_IDS["on"], True: ids in the loop, after the
+              wait, a round trip more at one-step parts).
 Every variant's output is checked against float32 attention first, at awkward lengths (1,
 63, 65, 257, ...; GQA 4, D 64 and 128; a batch of mixed lengths in one launch).
 
@@ -66,12 +69,15 @@ def log(*a):
     print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
 
 
-def wide(c: int, w: int, s: int, cap: int, trigger: bool, early_kv: bool = False):
+def wide(c: int, w: int, s: int, cap: int, contiguous: bool, early_kv: bool = False):
     """(splits, config) of a wide-tile launch over `cap` keys of table capacity (stages > 1:
-    the one step's keys and values copied to shared memory asynchronously, cp.async)."""
+    the one step's keys and values copied to shared memory asynchronously, cp.async); paged:
+    the first tile's block ids read before the PDL wait (not in the software pipeline)."""
     cfg = {"BLOCK_N": c, "num_warps": w, "num_stages": s, "min_part": c}
-    if trigger:
-        cfg["trigger_early"] = True
+    if contiguous:
+        cfg["trigger_early"] = True  # as layer 3's config
+    else:
+        cfg["pipelined_ids"] = False
     if early_kv:
         cfg["early_kv"] = True
     return max(1, min(64, -(-cap // c))), cfg
@@ -85,8 +91,10 @@ def variants(d: int, B: int, hkv: int, layout: str, cap: int) -> dict:
         old_cfg = l3.backends.ATTENTION_CONFIG
         old_splits = l3.backends._num_splits(B, hkv, cap, torch.device(DEV))
         out["old"] = (old_splits, old_cfg)
-    else:
+    else:  # layer 1's defaults; and with the block ids read before the wait, where a launch
+        # without a "pipelined_ids" key takes them in the software pipeline (PIPELINED_IDS on)
         out["old"] = (None, None)
+        out["old_ahead"] = (None, {"pipelined_ids": False})
     for c, w, s in WIDE[d]:
         out[f"w{c}x{w}s{s}"] = wide(c, w, s, cap, contiguous)
     return out
@@ -302,8 +310,12 @@ def main() -> int:
         path.write_text(json.dumps(out, indent=1, default=str))
         eng = PDL.Engine() if DEV != "cpu" else None
         rows = out.setdefault("rows", [])
-        plan = [(n, s, 1, ctx, lay) for n, s in SHAPES.items() for lay in ("contiguous", "paged")
-                for ctx in CONTEXTS]
+        order = [("1b", "contiguous"), ("8b_tp4", "paged"), ("1b", "paged"),
+                 ("8b_tp4", "contiguous"), ("8b_tp2", "paged"), ("8b_tp1", "paged"),
+                 ("8b_tp2", "contiguous"), ("8b_tp1", "contiguous")]  # what the issues use first
+        order = [o for o in order if o[0] in SHAPES] or [(n, lay) for n in SHAPES
+                                                         for lay in ("contiguous", "paged")]
+        plan = [(n, SHAPES[n], 1, ctx, lay) for n, lay in order for ctx in CONTEXTS]
         plan += [(n, s, 4, ctx, lay) for n, s in SHAPES.items() if n in ("1b", "8b_tp4")
                  for lay in ("paged",) for ctx in (256, 1024)]
         for name, (hq, hkv, d), B, ctx, layout in plan:

@@ -484,6 +484,40 @@ def default_min_part() -> int:
     return 16 if interpreter.INTERPRETED else MIN_SPLIT_TOKENS
 
 
+# ---- wide tiles: small batch, short contexts ---------------------------------------------------
+#: At batch 1-4 the kernel is latency-bound: a few hundred keys (well under a megabyte) read by
+#: a few dozen programs, each a chain of round trips, and with more than one part a context
+#: pays three more on its critical path (the partial results stored and fenced, the ticket,
+#: the merge's reads, all through L2). A wide tile makes a part ONE loop step of C keys read by
+#: one program of more warps at once (with stages > 1 copied to shared memory asynchronously,
+#: so more bytes in flight than registers hold): a context of at most C keys is one part and
+#: writes its output itself; a longer one is cut into parts of C keys, merged as before. Used
+#: (paged_decode_wide_config) only where benchmarks/decode_attention_tiles.py measured it
+#: faster; WIDE["on"] False: never.
+WIDE = {"on": False}
+#: head dim -> (keys a tile, warps, stages) of the wide launch
+WIDE_TILES = {64: (256, 8, 2), 128: (128, 8, 2)}
+#: ... where the launch has at most this many (sequence, kv head) pairs an SM
+WIDE_PAIRS_PER_SM = 0.25
+#: ... and contexts of at most this many keys (the table's capacity), per head dim
+WIDE_MAX_CONTEXT = {64: 2048, 128: 2048}
+
+
+def paged_decode_wide_config(batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
+                             max_context: int, device: torch.device) -> dict | None:
+    """The wide-tile launch config (see WIDE) for a call of this shape, or None where the
+    usual config serves (WIDE off, fp32, a head dim without a wide tile, too many pairs an
+    SM, contexts longer than WIDE_MAX_CONTEXT). Host ints only: max_context is the table's
+    capacity (the lengths stay on the device). Any split count from paged_decode_splits
+    serves it: the kernel rounds parts up to whole tiles."""
+    if not WIDE["on"] or dtype not in (torch.float16, torch.bfloat16) \
+            or head_dim not in WIDE_TILES or max_context > WIDE_MAX_CONTEXT.get(head_dim, 0) \
+            or batch * kv_heads > WIDE_PAIRS_PER_SM * _sms(device):
+        return None
+    keys, warps, stages = WIDE_TILES[head_dim]
+    return {"BLOCK_N": keys, "num_warps": warps, "num_stages": stages, "min_part": keys}
+
+
 #: D 128 parts up to this many keys take the latency-bound split config (below)
 SHORT_PART = 1024
 
@@ -669,8 +703,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         per_sm = B * -(-Hkv // heads) * splits / _sms(dev) \
             if PIPELINED_IDS["on"] and block_tables is not None else None
         # (a contiguous cache has no ids to pipeline: it keeps its config)
-        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, per_sm),
-               **(config or {})}
+        wide = paged_decode_wide_config(B, Hkv, D, q.dtype, max_blocks * page, dev) \
+            if heads == 1 else None
+        cfg = {**(wide or default_config(D, q.dtype, splits, max_blocks * page, heads, few,
+                                         per_sm)), **(config or {})}
     else:
         cfg = config
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}

@@ -245,6 +245,100 @@ def test_packing_by_default_follows_the_split_rule(monkeypatch):
     assert pd.default_config(16, q.dtype, 2, 128, heads=4)["heads"] == 4
 
 
+def contiguous(lens, hq, hkv, d, capacity, seed):
+    """Layer 3's contiguous cache, (batch, capacity, kv heads, D) read in place (no tables:
+    sequence b is block b), NaN past each length; with the same cache as a paged one (one
+    block a sequence) for the reference."""
+    g = torch.Generator().manual_seed(seed)
+    k = torch.full((len(lens), capacity, hkv, d), float("nan"))
+    v = torch.full_like(k, float("nan"))
+    for b, n in enumerate(lens):
+        k[b, :n], v[b, :n] = torch.randn(2, n, hkv, d, generator=g)
+    q = torch.randn(len(lens), hq, d, generator=g)
+    tables = torch.arange(len(lens))[:, None]
+    return q, k, v, tables, torch.tensor(lens)
+
+
+WIDE_CASES = [  # lens, hq, hkv, d, capacity (contiguous) / page (paged)
+    ([1, 63, 65, 257, 0], 8, 2, 64, 300),     # GQA 4 (the 1B group), D 64
+    ([129, 1, 64, 200], 16, 2, 128, 260),     # GQA 8, D 128
+    ([513, 7, 256], 4, 1, 64, 520),           # GQA 4, more than one tile: parts merged
+]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("lens,hq,hkv,d,cap", WIDE_CASES)
+@pytest.mark.parametrize("keys,stages", [(64, 1), (256, 2)])
+def test_wide_tiles_match_float64(lens, hq, hkv, d, cap, keys, stages):
+    """Wide tiles (paged_decode_wide_config's launches: one loop step of `keys` keys a part,
+    parts of at least that many): a context of at most one tile is one part, a longer one
+    parts of a tile merged in the launch; awkward lengths (1, 63, 65, 257, an empty one),
+    GQA 4 and 8, D 64 and 128, the contiguous cache (no tables) and a paged one, split
+    counts from 1 to more parts than any context fills, the early first tile on and off;
+    the counters back at zero after."""
+    q, k, v, t, n = contiguous(lens, hq, hkv, d, cap, seed=keys + d)
+    ref = reference(q, k, v, t, n, 0.2, None)
+    pq, pk, pv, pt, pn = make(lens, hq, hkv, d, 16, seed=keys + d + 1)
+    pref = reference(pq, pk, pv, pt, pn, 0.2, None)
+    cfg = {"BLOCK_N": keys, "num_warps": 8, "num_stages": stages, "min_part": keys}
+    for splits, extra in ((1, {}), (64, {}), (64, {"early_kv": True}), (3, {"early_kv": True})):
+        out = pd.paged_decode(q, k, v, None, n, 0.2, None, splits, config={**cfg, **extra})
+        assert torch.isfinite(out).all() and rel(out, ref) < 1e-5, (splits, extra)
+        assert (out[n == 0] == 0).all()
+        out = pd.paged_decode(pq, pk, pv, pt, pn, 0.2, None, splits, config={**cfg, **extra})
+        assert torch.isfinite(out).all() and rel(out, pref) < 1e-5, (splits, extra)
+    assert int(pd._COUNTERS[q.device].abs().sum()) == 0
+
+
+def test_wide_config_rule(monkeypatch):
+    """paged_decode_wide_config: None with WIDE off; on, the head dim's wide tile for 16-bit
+    launches of few (sequence, kv head) pairs an SM over contexts up to WIDE_MAX_CONTEXT,
+    None elsewhere (fp32, a head dim without a tile, a larger batch or table)."""
+    monkeypatch.setattr(pd, "_sms", lambda dev: 132)
+    dev, bf16 = torch.device("cpu"), torch.bfloat16
+    assert pd.paged_decode_wide_config(1, 8, 64, bf16, 385, dev) is None  # off by default
+    monkeypatch.setattr(pd, "WIDE", {"on": True})
+    for d in (64, 128):
+        keys, warps, stages = pd.WIDE_TILES[d]
+        cfg = pd.paged_decode_wide_config(1, 8, d, bf16, pd.WIDE_MAX_CONTEXT[d], dev)
+        assert cfg == {"BLOCK_N": keys, "num_warps": warps, "num_stages": stages,
+                       "min_part": keys}
+        assert pd.paged_decode_wide_config(1, 8, d, torch.float16, 128, dev) == cfg
+        assert pd.paged_decode_wide_config(1, 8, d, torch.float32, 128, dev) is None
+        assert pd.paged_decode_wide_config(1, 8, d, bf16, pd.WIDE_MAX_CONTEXT[d] + 1,
+                                           dev) is None
+        most = int(pd.WIDE_PAIRS_PER_SM * 132)
+        assert pd.paged_decode_wide_config(most, 1, d, bf16, 128, dev) == cfg
+        assert pd.paged_decode_wide_config(most + 1, 1, d, bf16, 128, dev) is None
+    assert pd.paged_decode_wide_config(1, 8, 32, bf16, 128, dev) is None
+
+
+@pytest.mark.interpreter
+def test_wide_config_is_the_default_launch_when_on(monkeypatch):
+    """With WIDE on, a call without a config (layer 4's) launches the wide tile where the rule
+    gives one (fp16 here: the interpreter's dots take it), the usual config elsewhere; a
+    config of the caller's without BLOCK_N adds to it; the same attention."""
+    launched = []
+    real = pd._paged_decode_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                launched.append(a[real.arg_names.index("BLOCK_N")])
+                return real[grid](*a, **kw)
+            return launch
+    monkeypatch.setattr(pd, "_paged_decode_kernel", Spy())
+    monkeypatch.setattr(pd, "WIDE", {"on": True})
+    monkeypatch.setattr(pd, "_sms", lambda dev: 132)
+    q, k, v, t, n = make([300, 5, 129], 8, 2, 64, 16, dtype=torch.float16, seed=4)
+    ref = reference(q, k, v, t, n, 0.2, None)
+    for config in (None, {"early_kv": True}):
+        out = pd.paged_decode(q, k, v, t, n, 0.2, None, 8, config=config)
+        assert launched[-1] == pd.WIDE_TILES[64][0] and rel(out, ref) < 1e-2
+    out = pd.paged_decode(q.float(), k.float(), v.float(), t, n, 0.2, None, 8)
+    assert launched[-1] != pd.WIDE_TILES[64][0] and rel(out, ref) < 1e-2
+
+
 @pytest.mark.interpreter
 def test_buffers_are_kept_and_grow():
     """The partial-result buffers are reused across calls and replaced (the old ones kept
@@ -280,6 +374,16 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
                   PIPELINED_IDS=not ident and bn == 32)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
+for d, (bn, warps, stages) in P.WIDE_TILES.items():  # the wide tiles, in shared memory's limit
+    for ident in (True, False):
+        consts = dict(HEAD_DIM=d, PAGE=2112 if ident else 16, BLOCK_G=16, BLOCK_N=bn,
+                      WINDOWED=False, IDENTITY=ident, FUSED_MERGE=True, PDL=True, MERGE_G=4,
+                      MERGE_S=16, HEADS_FIRST=True, EARLY_INDEX=True, EARLY_KV=ident, HEADS=1,
+                      PEEL=False, TRIGGER_EARLY=ident, PIPELINED_IDS=False)
+        k = compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
+                             {"num_warps": warps, "num_stages": stages, "launch_pdl": True},
+                             aligned=True)
+        assert k.metadata.shared <= 227 * 1024, (d, bn, k.metadata.shared)
 print("compiled")
 '''
 

@@ -301,3 +301,41 @@ def test_the_general_path_takes_the_skinny_gemm_where_tuned_gpu(monkeypatch):
     got = net(ids, ctx, None)
     assert len(calls) == 4 * cfg.num_hidden_layers + 1
     assert ((got - want).norm() / want.norm()).item() < 1e-2
+
+
+def test_contiguous_decode_attention_takes_layer1_wide_tiles_when_on(monkeypatch):
+    """DecodeKernels.attention over layer 3's contiguous cache launches layer 1's wide-tile
+    config where layer 1's rule gives one (its WIDE switch on, fp16 here: the interpreter's
+    dots take it), keeping ATTENTION_CONFIG's other options (the early trigger); with the
+    switch off, ATTENTION_CONFIG itself. The same attention either way."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter check")
+    pd = importlib.import_module("layer1_kernels.paged_decode")
+    monkeypatch.setattr(pd, "_sms", lambda dev: 132)
+    seen = []
+    real = l3.comm.kernels.paged_decode
+
+    def spy(*a, config=None, **kw):
+        seen.append(config)
+        return real(*a, config=config, **kw)
+    monkeypatch.setattr(l3.comm.kernels, "paged_decode", spy)
+    cfg = l3.ModelConfig.from_dict(dict(TINY, num_attention_heads=8, num_key_value_heads=2,
+                                        head_dim=64))
+    cache = l3.ContiguousKVCache.for_model(cfg, 1, 300, dtype=torch.float16)
+    gen = torch.Generator().manual_seed(0)
+    cache.k[0, 0, :257] = torch.randn(257, 2, 64, generator=gen).half()
+    cache.v[0, 0, :257] = torch.randn(257, 2, 64, generator=gen).half()
+    q = torch.randn(1, 8, 64, generator=gen).half()
+    ctx = cache.context([1], [256])
+    dk = backends.DecodeKernels("triton")
+    k = cache.k[0, 0, :257].float().repeat_interleave(4, 1).transpose(0, 1)
+    v = cache.v[0, 0, :257].float().repeat_interleave(4, 1).transpose(0, 1)
+    ref = torch.softmax(k @ q[0].float()[:, :, None] * 0.125, 1).transpose(1, 2) @ v
+    outs = []
+    for on in (False, True):
+        monkeypatch.setattr(pd, "WIDE", {"on": on})
+        outs.append(dk.attention(q, ctx, cache, 0, 0.125, None))
+        assert (outs[-1][0].float() - ref[:, 0]).abs().max() < 1e-2
+    assert seen[0] is backends.ATTENTION_CONFIG
+    wide = pd.paged_decode_wide_config(1, 2, 64, torch.float16, 300, torch.device("cpu"))
+    assert wide is not None and seen[1] == {**backends.ATTENTION_CONFIG, **wide}

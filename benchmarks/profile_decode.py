@@ -67,6 +67,12 @@ ap.add_argument("--trials", default="all", choices=("all", "final"),
                 help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
                 help="after --pdl, profile the step again with its fastest trial's settings")
+ap.add_argument("--wide", action="store_true",
+                help="end-to-end tok/s with layer 1's wide attention tiles off and on "
+                     "(paged_decode.WIDE; three times each, interleaved), then the profile with "
+                     "them on")
+ap.add_argument("--wide-tiles", default=None,
+                help="paged_decode.WIDE_TILES for --wide, e.g. '64:256,8,2;128:128,8,2'")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -362,6 +368,44 @@ def pdl_variants() -> None:
                  args.late_norm, attn_config=ATTN_DEFAULT)
 
 
+def wide_trials() -> None:
+    """The whole step (step_greedy) with layer 1's wide attention tiles off and on, three
+    times each, interleaved (the run's drift shows in the pairs); then the profile with them
+    on. The tiles change no arithmetic but the order of a softmax's sums: the greedy tokens
+    may part late (random weights' near-ties); the first trial's are the reference."""
+    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    if args.wide_tiles:
+        PAGED.WIDE_TILES.update({int(d): tuple(int(x) for x in t.split(","))
+                                 for d, t in (p.split(":") for p in args.wide_tiles.split(";"))})
+    first = None
+    for on in (False, True) * 3:
+        PAGED.WIDE["on"] = on
+        wide = PAGED.paged_decode_wide_config(1, cfg.num_key_value_heads, cfg.head_dim,
+                                              net.dtype, 128 + 256 + 1, torch.device("cuda"))
+        toks: list = []
+        with torch.no_grad():
+            spt = greedy_seconds_per_token(tokens=toks)
+        toks = torch.cat(toks).tolist()
+        first = toks if first is None else first
+        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
+                    len(toks))
+        result.setdefault("wide", []).append(
+            {"wide": on, "config": wide, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
+             "MBU": moved / spt / BW, "same_tokens_first": same})
+        print(f"wide attention {'on ' if on else 'off'} ({wide or l3.backends.ATTENTION_CONFIG}): "
+              f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, "
+              f"first {same} of {len(toks)} tokens = the first trial's", flush=True)
+    for on in (False, True):
+        rows = [r for r in result["wide"] if r["wide"] == on]
+        best = max(rows, key=lambda r: r["tokens_per_s"])
+        print(f"wide attention {'on ' if on else 'off'}: best {best['tokens_per_s']:.1f} tok/s, "
+              f"MBU {best['MBU']:.3f}", flush=True)
+    PAGED.WIDE["on"] = True
+    if not args.no_profile:
+        profile_step()
+    PAGED.WIDE["on"] = False
+
+
 def tiles() -> None:
     """The whole step timed (step_greedy) with one projection's tile changed at a time."""
     tuned = sys.modules["layer1_kernels.gemv"].TUNED
@@ -433,6 +477,7 @@ if not args.no_profile:
 for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
+                     (args.wide, wide_trials),
                      (args.sweep, sweep)):
     if wanted:
         part()

@@ -557,3 +557,47 @@ def _steps_after_a_cache_write(hq, hkv, d, dtype, steps=16):
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
 def test_gpu_early_kv_reads_the_newest_key_after_the_wait(hq, hkv, d):
     _steps_after_a_cache_write(hq, hkv, d, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (8, 2, 128), (16, 4, 128), (32, 8, 128)])
+@pytest.mark.parametrize("layout", ["contiguous", "paged"])
+def test_gpu_wide_tiles_graph_replays_follow_the_lengths(hq, hkv, d, layout, monkeypatch):
+    """The wide tiles as layer 3 (contiguous cache, early trigger; early first tile too) and
+    layer 4 (paged, layer 1's defaults with WIDE on) launch them at the decode shapes: one
+    launch captured in a CUDA graph, replayed while the lengths change (one key, across a
+    tile, several tiles merged, an empty sequence), against float64."""
+    monkeypatch.setattr(pd, "WIDE", {"on": True})
+    g = torch.Generator(device=DEV).manual_seed(d + hkv)
+    B, cap = 2, 2048
+    steps = ([1, 257], [63, 2048], [65, 0], [pd.WIDE_TILES[d][0], 1000])
+    q = torch.randn(B, hq, d, generator=g, device=DEV, dtype=torch.bfloat16)
+    wide = pd.paged_decode_wide_config(B, hkv, d, q.dtype, cap, q.device)
+    assert wide is not None
+    if layout == "contiguous":
+        k = torch.randn(B, cap, hkv, d, generator=g, device=DEV, dtype=torch.bfloat16)
+        t, tables = None, torch.arange(B, device=DEV)[:, None]
+        configs = [dict(wide, trigger_early=True), dict(wide, trigger_early=True, early_kv=True)]
+    else:
+        k = torch.randn(B * cap // 16 + 1, 16, hkv, d, generator=g, device=DEV,
+                        dtype=torch.bfloat16)
+        t = tables = torch.randperm(B * cap // 16, generator=g, device=DEV).view(B, -1)
+        configs = [None]
+    v = torch.randn_like(k)
+    splits = pd.paged_decode_splits(B, hkv, cap, 132, head_dim=d)
+    for cfg in configs:
+        lens = torch.tensor(steps[0], device=DEV)
+
+        def fn(lens=lens, cfg=cfg):
+            return pd.paged_decode(q, k, v, t, lens, 0.1, None, splits, config=cfg)
+        fn()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        for step in steps:
+            lens.copy_(torch.tensor(step, device=DEV))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert rel(out, reference(q, k, v, tables, lens, 0.1, None)) < 1e-2, (step, cfg)
+            assert step[1] != 0 or (out[1] == 0).all()  # an empty sequence: 0

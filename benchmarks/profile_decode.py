@@ -68,9 +68,9 @@ ap.add_argument("--trials", default="all", choices=("all", "final"),
 ap.add_argument("--profile-best", action="store_true",
                 help="after --pdl, profile the step again with its fastest trial's settings")
 ap.add_argument("--wide", action="store_true",
-                help="end-to-end tok/s with layer 1's wide attention tiles off and on "
-                     "(paged_decode.WIDE; three times each, interleaved), then the profile with "
-                     "them on")
+                help="end-to-end tok/s with layer 1's wide attention tiles off and on, each "
+                     "with and without the early K/V loads (EARLY_KV + the qkv GEMV's early "
+                     "trigger); twice each, interleaved; then the profile of the fastest")
 ap.add_argument("--wide-tiles", default=None,
                 help="paged_decode.WIDE_TILES for --wide, e.g. '64:256,8,2;128:128,8,2'")
 ap.add_argument("--json", default=None, help="write the figures here")
@@ -369,41 +369,60 @@ def pdl_variants() -> None:
 
 
 def wide_trials() -> None:
-    """The whole step (step_greedy) with layer 1's wide attention tiles off and on, three
-    times each, interleaved (the run's drift shows in the pairs); then the profile with them
-    on. The tiles change no arithmetic but the order of a softmax's sums: the greedy tokens
-    may part late (random weights' near-ties); the first trial's are the reference."""
+    """The whole step (step_greedy) with layer 1's wide attention tiles off and on, each
+    also with the keys and values but the newest requested before the attention's PDL wait
+    (paged_decode.EARLY_KV) while the qkv GEMV, triggering early (early_rope), still streams;
+    twice each, interleaved (the run's drift shows in the pairs); then the profile with the
+    fastest. Moving loads or triggers changes no arithmetic: each trial's greedy tokens must
+    equal the first trial's with the same tiles (the wide tiles sum the softmax in another
+    order: against the other tiles, random weights' near-ties may part them late)."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
     if args.wide_tiles:
         PAGED.WIDE_TILES.update({int(d): tuple(int(x) for x in t.split(","))
                                  for d, t in (p.split(":") for p in args.wide_tiles.split(";"))})
-    first = None
-    for on in (False, True) * 3:
-        PAGED.WIDE["on"] = on
+    first: dict = {}
+    best = None
+    for on, early in ((False, False), (True, False), (True, True), (False, True)) * 2:
+        PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = on, early
+        K1.set_decode_pdl(True, early_rope=early)
         wide = PAGED.paged_decode_wide_config(1, cfg.num_key_value_heads, cfg.head_dim,
                                               net.dtype, 128 + 256 + 1, torch.device("cuda"))
         toks: list = []
-        with torch.no_grad():
-            spt = greedy_seconds_per_token(tokens=toks)
+        try:
+            with torch.no_grad():
+                spt = greedy_seconds_per_token(tokens=toks)
+        except Exception as err:  # (a failing option must not cost the other trials)
+            print(f"wide trial {on} early {early} FAILED: {type(err).__name__}: "
+                  f"{str(err)[:300]}", flush=True)
+            continue
         toks = torch.cat(toks).tolist()
-        first = toks if first is None else first
-        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
+        ref = first.setdefault(on, toks)
+        same = next((i for i, (a, b) in enumerate(zip(toks, ref, strict=True)) if a != b),
                     len(toks))
         result.setdefault("wide", []).append(
-            {"wide": on, "config": wide, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
-             "MBU": moved / spt / BW, "same_tokens_first": same})
-        print(f"wide attention {'on ' if on else 'off'} ({wide or l3.backends.ATTENTION_CONFIG}): "
-              f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, "
-              f"first {same} of {len(toks)} tokens = the first trial's", flush=True)
-    for on in (False, True):
-        rows = [r for r in result["wide"] if r["wide"] == on]
-        best = max(rows, key=lambda r: r["tokens_per_s"])
-        print(f"wide attention {'on ' if on else 'off'}: best {best['tokens_per_s']:.1f} tok/s, "
-              f"MBU {best['MBU']:.3f}", flush=True)
-    PAGED.WIDE["on"] = True
-    if not args.no_profile:
+            {"wide": on, "early_kv_rope": early, "config": wide, "tokens_per_s": 1 / spt,
+             "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same})
+        if best is None or spt < best[0]:
+            best = (spt, on, early)
+        print(f"wide attention {'on ' if on else 'off'} early kv+rope {early!s:5} "
+              f"({wide or l3.backends.ATTENTION_CONFIG}): {1 / spt:7.1f} tok/s, "
+              f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
+              f"{len(toks)} tokens = the first trial's with these tiles"
+              + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
+    for on, early in ((False, False), (True, False), (True, True), (False, True)):
+        rows = [r for r in result.get("wide", []) if (r["wide"], r["early_kv_rope"]) == (on, early)]
+        if rows:
+            top = max(rows, key=lambda r: r["tokens_per_s"])
+            print(f"wide {'on ' if on else 'off'} early {early!s:5}: best "
+                  f"{top['tokens_per_s']:.1f} tok/s, MBU {top['MBU']:.3f}", flush=True)
+    if best is not None and not args.no_profile:
+        _, on, early = best
+        PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = on, early
+        K1.set_decode_pdl(True, early_rope=early)
+        print(f"profile with wide {on}, early kv+rope {early}:", flush=True)
         profile_step()
-    PAGED.WIDE["on"] = False
+    PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = False, args.early_kv
+    K1.set_decode_pdl(True, early_rope=False)
 
 
 def tiles() -> None:

@@ -247,16 +247,23 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: off (a short kernel's launch and drain are most of its time; 0: none).
 #: pre_tiles: weight tiles a GEMV program requests before waiting for the kernel before (1 or
 #: 2; gemv_rope's programs: per half of their column pairs).
-_PDL = {"on": True, "early": False, "early_bytes": 0, "pre_tiles": 1}
+#: early_rope: gemv_rope (the qkv GEMV with RoPE and the cache write) triggers early whatever
+#: its size, the others as set: the decode attention after it then launches while it streams
+#: and, with paged_decode's early_kv, has every key and value but the newest requested before
+#: its own wait (the cascade stops there: the attention's early trigger lets o_proj launch,
+#: whose trigger stays after its K loop).
+_PDL = {"on": True, "early": False, "early_bytes": 0, "pre_tiles": 1, "early_rope": False}
 
 
 def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = None,
-            pre_tiles: int | None = None) -> None:
+            pre_tiles: int | None = None, early_rope: bool | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
     if early_bytes is not None:
         _PDL["early_bytes"] = int(early_bytes)
+    if early_rope is not None:
+        _PDL["early_rope"] = bool(early_rope)
     if pre_tiles is not None:
         if pre_tiles not in (1, 2):
             raise ValueError(f"pre_tiles must be 1 or 2, got {pre_tiles}")
@@ -288,10 +295,11 @@ def norm_prologue() -> int:
     return _RMS_LATE if _NORM["late"] else _RMS
 
 
-def pdl_early(weight_bytes: int | None = None) -> bool:
+def pdl_early(weight_bytes: int | None = None, rope: bool = False) -> bool:
     """Whether a GEMV over `weight_bytes` of weights triggers its dependents early (None: the
-    global setting alone)."""
-    return _PDL["early"] or (weight_bytes is not None and weight_bytes <= _PDL["early_bytes"])
+    global setting alone); rope: gemv_rope asks (early_rope)."""
+    return _PDL["early"] or (rope and _PDL["early_rope"]) or (
+        weight_bytes is not None and weight_bytes <= _PDL["early_bytes"])
 
 
 @functools.cache

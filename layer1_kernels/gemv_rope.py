@@ -445,7 +445,7 @@ def _rope(name, x, w, norm_weight, eps, residual, bias, cos, sin, positions, k_c
         PROLOGUE=norm_prologue(), HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(w.numel() * w.element_size()), PRE_TILES=pre_tiles(),
+        PDL_EARLY=pdl_early(w.numel() * w.element_size(), rope=True), PRE_TILES=pre_tiles(),
         **pdl_launch(x.device), **dict(zip(_TAIL_ARGS, tail, strict=True)), **consts,
     )
     return (y, h) if o is None else (y, h, o)

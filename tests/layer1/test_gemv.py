@@ -427,3 +427,15 @@ def test_pdl_early_trigger_by_weight_bytes():
     finally:
         G.set_pdl(True, early=False, early_bytes=0)
     assert not G.pdl_early(1)
+
+
+def test_pdl_early_trigger_of_the_rope_gemv_alone():
+    """set_pdl's early_rope: gemv_rope (the qkv GEMV) triggers early whatever its size, the
+    other GEMVs as before; off again, none."""
+    try:
+        G.set_pdl(True, early_rope=True)
+        assert G.pdl_early(10 ** 9, rope=True) and not G.pdl_early(10 ** 9)
+        assert not G.pdl_early(1)
+    finally:
+        G.set_pdl(True, early_rope=False)
+    assert not G.pdl_early(1, rope=True)

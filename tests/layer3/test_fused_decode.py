@@ -339,3 +339,44 @@ def test_contiguous_decode_attention_takes_layer1_wide_tiles_when_on(monkeypatch
     assert seen[0] is backends.ATTENTION_CONFIG
     wide = pd.paged_decode_wide_config(1, 2, 64, torch.float16, 300, torch.device("cpu"))
     assert wide is not None and seen[1] == {**backends.ATTENTION_CONFIG, **wide}
+
+
+@pytest.mark.gpu
+def test_wide_attention_and_early_kv_under_cuda_graph_gpu():
+    """Layer 1's wide attention tiles in the fused step replayed from a CUDA graph (D 64, GQA 4,
+    contexts of one tile and of two merged): within bf16 rounding of the usual tiles; and with
+    the qkv GEMV triggering early (set_decode_pdl early_rope) and the attention's keys and
+    values but the newest requested before its wait (paged_decode.EARLY_KV), bit for bit the
+    same logits as without (moving loads before the wait changes no arithmetic: a read of
+    the newest key before the qkv GEMV wrote it would)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    cfg, fused, _ = _pair(dict(TINY, hidden_size=128, num_attention_heads=8,
+                               num_key_value_heads=2, head_dim=64, vocab_size=512),
+                          torch.bfloat16, "cuda", "auto")
+    paged = importlib.import_module("layer1_kernels.paged_decode")
+    cache = l3.ContiguousKVCache.for_model(cfg, 1, 600, dtype=torch.bfloat16, device="cuda")
+    got = {}
+    with torch.no_grad():
+        fused(torch.randint(0, 512, (300,), device="cuda"), cache.context([300], [0]), cache)
+        tok = torch.tensor([3], device="cuda")
+        try:
+            for wide, early in ((False, False), (True, False), (True, True), (False, True)):
+                paged.WIDE["on"] = wide
+                paged.EARLY_KV["on"] = early
+                l3.comm.kernels.set_decode_pdl(True, early_rope=early)
+                graph = l3.CudaGraphDecoder(fused, cache, 1)
+                for pos in (200, 299):  # one wide tile of keys; two, merged
+                    p = torch.tensor([pos], device="cuda")
+                    got[wide, early, pos] = [graph.step(tok, p).clone() for _ in range(2)]
+        finally:
+            paged.WIDE["on"] = paged.EARLY_KV["on"] = False
+            l3.comm.kernels.set_decode_pdl(True, early_rope=False)
+    assert paged.paged_decode_wide_config(1, 2, 64, torch.bfloat16, 600,
+                                          torch.device("cuda")) is None  # switched back off
+    for pos in (200, 299):
+        base = got[False, False, pos][0]
+        for wide, early in ((False, False), (True, False), (True, True), (False, True)):
+            for logits in got[wide, early, pos]:
+                assert ((logits - base).norm() / base.norm()).item() < 1e-2, (wide, early, pos)
+                assert torch.equal(logits, got[wide, False, pos][0]), (wide, early, pos)

@@ -57,6 +57,7 @@ Triton specializes on), skipping the JIT's per-call argument binding and cache l
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
@@ -493,8 +494,21 @@ def default_min_part() -> int:
 #: so more bytes in flight than registers hold): a context of at most C keys is one part and
 #: writes its output itself; a longer one is cut into parts of C keys, merged as before. Used
 #: (paged_decode_wide_config) only where benchmarks/decode_attention_tiles.py measured it
-#: faster; WIDE["on"] False: never.
-WIDE = {"on": False}
+#: faster; WIDE["on"] False: never. WIDE_ENV "1" / "0" sets it at import (a tensor-parallel
+#: run's workers too); anything else is an error naming the variable.
+WIDE_ENV = "LLM_STACK_WIDE_ATTENTION"
+
+
+def _env_switch(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    if value not in ("0", "1"):
+        raise ValueError(f"{name}={value!r}: expected 0 or 1")
+    return value == "1"
+
+
+WIDE = {"on": _env_switch(WIDE_ENV, False)}
 #: head dim -> (keys a tile, warps, stages) of the wide launch
 WIDE_TILES = {64: (256, 8, 2), 128: (128, 8, 2)}
 #: ... where the launch has at most this many (sequence, kv head) pairs an SM

@@ -313,6 +313,19 @@ def test_wide_config_rule(monkeypatch):
     assert pd.paged_decode_wide_config(1, 8, 32, bf16, 128, dev) is None
 
 
+def test_wide_switch_from_the_environment(monkeypatch):
+    """LLM_STACK_WIDE_ATTENTION: "1" on, "0" off, unset the default, anything else an error
+    naming the variable."""
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setenv(pd.WIDE_ENV, value)
+        assert pd._env_switch(pd.WIDE_ENV, not want) is want
+    monkeypatch.delenv(pd.WIDE_ENV)
+    assert pd._env_switch(pd.WIDE_ENV, True) is True
+    monkeypatch.setenv(pd.WIDE_ENV, "on")
+    with pytest.raises(ValueError, match=pd.WIDE_ENV):
+        pd._env_switch(pd.WIDE_ENV, False)
+
+
 @pytest.mark.interpreter
 def test_wide_config_is_the_default_launch_when_on(monkeypatch):
     """With WIDE on, a call without a config (layer 4's) launches the wide tile where the rule

@@ -30,6 +30,7 @@ while it streams), without and with the first tile's keys and values (all but th
 key) loaded before the attention's PDL wait ("+ekv", early_kv).
 
     python benchmarks/decode_attention_tiles.py --out DIR [--budget-s 80] [--cpu-smoke]
+    python benchmarks/decode_attention_tiles.py --summarize DIR/decode_attention_tiles.json
 
 Prints progress (flushed); writes DIR/decode_attention_tiles.json after every shape; stops
 starting new work past --budget-s.
@@ -293,8 +294,34 @@ def time_case(name, hq, hkv, d, B, ctx, layout, l2, gen, eng, rows):
         + f" | best iso {best} x{row['best_iso_vs_old']}" + tail)
 
 
+def summarize(path: str) -> None:
+    """A run's JSON as one line per (shape, layout, batch, context): us per call of old and of
+    each wide variant, iso and inside a step (eng, engE with early_kv), and the best of each
+    against old."""
+    out = json.loads(Path(path).read_text())
+    print(f"device {out.get('device')}, checks ok: {out.get('checks_ok')}")
+    for r in out.get("rows", []):
+        if "error" in r:
+            print(r["shape"], r["layout"], r["batch"], r["context"], "ERROR", r["error"])
+            continue
+        cols = []
+        for mode, suffix in (("iso", "_us"), ("eng", "_eng_us"), ("engE+ekv", "+ekv_engE_us"),
+                             ("engE", "_engE_us")):
+            got = {k[:-len(suffix)]: u for k, u in r.items() if k.endswith(suffix)
+                   and (mode != "iso" or "_eng" not in k) and (mode != "engE" or "+ekv" not in k)}
+            if "old" in got:
+                best = min(got, key=got.get)
+                cols.append(f"{mode} old {got['old']:.2f} best {best} {got[best]:.2f} "
+                            f"({got[best] / got['old']:.2f}x)")
+        print(f"{r['shape']:7} {r['layout']:10} B{r['batch']} ctx {r['context']:5}: "
+              + "; ".join(cols))
+
+
 def main() -> int:
     global SHAPES, CONTEXTS, CAP, WIDE, CHECK_LENS, DEV, DTYPE
+    if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
+        summarize(sys.argv[2])
+        return 0
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=80)

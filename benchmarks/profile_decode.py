@@ -66,7 +66,8 @@ ap.add_argument("--pdl", action="store_true",
 ap.add_argument("--trials", default="all", choices=("all", "final"),
                 help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
-                help="after --pdl, profile the step again with its fastest trial's settings")
+                help="after --pdl or --wide, profile the step again with its fastest trial's "
+                     "settings (also with --no-profile)")
 ap.add_argument("--wide", action="store_true",
                 help="end-to-end tok/s with layer 1's wide attention tiles off and on, each "
                      "with and without the early K/V loads (EARLY_KV + the qkv GEMV's early "
@@ -415,7 +416,7 @@ def wide_trials() -> None:
             top = max(rows, key=lambda r: r["tokens_per_s"])
             print(f"wide {'on ' if on else 'off'} early {early!s:5}: best "
                   f"{top['tokens_per_s']:.1f} tok/s, MBU {top['MBU']:.3f}", flush=True)
-    if best is not None and not args.no_profile:
+    if best is not None and (not args.no_profile or args.profile_best):
         _, on, early = best
         PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = on, early
         K1.set_decode_pdl(True, early_rope=early)

@@ -66,14 +66,13 @@ ap.add_argument("--pdl", action="store_true",
 ap.add_argument("--trials", default="all", choices=("all", "final"),
                 help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
-                help="after --pdl or --wide, profile the step again with its fastest trial's "
-                     "settings (also with --no-profile)")
-ap.add_argument("--wide", action="store_true",
-                help="end-to-end tok/s with layer 1's wide attention tiles off and on, each "
-                     "with and without the early K/V loads (EARLY_KV + the qkv GEMV's early "
-                     "trigger); twice each, interleaved; then the profile of the fastest")
-ap.add_argument("--wide-tiles", default=None,
-                help="paged_decode.WIDE_TILES for --wide, e.g. '64:256,8,2;128:128,8,2'")
+                help="after --pdl or --early-kv-trials, profile the step again with its fastest "
+                     "trial's settings (also with --no-profile)")
+ap.add_argument("--early-kv-trials", action="store_true",
+                help="end-to-end tok/s with decode attention's keys and values (but the newest) "
+                     "requested before its PDL wait (EARLY_KV) and the qkv GEMV triggering "
+                     "early (early_rope), each on and off; twice each, interleaved; then the "
+                     "profile of the fastest")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -177,7 +176,8 @@ def profile_step() -> None:
         "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
-          f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, GEMVs <= "
+          f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, qkv triggers early "
+          f"{GEMV._PDL['early_rope']}, GEMVs <= "
           f"{GEMV._PDL['early_bytes'] / 1e6:.1f} MB trigger early, {GEMV.pre_tiles()} weight "
           f"tile(s) before the wait, late norm {GEMV._NORM['late']}, attention in qkv "
           f"{net.ops.decode is not None and net.ops.decode.fuse_attention}): {n} kernels/copies "
@@ -369,60 +369,54 @@ def pdl_variants() -> None:
                  args.late_norm, attn_config=ATTN_DEFAULT)
 
 
-def wide_trials() -> None:
-    """The whole step (step_greedy) with layer 1's wide attention tiles off and on, each
-    also with the keys and values but the newest requested before the attention's PDL wait
-    (paged_decode.EARLY_KV) while the qkv GEMV, triggering early (early_rope), still streams;
-    twice each, interleaved (the run's drift shows in the pairs); then the profile with the
-    fastest. Moving loads or triggers changes no arithmetic: each trial's greedy tokens must
-    equal the first trial's with the same tiles (the wide tiles sum the softmax in another
-    order: against the other tiles, random weights' near-ties may part them late)."""
+def early_kv_trials() -> None:
+    """The whole step (step_greedy) with decode attention's keys and values but the newest
+    requested before its PDL wait (paged_decode.EARLY_KV) and the qkv GEMV triggering early
+    (set_decode_pdl early_rope: the attention launches while it streams, so those loads
+    overlap it), each on and off, twice each, interleaved (the run's drift shows in the
+    pairs); then the profile of the fastest. Moving loads and triggers changes no
+    arithmetic: every trial's greedy tokens must equal the first trial's."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    if args.wide_tiles:
-        PAGED.WIDE_TILES.update({int(d): tuple(int(x) for x in t.split(","))
-                                 for d, t in (p.split(":") for p in args.wide_tiles.split(";"))})
-    first: dict = {}
-    best = None
-    for on, early in ((False, False), (True, False), (True, True), (False, True)) * 2:
-        PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = on, early
-        K1.set_decode_pdl(True, early_rope=early)
-        wide = PAGED.paged_decode_wide_config(1, cfg.num_key_value_heads, cfg.head_dim,
-                                              net.dtype, 128 + 256 + 1, torch.device("cuda"))
+    first, best = None, None
+    trials = ((False, False), (True, True), (True, False), (False, True)) * 2
+    for early_kv, early_rope in trials:
+        PAGED.EARLY_KV["on"] = early_kv
+        K1.set_decode_pdl(True, early_rope=early_rope)
         toks: list = []
         try:
             with torch.no_grad():
                 spt = greedy_seconds_per_token(tokens=toks)
         except Exception as err:  # (a failing option must not cost the other trials)
-            print(f"wide trial {on} early {early} FAILED: {type(err).__name__}: "
+            print(f"early kv {early_kv} rope {early_rope} FAILED: {type(err).__name__}: "
                   f"{str(err)[:300]}", flush=True)
             continue
         toks = torch.cat(toks).tolist()
-        ref = first.setdefault(on, toks)
-        same = next((i for i, (a, b) in enumerate(zip(toks, ref, strict=True)) if a != b),
+        first = toks if first is None else first
+        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
                     len(toks))
-        result.setdefault("wide", []).append(
-            {"wide": on, "early_kv_rope": early, "config": wide, "tokens_per_s": 1 / spt,
+        result.setdefault("early_kv", []).append(
+            {"early_kv": early_kv, "early_rope": early_rope, "tokens_per_s": 1 / spt,
              "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same})
         if best is None or spt < best[0]:
-            best = (spt, on, early)
-        print(f"wide attention {'on ' if on else 'off'} early kv+rope {early!s:5} "
-              f"({wide or l3.backends.ATTENTION_CONFIG}): {1 / spt:7.1f} tok/s, "
+            best = (spt, early_kv, early_rope)
+        print(f"early kv {early_kv!s:5} qkv early trigger {early_rope!s:5}: {1 / spt:7.1f} tok/s, "
               f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
-              f"{len(toks)} tokens = the first trial's with these tiles"
+              f"{len(toks)} tokens = the first trial's"
               + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
-    for on, early in ((False, False), (True, False), (True, True), (False, True)):
-        rows = [r for r in result.get("wide", []) if (r["wide"], r["early_kv_rope"]) == (on, early)]
+    for early_kv, early_rope in trials[:4]:
+        rows = [r for r in result.get("early_kv", [])
+                if (r["early_kv"], r["early_rope"]) == (early_kv, early_rope)]
         if rows:
             top = max(rows, key=lambda r: r["tokens_per_s"])
-            print(f"wide {'on ' if on else 'off'} early {early!s:5}: best "
+            print(f"early kv {early_kv!s:5} qkv early trigger {early_rope!s:5}: best "
                   f"{top['tokens_per_s']:.1f} tok/s, MBU {top['MBU']:.3f}", flush=True)
     if best is not None and (not args.no_profile or args.profile_best):
-        _, on, early = best
-        PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = on, early
-        K1.set_decode_pdl(True, early_rope=early)
-        print(f"profile with wide {on}, early kv+rope {early}:", flush=True)
+        _, early_kv, early_rope = best
+        PAGED.EARLY_KV["on"] = early_kv
+        K1.set_decode_pdl(True, early_rope=early_rope)
+        print(f"profile with early kv {early_kv}, qkv early trigger {early_rope}:", flush=True)
         profile_step()
-    PAGED.WIDE["on"], PAGED.EARLY_KV["on"] = False, args.early_kv
+    PAGED.EARLY_KV["on"] = args.early_kv
     K1.set_decode_pdl(True, early_rope=False)
 
 
@@ -497,7 +491,7 @@ if not args.no_profile:
 for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
-                     (args.wide, wide_trials),
+                     (args.early_kv_trials, early_kv_trials),
                      (args.sweep, sweep)):
     if wanted:
         part()

@@ -50,7 +50,7 @@ from .matmul import matmul, matmul_reference
 from .matmul_fp8 import matmul_fp8, matmul_fp8_reference
 from .norms import layer_norm, layer_norm_reference, rms_norm, rms_norm_reference
 from .nvcc import compile_check, nvcc_available
-from .paged_decode import paged_decode, paged_decode_splits, paged_decode_wide_config
+from .paged_decode import paged_decode, paged_decode_splits
 from .reduction import (
     cupy_row_rms,
     cupy_row_rms_reference,
@@ -97,8 +97,7 @@ __all__ = [
     "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference", "gemv_rms_norm_rope_attention",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
-    "paged_decode", "paged_decode_splits", "paged_decode_wide_config", "argmax",
-    "argmax_reference",
+    "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # decode batches: products of up to 256 rows (cuBLAS except where measured slower)
     "skinny_matmul", "skinny_matmul_reference", "skinny_linear", "skinny_gemm_enabled",
     # CuPy / CUDA C kernels

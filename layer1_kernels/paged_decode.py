@@ -57,7 +57,6 @@ Triton specializes on), skipping the JIT's per-call argument binding and cache l
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -485,53 +484,6 @@ def default_min_part() -> int:
     return 16 if interpreter.INTERPRETED else MIN_SPLIT_TOKENS
 
 
-# ---- wide tiles: small batch, short contexts ---------------------------------------------------
-#: At batch 1-4 the kernel is latency-bound: a few hundred keys (well under a megabyte) read by
-#: a few dozen programs, each a chain of round trips, and with more than one part a context
-#: pays three more on its critical path (the partial results stored and fenced, the ticket,
-#: the merge's reads, all through L2). A wide tile makes a part ONE loop step of C keys read by
-#: one program of more warps at once (with stages > 1 copied to shared memory asynchronously,
-#: so more bytes in flight than registers hold): a context of at most C keys is one part and
-#: writes its output itself; a longer one is cut into parts of C keys, merged as before. Used
-#: (paged_decode_wide_config) only where benchmarks/decode_attention_tiles.py measured it
-#: faster; WIDE["on"] False: never. WIDE_ENV "1" / "0" sets it at import (a tensor-parallel
-#: run's workers too); anything else is an error naming the variable.
-WIDE_ENV = "LLM_STACK_WIDE_ATTENTION"
-
-
-def _env_switch(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name}={value!r}: expected 0 or 1")
-    return value == "1"
-
-
-WIDE = {"on": _env_switch(WIDE_ENV, False)}
-#: head dim -> (keys a tile, warps, stages) of the wide launch
-WIDE_TILES = {64: (256, 8, 2), 128: (128, 8, 2)}
-#: ... where the launch has at most this many (sequence, kv head) pairs an SM
-WIDE_PAIRS_PER_SM = 0.25
-#: ... and contexts of at most this many keys (the table's capacity), per head dim
-WIDE_MAX_CONTEXT = {64: 2048, 128: 2048}
-
-
-def paged_decode_wide_config(batch: int, kv_heads: int, head_dim: int, dtype: torch.dtype,
-                             max_context: int, device: torch.device) -> dict | None:
-    """The wide-tile launch config (see WIDE) for a call of this shape, or None where the
-    usual config serves (WIDE off, fp32, a head dim without a wide tile, too many pairs an
-    SM, contexts longer than WIDE_MAX_CONTEXT). Host ints only: max_context is the table's
-    capacity (the lengths stay on the device). Any split count from paged_decode_splits
-    serves it: the kernel rounds parts up to whole tiles."""
-    if not WIDE["on"] or dtype not in (torch.float16, torch.bfloat16) \
-            or head_dim not in WIDE_TILES or max_context > WIDE_MAX_CONTEXT.get(head_dim, 0) \
-            or batch * kv_heads > WIDE_PAIRS_PER_SM * _sms(device):
-        return None
-    keys, warps, stages = WIDE_TILES[head_dim]
-    return {"BLOCK_N": keys, "num_warps": warps, "num_stages": stages, "min_part": keys}
-
-
 #: D 128 parts up to this many keys take the latency-bound split config (below)
 SHORT_PART = 1024
 
@@ -547,7 +499,10 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
     SPLIT_BELOW an SM: batch 32's regime) FEW_PROGRAM_STAGES stages;
     D 128 split into short parts (max_context / splits <= SHORT_PART keys; max_context None:
     any split): 64 keys, 4 warps, no pipelining (latency-bound; 8B batch 1 at TP=1 and per
-    rank at TP=4: within 0-8 %, 3 % on average);
+    rank at TP=4: within 0-8 %, 3 % on average), each part's first block ids read before the
+    PDL wait, not in the loop (H100, batch 1 and 4, 8B per rank at TP=1/2/4, contexts
+    128-2048, graph replay: 0.89-0.93x the time alone, 0.97-0.99x after a PDL GEMV per TP=4
+    rank; benchmarks/decode_attention_tiles.py's old_ahead);
     D 128 unsplit or long parts: 128 keys, 8 warps, 2 stages (long loops: bandwidth-bound; 8B
     batch 32: 0.88x the time of 64 keys with 4 warps at context 4096, 0.91x at 1k, 0.97-1.03x
     at 128-256).
@@ -571,7 +526,8 @@ def default_config(head_dim: int, dtype: torch.dtype, splits: int = 1,
         return {"BLOCK_N": 32, "num_warps": 4, "num_stages": 2, **part}
     if dtype != torch.float32 and head_dim == 128:
         if splits > 1 and (max_context is None or max_context // splits <= SHORT_PART):
-            return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, **part}
+            return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 1, "pipelined_ids": False,
+                    **part}
         return {"BLOCK_N": 128, "num_warps": 8, "num_stages": 2, **part}
     if dtype == torch.float32 or head_dim > 64:  # not swept: the previous default
         return {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2, **part}
@@ -717,10 +673,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         per_sm = B * -(-Hkv // heads) * splits / _sms(dev) \
             if PIPELINED_IDS["on"] and block_tables is not None else None
         # (a contiguous cache has no ids to pipeline: it keeps its config)
-        wide = paged_decode_wide_config(B, Hkv, D, q.dtype, max_blocks * page, dev) \
-            if heads == 1 else None
-        cfg = {**(wide or default_config(D, q.dtype, splits, max_blocks * page, heads, few,
-                                         per_sm)), **(config or {})}
+        cfg = {**default_config(D, q.dtype, splits, max_blocks * page, heads, few, per_sm),
+               **(config or {})}
     else:
         cfg = config
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}

@@ -337,13 +337,8 @@ class DecodeKernels:
             return cache.decode_attention(layer, q, ctx, scale, window)
         k, v = cache.k[layer], cache.v[layer]  # (batch, max_len, kv_heads, D): page = max_len
         splits = _num_splits(q.shape[0], k.shape[2], cache.max_len, q.device)
-        # layer 1's wide tiles where its rule gives them (small batch, short capacity), with
-        # this config's other options (the early trigger)
-        wide = kernels.paged_decode_wide_config(q.shape[0], k.shape[2], q.shape[-1], q.dtype,
-                                                cache.max_len, q.device)
-        config = ATTENTION_CONFIG if wide is None else {**(ATTENTION_CONFIG or {}), **wide}
         return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
-                                    splits, config=config)
+                                    splits, config=ATTENTION_CONFIG)
 
 
 # ---- layer 1's kernels -------------------------------------------------------------------

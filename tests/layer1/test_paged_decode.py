@@ -105,6 +105,9 @@ def test_d128_config_follows_the_part_length(monkeypatch):
     monkeypatch.setattr(pd.interpreter, "INTERPRETED", False)  # the GPU's configs
     bf16 = torch.bfloat16
     assert pd.default_config(128, bf16, 64, 8192)["BLOCK_N"] == 64  # parts of 128 keys
+    # ... with the block ids fetched a step ahead (the first before the PDL wait): a config
+    # without the key would take PIPELINED_IDS' setting, on for D 64's long parts
+    assert pd.default_config(128, bf16, 64, 8192)["pipelined_ids"] is False
     assert pd.default_config(128, bf16, 2)["BLOCK_N"] == 64  # length unknown: split = short
     long = pd.default_config(128, bf16, 2, 4096)  # parts of 2048 keys
     assert (long["BLOCK_N"], long["num_warps"]) == (128, 8) == tuple(
@@ -270,9 +273,9 @@ WIDE_CASES = [  # lens, hq, hkv, d, capacity (contiguous) / page (paged)
 @pytest.mark.parametrize("lens,hq,hkv,d,cap", WIDE_CASES)
 @pytest.mark.parametrize("keys,stages", [(64, 1), (256, 2)])
 def test_wide_tiles_match_float64(lens, hq, hkv, d, cap, keys, stages):
-    """Wide tiles (paged_decode_wide_config's launches: one loop step of `keys` keys a part,
-    parts of at least that many): a context of at most one tile is one part, a longer one
-    parts of a tile merged in the launch; awkward lengths (1, 63, 65, 257, an empty one),
+    """Wide tiles (benchmarks/decode_attention_tiles.py's launches: one loop step of `keys`
+    keys a part, parts of at least that many): a context of at most one tile is one part, a
+    longer one parts of a tile merged in the launch; awkward lengths (1, 63, 65, 257, empty),
     GQA 4 and 8, D 64 and 128, the contiguous cache (no tables) and a paged one, split
     counts from 1 to more parts than any context fills, the early first tile on and off;
     the counters back at zero after."""
@@ -288,68 +291,6 @@ def test_wide_tiles_match_float64(lens, hq, hkv, d, cap, keys, stages):
         out = pd.paged_decode(pq, pk, pv, pt, pn, 0.2, None, splits, config={**cfg, **extra})
         assert torch.isfinite(out).all() and rel(out, pref) < 1e-5, (splits, extra)
     assert int(pd._COUNTERS[q.device].abs().sum()) == 0
-
-
-def test_wide_config_rule(monkeypatch):
-    """paged_decode_wide_config: None with WIDE off; on, the head dim's wide tile for 16-bit
-    launches of few (sequence, kv head) pairs an SM over contexts up to WIDE_MAX_CONTEXT,
-    None elsewhere (fp32, a head dim without a tile, a larger batch or table)."""
-    monkeypatch.setattr(pd, "_sms", lambda dev: 132)
-    dev, bf16 = torch.device("cpu"), torch.bfloat16
-    assert pd.paged_decode_wide_config(1, 8, 64, bf16, 385, dev) is None  # off by default
-    monkeypatch.setattr(pd, "WIDE", {"on": True})
-    for d in (64, 128):
-        keys, warps, stages = pd.WIDE_TILES[d]
-        cfg = pd.paged_decode_wide_config(1, 8, d, bf16, pd.WIDE_MAX_CONTEXT[d], dev)
-        assert cfg == {"BLOCK_N": keys, "num_warps": warps, "num_stages": stages,
-                       "min_part": keys}
-        assert pd.paged_decode_wide_config(1, 8, d, torch.float16, 128, dev) == cfg
-        assert pd.paged_decode_wide_config(1, 8, d, torch.float32, 128, dev) is None
-        assert pd.paged_decode_wide_config(1, 8, d, bf16, pd.WIDE_MAX_CONTEXT[d] + 1,
-                                           dev) is None
-        most = int(pd.WIDE_PAIRS_PER_SM * 132)
-        assert pd.paged_decode_wide_config(most, 1, d, bf16, 128, dev) == cfg
-        assert pd.paged_decode_wide_config(most + 1, 1, d, bf16, 128, dev) is None
-    assert pd.paged_decode_wide_config(1, 8, 32, bf16, 128, dev) is None
-
-
-def test_wide_switch_from_the_environment(monkeypatch):
-    """LLM_STACK_WIDE_ATTENTION: "1" on, "0" off, unset the default, anything else an error
-    naming the variable."""
-    for value, want in (("1", True), ("0", False)):
-        monkeypatch.setenv(pd.WIDE_ENV, value)
-        assert pd._env_switch(pd.WIDE_ENV, not want) is want
-    monkeypatch.delenv(pd.WIDE_ENV)
-    assert pd._env_switch(pd.WIDE_ENV, True) is True
-    monkeypatch.setenv(pd.WIDE_ENV, "on")
-    with pytest.raises(ValueError, match=pd.WIDE_ENV):
-        pd._env_switch(pd.WIDE_ENV, False)
-
-
-@pytest.mark.interpreter
-def test_wide_config_is_the_default_launch_when_on(monkeypatch):
-    """With WIDE on, a call without a config (layer 4's) launches the wide tile where the rule
-    gives one (fp16 here: the interpreter's dots take it), the usual config elsewhere; a
-    config of the caller's without BLOCK_N adds to it; the same attention."""
-    launched = []
-    real = pd._paged_decode_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            def launch(*a, **kw):
-                launched.append(a[real.arg_names.index("BLOCK_N")])
-                return real[grid](*a, **kw)
-            return launch
-    monkeypatch.setattr(pd, "_paged_decode_kernel", Spy())
-    monkeypatch.setattr(pd, "WIDE", {"on": True})
-    monkeypatch.setattr(pd, "_sms", lambda dev: 132)
-    q, k, v, t, n = make([300, 5, 129], 8, 2, 64, 16, dtype=torch.float16, seed=4)
-    ref = reference(q, k, v, t, n, 0.2, None)
-    for config in (None, {"early_kv": True}):
-        out = pd.paged_decode(q, k, v, t, n, 0.2, None, 8, config=config)
-        assert launched[-1] == pd.WIDE_TILES[64][0] and rel(out, ref) < 1e-2
-    out = pd.paged_decode(q.float(), k.float(), v.float(), t, n, 0.2, None, 8)
-    assert launched[-1] != pd.WIDE_TILES[64][0] and rel(out, ref) < 1e-2
 
 
 @pytest.mark.interpreter
@@ -387,7 +328,7 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
                   PIPELINED_IDS=not ident and bn == 32)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
-for d, (bn, warps, stages) in P.WIDE_TILES.items():  # the wide tiles, in shared memory's limit
+for d, (bn, warps, stages) in ((64, (256, 8, 2)), (128, (128, 8, 2))):  # one-step wide tiles
     for ident in (True, False):
         consts = dict(HEAD_DIM=d, PAGE=2112 if ident else 16, BLOCK_G=16, BLOCK_N=bn,
                       WINDOWED=False, IDENTITY=ident, FUSED_MERGE=True, PDL=True, MERGE_G=4,
@@ -570,47 +511,3 @@ def _steps_after_a_cache_write(hq, hkv, d, dtype, steps=16):
 @pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
 def test_gpu_early_kv_reads_the_newest_key_after_the_wait(hq, hkv, d):
     _steps_after_a_cache_write(hq, hkv, d, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 64), (8, 2, 128), (16, 4, 128), (32, 8, 128)])
-@pytest.mark.parametrize("layout", ["contiguous", "paged"])
-def test_gpu_wide_tiles_graph_replays_follow_the_lengths(hq, hkv, d, layout, monkeypatch):
-    """The wide tiles as layer 3 (contiguous cache, early trigger; early first tile too) and
-    layer 4 (paged, layer 1's defaults with WIDE on) launch them at the decode shapes: one
-    launch captured in a CUDA graph, replayed while the lengths change (one key, across a
-    tile, several tiles merged, an empty sequence), against float64."""
-    monkeypatch.setattr(pd, "WIDE", {"on": True})
-    g = torch.Generator(device=DEV).manual_seed(d + hkv)
-    B, cap = 2, 2048
-    steps = ([1, 257], [63, 2048], [65, 0], [pd.WIDE_TILES[d][0], 1000])
-    q = torch.randn(B, hq, d, generator=g, device=DEV, dtype=torch.bfloat16)
-    wide = pd.paged_decode_wide_config(B, hkv, d, q.dtype, cap, q.device)
-    assert wide is not None
-    if layout == "contiguous":
-        k = torch.randn(B, cap, hkv, d, generator=g, device=DEV, dtype=torch.bfloat16)
-        t, tables = None, torch.arange(B, device=DEV)[:, None]
-        configs = [dict(wide, trigger_early=True), dict(wide, trigger_early=True, early_kv=True)]
-    else:
-        k = torch.randn(B * cap // 16 + 1, 16, hkv, d, generator=g, device=DEV,
-                        dtype=torch.bfloat16)
-        t = tables = torch.randperm(B * cap // 16, generator=g, device=DEV).view(B, -1)
-        configs = [None]
-    v = torch.randn_like(k)
-    splits = pd.paged_decode_splits(B, hkv, cap, 132, head_dim=d)
-    for cfg in configs:
-        lens = torch.tensor(steps[0], device=DEV)
-
-        def fn(lens=lens, cfg=cfg):
-            return pd.paged_decode(q, k, v, t, lens, 0.1, None, splits, config=cfg)
-        fn()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = fn()
-        for step in steps:
-            lens.copy_(torch.tensor(step, device=DEV))
-            graph.replay()
-            torch.cuda.synchronize()
-            assert rel(out, reference(q, k, v, tables, lens, 0.1, None)) < 1e-2, (step, cfg)
-            assert step[1] != 0 or (out[1] == 0).all()  # an empty sequence: 0

@@ -177,7 +177,8 @@ def profile_step() -> None:
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
           f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, qkv triggers early "
-          f"{GEMV._PDL['early_rope']}, GEMVs <= "
+          f"{GEMV._PDL['early_rope']}, fused path's early_kv "
+          f"{getattr(net.ops.decode, 'early_kv', None)}, GEMVs <= "
           f"{GEMV._PDL['early_bytes'] / 1e6:.1f} MB trigger early, {GEMV.pre_tiles()} weight "
           f"tile(s) before the wait, late norm {GEMV._NORM['late']}, attention in qkv "
           f"{net.ops.decode is not None and net.ops.decode.fuse_attention}): {n} kernels/copies "
@@ -370,52 +371,58 @@ def pdl_variants() -> None:
 
 
 def early_kv_trials() -> None:
-    """The whole step (step_greedy) with decode attention's keys and values but the newest
-    requested before its PDL wait (paged_decode.EARLY_KV) and the qkv GEMV triggering early
-    (set_decode_pdl early_rope: the attention launches while it streams, so those loads
-    overlap it), each on and off, twice each, interleaved (the run's drift shows in the
-    pairs); then the profile of the fastest. Moving loads and triggers changes no
-    arithmetic: every trial's greedy tokens must equal the first trial's."""
+    """The whole step (step_greedy) with the fused path's early_kv (DecodeKernels.early_kv:
+    the qkv GEMV lets the attention launch right after its first weight tile, and the
+    attention requests its keys and values but the newest before its PDL wait) off and on,
+    and each half alone through layer 1's knobs (paged_decode.EARLY_KV: the loads before the
+    wait, the attention launched as usual; set_decode_pdl early_rope: the early launch, no
+    early loads); twice each, interleaved (the run's drift shows in the pairs); then the
+    profile of the fastest. Moving loads and triggers changes no arithmetic: every trial's
+    greedy tokens must equal the first trial's."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
+    base = net.ops
+
+    def setup(name: str) -> None:
+        dk = base.decode
+        net.ops = base if dk is None else dataclasses.replace(
+            base, decode=dataclasses.replace(dk, early_kv=name == "both"))
+        PAGED.EARLY_KV["on"] = name == "loads only"
+        K1.set_decode_pdl(True, early_rope=name == "launch only")
+
     first, best = None, None
-    trials = ((False, False), (True, True), (True, False), (False, True)) * 2
-    for early_kv, early_rope in trials:
-        PAGED.EARLY_KV["on"] = early_kv
-        K1.set_decode_pdl(True, early_rope=early_rope)
+    names = ("off", "both", "loads only", "launch only")
+    for name in names * 2:
+        setup(name)
         toks: list = []
         try:
             with torch.no_grad():
                 spt = greedy_seconds_per_token(tokens=toks)
         except Exception as err:  # (a failing option must not cost the other trials)
-            print(f"early kv {early_kv} rope {early_rope} FAILED: {type(err).__name__}: "
-                  f"{str(err)[:300]}", flush=True)
+            print(f"early kv {name} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
             continue
         toks = torch.cat(toks).tolist()
         first = toks if first is None else first
         same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
                     len(toks))
         result.setdefault("early_kv", []).append(
-            {"early_kv": early_kv, "early_rope": early_rope, "tokens_per_s": 1 / spt,
-             "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same})
+            {"trial": name, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
+             "MBU": moved / spt / BW, "same_tokens_first": same})
         if best is None or spt < best[0]:
-            best = (spt, early_kv, early_rope)
-        print(f"early kv {early_kv!s:5} qkv early trigger {early_rope!s:5}: {1 / spt:7.1f} tok/s, "
-              f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
-              f"{len(toks)} tokens = the first trial's"
+            best = (spt, name)
+        print(f"early kv {name:11}: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU "
+              f"{moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = the first trial's"
               + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
-    for early_kv, early_rope in trials[:4]:
-        rows = [r for r in result.get("early_kv", [])
-                if (r["early_kv"], r["early_rope"]) == (early_kv, early_rope)]
+    for name in names:
+        rows = [r for r in result.get("early_kv", []) if r["trial"] == name]
         if rows:
             top = max(rows, key=lambda r: r["tokens_per_s"])
-            print(f"early kv {early_kv!s:5} qkv early trigger {early_rope!s:5}: best "
-                  f"{top['tokens_per_s']:.1f} tok/s, MBU {top['MBU']:.3f}", flush=True)
+            print(f"early kv {name:11}: best {top['tokens_per_s']:.1f} tok/s, MBU "
+                  f"{top['MBU']:.3f}", flush=True)
     if best is not None and (not args.no_profile or args.profile_best):
-        _, early_kv, early_rope = best
-        PAGED.EARLY_KV["on"] = early_kv
-        K1.set_decode_pdl(True, early_rope=early_rope)
-        print(f"profile with early kv {early_kv}, qkv early trigger {early_rope}:", flush=True)
+        setup(best[1])
+        print(f"profile with early kv {best[1]}:", flush=True)
         profile_step()
+    net.ops = base
     PAGED.EARLY_KV["on"] = args.early_kv
     K1.set_decode_pdl(True, early_rope=False)
 

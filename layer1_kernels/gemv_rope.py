@@ -250,12 +250,16 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                        n_q_heads: int, n_kv_heads: int, head_dim: int, *, impl: str = "auto",
-                       config: tuple[int, int, int] | None = None):
+                       config: tuple[int, int, int] | None = None,
+                       trigger_early: bool | None = None):
     """rms_norm(h = x (+ residual)) @ w^T (+ bias) with RoPE on its q/k heads and k, v written
-    to the cache rows `slots` -> (qkv (M, N), h or None). config: (BLOCK_P, BLOCK_K, warps)."""
+    to the cache rows `slots` -> (qkv (M, N), h or None). config: (BLOCK_P, BLOCK_K, warps).
+    trigger_early: under PDL let the next kernel launch right after the first weight tile is
+    requested (None: set_decode_pdl's rule), e.g. a decode attention that requests its older
+    keys and values before its own wait (paged_decode's early_kv)."""
     return _rope("gemv_rms_norm_rope", x, w, norm_weight, eps, residual, bias, cos, sin,
                  positions, k_cache, v_cache, slots, n_q_heads, n_kv_heads, head_dim, impl,
-                 config, None)
+                 config, None, trigger_early)
 
 
 def gemv_rms_norm_rope_attention(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor,
@@ -368,7 +372,7 @@ def group_attention_reference(q, k_blocks, v_blocks, block_tables, seq_lens, sca
 
 
 def _rope(name, x, w, norm_weight, eps, residual, bias, cos, sin, positions, k_cache, v_cache,
-          slots, n_q_heads, n_kv_heads, head_dim, impl, config, attention):
+          slots, n_q_heads, n_kv_heads, head_dim, impl, config, attention, trigger_early=None):
     """gemv_rms_norm_rope's checks and launch; attention: (k_blocks, v_blocks, block_tables,
     seq_lens, scale) for the attention tail (see gemv_rms_norm_rope_attention), or None."""
     M, K = x.shape if x.dim() == 2 else (-1, -1)
@@ -445,7 +449,8 @@ def _rope(name, x, w, norm_weight, eps, residual, bias, cos, sin, positions, k_c
         PROLOGUE=norm_prologue(), HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(w.numel() * w.element_size(), rope=True), PRE_TILES=pre_tiles(),
+        PDL_EARLY=(pdl_early(w.numel() * w.element_size(), rope=True) if trigger_early is None
+                   else bool(trigger_early)), PRE_TILES=pre_tiles(),
         **pdl_launch(x.device), **dict(zip(_TAIL_ARGS, tail, strict=True)), **consts,
     )
     return (y, h) if o is None else (y, h, o)

@@ -303,36 +303,70 @@ def test_the_general_path_takes_the_skinny_gemm_where_tuned_gpu(monkeypatch):
     assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
+def test_early_kv_is_scoped_to_the_contiguous_cache(monkeypatch):
+    """DecodeKernels.early_kv: over layer 3's contiguous cache the qkv GEMV triggers early and
+    the attention takes ATTENTION_CONFIG with early_kv; over another cache (layer 4's paged
+    one) neither changes (its own attention, the GEMV's trigger by layer 1's rule); off,
+    nothing changes anywhere."""
+    if torch.cuda.is_available():
+        pytest.skip("interpreter check")
+    seen = {}
+    for name in ("gemv_rms_norm_rope", "paged_decode"):
+        real = getattr(backends.kernels, name)
+
+        def spy(*a, _real=real, _name=name, **kw):
+            seen[_name] = kw.get("trigger_early", kw.get("config"))
+            return _real(*a, **kw)
+        monkeypatch.setattr(backends.kernels, name, spy)
+    cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
+    prompt = [torch.randint(0, 97, (5,), generator=torch.Generator().manual_seed(1))]
+    outs = []
+    for early in (False, True):
+        fused.ops = dataclasses.replace(fused.ops, decode=dataclasses.replace(
+            fused.ops.decode, early_kv=early))
+        cache = l3.ContiguousKVCache.for_model(cfg, 1, 40, dtype=torch.float32)
+        seen.clear()
+        with torch.no_grad():
+            outs.append(_decode(fused, cache, None, prompt, 2)[-1])
+        assert seen["gemv_rms_norm_rope"] is (True if early else None)
+        assert seen["paged_decode"] == ({**backends.ATTENTION_CONFIG, "early_kv": True}
+                                        if early else backends.ATTENTION_CONFIG)
+    assert torch.equal(outs[0], outs[1])
+    from layer4_algorithms.kv.paged_cache import PagedKVCache
+    paged = PagedKVCache.for_model(cfg, 20, 4, dtype=torch.float32)
+    seen.clear()
+    with torch.no_grad():
+        _decode(fused, paged, None, prompt, 2, [[i for i in range(8)]])
+    assert seen["gemv_rms_norm_rope"] is None and "paged_decode" not in seen
+
+
 @pytest.mark.gpu
 def test_early_kv_with_the_qkv_early_trigger_under_cuda_graph_gpu():
-    """The fused step replayed from a CUDA graph with the qkv GEMV triggering early
-    (set_decode_pdl early_rope: the attention launches while it streams) and the attention
-    requesting every key and value but the newest before its PDL wait (paged_decode.EARLY_KV):
-    bit for bit the logits without (moving loads and triggers changes no arithmetic; a read of
-    the newest key before the qkv GEMV wrote it would), at contexts of one part and of several
-    merged, D 64 and GQA 4 (the 1B shape's attention), replayed twice."""
+    """The fused step replayed from a CUDA graph with DecodeKernels.early_kv (the qkv GEMV
+    triggers early: the attention launches while it streams and requests every key and value
+    but the newest before its PDL wait) gives bit for bit the logits without (moving loads
+    and triggers changes no arithmetic; a read of the newest key before the qkv GEMV wrote it
+    would), at contexts of one part and of several merged, D 64 and GQA 4 (the 1B shape's
+    attention), replayed twice."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, _ = _pair(dict(TINY, hidden_size=128, num_attention_heads=8,
                                num_key_value_heads=2, head_dim=64, vocab_size=512),
                           torch.bfloat16, "cuda", "auto")
-    paged = importlib.import_module("layer1_kernels.paged_decode")
     cache = l3.ContiguousKVCache.for_model(cfg, 1, 600, dtype=torch.bfloat16, device="cuda")
+    base = fused.ops
     got = {}
     with torch.no_grad():
         fused(torch.randint(0, 512, (300,), device="cuda"), cache.context([300], [0]), cache)
         tok = torch.tensor([3], device="cuda")
-        try:
-            for early in (False, True):
-                paged.EARLY_KV["on"] = early
-                l3.comm.kernels.set_decode_pdl(True, early_rope=early)
-                graph = l3.CudaGraphDecoder(fused, cache, 1)
-                for pos in (40, 299):  # one part; several, merged in the launch
-                    p = torch.tensor([pos], device="cuda")
-                    got[early, pos] = [graph.step(tok, p).clone() for _ in range(2)]
-        finally:
-            paged.EARLY_KV["on"] = False
-            l3.comm.kernels.set_decode_pdl(True, early_rope=False)
+        for early in (False, True):
+            fused.ops = dataclasses.replace(base, decode=dataclasses.replace(
+                base.decode, early_kv=early))
+            graph = l3.CudaGraphDecoder(fused, cache, 1)
+            for pos in (40, 299):  # one part; several, merged in the launch
+                p = torch.tensor([pos], device="cuda")
+                got[early, pos] = [graph.step(tok, p).clone() for _ in range(2)]
+    fused.ops = base
     for pos in (40, 299):
         for logits in got[False, pos][1:] + got[True, pos]:
             assert torch.equal(logits, got[False, pos][0]), pos

@@ -96,11 +96,33 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, s
             tl.store(count_ptr + t, 0)
 
 
-#: Where skinny_matmul was measured faster than cuBLAS (benchmarks/decode_gemm_shapes.py, CUDA
-#: graph replay, weights rotated past L2): (N, K) -> ((first row count, last row count,
-#: config), ...); skinny_linear takes the kernel only inside those row ranges. A config is
-#: (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages[, split]).
-TUNED: dict[tuple[int, int], tuple[tuple[int, int, tuple[int, ...]], ...]] = {}
+#: Where skinny_matmul was measured faster than cuBLAS (benchmarks/decode_gemm_shapes.py on an
+#: H100, CUDA graph replay, weights rotated past L2; by >= 3 %, "us vs cuBLAS's us" below):
+#: (N, K) -> ((first row count, last row count, config), ...); skinny_linear takes the kernel
+#: only inside those row ranges. A config is (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages[, split]).
+#: A range covers the rows down to the decode-graph bucket below the measured count (buckets
+#: are multiples of 8) where the kernel's padded row tile makes it no slower below; the LM
+#: head (streamed: its time hardly depends on the rows) also the rows down to the tile's
+#: half. Everywhere else cuBLAS was as fast or faster: the 1B's qkv, o and down at every row
+#: count, every projection from 129 rows on (64-128-row tiles run at 1.3-2.5x cuBLAS's time
+#: there: too few programs, and split K's partial sums cost more than they win), the 8B's
+#: per-rank o_proj, and its TP=4 shapes (within 1 %).
+TUNED: dict[tuple[int, int], tuple[tuple[int, int, tuple[int, ...]], ...]] = {
+    # Llama-3.2-1B gate_up: 32 rows 27.0 vs 28.6 us, 128 rows 30.2 vs 32.3
+    (16384, 2048): ((25, 32, (128, 32, 128, 8, 3)), (121, 128, (128, 128, 128, 8, 3))),
+    # Llama-3.2-1B LM head (tied): 32 rows 185 vs 198 us, 64: 192 vs 201, 96: 202 vs 209,
+    # 128: 207 vs 214
+    (128256, 2048): ((17, 32, (128, 32, 128, 8, 3)), (33, 64, (128, 64, 128, 8, 3)),
+                     (89, 96, (128, 128, 64, 8, 3)), (121, 128, (128, 128, 64, 8, 3))),
+    # Llama-3.1-8B at TP=1, 32 rows: qkv 21.7 vs 22.9 us, gate_up 84.5 vs 89.8
+    (6144, 4096): ((25, 32, (64, 32, 256, 4, 3)),),
+    (28672, 4096): ((25, 32, (128, 32, 128, 8, 3)),),
+    # Llama-3.1-8B rank 0 at TP=2, 32 rows: qkv 13.5 vs 15.0 us, gate_up 44.8 vs 48.5, down
+    # 25.5 vs 27.4 (a layer's four projections 93.3 vs 100.4)
+    (3072, 4096): ((25, 32, (32, 32, 256, 4, 4)),),
+    (14336, 4096): ((25, 32, (128, 32, 128, 8, 3)),),
+    (4096, 7168): ((25, 32, (32, 32, 256, 4, 4)),),
+}
 #: "1": skinny_linear takes skinny_matmul at TUNED's shapes and rows (off until a decode step
 #: measured with it on is faster)
 ENV = "LLM_STACK_SKINNY_GEMM"

@@ -97,6 +97,27 @@ def test_skinny_matmul_at_decode_shapes_gpu(m):
         _check(m, n, k, (64, 64, 128, 4, 3, 4), i)
 
 
+def test_tuned_table_is_well_formed():
+    """Every TUNED entry: ordered, non-overlapping row ranges inside 1..MAX_ROWS, and configs
+    skinny_matmul accepts (a config per range, its row tile a power of two >= 16)."""
+    for (n, k), entries in SK.TUNED.items():
+        last = 0
+        for lo, hi, config in entries:
+            assert last < lo <= hi <= SK.MAX_ROWS, ((n, k), lo, hi)
+            assert len(config) in (5, 6) and all(isinstance(c, int) and c > 0 for c in config)
+            assert config[1] >= 16 and config[1] & (config[1] - 1) == 0
+            last = hi
+
+
+@pytest.mark.gpu
+def test_tuned_entries_are_correct_at_their_row_ranges_gpu():
+    """Each TUNED config on its own shape at both ends of its row range (bf16)."""
+    for i, ((n, k), entries) in enumerate(sorted(SK.TUNED.items())):
+        for lo, hi, config in entries:
+            for m in (lo, hi):
+                _check(m, n, k, config, i * 1000 + m)
+
+
 @pytest.mark.gpu
 def test_skinny_linear_takes_the_kernel_where_chosen_gpu(monkeypatch):
     x = torch.randn(300, 1024, device="cuda", dtype=torch.bfloat16)

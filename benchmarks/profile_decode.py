@@ -73,6 +73,9 @@ ap.add_argument("--early-kv-trials", action="store_true",
                      "requested before its PDL wait (EARLY_KV) and the qkv GEMV triggering "
                      "early (early_rope), each on and off; twice each, interleaved; then the "
                      "profile of the fastest")
+ap.add_argument("--early-kv-names", default="off,both,loads only,launch only",
+                help="--early-kv-trials' trials, comma-separated: off, both, both-late (the "
+                     "attention's own trigger after its loop), 'loads only', 'launch only'")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -376,21 +379,26 @@ def early_kv_trials() -> None:
     attention requests its keys and values but the newest before its PDL wait) off and on,
     and each half alone through layer 1's knobs (paged_decode.EARLY_KV: the loads before the
     wait, the attention launched as usual; set_decode_pdl early_rope: the early launch, no
-    early loads); twice each, interleaved (the run's drift shows in the pairs); then the
-    profile of the fastest. Moving loads and triggers changes no arithmetic: every trial's
-    greedy tokens must equal the first trial's."""
+    early loads) -- or the trials --early-kv-names names (both-late: early_kv with the
+    attention's own trigger after its key loop); twice each, interleaved (the run's drift
+    shows in the pairs); then the profile of the fastest. Moving loads and triggers changes
+    no arithmetic: every trial's greedy tokens must equal the first trial's."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
     base = net.ops
 
     def setup(name: str) -> None:
         dk = base.decode
         net.ops = base if dk is None else dataclasses.replace(
-            base, decode=dataclasses.replace(dk, early_kv=name == "both"))
+            base, decode=dataclasses.replace(dk, early_kv=name.startswith("both")))
         PAGED.EARLY_KV["on"] = name == "loads only"
         K1.set_decode_pdl(True, early_rope=name == "launch only")
+        # "both-late": the attention lets o_proj launch after its key loop, not at its start
+        # (with the early launch, o_proj's programs would otherwise join while qkv streams)
+        l3.backends.ATTENTION_CONFIG = {**(ATTN_DEFAULT or {}), "trigger_early": False} \
+            if name == "both-late" else ATTN_DEFAULT
 
     first, best = None, None
-    names = ("off", "both", "loads only", "launch only")
+    names = tuple(args.early_kv_names.split(","))
     for name in names * 2:
         setup(name)
         toks: list = []
@@ -423,6 +431,7 @@ def early_kv_trials() -> None:
         print(f"profile with early kv {best[1]}:", flush=True)
         profile_step()
     net.ops = base
+    l3.backends.ATTENTION_CONFIG = ATTN_DEFAULT
     PAGED.EARLY_KV["on"] = args.early_kv
     K1.set_decode_pdl(True, early_rope=False)
 

@@ -103,7 +103,48 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
         row["graph_engine_ratio"] = row["engine_ms"] / graphed["engine_ms"]
         # the same prompts (one seed): the same greedy first tokens?
         row["graph_tokens_equal"] = graphed["engine_first_tokens"] == row["engine_first_tokens"]
+        row.update(first_decode(net, tokens))
     return row
+
+
+def first_decode(net, tokens: int, runs: int = 5) -> dict:
+    """A lone prompt's prefill and its first decode through the engine (prefill graphs on):
+    `LLM.generate` of a fresh `tokens`-token prompt, max_tokens 2, between device syncs, the
+    first decode launched behind the still-running prefill (the engine's order) against the
+    order before it (LaunchedStep.on_gpu answering False: the prefill's first token read,
+    then the decode scheduled and launched while the GPU idles), alternating, `runs` each
+    after one untimed of each; and whether both give the same two tokens."""
+    from layer4_algorithms import launched_step  # noqa: PLC0415
+
+    sync = torch.cuda.synchronize
+    llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
+              cuda_graph=True, prefill_cuda_graph=True)
+    params = l3.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
+    gen = torch.Generator().manual_seed(2)
+    on_gpu = launched_step.LaunchedStep.on_gpu
+    secs: dict[str, list[float]] = {"overlapped": [], "read_first": []}
+    out_tokens: dict[str, list] = {"overlapped": [], "read_first": []}
+    try:
+        for i in range(1 + runs):
+            prompt = torch.randint(0, net.config.vocab_size, (tokens,), generator=gen).tolist()
+            for mode in secs:
+                launched_step.LaunchedStep.on_gpu = (on_gpu if mode == "overlapped"
+                                                     else lambda self: False)
+                sync()
+                t0 = time.perf_counter()
+                out = llm.generate([prompt], params)
+                sync()
+                if i:
+                    secs[mode].append(time.perf_counter() - t0)
+                out_tokens[mode].append(out[0].outputs[0].token_ids)
+    finally:
+        launched_step.LaunchedStep.on_gpu = on_gpu
+    med = {m: statistics.median(v) * 1e3 for m, v in secs.items()}
+    return {"first_decode_ms": med, "first_decode_runs_ms": {m: [x * 1e3 for x in v]
+                                                             for m, v in secs.items()},
+            "first_decode_saved_ms": med["read_first"] - med["overlapped"],
+            "first_decode_tokens_equal": out_tokens["overlapped"] == out_tokens["read_first"]}
 
 
 def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,

@@ -57,6 +57,12 @@ def summary(out: Path) -> list[str]:
                 f"{p['graph_engine_ms']:.2f}", f"{_pct(p['graph_engine_MFU'])} "
                 f"({_pct(p['graph_engine_MFU_min'])}-{_pct(p['graph_engine_MFU_max'])})",
                 ">= 70%")
+        if "first_decode_ms" in p:  # prefill + first decode, the decode launched early or not
+            fd = p["first_decode_ms"]
+            row(f"prefill 2048 + first decode, engine (tokens equal: "
+                f"{p['first_decode_tokens_equal']}): launched behind the prefill / read first",
+                f"{fd['overlapped']:.2f} / {fd['read_first']:.2f}",
+                f"saved {p['first_decode_saved_ms']:.2f} ms", "")
     else:
         row("prefill: MISSING (prefill.log)", "", "", "")
     e = _load(out / "engine.json")

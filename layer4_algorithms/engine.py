@@ -179,6 +179,23 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             prev = None
             if not sync:  # first tokens only: out now, before another launch delays them
                 return self._end_step(start, advanced, finished, unfinished, delta)
+        launched = self._advance(prev, sync, advanced, finished)
+        if (launched is not None and launched.first_only and not self.scheduler.waiting
+                and launched.on_gpu()):
+            # prompts' first tokens still being computed, nobody waiting to be admitted: the
+            # next step is their first decode (with the other running sequences'). Launched
+            # now, queued behind the prefill, while the first tokens are read: the GPU goes
+            # from one to the other without waiting for the host, and the first tokens wait
+            # only for this launch's host time, spent while the prefill still runs.
+            self._inflight = None
+            self._advance(launched, sync, advanced, finished)
+        return self._end_step(start, advanced, finished, unfinished, delta)
+
+    def _advance(self, prev: LaunchedStep | None, sync: bool, advanced: list[SchedulerOutput],
+                 finished: list[Sequence]) -> LaunchedStep | None:
+        """Schedule and launch a step, reading prev's tokens while it runs. Returns the step
+        left in flight (self._inflight: its tokens on their way, read by the next call), or
+        None (nothing launched, or its tokens read here)."""
         out = self.scheduler.schedule()
         launched = None
         if out.scheduled:
@@ -189,9 +206,10 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
             self._complete(prev, advanced, finished)
         if launched is not None and launched.sampled is None:
             self._inflight = launched  # its tokens are still on their way: the next step reads them
-        elif launched is not None:
+            return launched
+        if launched is not None:
             self._complete(launched, advanced, finished)
-        return self._end_step(start, advanced, finished, unfinished, delta)
+        return None
 
     def _check_progress(self) -> None:
         if self.scheduler.has_unfinished():

@@ -14,6 +14,10 @@ A step that only samples first tokens (prefills reaching their prompt's end, no 
 overlap) is read by the next call *before* it schedules anything, and that call returns at
 once: the first tokens go out without waiting for another step's launch (at low load that
 launch was pure time-to-first-token); the call after it launches with the tokens on the host.
+Except where the next step is those sequences' first decode and the prefill still runs on
+the GPU (nobody waiting to be admitted, `on_gpu()`): then the same call launches that decode
+at once, behind the prefill, and reads the first tokens while it runs (engine.py), so the
+GPU does not idle between the two while the host reads, appends and schedules.
 
 `LaunchedStep.on_host` holds tokens sampled synchronously (penalties, logprobs and
 speculation take that path); `LaunchedStep.on_device` starts their copy to pinned host
@@ -73,6 +77,12 @@ class LaunchedStep:
             q.num_pending += 1
             q.pending_index = j
         return step
+
+    def on_gpu(self) -> bool:
+        """True while the GPU has not reached the end of this step's tokens (their copy
+        back to the host included); False once they are there, or when nothing is copied
+        (a CPU's tokens, host sampling)."""
+        return self.event is not None and not self.event.query()
 
     def read(self) -> dict[int, list[int]]:
         """seq_id -> the tokens to append (waiting for them if still on the GPU); read once,

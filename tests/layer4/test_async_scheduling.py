@@ -230,6 +230,51 @@ def test_first_tokens_come_back_before_the_next_launch(tiny_model, overlap_calls
     assert overlap_calls and max(overlap_calls) > 0
 
 
+def test_a_prefill_still_on_the_gpu_gets_its_first_decode_launched_behind_it(tiny_model,
+                                                                            monkeypatch,
+                                                                            overlap_calls):
+    """While a step of first tokens still runs on the GPU (on_gpu: True here on a CPU) and no
+    request waits, the same call launches the next step (their first decode, its input the
+    prefill's tokens on the device) before it reads the first tokens; with a request waiting
+    it does not (the next step admits it: its first token first). Tokens as the synchronous
+    engine's, on a mixed workload too."""
+    from layer4_algorithms.launched_step import LaunchedStep  # noqa: PLC0415
+
+    monkeypatch.setattr(LaunchedStep, "on_gpu", lambda self: True)
+    prompts = random_prompts([6, 11, 3], seed=21)
+    want = [o.token_ids for o in tiny_model.generate_outputs(prompts, [greedy(6)] * 3)]
+    llm = LLM(tiny_model, block_size=4, num_blocks=60, async_scheduling=True)
+    llm.add_request(prompts[0], greedy(6), request_id="0")
+    outs = llm.step()  # the prefill, its first decode behind it, the first token read
+    assert [len(o.outputs[0].token_ids) for o in outs] == [1]
+    assert llm.stats.steps == 2 and llm._inflight is not None
+    assert overlap_calls == [1]  # the decode's input: the prefill's token on the device
+    seen = {"0": outs[0].outputs[0].token_ids}
+    step = 0
+    while llm.has_unfinished():
+        if step == 1:
+            llm.add_request(prompts[1], greedy(6), request_id="1")
+            llm.add_request(prompts[2], greedy(6), request_id="2")
+        for o in llm.step():
+            seen[o.request_id] = o.outputs[0].token_ids
+        step += 1
+        assert step < 100
+    llm.drain()
+    assert_no_leak(llm)
+    assert [seen[r] for r in "012"] == want
+    one_seat = LLM(tiny_model, block_size=4, num_blocks=60, async_scheduling=True,
+                   max_num_seqs=1)
+    one_seat.add_request(prompts[0], greedy(1), request_id="0")
+    one_seat.add_request(prompts[1], greedy(6), request_id="1")
+    assert one_seat.step() == [] and one_seat.stats.steps == 1  # "1" waits: nothing early
+    lengths = [1, 2, 30, 11, 4, 8, 19]
+    ps = random_prompts(lengths, seed=7)
+    params = [greedy(m) for m in (7, 1, 12, 3, 9, 2, 15)]
+    want, got, _ = run_both(tiny_model, ps, params, block_size=3, num_blocks=200,
+                            max_num_batched_tokens=13, max_num_seqs=5)
+    assert tokens(got) == tokens(want)
+
+
 def test_the_flag_resolves_and_rejects_what_it_cannot_do(tiny_model):
     assert LLM(tiny_model, num_blocks=32).config.async_scheduling is False  # a CPU model
     assert LLM(tiny_model, num_blocks=32, async_scheduling=True).config.async_scheduling

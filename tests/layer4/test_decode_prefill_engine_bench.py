@@ -21,3 +21,25 @@ def test_parts_write_what_the_summary_reads(tmp_path):
     assert any(line.startswith("prefill 2048 x5") for line in lines)
     assert any("through the engine" in line for line in lines)
     assert any("engine: MISSING" in line for line in lines)  # not run here: said, not fatal
+
+
+def test_summary_reports_the_graph_and_first_decode_rows(tmp_path):
+    """A GPU run's prefill.json adds the engine with prefill graphs and the first-decode pair:
+    the summary prints both (the CPU smoke run has neither)."""
+    import json  # noqa: PLC0415
+
+    bench, summary = _load("decode_prefill_engine"), _load("decode_prefill_engine_summary")
+    p = bench.main(["prefill", "--smoke", "--out", str(tmp_path)])
+    assert "graph_engine_ms" not in p and "first_decode_ms" not in p
+    p.update(graph_engine_ms=7.9, graph_engine_runs_ms=[7.9] * 5, graph_engine_MFU=0.7,
+             graph_engine_MFU_min=0.69, graph_engine_MFU_max=0.71, graph_tokens_equal=True,
+             graph_engine_prefill_graph_pool_MiB=150.0,
+             first_decode_ms={"overlapped": 9.0, "read_first": 9.6}, first_decode_saved_ms=0.6,
+             first_decode_tokens_equal=True)
+    (tmp_path / "prefill.json").write_text(json.dumps(p))
+    lines = summary.summary(tmp_path)
+    assert any("prefill graphs (tokens equal: True, pool 150 MiB)" in x and "70%" in x
+               for x in lines)
+    assert any("first decode" in x and "9.00 / 9.60" in x and "saved 0.60 ms" in x
+               for x in lines)
+

@@ -94,17 +94,29 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
     # the host's interpreter speed around the eager runs: the eager figure follows it when
     # host_bound (the same machine's loop time has moved 2x within a minute)
     row["host_python_loop_ms"] = [loop_before, python_loop_ms()]
+    _progress("eager", row, "MFU")
     if not smoke:
         row.update(bucket_graph_prefill(net, tokens, peak))
+        _progress("bucket graph", row, "bucket_graph_MFU")
     row.update(engine_prefill(net, tokens, peak, smoke))
+    _progress("engine", row, "engine_MFU")
     if not smoke:  # the engine's prefill steps replayed from its per-bucket graphs
         graphed = engine_prefill(net, tokens, peak, smoke, prefill_cuda_graph=True)
         row.update({f"graph_{k}": v for k, v in graphed.items()})
         row["graph_engine_ratio"] = row["engine_ms"] / graphed["engine_ms"]
         # the same prompts (one seed): the same greedy first tokens?
         row["graph_tokens_equal"] = graphed["engine_first_tokens"] == row["engine_first_tokens"]
+        _progress("engine, prefill graphs", row, "graph_engine_MFU", "graph_tokens_equal",
+                  "graph_engine_prefill_graph_pool_MiB")
         row.update(first_decode(net, tokens))
+        _progress("prefill + first decode", row, "first_decode_ms", "first_decode_saved_ms",
+                  "first_decode_tokens_equal")
     return row
+
+
+def _progress(what: str, row: dict, *keys: str) -> None:
+    """One line a finished sub-part (a run cut by its time limit keeps what it printed)."""
+    print(json.dumps({"part": what, **{k: row.get(k) for k in keys}}, default=str), flush=True)
 
 
 def first_decode(net, tokens: int, runs: int = 5) -> dict:

@@ -107,10 +107,13 @@ def prefill(net, _bw: float, peak: float, smoke: bool) -> dict:
         # the same prompts (one seed): the same greedy first tokens?
         row["graph_tokens_equal"] = graphed["engine_first_tokens"] == row["engine_first_tokens"]
         _progress("engine, prefill graphs", row, "graph_engine_MFU", "graph_tokens_equal",
-                  "graph_engine_prefill_graph_pool_MiB")
+                  "graph_engine_prefill_graph_pool_MiB", "graph_engine_graph_replays",
+                  "graph_engine_host_before_replay_ms", "graph_engine_replay_gpu_ms",
+                  "graph_engine_replay_gpu_MFU")
         row.update(first_decode(net, tokens))
         _progress("prefill + first decode", row, "first_decode_ms", "first_decode_saved_ms",
-                  "first_decode_tokens_equal")
+                  "first_decode_tokens_equal", "first_decode_early_launches",
+                  "first_decode_asked")
     return row
 
 
@@ -125,23 +128,30 @@ def first_decode(net, tokens: int, runs: int = 5) -> dict:
     first decode launched behind the still-running prefill (the engine's order) against the
     order before it (LaunchedStep.on_gpu answering False: the prefill's first token read,
     then the decode scheduled and launched while the GPU idles), alternating, `runs` each
-    after one untimed of each; and whether both give the same two tokens."""
+    after one untimed of each (prefix caching off: the second run of a prompt computes it
+    all again); whether both give the same two tokens, and how often the early launch was
+    taken (on_gpu answering True)."""
     from layer4_algorithms import launched_step  # noqa: PLC0415
 
     sync = torch.cuda.synchronize
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
-              cuda_graph=True, prefill_cuda_graph=True)
+              cuda_graph=True, prefill_cuda_graph=True, enable_prefix_caching=False)
     params = l3.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
     gen = torch.Generator().manual_seed(2)
     on_gpu = launched_step.LaunchedStep.on_gpu
     secs: dict[str, list[float]] = {"overlapped": [], "read_first": []}
     out_tokens: dict[str, list] = {"overlapped": [], "read_first": []}
+    early: list[bool] = []
+
+    def counted(self) -> bool:
+        early.append(on_gpu(self))
+        return early[-1]
     try:
         for i in range(1 + runs):
             prompt = torch.randint(0, net.config.vocab_size, (tokens,), generator=gen).tolist()
             for mode in secs:
-                launched_step.LaunchedStep.on_gpu = (on_gpu if mode == "overlapped"
+                launched_step.LaunchedStep.on_gpu = (counted if mode == "overlapped"
                                                      else lambda self: False)
                 sync()
                 t0 = time.perf_counter()
@@ -156,7 +166,8 @@ def first_decode(net, tokens: int, runs: int = 5) -> dict:
     return {"first_decode_ms": med, "first_decode_runs_ms": {m: [x * 1e3 for x in v]
                                                              for m, v in secs.items()},
             "first_decode_saved_ms": med["read_first"] - med["overlapped"],
-            "first_decode_tokens_equal": out_tokens["overlapped"] == out_tokens["read_first"]}
+            "first_decode_tokens_equal": out_tokens["overlapped"] == out_tokens["read_first"],
+            "first_decode_early_launches": sum(early), "first_decode_asked": len(early)}
 
 
 def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,
@@ -176,21 +187,47 @@ def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,
     params = l3.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
     secs, steps, first = [], [], []
+    graphs = getattr(llm.runner, "prefill_graph", None)
+    marks: list[tuple] = []  # per replay: host clock at entry, after, CUDA events around it
+    if graphs is not None:
+        run = graphs.run
+
+        def timed_run(*a, **k):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t_in = time.perf_counter()
+            start.record()
+            got = run(*a, **k)
+            end.record()
+            marks.append((t_in, time.perf_counter(), start, end, got is not None))
+            return got
+        graphs.run = timed_run
+    before, gpu, replays = [], [], 0
     for i in range(2 + runs):
         prompt = torch.randint(0, net.config.vocab_size, (tokens,), generator=gen).tolist()
         sync()
+        marks.clear()
         t0 = time.perf_counter()
         out = llm.generate([prompt], params)
         sync()
         if i >= 2:
             secs.append(time.perf_counter() - t0)
             steps.append(llm.stats.steps)
+            replays += sum(m[4] for m in marks)
+            if marks:  # host time before the replay; the replay's GPU time (input copies too)
+                before.append((marks[0][0] - t0) * 1e3)
+                gpu.append(marks[0][2].elapsed_time(marks[0][3]))
         if len(out[0].outputs[0].token_ids) != 1:
             raise RuntimeError("the engine's prefill did not sample one token")
         first.append(out[0].outputs[0].token_ids[0])
     med, flops = statistics.median(secs), L3B.prefill_flops(net, tokens)
-    pool = getattr(llm.runner.prefill_graph, "pool_bytes", 0)
-    return {"engine_first_tokens": first, "engine_prefill_graph_pool_MiB": pool / 2**20,
+    pool = getattr(graphs, "pool_bytes", 0)
+    extra = {} if graphs is None else {
+        "engine_graph_replays": replays, "engine_host_before_replay_ms": before,
+        "engine_replay_gpu_ms": gpu,
+        "engine_replay_gpu_MFU": L3B.prefill_flops(net, tokens) / (
+            statistics.median(gpu) / 1e3) / peak if gpu else None}
+    return {**extra, "engine_first_tokens": first,
+            "engine_prefill_graph_pool_MiB": pool / 2**20,
             "engine_ms": med * 1e3, "engine_runs_ms": [s * 1e3 for s in secs],
             "engine_MFU": flops / med / peak, "engine_MFU_min": flops / max(secs) / peak,
             "engine_MFU_max": flops / min(secs) / peak, "engine_steps": steps,

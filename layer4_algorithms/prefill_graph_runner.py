@@ -175,7 +175,10 @@ class PrefillGraphRunner:
                     self._step(*key)
         l3.warm_up(every_graph, 1)
         torch.cuda.synchronize(self.io.device)
-        before = torch.cuda.memory_reserved(self.io.device)  # (the warm-up's blocks: reusable)
+        # each capture empties the allocator's cache first: do it now, so that the reserved
+        # memory's growth is the graphs' pool
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.io.device)
         pool = None
         for key in keys:  # largest first: the pool it leaves fits the smaller ones
             graph, _ = l3.capture_graph(lambda key=key: self._step(*key), warmup=0, pool=pool)

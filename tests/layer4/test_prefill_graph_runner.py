@@ -18,7 +18,7 @@ from layer4_algorithms.prefill_graph_runner import PrefillGraphRunner, token_buc
 # head_dim 16 and no window: the triton backend's flash path (what the graphs need)
 CONFIG = l3.ModelConfig(model_type="llama", vocab_size=97, hidden_size=64, intermediate_size=96,
                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                        head_dim=16, max_position_embeddings=512)
+                        head_dim=16, max_position_embeddings=1024)
 BLOCK_SIZE, NUM_BLOCKS = 4, 160
 
 
@@ -194,9 +194,11 @@ def test_errors():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("budget,lengths", [(512, (1, 37, 129, 300, 511, 512)),
-                                            (256, (5, 17, 30)), (96, (250, 7, 61))])
-def test_gpu_engine_with_prefill_graphs_equals_without(budget, lengths):
+@pytest.mark.parametrize("budget,lengths,kinds", [
+    (512, (1, 37, 129, 300, 511, 512), {"one"}),  # one prompt at a time
+    (256, (5, 17, 30), {"many"}),                 # three prompts in one step
+    (96, (250, 7, 61), {"one", "many"})])          # chunks: the first alone, then with context
+def test_gpu_engine_with_prefill_graphs_equals_without(budget, lengths, kinds):
     """The engine on a GPU with prefill graphs (captured) against the same engine without:
     greedy tokens equal, the first token's logits close (bf16; padded GEMMs may pick other
     cuBLAS kernels), awkward prompt lengths one at a time, several in a step, chunked."""
@@ -210,6 +212,7 @@ def test_gpu_engine_with_prefill_graphs_equals_without(budget, lengths):
     plain, graphed = LLM(net, **kw), LLM(net, prefill_cuda_graph=True, **kw)
     assert graphed.runner.prefill_graph is not None
     assert graphed.runner.prefill_graph.buckets == token_buckets(budget)
+    assert graphed.runner.prefill_graph.pool_bytes > 0  # the graphs' own pool, measured
     print(f"prefill graph pool: {graphed.runner.prefill_graph.pool_bytes / 2**20:.1f} MiB "
           f"for buckets {graphed.runner.prefill_graph.buckets}", flush=True)
     runs = []
@@ -221,7 +224,7 @@ def test_gpu_engine_with_prefill_graphs_equals_without(budget, lengths):
         got = [graphed.generate([p], params)[0] for p in ps]
     else:
         want, got = plain.generate(ps, params), graphed.generate(ps, params)
-    assert runs
+    assert {k for _, k in runs} == kinds
     for w, g in zip(want, got, strict=True):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         lw, lg = w.outputs[0].logprobs[0], g.outputs[0].logprobs[0]  # the prefill's token

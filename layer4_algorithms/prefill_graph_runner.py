@@ -119,7 +119,8 @@ class PrefillGraphRunner:
         self._host_parts = np.split(self._host, np.cumsum([R + 1, R, T, T])[:4])
         self._host_parts[4] = self._host_parts[4].reshape(R, W)
         self._host_parts[4][:] = self.scratch
-        self._pad_slots = self.scratch * bs + np.arange(T, dtype=np.int64) % bs
+        self._arange = np.arange(T, dtype=np.int64)
+        self._pad_slots = self.scratch * bs + self._arange % bs
         self.contexts = {(b, kind): self._context(b, kind) for b in self.buckets
                          for kind in KINDS}
         self.graphs: dict[tuple[int, str], torch.cuda.CUDAGraph] = {}
@@ -241,9 +242,14 @@ class PrefillGraphRunner:
         qsl, seq_lens, pos, slots, tables = self._host_parts
         bs = self.block_size
         starts = np.cumsum(q) - q
-        p = np.arange(n, dtype=np.int64) - np.repeat(starts, q) + np.repeat(c, q)
+        if k == 1:  # (a lone sequence: no per-token repeats)
+            p = self._arange[:n] + c[0]
+            blocks = table[0, p // bs]
+        else:
+            p = self._arange[:n] - np.repeat(starts, q) + np.repeat(c, q)
+            blocks = table[np.repeat(np.arange(k), q), p // bs]
         pos[:n] = p
-        slots[:n] = table[np.repeat(np.arange(k), q), p // bs] * bs + p % bs
+        np.add(blocks * bs, p % bs, out=slots[:n])
         self._fill_padding(T, n)
         qsl[0] = 0
         if kind == "one":

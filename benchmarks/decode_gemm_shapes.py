@@ -2,7 +2,7 @@
 of launch configs, per shape and row count (a decode step's sequences).
 
     python benchmarks/decode_gemm_shapes.py [--cases 1b:256,8b-tp2:32,...] [--budget-s 85]
-                                            [--pdl off|on|both] [--out DIR]
+                                            [--out DIR]
 
 Shapes (bf16): Llama-3.2-1B's qkv 3072 x 2048, o 2048 x 2048, gate_up 16384 x 2048, down 2048 x
 8192 and LM head 128256 x 2048; rank 0's of Llama-3.1-8B at TP=p (qkv 6144/p x 4096, o 4096 x
@@ -105,8 +105,7 @@ def replay_us(fn, copies: int, reps: int = 5) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure(model: str, M: int, name: str, N: int, K: int, dev, pdls: tuple[bool, ...]
-            ) -> dict:
+def measure(model: str, M: int, name: str, N: int, K: int, dev) -> dict:
     wbytes = N * K * 2
     nbytes = wbytes + 2 * (M * K + M * N)
     flops = 2 * M * N * K
@@ -125,25 +124,24 @@ def measure(model: str, M: int, name: str, N: int, K: int, dev, pdls: tuple[bool
            "cublas_us": replay_us(cublas, copies), "configs": {}}
     best = (row["cublas_us"], "cublas")
     parts = []
-    for cfg, pdl in ((c, p) for c in candidates(M, N, K) for p in pdls):
+    for cfg in candidates(M, N, K):
         tiles = -(-N // cfg[0]) * -(-M // cfg[1]) * (cfg[5] if len(cfg) > 5 else 1)
-        name_ = f"{cfg}{'+pdl' if pdl else ''}"
         try:
-            y = skinny_matmul(x, ws[0], config=cfg, pdl=pdl).float()
+            y = skinny_matmul(x, ws[0], config=cfg).float()
             err = (y - ref).abs().max().item()
             if err > 0.02 * ref.abs().max().item() + 1e-2:
-                parts.append(f"{name_}: WRONG (err {err:.3g})")
+                parts.append(f"{cfg}: WRONG (err {err:.3g})")
                 continue
 
-            def ours(i, cfg=cfg, pdl=pdl):
-                ys[i] = skinny_matmul(x, ws[i], config=cfg, pdl=pdl)
+            def ours(i, cfg=cfg):
+                ys[i] = skinny_matmul(x, ws[i], config=cfg)
             us = replay_us(ours, copies)
         except Exception as exc:  # noqa: BLE001 - a config that fails is reported
-            parts.append(f"{name_}: {type(exc).__name__}: {str(exc)[:80]}")
+            parts.append(f"{cfg}: {type(exc).__name__}: {str(exc)[:80]}")
             continue
-        row["configs"][name_] = {"us": us, "err": err, "programs": tiles}
-        parts.append(f"{name_}[{tiles}] {us:.2f}")
-        best = min(best, (us, name_))
+        row["configs"][str(cfg)] = {"us": us, "err": err, "programs": tiles}
+        parts.append(f"{cfg}[{tiles}] {us:.2f}")
+        best = min(best, (us, str(cfg)))
     row["best_us"], row["best"] = best
     log(f"{model} M={M} {name} {N}x{K}: {nbytes / 1e6:.1f} MB {flops / 1e9:.2f} GFLOP "
         f"floor {floor_us:.2f} us ({bound}) | cuBLAS {row['cublas_us']:.2f} us "
@@ -157,11 +155,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", default=CASES, help="model:rows,... (model 1b or 8b-tpP)")
     ap.add_argument("--budget-s", type=float, default=85.0)
     ap.add_argument("--out", default="")
-    ap.add_argument("--pdl", choices=("off", "on", "both"), default="off",
-                    help="launch the kernel plainly, with programmatic dependent launch (each "
-                         "call's first W tile loads while the call before finishes), or both")
     args = ap.parse_args(argv)
-    pdls = {"off": (False,), "on": (True,), "both": (False, True)}[args.pdl]
     dev = torch.device("cuda")
     log(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     rows, stop = [], False
@@ -173,7 +167,7 @@ def main(argv=None) -> int:
                 log("budget spent: stopping")
                 stop = True
                 break
-            row = measure(model, M, name, N, K, dev, pdls)
+            row = measure(model, M, name, N, K, dev)
             torch.cuda.empty_cache()
             rows.append(row)
             total["cublas"] += row["cublas_us"]

@@ -39,9 +39,7 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 # isort: split
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .gemv import pdl_launch
 from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -52,8 +50,7 @@ MAX_ROWS = 256
 @triton.jit
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, stride_xm,
                    stride_wn, stride_ym, SPLIT, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                   PDL: tl.constexpr):
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, SPLIT_K: tl.constexpr):
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     k_lo = pid_k * K_SPLIT
     k_hi = tl.minimum(K, k_lo + K_SPLIT)
@@ -64,25 +61,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, s
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * stride_wn + (k_lo + rk)[None, :]
     x_ptrs = x_ptr + rm[None, :] * stride_xm + (k_lo + rk)[:, None]  # (BLOCK_K, BLOCK_M): x^T
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    k_first = k_lo
-    if PDL:
-        # Launched early (programmatic dependent launch): the first W tile streams in while
-        # the kernel before still runs (weights do not depend on it); then wait for it to
-        # finish before reading x (its output) or writing anything.
-        if EVEN_K:
-            w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
-        else:
-            w = tl.load(w_ptrs, mask=n_ok[:, None] & (k_lo + rk < k_hi)[None, :], other=0.0)
-        gdc_wait()
-        if EVEN_K:
-            x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
-        else:
-            x = tl.load(x_ptrs, mask=m_ok[None, :] & (k_lo + rk < k_hi)[:, None], other=0.0)
-        acc = tl.dot(w, x, acc)
-        w_ptrs += BLOCK_K
-        x_ptrs += BLOCK_K
-        k_first = k_lo + BLOCK_K
-    for k in range(k_first, k_hi, BLOCK_K):
+    for k in range(k_lo, k_hi, BLOCK_K):
         if EVEN_K:  # no column mask: the loads stay 16 bytes wide
             w = tl.load(w_ptrs, mask=n_ok[:, None], other=0.0)
             x = tl.load(x_ptrs, mask=m_ok[None, :], other=0.0)
@@ -93,8 +72,6 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, K_SPLIT, s
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    if PDL:  # the next kernel may launch (it waits for all of us before reading y)
-        gdc_launch_dependents()
     y_ptrs = y_ptr + rm[None, :] * stride_ym + rn[:, None]
     if not SPLIT_K:
         tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=n_ok[:, None] & m_ok[None, :])
@@ -191,15 +168,12 @@ def skinny_matmul_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (x.float() @ w.float().T).to(x.dtype)
 
 
-def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None,
-                  pdl: bool = True) -> torch.Tensor:
+def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Tensor:
     """y = x @ w^T: x (M, K) with 1 <= M <= MAX_ROWS, w (N, K) (an nn.Linear weight, read in
     place), both fp16 or bf16 -> y (M, N) in x's dtype, fp32 accumulation. config:
     (BLOCK_N, BLOCK_M, BLOCK_K, warps, stages[, split]): split > 1 cuts K into that many
     parts, one program each (more programs for narrow N), summed by the last to finish;
-    default TUNED's entry for M rows or default_config. pdl: programmatic dependent launch
-    where the GPU has it and layer 1's decode kernels use it (gemv.set_pdl; never under the
-    interpreter); False: a plain launch."""
+    default TUNED's entry for M rows or default_config."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"skinny_matmul: x must be (M, K) and w (N, K), got {tuple(x.shape)} "
                          f"and {tuple(w.shape)}")
@@ -231,7 +205,7 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None,
         x, w, y, part, count, M, N, K, k_split, x.stride(0), w.stride(0), y.stride(0), split,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
         EVEN_K=K % k_split == 0 and k_split % block_k == 0, SPLIT_K=split > 1, num_warps=warps,
-        num_stages=stages, **(pdl_launch(x.device) if pdl else {"PDL": False}))
+        num_stages=stages)
     return y
 
 

@@ -263,10 +263,11 @@ class DecodeKernels:
     # over layer 3's contiguous cache: the qkv GEMV lets the attention launch right after its
     # first weight tile (trigger_early), and the attention requests its keys and values but
     # the newest (which that GEMV writes) before its PDL wait (early_kv): their latency
-    # overlaps the GEMV instead of following it. Off: no gain end to end (H100, 1B batch 1,
-    # profile_decode.py --early-kv-trials, two rounds: off 976 / 992 tok/s, on 982 / 969; the
-    # early launch alone 957 / 956 -- with the attention's early trigger, o_proj's programs
-    # then also launch while qkv streams)
+    # overlaps the GEMV instead of following it. Off: slower end to end (H100, 1B batch 1,
+    # profile_decode.py --early-kv-trials, two runs of two interleaved rounds: off 976 / 992,
+    # 977 / 992 tok/s; on 982 / 969, 968 / 968; on with the attention's own trigger after its
+    # loop 961 / 955; the early launch alone 957 / 956; the early loads alone 992 / 992: the
+    # attention launched while qkv streams costs what its early loads save)
     early_kv: bool = False
 
     def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:

@@ -287,6 +287,23 @@ def greedy_seconds_per_token(splits_min: int | None = None, new_tokens: int = 25
         l3.backends.MIN_SPLIT_TOKENS = old
 
 
+def timed_trial(label: str, first: list | None):
+    """One trial of the whole step (greedy_seconds_per_token): (seconds a token, its greedy
+    tokens, how many of them lead equal to `first`'s, all of them when first is None), or
+    None where the option failed (a failing option must not cost the other trials)."""
+    toks: list = []
+    try:
+        with torch.no_grad():
+            spt = greedy_seconds_per_token(tokens=toks)
+    except Exception as err:
+        print(f"{label} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
+        return None
+    toks = torch.cat(toks).tolist()
+    ref = toks if first is None else first
+    same = next((i for i, (a, b) in enumerate(zip(toks, ref, strict=True)) if a != b), len(toks))
+    return spt, toks, same
+
+
 def more_variants() -> None:
     """step_greedy instead of step + argmax, and the attention's split size, (rope in qkv)."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
@@ -335,17 +352,11 @@ def pdl_variants() -> None:
     for trial in trials:
         attn_early, early_kv, early_bytes, pre, late, in_qkv = trial[:6]
         set_triggers(*trial)
-        toks: list = []
-        try:
-            with torch.no_grad():
-                spt = greedy_seconds_per_token(tokens=toks)
-        except Exception as err:  # (a failing option must not cost the other trials)
-            print(f"pdl trial {trial} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
+        got = timed_trial(f"pdl trial {trial}", first)
+        if got is None:
             continue
-        toks = torch.cat(toks).tolist()
+        spt, toks, same = got
         first = toks if first is None else first
-        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
-                    len(toks))
         row = {"attn_early": attn_early, "early_kv": early_kv, "early_bytes": early_bytes,
                "pre_tiles": pre, "late_norm": late, "attention_in_qkv": in_qkv,
                "in_qkv_keys_tile": trial[6:],
@@ -401,17 +412,11 @@ def early_kv_trials() -> None:
     names = tuple(args.early_kv_names.split(","))
     for name in names * 2:
         setup(name)
-        toks: list = []
-        try:
-            with torch.no_grad():
-                spt = greedy_seconds_per_token(tokens=toks)
-        except Exception as err:  # (a failing option must not cost the other trials)
-            print(f"early kv {name} FAILED: {type(err).__name__}: {str(err)[:300]}", flush=True)
+        got = timed_trial(f"early kv {name}", first)
+        if got is None:
             continue
-        toks = torch.cat(toks).tolist()
+        spt, toks, same = got
         first = toks if first is None else first
-        same = next((i for i, (a, b) in enumerate(zip(toks, first, strict=True)) if a != b),
-                    len(toks))
         result.setdefault("early_kv", []).append(
             {"trial": name, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
              "MBU": moved / spt / BW, "same_tokens_first": same})

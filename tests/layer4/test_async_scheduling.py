@@ -202,6 +202,25 @@ def test_streamed_outputs_grow_and_end_as_in_generate(tiny_model):
     assert [seen["0"], seen["1"]] == want
 
 
+def finish_with_two_more(llm, prompts, outs, want) -> None:
+    """Runs "0" (its first token in outs) to the end, two more prompts arriving at its second
+    step (two prefills at once while "0" decodes: a mixed step overlaps); every request's
+    tokens must be `want`'s, nothing leaked."""
+    seen = {"0": outs[0].outputs[0].token_ids}
+    step = 0
+    while llm.has_unfinished():
+        if step == 1:
+            llm.add_request(prompts[1], greedy(6), request_id="1")
+            llm.add_request(prompts[2], greedy(6), request_id="2")
+        for o in llm.step():
+            seen[o.request_id] = o.outputs[0].token_ids
+        step += 1
+        assert step < 100
+    llm.drain()
+    assert_no_leak(llm)
+    assert [seen[r] for r in "012"] == want
+
+
 def test_first_tokens_come_back_before_the_next_launch(tiny_model, overlap_calls):
     """A step that only samples first tokens is read before anything else is launched: a lone
     request's first token comes out of the call after its prefill, with one step launched;
@@ -214,19 +233,7 @@ def test_first_tokens_come_back_before_the_next_launch(tiny_model, overlap_calls
     outs = llm.step()
     assert [len(o.outputs[0].token_ids) for o in outs] == [1]
     assert llm.stats.steps == 1 and llm._inflight is None  # nothing launched in between
-    seen = {"0": outs[0].outputs[0].token_ids}
-    step = 0
-    while llm.has_unfinished():
-        if step == 1:  # two prefills at once, while "0" decodes: a mixed step overlaps
-            llm.add_request(prompts[1], greedy(6), request_id="1")
-            llm.add_request(prompts[2], greedy(6), request_id="2")
-        for o in llm.step():
-            seen[o.request_id] = o.outputs[0].token_ids
-        step += 1
-        assert step < 100
-    llm.drain()
-    assert_no_leak(llm)
-    assert [seen[r] for r in "012"] == want
+    finish_with_two_more(llm, prompts, outs, want)
     assert overlap_calls and max(overlap_calls) > 0
 
 
@@ -249,19 +256,7 @@ def test_a_prefill_still_on_the_gpu_gets_its_first_decode_launched_behind_it(tin
     assert [len(o.outputs[0].token_ids) for o in outs] == [1]
     assert llm.stats.steps == 2 and llm._inflight is not None
     assert overlap_calls == [1]  # the decode's input: the prefill's token on the device
-    seen = {"0": outs[0].outputs[0].token_ids}
-    step = 0
-    while llm.has_unfinished():
-        if step == 1:
-            llm.add_request(prompts[1], greedy(6), request_id="1")
-            llm.add_request(prompts[2], greedy(6), request_id="2")
-        for o in llm.step():
-            seen[o.request_id] = o.outputs[0].token_ids
-        step += 1
-        assert step < 100
-    llm.drain()
-    assert_no_leak(llm)
-    assert [seen[r] for r in "012"] == want
+    finish_with_two_more(llm, prompts, outs, want)
     one_seat = LLM(tiny_model, block_size=4, num_blocks=60, async_scheduling=True,
                    max_num_seqs=1)
     one_seat.add_request(prompts[0], greedy(1), request_id="0")

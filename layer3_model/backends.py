@@ -19,6 +19,9 @@ An op set is a small record of functions:
     rope(q (T, Hq, D), k (T, Hkv, D), cos, sin (P, D/2), positions (T,)) -> (q, k) rotated
     silu_and_mul(x (T, 2F)) -> (T, F)
     attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
+    linear(module, x (T, in)) -> module(x): the general path's projections and LM head (the
+        triton op set, with LLM_STACK_SKINNY_GEMM=1, takes layer 1's skinny_matmul instead of
+        cuBLAS at the decode-batch shapes and row counts its measured table lists)
 
 Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
 one (layer 4's paged cache: a kernel that reads k/v through block tables in place), in the

@@ -45,7 +45,6 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -200,21 +199,10 @@ def call_once(layout, splits, cfg, c):
 
 
 def precompile(gen) -> None:
-    """Every launch the run makes compiled at once on a thread pool (Triton's async compile
-    mode: LLVM and ptxas outside the GIL)."""
-    from triton.runtime._async_compile import AsyncCompileMode
-    real = pd._paged_decode_kernel
-
-    class Warm:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: real.warmup(*a, grid=grid, **kw)
-    pd._paged_decode_kernel = Warm()
-    try:
-        with AsyncCompileMode(ThreadPoolExecutor(14)):
-            for layout, _d, _name, splits, cfg, c in every_launch(gen):
-                call_once(layout, splits, cfg, c)
-    finally:
-        pd._paged_decode_kernel = real
+    """Every launch the run makes compiled at once (paged_decode_latency.compile_only)."""
+    with PDL.compile_only(pd):
+        for layout, _d, _name, splits, cfg, c in every_launch(gen):
+            call_once(layout, splits, cfg, c)
 
 
 def check_all(gen, out: dict) -> bool:

@@ -38,6 +38,7 @@ past --budget-s (what was measured is written).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -179,11 +180,13 @@ class Engine:
 
 
 # ---- the sweep ---------------------------------------------------------------------------------
-def precompile(cases: list, before=None) -> None:
-    """Every candidate config (and the before module's defaults) compiled at once on a thread
-    pool (Triton's async compile mode: LLVM and ptxas run outside the GIL)."""
+@contextlib.contextmanager
+def compile_only(*mods, workers: int = 14):
+    """Inside the block every launch of mods' _paged_decode_kernel (none named: layer 1's)
+    only compiles it (Triton's warmup), all of them at once on a thread pool (Triton's async
+    compile mode: LLVM and ptxas run outside the GIL); the kernels are put back after."""
     from triton.runtime._async_compile import AsyncCompileMode
-    mods = [pd] + ([before] if before is not None else [])
+    mods = mods or (pd,)
     real = {m: m._paged_decode_kernel for m in mods}
 
     class Warm:
@@ -196,21 +199,27 @@ def precompile(cases: list, before=None) -> None:
     for m in mods:
         m._paged_decode_kernel = Warm(real[m])
     try:
-        with AsyncCompileMode(ThreadPoolExecutor(14)):
-            for c in cases:
-                d = c["q"].shape[-1]
-                for cfg in CANDIDATES[d]:
-                    for early in (True, False):
-                        conf = {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
-                                "min_part": 16, "early_index": early}
-                        for s in (1, 2, 64):
-                            calls(pd, c, s, conf)[0]()
-                if before is not None:
-                    for s in (1, 2, 64):
-                        calls(before, c, s)[0]()
+        with AsyncCompileMode(ThreadPoolExecutor(workers)):
+            yield
     finally:
         for m in mods:
             m._paged_decode_kernel = real[m]
+
+
+def precompile(cases: list, before=None) -> None:
+    """Every candidate config (and the before module's defaults) compiled at once."""
+    with compile_only(pd, *([before] if before is not None else [])):
+        for c in cases:
+            d = c["q"].shape[-1]
+            for cfg in CANDIDATES[d]:
+                for early in (True, False):
+                    conf = {"BLOCK_N": cfg[0], "num_warps": cfg[1], "num_stages": cfg[2],
+                            "min_part": 16, "early_index": early}
+                    for s in (1, 2, 64):
+                        calls(pd, c, s, conf)[0]()
+            if before is not None:
+                for s in (1, 2, 64):
+                    calls(before, c, s)[0]()
 
 
 def sweep_case(c, B, ctx, width, sms, args) -> list[dict]:

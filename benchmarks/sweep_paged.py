@@ -29,11 +29,11 @@ import importlib
 import json
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
 import triton
+from paged_decode_latency import compile_only  # (run from benchmarks/: its directory)
 
 import layer3_model as l3
 
@@ -323,24 +323,12 @@ def defaults(args, do_bench) -> int:
 
 
 def precompile(cases: dict, configs=CONFIGS) -> None:
-    """Compile every config for both index dtypes at once (Triton's async compile mode on a
-    thread pool: LLVM and ptxas run outside the GIL), instead of one by one at first call."""
-    from triton.runtime._async_compile import AsyncCompileMode
-
-    real = pd._paged_decode_kernel
-
-    class Warm:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: real.warmup(*a, grid=grid, **kw)
-
-    pd._paged_decode_kernel = Warm()
-    try:
-        with AsyncCompileMode(ThreadPoolExecutor(14)):
-            for c in cases.values():
-                for cfg in configs:
-                    ours(c, cfg, 2)()
-    finally:
-        pd._paged_decode_kernel = real
+    """Compile every config for both index dtypes at once (paged_decode_latency.compile_only),
+    instead of one by one at first call."""
+    with compile_only(pd):
+        for c in cases.values():
+            for cfg in configs:
+                ours(c, cfg, 2)()
 
 
 def main(argv=None) -> int:

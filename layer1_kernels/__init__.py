@@ -26,6 +26,7 @@ import layer0_hardware as hardware  # the layer beneath, as a namespace for the 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .argmax import argmax, argmax_reference
 from .cupy_support import cupy_available
+from .env import env_switch
 from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
 from .flash_attention_varlen import flash_attention_varlen, flash_attention_varlen_reference
 from .gemv import TUNED as GEMV_TUNED
@@ -82,6 +83,8 @@ __all__ = [
     # where kernels run
     "INTERPRETED", "kernel_device", "use_triton", "refuse_interpreted_bf16_dot",
     "cupy_available", "nvcc_available", "compile_check",
+    # the kernels' measured options, switched from the environment
+    "env_switch",
     # Triton kernels and their references
     "vector_add", "vector_add_reference",
     "softmax", "softmax_reference",

@@ -29,8 +29,6 @@ tile to arrive.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
@@ -40,6 +38,7 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
+from .env import env_switch
 from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -126,7 +125,7 @@ TUNED: dict[tuple[int, int], tuple[tuple[int, int, tuple[int, ...]], ...]] = {
 #: "1": skinny_linear takes skinny_matmul at TUNED's shapes and rows (off until a decode step
 #: measured with it on is faster)
 ENV = "LLM_STACK_SKINNY_GEMM"
-ENABLED = os.environ.get(ENV, "0") == "1"
+ENABLED = env_switch(ENV, False)
 
 
 def skinny_gemm_enabled() -> bool:

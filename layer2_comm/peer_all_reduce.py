@@ -28,8 +28,6 @@ the ranks that disagree. Larger than the buffer: NCCL takes it (`algorithm` says
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.distributed as dist
 
@@ -40,17 +38,6 @@ PDL_ENV = "LLM_STACK_PEER_PDL"  # "0" turns PeerAllReduce.pdl off (on by default
 LL_ENV = "LLM_STACK_PEER_LL"  # "0" turns PeerAllReduce.low_latency off (on by default)
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
-
-
-def env_switch(name: str, default: bool) -> bool:
-    """An on/off switch from the environment: "1" on, "0" off, unset the default; anything
-    else is an error naming the variable (a typo must not silently pick a kernel)."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    if value not in ("0", "1"):
-        raise ValueError(f"{name} must be 0 or 1, got {value!r}")
-    return value == "1"
 
 
 def _need_cuda(what: str) -> None:
@@ -216,9 +203,9 @@ class PeerAllReduce:
     # the engine's batch-1 decode 2.606 -> 2.475 ms a step (384 -> 404 tok/s, 1.51x -> 1.58x
     # TP=1), batch 32 unchanged (9,497 / 9,515 tok/s).
     PDL_ENV = PDL_ENV
-    pdl = env_switch(PDL_ENV, True)
+    pdl = kernels.env_switch(PDL_ENV, True)
     LL_ENV = LL_ENV
-    low_latency = env_switch(LL_ENV, True)
+    low_latency = kernels.env_switch(LL_ENV, True)
     LL_MAX_BYTES = 64 << 10
     # all_reduce_rms_norm's LL form (one_shot_ll_norm_kernel) takes (rows, H) messages up to
     # LL_NORM_MAX_BYTES: 0, off. Measured slower than the barrier kernel at decode's 32 rows of

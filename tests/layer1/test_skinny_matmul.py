@@ -160,3 +160,15 @@ for bm, bn, bk, warps, split in ((32, 64, 128, 4, 1), (32, 64, 128, 4, 4), (128,
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.split() == ["1", "True", "True", "0", "4", "True", "True", "1",
                                   "1", "True", "True", "0"], run.stdout
+
+
+def test_the_switch_is_strict(monkeypatch):
+    """LLM_STACK_SKINNY_GEMM: "1" on, "0" or unset off, a typo an error naming it."""
+    monkeypatch.delenv(SK.ENV, raising=False)
+    assert SK.env_switch(SK.ENV, False) is False
+    for value, on in (("1", True), ("0", False)):
+        monkeypatch.setenv(SK.ENV, value)
+        assert SK.env_switch(SK.ENV, False) is on
+    monkeypatch.setenv(SK.ENV, "true")
+    with pytest.raises(ValueError, match="LLM_STACK_SKINNY_GEMM must be 0 or 1"):
+        SK.env_switch(SK.ENV, False)

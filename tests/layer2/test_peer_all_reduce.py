@@ -97,7 +97,8 @@ def test_simulated_bad_input_is_named():
 
 
 def test_peer_switches_read_0_or_1_and_name_anything_else(monkeypatch):
-    from layer2_comm.peer_all_reduce import PDL_ENV, env_switch
+    from layer1_kernels import env_switch
+    from layer2_comm.peer_all_reduce import PDL_ENV
 
     monkeypatch.delenv(PDL_ENV, raising=False)
     assert env_switch(PDL_ENV, True) and not env_switch(PDL_ENV, False)

@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from layer1_kernels.skinny_matmul import skinny_matmul  # noqa: E402
+from layer1_kernels.skinny_matmul import MAX_ROWS, skinny_matmul  # noqa: E402
 
 T0 = time.monotonic()
 ROTATE_BYTES = 256e6
@@ -150,17 +150,34 @@ def measure(model: str, M: int, name: str, N: int, K: int, dev) -> dict:
     return row  # its weights freed with this frame
 
 
+def parse_cases(text: str, ap: argparse.ArgumentParser) -> list[tuple[str, int]]:
+    """'1b:256,8b-tp2:32' -> [("1b", 256), ("8b-tp2", 32)]; anything else an argparse error
+    naming the case (models 1b and 8b-tpP with P 1, 2, 4 or 8; rows 1..MAX_ROWS)."""
+    cases = []
+    for case in text.split(","):
+        model, _, rows = case.partition(":")
+        tp = model.removeprefix("8b-tp")
+        if not ((model == "1b" or (tp != model and tp in ("1", "2", "4", "8")))
+                and rows.isdigit() and 1 <= int(rows) <= MAX_ROWS):
+            ap.error(f"--cases: {case!r} is not model:rows (model 1b or 8b-tpP, P in 1, 2, "
+                     f"4, 8; rows 1..{MAX_ROWS})")
+        cases.append((model, int(rows)))
+    return cases
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cases", default=CASES, help="model:rows,... (model 1b or 8b-tpP)")
     ap.add_argument("--budget-s", type=float, default=85.0)
     ap.add_argument("--out", default="")
     args = ap.parse_args(argv)
+    cases = parse_cases(args.cases, ap)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (it times cuBLAS and Triton under CUDA-graph replay)")
     dev = torch.device("cuda")
     log(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}")
     rows, stop = [], False
-    for case in args.cases.split(","):
-        model, M = case.split(":")[0], int(case.split(":")[1])
+    for model, M in cases:
         total = {"cublas": 0.0, "best": 0.0}
         for name, (N, K) in shapes(model).items():
             if time.monotonic() - T0 > args.budget_s:

@@ -64,6 +64,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="")
     ap.add_argument("--smoke", action="store_true")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.smoke and not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (or --smoke: the tiny model on the CPU)")
     shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
     if args.smoke:
         shape.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,

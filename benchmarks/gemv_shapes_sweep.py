@@ -18,7 +18,7 @@ us per call, TB/s (weight bytes / t) and the fraction of the copy's TB/s; each c
 is checked against the unfused torch reference first (a wrong one is reported, never "best").
 Then per layout one decoder layer's chain (qkv, o_proj, gate_up, down, with a small non-PDL
 kernel after o_proj and down where the all-reduces are at TP > 1) over rotated layers, with
-PDL's early trigger off, on, and on for GEMVs of <= 64 MB only: us per layer for the old
+PDL's early trigger off and on: us per layer for the old
 defaults, the current ones and the sweep's best.
 
 Compiles (one per shape and config) run first in `--workers` processes that share Triton's
@@ -222,7 +222,7 @@ def _compile_job(job):
     name, s, cfg, early = job
     t = time.monotonic()
     try:
-        G.set_pdl(True, early=early, early_bytes=0)
+        G.set_pdl(True, early=early)
         key = (s["op"], s["N"], s["K"])
         if _WORKER.get("key") != key:
             _WORKER.clear()
@@ -316,23 +316,18 @@ def sweep_shape(name: str, s: dict, cfgs: list, full: bool, bad: dict) -> dict:
     return row
 
 
-EARLY_SMALL = 64_000_000  # the "small" early-trigger setting: GEMVs of <= 64 MB of weights
-
-
 def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]],
           deadline: float = math.inf) -> dict:
     """One decoder layer's projections (and an all-reduce stand-in at TP > 1) over rotated
-    layers: us per layer for each set of configs in picks, with PDL's early trigger off, on
-    for every GEMV, and on for the small ones only (when that differs from every GEMV)."""
+    layers: us per layer for each set of configs in picks, with PDL's early trigger off and
+    on."""
     shapes = {k: v for k, v in rank0_shapes(model, tp).items() if k != "lm_head"}
     layer_bytes = sum(v["N"] * v["K"] * 2 for v in shapes.values())
     layers = max(2, math.ceil(ROTATE_BYTES / layer_bytes))
     cases = {k: Case(v, layers) for k, v in shapes.items()}
     sep = torch.zeros(1, MODELS[model]["H"], device=DEV, dtype=BF16)
     out = dict(model=model, tp=tp, layer_MB=layer_bytes / 1e6, layers=layers, runs=[])
-    early_opts = {"off": dict(early=False, early_bytes=0), "all": dict(early=True, early_bytes=0)}
-    if any(v["N"] * v["K"] * 2 > EARLY_SMALL for v in shapes.values()):
-        early_opts["<=64MB"] = dict(early=False, early_bytes=EARLY_SMALL)
+    early_opts = {"off": dict(early=False), "all": dict(early=True)}
     for label, cfgs in picks.items():
         for early, pdl in early_opts.items():
             if time.monotonic() - T0 > deadline:
@@ -355,7 +350,7 @@ def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]],
                 r = dict(configs=label, early=early, error=repr(e)[:300])
                 log(f"chain {model} TP={tp} {label} early={early}: {r['error']}")
             out["runs"].append(r)
-    G.set_pdl(True, early=False, early_bytes=0)
+    G.set_pdl(True, early=False)
     return out
 
 
@@ -378,7 +373,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", flush=True)
         return 1
-    G.set_pdl(True, early=False, early_bytes=0)
+    G.set_pdl(True, early=False)
     layouts = [(m, tp) for m in MODELS for tp in MODELS[m]["tps"]]
     shapes = {f"{m} TP={tp} {p}": s for m, tp in layouts for p, s in rank0_shapes(m, tp).items()}
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -11,7 +11,7 @@ span minus its kernels' busy time is the idle time the GPU spends between kernel
 --eager profiles eager steps instead; --unfused the general path (ops.decode off).
 --variants times the benchmark's decode (tok/s, MBU) with the fused path's options toggled:
 RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with each kernel's
-trigger point moved (--attn-early, --early-kv, --early-bytes set them for the profile).
+trigger point moved (--attn-early, --early-kv set them for the profile).
 --sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
 L2)."""
 from __future__ import annotations
@@ -55,12 +55,6 @@ ap.add_argument("--attn-early", action="store_true",
                 help="decode attention lets the next kernel launch when it starts")
 ap.add_argument("--early-kv", action="store_true",
                 help="decode attention loads its first tile (but the newest key) before its wait")
-ap.add_argument("--early-bytes", type=float, default=0,
-                help="GEMVs over at most this many weight bytes trigger their dependents early")
-ap.add_argument("--pre-tiles", type=int, default=1,
-                help="weight tiles a GEMV program requests before its PDL wait (1 or 2)")
-ap.add_argument("--late-norm", action="store_true",
-                help="normed GEMVs gather the norm's statistics in their K loop (set_norm_late)")
 ap.add_argument("--pdl", action="store_true",
                 help="end-to-end tok/s with each kernel's PDL trigger point moved")
 ap.add_argument("--trials", default="all", choices=("all", "final"),
@@ -84,7 +78,6 @@ BW = l3.load_ceilings("cuda").memory_bandwidth
 fused_ops = net.ops
 PAGED = sys.modules["layer1_kernels.paged_decode"]
 GEMV = sys.modules["layer1_kernels.gemv"]
-ROPE = sys.modules["layer1_kernels.gemv_rope"]
 ATTN_DEFAULT = l3.backends.ATTENTION_CONFIG  # layer 3's own (the trials set theirs)
 result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
 
@@ -96,29 +89,13 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
     K1.set_decode_pdl(True, early=early)
 
 
-def set_triggers(attn_early: bool, early_kv: bool, early_bytes: float,
-                 pre_tiles: int = 1, late_norm: bool = False, in_qkv: bool = False,
-                 in_qkv_keys: int = 32, in_qkv_tile: tuple = (4, 1024, 8),
-                 attn_config: dict | None = None) -> None:
-    """Where each kernel lets the next one launch (PDL): decode attention at its start or
-    after its key loop (and its first tile loaded before its wait or after); GEMVs over at
-    most early_bytes of weights right after their first tile, the others after their K loop;
-    how many weight tiles a GEMV program requests before its wait; the normed GEMVs'
-    statistics before their K loop or in it (late_norm); and the attention in its own launch
-    or in the qkv GEMV's (in_qkv: DecodeKernels.fuse_attention; in_qkv_keys keys a step of
-    its loop, in_qkv_tile the qkv launch's tile with it); attn_config: the separate
-    attention's launch config (backends.ATTENTION_CONFIG; None: layer 1's default)."""
+def set_triggers(attn_early: bool, early_kv: bool, attn_config: dict | None = None) -> None:
+    """Where decode attention lets the next kernel launch (PDL): at its start or after its key
+    loop (and its first tile loaded before its wait or after); attn_config: its launch config
+    (backends.ATTENTION_CONFIG; None: layer 1's default)."""
     l3.backends.ATTENTION_CONFIG = attn_config
-    ROPE.ATTENTION_BLOCK_N = in_qkv_keys
-    ROPE.ATTENTION_TUNED[(cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size)] = in_qkv_tile
-    dk = net.ops.decode
-    if dk is not None and dk.fuse_attention != in_qkv:
-        net.ops = dataclasses.replace(net.ops, decode=dataclasses.replace(
-            dk, fuse_attention=in_qkv))
     PAGED.TRIGGER_EARLY["on"] = attn_early
     PAGED.EARLY_KV["on"] = early_kv
-    K1.set_decode_pdl(True, early_bytes=int(early_bytes), pre_tiles=pre_tiles)
-    GEMV.set_norm_late(late_norm)
 
 
 def shape_labels() -> dict:
@@ -181,11 +158,7 @@ def profile_step() -> None:
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
           f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, qkv triggers early "
           f"{GEMV._PDL['early_rope']}, fused path's early_kv "
-          f"{getattr(net.ops.decode, 'early_kv', None)}, GEMVs <= "
-          f"{GEMV._PDL['early_bytes'] / 1e6:.1f} MB trigger early, {GEMV.pre_tiles()} weight "
-          f"tile(s) before the wait, late norm {GEMV._NORM['late']}, attention in qkv "
-          f"{net.ops.decode is not None and net.ops.decode.fuse_attention}): {n} kernels/copies "
-          "per step")
+          f"{getattr(net.ops.decode, 'early_kv', None)}): {n} kernels/copies per step")
     labels = shape_labels()
     groups: dict = defaultdict(lambda: {"us": [], "gap": []})
     spans, busy = [], []
@@ -325,53 +298,37 @@ def pdl_variants() -> None:
     """The whole step (step_greedy) with the PDL trigger points moved, one after another
     (the first configuration again at the end: how much the figures drift)."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    mb = 1e6
-    # (attention early, early kv, GEMVs <= bytes early, tiles before the wait, late norm,
-    # attention in the qkv launch)
+    # (attention early, early kv[, the attention's config: layer 1's default unless a trial
+    # names one; layer 3's ATTENTION_CONFIG is the last "final" trial's 64-key steps with the
+    # early trigger])
     f = False
-    trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f), (True, True, 0, 1, f, f),
-              (f, f, 13 * mb, 1, f, f), (True, f, 13 * mb, 1, f, f),
-              (True, True, 13 * mb, 1, f, f), (True, f, 70 * mb, 1, f, f), (f, f, 0, 2, f, f),
-              (True, f, 0, 2, f, f), (True, True, 13 * mb, 2, f, f), (f, f, 0, 1, True, f),
-              (True, f, 0, 1, True, f), (True, f, 0, 2, True, f), (True, True, 13 * mb, 2, True, f),
-              (f, f, 0, 1, f, True), (f, f, 13 * mb, 1, f, True), (f, f, 13 * mb, 2, True, True),
-              (f, f, 0, 1, f, f)]
-    # (the separate attention's config: layer 1's default unless a trial names one; layer
-    # 3's ATTENTION_CONFIG is the last "final" trial's 64-key steps with the early trigger)
+    trials = [(f, f), (True, f), (True, True), (f, f)]
     if args.trials == "final":  # all off, attention's early trigger (with 128 / 64 keys a
-        # step), attention in the qkv launch (32 keys a step, its wider tile; 16 keys, the
-        # plain tile): twice, interleaved
+        # step): twice, interleaved
         b64 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-        trials = [(f, f, 0, 1, f, f), (True, f, 0, 1, f, f),
-                  (True, f, 0, 1, f, f, 32, (4, 1024, 8), b64), (f, f, 0, 1, f, True),
-                  (f, f, 0, 1, f, True, 16, (2, 1024, 4))] * 2
+        trials = [(f, f), (True, f), (True, f, b64)] * 2
     first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
-    # so every trial must pick the same tokens (a kernel reading too early would not); the
-    # late norm rounds otherwise (random weights have near-ties: tokens may part after a while)
+    # so every trial must pick the same tokens (a kernel reading too early would not)
     best = None
     for trial in trials:
-        attn_early, early_kv, early_bytes, pre, late, in_qkv = trial[:6]
+        attn_early, early_kv = trial[:2]
         set_triggers(*trial)
         got = timed_trial(f"pdl trial {trial}", first)
         if got is None:
             continue
         spt, toks, same = got
         first = toks if first is None else first
-        row = {"attn_early": attn_early, "early_kv": early_kv, "early_bytes": early_bytes,
-               "pre_tiles": pre, "late_norm": late, "attention_in_qkv": in_qkv,
-               "in_qkv_keys_tile": trial[6:],
+        row = {"attn_early": attn_early, "early_kv": early_kv, "attn_config": trial[2:],
                "tokens_per_s": 1 / spt,
                "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same}
         result.setdefault("pdl", []).append(row)
         if best is None or spt < best[0]:
             best = (spt, trial)
-        print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5} GEMVs <= "
-              f"{early_bytes / mb:2.0f} MB early, {pre} tile(s) before the wait, late norm "
-              f"{late!s:5}, attention in qkv {in_qkv!s:5}{trial[6:] or ''}: {1 / spt:7.1f} tok/s, "
-              f"{spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, first {same} of "
-              f"{len(toks)} tokens = the first trial's"
-              + ("" if same == len(toks) or late or in_qkv or trial[8:] else
-                 "  <-- DIFFER: a race?"),  # (those three options change the rounding)
+        print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5}{trial[2:] or ''}: "
+              f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, "
+              f"first {same} of {len(toks)} tokens = the first trial's"
+              + ("" if same == len(toks) or trial[2:] else
+                 "  <-- DIFFER: a race?"),  # (another attention config rounds otherwise)
               flush=True)
     if best is None:
         return
@@ -380,8 +337,7 @@ def pdl_variants() -> None:
     if args.profile_best:
         set_triggers(*best[1])
         profile_step()
-    set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles,
-                 args.late_norm, attn_config=ATTN_DEFAULT)
+    set_triggers(args.attn_early, args.early_kv, attn_config=ATTN_DEFAULT)
 
 
 def early_kv_trials() -> None:
@@ -505,8 +461,7 @@ if args.unfused:
     net.ops = dataclasses.replace(fused_ops, decode=None)
 else:
     set_variant(not args.no_fuse_rope, args.early)
-set_triggers(args.attn_early, args.early_kv, args.early_bytes, args.pre_tiles, args.late_norm,
-             attn_config=ATTN_DEFAULT)
+set_triggers(args.attn_early, args.early_kv, attn_config=ATTN_DEFAULT)
 if not args.no_profile:
     profile_step()
 for wanted, part in ((args.pdl, pdl_variants),

@@ -18,8 +18,6 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
   ll          the low-latency one-shot (packets)   ll+pdl        the same, PDL
               (at batch 32 too: 256 KiB, past the class's LL_MAX_BYTES)
   nccl        dist.all_reduce
-  ...+pre2    layer 1's GEMVs request two weight tiles before their PDL wait (one by default)
-  ...+early   layer 1's GEMVs of <= 64 MB trigger the next kernel's launch after their first tile
   fused       (batch 32) all-reduce + residual + RMSNorm in one kernel (one_shot otherwise)
   fused+ll    (batch 32) the fused kernel's low-latency form (one_shot_ll_norm_kernel)
 
@@ -43,8 +41,7 @@ import torch  # noqa: E402
 T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
-VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+pdl+pre2",
-                "ll+pdl+early", "nccl"),
+VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "nccl"),
             32: ("none", "one_shot", "ll", "fused", "fused+ll", "nccl")}
 
 
@@ -80,11 +77,7 @@ def _setup(ar, variant: str) -> None:
     import layer1_kernels as kernels
 
     ar.pdl = "+pdl" in variant
-    # layer 1's GEMVs: PDL on as the engine runs them; +early: those of <= 64 MB of weights let
-    # the next kernel launch after their first tile; +pre2: two weight tiles requested before
-    # each program's wait for the kernel before (one by default)
-    kernels.set_decode_pdl(True, early=False, early_bytes=64_000_000 if "+early" in variant else 0,
-                           pre_tiles=2 if "+pre2" in variant else 1)
+    kernels.set_decode_pdl(True, early=False)  # layer 1's GEMVs: PDL on as the engine runs them
     ar.low_latency = variant.startswith("ll") or variant.endswith("+ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES

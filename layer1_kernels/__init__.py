@@ -41,7 +41,6 @@ from .gemv import (
 from .gemv import set_pdl as set_decode_pdl
 from .gemv_rope import (
     gemv_rms_norm_rope,
-    gemv_rms_norm_rope_attention,
     gemv_rms_norm_rope_reference,
 )
 from .graphs_streams import cuda_graph_demo, stream_overlap_demo
@@ -98,7 +97,7 @@ __all__ = [
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",
     "gemv_rms_norm", "gemv_rms_norm_reference",
-    "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference", "gemv_rms_norm_rope_attention",
+    "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
     "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # decode batches: products of up to 256 rows (cuBLAS except where measured slower)

@@ -23,8 +23,7 @@ than its bytes. Each program recomputes it for the K values it reads (the norm's
 statistics need the whole row: a first pass over the row, from L2), and program 0 alone
 writes the new residual h. The arithmetic matches the unfused kernels': h rounded to the
 activation dtype, then round(h * rstd) * weight rounded (HF's LlamaRMSNorm); silu(g) * u in
-fp32, rounded once (layer 1's silu_and_mul). set_norm_late(True) moves the statistics into
-the K loop instead (1 / rms scales the finished product: no pass before the first multiply).
+fp32, rounded once (layer 1's silu_and_mul).
 
     FLOPs = 2 * M * N * K          bytes ~ N * K * w_itemsize (+ M * K activations)
 """
@@ -46,7 +45,7 @@ from .host import cdiv, next_pow2
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: Most rows (tokens) one call takes: the register tiles hold all of them.
 MAX_ROWS = 8
-_NONE, _RMS, _SILU, _RMS_LATE = 0, 1, 2, 3
+_NONE, _RMS, _SILU = 0, 1, 2
 
 
 @triton.jit
@@ -82,28 +81,6 @@ def _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rst
 
 
 @triton.jit
-def _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, ss,
-         K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-         WRITE_H, OUT_TY: tl.constexpr, EVEN_K: tl.constexpr):
-    """(activations at columns k, ss): _act_tile's, except for the late norm (PROLOGUE 3):
-    h * norm weight, unscaled, with each row's sum of squares of h carried on in ss (the
-    statistics gathered by the K loop itself: see set_norm_late)."""
-    if PROLOGUE == 3:
-        h = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, K,
-                      0, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
-        ss += tl.sum(h * h, 1)
-        if EVEN_K:
-            nw = tl.load(nw_ptr + k).to(tl.float32)
-        else:
-            nw = tl.load(nw_ptr + k, mask=k < K, other=0.0).to(tl.float32)
-        a = h * nw[None, :]
-    else:
-        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, K,
-                      PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
-    return a, ss
-
-
-@triton.jit
 def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN_K: tl.constexpr):
     # (one return, after an if/else: Triton's compiler does not stop at a return inside a
     # constexpr branch, the interpreter does)
@@ -124,30 +101,21 @@ def _mac(acc, w, a, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _first_tiles(acc, acc2, w, w2, w_next, w2_next, x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm,
-                 stride_rm, m, m_ok, offs_k, rstd, ss, K: tl.constexpr, PROLOGUE: tl.constexpr,
-                 HAS_RESIDUAL: tl.constexpr, WRITE_H, OUT_TY: tl.constexpr,
-                 EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                 TWO: tl.constexpr):
-    """The K loop's first tile (TWO: its first two), whose weights were requested before the
-    PDL wait: the activations at those columns (_act), multiplied into acc by w (w_next: the
-    second tile's) and, where w2 is not None, into acc2 by w2 (w2_next) -> (acc, acc2, ss).
-    Shared by _gemv_kernel (one accumulator: w2 and w2_next None, acc2 comes back as passed;
-    w_next None unless TWO) and gemv_rope._gemv_rope_kernel (two: the low and the high column
-    of each rotated pair, over the same activations), so both peel those tiles the same way."""
-    a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss,
-                 K, PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
+def _first_tile(acc, acc2, w, w2, x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
+                offs_k, rstd, K: tl.constexpr, PROLOGUE: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, WRITE_H, OUT_TY: tl.constexpr, EVEN_K: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """The K loop's first tile, whose weights were requested before the PDL wait: the
+    activations at those columns (_act_tile), multiplied into acc by w and, where w2 is not
+    None, into acc2 by w2 -> (acc, acc2). Shared by _gemv_kernel (one accumulator: w2 None,
+    acc2 comes back as passed) and gemv_rope._gemv_rope_kernel (two: the low and the high
+    column of each rotated pair, over the same activations), so both peel it the same way."""
+    a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, offs_k, rstd, K,
+                  PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY, EVEN_K)
     acc = _mac(acc, w, a, BLOCK_M)
     if w2 is not None:
         acc2 = _mac(acc2, w2, a, BLOCK_M)
-    if TWO:
-        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok,
-                     BLOCK_K + offs_k, rstd, ss, K, PROLOGUE, HAS_RESIDUAL, WRITE_H, OUT_TY,
-                     EVEN_K)
-        acc = _mac(acc, w_next, a, BLOCK_M)
-        if w2 is not None:
-            acc2 = _mac(acc2, w2_next, a, BLOCK_M)
-    return acc, acc2, ss
+    return acc, acc2
 
 
 @triton.jit
@@ -183,11 +151,9 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr,
-                 PRE_TILES: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = x_ptr.dtype.element_ty  # activations' rounding (y may be fp32)
-    TWO: tl.constexpr = PRE_TILES > 1 and K > BLOCK_K  # a second tile requested up front
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = n < N
     m = tl.arange(0, BLOCK_M)
@@ -196,10 +162,8 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_wn
 
     # The first weight tile does not depend on the kernel before: under programmatic dependent
-    # launch (PDL) it is requested before waiting for that kernel's results. PRE_TILES 2: the
-    # second too (twice the bytes in flight while waiting, at the cost of its registers).
+    # launch (PDL) it is requested before waiting for that kernel's results.
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
-    w1 = _w_tile(w_rows, BLOCK_K + offs_k, n_ok, K, EVEN_K) if TWO else None
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
@@ -207,17 +171,16 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ss = tl.zeros([BLOCK_M], dtype=tl.float32)  # (the late norm's sums of squares)
-    acc, _, ss = _first_tiles(acc, acc, w0, None, w1, None, x_ptr, r_ptr, h_ptr, nw_ptr,
-                              stride_xm, stride_rm, m, m_ok, offs_k, rstd, ss, K, PROLOGUE,
-                              HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K, BLOCK_K, BLOCK_M, TWO)
+    acc, _ = _first_tile(acc, acc, w0, None, x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm,
+                         m, m_ok, offs_k, rstd, K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY,
+                         EVEN_K, BLOCK_M)
     # STAGES > 1: Triton's pipeliner copies the next STAGES - 1 tiles into shared memory
     # (cp.async) while this one is multiplied: bytes in flight without holding registers
-    for k0 in tl.range(BLOCK_K * (2 if TWO else 1), K, BLOCK_K, num_stages=STAGES):
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
         k = k0 + offs_k
         w = _w_tile(w_rows, k, n_ok, K, EVEN_K)
-        a, ss = _act(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, ss,
-                     K, PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
+        a = _act_tile(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, k, rstd, K,
+                      PROLOGUE, HAS_RESIDUAL, pid == 0, OUT_TY, EVEN_K)
         acc = _mac(acc, w, a, BLOCK_M)
     if PDL and not PDL_EARLY:  # the next kernel may launch (it waits for us before its reads)
         gdc_launch_dependents()
@@ -225,8 +188,6 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
         out = tl.sum(acc, 1)[None, :]
     else:
         out = acc
-    if PROLOGUE == 3:  # the late norm: each row's 1 / rms, on the finished product
-        out = out * (1.0 / tl.sqrt(ss / K + eps))[:, None]
     if HAS_BIAS:
         out += tl.load(b_ptr + n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
     # rounded to the activations' dtype even into a fp32 y (the logits: what .float() gives)
@@ -243,63 +204,25 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: instead of after their K loop, so the next kernel's programs launch (and prefetch their
 #: weights) while this one still streams; safe because no kernel reads anything another
 #: kernel of the step writes before its own griddepcontrol.wait.
-#: early_bytes: GEMVs over at most this many weight bytes trigger early even when early is
-#: off (a short kernel's launch and drain are most of its time; 0: none).
-#: pre_tiles: weight tiles a GEMV program requests before waiting for the kernel before (1 or
-#: 2; gemv_rope's programs: per half of their column pairs).
-#: early_rope: gemv_rope (the qkv GEMV with RoPE and the cache write) triggers early whatever
-#: its size, the others as set: the decode attention after it then launches while it streams
-#: and, with paged_decode's early_kv, has every key and value but the newest requested before
-#: its own wait (the cascade stops there: the attention's early trigger lets o_proj launch,
-#: whose trigger stays after its K loop).
-_PDL = {"on": True, "early": False, "early_bytes": 0, "pre_tiles": 1, "early_rope": False}
+#: early_rope: gemv_rope (the qkv GEMV with RoPE and the cache write) triggers early, the
+#: others as set: the decode attention after it then launches while it streams and, with
+#: paged_decode's early_kv, has every key and value but the newest requested before its own
+#: wait (the cascade stops there: the attention's early trigger lets o_proj launch, whose
+#: trigger stays after its K loop).
+_PDL = {"on": True, "early": False, "early_rope": False}
 
 
-def set_pdl(on: bool, *, early: bool | None = None, early_bytes: int | None = None,
-            pre_tiles: int | None = None, early_rope: bool | None = None) -> None:
+def set_pdl(on: bool, *, early: bool | None = None, early_rope: bool | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
-    if early_bytes is not None:
-        _PDL["early_bytes"] = int(early_bytes)
     if early_rope is not None:
         _PDL["early_rope"] = bool(early_rope)
-    if pre_tiles is not None:
-        if pre_tiles not in (1, 2):
-            raise ValueError(f"pre_tiles must be 1 or 2, got {pre_tiles}")
-        _PDL["pre_tiles"] = int(pre_tiles)
 
 
-def pre_tiles() -> int:
-    """Weight tiles a GEMV program requests before its PDL wait (set_pdl's pre_tiles)."""
-    return _PDL["pre_tiles"]
-
-
-# ---- the RMSNorm prologue's two orders ----------------------------------------------------------
-#: late False: the statistics first -- a pass over the row (from L2) and a block-wide sum before
-#: the first multiply -- then each activation normalised and rounded as rms_norm rounds it
-#: (HF's arithmetic: the product of rms_norm's output, to the bit on the same tiles).
-#: late True: the K loop multiplies h * norm weight and sums h^2 on the way (every program reads
-#: the whole row anyway); 1 / rms scales the finished product. One L2 round trip and one
-#: reduction fewer between a program's PDL wait and its first multiply, fp32 throughout:
-#: within rounding of the first order, not equal to it bit for bit.
-_NORM = {"late": False}
-
-
-def set_norm_late(on: bool) -> None:
-    _NORM["late"] = bool(on)
-
-
-def norm_prologue() -> int:
-    """The PROLOGUE code of a normed GEMV (_RMS, or _RMS_LATE with set_norm_late(True))."""
-    return _RMS_LATE if _NORM["late"] else _RMS
-
-
-def pdl_early(weight_bytes: int | None = None, rope: bool = False) -> bool:
-    """Whether a GEMV over `weight_bytes` of weights triggers its dependents early (None: the
-    global setting alone); rope: gemv_rope asks (early_rope)."""
-    return _PDL["early"] or (rope and _PDL["early_rope"]) or (
-        weight_bytes is not None and weight_bytes <= _PDL["early_bytes"])
+def pdl_early(rope: bool = False) -> bool:
+    """Whether a GEMV triggers its dependents early; rope: gemv_rope asks (early_rope)."""
+    return _PDL["early"] or (rope and _PDL["early_rope"])
 
 
 @functools.cache
@@ -399,7 +322,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(w.numel() * w.element_size()), PRE_TILES=pre_tiles(),
+        PDL_EARLY=pdl_early(),
         **pdl_launch(x.device),
     )
     return y, h
@@ -477,7 +400,7 @@ def gemv_rms_norm(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tensor, e
     if not interpreter.use_triton(impl, x, "gemv_rms_norm"):
         y, h = gemv_rms_norm_reference(x, w, norm_weight, eps, residual, bias)
         return (y if out_dtype is None else y.to(out_dtype)), h
-    return _launch(x, w, bias, norm_prologue(), residual=residual,
+    return _launch(x, w, bias, _RMS, residual=residual,
                    norm_weight=norm_weight.contiguous(),
                    eps=eps, config=config, out_dtype=out_dtype)
 

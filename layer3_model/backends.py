@@ -34,8 +34,7 @@ above when `decode.applies(...)` (see LlamaModel.forward): per layer
       rope(q, k) + write k, v to the cache      RoPE and the cache write its epilogue
     o = split-context decode attention        one launch (its parts merged in it)
     x = gemv(o) ; gu = gemv(rms_norm(x + residual)) ; x = gemv(silu(gate) * up)
-five launches where the general path takes ~14 (fuse_rope=False: six; fuse_attention=True:
-four, the attention done by the qkv GEMV's last program of each kv group). Prefill, the torch
+five launches where the general path takes ~14 (fuse_rope=False: six). Prefill, the torch
 and compile backends, quantized or Qwen3 (q/k-norm) layers and larger batches keep the
 general path.
 """
@@ -261,8 +260,6 @@ class DecodeKernels:
     impl: str
     max_tokens: int = FUSED_DECODE_MAX_TOKENS  # at most layer 1's gemv.MAX_ROWS (8)
     fuse_rope: bool = True  # RoPE + the cache write in the qkv GEMV's epilogue (one launch)
-    # ... and decode attention too (fuse_rope on, no sliding window): four launches a layer
-    fuse_attention: bool = False
     # over layer 3's contiguous cache: the qkv GEMV lets the attention launch right after its
     # first weight tile (trigger_early), and the attention requests its keys and values but
     # the newest (which that GEMV writes) before its PDL wait (early_kv): their latency
@@ -311,25 +308,6 @@ class DecodeKernels:
                                           v_slots, ctx.slot_mapping, *heads, impl=self.impl,
                                           trigger_early=early)
         return y, (x if residual is None else h)
-
-    def attends_in_qkv(self, cache, window: int | None) -> bool:
-        """Whether norm_qkv_rope_attention serves this layer: fuse_attention on, no sliding
-        window, and a cache with block views (layer 3's contiguous one, layer 4's paged)."""
-        return (self.fuse_rope and self.fuse_attention and window is None
-                and _block_views(cache, 0) is not None)
-
-    def norm_qkv_rope_attention(self, x, residual, norm, linear, heads: tuple[int, int, int],
-                                cos, sin, ctx, cache, layer: int, scale: float):
-        """norm_qkv_rope_write with the decode attention in the same launch (layer 1's
-        gemv_rms_norm_rope_attention: the last program of each kv group attends). Returns
-        (o (T, Hq * D), new residual)."""
-        k_slots, v_slots = _slot_views(cache, layer)
-        k_blocks, v_blocks = _block_views(cache, layer)
-        _, h, o = kernels.gemv_rms_norm_rope_attention(
-            x, linear.weight, norm.weight, norm.eps, residual, linear.bias, cos, sin,
-            ctx.positions, k_slots, v_slots, ctx.slot_mapping, *heads, k_blocks, v_blocks,
-            ctx.block_tables, ctx.seq_lens, scale, impl=self.impl)
-        return o.view(x.shape[0], -1), (x if residual is None else h)
 
     def linear(self, x, linear):
         return _combined(linear, kernels.gemv(x, linear.weight, linear.bias, impl=self.impl))

@@ -100,10 +100,6 @@ class Attention(nn.Module):
         RoPE with the cache write, split attention, o_proj. Returns (out, new residual)."""
         T, D = x.shape[0], self.head_dim
         heads = (self.n_heads, self.n_kv_heads, D)
-        if dk.attends_in_qkv(cache, self.window):  # ... and the attention too: one launch
-            o, residual = dk.norm_qkv_rope_attention(x, residual, norm, self.qkv, heads, cos, sin,
-                                                     ctx, cache, self.layer, self.scale)
-            return dk.linear(o, self.o_proj), residual
         if dk.fuse_rope:  # RoPE and the cache write in the qkv GEMV's epilogue
             qkv, residual = dk.norm_qkv_rope_write(x, residual, norm, self.qkv, heads, cos, sin,
                                                    ctx, cache, self.layer)

@@ -25,40 +25,17 @@ CASES = [(1, True, 1, 2, 2048, 2048, True, 1), (0, False, 1, 2, 2048, 2048, True
 for pro, res, bm, bn, bk, k, pdl, st in CASES:
     kern = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm),
-                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1, PRE_TILES=1 + (st > 1)), {},
+                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1), {},
                     {"num_warps": 4, "launch_pdl": pdl}, aligned=True)
     # stages > 1: the weight tiles go through shared memory (cp.async), else straight loads
     assert ("cp.async" in kern.asm["ptx"]) == (st > 1), (bn, bk, st)
-# two weight tiles requested before the PDL wait, at Llama-3.2-1B's gate_up and down tiles,
-# and the late norm (PROLOGUE 3)
-for pro, bm, bn, bk, k, st, pre in [(1, 1, 8, 1024, 2048, 1, 2), (2, 1, 8, 2048, 8192, 1, 2),
-                                    (2, 1, 8, 512, 8192, 3, 2), (3, 1, 8, 1024, 2048, 1, 2),
-                                    (3, 1, 2, 2048, 2048, 1, 1), (3, 4, 4, 256, 2048, 2, 1)]:
-    compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=pro in (1, 3), HAS_BIAS=False,
-             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=k, STAGES=st, PDL=True,
-             PDL_EARLY=False, PRE_TILES=pre), {}, {"num_warps": 4, "launch_pdl": True},
-             aligned=True)
-rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64",
-             "cnt_ptr": "*i32", "lens_ptr": "*i64", "tables_ptr": "*i32"}
-no_tail = dict(ATTEND=False, PAGE=1, IDENTITY=True, BLOCK_G=16, ATT_BLOCK_N=16)
-for res, bm, bp, bk, early, st, pro in [(True, 1, 1, 2048, False, 1, 1),
-                                        (False, 1, 1, 2048, True, 1, 1),
-                                        (True, 4, 2, 256, False, 1, 1),
-                                        (True, 1, 2, 512, False, 3, 1),
-                                        (True, 1, 2, 1024, True, 1, 3)]:
+rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
+for res, bm, bp, bk, early, st in [(True, 1, 1, 2048, False, 1), (False, 1, 1, 2048, True, 1),
+                                   (True, 4, 2, 256, False, 1), (True, 1, 2, 512, False, 3)]:
     compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
-             PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
-             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early,
-             PRE_TILES=1 + early, **no_tail), rope_ptrs,
+             PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
+             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early), rope_ptrs,
              {"num_warps": 8, "launch_pdl": True})
-# with the attention tail, at Llama-3.2-1B's qkv tile: contiguous cache (pages of max_len) and
-# paged, the late norm, two tiles before the wait
-for ident, page, pro, pre in [(True, 385, 1, 1), (False, 16, 3, 2)]:
-    compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
-             PROLOGUE=pro, HAS_RESIDUAL=True, HAS_BIAS=False, BLOCK_M=1, BLOCK_P=2,
-             BLOCK_K=1024, EVEN_K=True, STATS_K=2048, STAGES=1, PDL=True, PDL_EARLY=False,
-             PRE_TILES=pre, ATTEND=True, PAGE=page, IDENTITY=ident, BLOCK_G=16,
-             ATT_BLOCK_N=64), rope_ptrs, {"num_warps": 4, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
 for ident, fused, heads_first in [(True, True, False), (False, True, True), (False, False, False)]:

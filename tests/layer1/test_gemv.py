@@ -16,7 +16,6 @@ from layer1_kernels import (
     gemv_rms_norm,
     gemv_rms_norm_reference,
     gemv_rms_norm_rope,
-    gemv_rms_norm_rope_attention,
     gemv_rms_norm_rope_reference,
     gemv_silu_mul,
     gemv_silu_mul_reference,
@@ -162,124 +161,6 @@ def test_tuned_tiles_at_awkward_sizes():
         _check_rope(cfg, (4 + 2 * 1) * 24, cfg[1] + 40, (4, 1, 24), dtype, 200 + i)
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_two_weight_tiles_before_the_wait(m, monkeypatch):
-    """pre_tiles 2 (a program requests its second K tile before the PDL wait, then the loop
-    starts at the third): the same results, at K with two tiles and a ragged second one, three
-    with a ragged last one, exactly one tile (no second to take), and a pipelined loop."""
-    monkeypatch.setitem(G._PDL, "pre_tiles", 2)
-    dtype = DTYPES[-1]
-    for i, (cfg, k) in enumerate([((4, 16, 1), 20), ((4, 16, 1), 33), ((8, 16, 2), 16),
-                                  ((2, 16, 1, 3), 64)]):
-        _check_projections(cfg, m, 2 * cfg[0] + 3, k, dtype, 300 + i)
-    _check_rope((2, 16, 1), (4 + 2 * 1) * 12, 40, (4, 1, 12), dtype, 310)
-    _check_rope(None, (4 + 2 * 1) * 12, 16, (4, 1, 12), dtype, 311)
-    with pytest.raises(ValueError, match="pre_tiles"):
-        G.set_pdl(True, pre_tiles=3)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m", [1, 3])
-def test_late_norm_matches_the_references(dtype, m, monkeypatch):
-    """set_norm_late (the norm's statistics gathered in the K loop, 1 / rms on the finished
-    product): within rounding of the references, the residual exact, at ragged K, a pipelined
-    loop, two tiles before the wait; gemv_rope's the same rows as gemv_rms_norm then
-    rope_cache_write."""
-    monkeypatch.setitem(G._NORM, "late", True)
-    for i, (cfg, k) in enumerate([((4, 16, 1), 33), ((8, 32, 2), 20), ((2, 16, 1, 3), 64)]):
-        _check_projections(cfg, m, 2 * cfg[0] + 3, k, dtype, 400 + i, ops=(1,))
-    monkeypatch.setitem(G._PDL, "pre_tiles", 2)
-    _check_projections((4, 16, 1), m, 11, 40, dtype, 410, ops=(1,))
-    _check_rope((2, 16, 1), (4 + 2 * 1) * 12, 40, (4, 1, 12), dtype, 411)
-    test_gemv_rms_norm_rope_matches_unfused(dtype, m, 4, 1, 16, 33, None)
-
-
-def _attention_case(m, hq, hkv, d, k, lens, paged, dtype, seed):
-    """Inputs of gemv_rms_norm_rope_attention: a cache holding older keys, each row's new
-    token at position lens[m] - 1 (written by the call)."""
-    g = torch.Generator().manual_seed(seed)
-    n = (hq + 2 * hkv) * d
-    x, r = (torch.randn(m, k, generator=g).to(DEV, dtype) for _ in range(2))
-    w = (torch.randn(n, k, generator=g) / k ** 0.5).to(DEV, dtype)
-    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dtype)
-    cos, sin = (t.to(DEV) for t in rope_cache(64, d))
-    page = 4 if paged else 40
-    blocks = 3 * m * 40 // page if paged else m
-    kb = torch.randn(blocks, page, hkv, d, generator=g).to(DEV, dtype)
-    vb = torch.randn(blocks, page, hkv, d, generator=g).to(DEV, dtype)
-    tables = (torch.randperm(blocks, generator=g)[:m * 10].view(m, 10).to(DEV, torch.int32)
-              if paged else None)
-    pos = torch.tensor([max(n_ - 1, 0) for n_ in lens], device=DEV)  # (an empty row: a
-    # padding row's token, written at position 0 and seeing no key)
-    if paged:
-        slot = tables.long()[torch.arange(m, device=DEV), pos // page] * page + pos % page
-    else:
-        slot = torch.arange(m, device=DEV) * page + pos
-    return (x, w, nw, 1e-6, r, None, cos, sin, pos), (kb, vb, slot), tables, \
-        torch.tensor(lens, device=DEV)
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,hq,hkv,d,k,lens,paged,cfg", [
-    (1, 4, 1, 16, 40, [7], False, None), (2, 6, 2, 16, 33, [1, 38], True, None),
-    (3, 8, 2, 16, 24, [17, 5, 33], True, (1, 16, 1)), (1, 4, 2, 16, 50, [40], False, (4, 16, 1)),
-    (2, 2, 2, 32, 20, [12, 0], False, (16, 16, 1))])
-def test_gemv_rope_attention_matches_unfused(dtype, m, hq, hkv, d, k, lens, paged, cfg):
-    """The qkv GEMV with RoPE, the cache write and decode attention in one launch: qkv, h and
-    the cache as gemv_rms_norm_rope leaves them, o within rounding of paged_decode over the
-    written cache and of the fp32 reference; at awkward head counts, GQA groups of 1-4, pair
-    tiles wider than half a head (cut down to one head a program), paged and contiguous
-    caches, a new token in the first and last slot of a page, an empty row; twice in a row
-    (the groups' counters are back at zero after a call)."""
-    (x, w, nw, eps, r, b, cos, sin, pos), (kb, vb, slot), tables, lens_t = _attention_case(
-        m, hq, hkv, d, k, lens, paged, dtype, 7 * m + d)
-    kb2, vb2 = kb.clone(), vb.clone()
-    for step in range(2):  # (the first call with another x: its cache rows are overwritten)
-        y, h, o = gemv_rms_norm_rope_attention(
-            x if step else -x, w, nw, eps, r, b, cos, sin, pos, kb.view(-1, hkv, d),
-            vb.view(-1, hkv, d), slot, hq, hkv, d, kb, vb, tables, lens_t, 0.3, impl="triton",
-            config=cfg)
-        q = y[:, :hq * d].view(m, hq, d)
-        ref = GR.group_attention_reference(q, kb, vb, tables, lens_t, 0.3)
-        assert rel(o, ref) < tol(dtype), step
-    y2, h2 = gemv_rms_norm_rope(x, w, nw, eps, r, b, cos, sin, pos, kb2.view(-1, hkv, d),
-                                vb2.view(-1, hkv, d), slot, hq, hkv, d, impl="triton",
-                                config=cfg)
-    assert torch.equal(h, h2) and rel(y, y2) < tol(dtype)
-    assert rel(kb, kb2) < tol(dtype) and rel(vb, vb2) < tol(dtype)
-    if 0 in lens:
-        assert (o[lens.index(0)] == 0).all()
-    if hq // hkv <= 16:
-        split = paged_decode(q, kb, vb, tables, lens_t, 0.3, None, 2)
-        assert rel(o, split) < tol(dtype)
-    # the reference path (impl="torch") gives the same
-    kb3, vb3 = kb2.clone(), vb2.clone()
-    _, _, o3 = gemv_rms_norm_rope_attention(
-        x, w, nw, eps, r, b, cos, sin, pos, kb3.view(-1, hkv, d), vb3.view(-1, hkv, d), slot,
-        hq, hkv, d, kb3, vb3, tables, lens_t, 0.3, impl="torch", config=cfg)
-    assert rel(o3, ref) < tol(dtype)
-
-
-def test_gemv_rope_attention_bad_input():
-    (x, w, nw, eps, r, b, cos, sin, pos), (kb, vb, slot), tables, lens = _attention_case(
-        2, 4, 1, 16, 24, [3, 4], True, torch.float32, 0)
-    args = (x, w, nw, eps, r, b, cos, sin, pos, kb.view(-1, 1, 16), vb.view(-1, 1, 16), slot,
-            4, 1, 16)
-    with pytest.raises(ValueError, match="k_blocks"):
-        gemv_rms_norm_rope_attention(*args, kb[..., :8], vb, tables, lens, 0.3)
-    with pytest.raises(ValueError, match="block_tables"):
-        gemv_rms_norm_rope_attention(*args, kb, vb, tables[:1], lens, 0.3)
-    with pytest.raises(ValueError, match="seq_lens"):
-        gemv_rms_norm_rope_attention(*args, kb, vb, tables, lens[:1], 0.3)
-    with pytest.raises(ValueError, match="a block per"):
-        gemv_rms_norm_rope_attention(*args, kb[:1], vb[:1], None, lens, 0.3)
-    kb8 = torch.zeros(kb.shape[0], kb.shape[1], 1, 8, device=DEV)  # head_dim 8: too narrow
-    with pytest.raises(ValueError, match="power of two"):
-        gemv_rms_norm_rope_attention(x, w[:48], nw, eps, r, b, cos[:, :4], sin[:, :4], pos,
-                                     kb8.view(-1, 1, 8), kb8.view(-1, 1, 8), slot, 4, 1, 8, kb8,
-                                     kb8, tables, lens, 0.3)
-
-
 @pytest.mark.gpu
 def test_tuned_shapes_gpu():
     """Every (N, K) in the shape tables, bf16, through the config the kernels pick for it
@@ -417,25 +298,22 @@ def test_argmax_matches_torch(m, n, block):
         argmax(x, impl="triton", block=block, out=buf[:m].to(torch.int32))
 
 
-def test_pdl_early_trigger_by_weight_bytes():
-    """set_pdl's early_bytes: GEMVs over at most that many weight bytes trigger early."""
+def test_pdl_early_trigger():
+    """set_pdl's early: every GEMV triggers its dependents early, or none does."""
     try:
-        G.set_pdl(True, early=False, early_bytes=100)
-        assert G.pdl_early(100) and not G.pdl_early(101) and not G.pdl_early()
         G.set_pdl(True, early=True)
-        assert G.pdl_early(10 ** 9) and G.pdl_early()
+        assert G.pdl_early() and G.pdl_early(rope=True)
     finally:
-        G.set_pdl(True, early=False, early_bytes=0)
-    assert not G.pdl_early(1)
+        G.set_pdl(True, early=False)
+    assert not G.pdl_early()
 
 
 def test_pdl_early_trigger_of_the_rope_gemv_alone():
-    """set_pdl's early_rope: gemv_rope (the qkv GEMV) triggers early whatever its size, the
-    other GEMVs as before; off again, none."""
+    """set_pdl's early_rope: gemv_rope (the qkv GEMV) triggers early, the other GEMVs as
+    before; off again, none."""
     try:
         G.set_pdl(True, early_rope=True)
-        assert G.pdl_early(10 ** 9, rope=True) and not G.pdl_early(10 ** 9)
-        assert not G.pdl_early(1)
+        assert G.pdl_early(rope=True) and not G.pdl_early()
     finally:
         G.set_pdl(True, early_rope=False)
-    assert not G.pdl_early(1, rope=True)
+    assert not G.pdl_early(rope=True)

@@ -33,10 +33,9 @@ def _pair(config: dict, dtype, device, impl: str):
 
 
 def _count_fused(monkeypatch) -> list:
-    """Calls of the fused path's norm + GEMV kernels (with or without the RoPE epilogue, with
-    or without the attention)."""
+    """Calls of the fused path's norm + GEMV kernels (with or without the RoPE epilogue)."""
     calls = []
-    for name in ("norm_linear", "norm_qkv_rope_write", "norm_qkv_rope_attention"):
+    for name in ("norm_linear", "norm_qkv_rope_write"):
         original = getattr(backends.DecodeKernels, name)
 
         def counted(self, *a, _original=original, **kw):
@@ -62,27 +61,15 @@ def _decode(net, cache, context, prompt, steps: int, tables=None):
     return out
 
 
-@pytest.mark.parametrize("batch,paged,fuse_rope,late,attn", [
-    (1, False, True, False, False), (3, True, True, False, False),
-    (2, False, True, False, False), (2, False, False, False, False),
-    (1, False, True, True, False), (1, False, True, False, True), (3, True, True, True, True)])
-def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, late, attn,
-                                                       monkeypatch):
-    """late: the GEMVs' late norm and two weight tiles before the wait (layer 1's options);
-    attn: the attention in the qkv launch (fuse_attention)."""
+@pytest.mark.parametrize("batch,paged,fuse_rope", [
+    (1, False, True), (3, True, True), (2, False, True), (2, False, False)])
+def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
-    if late:
-        monkeypatch.setitem(GEMV._NORM, "late", True)
-        monkeypatch.setitem(GEMV._PDL, "pre_tiles", 2)
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
     fused.ops = dataclasses.replace(  # the kernels at every row count they take
         fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope,
-                                              max_tokens=GEMV.MAX_ROWS, fuse_attention=attn))
-    if attn:  # the attention runs in the qkv launch, not through the cache's own kernel
-        def no_attention(*a, **k):
-            raise AssertionError("the separate decode attention ran")
-        monkeypatch.setattr(backends.DecodeKernels, "attention", no_attention)
+                                              max_tokens=GEMV.MAX_ROWS))
     gen = torch.Generator().manual_seed(batch)
     prompt = [torch.randint(0, 97, (n,), generator=gen) for n in (5, 9, 2)[:batch]]
     if paged:
@@ -124,21 +111,17 @@ def test_general_path_kept_for_prefill_and_large_batches(monkeypatch):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attn", [False, True])
-def test_fused_decode_1b_shape_gpu(attn):
+def test_fused_decode_1b_shape_gpu():
     """1B shape, random bf16 weights. Teacher-forced (all fed the general path's greedy
     tokens), the fused path's logits differ from the general path's by no more than the torch
     backend's do (the same bf16 model in other kernels: bf16's noise over 16 layers; measured
     on an H100: fused 1.9-2.4e-2, torch backend 2.3-2.6e-2, relative), and pick
     the same token wherever the general path's top-2 margin exceeds twice the largest logit
     difference. Free-running greedy tokens are identical up to the first step whose margin is
-    below that (random weights have near-ties: a trained model's margins are far wider).
-    attn: the attention in the qkv launch (fuse_attention)."""
+    below that (random weights have near-ties: a trained model's margins are far wider)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, plain = _pair(dict(l3.LLAMA_3_2_1B), torch.bfloat16, "cuda", "auto")
-    fused.ops = dataclasses.replace(
-        fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_attention=attn))
     eager = l3.random_model(cfg, backend="torch", dtype=torch.bfloat16, device="cuda")
     eager.load_state_dict(fused.state_dict())
     gen = torch.Generator().manual_seed(0)
@@ -208,34 +191,16 @@ def test_fused_decode_under_cuda_graph_gpu():
             early = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
         finally:
             l3.comm.kernels.set_decode_pdl(True, early=False)
-        # ... nor do attention's early trigger and two weight tiles before each GEMV's wait;
-        # the late norm changes the rounding only
+        # ... nor does the attention's early trigger
         paged = importlib.import_module("layer1_kernels.paged_decode")
         paged.TRIGGER_EARLY["on"] = True
-        l3.comm.kernels.set_decode_pdl(True, pre_tiles=2)
         try:
             moved = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
-            GEMV.set_norm_late(True)
-            late = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
         finally:
             paged.TRIGGER_EARLY["on"] = False
-            l3.comm.kernels.set_decode_pdl(True, pre_tiles=1)
-            GEMV.set_norm_late(False)
-        # the attention in the qkv launch (its last program of each kv group attends)
-        ops = fused.ops
-        fused.ops = dataclasses.replace(ops, decode=dataclasses.replace(ops.decode,
-                                                                        fuse_attention=True))
-        try:
-            graph = l3.CudaGraphDecoder(fused, cache, 2)
-            in_qkv = [graph.step(tok, pos) for _ in range(3)]  # (counters reset each replay)
-        finally:
-            fused.ops = ops
     assert ((got - want).norm() / want.norm()).item() < 1e-2
     assert torch.equal(early, got)
     assert torch.equal(moved, got)
-    assert ((late - got).norm() / got.norm()).item() < 1e-2
-    for logits in in_qkv:
-        assert ((logits - got).norm() / got.norm()).item() < 1e-2
 
 
 def test_the_general_path_projections_go_through_the_op_sets_linear(monkeypatch):

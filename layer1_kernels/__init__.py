@@ -63,7 +63,6 @@ from .rope import apply_rope, rope_cache, rope_reference
 from .rope_kv_write import rope_cache_write, rope_cache_write_reference
 from .sgemm import SGEMM_VERSIONS, sgemm, sgemm_reference, sgemm_source
 from .skinny_matmul import (
-    skinny_gemm_enabled,
     skinny_linear,
     skinny_matmul,
     skinny_matmul_reference,
@@ -101,7 +100,7 @@ __all__ = [
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
     "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # decode batches: products of up to 256 rows (cuBLAS except where measured slower)
-    "skinny_matmul", "skinny_matmul_reference", "skinny_linear", "skinny_gemm_enabled",
+    "skinny_matmul", "skinny_matmul_reference", "skinny_linear",
     # CuPy / CUDA C kernels
     "reduce_sum", "reduce_sum_reference",
     "cupy_silu_mul", "cupy_silu_mul_reference", "cupy_row_rms", "cupy_row_rms_reference",

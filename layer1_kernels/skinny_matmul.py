@@ -38,7 +38,6 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
-from .env import env_switch
 from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16)
@@ -122,18 +121,6 @@ TUNED: dict[tuple[int, int], tuple[tuple[int, int, tuple[int, ...]], ...]] = {
     (14336, 4096): ((25, 32, (128, 32, 128, 8, 3)),),
     (4096, 7168): ((25, 32, (32, 32, 256, 4, 4)),),
 }
-#: "1": skinny_linear takes skinny_matmul at TUNED's shapes and rows (off until a decode step
-#: measured with it on is faster)
-ENV = "LLM_STACK_SKINNY_GEMM"
-ENABLED = env_switch(ENV, False)
-
-
-def skinny_gemm_enabled() -> bool:
-    """Whether skinny_linear may take the kernel (the ENV switch): callers that would only
-    pass through to F.linear otherwise skip their own dispatch when it is off."""
-    return ENABLED
-
-
 def tuned_config(n: int, k: int, m: int) -> tuple[int, ...] | None:
     """TUNED's config for an (m, k) @ (n, k)^T product, None where cuBLAS stays."""
     for lo, hi, config in TUNED.get((n, k), ()):
@@ -210,10 +197,11 @@ def skinny_matmul(x: torch.Tensor, w: torch.Tensor, *, config=None) -> torch.Ten
 
 def skinny_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None
                   ) -> torch.Tensor:
-    """F.linear(x, w, bias) for x (M, K), w (N, K): through skinny_matmul when ENABLED, x is a
-    CUDA tensor and TUNED has a config for (N, K) at M rows (measured faster than cuBLAS
-    there), else F.linear itself (cuBLAS on a GPU)."""
-    if ENABLED and x.is_cuda and x.dim() == 2 and x.dtype in _DTYPES and w.dtype == x.dtype:
+    """F.linear(x, w, bias) for x (M, K), w (N, K): through skinny_matmul when x is a CUDA
+    tensor and TUNED has a config for (N, K) at M rows (measured faster than cuBLAS there,
+    alone), else F.linear itself (cuBLAS on a GPU). The model's projections do not take it:
+    end to end (the 1B engine; the 8B at TP=2/4, batch 32) it was within noise of cuBLAS."""
+    if x.is_cuda and x.dim() == 2 and x.dtype in _DTYPES and w.dtype == x.dtype:
         config = tuned_config(w.shape[0], w.shape[1], x.shape[0])
         if config is not None and x.stride(1) == 1 and w.stride(1) == 1:
             y = skinny_matmul(x, w, config=config)

@@ -19,9 +19,6 @@ An op set is a small record of functions:
     rope(q (T, Hq, D), k (T, Hkv, D), cos, sin (P, D/2), positions (T,)) -> (q, k) rotated
     silu_and_mul(x (T, 2F)) -> (T, F)
     attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
-    linear(module, x (T, in)) -> module(x): the general path's projections and LM head (the
-        triton op set, with LLM_STACK_SKINNY_GEMM=1, takes layer 1's skinny_matmul instead of
-        cuBLAS at the decode-batch shapes and row counts its measured table lists)
 
 Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
 one (layer 4's paged cache: a kernel that reads k/v through block tables in place), in the
@@ -53,11 +50,6 @@ BACKENDS = ("torch", "triton", "compile")
 _FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
 
-def module_linear(m, x: torch.Tensor) -> torch.Tensor:
-    """The general path's projection: the module's own forward."""
-    return m(x)
-
-
 @dataclass(frozen=True)
 class Ops:
     name: str
@@ -69,24 +61,6 @@ class Ops:
     # rope_write(q, k, v, cos, sin, ctx, cache, layer) -> bool: RoPE and the cache write in
     # one launch (prefill / general path); False when it did nothing (rope + write instead)
     rope_write: Callable | None = None
-    # linear(module, x) -> module(x): a projection of the general path
-    linear: Callable = module_linear
-
-
-def skinny_module_linear(m, x: torch.Tensor) -> torch.Tensor:
-    """The triton op set's projection while layer 1's skinny GEMM is switched on
-    (skinny_gemm_enabled; module_linear otherwise, no dispatch on the host): layer 1's
-    skinny_linear (cuBLAS, or its skinny product at the decode-batch shapes and row counts
-    where that was measured faster) on a plain nn.Linear's weight,
-    or on the weight of a bias-free module that finishes the product itself with
-    `finish(y)` (layer 5's row-parallel linear: its all-reduce); anything else (quantized or
-    MoE layers) through its own forward."""
-    if type(m) is torch.nn.Linear:
-        return kernels.skinny_linear(x, m.weight, m.bias)
-    finish = getattr(m, "finish", None)
-    if callable(finish) and getattr(m, "bias", None) is None and x.dim() == 2:
-        return finish(kernels.skinny_linear(x, m.weight))
-    return m(x)
 
 
 # ---- the torch reference ops -----------------------------------------------------------
@@ -392,9 +366,7 @@ def _triton_ops(impl: str) -> Ops:
 
     return Ops("triton", rms_norm, rope, silu_and_mul, attention,
                None if impl == "torch" else DecodeKernels(impl),
-               None if impl == "torch" else rope_write,
-               skinny_module_linear if impl != "torch" and kernels.skinny_gemm_enabled()
-               else module_linear)
+               None if impl == "torch" else rope_write)
 
 
 def pads_prefill_attention(net) -> bool:

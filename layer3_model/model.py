@@ -73,7 +73,7 @@ class Attention(nn.Module):
         normalised: Qwen3)."""
         D = self.head_dim
         sizes = [self.n_heads * D, self.n_kv_heads * D, self.n_kv_heads * D]
-        q, k, v = ops.linear(self.qkv, x).split(sizes, dim=-1)
+        q, k, v = self.qkv(x).split(sizes, dim=-1)
         lead = x.shape[:-1]
         q, k = q.view(*lead, self.n_heads, D), k.view(*lead, self.n_kv_heads, D)
         if self.q_norm is not None:  # over the last dim, D: per head
@@ -91,7 +91,7 @@ class Attention(nn.Module):
             if cache is not None:
                 cache.write(self.layer, k, v, ctx)
         o = ops.attention(q, k, v, ctx, cache, self.layer, self.scale, self.window)
-        return ops.linear(self.o_proj, o.reshape(x.shape[0], self.n_heads * self.head_dim))
+        return self.o_proj(o.reshape(x.shape[0], self.n_heads * self.head_dim))
 
     def decode_fused(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
                      ctx: AttentionContext, cache: KVCache, dk, cos: torch.Tensor,
@@ -139,7 +139,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        return ops.linear(self.down, ops.silu_and_mul(ops.linear(self.gate_up, x)))
+        return self.down(ops.silu_and_mul(self.gate_up(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -278,7 +278,7 @@ class LlamaModel(nn.Module):
             last = ctx.query_start_loc[1:] - 1
             x, residual = x[last], residual[last]
         x, _ = self.norm(x, self.ops, residual)
-        logits = self.ops.linear(self.lm_head, x)
+        logits = self.lm_head(x)
         return logits.float() if logits_out is None else _into(logits_out, logits)
 
     # ---- the training path, in pieces a pipeline stage can run a slice of -----------------

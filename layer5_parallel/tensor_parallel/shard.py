@@ -94,11 +94,7 @@ class RowParallelLinear(nn.Module):
         self.comm, self.reduce = comm, True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.finish(F.linear(x, self.weight))
-
-    def finish(self, y: torch.Tensor) -> torch.Tensor:
-        """This rank's partial product y -> the layer's output: summed over the ranks (unless
-        reduce is off) plus the bias (layer 3's general path calls it after its own GEMM)."""
+        y = F.linear(x, self.weight)
         if not self.reduce:
             return y
         y = self.combine(y)  # g: the one all-reduce

@@ -9,7 +9,6 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import layer3_model as l3
 from layer3_model import backends
@@ -201,71 +200,6 @@ def test_fused_decode_under_cuda_graph_gpu():
     assert ((got - want).norm() / want.norm()).item() < 1e-2
     assert torch.equal(early, got)
     assert torch.equal(moved, got)
-
-
-def test_the_general_path_projections_go_through_the_op_sets_linear(monkeypatch):
-    """ops.linear: the torch op set calls the module, and so does the triton one while layer
-    1's skinny GEMM is off; switched on, the triton op set hands plain nn.Linear weights to
-    layer 1's skinny_linear (cuBLAS unless a tuned decode-batch shape and row count),
-    finishes a bias-free module with `finish` (layer 5's row-parallel linear), and calls
-    anything else."""
-    seen = []
-    monkeypatch.setattr(backends.kernels, "skinny_linear",
-                        lambda x, w, b=None: seen.append(tuple(w.shape)) or F.linear(x, w, b))
-    lin = torch.nn.Linear(6, 4)
-    x = torch.randn(3, 6)
-    monkeypatch.setattr(backends.kernels, "skinny_gemm_enabled", lambda: False)
-    torch_ops, triton_ops = backends.make_ops("torch"), backends.make_ops("triton")
-    assert torch_ops.linear is backends.module_linear
-    assert triton_ops.linear is backends.module_linear
-    monkeypatch.setattr(backends.kernels, "skinny_gemm_enabled", lambda: True)
-    assert backends.make_ops("triton", impl="torch").linear is backends.module_linear
-    triton_ops = backends.make_ops("triton")
-    assert torch.equal(torch_ops.linear(lin, x), lin(x)) and not seen
-    assert torch.equal(triton_ops.linear(lin, x), lin(x)) and seen == [(4, 6)]
-
-    class Finishing(torch.nn.Module):
-        bias = None
-
-        def __init__(self):
-            super().__init__()
-            self.weight = lin.weight
-
-        def finish(self, y):
-            return 2 * y
-
-    assert torch.equal(triton_ops.linear(Finishing(), x), 2 * F.linear(x, lin.weight))
-    other = torch.nn.Sequential(lin)
-    assert torch.equal(triton_ops.linear(other, x), lin(x)) and len(seen) == 2
-
-
-@pytest.mark.gpu
-def test_the_general_path_takes_the_skinny_gemm_where_tuned_gpu(monkeypatch):
-    """Switched on with table entries for every projection of a small model (bf16, 40 rows: a
-    general-path step), the triton op set's projections and LM head run layer 1's
-    skinny_matmul, and the logits match those of cuBLAS's projections."""
-    SK = importlib.import_module("layer1_kernels.skinny_matmul")
-    config = dict(TINY, hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                  num_key_value_heads=2, head_dim=64, vocab_size=1000)
-    cfg = l3.ModelConfig.from_dict(config)
-    net = l3.random_model(cfg, backend="triton", dtype=torch.bfloat16, device="cuda")
-    T = 40
-    ids = torch.randint(0, cfg.vocab_size, (T,), device="cuda")
-    ctx = l3.AttentionContext.build([T], [0], torch.zeros(T, dtype=torch.int64),
-                                    device="cuda")
-    want = net(ids, ctx, None)
-    monkeypatch.setattr(SK, "ENABLED", True)
-    for n, k in {tuple(m.weight.shape) for m in net.modules()
-                 if isinstance(m, torch.nn.Linear)}:
-        monkeypatch.setitem(SK.TUNED, (n, k), ((33, 64, (32, 64, 64, 4, 3, 2)),))
-    calls = []
-    original = SK.skinny_matmul
-    monkeypatch.setattr(SK, "skinny_matmul",
-                        lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    net.set_backend("triton")
-    got = net(ids, ctx, None)
-    assert len(calls) == 4 * cfg.num_hidden_layers + 1
-    assert ((got - want).norm() / want.norm()).item() < 1e-2
 
 
 def test_early_kv_is_scoped_to_the_contiguous_cache(monkeypatch):

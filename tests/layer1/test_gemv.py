@@ -317,3 +317,76 @@ def test_pdl_early_trigger_of_the_rope_gemv_alone():
     finally:
         G.set_pdl(True, early_rope=False)
     assert not G.pdl_early(rope=True)
+
+
+def test_l2_prefetch_switch(monkeypatch):
+    """set_pdl's l2_prefetch: a multiple of 16 bytes or an error; LLM_STACK_L2_PREFETCH=1
+    starts it at L2_PREFETCH_BYTES, a typo is an error; where the bulk prefetch cannot run (a
+    CPU, Triton's interpreter) the kernels get 0: the switch is a no-op there."""
+    monkeypatch.setitem(G._PDL, "l2_prefetch", 0)
+    for bad in (-16, 24, 1 << 31):
+        with pytest.raises(ValueError, match="l2_prefetch"):
+            G.set_pdl(True, l2_prefetch=bad)
+    G.set_pdl(True, l2_prefetch=4096)
+    assert G._PDL["l2_prefetch"] == 4096
+    assert G.l2_prefetch(torch.zeros(8, 16)) == 0  # (a CPU tensor)
+    if DEV.type == "cpu":
+        x, w = torch.randn(1, 48), torch.randn(20, 48)
+        assert torch.equal(gemv(x, w, impl="triton", config=(4, 16, 1)),
+                           gemv(x, w, impl="triton", config=(4, 16, 1)))
+    monkeypatch.setenv("LLM_STACK_L2_PREFETCH", "1")
+    assert G.l2_prefetch_from_env() == G.L2_PREFETCH_BYTES
+    monkeypatch.setenv("LLM_STACK_L2_PREFETCH", "0")
+    assert G.l2_prefetch_from_env() == 0
+    monkeypatch.setenv("LLM_STACK_L2_PREFETCH", "on")
+    with pytest.raises(ValueError, match="LLM_STACK_L2_PREFETCH"):
+        G.l2_prefetch_from_env()
+
+
+def _prefetch_outputs(case: int, cfg, m: int, seed: int) -> list[torch.Tensor]:
+    """Every output of one GEMV op (0 gemv, 1 gemv_rms_norm with a residual, 2 gemv_silu_mul,
+    3 gemv_rms_norm_rope with its cache rows) at awkward bf16 sizes: N not a multiple of the
+    tile, K = 592 (an odd multiple of 16: a ragged last K step for every power-of-two tile)."""
+    g = torch.Generator().manual_seed(seed)
+    k, dt = 592, torch.bfloat16
+    x, r = (torch.randn(m, k, generator=g).to(DEV, dt) for _ in range(2))
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(DEV, dt)
+    if case == 3:
+        hq, hkv, d = 4, 1, 32
+        w = (torch.randn((hq + 2 * hkv) * d, k, generator=g) / k ** 0.5).to(DEV, dt)
+        cos, sin = (t.to(DEV) for t in rope_cache(64, d))
+        pos = torch.tensor([37, 5, 60][:m], device=DEV)
+        slot = torch.tensor([3, 0, 4][:m], device=DEV)
+        kc, vc = (torch.zeros(5, hkv, d, device=DEV, dtype=dt) for _ in range(2))
+        y, h = gemv_rms_norm_rope(x, w, nw, 1e-6, r, None, cos, sin, pos, kc, vc, slot, hq, hkv,
+                                  d, impl="triton", config=cfg)
+        return [y, h, kc, vc]
+    w = (torch.randn(8 * 13 + 3, k, generator=g) / k ** 0.5).to(DEV, dt)
+    if case == 0:
+        return [gemv(x, w, impl="triton", config=cfg)]
+    if case == 1:
+        return list(gemv_rms_norm(x, w, nw, 1e-6, r, impl="triton", config=cfg))
+    gu = torch.randn(m, 2 * k, generator=g).to(DEV, dt)
+    return [gemv_silu_mul(gu, w, impl="triton", config=cfg)]
+
+
+@pytest.mark.gpu
+def test_l2_prefetch_changes_no_bit_gpu(monkeypatch):
+    """The L2 bulk prefetch before the PDL wait moves timing only: with it on (a cap below one
+    row's bytes, and one past every program's share) every output -- products, the residual,
+    the cache rows -- equals the output with it off bit for bit, at ragged N and K, 1 and 3
+    rows, plain, pipelined and the shape tables' tiles."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the bulk prefetch needs a Hopper (sm_90) GPU or later")
+    cases = [(0, (8, 256, 4)), (1, (8, 1024, 4)), (1, (2, 128, 4, 2)), (2, (8, 512, 4, 3)),
+             (3, (2, 1024, 4)), (3, (1, 256, 4, 3))]
+    w = torch.empty(16, 592, device=DEV, dtype=torch.bfloat16)
+    for cap, m in ((48, 1), (1 << 20, 1), (1 << 20, 3)):  # (each a compile per case: few)
+        for i, (case, cfg) in enumerate(cases):
+            monkeypatch.setitem(G._PDL, "l2_prefetch", 0)
+            off = _prefetch_outputs(case, cfg, m, 10 * i + m)
+            monkeypatch.setitem(G._PDL, "l2_prefetch", cap)
+            assert G.l2_prefetch(w) == cap  # (the path under test runs)
+            on = _prefetch_outputs(case, cfg, m, 10 * i + m)
+            for a, b in zip(on, off, strict=True):
+                assert torch.equal(a, b), (cap, m, case, cfg)

@@ -21,7 +21,6 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
   ...+l2pf    (batch 1) layer 1's GEMV programs ask the L2 for 64 KB of their weight rows before
               their PDL wait (set_decode_pdl's l2_prefetch; off by default)
   fused       (batch 32) all-reduce + residual + RMSNorm in one kernel (one_shot otherwise)
-  fused+ll    (batch 32) the fused kernel's low-latency form (one_shot_ll_norm_kernel)
 
 Before timing, each variant's layer output is checked against `one_shot`'s (the same bits for
 ours; NCCL within bf16 rounding; none is not checked). Prints a line per (rows, variant),
@@ -44,7 +43,7 @@ T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
 VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+pdl+l2pf", "nccl"),
-            32: ("none", "one_shot", "ll", "fused", "fused+ll", "nccl")}
+            32: ("none", "one_shot", "ll", "fused", "nccl")}
 
 
 def _weights(world: int, layers: int, dev, g) -> list[dict]:
@@ -81,12 +80,9 @@ def _setup(ar, variant: str) -> None:
     ar.pdl = "+pdl" in variant
     # layer 1's GEMVs: PDL on as the engine runs them
     kernels.set_decode_pdl(True, early=False, l2_prefetch=64 * 1024 if "+l2pf" in variant else 0)
-    ar.low_latency = variant.startswith("ll") or variant.endswith("+ll")
+    ar.low_latency = variant.startswith("ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES
-    # the norm's LL form (off by default) for fused+ll
-    ar.LL_NORM_MAX_BYTES = ar.LL_SLOT_BYTES if variant.endswith("+ll") else \
-        type(ar).LL_NORM_MAX_BYTES
 
 
 def _batch1_layer(kernels, ar, variant, lw, x, res):

@@ -207,12 +207,12 @@ class PeerAllReduce:
     LL_ENV = LL_ENV
     low_latency = kernels.env_switch(LL_ENV, True)
     LL_MAX_BYTES = 64 << 10
-    # all_reduce_rms_norm's LL form (one_shot_ll_norm_kernel) takes (rows, H) messages up to
-    # LL_NORM_MAX_BYTES: 0, off. Measured slower than the barrier kernel at decode's 32 rows of
-    # 4096 bf16 (256 KiB), 7.09 against 3.00 us over no all-reduce in a TP=2 layer on 2x H200;
-    # set it on an instance (up to LL_SLOT_BYTES) to measure it
-    LL_NORM_MAX_BYTES = 0
-    LL_SLOT_BYTES = 256 << 10  # each slot of the LL region (the plain and the norm's LL forms)
+    # each slot of the LL region (one rank's packets of a call). LL_MAX_BYTES needs 64 KiB;
+    # the slot is larger because it was sized for an LL form of all_reduce_rms_norm (decode's
+    # 32 rows of 4096 bf16: 256 KiB), since taken out: it cost 7.09 us against the barrier
+    # kernel's 3.00 over no all-reduce in a TP=2 layer on 2x H200. Benchmarks raise
+    # LL_MAX_BYTES up to it (tp_decode_chain.py's ll variants at batch 32).
+    LL_SLOT_BYTES = 256 << 10
 
     def _pdl(self) -> dict:
         """Launch keywords for a one-shot kernel: PDL on Hopper and later when self.pdl."""
@@ -305,11 +305,6 @@ class PeerAllReduce:
         x, residual, weight = x.contiguous(), residual.contiguous(), weight.contiguous()
         y, h = torch.empty_like(x), torch.empty_like(x)
         rows, H = x.shape
-        if self._takes_ll_norm(x, residual, weight):
-            self._launch_ll_norm(x, residual, weight, y, h, eps)
-            if self.debug and not capturing:
-                self.check()
-            return y, h
         serial = bool(self.serial_barrier) or self.world > peer_kernels.PARALLEL_MAX_WORLD
         block_h = 1 << (H - 1).bit_length()
         peer_kernels.one_shot_norm_kernel[(self.blocks,)](
@@ -322,35 +317,6 @@ class PeerAllReduce:
         if self.debug and not capturing:
             self.check()
         return y, h
-
-    def _takes_ll_norm(self, x: torch.Tensor, *others: torch.Tensor) -> bool:
-        """Whether all_reduce_rms_norm goes through the LL kernel: low_latency on, the message
-        at most LL_NORM_MAX_BYTES (and the region's slot), rows of whole 16-byte vectors,
-        every tensor 16-byte aligned (x, residual, weight contiguous)."""
-        nbytes = x.numel() * x.element_size()
-        ptrs = 0
-        for t in (x, *others):
-            ptrs |= t.data_ptr()
-        return (self.low_latency and bool(self._ll_slot_words) and x.dtype in _LL_KINDS
-                and nbytes <= min(self.LL_NORM_MAX_BYTES, self._ll_slot_words * 4)
-                and (x.shape[1] * x.element_size()) % 16 == 0 and ptrs % 16 == 0)
-
-    def _launch_ll_norm(self, x, residual, weight, y, h, eps: float) -> None:
-        from . import peer_kernels
-
-        rows, H = x.shape
-        row_words = H * x.element_size() // 4
-        block_w = 1 << (row_words - 1).bit_length()
-
-        def words(t: torch.Tensor) -> torch.Tensor:
-            return t.view(-1).view(torch.int32)
-
-        peer_kernels.one_shot_ll_norm_kernel[(self.blocks,)](
-            words(x), words(residual), words(weight), words(y), words(h), rows, row_words, H,
-            float(eps), min(self.blocks, rows), self._lls, self._state, self._status.data_ptr(),
-            int(self.timeout_s * 1e9), self._ll_slot_words, RANK=self.rank, WORLD=self.world,
-            BLOCK_W=block_w, KIND=_LL_KINDS[x.dtype],
-            num_warps=max(1, min(self.num_warps, block_w * 4 // (16 * 32))), **self._pdl())
 
     # ---- all-gather and reduce-scatter through the same buffers ------------------------
     def all_gather(self, x: torch.Tensor) -> torch.Tensor:

@@ -578,15 +578,6 @@ def _floats_as_words(lo, hi, KIND: tl.constexpr):
 
 
 @triton.jit
-def _ll_round(v, KIND: tl.constexpr):
-    """fp32 values rounded to the 16-bit type and back (KIND 1 fp16, 2 bf16); fp32 as is."""
-    if KIND == 0:
-        return v
-    ty = tl.float16 if KIND == 1 else tl.bfloat16
-    return v.to(ty).to(tl.float32)
-
-
-@triton.jit
 def _ll_begin(state_ptr, slot_words, WORLD: tl.constexpr):
     """A block's start of an LL call: (pid, calls, barriers, expect, flag, half)."""
     pid = tl.program_id(0)
@@ -663,43 +654,4 @@ def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_ad
             lo, hi = _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
                              status_ptr, pid, RANK, WORLD, KIND)
             tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
-    _end(state_ptr, pid, calls, barriers)
-
-
-@triton.jit
-def one_shot_ll_norm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, h_ptr, rows, row_words, H, eps,
-                            active, lls, state_ptr, status_addr, timeout_ns, slot_words,
-                            RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK_W: tl.constexpr,
-                            KIND: tl.constexpr, PDL: tl.constexpr = False):
-    """one_shot_norm_kernel's result (h = sum over ranks of x + residual, y = rms_norm(h) * w)
-    with the LL exchange instead of the barrier: x, residual, y, h are (rows, row_words) int32
-    words and w (row_words,) words (KIND as one_shot_ll_kernel's; H values a row). Block b
-    sends rows b, b + active, ... as packets, then polls them back from every peer and does
-    the norm's arithmetic step for step as one_shot_norm_kernel (s rounded, h = round(s + r),
-    y = round(round(h * rstd) * w)): the same bits up to the order of the sum of squares."""
-    _pdl_start(PDL)
-    pid, calls, barriers, expect, flag, half = _ll_begin(state_ptr, slot_words, WORLD)
-    if pid < active:
-        status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-        lanes = tl.arange(0, BLOCK_W)
-        lmask = lanes < row_words
-        for row in range(pid, rows, active):
-            _ll_send(x_ptr, lls, half, row * row_words + lanes, lmask, flag, slot_words, RANK,
-                     WORLD)
-        w_lo, w_hi = _words_as_floats(tl.load(w_ptr + lanes, mask=lmask, other=0), KIND)
-        for row in range(pid, rows, active):
-            offs = row * row_words + lanes
-            lo, hi = _ll_sum(x_ptr, lls, half, offs, lmask, expect, slot_words, timeout_ns,
-                             status_ptr, pid, RANK, WORLD, KIND)
-            r_lo, r_hi = _words_as_floats(tl.load(res_ptr + offs, mask=lmask, other=0), KIND)
-            h = _floats_as_words(_ll_round(lo, KIND) + r_lo, _ll_round(hi, KIND) + r_hi, KIND)
-            tl.store(h_ptr + offs, h, mask=lmask)
-            h_lo, h_hi = _words_as_floats(h, KIND)
-            h_lo = tl.where(lmask, h_lo, 0.0)
-            h_hi = tl.where(lmask, h_hi, 0.0)
-            rstd = 1.0 / tl.sqrt((tl.sum(h_lo * h_lo, axis=0) + tl.sum(h_hi * h_hi, axis=0)) / H
-                                 + eps)
-            y = _floats_as_words(_ll_round(h_lo * rstd, KIND) * w_lo,
-                                 _ll_round(h_hi * rstd, KIND) * w_hi, KIND)
-            tl.store(y_ptr + offs, y, mask=lmask)
     _end(state_ptr, pid, calls, barriers)

@@ -26,8 +26,7 @@ Each timing: CUDA-graph replay of calls on rotating caches (about twice the L2 i
 128 calls) so keys come from DRAM, per call ("iso"); at batch 1 also "eng": each call after a
 PDL GEMV (as the qkv GEMV precedes attention in a step) minus the GEMVs alone; for the
 contiguous layout also "engE": after a GEMV that triggers early (the attention launches
-while it streams), without and with the first tile's keys and values (all but the newest
-key) loaded before the attention's PDL wait ("+ekv", early_kv).
+while it streams).
 
     python benchmarks/decode_attention_tiles.py --out DIR [--budget-s 80] [--cpu-smoke]
     python benchmarks/decode_attention_tiles.py --summarize DIR/decode_attention_tiles.json
@@ -70,7 +69,7 @@ def log(*a):
     print(f"[{time.perf_counter() - T0:6.1f}s]", *a, flush=True)
 
 
-def wide(c: int, w: int, s: int, cap: int, contiguous: bool, early_kv: bool = False):
+def wide(c: int, w: int, s: int, cap: int, contiguous: bool):
     """(splits, config) of a wide-tile launch over `cap` keys of table capacity (stages > 1:
     the one step's keys and values copied to shared memory asynchronously, cp.async); paged:
     the first tile's block ids read before the PDL wait (not in the software pipeline)."""
@@ -79,8 +78,6 @@ def wide(c: int, w: int, s: int, cap: int, contiguous: bool, early_kv: bool = Fa
         cfg["trigger_early"] = True  # as layer 3's config
     else:
         cfg["pipelined_ids"] = False
-    if early_kv:
-        cfg["early_kv"] = True
     return max(1, min(64, -(-cap // c))), cfg
 
 
@@ -99,11 +96,6 @@ def variants(d: int, B: int, hkv: int, layout: str, cap: int) -> dict:
     for c, w, s in WIDE[d]:
         out[f"w{c}x{w}s{s}"] = wide(c, w, s, cap, contiguous)
     return out
-
-
-def ekv(v: tuple) -> tuple:
-    splits, cfg = v
-    return splits, dict(cfg or {}, early_kv=True)
 
 
 # ---- cases -------------------------------------------------------------------------------------
@@ -176,7 +168,7 @@ def paged_reference(c) -> torch.Tensor:
 # ---- compile, check ----------------------------------------------------------------------------
 def every_launch(gen):
     """(layout, d, name, splits, config, case) for one case per (layout, head dim): every
-    variant (and early_kv on the contiguous one) -- the compiles the run needs."""
+    variant -- the compiles the run needs."""
     seen = {}
     for hq, hkv, d in {(s[0], s[1], s[2]) for s in SHAPES.values()}:
         if d in seen:
@@ -187,7 +179,6 @@ def every_launch(gen):
         pc = paged_mixed_case(hq, hkv, d, lens, gen)
         for name, v in variants(d, len(lens), hkv, "contiguous", CAP).items():
             yield "contiguous", d, name, *v, cc
-            yield "contiguous", d, name + "+ekv", *ekv(v), cc
         for name, v in variants(d, len(lens), hkv, "paged", pc["width"]).items():
             yield "paged", d, name, *v, pc
 
@@ -232,8 +223,7 @@ def check_all(gen, out: dict) -> bool:
 class Engine(PDL.Engine):
     """paged_decode_latency's Engine (a 64 MB PDL GEMV before each call, the GEMVs alone
     subtracted); early: the GEMV triggers its dependents right after its first weight tile
-    (as set_decode_pdl's early_rope makes the qkv GEMV do), so the attention launches while
-    it streams and can request its keys and values before its wait (early_kv)."""
+    instead of after its K loop, so the attention launches while it streams."""
 
     def __init__(self, early: bool):
         super().__init__()
@@ -261,9 +251,8 @@ def time_case(name, hq, hkv, d, B, ctx, layout, l2, gen, eng, rows):
         row[f"{vname}_us"] = round(PDL.iso_us(mk(c, *v)), 2)
         if B == 1 and eng is not None:
             row[f"{vname}_eng_us"] = round(eng[0].us(mk(sub, *v)), 2)
-            if layout == "contiguous":  # the GEMV triggering early: without, with early_kv
+            if layout == "contiguous":  # the GEMV triggering early
                 row[f"{vname}_engE_us"] = round(eng[1].us(mk(sub, *v)), 2)
-                row[f"{vname}+ekv_engE_us"] = round(eng[1].us(mk(sub, *ekv(v))), 2)
     iso = {k[:-3]: u for k, u in row.items() if k.endswith("_us") and "_eng" not in k}
     best = min(iso, key=iso.get)
     row["best_iso"] = best
@@ -284,8 +273,7 @@ def time_case(name, hq, hkv, d, B, ctx, layout, l2, gen, eng, rows):
 
 def summarize(path: str) -> None:
     """A run's JSON as one line per (shape, layout, batch, context): us per call of old and of
-    each wide variant, iso and inside a step (eng, engE with early_kv), and the best of each
-    against old."""
+    each wide variant, iso and inside a step (eng, engE), and the best of each against old."""
     out = json.loads(Path(path).read_text())
     print(f"device {out.get('device')}, checks ok: {out.get('checks_ok')}")
     for r in out.get("rows", []):
@@ -293,10 +281,9 @@ def summarize(path: str) -> None:
             print(r["shape"], r["layout"], r["batch"], r["context"], "ERROR", r["error"])
             continue
         cols = []
-        for mode, suffix in (("iso", "_us"), ("eng", "_eng_us"), ("engE+ekv", "+ekv_engE_us"),
-                             ("engE", "_engE_us")):
+        for mode, suffix in (("iso", "_us"), ("eng", "_eng_us"), ("engE", "_engE_us")):
             got = {k[:-len(suffix)]: u for k, u in r.items() if k.endswith(suffix)
-                   and (mode != "iso" or "_eng" not in k) and (mode != "engE" or "+ekv" not in k)}
+                   and (mode != "iso" or "_eng" not in k)}
             if "old" in got:
                 best = min(got, key=got.get)
                 cols.append(f"{mode} old {got['old']:.2f} best {best} {got[best]:.2f} "

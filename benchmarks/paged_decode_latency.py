@@ -12,8 +12,7 @@ Each timing is CUDA-graph replay (what the engine pays), calls on rotating cache
 twice the L2 in all, where that takes at most 128 calls) so the keys come from DRAM as in a
 step, "iso". At batch 1 also "eng": each call after a 64 MB GEMV launched as the engine's
 qkv GEMV is (PDL), minus the GEMVs alone: the kernel as it runs inside a step. For the best
-setting also without the early index loads, and with the first tile's keys and values
-loaded before the wait too (early_kv).
+setting also without the early index loads.
 
   before: --before PATH, an earlier layer1_kernels/paged_decode.py with its own split rule and
           config, as layer 4 launched it (the one before each sequence was cut by its own
@@ -310,15 +309,12 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
     row["after_splits"] = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms,
                                                  head_dim=d)
     row["after_us"] = round(iso_us(calls(pd, c)), 2)
-    if args.quick:  # before / after only (the defaults), and after with the early first tile
-        row["after_early_kv_us"] = round(iso_us(calls(pd, c, None, {"early_kv": True})), 2)
+    if args.quick:  # before / after only (the defaults)
         if B == 1 and eng is not None:
             sub = dict(c, R=min(c["R"], 32))
             if before is not None:
                 row["before_eng_us"] = round(eng.us(calls(before, sub)), 2)
             row["after_eng_us"] = round(eng.us(calls(pd, sub)), 2)
-            row["after_early_kv_eng_us"] = round(eng.us(calls(pd, sub, None,
-                                                              {"early_kv": True})), 2)
         rows.append(row)
         log(f"paged {name} B={B} ctx={ctx} {wname}: "
             + " ".join(f"{k}={row[k]}" for k in row if k.endswith(("_us", "_splits"))))
@@ -333,8 +329,6 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         row["best_err"] = check(pd, c, best["splits"], bconf)
         row["best_no_early_us"] = round(iso_us(calls(
             pd, c, best["splits"], dict(bconf, early_index=False))), 2)
-        row["best_early_kv_us"] = round(iso_us(calls(
-            pd, c, best["splits"], dict(bconf, early_kv=True))), 2)
     else:  # the tight shape's best setting, the split count from the rule at this width
         ws = pd.paged_decode_splits(B, hkv, -(-wtok // PAGE) * PAGE, sms,
                                     bconf["min_part"], head_dim=d)
@@ -349,8 +343,6 @@ def case_rows(name, hq, hkv, d, B, ctx, wname, wtok, best, bconf, sms, l2, gen, 
         row["best_eng_us"] = round(eng.us(calls(pd, sub, bs_, bconf)), 2)
         row["best_no_early_eng_us"] = round(eng.us(calls(
             pd, sub, bs_, dict(bconf, early_index=False))), 2)
-        row["best_early_kv_eng_us"] = round(eng.us(calls(
-            pd, sub, bs_, dict(bconf, early_kv=True))), 2)
     rows.append(row)
     log(f"paged {name} B={B} ctx={ctx} {wname}: "
         + " ".join(f"{k}={row[k]}" for k in row if k.endswith(("_us", "_splits")))
@@ -420,11 +412,9 @@ def apply_policy(pol: dict):
                 "min_part": pd.default_min_part()}
 
     pd.default_config = default_config
-    pd.EARLY_KV["on"] = bool(pol.get("early_kv"))
 
     def undo():
         pd.default_config, pd.MIN_SPLIT_TOKENS = real_cfg, real_mp
-        pd.EARLY_KV["on"] = False
     return undo
 
 
@@ -433,8 +423,8 @@ def engine_bench(args, out: dict, path: Path) -> None:
     """Layer 4's engine (CUDA graphs, triton backend, random bf16 weights) decoding one
     sequence: a 128-token prompt, up to 145 new tokens, max_model_len 304, before (the earlier
     kernel, its split rule and config, torch's argmax: layer 3's names pointed at them), the
-    same with the split argmax, after (the current defaults), after with the first tile's keys
-    and values loaded before the PDL wait (early_kv), and (after a sweep) its best settings.
+    same with the split argmax, after (the current defaults), and (after a sweep) its best
+    settings.
     Decode ms per step = (time for 145 tokens - time for 17) / 128, the best of 3."""
     import gc
 
@@ -482,7 +472,7 @@ def engine_shape(name, shape, out, before, now, old, random_net) -> dict:
     row = dict(shape=name)
     variants = [] if old is None else [
         ("before", old, None), ("before_split_argmax", dict(old, argmax=now["argmax"]), None)]
-    variants += [("after", now, None), ("after_early_kv", now, {"early_kv": True})]
+    variants += [("after", now, None)]
     if out.get("policy"):
         variants.append(("policy", now, out["policy"]))
     params = [l3.SamplingParams(temperature=0.0, max_tokens=k, ignore_eos=True) for k in (17, 145)]
@@ -562,8 +552,7 @@ def main(argv=None) -> int:
     ap.add_argument("--before", default=None,
                     help="an earlier layer1_kernels/paged_decode.py to time beside the current one")
     ap.add_argument("--quick", action="store_true",
-                    help="no sweep: before / after (and after with early_kv) at batch 1, "
-                         "contexts 256 and 4096")
+                    help="no sweep: before / after at batch 1, contexts 256 and 4096")
     ap.add_argument("--only", default=None,
                     help="comma-separated parts to run: argmax, paged, engine (default all)")
     ap.add_argument("--engine-budget-s", type=float, default=None,

@@ -10,8 +10,8 @@ the GEMVs, and the mean idle gap before each (launch latency / dependency wait).
 span minus its kernels' busy time is the idle time the GPU spends between kernels.
 --eager profiles eager steps instead; --unfused the general path (ops.decode off).
 --variants times the benchmark's decode (tok/s, MBU) with the fused path's options toggled:
-RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with each kernel's
-trigger point moved (--attn-early, --early-kv set them for the profile).
+RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with decode
+attention's trigger point moved (--attn-early sets it for the profile).
 --sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
 L2). --l2-prefetch-trials times it with the GEMVs' L2 bulk prefetch before their PDL wait off
 and at each of --l2-prefetch-bytes' caps (set_decode_pdl's l2_prefetch)."""
@@ -54,23 +54,13 @@ ap.add_argument("--early", action="store_true", help="PDL early trigger on for t
 ap.add_argument("--no-fuse-rope", action="store_true", help="RoPE in its own kernel")
 ap.add_argument("--attn-early", action="store_true",
                 help="decode attention lets the next kernel launch when it starts")
-ap.add_argument("--early-kv", action="store_true",
-                help="decode attention loads its first tile (but the newest key) before its wait")
 ap.add_argument("--pdl", action="store_true",
                 help="end-to-end tok/s with each kernel's PDL trigger point moved")
 ap.add_argument("--trials", default="all", choices=("all", "final"),
                 help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
-                help="after --pdl or --early-kv-trials, profile the step again with its fastest "
-                     "trial's settings (also with --no-profile)")
-ap.add_argument("--early-kv-trials", action="store_true",
-                help="end-to-end tok/s with decode attention's keys and values (but the newest) "
-                     "requested before its PDL wait (EARLY_KV) and the qkv GEMV triggering "
-                     "early (early_rope), each on and off; twice each, interleaved; then the "
-                     "profile of the fastest")
-ap.add_argument("--early-kv-names", default="off,both,loads only,launch only",
-                help="--early-kv-trials' trials, comma-separated: off, both, both-late (the "
-                     "attention's own trigger after its loop), 'loads only', 'launch only'")
+                help="after --pdl or --l2-prefetch-trials, profile the step again with its "
+                     "fastest trial's settings (also with --no-profile)")
 ap.add_argument("--l2-prefetch-trials", action="store_true",
                 help="end-to-end tok/s with the GEMVs' L2 bulk prefetch before their PDL wait "
                      "off and at each --l2-prefetch-bytes cap; twice each, interleaved")
@@ -96,13 +86,12 @@ def set_variant(fuse_rope: bool, early: bool) -> None:
     K1.set_decode_pdl(True, early=early)
 
 
-def set_triggers(attn_early: bool, early_kv: bool, attn_config: dict | None = None) -> None:
+def set_triggers(attn_early: bool, attn_config: dict | None = None) -> None:
     """Where decode attention lets the next kernel launch (PDL): at its start or after its key
-    loop (and its first tile loaded before its wait or after); attn_config: its launch config
-    (backends.ATTENTION_CONFIG; None: layer 1's default)."""
+    loop; attn_config: its launch config (backends.ATTENTION_CONFIG; None: layer 1's
+    default)."""
     l3.backends.ATTENTION_CONFIG = attn_config
     PAGED.TRIGGER_EARLY["on"] = attn_early
-    PAGED.EARLY_KV["on"] = early_kv
 
 
 def shape_labels() -> dict:
@@ -163,10 +152,8 @@ def profile_step() -> None:
         "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
-          f"{PAGED.TRIGGER_EARLY['on']}, early kv {PAGED.EARLY_KV['on']}, qkv triggers early "
-          f"{GEMV._PDL['early_rope']}, fused path's early_kv "
-          f"{getattr(net.ops.decode, 'early_kv', None)}, L2 prefetch "
-          f"{GEMV._PDL['l2_prefetch']} bytes): {n} kernels/copies per step")
+          f"{PAGED.TRIGGER_EARLY['on']}, L2 prefetch {GEMV._PDL['l2_prefetch']} bytes): {n} "
+          "kernels/copies per step")
     labels = shape_labels()
     groups: dict = defaultdict(lambda: {"us": [], "gap": []})
     spans, busy = [], []
@@ -306,36 +293,36 @@ def pdl_variants() -> None:
     """The whole step (step_greedy) with the PDL trigger points moved, one after another
     (the first configuration again at the end: how much the figures drift)."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    # (attention early, early kv[, the attention's config: layer 1's default unless a trial
-    # names one; layer 3's ATTENTION_CONFIG is the last "final" trial's 64-key steps with the
-    # early trigger])
+    # (attention early[, the attention's config: layer 1's default unless a trial names one;
+    # layer 3's ATTENTION_CONFIG is the last "final" trial's 64-key steps with the early
+    # trigger])
     f = False
-    trials = [(f, f), (True, f), (True, True), (f, f)]
+    trials = [(f,), (True,), (f,)]
     if args.trials == "final":  # all off, attention's early trigger (with 128 / 64 keys a
         # step): twice, interleaved
         b64 = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
-        trials = [(f, f), (True, f), (True, f, b64)] * 2
+        trials = [(f,), (True,), (True, b64)] * 2
     first = None  # the first trial's greedy tokens: moving a trigger changes no arithmetic,
     # so every trial must pick the same tokens (a kernel reading too early would not)
     best = None
     for trial in trials:
-        attn_early, early_kv = trial[:2]
+        attn_early = trial[0]
         set_triggers(*trial)
         got = timed_trial(f"pdl trial {trial}", first)
         if got is None:
             continue
         spt, toks, same = got
         first = toks if first is None else first
-        row = {"attn_early": attn_early, "early_kv": early_kv, "attn_config": trial[2:],
+        row = {"attn_early": attn_early, "attn_config": trial[1:],
                "tokens_per_s": 1 / spt,
                "ms_per_token": spt * 1e3, "MBU": moved / spt / BW, "same_tokens_first": same}
         result.setdefault("pdl", []).append(row)
         if best is None or spt < best[0]:
             best = (spt, trial)
-        print(f"pdl attention-early={attn_early!s:5} early-kv={early_kv!s:5}{trial[2:] or ''}: "
+        print(f"pdl attention-early={attn_early!s:5}{trial[1:] or ''}: "
               f"{1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU {moved / spt / BW:.3f}, "
               f"first {same} of {len(toks)} tokens = the first trial's"
-              + ("" if same == len(toks) or trial[2:] else
+              + ("" if same == len(toks) or trial[1:] else
                  "  <-- DIFFER: a race?"),  # (another attention config rounds otherwise)
               flush=True)
     if best is None:
@@ -345,64 +332,7 @@ def pdl_variants() -> None:
     if args.profile_best:
         set_triggers(*best[1])
         profile_step()
-    set_triggers(args.attn_early, args.early_kv, attn_config=ATTN_DEFAULT)
-
-
-def early_kv_trials() -> None:
-    """The whole step (step_greedy) with the fused path's early_kv (DecodeKernels.early_kv:
-    the qkv GEMV lets the attention launch right after its first weight tile, and the
-    attention requests its keys and values but the newest before its PDL wait) off and on,
-    and each half alone through layer 1's knobs (paged_decode.EARLY_KV: the loads before the
-    wait, the attention launched as usual; set_decode_pdl early_rope: the early launch, no
-    early loads) -- or the trials --early-kv-names names (both-late: early_kv with the
-    attention's own trigger after its key loop); twice each, interleaved (the run's drift
-    shows in the pairs); then the profile of the fastest. Moving loads and triggers changes
-    no arithmetic: every trial's greedy tokens must equal the first trial's."""
-    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    base = net.ops
-
-    def setup(name: str) -> None:
-        dk = base.decode
-        net.ops = base if dk is None else dataclasses.replace(
-            base, decode=dataclasses.replace(dk, early_kv=name.startswith("both")))
-        PAGED.EARLY_KV["on"] = name == "loads only"
-        K1.set_decode_pdl(True, early_rope=name == "launch only")
-        # "both-late": the attention lets o_proj launch after its key loop, not at its start
-        # (with the early launch, o_proj's programs would otherwise join while qkv streams)
-        l3.backends.ATTENTION_CONFIG = {**(ATTN_DEFAULT or {}), "trigger_early": False} \
-            if name == "both-late" else ATTN_DEFAULT
-
-    first, best = None, None
-    names = tuple(args.early_kv_names.split(","))
-    for name in names * 2:
-        setup(name)
-        got = timed_trial(f"early kv {name}", first)
-        if got is None:
-            continue
-        spt, toks, same = got
-        first = toks if first is None else first
-        result.setdefault("early_kv", []).append(
-            {"trial": name, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
-             "MBU": moved / spt / BW, "same_tokens_first": same})
-        if best is None or spt < best[0]:
-            best = (spt, name)
-        print(f"early kv {name:11}: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU "
-              f"{moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = the first trial's"
-              + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
-    for name in names:
-        rows = [r for r in result.get("early_kv", []) if r["trial"] == name]
-        if rows:
-            top = max(rows, key=lambda r: r["tokens_per_s"])
-            print(f"early kv {name:11}: best {top['tokens_per_s']:.1f} tok/s, MBU "
-                  f"{top['MBU']:.3f}", flush=True)
-    if best is not None and (not args.no_profile or args.profile_best):
-        setup(best[1])
-        print(f"profile with early kv {best[1]}:", flush=True)
-        profile_step()
-    net.ops = base
-    l3.backends.ATTENTION_CONFIG = ATTN_DEFAULT
-    PAGED.EARLY_KV["on"] = args.early_kv
-    K1.set_decode_pdl(True, early_rope=False)
+    set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 
 
 def l2_prefetch_trials() -> None:
@@ -504,13 +434,12 @@ if args.unfused:
     net.ops = dataclasses.replace(fused_ops, decode=None)
 else:
     set_variant(not args.no_fuse_rope, args.early)
-set_triggers(args.attn_early, args.early_kv, attn_config=ATTN_DEFAULT)
+set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 if not args.no_profile:
     profile_step()
 for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
-                     (args.early_kv_trials, early_kv_trials),
                      (args.l2_prefetch_trials, l2_prefetch_trials),
                      (args.sweep, sweep)):
     if wanted:

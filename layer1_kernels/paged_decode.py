@@ -85,8 +85,8 @@ def _paged_decode_kernel(
     HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
     WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
     PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-    PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr,
+    EARLY_INDEX: tl.constexpr, HEADS: tl.constexpr, PEEL: tl.constexpr,
+    TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr,
 ):
     if PDL and TRIGGER_EARLY:  # the next kernel may launch now: see TRIGGER_EARLY below
         gdc_launch_dependents()
@@ -120,18 +120,18 @@ def _paged_decode_kernel(
             offs_n0 = start + tl.arange(0, BLOCK_N)
         else:  # a tile's column c: token c // HEADS (see _decode_part)
             offs_n0 = start + tl.arange(0, HEADS * BLOCK_N) // HEADS
-        if IDENTITY or (PIPELINED_IDS and not (EARLY_KV or PEEL)):  # (none needed here)
+        if IDENTITY or (PIPELINED_IDS and not PEEL):  # (none needed here)
             block0 = b + offs_n0.to(tl.int64) * 0
         else:  # the first tile's block ids (the loop fetches each next tile's a step ahead)
             block0 = tl.load(table + (offs_n0 // PAGE) * stride_tc, mask=offs_n0 < end,
                              other=0).to(tl.int64)
         _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                     qk_scale, b, grp, split, start, end, hi, block0, kv_group, num_kv_heads,
+                     qk_scale, b, grp, split, start, end, block0, kv_group, num_kv_heads,
                      num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk,
                      stride_ktok, stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh,
                      stride_vd, stride_tc, stride_ob, stride_oh, stride_od, HEAD_DIM, PAGE,
                      BLOCK_G, BLOCK_N, IDENTITY, FUSED_MERGE, PDL, MERGE_G, MERGE_S,
-                     EARLY_INDEX, EARLY_KV, HEADS, PEEL, TRIGGER_EARLY, PIPELINED_IDS)
+                     EARLY_INDEX, HEADS, PEEL, TRIGGER_EARLY, PIPELINED_IDS)
 
 
 @triton.jit
@@ -154,25 +154,23 @@ def _attend(q, k, v, valid, m_i, l_i, acc, qk_scale):
 
 @triton.jit
 def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-                 qk_scale, b, grp, split, start, end, hi, block0, kv_group, num_kv_heads,
+                 qk_scale, b, grp, split, start, end, block0, kv_group, num_kv_heads,
                  num_splits, n_parts, stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok,
                  stride_kh, stride_kd, stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tc,
                  stride_ob, stride_oh, stride_od,
                  HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
                  PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-                 EARLY_INDEX: tl.constexpr, EARLY_KV: tl.constexpr, HEADS: tl.constexpr,
-                 PEEL: tl.constexpr, TRIGGER_EARLY: tl.constexpr,
-                 PIPELINED_IDS: tl.constexpr):
+                 EARLY_INDEX: tl.constexpr, HEADS: tl.constexpr, PEEL: tl.constexpr,
+                 TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr):
     """One program's part [start, end) of the keys of kv heads grp * HEADS .. + HEADS - 1 for
     sequence b (block0: its first tile's block ids): online softmax over BLOCK_N keys a step;
     the output itself when the part is the only one, else its partial result (and with the
     fused merge, the last part in merges them all). Under PDL with EARLY_INDEX: wait for the
-    kernel before here, after the first tile's keys and values but the newest key's are
-    requested (EARLY_KV, which peels the first tile off the loop; PEEL: peeled without
-    early loads, as this kernel was; one kv head a program only). PIPELINED_IDS: each loop
-    step loads its own tile's block ids, for the compiler's software pipeline to fetch ahead
-    (see the module docstring), instead of the next tile's a step ahead in registers.
+    kernel before here (PEEL: the first tile peeled off the loop, as this kernel was; one kv
+    head a program only). PIPELINED_IDS: each loop step loads its own tile's block ids, for
+    the compiler's software pipeline to fetch ahead (see the module docstring), instead of
+    the next tile's a step ahead in registers.
 
     HEADS > 1 (kv heads packed in one program): the rows are the G * HEADS query heads of
     the HEADS kv heads (16 rows hold 4 groups of 4 where one group pads 12), and a tile's
@@ -207,8 +205,7 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
     acc = tl.zeros((BLOCK_G, HEAD_DIM), dtype=tl.float32)
     block_next = block0
     first = start
-    if EARLY_KV or PEEL:  # the first tile peeled (EARLY_KV: its keys and values but the
-        # newest key's loaded before the wait). Token n -> (its block, its row) -> its k, v rows.
+    if PEEL:  # the first tile peeled. Token n -> (its block, its row) -> its k, v rows.
         offs_n = start + tl.arange(0, BLOCK_N)
         valid = offs_n < end
         row = offs_n % PAGE
@@ -216,20 +213,10 @@ def _decode_part(q_ptr, k_ptr, v_ptr, table, out_ptr, part_o_ptr, part_lse_ptr, 
             + offs_d[None, :] * stride_kd
         v_ptrs = (v_ptr + block0 * stride_vblk + row * stride_vtok + h_kv0 * stride_vh)[:, None] \
             + offs_d[None, :] * stride_vd
-        if EARLY_KV:
-            old = valid & (offs_n != hi - 1)  # every key but the newest (written just before)
-            k = tl.load(k_ptrs, mask=old[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=old[:, None], other=0.0)
-            if PDL and EARLY_INDEX:
-                gdc_wait()
-            new = valid & (offs_n == hi - 1)
-            k = tl.where(new[:, None], tl.load(k_ptrs, mask=new[:, None], other=0.0), k)
-            v = tl.where(new[:, None], tl.load(v_ptrs, mask=new[:, None], other=0.0), v)
-        else:
-            if PDL and EARLY_INDEX:
-                gdc_wait()
-            k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
-            v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
+        if PDL and EARLY_INDEX:
+            gdc_wait()
+        k = tl.load(k_ptrs, mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptrs, mask=valid[:, None], other=0.0)
         if not IDENTITY and not PIPELINED_IDS:
             nxt = offs_n + BLOCK_N
             block_next = tl.load(table + (nxt // PAGE) * stride_tc, mask=nxt < end,
@@ -572,9 +559,6 @@ def _tiles(group: int, head_dim: int, splits: int, merge_parts: int = MERGE_PART
 #: Under PDL, read the lengths and block tables (and the first block ids) before waiting for
 #: the kernel before: they are the step's inputs, never written by the decode kernels.
 EARLY_INDEX = {"on": True}
-#: ... and the first tile's keys and values but the newest key's (the kernel before writes the
-#: new token's k, v: its slot is seq_lens - 1; every other row is from earlier steps).
-EARLY_KV = {"on": False}
 #: Let the next kernel launch when this one starts instead of after its key loop. At batch 1
 #: the launch is a few dozen programs, latency-bound, with most SM slots idle: the next
 #: kernel (the o_proj GEMV) fills them and requests its weight tiles -- at Llama-3.2-1B's
@@ -583,8 +567,8 @@ EARLY_KV = {"on": False}
 #: the same reason as the GEMVs' early trigger: no kernel of the step reads, before its own
 #: wait, anything the kernel before it writes.
 TRIGGER_EARLY = {"on": False}
-#: Peel the first tile off the loop even without early_kv (as the kernel did before every tile
-#: went through the loop's pipeline; kept to time the two against each other)
+#: Peel the first tile off the loop (as the kernel did before every tile went through the
+#: loop's pipeline; kept to time the two against each other: benchmarks/sweep_paged.py)
 PEEL_FIRST = {"on": False}
 #: Each loop step loads its own tile's block ids for the software pipeline to fetch ahead
 #: (config "pipelined_ids"; see the module docstring): with num_stages 5 or more only. By
@@ -645,8 +629,8 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     (batch 8-256); batch-major where B > 65535 (the grid's second axis holds the batch).
     config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
     (parts a merge round trip), heads (kv heads one program reads together, a power of two:
-    see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, early_kv,
-    trigger_early (see TRIGGER_EARLY), pipelined_ids (see PIPELINED_IDS)."""
+    see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, peel (see
+    PEEL_FIRST), trigger_early (see TRIGGER_EARLY), pipelined_ids (see PIPELINED_IDS)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -680,8 +664,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     pdl = pdl_launch(dev) if fused or splits == 1 else {"PDL": False}
     early = bool(pdl["PDL"] and cfg.get("early_index", EARLY_INDEX["on"]))
     heads = max(1, min(next_pow2(int(cfg.get("heads") or 1)), next_pow2(Hkv)))
-    early_kv = bool(cfg.get("early_kv", EARLY_KV["on"])) and heads == 1
-    peel = bool(cfg.get("peel", PEEL_FIRST["on"])) and heads == 1 and not early_kv
+    peel = bool(cfg.get("peel", PEEL_FIRST["on"])) and heads == 1
     trigger_early = bool(pdl["PDL"] and cfg.get("trigger_early", TRIGGER_EARLY["on"]))
     identity = block_tables is None
     pipelined_ids = bool(cfg.get("pipelined_ids", PIPELINED_IDS["on"])) and not identity
@@ -700,14 +683,14 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             *out.stride(),
             D, page, block_g, cfg["BLOCK_N"],
             window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
-            early_kv, heads, peel, trigger_early, pipelined_ids)
+            heads, peel, trigger_early, pipelined_ids)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
         if (q.data_ptr() | k_cache.data_ptr() | v_cache.data_ptr()) & 15 == 0:
             key = (dev, q.dtype, tables.dtype, seq_lens.dtype, q.shape, q.stride(),
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
-                   window is not None, identity, fused, pdl["PDL"], heads_first, early, early_kv,
+                   window is not None, identity, fused, pdl["PDL"], heads_first, early,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel,
                    trigger_early, pipelined_ids)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None

@@ -234,15 +234,6 @@ class DecodeKernels:
     impl: str
     max_tokens: int = FUSED_DECODE_MAX_TOKENS  # at most layer 1's gemv.MAX_ROWS (8)
     fuse_rope: bool = True  # RoPE + the cache write in the qkv GEMV's epilogue (one launch)
-    # over layer 3's contiguous cache: the qkv GEMV lets the attention launch right after its
-    # first weight tile (trigger_early), and the attention requests its keys and values but
-    # the newest (which that GEMV writes) before its PDL wait (early_kv): their latency
-    # overlaps the GEMV instead of following it. Off: slower end to end (H100, 1B batch 1,
-    # profile_decode.py --early-kv-trials, two runs of two interleaved rounds: off 976 / 992,
-    # 977 / 992 tok/s; on 982 / 969, 968 / 968; on with the attention's own trigger after its
-    # loop 961 / 955; the early launch alone 957 / 956; the early loads alone 992 / 992: the
-    # attention launched while qkv streams costs what its early loads save)
-    early_kv: bool = False
 
     def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:
         """True when this step can take the fused path: a decode step (one new token per
@@ -276,11 +267,9 @@ class DecodeKernels:
         """norm_linear of the qkv projection with RoPE on q, k and k, v written to the
         cache; heads = (q heads, kv heads, head_dim). Returns (qkv (T, N), new residual)."""
         k_slots, v_slots = _slot_views(cache, layer)
-        early = True if self.early_kv and isinstance(cache, ContiguousKVCache) else None
         y, h = kernels.gemv_rms_norm_rope(x, linear.weight, norm.weight, norm.eps, residual,
                                           linear.bias, cos, sin, ctx.positions, k_slots,
-                                          v_slots, ctx.slot_mapping, *heads, impl=self.impl,
-                                          trigger_early=early)
+                                          v_slots, ctx.slot_mapping, *heads, impl=self.impl)
         return y, (x if residual is None else h)
 
     def linear(self, x, linear):
@@ -303,10 +292,8 @@ class DecodeKernels:
             return cache.decode_attention(layer, q, ctx, scale, window)
         k, v = cache.k[layer], cache.v[layer]  # (batch, max_len, kv_heads, D): page = max_len
         splits = _num_splits(q.shape[0], k.shape[2], cache.max_len, q.device)
-        config = {**(ATTENTION_CONFIG or {}), "early_kv": True} if self.early_kv \
-            else ATTENTION_CONFIG
         return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
-                                    splits, config=config)
+                                    splits, config=ATTENTION_CONFIG)
 
 
 # ---- layer 1's kernels -------------------------------------------------------------------

@@ -58,7 +58,7 @@ for ident, fused, heads_first in [(True, True, False), (False, True, True), (Fal
     compile_(P._paged_decode_kernel, dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=16,
              BLOCK_N=64, WINDOWED=False, IDENTITY=ident, FUSED_MERGE=fused,
              PDL=True, MERGE_G=4, MERGE_S=16, HEADS_FIRST=heads_first,
-             EARLY_INDEX=not ident, EARLY_KV=not ident, HEADS=1, PEEL=False,
+             EARLY_INDEX=not ident, HEADS=1, PEEL=not ident,
              TRIGGER_EARLY=ident, PIPELINED_IDS=False), ptrs,
              {"num_warps": 4, "num_stages": 2, "launch_pdl": True})
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),

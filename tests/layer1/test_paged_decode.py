@@ -171,15 +171,14 @@ def test_parts_follow_each_sequence_length(min_part, splits):
     min_part keys, at most the launch's split count; a part not a multiple of BLOCK_N too):
     a short one runs as one part (no partials, no merge), a long one's empty parts do
     nothing. Lengths across a page, one key, none; twice (the counters back at zero); with
-    and without the early index loads and the early first tile (the newest key loaded
-    apart), and with the first tile peeled off the loop without early loads."""
+    and without the early index loads, and with the first tile peeled off the loop."""
     q, k, v, t, n = make([200, 1, 0, 33, 17, 64], 8, 2, 32, 16, seed=min_part)
     ref = reference(q, k, v, t, n, 0.2, None)
     cfg = dict(pd.default_config(32, q.dtype, splits), min_part=min_part)
     for early, peel in ((True, False), (False, False), (False, True)):
         for _ in range(2):
             out = pd.paged_decode(q, k, v, t, n, 0.2, None, splits,
-                                  config=dict(cfg, early_index=early, early_kv=early, peel=peel))
+                                  config=dict(cfg, early_index=early, peel=peel))
             assert torch.isfinite(out).all() and (out[2] == 0).all()
             assert rel(out, ref) < 1e-5
     assert int(pd._COUNTERS[q.device].abs().sum()) == 0
@@ -215,11 +214,11 @@ def test_pipelined_ids_match_float64(lens, hq, hkv, d, page, window, heads):
     """Each loop step loading its own tile's block ids (config "pipelined_ids", for the
     compiler's software pipeline) computes the same attention: split in the launch and by
     the merge kernel, one part and many (more than some sequences fill), the first tile
-    peeled or loaded early, twice (the counters back at zero)."""
+    peeled or not, twice (the counters back at zero)."""
     q, k, v, t, n = make(lens, hq, hkv, d, page, seed=hq + d, window=window)
     ref = reference(q, k, v, t, n, 0.2, window)
     for splits, fused, extra in [(1, True, {}), (5, True, {}), (6, False, {}),
-                                 (9, True, {"peel": True}), (3, True, {"early_kv": True})]:
+                                 (9, True, {"peel": True}), (3, False, {"peel": True})]:
         cfg = {"pipelined_ids": True, "heads": heads, "min_part": 16, **extra}
         for _ in range(2):
             out = pd.paged_decode(q, k, v, t, n, 0.2, window, splits, fused_merge=fused,
@@ -277,14 +276,14 @@ def test_wide_tiles_match_float64(lens, hq, hkv, d, cap, keys, stages):
     keys a part, parts of at least that many): a context of at most one tile is one part, a
     longer one parts of a tile merged in the launch; awkward lengths (1, 63, 65, 257, empty),
     GQA 4 and 8, D 64 and 128, the contiguous cache (no tables) and a paged one, split
-    counts from 1 to more parts than any context fills, the early first tile on and off;
-    the counters back at zero after."""
+    counts from 1 to more parts than any context fills, the first tile peeled and not; the
+    counters back at zero after."""
     q, k, v, t, n = contiguous(lens, hq, hkv, d, cap, seed=keys + d)
     ref = reference(q, k, v, t, n, 0.2, None)
     pq, pk, pv, pt, pn = make(lens, hq, hkv, d, 16, seed=keys + d + 1)
     pref = reference(pq, pk, pv, pt, pn, 0.2, None)
     cfg = {"BLOCK_N": keys, "num_warps": 8, "num_stages": stages, "min_part": keys}
-    for splits, extra in ((1, {}), (64, {}), (64, {"early_kv": True}), (3, {"early_kv": True})):
+    for splits, extra in ((1, {}), (64, {}), (64, {"peel": True}), (3, {"peel": True})):
         out = pd.paged_decode(q, k, v, None, n, 0.2, None, splits, config={**cfg, **extra})
         assert torch.isfinite(out).all() and rel(out, ref) < 1e-5, (splits, extra)
         assert (out[n == 0] == 0).all()
@@ -323,8 +322,7 @@ for ident, fused, hf, bn, warps, stages, early, heads in [
     consts = dict(HEAD_DIM=64, PAGE=385 if ident else 16, BLOCK_G=max(16, 4 * heads),
                   BLOCK_N=bn, WINDOWED=True, IDENTITY=ident, FUSED_MERGE=fused, PDL=True,
                   MERGE_G=4 * heads, MERGE_S=16 // heads, HEADS_FIRST=hf, EARLY_INDEX=early,
-                  EARLY_KV=early and not ident and heads == 1, HEADS=heads,
-                  PEEL=heads == 1 and not early and bn == 128, TRIGGER_EARLY=early,
+                  HEADS=heads, PEEL=heads == 1 and bn in (32, 128), TRIGGER_EARLY=early,
                   PIPELINED_IDS=not ident and bn == 32)
     compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                      {"num_warps": warps, "num_stages": stages, "launch_pdl": True})
@@ -332,8 +330,8 @@ for d, (bn, warps, stages) in ((64, (256, 8, 2)), (128, (128, 8, 2))):  # one-st
     for ident in (True, False):
         consts = dict(HEAD_DIM=d, PAGE=2112 if ident else 16, BLOCK_G=16, BLOCK_N=bn,
                       WINDOWED=False, IDENTITY=ident, FUSED_MERGE=True, PDL=True, MERGE_G=4,
-                      MERGE_S=16, HEADS_FIRST=True, EARLY_INDEX=True, EARLY_KV=ident, HEADS=1,
-                      PEEL=False, TRIGGER_EARLY=ident, PIPELINED_IDS=False)
+                      MERGE_S=16, HEADS_FIRST=True, EARLY_INDEX=True, HEADS=1, PEEL=ident,
+                      TRIGGER_EARLY=ident, PIPELINED_IDS=False)
         k = compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                              {"num_warps": warps, "num_stages": stages, "launch_pdl": True},
                              aligned=True)
@@ -360,7 +358,7 @@ found = {}
 for pipelined, stages in [(False, 3), (True, 5)]:
     consts = dict(HEAD_DIM=64, PAGE=16, BLOCK_G=16, BLOCK_N=128, WINDOWED=False, IDENTITY=False,
                   FUSED_MERGE=True, PDL=True, MERGE_G=4, MERGE_S=32, HEADS_FIRST=True,
-                  EARLY_INDEX=True, EARLY_KV=False, HEADS=1, PEEL=False, TRIGGER_EARLY=False,
+                  EARLY_INDEX=True, HEADS=1, PEEL=False, TRIGGER_EARLY=False,
                   PIPELINED_IDS=pipelined, **unit)
     k = compile_for_sm90(P._paged_decode_kernel, consts, ptrs,
                          {"num_warps": 4, "num_stages": stages, "launch_pdl": True}, aligned=True)
@@ -457,8 +455,7 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d, pipelined):
     splits = pd.paged_decode_splits(B, hkv, width * 16, 132)
     steps = ([4000, 1, 130, 17], [3000, 16, 129, 1], [33, 2000, 1, 256], [4096, 4096, 0, 64])
     for early in (True, False):
-        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, early_kv=early,
-                   trigger_early=early)
+        cfg = dict(pd.default_config(d, q.dtype, splits), early_index=early, trigger_early=early)
         if pipelined:  # each step's block ids in the software pipeline
             cfg.update(pipelined_ids=True, num_stages=pd.PIPELINED_STAGES)
         lens = torch.tensor(steps[0], device=DEV)
@@ -477,37 +474,3 @@ def test_gpu_graph_replays_follow_the_lengths(hq, hkv, d, pipelined):
             assert rel(out, reference(q, k, v, t, lens, 0.1, None)) < 1e-2, (step, early,
                                                                               pipelined)
         assert (out[2] == 0).all()  # the last step's empty sequence
-
-
-def _steps_after_a_cache_write(hq, hkv, d, dtype, steps=16):
-    """Decode steps as a model runs them: layer 1's rope_cache_write (launched with PDL on a
-    GPU) writes each sequence's newest k, v, then the paged kernel with the early first tile
-    (every key but the newest read before its PDL wait); each step one key longer, checked
-    against float64 after each."""
-    rope = importlib.import_module("layer1_kernels.rope_kv_write")
-    g = torch.Generator(device=DEV).manual_seed(hq + d)
-    B, width, page = 3, 32, 16
-    kc = torch.randn(B * width + 1, page, hkv, d, generator=g, device=DEV).to(dtype)
-    vc = torch.randn_like(kc)
-    t = torch.randperm(B * width, generator=g, device=DEV).view(B, width)
-    cos = torch.ones(width * page, d // 2, device=DEV)  # no rotation: the reference needs none
-    sin = torch.zeros_like(cos)
-    k_slots, v_slots = kc.view(-1, hkv, d), vc.view(-1, hkv, d)
-    first = torch.tensor([1, 16, 200], device=DEV)
-    splits = pd.paged_decode_splits(B, hkv, width * page, 132)
-    for i in range(steps):
-        lens = first + i
-        pos = lens - 1
-        slots = t.gather(1, (pos // page)[:, None])[:, 0] * page + pos % page
-        q = torch.randn(B, hq, d, generator=g, device=DEV).to(dtype)
-        k_new = torch.randn(B, hkv, d, generator=g, device=DEV).to(dtype)
-        v_new = torch.randn(B, hkv, d, generator=g, device=DEV).to(dtype)
-        rope.rope_cache_write(q, k_new, v_new, cos, sin, pos, k_slots, v_slots, slots)
-        out = pd.paged_decode(q, kc, vc, t, lens, 0.1, None, splits, config={"early_kv": True})
-        assert rel(out, reference(q, kc, vc, t, lens, 0.1, None)) < 1e-2, i
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("hq,hkv,d", [(32, 8, 128), (8, 2, 128), (32, 8, 64)])
-def test_gpu_early_kv_reads_the_newest_key_after_the_wait(hq, hkv, d):
-    _steps_after_a_cache_write(hq, hkv, d, torch.bfloat16)

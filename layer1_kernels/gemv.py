@@ -225,11 +225,6 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: instead of after their K loop, so the next kernel's programs launch (and prefetch their
 #: weights) while this one still streams; safe because no kernel reads anything another
 #: kernel of the step writes before its own griddepcontrol.wait.
-#: early_rope: gemv_rope (the qkv GEMV with RoPE and the cache write) triggers early, the
-#: others as set: the decode attention after it then launches while it streams and, with
-#: paged_decode's early_kv, has every key and value but the newest requested before its own
-#: wait (the cascade stops there: the attention's early trigger lets o_proj launch, whose
-#: trigger stays after its K loop).
 #: l2_prefetch: bytes (0: off) each GEMV program asks the L2 to fetch of its own weight rows
 #: right after its first tile's loads, before its PDL wait: one cp.async.bulk.prefetch from one
 #: thread, no registers held, so the program's whole share can be in flight while the kernel
@@ -245,16 +240,13 @@ def l2_prefetch_from_env() -> int:
     return L2_PREFETCH_BYTES if env_switch("LLM_STACK_L2_PREFETCH", False) else 0
 
 
-_PDL = {"on": True, "early": False, "early_rope": False, "l2_prefetch": l2_prefetch_from_env()}
+_PDL = {"on": True, "early": False, "l2_prefetch": l2_prefetch_from_env()}
 
 
-def set_pdl(on: bool, *, early: bool | None = None, early_rope: bool | None = None,
-            l2_prefetch: int | None = None) -> None:
+def set_pdl(on: bool, *, early: bool | None = None, l2_prefetch: int | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
-    if early_rope is not None:
-        _PDL["early_rope"] = bool(early_rope)
     if l2_prefetch is not None:
         if l2_prefetch < 0 or l2_prefetch % 16 or l2_prefetch >= 1 << 31:
             raise ValueError(f"l2_prefetch must be a multiple of 16 bytes in [0, 2**31), got "
@@ -262,9 +254,9 @@ def set_pdl(on: bool, *, early: bool | None = None, early_rope: bool | None = No
         _PDL["l2_prefetch"] = int(l2_prefetch)
 
 
-def pdl_early(rope: bool = False) -> bool:
-    """Whether a GEMV triggers its dependents early; rope: gemv_rope asks (early_rope)."""
-    return _PDL["early"] or (rope and _PDL["early_rope"])
+def pdl_early() -> bool:
+    """Whether the GEMVs trigger their dependents early (set_pdl's early)."""
+    return _PDL["early"]
 
 
 @functools.cache

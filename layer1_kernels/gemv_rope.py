@@ -186,13 +186,9 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
                        cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                        k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
                        n_q_heads: int, n_kv_heads: int, head_dim: int, *, impl: str = "auto",
-                       config: tuple[int, int, int] | None = None,
-                       trigger_early: bool | None = None):
+                       config: tuple[int, int, int] | None = None):
     """rms_norm(h = x (+ residual)) @ w^T (+ bias) with RoPE on its q/k heads and k, v written
-    to the cache rows `slots` -> (qkv (M, N), h or None). config: (BLOCK_P, BLOCK_K, warps).
-    trigger_early: under PDL let the next kernel launch right after the first weight tile is
-    requested (None: set_decode_pdl's rule), e.g. a decode attention that requests its older
-    keys and values before its own wait (paged_decode's early_kv)."""
+    to the cache rows `slots` -> (qkv (M, N), h or None). config: (BLOCK_P, BLOCK_K, warps)."""
     name = "gemv_rms_norm_rope"
     M, K = x.shape if x.dim() == 2 else (-1, -1)
     _check(name, x, w, bias, K)
@@ -253,7 +249,7 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         PROLOGUE=_RMS, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(rope=True) if trigger_early is None else bool(trigger_early),
+        PDL_EARLY=pdl_early(),
         PREFETCH=prefetch, **pdl_launch(x.device),
     )
     return y, h

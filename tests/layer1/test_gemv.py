@@ -302,21 +302,10 @@ def test_pdl_early_trigger():
     """set_pdl's early: every GEMV triggers its dependents early, or none does."""
     try:
         G.set_pdl(True, early=True)
-        assert G.pdl_early() and G.pdl_early(rope=True)
+        assert G.pdl_early()
     finally:
         G.set_pdl(True, early=False)
     assert not G.pdl_early()
-
-
-def test_pdl_early_trigger_of_the_rope_gemv_alone():
-    """set_pdl's early_rope: gemv_rope (the qkv GEMV) triggers early, the other GEMVs as
-    before; off again, none."""
-    try:
-        G.set_pdl(True, early_rope=True)
-        assert G.pdl_early(rope=True) and not G.pdl_early()
-    finally:
-        G.set_pdl(True, early_rope=False)
-    assert not G.pdl_early(rope=True)
 
 
 def test_l2_prefetch_switch(monkeypatch):

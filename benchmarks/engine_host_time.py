@@ -2,6 +2,7 @@
 
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
                                           [--profile 30] [--stages] [--no-text] [--graphs]
+    python benchmarks/engine_host_time.py --prefill 2048 [--repeats 5] [--profile 30]
 
 A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
 every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
@@ -20,6 +21,16 @@ steps (async, unfinished=False), the top functions by own time. --graphs: the de
 through layer 4's CUDA-graph runner run eagerly (capture=False): the GPU's decode path (one-pass
 inputs, the static buffers filled from the host, the graph's logits buffer) with the bucket's
 step timed as the forward (on a GPU: one graph replay).
+
+--prefill N: the host time of `LLM.generate([prompt], max_tokens=1)` for one fresh N-token prompt
+(token ids, greedy; max_num_batched_tokens N, one sequence, async scheduling as on a GPU), its
+one step through layer 4's prefill-graph runner run eagerly (capture=False) with the replay a
+stub (the forward and the graph's logits: what the GPU runs), so all that is left is the host's:
+request intake, scheduling, the step's inputs (token list, positions, slots, block tables),
+sampling's launch, reading the token, the outputs. Wall time (perf_counter) per call, median of
+--repeats runs of 20 calls each, split at the replay: what the host does before it (the GPU
+idles: all of it is on the prefill's wall clock) and after it (on a GPU partly hidden behind the
+replay; what follows the token's read is not), and by phase.
 """
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ from layer4_algorithms import (
     scheduler,
 )
 from layer4_algorithms.kv import paged_cache
+from layer4_algorithms.prefill_graph_runner import PrefillGraphRunner
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -138,6 +150,79 @@ def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async
     return host[2:]  # the first decode steps still read first tokens
 
 
+# --prefill: the phases of one prefill call, each as the wall time of its functions (inclusive)
+PREFILL_PHASES = [("intake", engine.LLM, "add_request"), ("schedule", scheduler.Scheduler, "schedule"),
+                  ("step inputs", model_runner.ModelRunner, "execute"),
+                  ("graph inputs", PrefillGraphRunner, "run"),
+                  ("sampling launch", engine.LLM, "_sample_launch"),
+                  ("read + postprocess", engine.LLM, "_complete"),
+                  ("outputs", engine.LLM, "_outputs")]
+
+
+def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -> dict:
+    """Host microseconds of one `tokens`-token prefill through generate (module docstring):
+    {"total", "before_replay", "after_replay", phase name: ...}, each the median over `repeats`
+    runs of the median of `calls` calls; "step inputs" is execute() less the graph runner's
+    run, "graph inputs" run() less the replay stub."""
+    cfg = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
+                         intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, head_dim=16, max_position_embeddings=2 * tokens)
+    net = l3.random_model(cfg, seed=0, backend="triton")  # (flash path: what the graphs need)
+    llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
+              async_scheduling=True)
+    graphs = PrefillGraphRunner(net, llm.cache, tokens, llm.runner.tables.table.shape[1],
+                                capture=False)
+    marks: dict[str, float] = collections.defaultdict(float)
+
+    def replay(_bucket: int, _kind: str) -> None:  # the GPU's work: a graph launch
+        marks["replay_at"] = time.perf_counter()
+    graphs._step = replay
+    llm.runner.prefill_graph = graphs
+    wrapped = []
+    for name, cls, attr in PREFILL_PHASES:
+        def add(seconds: float, name: str = name) -> None:
+            marks[name] += seconds
+        owner = next(c for c in cls.__mro__ if attr in c.__dict__)  # (a mixin's method)
+        inner = owner.__dict__[attr]
+        setattr(owner, attr, timed_into(inner, add))
+        wrapped.append((owner, attr, inner))
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+
+    def one() -> dict[str, float]:
+        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen).tolist()
+        marks.clear()
+        t0 = time.perf_counter()
+        out = llm.generate([prompt], params)
+        end = time.perf_counter()
+        if len(out[0].outputs[0].token_ids) != 1 or "replay_at" not in marks:
+            raise RuntimeError("the prefill did not go through the graph runner to one token")
+        got = {"total": end - t0, "before_replay": marks["replay_at"] - t0,
+               "after_replay": end - marks["replay_at"]}
+        got.update({name: marks[name] for name, _, _ in PREFILL_PHASES})
+        got["step inputs"] -= got["graph inputs"]
+        return got
+    try:
+        for _ in range(5):
+            one()  # warm-up
+        runs = []
+        for _ in range(repeats):
+            got = [one() for _ in range(calls)]
+            runs.append({k: statistics.median(g[k] for g in got) * 1e6 for k in got[0]})
+        if profile:
+            prof = cProfile.Profile()
+            prof.enable()
+            for _ in range(profile):
+                one()
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumtime").print_stats(40)
+    finally:
+        for cls, attr, inner in wrapped:
+            setattr(cls, attr, inner)
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -148,6 +233,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, help="cProfile this many runs' decode steps")
     ap.add_argument("--graphs", action="store_true",
                     help="decode through the CUDA-graph runner, run eagerly (the GPU's path)")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="the host time of one N-token prefill through generate, by phase")
     ap.add_argument("--stages", action="store_true",
                     help="also the host time per decode step of each stage (async, generate)")
     args = ap.parse_args()
@@ -156,7 +243,18 @@ def main() -> None:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.profile < 0:
         ap.error(f"--profile must be >= 0, got {args.profile}")
+    if args.prefill < 0:
+        ap.error(f"--prefill must be >= 0, got {args.prefill}")
     torch.set_num_threads(1)
+    if args.prefill:
+        got = prefill_host(args.prefill, args.repeats, args.profile)
+        print(f"engine host time of one {args.prefill}-token prefill (generate, max_tokens 1, "
+              f"prefill-graph runner with the replay a stub), CPU, torch {torch.__version__}: "
+              f"{got['total']:.0f} us, {got['before_replay']:.0f} before the replay, "
+              f"{got['after_replay']:.0f} after", flush=True)
+        print("  phases (us): " + ", ".join(f"{name} {got[name]:.0f}"
+                                            for name, _, _ in PREFILL_PHASES), flush=True)
+        return
     model = tiny_model(text=not args.no_text)
     timer = ForwardTimer(model.net)
     g = args.graphs

@@ -22,15 +22,16 @@ through layer 4's CUDA-graph runner run eagerly (capture=False): the GPU's decod
 inputs, the static buffers filled from the host, the graph's logits buffer) with the bucket's
 step timed as the forward (on a GPU: one graph replay).
 
---prefill N: the host time of `LLM.generate([prompt], max_tokens=1)` for one fresh N-token prompt
-(token ids, greedy; max_num_batched_tokens N, one sequence, async scheduling as on a GPU), its
-one step through layer 4's prefill-graph runner run eagerly (capture=False) with the replay a
+--prefill N: the host time of `LLM.generate([prompt], max_tokens=1)` for one fresh N-token
+prompt (token ids, greedy; max_num_batched_tokens N, one sequence, async scheduling as on a GPU),
+its one step through layer 4's prefill-graph runner run eagerly (capture=False) with the replay a
 stub (the forward and the graph's logits: what the GPU runs), so all that is left is the host's:
 request intake, scheduling, the step's inputs (token list, positions, slots, block tables),
-sampling's launch, reading the token, the outputs. Wall time (perf_counter) per call, median of
---repeats runs of 20 calls each, split at the replay: what the host does before it (the GPU
-idles: all of it is on the prefill's wall clock) and after it (on a GPU partly hidden behind the
-replay; what follows the token's read is not), and by phase.
+sampling's launch, reading the token, the outputs. This thread's CPU time (thread_time: other
+processes on a shared machine left out) per call, median of --repeats runs of 20 calls each,
+split at the replay: before it (the GPU idles: all of it is on the prefill's wall clock) and
+after it (on a GPU partly hidden behind the replay; what follows the token's read is not), and
+by phase.
 """
 from __future__ import annotations
 
@@ -150,8 +151,9 @@ def run(model: l3.Model, timer: ForwardTimer, batch: int, new_tokens: int, async
     return host[2:]  # the first decode steps still read first tokens
 
 
-# --prefill: the phases of one prefill call, each as the wall time of its functions (inclusive)
-PREFILL_PHASES = [("intake", engine.LLM, "add_request"), ("schedule", scheduler.Scheduler, "schedule"),
+# --prefill: the phases of one prefill call, each the time inside its function (inclusive)
+PREFILL_PHASES = [("intake", engine.LLM, "add_request"),
+                  ("schedule", scheduler.Scheduler, "schedule"),
                   ("step inputs", model_runner.ModelRunner, "execute"),
                   ("graph inputs", PrefillGraphRunner, "run"),
                   ("sampling launch", engine.LLM, "_sample_launch"),
@@ -176,7 +178,7 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
     marks: dict[str, float] = collections.defaultdict(float)
 
     def replay(_bucket: int, _kind: str) -> None:  # the GPU's work: a graph launch
-        marks["replay_at"] = time.perf_counter()
+        marks["replay_at"] = time.thread_time()
     graphs._step = replay
     llm.runner.prefill_graph = graphs
     wrapped = []
@@ -185,7 +187,7 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
             marks[name] += seconds
         owner = next(c for c in cls.__mro__ if attr in c.__dict__)  # (a mixin's method)
         inner = owner.__dict__[attr]
-        setattr(owner, attr, timed_into(inner, add))
+        setattr(owner, attr, timed_into(inner, add, time.thread_time))
         wrapped.append((owner, attr, inner))
     params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
     gen = torch.Generator().manual_seed(1)
@@ -193,9 +195,9 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
     def one() -> dict[str, float]:
         prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen).tolist()
         marks.clear()
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         out = llm.generate([prompt], params)
-        end = time.perf_counter()
+        end = time.thread_time()
         if len(out[0].outputs[0].token_ids) != 1 or "replay_at" not in marks:
             raise RuntimeError("the prefill did not go through the graph runner to one token")
         got = {"total": end - t0, "before_replay": marks["replay_at"] - t0,

@@ -64,28 +64,29 @@ MAX_FILL_THREADS = 64
 
 @dataclass
 class EngineConfig:
-    """Every knob of the engine. Model loading (when LLM is given a path): backend
-    ("torch" | "triton" | "compile"), dtype (None: the checkpoint's), device (None: CUDA if
-    present). KV cache: block_size tokens per block; the pool is num_blocks, or
-    kv_cache_bytes, or (neither) gpu_memory_utilization of free GPU memory / 512 MiB on CPU.
-    Scheduler: at most max_num_seqs sequences and max_num_batched_tokens tokens per step;
-    max_model_len (None: the model's max_position_embeddings) caps prompt + output;
-    enable_prefix_caching, enable_chunked_prefill; scheduling "continuous" (FCFS), "static" (the
-    benchmark baseline: fixed batches run to completion) or "priority" (continuous, ordered by
-    (request priority, arrival); preemption takes the lowest priority). Runner: cuda_graph
-    (decode steps replayed from CUDA graphs, CUDA only), prefill_cuda_graph (steps of up to a
-    few sequences, prefill chunks among them, replayed from CUDA graphs per token-count
-    bucket up to max_num_batched_tokens: one launch where an eager prefill's host time rivals
-    its GPU time; CUDA and the triton backend only; its graphs' pool holds about one forward
-    of max_num_batched_tokens tokens), attn_bytes_limit (padded attention
-    scores per forward pass before a step is split). speculative: a SpecConfig or its dict,
-    or None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its
-    decode inputs taken from step N's tokens on the device; step N's tokens read one step
-    later; see engine.py). None: on for a CUDA model without speculative decoding, else off;
-    True with speculative decoding is an error (verification needs the tokens on the host).
-    Outputs are the same either way; while a request with penalties or logprobs is live the
-    engine runs its steps synchronously. grammar_fill_threads: threads that fill a step's
-    grammar masks (structured outputs; each constraint then compiled once per thread, see
+    """Every knob of the engine. Model loading (when LLM is given a path): backend ("torch" |
+    "triton" | "compile"), dtype (None: the checkpoint's), device (None: CUDA if present). KV
+    cache: block_size tokens per block; the pool is num_blocks, or kv_cache_bytes, or (neither)
+    gpu_memory_utilization of free GPU memory / 512 MiB on CPU. Scheduler: at most max_num_seqs
+    sequences and max_num_batched_tokens tokens per step; max_model_len (None: the model's
+    max_position_embeddings) caps prompt + output; enable_prefix_caching,
+    enable_chunked_prefill; scheduling "continuous" (FCFS), "static" (the benchmark baseline:
+    fixed batches run to completion) or "priority" (continuous, ordered by (request priority,
+    arrival); preemption takes the lowest priority). Runner: cuda_graph (decode steps replayed
+    from CUDA graphs, CUDA only), prefill_cuda_graph (steps of up to a few sequences, prefill
+    chunks among them, replayed from CUDA graphs per token-count bucket up to
+    max_num_batched_tokens: one launch where an eager prefill's host time rivals its GPU time;
+    CUDA and the triton backend only; its graphs' pool holds about one forward of
+    max_num_batched_tokens tokens; None: on where it works, a plain LlamaModel on CUDA whose
+    attention is the triton backend's flash path, else off), attn_bytes_limit (padded attention
+    scores per forward pass before a step is split). speculative: a SpecConfig or its dict, or
+    None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its decode
+    inputs taken from step N's tokens on the device; step N's tokens read one step later; see
+    engine.py). None: on for a CUDA model without speculative decoding, else off; True with
+    speculative decoding is an error (verification needs the tokens on the host). Outputs are
+    the same either way; while a request with penalties or logprobs is live the engine runs its
+    steps synchronously. grammar_fill_threads: threads that fill a step's grammar masks
+    (structured outputs; each constraint then compiled once per thread, see
     structured/grammar.py); None: structured.default_lanes (1, or the host's share of CPUs)."""
 
     backend: str = "torch"
@@ -102,7 +103,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling: str = "continuous"
     cuda_graph: bool = False
-    prefill_cuda_graph: bool = False
+    prefill_cuda_graph: bool | None = False
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None
@@ -143,7 +144,8 @@ class EngineConfig:
             f"grammar_fill_threads must be at most {MAX_FILL_THREADS} (each is a thread and a "
             f"compile of every constraint), got {self.grammar_fill_threads}",
             flag("enable_prefix_caching"), flag("enable_chunked_prefill"), flag("cuda_graph"),
-            flag("prefill_cuda_graph"),
+            None if self.prefill_cuda_graph is None or isinstance(self.prefill_cuda_graph, bool)
+            else f"prefill_cuda_graph must be True, False or None, got {self.prefill_cuda_graph!r}",
             None if self.async_scheduling is None or isinstance(self.async_scheduling, bool) else
             f"async_scheduling must be True, False or None, got {self.async_scheduling!r}",
             None if not (self.async_scheduling and self.speculative is not None) else

@@ -99,6 +99,9 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self.scheduler = Scheduler(self.block_manager, self.config,
                                    num_lookahead_slots=lookahead, on_release=release)
         self.runner = self.make_runner()
+        if self.config.prefill_cuda_graph is None:  # "where it works": what the runner decided
+            self.config = replace(self.config, prefill_cuda_graph=getattr(
+                self.runner, "prefill_graph", None) is not None)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)

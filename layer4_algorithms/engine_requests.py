@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence as Seq
 
+import numpy as np
 import torch
 
 import layer3_model as l3
@@ -34,15 +35,32 @@ class EngineRequestsMixin:
             raise ValueError(f"priority must be an int, got {priority!r}")
         params = normalize(params if params is not None else l3.SamplingParams())
         check_params(params, self.speculator is not None)
-        ids = self.model.encode(prompt)
+        ids, array = self._encode(prompt)
         rid = str(next(self._request_ids)) if request_id is None else str(request_id)
         if rid in self._requests:
             raise ValueError(f"request id {rid!r} is already in use")
-        seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority)
+        seq = self._sequence(rid, ids, params, 0, time.perf_counter(), priority, array)
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
         self._count_live(params, 1)
         return rid
+
+    def _encode(self, prompt: str | Seq[int]) -> tuple[list[int], np.ndarray | None]:
+        """The prompt's token ids, and for a prompt of token ids the same as an int64 array
+        (the runner's input ids are slices of it: no per-token conversion each step). A list
+        or tuple of ids is converted and checked in numpy (one pass in C; the model's encode
+        calls int() on each and scans twice more: ~0.2 ms for 2k tokens); anything else, or
+        ids out of the vocabulary, goes through the model's encode, whose checks and errors
+        are the engine's."""
+        if isinstance(prompt, list | tuple) and prompt:
+            try:  # (int() of each, as the model's encode: the same ids; a new array)
+                array = np.fromiter(prompt, dtype=np.int64, count=len(prompt))
+            except (TypeError, ValueError, OverflowError):
+                array = None
+            if (array is not None and array.min() >= 0
+                    and array.max() < self.model.config.vocab_size):
+                return array.tolist(), array
+        return self.model.encode(prompt), None
 
     def _count_live(self, params: l3.SamplingParams, sign: int) -> None:
         """A request joins (sign 1) or leaves (-1) the live counts that pick the step's
@@ -52,11 +70,11 @@ class EngineRequestsMixin:
         self._random_live += sign * (not params.greedy)
 
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
-                  arrival: float, priority: int) -> Sequence:
+                  arrival: float, priority: int, array: np.ndarray | None = None) -> Sequence:
         seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
                        generator=self._generator(params, index), decoder=self._decoder(),
                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
-                       priority=priority)
+                       priority=priority, prompt_array=array)
         if params.structured_outputs is not None:  # its grammar compiles from now on
             seq.grammar = self.grammars.state(params.structured_outputs)
         return seq

@@ -40,13 +40,23 @@ from .step_logits import StepLogits
 from .step_sampling import StepSampler
 
 
+def prefill_graphs_wanted(switch: bool | None, net) -> bool:
+    """Whether a runner of `net` captures prefill graphs (EngineConfig.prefill_cuda_graph):
+    True on CUDA (an error there if they cannot work: PrefillGraphRunner says why); None where
+    they work: a plain LlamaModel (not a subclass such as an MoE model, whose routing syncs
+    with the host; not a parallel wrapper) whose attention is the flash path; never off CUDA."""
+    if net.device.type != "cuda" or switch is False:
+        return False
+    return switch or (type(net) is l3.LlamaModel and not l3.pads_prefill_attention(net))
+
+
 class ModelRunner(StepSampler):
     """Runs scheduled steps of `net` (LlamaModel, or anything with its forward signature and
     `.config`, `.device`) over `cache`, with config.attn_bytes_limit per pass. config.cuda_graph:
     replay decode-only passes from captured CUDA graphs (cuda_graph_runner.py; CUDA only) for
-    up to config.max_num_seqs sequences of config.max_model_len tokens; config.prefill_cuda_graph:
-    other passes of a few sequences from graphs per token bucket (prefill_graph_runner.py),
-    eager where none fits. Its logits become
+    up to config.max_num_seqs sequences of config.max_model_len tokens; config.prefill_cuda_graph
+    (prefill_graphs_wanted): other passes of a few sequences from graphs per token bucket
+    (prefill_graph_runner.py), eager where none fits. Its logits become
     tokens through StepSampler's `sample` / `sample_tokens` (step_sampling.py)."""
 
     def __init__(self, net: l3.LlamaModel, cache: PagedKVCache, config: EngineConfig) -> None:
@@ -63,7 +73,7 @@ class ModelRunner(StepSampler):
         if config.cuda_graph and self.device.type == "cuda":  # on a CPU: eager, nothing to capture
             self.graph = CudaGraphRunner(net, cache, config.max_num_seqs, max_blocks)
         self.prefill_graph = None
-        if config.prefill_cuda_graph and self.device.type == "cuda":
+        if prefill_graphs_wanted(config.prefill_cuda_graph, net):
             self.prefill_graph = PrefillGraphRunner(net, cache, config.max_num_batched_tokens,
                                                     max_blocks + 1)
 
@@ -159,6 +169,8 @@ class ModelRunner(StepSampler):
                   prev_tokens: torch.Tensor | None) -> torch.Tensor:
         """The pass's input ids (T,) on the device: host ids in one pinned copy; a sequence's
         token still on the device (`pending`) gathered from prev_tokens there."""
+        if not any([s.pending >= 0 for s in group]):
+            return self.staging.to_device(self.host_ids(group))
         ids, src, dst = [], [], []
         for s in group:
             if s.pending >= 0:  # one input token: the previous step's sample, not on the host
@@ -170,6 +182,22 @@ class ModelRunner(StepSampler):
             else:
                 ids += s.input_ids
         return self.place_ids(ids, src, dst, prev_tokens)
+
+    @staticmethod
+    def host_ids(group: list[ScheduledSeq]) -> np.ndarray:
+        """The pass's input ids (T,) int64 on the host (a new array), none of them `pending`:
+        a prompt's chunk sliced from its sequence's prompt_array (no per-token conversion:
+        2k tokens of a list to numpy cost ~40 us), other tokens from the lists."""
+        parts = []
+        for s in group:
+            arr, c, n = s.seq.prompt_array, s.context_len, s.num_new_tokens
+            if arr is not None and c + n <= arr.shape[0] and not s.spec_token_ids:
+                parts.append(arr[c:c + n])
+            elif n == 1 and not s.spec_token_ids:
+                parts.append(np.array([s.seq.token_ids[c]], dtype=np.int64))
+            else:
+                parts.append(np.array(s.input_ids, dtype=np.int64))
+        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
 
     def place_ids(self, ids: list[int], src: list[int], dst: list[int],
                   prev_tokens: torch.Tensor | None, in_order: bool = False) -> torch.Tensor:
@@ -209,15 +237,18 @@ class ModelRunner(StepSampler):
         """One pass: (B, V) fp32 logits of each sequence's last input token, and for the
         speculating ones (index in group -> (1 + k, V)) the rows of the last real token and
         drafts."""
-        ids = self.input_ids(group, prev_tokens)
+        ids = None
         if self.graph is not None and all(s.query_len == 1 for s in group):
+            ids = self.input_ids(group, prev_tokens)
             logits = self._graph_decode(group, ids)
             if logits is not None:  # (B, V), a view of the graph's output: sampled first
                 return logits, {}
         if self.prefill_graph is not None:
-            logits = self._graph_prefill(group, ids)
+            logits = self._graph_prefill(group, ids, prev_tokens)
             if logits is not None:  # (k, V), a view of the graph's output: sampled first
                 return logits, {}
+        if ids is None:
+            ids = self.input_ids(group, prev_tokens)
         qlens = [s.num_new_tokens + len(s.spec_token_ids) for s in group]
         seqs = [s.seq for s in group]
         ctx = self.cache.context(qlens, [s.context_len for s in group],
@@ -245,16 +276,21 @@ class ModelRunner(StepSampler):
                 spec[b] = logits[start - 1 - len(s.spec_token_ids):start]
         return logits[ends], spec
 
-    def _graph_prefill(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:
+    def _graph_prefill(self, group: list[ScheduledSeq], ids: torch.Tensor | None,
+                       prev_tokens: torch.Tensor | None) -> torch.Tensor | None:
         """A pass replayed from the prefill graphs (prefill_graph_runner.py), or None when
-        none fits it (then it runs eagerly)."""
+        none fits it (then it runs eagerly). ids: the pass's ids on the device if made already,
+        else the host's go with the graph's other inputs (one copy) unless one is `pending`."""
         plan = self.prefill_graph.plan(group)
         if plan is None:
             return None
         got = self.tables.gather([s.seq for s in group])
         if got is None:
             return None
-        return self.prefill_graph.run(plan, group, ids, *got, staging=self.staging)
+        if ids is None:
+            ids = (self.input_ids(group, prev_tokens) if any([s.pending >= 0 for s in group])
+                   else self.host_ids(group))
+        return self.prefill_graph.run(plan, group, ids, *got)
 
     def _graph_decode(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:
         """A decode pass replayed from the CUDA graphs, its inputs without a whole

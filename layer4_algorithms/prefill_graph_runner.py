@@ -28,8 +28,13 @@ query_start_loc, a static buffer: rows 0..k-1 are the step's sequences' (the res
 by nobody). A padded step's GEMMs have another height than the eager step's, so cuBLAS may
 pick another kernel: logits equal up to the last bits, not bit for bit.
 
-Static inputs: one int64 buffer `query_start_loc | seq_lens | positions | slots | tables`
-that a step fills from the host in one copy, and the input ids. Memory: the graphs share one
+Static inputs: one int64 buffer `ids | query_start_loc | seq_lens | positions | slots |
+tables` that a step fills from the host in one copy (a "one" step leaves the tables out): the
+host writes the step's values straight into a pinned array of the same layout and copies it
+without waiting (two such arrays, used in turn: one is rewritten only once its copy of two steps
+ago has run, which an event recorded behind it tells). Input ids on the host (a prefill's) ride
+in that copy; ids on the device (a decoding sequence's token from the last step, async
+scheduling) are copied into place after it. Memory: the graphs share one
 pool, captured largest bucket first, so the pool is about one largest-bucket forward's
 temporaries (the activations of max_num_batched_tokens tokens: what an eager step of that
 size takes too, held for good); plus the (max_seqs + 1, vocab) fp32 logits buffer.
@@ -106,20 +111,31 @@ class PrefillGraphRunner:
         # the padding row's table must span the padding (up to a whole bucket)
         W = self.width = max(max_blocks, -(-max_tokens // bs))
         T, dev = max_tokens, model.device
-        # one buffer the host fills in one copy: query_start_loc | seq_lens | positions |
-        # slots | tables (rows x width)
-        self.io = torch.zeros(2 * R + 1 + 2 * T + R * W, dtype=torch.int64, device=dev)
-        parts = self.io.split([R + 1, R, T, T, R * W])
-        self.query_start_loc, self.seq_lens, self.positions, self.slots = parts[:4]
-        self.block_tables = parts[4].view(R, W)
-        self.ids = torch.zeros(T, dtype=torch.int64, device=dev)
+        # one buffer the host fills in one copy: ids | query_start_loc | seq_lens | positions |
+        # slots | tables (rows x width); a "one" step copies all but the tables
+        sizes = [T, R + 1, R, T, T, R * W]
+        self.io = torch.zeros(sum(sizes), dtype=torch.int64, device=dev)
+        parts = self.io.split(sizes)
+        self.ids, self.query_start_loc, self.seq_lens, self.positions, self.slots = parts[:5]
+        self.block_tables = parts[5].view(R, W)
+        self._one_size = sum(sizes[:5])
         self.logits = torch.zeros((R, model.config.vocab_size), dtype=torch.float32, device=dev)
-        # the host's copy of io; padding rows' values, which no step changes, written once
-        self._host = np.zeros(self.io.numel(), dtype=np.int64)
-        self._host_parts = np.split(self._host, np.cumsum([R + 1, R, T, T])[:4])
-        self._host_parts[4] = self._host_parts[4].reshape(R, W)
-        self._host_parts[4][:] = self.scratch
-        self._arange = np.arange(T, dtype=np.int64)
+        # the host's copies of io (pinned, two used in turn on a GPU), padding rows' values,
+        # which no step changes, written once
+        self._pinned = dev.type == "cuda"
+        self._host_t = [torch.zeros(self.io.numel(), dtype=torch.int64, pin_memory=self._pinned)
+                        for _ in range(2 if self._pinned else 1)]
+        self._host_parts = []
+        for h in self._host_t:
+            hp = np.split(h.numpy(), np.cumsum(sizes[:5]))
+            hp[5] = hp[5].reshape(R, W)
+            hp[5][:] = self.scratch
+            self._host_parts.append(hp)
+        self._events: list[torch.cuda.Event | None] = [None] * len(self._host_t)
+        self._dirty = [0] * len(self._host_t)  # table rows a "many" step wrote, per host copy
+        self._turn = 0
+        self._arange = np.arange(max(T, bs), dtype=np.int64)
+        self._slot_grid = np.zeros((W, bs), dtype=np.int64)  # a lone sequence's slots, by block
         self._pad_slots = self.scratch * bs + self._arange % bs
         self.contexts = {(b, kind): self._context(b, kind) for b in self.buckets
                          for kind in KINDS}
@@ -164,10 +180,10 @@ class PrefillGraphRunner:
     def _capture(self, warmup: int) -> None:
         # warm-up and capture inputs: token 0 a one-token sequence in row 0 (scratch slots,
         # like all the rest: padding), the other rows empty
-        self._fill_padding(self.buckets[-1])
-        qsl, lens = self._host_parts[:2]
-        qsl[1:], lens[0] = 1, 1
-        self.io.copy_(torch.from_numpy(self._host).to(self.io.device))
+        hp = self._host_parts[0]
+        self._fill_padding(hp, self.buckets[-1])
+        hp[1][1:], hp[2][0] = 1, 1
+        self.io.copy_(self._host_t[0].to(self.io.device))
         keys = [(b, kind) for b in reversed(self.buckets) for kind in KINDS]
 
         def every_graph() -> None:  # warmed up (compiles, cuBLAS plans) before any capture
@@ -188,9 +204,9 @@ class PrefillGraphRunner:
         torch.cuda.synchronize(self.io.device)
         self.pool_bytes = torch.cuda.memory_reserved(self.io.device) - before
 
-    def _fill_padding(self, T: int, n: int = 0) -> None:
-        """Tokens [n, T) of the host layout: padding (position 0, a scratch slot)."""
-        _, _, pos, slots, _ = self._host_parts
+    def _fill_padding(self, hp: list, T: int, n: int = 0) -> None:
+        """Tokens [n, T) of host layout hp: padding (position 0, a scratch slot)."""
+        _, _, _, pos, slots, _ = hp
         pos[n:T] = 0
         slots[n:T] = self._pad_slots[:T - n]
 
@@ -214,14 +230,13 @@ class PrefillGraphRunner:
             return bucket, "one"
         return bucket, "many"
 
-    def run(self, plan: tuple[int, str], group: Sequence, ids: torch.Tensor,
-            table: np.ndarray, lens: np.ndarray,
-            staging: l3.HostStaging | None = None) -> torch.Tensor | None:
-        """The step `group` (planned by plan()) from its graph: ids (n,) its input ids on the
-        device, table (k, m) int64 its block tables (zero-padded), lens (k,) their lengths.
+    def run(self, plan: tuple[int, str], group: Sequence, ids: torch.Tensor | np.ndarray,
+            table: np.ndarray, lens: np.ndarray) -> torch.Tensor | None:
+        """The step `group` (planned by plan()) from its graph: ids (n,) its input ids, int64 on
+        the host (numpy: they go with the step's other inputs, one copy) or on the device,
+        table (k, m) int64 its block tables (zero-padded), lens (k,) their lengths.
         Returns the (k, V) logits view, or None when a table is wider than the graphs' (run
-        it eagerly). staging: the pinned buffers the host layout goes to the device through
-        (None: a plain copy)."""
+        it eagerly)."""
         T, kind = plan
         k = len(group)
         if table.ndim != 2 or table.shape[0] != k or np.shape(lens) != (k,):
@@ -229,33 +244,61 @@ class PrefillGraphRunner:
                              f"{table.shape} and {np.shape(lens)}")
         if table.shape[1] > self.width:
             return None
-        q = np.fromiter((s.num_new_tokens for s in group), dtype=np.int64, count=k)
-        c = np.fromiter((s.context_len for s in group), dtype=np.int64, count=k)
-        short = np.flatnonzero(np.asarray(lens) * self.block_size < q + c)
-        if short.size:  # (else its slots would land in block 0, someone else's)
-            b = int(short[0])
-            raise ValueError(f"block table of {lens[b]} blocks cannot hold {q[b] + c[b]} tokens")
-        n = int(q.sum())
-        if ids.shape != (n,):
+        if k == 1:  # (a lone sequence: no arrays of one)
+            s = group[0]
+            q0, c0 = s.num_new_tokens, s.context_len
+            n = q0
+            if lens[0] * self.block_size < q0 + c0:  # (else its slots would land in block 0)
+                raise ValueError(f"block table of {lens[0]} blocks cannot hold {q0 + c0} tokens")
+        else:
+            q = np.fromiter((s.num_new_tokens for s in group), dtype=np.int64, count=k)
+            c = np.fromiter((s.context_len for s in group), dtype=np.int64, count=k)
+            short = np.flatnonzero(np.asarray(lens) * self.block_size < q + c)
+            if short.size:  # (else its slots would land in block 0, someone else's)
+                b = int(short[0])
+                raise ValueError(f"block table of {lens[b]} blocks cannot hold {q[b] + c[b]} "
+                                 "tokens")
+            n = int(q.sum())
+        if tuple(ids.shape) != (n,):
             raise ValueError(f"input ids must be ({n},) for this step's tokens, got "
                              f"{tuple(ids.shape)}")
-        qsl, seq_lens, pos, slots, tables = self._host_parts
+        turn = self._turn
+        self._turn = (turn + 1) % len(self._host_t)
+        if self._events[turn] is not None:  # its copy of two steps ago has run (long since)
+            self._events[turn].synchronize()
+        hp = self._host_parts[turn]
+        host_ids, qsl, seq_lens, pos, slots, tables = hp
+        if self._dirty[turn]:  # the table rows an earlier "many" step wrote: padding again
+            tables[:self._dirty[turn]] = self.scratch
+            self._dirty[turn] = 0
         bs = self.block_size
-        starts = np.cumsum(q) - q
-        if k == 1:  # (a lone sequence: no per-token repeats)
-            p = self._arange[:n] + c[0]
-            blocks = table[0, p // bs]
+        if k == 1:  # slots block by block: (blocks, block_size) ids, the run [c0, c0 + n)
+            p = (self._arange[c0:c0 + n] if c0 + n <= self._arange.shape[0]
+                 else np.arange(c0, c0 + n, dtype=np.int64))
+            nb = -(-(c0 + n) // bs)
+            pos[:n] = p
+            np.add(table[0, :nb, None] * bs, self._arange[:bs], out=self._slot_grid[:nb])
+            slots[:n] = self._slot_grid[:nb].reshape(-1)[c0:c0 + n]
         else:
+            starts = np.cumsum(q) - q
             p = self._arange[:n] - np.repeat(starts, q) + np.repeat(c, q)
             blocks = table[np.repeat(np.arange(k), q), p // bs]
-        pos[:n] = p
-        np.add(blocks * bs, p % bs, out=slots[:n])
-        self._fill_padding(T, n)
+            pos[:n] = p
+            np.add(blocks * bs, p % bs, out=slots[:n])
+        self._fill_padding(hp, T, n)
+        if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
+            host_ids[:n] = ids
         qsl[0] = 0
         if kind == "one":
             qsl[1] = n
+            # the bucket's one sequence (seq_lens_host): not read by the single-sequence
+            # kernel, written so that nothing reads a "many" step's stale length
+            seq_lens[0] = T
+            size = self._one_size
         else:
             R = self.rows
+            if k == 1:
+                q, c, starts = np.array([n]), np.array([c0]), np.zeros(1, dtype=np.int64)
             qsl[1:k + 1] = starts + q
             qsl[k + 1:R] = n  # empty rows: no query, no key
             qsl[R] = T  # the padding's sequence
@@ -263,13 +306,16 @@ class PrefillGraphRunner:
             seq_lens[k:R - 1] = 0
             seq_lens[R - 1] = T - n
             tables[:k, :table.shape[1]] = table
-        if staging is not None:
-            self.io.copy_(staging.to_device(self._host), non_blocking=True)
-        else:
-            self.io.copy_(torch.from_numpy(self._host))
-        if kind == "many":  # this step's tables stay in the host copy: rows reset for the next
-            tables[:k] = self.scratch
-        self.ids[:n].copy_(ids)  # tokens [n, T) keep earlier ids: valid, outputs never read
+            self._dirty[turn] = k
+            size = self.io.numel()
+        src = self._host_t[turn]
+        self.io[:size].copy_(src[:size], non_blocking=self._pinned)
+        if self._pinned:
+            if self._events[turn] is None:
+                self._events[turn] = torch.cuda.Event()
+            self._events[turn].record()
+        if not isinstance(ids, np.ndarray):
+            self.ids[:n].copy_(ids)
         if self.captured:
             self.graphs[plan].replay()
         else:

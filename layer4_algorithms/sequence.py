@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import time
 
+import numpy as np
 import torch
 
 import layer3_model as l3
@@ -44,19 +45,22 @@ class Sequence:
     of it the rule has released (no possible stop-string start, no half character).
     priority: lower runs sooner under the "priority" policy. logprobs: one TokenLogprobs per
     output token when params.logprobs is set (else None). spec_proposed / spec_accepted:
-    this sequence's draft tokens verified and accepted (speculative decoding)."""
+    this sequence's draft tokens verified and accepted (speculative decoding). prompt_array:
+    prompt_ids as an int64 numpy array (read only; the runner slices a prefill's input ids
+    from it), or None."""
 
     def __init__(self, seq_id: int, request_id: str, prompt_ids: list[int],
                  params: l3.SamplingParams, *, index: int = 0,
                  generator: torch.Generator | None = None,
                  decoder: l3.IncrementalDecoder | None = None,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
-                 priority: int = 0) -> None:
+                 priority: int = 0, prompt_array: np.ndarray | None = None) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
         self.index = index
         self.prompt_ids = list(prompt_ids)
         self.token_ids = list(prompt_ids)
+        self.prompt_array = prompt_array
         self.params = params
         self.generator = generator
         self.decoder = decoder
@@ -146,7 +150,8 @@ class Sequence:
             raise RuntimeError("fork happens before the first output token (parallel sampling)")
         child = Sequence(seq_id, self.request_id, self.prompt_ids, self.params, index=index,
                          generator=generator, decoder=decoder, eos_token_ids=self.eos_token_ids,
-                         arrival_time=self.arrival_time, priority=self.priority)
+                         arrival_time=self.arrival_time, priority=self.priority,
+                         prompt_array=self.prompt_array)
         child.status = self.status
         child.num_computed_tokens = self.num_computed_tokens
         child.num_cached_tokens = self.num_cached_tokens

@@ -22,6 +22,8 @@ each replica (None: GPU i for replica i on CUDA, else the CPU).
 distributed_executor_backend (vLLM's name): "mp" (rank 0 starts the other ranks as processes
 on this host) or "external_launcher" (torchrun started every rank, on one host or many, each
 running the same script: tensor_parallel/external_launcher.py).
+prefill_cuda_graph (layer 4's) runs on one rank only: None ("where it works") turns itself off
+with tensor_parallel_size or pipeline_parallel_size above 1, True there is an error.
 """
 from __future__ import annotations
 
@@ -49,6 +51,14 @@ class EngineConfig(engine.EngineConfig):
     distributed_executor_backend: str = "mp"
     data_parallel_size: int = 1
     dp_devices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        # prefill graphs "where they work" (None) are off over several ranks: the workers would
+        # have to replay rank 0's graphs (not built); asked for there (True), an error
+        if self.prefill_cuda_graph is None and (self.tensor_parallel_size != 1
+                                                or self.pipeline_parallel_size != 1):
+            self.prefill_cuda_graph = False
+        super().__post_init__()
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads

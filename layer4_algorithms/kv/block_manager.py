@@ -199,8 +199,9 @@ class BlockManager:
             copies.append((old, new))
             self._unref(old)
             seq.block_table[i] = new
-        while len(seq.block_table) < need:
-            seq.block_table.append(self._take())
+        missing = need - len(seq.block_table)
+        if missing > 0:  # (in place: the list only grows)
+            seq.block_table += self._take_many(missing)
         return copies
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
@@ -212,8 +213,18 @@ class BlockManager:
     def free(self, seq: Sequence) -> None:
         """Drop all of seq's blocks (finish, abort, preemption). Freed in reverse order, so the
         LRU list evicts a sequence's tail before its prefix, the part others may share."""
-        for b in reversed(seq.block_table):
-            self._unref(b)
+        refs, hashed, evictable, free = self.ref_counts, self._hash_of, self._evictable, \
+            self._free
+        for b in reversed(seq.block_table):  # _unref, inlined: a prompt frees ~100 blocks at once
+            count = refs[b]
+            if count < 1:
+                raise RuntimeError(f"block {b} freed more often than it was referenced")
+            refs[b] = count - 1
+            if count == 1:
+                if hashed[b] is not None:
+                    evictable[b] = None
+                else:
+                    free.append(b)
         seq.block_table, seq.block_hashes = [], []
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
@@ -237,6 +248,17 @@ class BlockManager:
             self._uncache(block)
         self.ref_counts[block] = 1
         return block
+
+    def _take_many(self, k: int) -> list[int]:
+        """k blocks, as k _take() calls would give them (a prompt's ~100 in one go)."""
+        free = self._free
+        if len(free) < k:  # evictions among them
+            return [self._take() for _ in range(k)]
+        popleft, refs = free.popleft, self.ref_counts
+        blocks = [popleft() for _ in range(k)]
+        for b in blocks:
+            refs[b] = 1
+        return blocks
 
     def _ref(self, block: int) -> None:
         if self.ref_counts[block] == 0:

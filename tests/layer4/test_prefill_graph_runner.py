@@ -186,11 +186,39 @@ def test_errors():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="CUDA GPU"):
             PrefillGraphRunner(llm.runner.net, llm.cache, 64, 8)
-    with pytest.raises(ValueError, match="prefill_cuda_graph must be True or False"):
+    with pytest.raises(ValueError, match="prefill_cuda_graph must be True, False or None"):
         EngineConfig(prefill_cuda_graph="yes")
-    # on a CPU the switch captures nothing: eager
+    # on a CPU the switch captures nothing: eager; None ("where it works") resolves to off
     cpu = LLM(model(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, prefill_cuda_graph=True)
     assert cpu.runner.prefill_graph is None
+    auto = LLM(model(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, prefill_cuda_graph=None)
+    assert auto.runner.prefill_graph is None and auto.config.prefill_cuda_graph is False
+
+
+def test_host_ids_ride_with_the_inputs_and_a_lone_prompt_sets_its_length():
+    """Input ids given on the host (numpy) land in the graph's ids with the other inputs and
+    give the device ids' logits; a lone prompt's step ("one") writes the bucket as seq_lens[0]
+    even after a "many" step wrote a sequence's length there."""
+    from layer4_algorithms.scheduler_output import ScheduledSeq  # noqa: PLC0415
+    from layer4_algorithms.sequence import Sequence  # noqa: PLC0415
+
+    llm = LLM(model(), num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE, max_num_seqs=8,
+              max_num_batched_tokens=64, async_scheduling=False)
+    runner, _ = with_runner(llm, 64)
+    ids = prompts([37], seed=5)[0]
+    seq = Sequence(0, "0", ids, SamplingParams(max_tokens=1))
+    seq.block_table = list(range(100, 100 + -(-37 // BLOCK_SIZE)))
+    group = [ScheduledSeq(seq, 37, 0)]
+    table, lens = np.array([seq.block_table]), np.array([len(seq.block_table)])
+    runner.seq_lens[0] = 5  # what a "many" step leaves there
+    on_device = runner.run((64, "one"), group, torch.tensor(ids), table, lens).clone()
+    assert int(runner.seq_lens[0]) == 64
+    runner.seq_lens[0] = 5
+    runner.ids.zero_()
+    on_host = runner.run((64, "one"), group, np.array(ids, dtype=np.int64), table, lens)
+    assert int(runner.seq_lens[0]) == 64
+    assert runner.ids[:37].tolist() == ids
+    torch.testing.assert_close(on_host, on_device)
 
 
 @pytest.mark.gpu

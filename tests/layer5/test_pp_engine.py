@@ -11,6 +11,7 @@ the margin); logits of prompt + completion, one prefill through the stages, with
 from __future__ import annotations
 
 import multiprocessing
+from dataclasses import replace
 
 import pytest
 import torch
@@ -216,6 +217,11 @@ def test_bad_pipeline_sizes_are_named():
     for sizes in (dict(pipeline_parallel_size=2), dict(tensor_parallel_size=2)):
         with pytest.raises(ValueError, match="prefill_cuda_graph runs on one rank only"):
             l5.EngineConfig(prefill_cuda_graph=True, **sizes)
+        # "where it works" (None) turns itself off there, also when a size comes in later
+        assert l5.EngineConfig(prefill_cuda_graph=None, **sizes).prefill_cuda_graph is False
+        assert replace(l5.EngineConfig(prefill_cuda_graph=None), **sizes).prefill_cuda_graph \
+            is False
+    assert l5.EngineConfig(prefill_cuda_graph=None).prefill_cuda_graph is None
     assert l5.EngineConfig(prefill_cuda_graph=True).prefill_cuda_graph
     assert pp_stage.valid_pp_sizes(random_config()) == [1, 2, 3, 4, 5]
 

@@ -25,6 +25,13 @@ def cuda_model() -> l3.Model:
                     None)
 
 
+@pytest.fixture(scope="module")
+def cuda_triton_model() -> l3.Model:
+    """The tiny model on the GPU on the triton backend (flash attention: prefill graphs work)."""
+    return l3.Model(l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda",
+                                    backend="triton"), None)
+
+
 @pytest.fixture(scope="session")
 def course_model() -> l3.Model:
     return l3.load(l3.course_model_dir("target"), device="cpu", dtype="float32")

@@ -26,6 +26,31 @@ def test_greedy_outputs_equal_layer3_on_cuda(cuda_model, cuda_graph, block_size,
     assert_no_leak(llm)
 
 
+@pytest.mark.parametrize("block_size,budget,blocks", [(16, 2048, 64), (4, 7, 64), (4, 64, 11)])
+def test_prefill_graphs_where_they_work_keep_the_eager_outputs_on_cuda(
+        cuda_model, cuda_triton_model, block_size, budget, blocks):
+    """prefill_cuda_graph=None ("where it works": on for the triton backend's flash path, off
+    for the torch backend) beside CUDA-graph decodes: the greedy tokens of the same engine
+    without prefill graphs, through chunked prefill, tiny blocks, preemption and prefix hits
+    (the prompts twice), every block returned."""
+    kw = dict(block_size=block_size, num_blocks=blocks, max_num_batched_tokens=budget,
+              cuda_graph=True, max_num_seqs=8)
+    assert LLM(cuda_model, prefill_cuda_graph=None, **kw).runner.prefill_graph is None
+    prompts = random_prompts((5, 17, 3, 30, 9, 1))
+    params = [greedy(m) for m in (8, 3, 12, 5, 10, 6)]
+    eager = LLM(cuda_triton_model, prefill_cuda_graph=False, **kw)
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    auto = LLM(cuda_triton_model, prefill_cuda_graph=None, **kw)
+    assert auto.runner.prefill_graph is not None and auto.config.prefill_cuda_graph is True
+    replays = []
+    inner = auto.runner.prefill_graph.run
+    auto.runner.prefill_graph.run = lambda *a, **k: replays.append(1) or inner(*a, **k)
+    for _ in range(2):
+        assert [o.outputs[0].token_ids for o in auto.generate(prompts, params)] == want
+        assert_no_leak(auto)
+    assert replays
+
+
 def test_prefix_hits_and_parallel_sampling_on_cuda(cuda_model):
     shared = random_prompts([12], seed=5)[0]
     prompts = [shared + t for t in random_prompts([3, 6, 1], seed=6)]

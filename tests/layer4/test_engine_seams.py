@@ -48,17 +48,20 @@ def test_close_and_context_manager(tiny_model):
 
 
 def test_token_id_prompts_give_the_models_ids_and_errors(tiny_model):
-    """add_request checks a list or tuple of ids in numpy: the same ids as the model's encode
-    (int() of each: bools, numpy ints, integral floats), the prompt kept as an int64 array
-    for the runner, and the model's errors for what is not a valid prompt."""
+    """add_request packs a list or tuple of ids itself: the same ids as the model's encode
+    (int() of each: bools, numpy ints; floats and strings through the model's encode), the
+    prompt kept as an int64 array for the runner, and the model's errors for what is not a
+    valid prompt."""
     llm = LLM(tiny_model, num_blocks=64, block_size=4)
     vocab = tiny_model.config.vocab_size
-    for prompt in ([5, 6, 7], (5, 6, 7), [np.int64(5), True, 7.0], [vocab - 1, 0]):
+    for prompt in ([5, 6, 7], (5, 6, 7), [np.int64(5), True, 7], [vocab - 1, 0], [5, 7.0],
+                   ["5", 6]):
         rid = llm.add_request(prompt, greedy(1))
         seq = llm._requests[rid][1][0]
         want = tiny_model.encode(prompt)
         assert seq.prompt_ids == want and all(type(t) is int for t in seq.prompt_ids)
-        assert seq.prompt_array.dtype == np.int64 and seq.prompt_array.tolist() == want
+        if all(not isinstance(t, float | str) for t in prompt):  # (else the model's encode)
+            assert seq.prompt_array.dtype == np.int64 and seq.prompt_array.tolist() == want
         llm.abort(rid)
     rid = llm.add_request(np.array([5, 6]), greedy(1))  # (other kinds: the model's encode)
     assert llm._requests[rid][1][0].prompt_ids == [5, 6]

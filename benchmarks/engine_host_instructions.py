@@ -2,6 +2,7 @@
 
     python benchmarks/engine_host_instructions.py [--seqs 256] [--steps 10] [--fine]
     python benchmarks/engine_host_instructions.py --dry      # the workload once, no valgrind
+    python benchmarks/engine_host_instructions.py --prefill 2048 [--steps 6]
 
 Instructions, unlike a clock, are the same on a busy machine: two trees are compared by
 running this once with each on PYTHONPATH. The engine runs decode steps the way a GPU does
@@ -13,9 +14,12 @@ phase is one run of `--steps` steps after four untimed ones, with only that phas
     execute        ModelRunner.execute            sample_launch  LLM._sample_launch
     complete       LLM._complete (read, append)   end_step       LLM._end_step (outputs)
 --fine: the pieces instead (decode_inputs, sync_rows, run_host, read / read_tokens,
-postprocess, sampling_rows, on_device, sample_tokens). Needs valgrind, its headers
-(valgrind/callgrind.h) and a C compiler: a 5-line helper is compiled into a temporary
-directory to switch the collection on and off from Python (ctypes).
+postprocess, sampling_rows, on_device, sample_tokens). --prefill N: instead, `--steps` calls
+of `LLM.generate([prompt], max_tokens=1)` of a fresh N-token prompt through the prefill-graph
+runner with its replay a stub (engine_host_time.py --prefill), per call: in all, before the
+replay (the GPU idles), after it, and by phase (engine_host_time.PREFILL_PHASES).
+Needs valgrind, its headers (valgrind/callgrind.h) and a C compiler: a 5-line helper is
+compiled into a temporary directory to switch the collection on and off from Python (ctypes).
 """
 from __future__ import annotations
 
@@ -182,6 +186,55 @@ def _runs(model, col: Collector, table: list, seqs: int, steps: int) -> None:
         gc.unfreeze()
 
 
+def measure_prefill(tokens: int, calls: int, cg) -> None:
+    """--prefill: one run of `calls` prefills per figure, each ending in a dump."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from engine_host_time import PREFILL_PHASES, prefill_engine
+    torch.set_num_threads(1)
+    col = Collector(cg)
+    split = {"mode": None}  # "before": collect up to the replay, "after": from it on
+
+    def on_replay() -> None:
+        if split["mode"] is not None:
+            col.armed = split["mode"] == "after"
+            col.sync()
+    llm, vocab = prefill_engine(tokens, on_replay)
+    table = [(name.replace(" ", "_"), cls, attr) for name, cls, attr in PREFILL_PHASES]
+    owners = [(next(c for c in cls.__mro__ if attr in vars(c)), attr) for _, cls, attr in table]
+    originals = [(o, a, vars(o)[a]) for o, a in owners]
+    for (name, _, _), (owner, attr) in zip(table, owners, strict=True):
+        setattr(owner, attr, col.phase(name, vars(owner)[attr]))
+    from layer4_algorithms import SamplingParams
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    figures = ["total", "before_replay", "after_replay"] + [name for name, _, _ in table]
+    prompts = [torch.randint(0, vocab, (tokens,), generator=gen).tolist()
+               for _ in range(3 + calls * len(figures))]
+    gc.disable()  # (no gc.freeze() here: generate() freezes the heap itself when nobody has)
+    try:
+        for p in prompts[:3]:  # warm: every path run once
+            llm.generate([p], params)
+        cg.cg_start()
+        left = iter(prompts[3:])
+        for figure in figures:
+            col.target = figure if figure not in figures[:3] else None
+            split["mode"] = {"before_replay": "before", "after_replay": "after"}.get(figure)
+            cg.cg_zero()
+            for _ in range(calls):
+                col.armed = split["mode"] != "after"
+                col.sync()
+                llm.generate([next(left)], params)
+                col.armed = False
+                col.sync()
+            cg.cg_dump(figure.encode())
+    finally:
+        gc.enable()
+        for owner, attr, f in originals:
+            setattr(owner, attr, f)
+
+
 def _helper(tmp: Path) -> Path:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None or shutil.which("valgrind") is None:
@@ -202,24 +255,33 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--fine", action="store_true", help="the pieces instead of the phases")
     ap.add_argument("--dry", action="store_true", help="run the workload without valgrind")
+    ap.add_argument("--prefill", type=int, default=0, metavar="N",
+                    help="instead: --steps prefills of N tokens through generate, per call")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # the helper's path
     args = ap.parse_args(argv)
     for name in ("seqs", "steps"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.prefill < 0:
+        ap.error(f"--prefill must be >= 0, got {args.prefill}")
     if args.dry or args.child:
         cg = _NoValgrind() if args.dry else ctypes.CDLL(args.child)
-        measure(args.seqs, args.steps, args.fine, cg)
+        if args.prefill:
+            measure_prefill(args.prefill, args.steps, cg)
+        else:
+            measure(args.seqs, args.steps, args.fine, cg)
         return {}
     with tempfile.TemporaryDirectory() as tmp:
         lib = _helper(Path(tmp))
         out = Path(tmp) / "cg.out"
         cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--collect-atstart=no",
                f"--callgrind-out-file={out}", sys.executable, __file__, "--child", str(lib),
-               "--seqs", str(args.seqs), "--steps", str(args.steps)] + (
-                   ["--fine"] if args.fine else [])
-        print(f"callgrind, {args.seqs} sequences, {args.steps} decode steps a phase "
-              "(minutes: everything runs under valgrind)", flush=True)
+               "--seqs", str(args.seqs), "--steps", str(args.steps),
+               "--prefill", str(args.prefill)] + (["--fine"] if args.fine else [])
+        what = (f"{args.steps} prefills of {args.prefill} tokens (generate, max_tokens 1) a "
+                "figure" if args.prefill else
+                f"{args.seqs} sequences, {args.steps} decode steps a phase")
+        print(f"callgrind, {what} (minutes: everything runs under valgrind)", flush=True)
         done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ))
         if done.returncode:
             raise SystemExit(f"valgrind run failed:\n{done.stderr[-3000:]}")
@@ -230,6 +292,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             total = int(next(line.split()[1] for line in text.splitlines()
                              if line.startswith("summary:")))
             result[name] = total / args.steps
+            if args.prefill:
+                print(f"  {name:18s} {total / args.steps:12,.0f} instructions/call", flush=True)
+                continue
             print(f"  {name:14s} {total / args.steps:12,.0f} instructions/step "
                   f"{total / args.steps / args.seqs:8,.0f} per sequence", flush=True)
         return result

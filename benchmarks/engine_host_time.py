@@ -161,11 +161,10 @@ PREFILL_PHASES = [("intake", engine.LLM, "add_request"),
                   ("outputs", engine.LLM, "_outputs")]
 
 
-def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -> dict:
-    """Host microseconds of one `tokens`-token prefill through generate (module docstring):
-    {"total", "before_replay", "after_replay", phase name: ...}, each the median over `repeats`
-    runs of the median of `calls` calls; "step inputs" is execute() less the graph runner's
-    run, "graph inputs" run() less the replay stub."""
+def prefill_engine(tokens: int, on_replay) -> tuple[LLM, int]:
+    """An engine whose `tokens`-token prefills go through layer 4's prefill-graph runner run
+    eagerly, the replay a stub that calls on_replay() (the GPU's work: one graph launch), and
+    the model's vocabulary size."""
     cfg = l3.ModelConfig(model_type="llama", vocab_size=4096, hidden_size=64,
                          intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, head_dim=16, max_position_embeddings=2 * tokens)
@@ -175,12 +174,18 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
               async_scheduling=True)
     graphs = PrefillGraphRunner(net, llm.cache, tokens, llm.runner.tables.table.shape[1],
                                 capture=False)
-    marks: dict[str, float] = collections.defaultdict(float)
-
-    def replay(_bucket: int, _kind: str) -> None:  # the GPU's work: a graph launch
-        marks["replay_at"] = time.thread_time()
-    graphs._step = replay
+    graphs._step = lambda _bucket, _kind: on_replay()
     llm.runner.prefill_graph = graphs
+    return llm, cfg.vocab_size
+
+
+def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -> dict:
+    """Host microseconds of one `tokens`-token prefill through generate (module docstring):
+    {"total", "before_replay", "after_replay", phase name: ...}, each the median over `repeats`
+    runs of the median of `calls` calls; "step inputs" is execute() less the graph runner's
+    run, "graph inputs" run() less the replay stub."""
+    marks: dict[str, float] = collections.defaultdict(float)
+    llm, vocab = prefill_engine(tokens, lambda: marks.__setitem__("replay_at", time.thread_time()))
     wrapped = []
     for name, cls, attr in PREFILL_PHASES:
         def add(seconds: float, name: str = name) -> None:
@@ -193,7 +198,7 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
     gen = torch.Generator().manual_seed(1)
 
     def one() -> dict[str, float]:
-        prompt = torch.randint(0, cfg.vocab_size, (tokens,), generator=gen).tolist()
+        prompt = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
         marks.clear()
         t0 = time.thread_time()
         out = llm.generate([prompt], params)

@@ -45,5 +45,6 @@ def test_dry_run_leaves_the_engine_as_it_was():
     hi = load("engine_host_instructions")
     hi.main(["--dry", "--seqs", "6", "--steps", "2"])
     hi.main(["--dry", "--fine", "--seqs", "4", "--steps", "1"])
+    hi.main(["--dry", "--prefill", "200", "--steps", "1"])  # (the prefill calls' phases)
     assert (scheduler.Scheduler.schedule, engine.LLM._complete,
             vars(launched_step.LaunchedStep)["on_device"], torch.Tensor.argmax) == before

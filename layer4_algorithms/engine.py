@@ -107,6 +107,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)
         self._inflight: LaunchedStep | None = None  # async scheduling: the step on the GPU
         self._retired: list = []  # finished requests, freed behind the next launch
+        self._unnormalized: list[str] = []  # requests whose id lists get ints behind it
         self._host_sampling = 0  # live requests with penalties / logprobs: run sync
         self._grammars_live = 0  # live requests with structured outputs
         self._random_live = 0  # live requests sampling at a temperature > 0 (not greedy)
@@ -205,6 +206,8 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         if out.scheduled:
             launched, prev = self._launch(out, prev, sync, advanced, finished)
             self._retired.clear()  # (while the GPU runs the launch)
+            if self._unnormalized:
+                self._normalize_prompts()
         if launched is None and prev is None and not advanced:
             self._check_progress()
         if prev is not None:  # step N's tokens, read while the GPU runs step N+1

@@ -44,15 +44,19 @@ class EngineRequestsMixin:
         self.scheduler.add(seq)
         self._requests[rid] = (prompt, [seq])
         self._count_live(params, 1)
+        if array is not None:  # its lists still hold the caller's items
+            self._unnormalized.append(rid)
         return rid
 
-    def _encode(self, prompt: str | Seq[int]) -> tuple[list[int], np.ndarray | None]:
+    def _encode(self, prompt: str | Seq[int]) -> tuple[Seq[int], np.ndarray | None]:
         """The prompt's token ids, and for a prompt of token ids the same as an int64 array
         (the runner's input ids are slices of it: no per-token conversion each step). A list
         or tuple of ints (or of what has __index__: bools, numpy ints) is packed and checked
         in C (the model's encode calls int() on each and scans twice more: ~0.2 ms for 2k
-        tokens); anything else (floats, strings, ...), or ids out of the vocabulary, goes
-        through the model's encode, whose ids, checks and errors are the engine's."""
+        tokens) and returned as it is: its items have the ids' values, hash and compare as
+        them, and are replaced by ints behind the next launch (_normalize_prompts); anything
+        else (floats, strings, ...), or ids out of the vocabulary, goes through the model's
+        encode, whose ids, checks and errors are the engine's."""
         if isinstance(prompt, list | tuple) and prompt:
             try:  # int64s packed in C (half np.fromiter's instructions), as a read-only array
                 array = np.frombuffer(struct.pack(f"{len(prompt)}q", *prompt), dtype=np.int64)
@@ -60,8 +64,32 @@ class EngineRequestsMixin:
                 array = None
             if (array is not None and array.min() >= 0
                     and array.max() < self.model.config.vocab_size):
-                return array.tolist(), array
+                return prompt, array
         return self.model.encode(prompt), None
+
+    def _normalize_prompts(self, only: str | None = None) -> None:
+        """The token lists of the prompts added as ids since the last launch (every sequence
+        of the request, forks included) made of ints: the engine runs this behind a launch
+        (2k ids to ints take ~50 us, which the GPU's work then hides) and before it builds an
+        output. only: that request's alone (an abort)."""
+        todo = self._unnormalized
+        if only is not None:
+            if only not in todo:
+                return
+            todo.remove(only)
+            todo = [only]
+        for rid in todo:
+            req = self._requests.get(rid)
+            if req is None:
+                continue
+            seqs = req[1]
+            ids = seqs[0].prompt_array.tolist()
+            n = len(ids)
+            for q in seqs:  # (in place: the lists keep their identity)
+                q.prompt_ids[:] = ids
+                q.token_ids[:n] = ids
+        if only is None:
+            todo.clear()
 
     def _count_live(self, params: l3.SamplingParams, sign: int) -> None:
         """A request joins (sign 1) or leaves (-1) the live counts that pick the step's
@@ -93,6 +121,7 @@ class EngineRequestsMixin:
         """Stop a request now (its blocks are freed); its output so far, finish reason "abort"."""
         if request_id not in self._requests:
             return None
+        self._normalize_prompts(request_id)
         self.scheduler.abort(request_id)
         prompt, seqs = self._requests.pop(request_id)
         self._count_live(seqs[0].params, -1)
@@ -116,6 +145,8 @@ class EngineRequestsMixin:
         reqs = self._requests
         if not request_ids:
             return []
+        if self._unnormalized:  # (no launch since they came: a request's output has ints)
+            self._normalize_prompts()
         # _requests is in arrival order, which is the order of its requests' first sequence
         # ids: when the step advanced most live requests (layer 6 asks for every running
         # request every step), keep that order instead of sorting

@@ -59,10 +59,25 @@ def test_token_id_prompts_give_the_models_ids_and_errors(tiny_model):
         rid = llm.add_request(prompt, greedy(1))
         seq = llm._requests[rid][1][0]
         want = tiny_model.encode(prompt)
-        assert seq.prompt_ids == want and all(type(t) is int for t in seq.prompt_ids)
+        assert seq.prompt_ids == want
         if all(not isinstance(t, float | str) for t in prompt):  # (else the model's encode)
             assert seq.prompt_array.dtype == np.int64 and seq.prompt_array.tolist() == want
-        llm.abort(rid)
+        out = llm.abort(rid)  # (an output's ids are ints, also before any step ran)
+        assert out.prompt_token_ids == want and all(type(t) is int for t in seq.prompt_ids)
+    # ids that are not ints become ints behind the first launch, forks included, and the
+    # outputs equal those of the same prompt as ints
+    odd = [np.int64(5), True, 7, np.int32(9)] * 3
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True, n=2)
+    plain = llm.generate([[int(t) for t in odd]], params)[0]
+    rid = llm.add_request(odd, params)
+    seqs = llm._requests[rid][1]
+    done = llm.step(unfinished=False)
+    assert len(seqs) == 2  # (forked at the first token)
+    assert all(type(t) is int for q in seqs for t in q.token_ids + q.prompt_ids)
+    while llm.has_unfinished():
+        done += llm.step(unfinished=False)
+    assert [c.token_ids for c in done[0].outputs] == [c.token_ids for c in plain.outputs]
+    assert done[0].prompt_token_ids == plain.prompt_token_ids
     rid = llm.add_request(np.array([5, 6]), greedy(1))  # (other kinds: the model's encode)
     assert llm._requests[rid][1][0].prompt_ids == [5, 6]
     llm.abort(rid)

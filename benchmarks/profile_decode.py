@@ -64,9 +64,9 @@ ap.add_argument("--profile-best", action="store_true",
 ap.add_argument("--l2-prefetch-trials", action="store_true",
                 help="end-to-end tok/s with the GEMVs' L2 bulk prefetch before their PDL wait "
                      "off and at each --l2-prefetch-bytes cap; twice each, interleaved")
-ap.add_argument("--l2-prefetch-bytes", default="0,16384,65536,262144,65536+early",
+ap.add_argument("--l2-prefetch-bytes", default="0,16384,65536,262144",
                 help="--l2-prefetch-trials' caps a GEMV program prefetches, comma-separated "
-                     "bytes (0: off, the default path); +early: with PDL's early trigger")
+                     "bytes (0: off, the default path)")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -341,37 +341,33 @@ def l2_prefetch_trials() -> None:
     drift shows in the pairs); then the profile of the fastest with --profile-best. The
     prefetch moves timing only: every trial's greedy tokens must equal the first trial's."""
     moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    caps = args.l2_prefetch_bytes.split(",")
+    caps = [int(c) for c in args.l2_prefetch_bytes.split(",")]
     first, best, rows = None, None, result.setdefault("l2_prefetch", [])
-
-    def setup(spec: str) -> None:  # "BYTES" or "BYTES+early"
-        K1.set_decode_pdl(True, early=spec.endswith("+early"),
-                          l2_prefetch=int(spec.removesuffix("+early")))
     for cap in caps * 2:
-        setup(cap)
+        K1.set_decode_pdl(True, l2_prefetch=cap)
         got = timed_trial(f"l2 prefetch {cap}", first)
         if got is None:
             continue
         spt, toks, same = got
         first = toks if first is None else first
-        rows.append({"trial": cap, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
+        rows.append({"cap_bytes": cap, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
                      "MBU": moved / spt / BW, "same_tokens_first": same})
         if best is None or spt < best[0]:
             best = (spt, cap)
-        print(f"l2 prefetch {cap:>12}: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, "
+        print(f"l2 prefetch {cap // 1024:5d} KB: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, "
               f"MBU {moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = the first "
               "trial's" + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
     for cap in caps:
-        mine = [r for r in rows if r["trial"] == cap]
+        mine = [r for r in rows if r["cap_bytes"] == cap]
         if mine:
             top = max(mine, key=lambda r: r["tokens_per_s"])
-            print(f"l2 prefetch {cap:>12}: best {top['tokens_per_s']:.1f} tok/s, MBU "
+            print(f"l2 prefetch {cap // 1024:5d} KB: best {top['tokens_per_s']:.1f} tok/s, MBU "
                   f"{top['MBU']:.3f}", flush=True)
     if best is not None and args.profile_best:
-        setup(best[1])
-        print(f"profile with l2 prefetch {best[1]}:", flush=True)
+        K1.set_decode_pdl(True, l2_prefetch=best[1])
+        print(f"profile with l2 prefetch {best[1]} bytes:", flush=True)
         profile_step()
-    K1.set_decode_pdl(True, early=args.early, l2_prefetch=0)
+    K1.set_decode_pdl(True, l2_prefetch=0)
 
 
 def tiles() -> None:

@@ -18,8 +18,6 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
   ll          the low-latency one-shot (packets)   ll+pdl        the same, PDL
               (at batch 32 too: 256 KiB, past the class's LL_MAX_BYTES)
   nccl        dist.all_reduce
-  ...+l2pf    (batch 1) layer 1's GEMV programs ask the L2 for 64 KB of their weight rows before
-              their PDL wait (set_decode_pdl's l2_prefetch; off by default)
   fused       (batch 32) all-reduce + residual + RMSNorm in one kernel (one_shot otherwise)
 
 Before timing, each variant's layer output is checked against `one_shot`'s (the same bits for
@@ -42,7 +40,7 @@ import torch  # noqa: E402
 T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
-VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+pdl+l2pf", "nccl"),
+VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "nccl"),
             32: ("none", "one_shot", "ll", "fused", "nccl")}
 
 
@@ -78,8 +76,7 @@ def _setup(ar, variant: str) -> None:
     import layer1_kernels as kernels
 
     ar.pdl = "+pdl" in variant
-    # layer 1's GEMVs: PDL on as the engine runs them
-    kernels.set_decode_pdl(True, early=False, l2_prefetch=64 * 1024 if "+l2pf" in variant else 0)
+    kernels.set_decode_pdl(True, early=False)  # layer 1's GEMVs: PDL on as the engine runs them
     ar.low_latency = variant.startswith("ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES

@@ -82,7 +82,7 @@ def row(name: str, rows: int) -> dict:
     kern = compile_ptx(dict(K=k, PROLOGUE=prologue, HAS_RESIDUAL=prologue == 1, HAS_BIAS=False,
                             BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=k % bk == 0,
                             STATS_K=max(16, min(GEMV.next_pow2(k), 8192 // bm)), STAGES=stages,
-                            PDL=True, PDL_EARLY=False, PREFETCH=0), warps)
+                            PDL=True, PDL_EARLY=False), warps)
     ptx = kern.asm["ptx"]
     regs = registers(ptx)
     resident = min(65536 // (max(regs, 1) * 32 * warps), 64 // warps)

@@ -317,19 +317,19 @@ def sweep_shape(name: str, s: dict, cfgs: list, full: bool, bad: dict) -> dict:
 
 
 def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]],
-          deadline: float = math.inf, opts: list[tuple[str, dict]] | None = None) -> dict:
+          deadline: float = math.inf) -> dict:
     """One decoder layer's projections (and an all-reduce stand-in at TP > 1) over rotated
     layers: us per layer for each set of configs in picks, with PDL's early trigger off and
-    on -- or under each (label, set_pdl keywords) of opts, in order."""
+    on."""
     shapes = {k: v for k, v in rank0_shapes(model, tp).items() if k != "lm_head"}
     layer_bytes = sum(v["N"] * v["K"] * 2 for v in shapes.values())
     layers = max(2, math.ceil(ROTATE_BYTES / layer_bytes))
     cases = {k: Case(v, layers) for k, v in shapes.items()}
     sep = torch.zeros(1, MODELS[model]["H"], device=DEV, dtype=BF16)
     out = dict(model=model, tp=tp, layer_MB=layer_bytes / 1e6, layers=layers, runs=[])
-    opts = opts or [("off", dict(early=False)), ("all", dict(early=True))]
+    early_opts = {"off": dict(early=False), "all": dict(early=True)}
     for label, cfgs in picks.items():
-        for early, pdl in opts:
+        for early, pdl in early_opts.items():
             if time.monotonic() - T0 > deadline:
                 log(f"chain {model} TP={tp} {label} early={early}: skipped (deadline)")
                 continue
@@ -350,22 +350,7 @@ def chain(model: str, tp: int, picks: dict[str, dict[str, tuple]],
                 r = dict(configs=label, early=early, error=repr(e)[:300])
                 log(f"chain {model} TP={tp} {label} early={early}: {r['error']}")
             out["runs"].append(r)
-    G.set_pdl(True, early=False, l2_prefetch=0)
-    return out
-
-
-def l2_prefetch_ab(layouts: list[tuple[str, int]], caps: list[int], rounds: int,
-                   deadline: float) -> list[dict]:
-    """Each layout's layer chain at the current configs with the GEMVs' L2 bulk prefetch
-    before their PDL wait at each cap (bytes a program; 0: off), `rounds` times, interleaved."""
-    out = []
-    for model, tp in layouts:
-        cur = {p: current_config(s) for p, s in rank0_shapes(model, tp).items()
-               if p != "lm_head"}
-        opts = [(f"l2pf {cap // 1024}K", dict(early=False, l2_prefetch=cap))
-                for cap in caps] * rounds
-        out.append(chain(model, tp, {"current": cur}, deadline, opts))
-        torch.cuda.empty_cache()
+    G.set_pdl(True, early=False)
     return out
 
 
@@ -382,11 +367,6 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--quick", action="store_true", help="a few configs per shape")
     ap.add_argument("--no-chain", action="store_true")
-    ap.add_argument("--l2-prefetch-ab", default="",
-                    help="only the layer chains at the current configs with the L2 prefetch "
-                         "at these caps (comma-separated bytes, 0: off), twice, interleaved")
-    ap.add_argument("--layouts", default="8B:4,8B:2",
-                    help="--l2-prefetch-ab's layouts, model:tp comma-separated")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gemv_shapes.json"
@@ -394,14 +374,6 @@ def main(argv=None) -> int:
         print("needs a CUDA GPU", flush=True)
         return 1
     G.set_pdl(True, early=False)
-    if args.l2_prefetch_ab:
-        ab = [(m, int(tp)) for m, tp in (x.split(":") for x in args.layouts.split(","))]
-        caps = [int(c) for c in args.l2_prefetch_ab.split(",")]
-        result = dict(device=torch.cuda.get_device_name(), chains=l2_prefetch_ab(
-            ab, caps, 2, args.deadline_s))
-        path.write_text(json.dumps(result, indent=1))
-        log(f"wrote {path}")
-        return 0
     layouts = [(m, tp) for m in MODELS for tp in MODELS[m]["tps"]]
     shapes = {f"{m} TP={tp} {p}": s for m, tp in layouts for p, s in rank0_shapes(m, tp).items()}
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,

@@ -13,8 +13,7 @@ span minus its kernels' busy time is the idle time the GPU spends between kernel
 RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with decode
 attention's trigger point moved (--attn-early sets it for the profile).
 --sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
-L2). --l2-prefetch-trials times it with the GEMVs' L2 bulk prefetch before their PDL wait off
-and at each of --l2-prefetch-bytes' caps (set_decode_pdl's l2_prefetch)."""
+L2)."""
 from __future__ import annotations
 
 import argparse
@@ -59,14 +58,8 @@ ap.add_argument("--pdl", action="store_true",
 ap.add_argument("--trials", default="all", choices=("all", "final"),
                 help="--pdl's trials: all of them, or the final few (twice each, interleaved)")
 ap.add_argument("--profile-best", action="store_true",
-                help="after --pdl or --l2-prefetch-trials, profile the step again with its "
-                     "fastest trial's settings (also with --no-profile)")
-ap.add_argument("--l2-prefetch-trials", action="store_true",
-                help="end-to-end tok/s with the GEMVs' L2 bulk prefetch before their PDL wait "
-                     "off and at each --l2-prefetch-bytes cap; twice each, interleaved")
-ap.add_argument("--l2-prefetch-bytes", default="0,16384,65536,262144",
-                help="--l2-prefetch-trials' caps a GEMV program prefetches, comma-separated "
-                     "bytes (0: off, the default path)")
+                help="after --pdl, profile the step again with its fastest trial's settings "
+                     "(also with --no-profile)")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -152,8 +145,7 @@ def profile_step() -> None:
         "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
-          f"{PAGED.TRIGGER_EARLY['on']}, L2 prefetch {GEMV._PDL['l2_prefetch']} bytes): {n} "
-          "kernels/copies per step")
+          f"{PAGED.TRIGGER_EARLY['on']}): {n} kernels/copies per step")
     labels = shape_labels()
     groups: dict = defaultdict(lambda: {"us": [], "gap": []})
     spans, busy = [], []
@@ -335,41 +327,6 @@ def pdl_variants() -> None:
     set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 
 
-def l2_prefetch_trials() -> None:
-    """The whole step (step_greedy) with each GEMV program asking the L2 for up to `cap`
-    bytes of its weight rows before its PDL wait (0: off), twice each, interleaved (the run's
-    drift shows in the pairs); then the profile of the fastest with --profile-best. The
-    prefetch moves timing only: every trial's greedy tokens must equal the first trial's."""
-    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    caps = [int(c) for c in args.l2_prefetch_bytes.split(",")]
-    first, best, rows = None, None, result.setdefault("l2_prefetch", [])
-    for cap in caps * 2:
-        K1.set_decode_pdl(True, l2_prefetch=cap)
-        got = timed_trial(f"l2 prefetch {cap}", first)
-        if got is None:
-            continue
-        spt, toks, same = got
-        first = toks if first is None else first
-        rows.append({"cap_bytes": cap, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
-                     "MBU": moved / spt / BW, "same_tokens_first": same})
-        if best is None or spt < best[0]:
-            best = (spt, cap)
-        print(f"l2 prefetch {cap // 1024:5d} KB: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, "
-              f"MBU {moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = the first "
-              "trial's" + ("" if same == len(toks) else "  <-- DIFFER: a race?"), flush=True)
-    for cap in caps:
-        mine = [r for r in rows if r["cap_bytes"] == cap]
-        if mine:
-            top = max(mine, key=lambda r: r["tokens_per_s"])
-            print(f"l2 prefetch {cap // 1024:5d} KB: best {top['tokens_per_s']:.1f} tok/s, MBU "
-                  f"{top['MBU']:.3f}", flush=True)
-    if best is not None and args.profile_best:
-        K1.set_decode_pdl(True, l2_prefetch=best[1])
-        print(f"profile with l2 prefetch {best[1]} bytes:", flush=True)
-        profile_step()
-    K1.set_decode_pdl(True, l2_prefetch=0)
-
-
 def tiles() -> None:
     """The whole step timed (step_greedy) with one projection's tile changed at a time."""
     tuned = sys.modules["layer1_kernels.gemv"].TUNED
@@ -440,7 +397,6 @@ if not args.no_profile:
 for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
-                     (args.l2_prefetch_trials, l2_prefetch_trials),
                      (args.sweep, sweep)):
     if wanted:
         part()

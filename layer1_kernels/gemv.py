@@ -40,7 +40,6 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .env import env_switch
 from .host import cdiv, next_pow2
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -90,19 +89,6 @@ def _w_tile(w_rows, k, n_ok, K: tl.constexpr, EVEN_K: tl.constexpr):
     else:
         w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k[None, :] < K), other=0.0)
     return w
-
-
-@triton.jit
-def _l2_prefetch(ptr, nbytes):
-    """Ask the L2 for nbytes (a multiple of 16) from ptr (16-byte aligned): one bulk prefetch
-    (Hopper's cp.async.bulk.prefetch: the copy engine fetches, no register waits for it, no
-    completion to wait for), issued by the program's thread 0 alone. (Its dummy result goes
-    unused: the op is not pure, so the compiler keeps it.)"""
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [ptr.to(tl.int64, bitcast=True), nbytes.to(tl.int32)], dtype=tl.int32,
-        is_pure=False, pack=1)
 
 
 @triton.jit
@@ -165,8 +151,7 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                  K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                  HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr,
-                 PREFETCH: tl.constexpr):
+                 STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = x_ptr.dtype.element_ty  # activations' rounding (y may be fp32)
     n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -179,12 +164,6 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # The first weight tile does not depend on the kernel before: under programmatic dependent
     # launch (PDL) it is requested before waiting for that kernel's results.
     w0 = _w_tile(w_rows, offs_k, n_ok, K, EVEN_K)
-    if PREFETCH > 0:  # ... and the L2 asked for the program's rows (one contiguous range, w
-        # row-major), up to PREFETCH bytes: the loop then reads them from L2 (see set_pdl)
-        ISZ: tl.constexpr = w_ptr.dtype.element_ty.primitive_bitwidth // 8
-        rows = tl.minimum(N - pid * BLOCK_N, BLOCK_N)
-        _l2_prefetch(w_ptr + pid.to(tl.int64) * BLOCK_N * stride_wn,
-                     tl.minimum(rows * (K * ISZ), PREFETCH))
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, stride_xm, stride_rm, m, m_ok, eps, K,
                      PROLOGUE, HAS_RESIDUAL, BLOCK_M, STATS_K, OUT_TY, PDL, PDL_EARLY)
 
@@ -225,33 +204,13 @@ def _gemv_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
 #: instead of after their K loop, so the next kernel's programs launch (and prefetch their
 #: weights) while this one still streams; safe because no kernel reads anything another
 #: kernel of the step writes before its own griddepcontrol.wait.
-#: l2_prefetch: bytes (0: off) each GEMV program asks the L2 to fetch of its own weight rows
-#: right after its first tile's loads, before its PDL wait: one cp.async.bulk.prefetch from one
-#: thread, no registers held, so the program's whole share can be in flight while the kernel
-#: before drains (the first tile alone is all a register tile can hold). Capped so that a grid
-#: whose programs all start at once does not ask for more than the L2 holds. Hopper on, w
-#: contiguous and 16-byte aligned rows (else off); changes timing only, never a result.
-#: LLM_STACK_L2_PREFETCH=1 starts it at L2_PREFETCH_BYTES.
-L2_PREFETCH_BYTES = 64 * 1024
+_PDL = {"on": True, "early": False}
 
 
-def l2_prefetch_from_env() -> int:
-    """l2_prefetch's starting value: L2_PREFETCH_BYTES with LLM_STACK_L2_PREFETCH=1, else 0."""
-    return L2_PREFETCH_BYTES if env_switch("LLM_STACK_L2_PREFETCH", False) else 0
-
-
-_PDL = {"on": True, "early": False, "l2_prefetch": l2_prefetch_from_env()}
-
-
-def set_pdl(on: bool, *, early: bool | None = None, l2_prefetch: int | None = None) -> None:
+def set_pdl(on: bool, *, early: bool | None = None) -> None:
     _PDL["on"] = bool(on)
     if early is not None:
         _PDL["early"] = bool(early)
-    if l2_prefetch is not None:
-        if l2_prefetch < 0 or l2_prefetch % 16 or l2_prefetch >= 1 << 31:
-            raise ValueError(f"l2_prefetch must be a multiple of 16 bytes in [0, 2**31), got "
-                             f"{l2_prefetch}")
-        _PDL["l2_prefetch"] = int(l2_prefetch)
 
 
 def pdl_early() -> bool:
@@ -262,20 +221,6 @@ def pdl_early() -> bool:
 @functools.cache
 def _has_pdl(device_index: int) -> bool:
     return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
-def l2_prefetch(w: torch.Tensor) -> int:
-    """Bytes a GEMV program over weight w asks the L2 for before its PDL wait (set_pdl's
-    l2_prefetch): 0 where the bulk prefetch cannot run -- Triton's interpreter, a CPU or a GPU
-    before Hopper -- or w's rows are not one 16-byte aligned range each."""
-    cap = _PDL["l2_prefetch"]
-    if (not cap or interpreter.INTERPRETED or w.device.type != "cuda"
-            or not _has_pdl(w.device.index if w.device.index is not None
-                            else torch.cuda.current_device())):
-        return 0
-    if not w.is_contiguous() or w.data_ptr() % 16 or (w.shape[-1] * w.element_size()) % 16:
-        return 0
-    return cap
 
 
 def pdl_launch(device: torch.device) -> dict:
@@ -370,7 +315,7 @@ def _launch(x, w, bias, prologue, *, residual=None, norm_weight=None, eps=0.0, c
         K=K, PROLOGUE=prologue, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(), PREFETCH=l2_prefetch(w),
+        PDL_EARLY=pdl_early(),
         **pdl_launch(x.device),
     )
     return y, h

@@ -35,13 +35,11 @@ from .gemv import (
     _act_tile,
     _check,
     _first_tile,
-    _l2_prefetch,
     _mac,
     _prologue,
     _unpack,
     _w_tile,
     gemv_rms_norm_reference,
-    l2_prefetch,
     pdl_early,
     pdl_launch,
 )
@@ -82,8 +80,7 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
                       PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
                       HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_P: tl.constexpr,
                       BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
-                      STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr,
-                      PREFETCH: tl.constexpr):
+                      STAGES: tl.constexpr, PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = y_ptr.dtype.element_ty
     j = pid * BLOCK_P + tl.arange(0, BLOCK_P)  # pair index over all heads
@@ -101,12 +98,6 @@ def _gemv_rope_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, b_ptr, y_ptr,
     # weights first (they do not depend on the kernel before), as in gemv._gemv_kernel
     w_lo = _w_tile(lo_rows, offs_k, j_ok, K, EVEN_K)
     w_hi = _w_tile(hi_rows, offs_k, j_ok, K, EVEN_K)
-    if PREFETCH > 0:  # the L2 asked for the rest, PREFETCH bytes of each half's rows (one
-        # head a program, HALF % BLOCK_P == 0: each half is BLOCK_P adjacent rows of w)
-        j0 = pid * BLOCK_P
-        lo0 = ((j0 // HALF) * HEAD_D + j0 % HALF).to(tl.int64)
-        _l2_prefetch(w_ptr + lo0 * stride_wn, tl.full([], PREFETCH, tl.int32))
-        _l2_prefetch(w_ptr + (lo0 + HALF) * stride_wn, tl.full([], PREFETCH, tl.int32))
     # ... and the epilogue's positions, slots and cos/sin (no kernel of the step writes them:
     # loaded here, they arrive during the K loop instead of adding two round trips after it)
     mask = m_ok[:, None] & j_ok[None, :]
@@ -236,10 +227,6 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         block_k = min(block_k, max(16, 2048 // (block_m * block_p)))
     r = residual if residual is not None else x
     cos_c, sin_c = cos.contiguous(), sin.contiguous()
-    # bytes of each half's rows a program prefetches into L2 (gemv.set_pdl's l2_prefetch,
-    # split over its two ranges; 0 where a program's pairs straddle heads)
-    share = block_p * K * w.element_size()
-    prefetch = 0 if half % block_p else min(share, l2_prefetch(w) // 32 * 16)
     _gemv_rope_kernel[(cdiv(N // 2, block_p),)](
         x, r, x if h is None else h, norm_weight.contiguous(), w,
         x if bias is None else bias, y, cos_c, sin_c, positions, slots, k_cache, v_cache,
@@ -249,7 +236,6 @@ def gemv_rms_norm_rope(x: torch.Tensor, w: torch.Tensor, norm_weight: torch.Tens
         PROLOGUE=_RMS, HAS_RESIDUAL=residual is not None, HAS_BIAS=bias is not None,
         BLOCK_M=block_m, BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
         STATS_K=max(16, min(next_pow2(K), 8192 // block_m)), STAGES=stages, num_warps=warps,
-        PDL_EARLY=pdl_early(),
-        PREFETCH=prefetch, **pdl_launch(x.device),
+        PDL_EARLY=pdl_early(), **pdl_launch(x.device),
     )
     return y, h

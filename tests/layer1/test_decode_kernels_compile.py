@@ -25,33 +25,17 @@ CASES = [(1, True, 1, 2, 2048, 2048, True, 1), (0, False, 1, 2, 2048, 2048, True
 for pro, res, bm, bn, bk, k, pdl, st in CASES:
     kern = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=res, HAS_BIAS=False,
                     BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=min(k, 8192 // bm),
-                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1, PREFETCH=0), {},
+                    STAGES=st, PDL=pdl, PDL_EARLY=pdl and bm == 1), {},
                     {"num_warps": 4, "launch_pdl": pdl}, aligned=True)
-    # stages > 1: the weight tiles go through shared memory (cp.async), else straight loads;
-    # no L2 prefetch unless asked for
+    # stages > 1: the weight tiles go through shared memory (cp.async), else straight loads
     assert ("cp.async" in kern.asm["ptx"]) == (st > 1), (bn, bk, st)
-    assert "cp.async.bulk.prefetch" not in kern.asm["ptx"]
-# the L2 bulk prefetch (set_pdl's l2_prefetch): one instruction, between the first tile's
-# loads and the PDL wait, at Llama-3.2-1B's gate_up and (pipelined) down tiles
-for pro, bn, bk, k, st in [(1, 8, 1024, 2048, 1), (2, 8, 512, 8192, 3)]:
-    ptx = compile_(G._gemv_kernel, dict(K=k, PROLOGUE=pro, HAS_RESIDUAL=pro == 1, HAS_BIAS=False,
-                   BLOCK_M=1, BLOCK_N=bn, BLOCK_K=bk, EVEN_K=True, STATS_K=k, STAGES=st,
-                   PDL=True, PDL_EARLY=False, PREFETCH=65536), {},
-                   {"num_warps": 4, "launch_pdl": True}, aligned=True).asm["ptx"]
-    at = ptx.find("cp.async.bulk.prefetch.L2.global")
-    assert ptx.count("cp.async.bulk.prefetch") == 1 and 0 < at < ptx.find("griddepcontrol.wait")
 rope_ptrs = {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"}
-for res, bm, bp, bk, early, st, pre in [(True, 1, 1, 2048, False, 1, 0),
-                                        (False, 1, 1, 2048, True, 1, 0),
-                                        (True, 4, 2, 256, False, 1, 0),
-                                        (True, 1, 2, 512, False, 3, 0),
-                                        (True, 1, 2, 1024, False, 1, 8192)]:
-    ptx = compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32,
-                   NKV=8, PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp,
-                   BLOCK_K=bk, EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True,
-                   PDL_EARLY=early, PREFETCH=pre), rope_ptrs,
-                   {"num_warps": 8, "launch_pdl": True}).asm["ptx"]
-    assert ptx.count("cp.async.bulk.prefetch") == (2 if pre else 0)  # (a range per half)
+for res, bm, bp, bk, early, st in [(True, 1, 1, 2048, False, 1), (False, 1, 1, 2048, True, 1),
+                                   (True, 4, 2, 256, False, 1), (True, 1, 2, 512, False, 3)]:
+    compile_(GR._gemv_rope_kernel, dict(K=2048, N_PAIRS=1536, HALF=32, HEAD_D=64, NQ=32, NKV=8,
+             PROLOGUE=1, HAS_RESIDUAL=res, HAS_BIAS=False, BLOCK_M=bm, BLOCK_P=bp, BLOCK_K=bk,
+             EVEN_K=True, STATS_K=8192 // bm, STAGES=st, PDL=True, PDL_EARLY=early), rope_ptrs,
+             {"num_warps": 8, "launch_pdl": True})
 ptrs = {"tables_ptr": "*i64", "seq_lens_ptr": "*i64", "part_o_ptr": "*fp32",
         "part_lse_ptr": "*fp32", "count_ptr": "*i32"}
 for ident, fused, heads_first in [(True, True, False), (False, True, True), (False, False, False)]:

@@ -168,8 +168,7 @@ def test_fused_decode_1b_shape_gpu():
 @pytest.mark.gpu
 def test_fused_decode_under_cuda_graph_gpu():
     """The fused step replayed from a CUDA graph (as the decode benchmark runs it, PDL edges
-    included) gives the eager fused step's logits; the PDL options that move only timing
-    (early triggers, the L2 prefetch) give the same bits."""
+    included) gives the eager fused step's logits."""
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU")
     cfg, fused, _ = _pair(dict(TINY, vocab_size=512), torch.bfloat16, "cuda", "auto")
@@ -198,17 +197,6 @@ def test_fused_decode_under_cuda_graph_gpu():
             moved = l3.CudaGraphDecoder(fused, cache, 2).step(tok, pos)
         finally:
             paged.TRIGGER_EARLY["on"] = False
-        # ... nor the GEMVs' L2 prefetch before their PDL wait (Hopper on: a no-op before)
-        prefetched = []
-        for cap in (16, GEMV.L2_PREFETCH_BYTES):
-            l3.comm.kernels.set_decode_pdl(True, l2_prefetch=cap)
-            try:
-                graph = l3.CudaGraphDecoder(fused, cache, 2)
-                prefetched += [graph.step(tok, pos) for _ in range(2)]
-            finally:
-                l3.comm.kernels.set_decode_pdl(True, l2_prefetch=0)
     assert ((got - want).norm() / want.norm()).item() < 1e-2
     assert torch.equal(early, got)
     assert torch.equal(moved, got)
-    for logits in prefetched:
-        assert torch.equal(logits, got)

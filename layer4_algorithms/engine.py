@@ -46,7 +46,7 @@ from .engine_requests import EngineRequestsMixin
 from .engine_stats import EngineStatsMixin
 from .kv import BlockManager, PagedKVCache, blocks_for_budget
 from .launched_step import LaunchedStep
-from .model_runner import ModelRunner
+from .model_runner import ModelRunner, prefill_graphs_wanted
 from .outputs import ProgressBar, RequestOutput
 from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
@@ -93,15 +93,16 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self.speculator = speculator
         overlap = self.config.async_for(self.model.net.device.type, speculator is not None)
         lanes = self.config.grammar_fill_threads or default_lanes(self.model.net.device.type)
-        self.config = replace(self.config, async_scheduling=overlap, grammar_fill_threads=lanes)
+        prefill = self.config.prefill_cuda_graph  # None, "where it works": decided here, once
+        if prefill is None:
+            prefill = prefill_graphs_wanted(None, self.model.net)
+        self.config = replace(self.config, async_scheduling=overlap, grammar_fill_threads=lanes,
+                              prefill_cuda_graph=prefill)
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0
         release = (speculator.release,) if speculator is not None else ()
         self.scheduler = Scheduler(self.block_manager, self.config,
                                    num_lookahead_slots=lookahead, on_release=release)
         self.runner = self.make_runner()
-        if self.config.prefill_cuda_graph is None:  # "where it works": what the runner decided
-            self.config = replace(self.config, prefill_cuda_graph=getattr(
-                self.runner, "prefill_graph", None) is not None)
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[str, tuple[object, list[Sequence]]] = {}  # id -> (prompt, seqs)

@@ -48,6 +48,10 @@ def test_prefill_graphs_where_they_work_keep_the_eager_outputs_on_cuda(
     for _ in range(2):
         assert [o.outputs[0].token_ids for o in auto.generate(prompts, params)] == want
         assert_no_leak(auto)
+    # a lone prompt is a step the graphs take whatever the budget (six prompts in one step are
+    # more sequences than a prefill graph holds: those steps ran eagerly above)
+    assert [o.outputs[0].token_ids for o in auto.generate(prompts[3:4], params[3:4])] == want[3:4]
+    assert_no_leak(auto)
     assert replays
 
 

@@ -77,8 +77,8 @@ class EngineConfig:
     chunks among them, replayed from CUDA graphs per token-count bucket up to
     max_num_batched_tokens: one launch where an eager prefill's host time rivals its GPU time;
     CUDA and the triton backend only; its graphs' pool holds about one forward of
-    max_num_batched_tokens tokens; None: on where it works, a plain LlamaModel on CUDA whose
-    attention is the triton backend's flash path, else off), attn_bytes_limit (padded attention
+    max_num_batched_tokens tokens; None, the default: on with cuda_graph where it works, a plain
+    LlamaModel on CUDA whose attention is the triton backend's flash path, else off), attn_bytes_limit (padded attention
     scores per forward pass before a step is split). speculative: a SpecConfig or its dict, or
     None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its decode
     inputs taken from step N's tokens on the device; step N's tokens read one step later; see
@@ -103,7 +103,7 @@ class EngineConfig:
     enable_chunked_prefill: bool = True
     scheduling: str = "continuous"
     cuda_graph: bool = False
-    prefill_cuda_graph: bool | None = False
+    prefill_cuda_graph: bool | None = None
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None

@@ -93,9 +93,9 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self.speculator = speculator
         overlap = self.config.async_for(self.model.net.device.type, speculator is not None)
         lanes = self.config.grammar_fill_threads or default_lanes(self.model.net.device.type)
-        prefill = self.config.prefill_cuda_graph  # None, "where it works": decided here, once
-        if prefill is None:
-            prefill = prefill_graphs_wanted(None, self.model.net)
+        prefill = self.config.prefill_cuda_graph  # None: with cuda_graph, where it works
+        if prefill is None:  # (decided here, once)
+            prefill = self.config.cuda_graph and prefill_graphs_wanted(None, self.model.net)
         self.config = replace(self.config, async_scheduling=overlap, grammar_fill_threads=lanes,
                               prefill_cuda_graph=prefill)
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0

@@ -51,7 +51,9 @@ def _silu_mul(g, u):
     return g / (1.0 + tl.exp(-g)) * u
 
 
-@triton.jit
+# do_not_specialize M: one compiled kernel serves every token count (Triton would otherwise
+# compile again for a count that is not a multiple of 16, possibly first met under capture).
+@triton.jit(do_not_specialize=["M"])
 def _gemm_swiglu_tma_kernel(x_desc, w_desc, y_desc, M, F, K,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                             GROUP_M: tl.constexpr):
@@ -72,7 +74,7 @@ def _gemm_swiglu_tma_kernel(x_desc, w_desc, y_desc, M, F, K,
         y_desc.store([off_m, off_n], _silu_mul(gate, up).to(y_desc.dtype))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemm_swiglu_kernel(x_ptr, w_ptr, y_ptr, M, F, K,
                         stride_xm, stride_xk, stride_wn, stride_wk, stride_ym, stride_yn,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -7,8 +7,7 @@ the tests check it without a GPU); `impl="torch"` forces the reference.
 
 Triton kernels: vector add, fused row softmax (online max/sum), RMSNorm/LayerNorm with a
 fused residual add, RoPE on q and k in one pass, SiLU-and-multiply, a grouped, autotuned
-matmul (bf16/fp16/fp32, fp8 on Hopper), the MLP's gate_up matmul with SiLU-and-multiply in its
-epilogue, FlashAttention-2 forward (causal, GQA; one sequence,
+matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA; one sequence,
 or many of different lengths in one launch, over packed rows or a paged cache) and a
 weight-only int8 matmul (W8A16); for decode, skinny GEMVs with RMSNorm or SiLU-and-multiply
 fused into their prologue, RoPE fused with the KV-cache write, and split-context (flash-
@@ -30,8 +29,6 @@ from .cupy_support import cupy_available
 from .env import env_switch
 from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
 from .flash_attention_varlen import flash_attention_varlen, flash_attention_varlen_reference
-from .gemm_swiglu import gemm_swiglu, gemm_swiglu_reference
-from .gemm_swiglu import uses_tma as gemm_swiglu_uses_tma
 from .gemv import TUNED as GEMV_TUNED
 from .gemv import (
     gemv,
@@ -93,7 +90,6 @@ __all__ = [
     "rope_cache", "apply_rope", "rope_reference",
     "silu_and_mul", "silu_and_mul_reference",
     "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
-    "gemm_swiglu", "gemm_swiglu_reference", "gemm_swiglu_uses_tma",
     "flash_attention", "flash_attention_reference", "flash_attention_tokens",
     "flash_attention_varlen", "flash_attention_varlen_reference",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",

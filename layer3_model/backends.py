@@ -18,8 +18,6 @@ An op set is a small record of functions:
     rms_norm(x (T, H), w (H,), eps, residual=None) -> y, or (y, x + residual)
     rope(q (T, Hq, D), k (T, Hkv, D), cos, sin (P, D/2), positions (T,)) -> (q, k) rotated
     silu_and_mul(x (T, 2F)) -> (T, F)
-    mlp_up(x (T, H), gate_up) -> (T, F): silu_and_mul(gate_up(x)); the triton op set can take
-        it as one GEMM with the SiLU in its epilogue (layer 1's gemm_swiglu; see GEMM_SWIGLU_ENV)
     attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
 
 Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
@@ -63,8 +61,6 @@ class Ops:
     # rope_write(q, k, v, cos, sin, ctx, cache, layer) -> bool: RoPE and the cache write in
     # one launch (prefill / general path); False when it did nothing (rope + write instead)
     rope_write: Callable | None = None
-    # mlp_up(x, gate_up) -> silu_and_mul(gate_up(x)), or the fused equal (None: that)
-    mlp_up: Callable | None = None
 
 
 # ---- the torch reference ops -----------------------------------------------------------
@@ -300,46 +296,6 @@ class DecodeKernels:
                                     splits, config=ATTENTION_CONFIG)
 
 
-# ---- prefill's gate_up GEMM with SiLU-and-multiply in its epilogue -------------------------
-#: "1": the triton op set's mlp_up runs the MLP's gate_up projection and SiLU-and-multiply as
-#: one kernel (layer 1's gemm_swiglu: the (T, 2F) product never goes to memory) where
-#: `gemm_swiglu_applies`; "0" / unset: cuBLAS's gate_up GEMM, then layer 1's silu_and_mul.
-#: Read when an op set is made. Off until measured on a GPU.
-GEMM_SWIGLU_ENV = "LLM_STACK_GEMM_SWIGLU"
-#: Fewest rows (tokens) that take the fused kernel: prefill-sized steps. Decode steps keep the
-#: fused GEMV path (one row) or cuBLAS (a few rows), where a 128-row tile would be mostly empty.
-GEMM_SWIGLU_MIN_ROWS = 128
-
-
-def gemm_swiglu_applies(x: torch.Tensor, gate_up, impl: str) -> bool:
-    """Whether mlp_up may take layer 1's gemm_swiglu for x and this gate_up projection: a
-    plain bias-free nn.Linear ([gate; up] rows, as the model and layer 5's column-parallel
-    shard both hold it), x (T, H) of its dtype, fp16/bf16, at least GEMM_SWIGLU_MIN_ROWS rows,
-    where the kernel runs (impl) and, on a GPU, where it takes its Hopper TMA kernel (elsewhere
-    cuBLAS is faster than its pointer kernel); not where autograd needs a backward (it has
-    none)."""
-    w = getattr(gate_up, "weight", None)
-    if type(gate_up) is not torch.nn.Linear or gate_up.bias is not None or w is None:
-        return False
-    if x.dim() != 2 or x.shape[0] < GEMM_SWIGLU_MIN_ROWS or x.dtype != w.dtype:
-        return False
-    if x.dtype not in (torch.float16, torch.bfloat16) or impl == "torch":
-        return False
-    if torch.is_grad_enabled() and (x.requires_grad or w.requires_grad):
-        return False
-    if not kernels.use_triton(impl, x, "gemm_swiglu"):
-        return False
-    if kernels.INTERPRETED:
-        return x.dtype != torch.bfloat16  # the interpreter's bf16 dot is wrong
-    return kernels.gemm_swiglu_uses_tma(x, w)
-
-
-def _mlp_up(silu_and_mul: Callable) -> Callable:
-    def mlp_up(x, gate_up):
-        return silu_and_mul(gate_up(x))
-    return mlp_up
-
-
 # ---- layer 1's kernels -------------------------------------------------------------------
 def _triton_ops(impl: str) -> Ops:
     def rms_norm(x, weight, eps, residual=None):
@@ -395,17 +351,9 @@ def _triton_ops(impl: str) -> Ops:
                                  impl=impl)
         return True
 
-    unfused_mlp_up = _mlp_up(silu_and_mul)
-    fuse_mlp_up = kernels.env_switch(GEMM_SWIGLU_ENV, False)
-
-    def mlp_up(x, gate_up):
-        if fuse_mlp_up and gemm_swiglu_applies(x, gate_up, impl):
-            return kernels.gemm_swiglu(x, gate_up.weight, impl=impl)
-        return unfused_mlp_up(x, gate_up)
-
     return Ops("triton", rms_norm, rope, silu_and_mul, attention,
                None if impl == "torch" else DecodeKernels(impl),
-               None if impl == "torch" else rope_write, mlp_up)
+               None if impl == "torch" else rope_write)
 
 
 def pads_prefill_attention(net) -> bool:
@@ -426,15 +374,13 @@ def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:
     """The op set for a backend ("torch", "triton", "compile"). impl ("auto", "triton",
     "torch") is passed to layer 1's kernels by the "triton" backend."""
     if backend == "torch":
-        return Ops("torch", torch_rms_norm, torch_rope, torch_silu_and_mul, torch_attention,
-                   mlp_up=_mlp_up(torch_silu_and_mul))
+        return Ops("torch", torch_rms_norm, torch_rope, torch_silu_and_mul, torch_attention)
     if backend == "triton":
         return _triton_ops(impl)
     if backend == "compile":
         # dynamic=True: the token count changes every step; one graph serves them all.
         def compiled(fn: Callable) -> Callable:
             return torch.compile(fn, dynamic=True)
-        silu_and_mul = compiled(torch_silu_and_mul)
-        return Ops("compile", compiled(torch_rms_norm), compiled(torch_rope), silu_and_mul,
-                   torch_attention, mlp_up=_mlp_up(silu_and_mul))
+        return Ops("compile", compiled(torch_rms_norm), compiled(torch_rope),
+                   compiled(torch_silu_and_mul), torch_attention)
     raise ValueError(f"unknown backend {backend!r}: expected one of {', '.join(BACKENDS)}")

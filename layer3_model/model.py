@@ -139,9 +139,7 @@ class MLP(nn.Module):
         self.down = nn.Linear(ffn, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor, ops: Ops) -> torch.Tensor:
-        if ops.mlp_up is None:
-            return self.down(ops.silu_and_mul(self.gate_up(x)))
-        return self.down(ops.mlp_up(x, self.gate_up))  # may be one fused kernel (backends)
+        return self.down(ops.silu_and_mul(self.gate_up(x)))
 
 
 class DecoderLayer(nn.Module):

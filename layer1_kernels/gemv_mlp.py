@@ -55,6 +55,15 @@ from .host import cdiv, next_pow2
 
 
 @triton.jit
+def _down_tile(wd_ptr, stride_d, t, offs_h, f, f_ok, K: tl.constexpr, BLOCK_H: tl.constexpr):
+    """W_down's (BLOCK_H, BLOCK_F) tile of output tile t: rows t * BLOCK_H.., this program's
+    feature columns (BLOCK_F contiguous values a row)."""
+    hh = t * BLOCK_H + offs_h
+    return tl.load(wd_ptr + hh.to(tl.int64)[:, None] * stride_d + f[None, :],
+                   mask=(hh < K)[:, None] & f_ok[None, :], other=0.0)
+
+
+@triton.jit
 def _gemv_mlp_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, wgu_ptr, wd_ptr, y_ptr, part_ptr, count_ptr,
                      M, stride_xm, stride_rm, stride_gu, stride_d, stride_ym, eps,
                      K: tl.constexpr, F: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
@@ -97,6 +106,10 @@ def _gemv_mlp_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, wgu_ptr, wd_ptr, y_ptr, part_p
         acc_u = _mac(acc_u, wu, a, BLOCK_M)
     if PDL and not PDL_EARLY:  # the next kernel may launch (it waits for us before its reads)
         gdc_launch_dependents()
+    # down's first weight tile, requested before gate_up's epilogue; each loop step below
+    # requests the next tile's before it multiplies, stores and syncs the current one
+    offs_h = tl.arange(0, BLOCK_H)
+    wd = _down_tile(wd_ptr, stride_d, pid % TILES_H, offs_h, f, f_ok, K, BLOCK_H)
     if BLOCK_M == 1:
         g = tl.sum(acc_g, 1)[None, :]
         u = tl.sum(acc_u, 1)[None, :]
@@ -110,17 +123,17 @@ def _gemv_mlp_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, wgu_ptr, wd_ptr, y_ptr, part_p
     act = (g / (1.0 + tl.exp(-g)) * u).to(OUT_TY).to(tl.float32)  # (BLOCK_M, BLOCK_F)
 
     # down: this program's partial product for every output tile, the last to arrive sums
-    offs_h = tl.arange(0, BLOCK_H)
     for i in range(TILES_H):
         t = (pid + i) % TILES_H
         hh = t * BLOCK_H + offs_h
         h_ok = hh < K
-        wd = tl.load(wd_ptr + hh.to(tl.int64)[:, None] * stride_d + f[None, :],
-                     mask=h_ok[:, None] & f_ok[None, :], other=0.0).to(tl.float32)
+        w = wd.to(tl.float32)
+        # (the last step's "next" is the first tile again: a re-read from L2, never used)
+        wd = _down_tile(wd_ptr, stride_d, (pid + i + 1) % TILES_H, offs_h, f, f_ok, K, BLOCK_H)
         if BLOCK_M == 1:
-            yp = tl.sum(wd * act, 1)[None, :]
+            yp = tl.sum(w * act, 1)[None, :]
         else:
-            yp = tl.sum(wd[None, :, :] * act[:, None, :], 2)  # (BLOCK_M, BLOCK_H)
+            yp = tl.sum(w[None, :, :] * act[:, None, :], 2)  # (BLOCK_M, BLOCK_H)
         tl.store(part_ptr + (pid * M + m[:, None]) * K + hh[None, :], yp,
                  mask=m_ok[:, None] & h_ok[None, :])
         tl.debug_barrier()  # every thread's partials stored before the release
@@ -158,7 +171,7 @@ def _workspace(device: torch.device, partials: int, tiles: int):
 
 # ---- configs ------------------------------------------------------------------------------------
 #: (BLOCK_F, BLOCK_K, BLOCK_H, warps[, stages]) per (F, H) once measured (benchmarks/
-#: gemv_shapes_sweep.py --mlp); untuned shapes take _default_config.
+#: gemv_mlp_ab.py); untuned shapes take _default_config.
 TUNED: dict[tuple[int, int], tuple[int, ...]] = {}
 
 
@@ -174,7 +187,9 @@ def _default_config(f: int, h: int, device: torch.device) -> tuple[int, ...]:
     # fit on the SMs
     sms = _sms(device.index if device.index is not None else torch.cuda.current_device())
     block_f = next((b for b in (32, 64, 128) if cdiv(f, b) <= sms), 128)
-    return block_f, min(128, next_pow2(h)), min(256, next_pow2(h)), 8, 3
+    # (eight warps with a pipelined K loop (stages > 1) spill kilobytes a thread for sm_90:
+    # tests/layer1/test_gemv_mlp.py compiles the 1B pick and checks ptxas's spill count)
+    return block_f, min(128 if block_f <= 64 else 64, next_pow2(h)), min(256, next_pow2(h)), 8, 1
 
 
 def config_for(f: int, h: int, device: torch.device) -> tuple[int, ...]:

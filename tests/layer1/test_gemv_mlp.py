@@ -128,6 +128,19 @@ for bm, bf, bk, bh, k, f, st in [(1, 64, 128, 256, 2048, 8192, 3), (1, 32, 128, 
     ptx = kern.asm["ptx"]
     assert "atom" in ptx and "griddepcontrol.wait" in ptx, (bm, bf)
     assert bm > 1 or "ld.global.v4" in ptx or "cp.async" in ptx, (bm, bf)  # 16-byte weight loads
+# the 1B's default config (one wave on 132 SMs) spills no registers (ptxas -v)
+import pathlib, subprocess, tempfile, triton
+kern = compile_(GM._gemv_mlp_kernel, dict(K=2048, F=8192, HAS_RESIDUAL=True, BLOCK_M=1,
+                BLOCK_F=64, BLOCK_K=128, BLOCK_H=256, TILES_H=8, RED_P=32, EVEN_K=True,
+                STATS_K=2048, STAGES=1, PDL=True, PDL_EARLY=False),
+                {"part_ptr": "*fp32", "count_ptr": "*i32", "nw_ptr": "*bf16"},
+                {"num_warps": 8, "launch_pdl": True}, aligned=True)
+with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as fh:
+    fh.write(kern.asm["ptx"])
+ptxas = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/ptxas"
+info = subprocess.run([str(ptxas), "-v", "--gpu-name", "sm_90a", fh.name, "-o", "/dev/null"],
+                      capture_output=True, text=True).stderr
+assert "0 bytes spill stores" in info, info
 print("compiled")
 '''
 

@@ -13,9 +13,7 @@ span minus its kernels' busy time is the idle time the GPU spends between kernel
 RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with decode
 attention's trigger point moved (--attn-early sets it for the profile).
 --sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
-L2). --fused-mlp profiles with the MLP in one kernel (layer 1's gemv_mlp); --fused-mlp-trials
-times the step with it off / on, twice each, interleaved (each trial's greedy tokens against
-the first trial's of the same setting: a race would show there)."""
+L2)."""
 from __future__ import annotations
 
 import argparse
@@ -62,10 +60,6 @@ ap.add_argument("--trials", default="all", choices=("all", "final"),
 ap.add_argument("--profile-best", action="store_true",
                 help="after --pdl, profile the step again with its fastest trial's settings "
                      "(also with --no-profile)")
-ap.add_argument("--fused-mlp", action="store_true",
-                help="the MLP in one kernel (gemv_mlp) for the profile")
-ap.add_argument("--fused-mlp-trials", action="store_true",
-                help="end-to-end tok/s with the MLP in one kernel off / on, twice each")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -78,11 +72,10 @@ ATTN_DEFAULT = l3.backends.ATTENTION_CONFIG  # layer 3's own (the trials set the
 result: dict = {"device": torch.cuda.get_device_name(), "copy_bandwidth": BW}
 
 
-def set_variant(fuse_rope: bool, early: bool, fuse_mlp: bool | None = None) -> None:
+def set_variant(fuse_rope: bool, early: bool) -> None:
     dk = fused_ops.decode
-    fuse_mlp = args.fused_mlp if fuse_mlp is None else fuse_mlp
-    net.ops = (fused_ops if dk is None else dataclasses.replace(
-        fused_ops, decode=dataclasses.replace(dk, fuse_rope=fuse_rope, fuse_mlp=fuse_mlp)))
+    net.ops = (fused_ops if dk is None else
+               dataclasses.replace(fused_ops, decode=dataclasses.replace(dk, fuse_rope=fuse_rope)))
     K1.set_decode_pdl(True, early=early)
 
 
@@ -105,10 +98,6 @@ def shape_labels() -> dict:
     gemv_mod = sys.modules["layer1_kernels.gemv"]
     rope_mod = sys.modules["layer1_kernels.gemv_rope"]
     labels = {}
-    mlp_mod = sys.modules["layer1_kernels.gemv_mlp"]
-    f, h = c.intermediate_size, c.hidden_size
-    bf = mlp_mod.config_for(f, h, torch.device("cuda"))[0]
-    labels[("_gemv_mlp_kernel", math.ceil(f / bf))] = ("mlp (gemv_mlp)", 3 * f * h * 2)
     for name, (n, k) in shapes.items():
         bn = (gemv_mod.TUNED.get((n, k)) or gemv_mod._default_config(n, k, 1))[0]
         labels[("_gemv_kernel", math.ceil(n / bn))] = (name, n * k * 2)
@@ -153,8 +142,7 @@ def profile_step() -> None:
         ev = trace_kernels(step, args.steps)
     n = len(ev) // args.steps
     path = "unfused" if net.ops.decode is None else (
-        ("fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
-        + (", mlp in one kernel" if net.ops.decode.fuse_mlp else ""))
+        "fused, rope in qkv" if net.ops.decode.fuse_rope else "fused, rope kernel")
     print(f"profile ({'eager' if args.eager else 'graph replay'}, {path}, PDL early "
           f"{sys.modules['layer1_kernels.gemv'].pdl_early()}, attention triggers early "
           f"{PAGED.TRIGGER_EARLY['on']}): {n} kernels/copies per step")
@@ -339,32 +327,6 @@ def pdl_variants() -> None:
     set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 
 
-def fused_mlp_trials() -> None:
-    """The whole step (step_greedy) with the MLP as two GEMVs / one gemv_mlp kernel, twice
-    each, interleaved. Each trial's greedy tokens are checked against the first trial's of the
-    same setting (equal: no race); the two settings round the down product's sum differently,
-    so their tokens may part at a near-tie of the random weights (reported, not a failure)."""
-    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    first: dict = {}
-    for on in (False, True, False, True):
-        set_variant(not args.no_fuse_rope, args.early, fuse_mlp=on)
-        got = timed_trial(f"fused-mlp={on}", first.get(on))
-        if got is None:
-            continue
-        spt, toks, same = got
-        first.setdefault(on, toks)
-        vs_off = (next((i for i, (a, b) in enumerate(zip(toks, first[False], strict=True))
-                        if a != b), len(toks)) if False in first else None)
-        result.setdefault("fused_mlp", []).append(
-            {"fused_mlp": on, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
-             "MBU": moved / spt / BW, "same_tokens_first": same, "same_tokens_as_off": vs_off})
-        print(f"fused-mlp={on!s:5}: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} ms/token, MBU "
-              f"{moved / spt / BW:.3f}, first {same} of {len(toks)} tokens = this setting's "
-              f"first trial's" + ("" if same == len(toks) else "  <-- DIFFER: a race?")
-              + f"; {vs_off} lead equal to off's", flush=True)
-    set_variant(not args.no_fuse_rope, args.early)
-
-
 def tiles() -> None:
     """The whole step timed (step_greedy) with one projection's tile changed at a time."""
     tuned = sys.modules["layer1_kernels.gemv"].TUNED
@@ -432,7 +394,7 @@ else:
 set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 if not args.no_profile:
     profile_step()
-for wanted, part in ((args.pdl, pdl_variants), (args.fused_mlp_trials, fused_mlp_trials),
+for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
                      (args.sweep, sweep)):

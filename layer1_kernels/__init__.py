@@ -39,7 +39,6 @@ from .gemv import (
     gemv_silu_mul_reference,
 )
 from .gemv import set_pdl as set_decode_pdl
-from .gemv_mlp import gemv_mlp, gemv_mlp_reference
 from .gemv_rope import (
     gemv_rms_norm_rope,
     gemv_rms_norm_rope_reference,
@@ -98,8 +97,7 @@ __all__ = [
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",
     "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
-    "gemv_silu_mul", "gemv_silu_mul_reference", "gemv_mlp", "gemv_mlp_reference",
-    "rope_cache_write", "rope_cache_write_reference",
+    "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",
     "paged_decode", "paged_decode_splits", "argmax", "argmax_reference",
     # decode batches: products of up to 256 rows (cuBLAS except where measured slower)
     "skinny_matmul", "skinny_matmul_reference", "skinny_linear",

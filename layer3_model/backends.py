@@ -31,8 +31,7 @@ above when `decode.applies(...)` (see LlamaModel.forward): per layer
       rope(q, k) + write k, v to the cache      RoPE and the cache write its epilogue
     o = split-context decode attention        one launch (its parts merged in it)
     x = gemv(o) ; gu = gemv(rms_norm(x + residual)) ; x = gemv(silu(gate) * up)
-five launches where the general path takes ~14 (fuse_rope=False: six; LLM_STACK_FUSED_MLP=1:
-four, the MLP's two GEMVs one kernel). Prefill, the torch
+five launches where the general path takes ~14 (fuse_rope=False: six). Prefill, the torch
 and compile backends, quantized or Qwen3 (q/k-norm) layers and larger batches keep the
 general path.
 """
@@ -228,13 +227,6 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
 #: 8B 1.06x, 0.50x, 0.19x, 0.06x. The fused path wins only at 1.
 FUSED_DECODE_MAX_TOKENS = 1
 
-#: LLM_STACK_FUSED_MLP=1: the fused decode step's MLP in one launch (layer 1's gemv_mlp: the
-#: norm, gate_up, SiLU-and-multiply and a split-K down) instead of two GEMVs, each of which
-#: ramps up and drains on its own. Off by default until measured on a GPU; read at import, so
-#: spawned tensor-parallel ranks inherit it.
-FUSED_MLP_ENV = "LLM_STACK_FUSED_MLP"
-FUSED_MLP = kernels.env_switch(FUSED_MLP_ENV, False)
-
 
 @dataclass(frozen=True)
 class DecodeKernels:
@@ -242,7 +234,6 @@ class DecodeKernels:
     impl: str
     max_tokens: int = FUSED_DECODE_MAX_TOKENS  # at most layer 1's gemv.MAX_ROWS (8)
     fuse_rope: bool = True  # RoPE + the cache write in the qkv GEMV's epilogue (one launch)
-    fuse_mlp: bool = FUSED_MLP  # the MLP in one launch (gemv_mlp) where its projections allow
 
     def applies(self, model, x: torch.Tensor, ctx: AttentionContext, cache) -> bool:
         """True when this step can take the fused path: a decode step (one new token per
@@ -287,20 +278,6 @@ class DecodeKernels:
     def silu_linear(self, gu, linear):
         return _combined(linear, kernels.gemv_silu_mul(gu, linear.weight, linear.bias,
                                                        impl=self.impl))
-
-    def mlp(self, x, residual, norm, gate_up, down):
-        """down(silu(gate) * up) of rms_norm(x + residual) -> (y, new residual); residual
-        None: (y, x). One launch (gemv_mlp) when fuse_mlp and neither projection has a bias
-        and gate_up needs no combine (a plain or column-parallel [gate; up] weight; down may
-        be row-parallel: its combine sums the ranks' partial products after the kernel);
-        else norm_linear then silu_linear."""
-        if (self.fuse_mlp and gate_up.bias is None and getattr(down, "bias", None) is None
-                and getattr(gate_up, "combine", None) is None):
-            y, h = kernels.gemv_mlp(x, gate_up.weight, down.weight, norm.weight, norm.eps,
-                                    residual, impl=self.impl)
-            return _combined(down, y), (x if residual is None else h)
-        gu, residual = self.norm_linear(x, residual, norm, gate_up)
-        return self.silu_linear(gu, down), residual
 
     def rope_write(self, q, k, v, cos, sin, ctx, cache, layer: int) -> None:
         k_slots, v_slots = _slot_views(cache, layer)

@@ -162,10 +162,10 @@ class DecoderLayer(nn.Module):
         return self.mlp(x, ops), residual
 
     def decode_fused(self, x, residual, ctx, cache, dk, cos, sin):
-        """forward's decode step through the fused kernels (dk: Ops.decode): five launches
-        (four with dk.fuse_mlp)."""
+        """forward's decode step through the fused kernels (dk: Ops.decode): five launches."""
         x, residual = self.attn.decode_fused(x, residual, self.attn_norm, ctx, cache, dk, cos, sin)
-        return dk.mlp(x, residual, self.mlp_norm, self.mlp.gate_up, self.mlp.down)
+        gu, residual = dk.norm_linear(x, residual, self.mlp_norm, self.mlp.gate_up)
+        return dk.silu_linear(gu, self.mlp.down), residual
 
     def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
                positions: torch.Tensor, dropout: float) -> torch.Tensor:

@@ -84,25 +84,3 @@ def test_a_row_parallel_linear_with_a_bias_is_not_fused():
     assert not backends._fusable(Row(lin.bias), torch.float32)  # the bias comes after the sum
     assert not backends._fusable(Row(None), torch.bfloat16)
     assert backends._fusable(lin, torch.float32)
-
-
-def test_a_shard_takes_the_one_kernel_mlp(monkeypatch):
-    """With the MLP in one kernel (DecodeKernels.fuse_mlp, LLM_STACK_FUSED_MLP=1): the
-    column-parallel gate_up ([gate_r; up_r]) and the row-parallel down go through gemv_mlp,
-    its output through down's all-reduce; the logits are the whole model's."""
-    calls = []
-    original = backends.kernels.gemv_mlp
-    monkeypatch.setattr(backends.kernels, "gemv_mlp",
-                        lambda *a, **kw: calls.append(1) or original(*a, **kw))
-    net = l3.random_model(l3.ModelConfig.from_dict(TINY), backend="triton", seed=3, std=0.3)
-    store = dist.HashStore()
-    pg = dist.ProcessGroupGloo(store, 0, 1, timedelta(seconds=30))
-    shard = l5.shard_model(net, 0, 1, l5.TPComm("torch", pg=pg))
-    shard.set_backend("triton", impl="triton")
-    shard.ops = dataclasses.replace(shard.ops, decode=dataclasses.replace(
-        shard.ops.decode, max_tokens=2, fuse_mlp=True))
-    want = _decode(net, steps=2, decode_ops=l3.make_ops("torch"))
-    got = _decode(shard, steps=2)
-    assert len(calls) == 2 * 2  # every layer's MLP, each step
-    for a, b in zip(want, got, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-4, rtol=0)

@@ -137,9 +137,36 @@ HOSTILE = [{"temperature": 1e-40}, {"top_p": 5e-324}, {"prompt": "x\udfffy"},
            {"stop": ["z" * 1000] * 4000}, {"temperature": 5e-324, "stream": True}]
 
 
-def test_hostile_requests_amid_16_streams(server):
+def _parts_at_a_near_tie(offline, prompt: str, a: str, b: str) -> bool:
+    """Whether two greedy continuations a != b of `prompt` part where greedy's two best tokens
+    are within rounding of each other, as the offline engine sees the prompt alone: a CPU
+    GEMM rounds a row differently with the rows around it, so a near-tie may go either way
+    with the batch's composition; anything else that makes them part is a real difference.
+    Within rounding: 16 units of the model's dtype at 1.0 (bf16: 0.125, a few units at the
+    logits' magnitude ~10; fp32: 2e-6)."""
+    import torch
+
+    import layer6_serving as l6
+
+    dtype = next(offline.model.net.parameters()).dtype
+
+    sp = l6.parallel.SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=2)
+    out = offline.generate([prompt], sp)[0].outputs[0]
+    tok = offline.model.tokenizer
+    part = next(i for i, (x, y) in enumerate(zip(a + "\0", b + "\1", strict=False)) if x != y)
+    for k in range(len(out.token_ids)):
+        text = tok.decode(out.token_ids[:k + 1])
+        if len(text) > part:  # token k holds the first character where a and b part
+            (_, best), (_, second) = out.logprobs[k].top[:2]
+            return text[:part] == a[:part] and best - second <= 16 * torch.finfo(dtype).eps
+    return False
+
+
+def test_hostile_requests_amid_16_streams(server, offline):
     # greedy: the same tokens whatever else shares the batch (seeded sampling would draw
-    # from probabilities that differ in the last bits with the batch's composition)
+    # from probabilities that differ in the last bits with the batch's composition), but for
+    # a near-tie of the two best tokens, which a CPU GEMM may round either way with the
+    # rows around it: a stream that parts from its reference must part at one
     bodies = [{"model": "course", "prompt": f"ROMEO {i}.\n", "max_tokens": 24,
                "temperature": 0, "ignore_eos": True} for i in range(16)]
 
@@ -160,7 +187,10 @@ def test_hostile_requests_amid_16_streams(server):
     t0 = time.perf_counter()
     got, statuses = asyncio.run(main(True))
     assert all(s < 500 for s in statuses), statuses
-    assert all(n == 24 for _, n in got) and got == ref
+    assert all(n == 24 for _, n in got)
+    for body, (text, _), (want, _) in zip(bodies, got, ref, strict=True):
+        assert text == want or _parts_at_a_near_tie(offline, body["prompt"], text, want), \
+            (body["prompt"], text, want)
     assert time.perf_counter() - t0 < 60
 
 

@@ -169,7 +169,7 @@ class ModelRunner(StepSampler):
                   prev_tokens: torch.Tensor | None) -> torch.Tensor:
         """The pass's input ids (T,) on the device: host ids in one pinned copy; a sequence's
         token still on the device (`pending`) gathered from prev_tokens there."""
-        if not any([s.pending >= 0 for s in group]):
+        if not any(s.pending >= 0 for s in group):
             return self.staging.to_device(self.host_ids(group))
         ids, src, dst = [], [], []
         for s in group:

@@ -187,9 +187,9 @@ def test_screenshot_of_a_scene(browser, chat, tmp_path) -> None:
     page.click("#new-chat")
     send(page, "Speak on, my lord.", play=True, temperature=0.7, seed=5)
     wait_reply_done(page, 1)
-    page.click(".conversation:nth-child(2) .open")  # back to the first scene
-    wait_reply_done(page, 2)
+    page.click(".conversation:has-text('Good morrow.') .open")  # back to the first scene
     page.wait_for_selector(".conversation.active:has-text('Good morrow.')")
+    wait_reply_done(page, 2)
     page.mouse.move(700, 600)  # no hover effects in the picture
     target = (DOCS if os.environ.get("LLM_STACK_UPDATE_DOCS") == "1" else tmp_path) / "chat.png"
     target.parent.mkdir(exist_ok=True)

@@ -236,6 +236,35 @@ def test_search_over_conversations(browser, chat) -> None:
     page.wait_for_function("document.querySelectorAll('.conversation').length === 2")
 
 
+
+def test_a_slow_older_list_never_replaces_a_newer_one(browser, chat) -> None:
+    """The list is fetched from many places at once (a reply ends, a chat opens, a search is
+    typed) and answers may come back out of order: only the latest request may draw."""
+    page = open_page(browser, chat.url)
+    held = []
+
+    def hold_the_first_listing(route) -> None:
+        if route.request.method == "GET" and not held:
+            held.append((route, route.fetch()))  # the list as it is now: empty
+        else:
+            route.continue_()
+
+    page.route("**/api/conversations", hold_the_first_listing)
+    page.evaluate("() => { window.older = loadConversations(); }")
+    for _ in range(200):  # bounded: the request reaches the handler within moments
+        if held:
+            break
+        page.wait_for_timeout(25)
+    assert held, "the first listing never reached the test's route"
+    page.evaluate("() => api('/api/conversations', "
+                  "{ method: 'POST', body: JSON.stringify({ title: 'The newer chat' }) })")
+    page.evaluate("() => loadConversations()")
+    assert page.locator(".conversation .open").all_inner_texts() == ["The newer chat"]
+    route, response = held[0]
+    route.fulfill(response=response)  # the older, empty answer arrives last
+    page.evaluate("() => window.older")
+    assert page.locator(".conversation .open").all_inner_texts() == ["The newer chat"]
+
 def test_attach_a_pdf_to_the_question(browser, chat, shots) -> None:
     page = open_page(browser, chat.url)
     pdf = pdf_with_text("The ghost of Elsinore walks upon the battlements at midnight.")

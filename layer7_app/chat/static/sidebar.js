@@ -35,12 +35,18 @@ function conversationItem(c, snippet) {
   return item;
 }
 
+/* Lists are fetched from many places at once (a reply ends, a chat opens, a search is typed):
+   only the latest request draws, so a slow older answer never replaces a newer list. */
+let listRequests = 0;
+
 async function loadConversations() {
   const query = $("search").value.trim();
   const nav = $("conversations");
+  const request = ++listRequests;
   let list;
   if (query) {
     list = await api(`/api/search?q=${encodeURIComponent(query)}`).catch(() => []);
+    if (request !== listRequests) return list;
     nav.replaceChildren(...list.map((c) => conversationItem(c, c.snippet)));
     if (!list.length) {
       const none = document.createElement("div");
@@ -50,6 +56,7 @@ async function loadConversations() {
     }
   } else {
     list = await api("/api/conversations").catch(() => []);
+    if (request !== listRequests) return list;
     nav.replaceChildren(...list.map((c) => conversationItem(c)));
   }
   nav.dataset.loaded = "1";  // tests wait for this before counting

@@ -8,7 +8,8 @@ the tests check it without a GPU); `impl="torch"` forces the reference.
 Triton kernels: vector add, fused row softmax (online max/sum), RMSNorm/LayerNorm with a
 fused residual add, RoPE on q and k in one pass, SiLU-and-multiply, a grouped, autotuned
 matmul (bf16/fp16/fp32, fp8 on Hopper), FlashAttention-2 forward (causal, GQA; one sequence,
-or many of different lengths in one launch, over packed rows or a paged cache) and a
+or many of different lengths in one launch, over packed rows or a paged cache; cuDNN's
+fused attention beside it, `cudnn_attention_tokens`, as an opt-in for a lone prompt) and a
 weight-only int8 matmul (W8A16); for decode, skinny GEMVs with RMSNorm or SiLU-and-multiply
 fused into their prologue, RoPE fused with the KV-cache write, and split-context (flash-
 decoding) attention over a paged or contiguous cache.
@@ -25,6 +26,7 @@ import layer0_hardware as hardware  # the layer beneath, as a namespace for the 
 
 from . import interpreter  # noqa: F401  (first: sets TRITON_INTERPRET on a machine without CUDA)
 from .argmax import argmax, argmax_reference
+from .cudnn_attention import cudnn_attention_tokens
 from .cupy_support import cupy_available
 from .env import env_switch
 from .flash_attention import flash_attention, flash_attention_reference, flash_attention_tokens
@@ -92,6 +94,8 @@ __all__ = [
     "matmul", "matmul_reference", "matmul_fp8", "matmul_fp8_reference",
     "flash_attention", "flash_attention_reference", "flash_attention_tokens",
     "flash_attention_varlen", "flash_attention_varlen_reference",
+    # the library kernel beside them: cuDNN's fused attention (one sequence, token-major)
+    "cudnn_attention_tokens",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
     "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",

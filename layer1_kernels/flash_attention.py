@@ -25,6 +25,14 @@ remaining ones (the causal diagonal, the ragged last block) apply the masks. Cau
 programs stop at the diagonal, skipping fully-masked blocks (half the work when Nq == Nk),
 and the grid launches the longest (bottom) query blocks first so the tail of the launch is
 short work. Query blocks of one head are adjacent in the grid, so they share K/V in L2.
+That "longest first" holds within a head only: head h's short top blocks launch before head
+h + 1's long bottom ones, so at one sequence and few programs a wave (a lone 2048-token
+prompt: 512 programs for 132 SMs) the last heads' long blocks start late and run alone at
+the end. The HEADS_FIRST order (config key; CAUSAL_HEADS_FIRST picks it for causal launches)
+swaps the grid's axes: every head's bottom block first, then every head's next one, which
+is longest-first over the whole launch (what FlashAttention-3's causal scheduler does), at
+the price of K/V reuse in L2 between neighbouring programs (at 2048 tokens all of K/V is
+a few MB, well inside L2).
 
 Measured (H100, bf16, B=4, Hq=32, N=4096, D=128): causal 425-450 TFLOP/s, 1.3-1.4x PyTorch
 SDPA's FlashAttention-2 backend (GQA Hkv=8 alike); non-causal ~480 TFLOP/s. Decode
@@ -47,11 +55,15 @@ from . import interpreter  # noqa: F401  (must run before triton: sets TRITON_IN
 import triton
 import triton.language as tl
 
+from .env import env_switch
 from .host import cdiv
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
 _LOG2E = 1.4426950408889634
+#: Causal launches in the HEADS_FIRST grid order (module docstring): off until a GPU sweep
+#: (benchmarks/prefill_attention_sweep.py) shows it faster; LLM_STACK_FLASH_HEADS_FIRST=1 on.
+CAUSAL_HEADS_FIRST = env_switch("LLM_STACK_FLASH_HEADS_FIRST", False)
 
 
 @triton.jit
@@ -144,12 +156,18 @@ def _flash_fwd_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_on, stride_od,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    CAUSAL: tl.constexpr, PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr, PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
+    if HEADS_FIRST:  # grid (B * Hq, query blocks): every head's block i before any block i - 1
+        pid_m = tl.program_id(1)
+        bh = tl.program_id(0)
+        num_m = tl.num_programs(1)
+    else:  # grid (query blocks, B * Hq): one head's blocks adjacent (they share K/V in L2)
+        pid_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        num_m = tl.num_programs(0)
     if CAUSAL:  # bottom query blocks see the most keys: launch them first
-        pid_m = tl.num_programs(0) - 1 - pid_m
-    bh = tl.program_id(1)
+        pid_m = num_m - 1 - pid_m
     b = (bh // Hq).to(tl.int64)  # int64: b * stride can pass 2**31 on big batches
     h = bh % Hq
     h_kv = (h // kv_group).to(tl.int64)
@@ -196,7 +214,12 @@ def _flash_fwd_kernel(
 def _pick_config(nq: int, head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
     """Tile sizes and launch shape: a fixed table, no autotuning (sequence lengths change every
     decode step; retuning per length would cost more than it saves). From a sweep on an H100,
-    bf16, B=4, H=32, N=4096 (TFLOP/s in the comments)."""
+    bf16, B=4, H=32, N=4096 (TFLOP/s in the comments). HEADS_FIRST: the grid order, for
+    causal launches CAUSAL_HEADS_FIRST (module docstring)."""
+    return {**_tiles(nq, head_dim, dtype, causal), "HEADS_FIRST": causal and CAUSAL_HEADS_FIRST}
+
+
+def _tiles(nq: int, head_dim: int, dtype: torch.dtype, causal: bool) -> dict:
     if interpreter.INTERPRETED:
         return {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
     if dtype == torch.float32:  # 4-byte tiles: smaller blocks to fit shared memory
@@ -210,12 +233,18 @@ def _pick_config(nq: int, head_dim: int, dtype: torch.dtype, causal: bool) -> di
 
 
 _CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+_OPTIONAL_KEYS = ("HEADS_FIRST",)  # absent: False (query blocks of a head adjacent)
 
 
 def _checked(config: dict) -> dict:
-    """A caller's launch config: the four keys, positive ints, power-of-two tiles >= 16."""
-    if set(config) != set(_CONFIG_KEYS):
-        raise ValueError(f"config needs exactly the keys {_CONFIG_KEYS}; got {sorted(config)}")
+    """A caller's launch config: the four keys, positive ints, power-of-two tiles >= 16, and
+    optionally HEADS_FIRST (a bool)."""
+    if not set(_CONFIG_KEYS) <= set(config) <= set(_CONFIG_KEYS + _OPTIONAL_KEYS):
+        raise ValueError(f"config needs exactly the keys {_CONFIG_KEYS} (optionally "
+                         f"{_OPTIONAL_KEYS}); got {sorted(config)}")
+    if not isinstance(config.get("HEADS_FIRST", False), bool):
+        raise ValueError(f"config['HEADS_FIRST'] must be True or False; got "
+                         f"{config['HEADS_FIRST']!r}")
     for key in _CONFIG_KEYS:
         val = config[key]
         if not isinstance(val, int) or val < 1:
@@ -338,11 +367,17 @@ def _launch(q, k, v, out, B, Hq, Hkv, Nq, Nk, D, sq, sk, sv, so, causal, scale, 
     if not scale > 0:  # the running max assumes scaling keeps the order of the scores
         raise ValueError(f"scale must be positive; got {scale}")
     cfg = _pick_config(Nq, D, q.dtype, bool(causal)) if cfg is None else cfg
+    heads_first = cfg.get("HEADS_FIRST", False)
     grid = (cdiv(Nq, cfg["BLOCK_M"]), B * Hq)
+    if heads_first:
+        grid = grid[::-1]
+        if grid[1] > 65535:  # CUDA caps grid axis 1 at 65535
+            raise ValueError(f"{grid[1]} query blocks of {cfg['BLOCK_M']} exceed 65535 with "
+                             "HEADS_FIRST; use the default grid order")
     _flash_fwd_kernel[grid](
         q, k, v, out, scale * _LOG2E, Nq, Nk, Hq, Hq // Hkv, *sq, *sk, *sv, *so,
         HEAD_DIM=D, BLOCK_M=cfg["BLOCK_M"], BLOCK_N=cfg["BLOCK_N"], CAUSAL=bool(causal),
-        PRECISION="ieee" if interpreter.INTERPRETED else "tf32",
+        PRECISION="ieee" if interpreter.INTERPRETED else "tf32", HEADS_FIRST=heads_first,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -355,12 +390,14 @@ def _token_major(t: torch.Tensor) -> tuple[int, int, int, int]:
 
 def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, *, causal: bool = True,
-                           scale: float | None = None, impl: str = "auto") -> torch.Tensor:
+                           scale: float | None = None, impl: str = "auto",
+                           config: dict | None = None) -> torch.Tensor:
     """flash_attention for ONE sequence in the model's token-major layout, written into out:
     q and out (Nq, Hq, D), k and v (Nk, Hkv, D), any strides (rows of a fused qkv output,
     a cache row). The kernel reads the 3-D strides as they are: none of the per-call
     (1, H, N, D) views the 4-D entry needs (host time in every prefill layer).
-    Same checks, errors and numbers as flash_attention(q.transpose(0, 1)[None], ...)."""
+    Same checks, errors and numbers as flash_attention(q.transpose(0, 1)[None], ...);
+    config as there (a tuning sweep times the serving layout with it)."""
     for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D (N, H, D); got shape {tuple(t.shape)}")
@@ -378,7 +415,8 @@ def flash_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     interpreter.refuse_interpreted_bf16_dot(q.dtype)
     if Hq > 65535:
         raise ValueError(f"query heads = {Hq} exceeds 65535")
+    cfg = None if config is None else _checked(config)
     if Nq:
         _launch(q, k, v, out, 1, Hq, Hkv, Nq, Nk, D, _token_major(q), _token_major(k),
-                _token_major(v), _token_major(out), causal, scale, None)
+                _token_major(v), _token_major(out), causal, scale, cfg)
     return out

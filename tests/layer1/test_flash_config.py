@@ -76,3 +76,63 @@ def test_gpu_every_table_config_strided(t: int, d: int) -> None:
         out = fa.flash_attention(q, k, v, causal=True, config=cfg)
         assert torch.isfinite(out).all(), cfg
         assert rel_err(out, ref) < 1e-2, cfg
+
+
+# --- the HEADS_FIRST grid order: the same programs launched in another order ------------
+
+def test_heads_first_config_is_checked() -> None:
+    q = torch.randn(1, 2, 8, 16)
+    impl = "triton" if fa.interpreter.INTERPRETED else "auto"
+    base = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    with pytest.raises(ValueError, match="HEADS_FIRST"):
+        fa.flash_attention(q, q, q, causal=True, impl=impl, config={**base, "HEADS_FIRST": 1})
+    with pytest.raises(ValueError, match="exactly the keys"):
+        fa.flash_attention(q, q, q, causal=True, impl=impl, config={**base, "ORDER": "heads"})
+
+
+def test_table_orders_causal_launches_by_the_switch(monkeypatch) -> None:
+    """Off by default (today's order); CAUSAL_HEADS_FIRST (LLM_STACK_FLASH_HEADS_FIRST=1) turns
+    it on for causal launches only (a non-causal launch's programs do equal work)."""
+    for nq in (1, 2048):
+        assert fa._pick_config(nq, 64, torch.bfloat16, True)["HEADS_FIRST"] is False
+    monkeypatch.setattr(fa, "CAUSAL_HEADS_FIRST", True)
+    assert fa._pick_config(2048, 64, torch.bfloat16, True)["HEADS_FIRST"] is True
+    assert fa._pick_config(2048, 64, torch.bfloat16, False)["HEADS_FIRST"] is False
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize("t,hq,hkv", [(37, 4, 2), (70, 3, 1), (16, 2, 2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_interpreted_heads_first_equals_default_order(t: int, hq: int, hkv: int,
+                                                      causal: bool) -> None:
+    """Ragged tails, GQA and MQA, in the serving layout through both entries: each program
+    does the same arithmetic in either order, so the outputs are equal bit for bit (and the
+    reference's numbers)."""
+    q, k, v = strided_qkv(t, hq, hkv, 16, seed=t + hq, device="cpu", dtype=torch.float32)
+    base = {"BLOCK_M": 16, "BLOCK_N": 16, "num_warps": 1, "num_stages": 1}
+    first = fa.flash_attention(q, k, v, causal=causal, impl="triton",
+                               config={**base, "HEADS_FIRST": True})
+    default = fa.flash_attention(q, k, v, causal=causal, impl="triton", config=base)
+    assert torch.equal(first, default)
+    ref = fa.flash_attention_reference(q.double(), k.double(), v.double(), causal=causal)
+    assert rel_err(first, ref) < 1e-5
+    tok = [x[0].transpose(0, 1) for x in (q, k, v)]
+    out = torch.full_like(tok[0], float("nan"))
+    fa.flash_attention_tokens(*tok, out, causal=causal, impl="triton",
+                              config={**base, "HEADS_FIRST": True})
+    assert torch.equal(out, default[0].transpose(0, 1))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("t", [333, 2048])
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_heads_first_equals_default_order(t: int, d: int) -> None:
+    """The table's tiles in the HEADS_FIRST order: the default order's output bit for bit, the
+    lone prompt's shape (32 q / 8 kv heads) in the serving layout."""
+    q, k, v = strided_qkv(t, 32, 8, d, seed=t + d, device="cuda", dtype=torch.bfloat16)
+    cfg = fa._pick_config(t, d, torch.bfloat16, True)
+    default = fa.flash_attention(q, k, v, causal=True, config={**cfg, "HEADS_FIRST": False})
+    first = fa.flash_attention(q, k, v, causal=True, config={**cfg, "HEADS_FIRST": True})
+    assert torch.equal(first, default)
+    ref = fa.flash_attention_reference(q, k, v, causal=True)
+    assert rel_err(first, ref.float()) < 1e-2

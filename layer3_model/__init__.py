@@ -45,7 +45,7 @@ sampling's pick, torch.argmax's result) (layer 1's); `time_fn`, `Timing`,
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
-from .backends import BACKENDS, Ops, make_ops, pads_prefill_attention
+from .backends import BACKENDS, PREFILL_ATTENTION, Ops, make_ops, pads_prefill_attention
 from .bench_rows import rows_table, unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
@@ -120,7 +120,7 @@ __all__ = [
     "load_model", "read_safetensors", "save_weights", "random_model",
     "Tokenizer", "IncrementalDecoder", "encode_prompt",
     # the network, its kernels and the KV-cache seam
-    "LlamaModel", "causal_lm_loss", "BACKENDS", "Ops", "make_ops",
+    "LlamaModel", "causal_lm_loss", "BACKENDS", "PREFILL_ATTENTION", "Ops", "make_ops",
     "pads_prefill_attention",
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling

@@ -20,6 +20,10 @@ An op set is a small record of functions:
     silu_and_mul(x (T, 2F)) -> (T, F)
     attention(q (T, Hq, D), k, v (T, Hkv, D), ctx, cache, layer, scale, window) -> (T, Hq, D)
 
+A lone prompt with nothing cached may take cuDNN's fused attention instead of the flash
+kernel (prefill_attention="cudnn": CUDA, fp16/bf16; off by default): a square causal problem,
+where SDPA's top-left mask and ours agree.
+
 Decode steps (ctx.max_query_len == 1) go to the cache's own `decode_attention` when it has
 one (layer 4's paged cache: a kernel that reads k/v through block tables in place), in the
 torch and triton op sets alike; see attention_context.KVCache.
@@ -47,6 +51,10 @@ from layer2_comm import kernels
 from .attention_context import AttentionContext, ContiguousKVCache, KVCache
 
 BACKENDS = ("torch", "triton", "compile")
+#: The triton backend's attention for a lone prompt with nothing cached (one sequence, its own
+#: keys): layer 1's flash kernel, or cuDNN's fused attention (CUDA, fp16/bf16; opt-in until a
+#: GPU run shows it faster through the engine). Everything else keeps the flash kernels.
+PREFILL_ATTENTION = ("flash", "cudnn")
 _FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
 
@@ -61,6 +69,8 @@ class Ops:
     # rope_write(q, k, v, cos, sin, ctx, cache, layer) -> bool: RoPE and the cache write in
     # one launch (prefill / general path); False when it did nothing (rope + write instead)
     rope_write: Callable | None = None
+    impl: str = "auto"  # what the triton backend passes to layer 1's kernels
+    prefill_attention: str = "flash"  # a lone prompt's attention (PREFILL_ATTENTION)
 
 
 # ---- the torch reference ops -----------------------------------------------------------
@@ -297,7 +307,9 @@ class DecodeKernels:
 
 
 # ---- layer 1's kernels -------------------------------------------------------------------
-def _triton_ops(impl: str) -> Ops:
+def _triton_ops(impl: str, prefill_attention: str = "flash") -> Ops:
+    cudnn = prefill_attention == "cudnn"
+
     def rms_norm(x, weight, eps, residual=None):
         return kernels.rms_norm(x, weight, eps=eps, residual=residual, impl=impl)
 
@@ -319,9 +331,12 @@ def _triton_ops(impl: str) -> Ops:
         # Token-major (n, H, D) rows throughout, read by the kernels through their strides,
         # each sequence's output landing in its rows of `out`. Causal alignment bottom-right:
         # exactly right for a chunk of new queries after a cached prefix.
+        lone = (cache is None or ctx.is_prefill) and len(ctx.query_lens_host) == 1
+        if lone and cudnn:  # its own output buffer (token-major), no copy into an `out`
+            return kernels.cudnn_attention_tokens(q, k, v, scale=scale)
         out = torch.empty_like(q)
         if cache is None or ctx.is_prefill:  # keys: this step's own rows, nothing cached
-            if len(ctx.query_lens_host) == 1:  # one prompt: the single-sequence kernel
+            if lone:  # one prompt: the single-sequence kernel
                 return kernels.flash_attention_tokens(q, k, v, out, scale=scale, impl=impl)
             return kernels.flash_attention_varlen(q, k, v, out, ctx.query_start_loc,
                                                   ctx.query_lens, ctx.max_query_len,
@@ -353,7 +368,7 @@ def _triton_ops(impl: str) -> Ops:
 
     return Ops("triton", rms_norm, rope, silu_and_mul, attention,
                None if impl == "torch" else DecodeKernels(impl),
-               None if impl == "torch" else rope_write)
+               None if impl == "torch" else rope_write, impl, prefill_attention)
 
 
 def pads_prefill_attention(net) -> bool:
@@ -370,13 +385,23 @@ def pads_prefill_attention(net) -> bool:
             or any(w is not None for w in config.layer_windows))
 
 
-def make_ops(backend: str = "torch", *, impl: str = "auto") -> Ops:
+def make_ops(backend: str = "torch", *, impl: str = "auto",
+             prefill_attention: str = "flash") -> Ops:
     """The op set for a backend ("torch", "triton", "compile"). impl ("auto", "triton",
-    "torch") is passed to layer 1's kernels by the "triton" backend."""
+    "torch") is passed to layer 1's kernels by the "triton" backend. prefill_attention
+    (PREFILL_ATTENTION): a lone prompt's attention; "cudnn" only with the triton backend (the
+    others have no flash path to replace), where the model then runs on a CUDA GPU in
+    fp16/bf16 (see LlamaModel.set_backend, which checks that)."""
+    if prefill_attention not in PREFILL_ATTENTION:
+        raise ValueError(f"unknown prefill_attention {prefill_attention!r}: expected one of "
+                         f"{', '.join(PREFILL_ATTENTION)}")
+    if prefill_attention != "flash" and backend != "triton":
+        raise ValueError(f"prefill_attention={prefill_attention!r} needs the triton backend "
+                         f"(it replaces that backend's flash kernel); got backend {backend!r}")
     if backend == "torch":
         return Ops("torch", torch_rms_norm, torch_rope, torch_silu_and_mul, torch_attention)
     if backend == "triton":
-        return _triton_ops(impl)
+        return _triton_ops(impl, prefill_attention)
     if backend == "compile":
         # dynamic=True: the token count changes every step; one graph serves them all.
         def compiled(fn: Callable) -> Callable:

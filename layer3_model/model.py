@@ -204,9 +204,25 @@ class LlamaModel(nn.Module):
     def backend(self) -> str:
         return self.ops.name
 
-    def set_backend(self, backend: str, *, impl: str = "auto") -> None:
-        """Switch kernels ("torch", "triton", "compile"); weights stay as they are."""
-        self.ops = make_ops(backend, impl=impl)
+    def set_backend(self, backend: str, *, impl: str = "auto",
+                    prefill_attention: str = "flash") -> None:
+        """Switch kernels ("torch", "triton", "compile"); weights stay as they are.
+        prefill_attention: a lone prompt's attention, "flash" (layer 1's kernel) or "cudnn"
+        (the triton backend only, on a CUDA GPU in fp16/bf16: checked here, against the
+        weights as they are now; see backends.PREFILL_ATTENTION)."""
+        if prefill_attention == "cudnn":
+            if self.device.type != "cuda":
+                raise ValueError(f"prefill_attention='cudnn' runs cuDNN, which needs the model "
+                                 f"on a CUDA GPU; it is on {self.device}")
+            if self.dtype not in (torch.float16, torch.bfloat16):
+                raise ValueError(f"prefill_attention='cudnn' needs fp16 or bf16 weights; the "
+                                 f"model is {self.dtype}")
+        self.ops = make_ops(backend, impl=impl, prefill_attention=prefill_attention)
+
+    @property
+    def prefill_attention(self) -> str:
+        """A lone prompt's attention: "flash" or "cudnn" (set_backend)."""
+        return self.ops.prefill_attention
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
         """cos/sin tables (max_position_embeddings, D/2), fp32, for every position up front."""

@@ -21,6 +21,7 @@ import torch
 POLICIES = ("continuous", "static", "priority")
 SPEC_METHODS = ("draft", "ngram")
 BACKENDS = ("torch", "triton", "compile")  # layer 3's kernel backends
+PREFILL_ATTENTION = ("flash", "cudnn")  # layer 3's attention for a lone prompt (triton backend)
 DEFAULT_ATTN_BYTES_LIMIT = 512 * 2**20  # padded attention scores per forward pass (model_runner.py)
 
 
@@ -78,9 +79,13 @@ class EngineConfig:
     max_num_batched_tokens: one launch where an eager prefill's host time rivals its GPU time;
     CUDA and the triton backend only; its graphs' pool holds about one forward of
     max_num_batched_tokens tokens; None, the default: on with cuda_graph where it works, a plain
-    LlamaModel on CUDA whose attention is the triton backend's flash path, else off), attn_bytes_limit (padded attention
-    scores per forward pass before a step is split). speculative: a SpecConfig or its dict, or
-    None. async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its decode
+    LlamaModel on CUDA whose attention is the triton backend's flash path, else off),
+    attn_bytes_limit (padded attention scores per forward pass before a step is split).
+    prefill_attention: the triton backend's attention for a step that is one prompt with
+    nothing cached, "flash" (layer 1's kernel, the default) or "cudnn" (cuDNN's fused
+    attention through PyTorch: CUDA, fp16/bf16, the triton backend; LLM sets it on the model's
+    network, checking those). speculative: a SpecConfig or its dict, or None.
+    async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its decode
     inputs taken from step N's tokens on the device; step N's tokens read one step later; see
     engine.py). None: on for a CUDA model without speculative decoding, else off; True with
     speculative decoding is an error (verification needs the tokens on the host). Outputs are
@@ -105,6 +110,7 @@ class EngineConfig:
     cuda_graph: bool = False
     prefill_cuda_graph: bool | None = None
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
+    prefill_attention: str = "flash"
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None
     grammar_fill_threads: int | None = None
@@ -131,6 +137,9 @@ class EngineConfig:
         return [
             None if self.backend in BACKENDS else
             f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}",
+            None if self.prefill_attention in PREFILL_ATTENTION else
+            f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}, got "
+            f"{self.prefill_attention!r}",
             positive("block_size"), positive("num_blocks", True), positive("kv_cache_bytes", True),
             None if self.num_blocks is None or self.kv_cache_bytes is None else
             "give num_blocks or kv_cache_bytes, not both",

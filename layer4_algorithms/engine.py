@@ -85,6 +85,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         else:
             self.model = l3.load(model, backend=config.backend, dtype=config.dtype,
                                  device=config.device)
+        self.use_prefill_attention(config.prefill_attention)
         self.config = self.resolve(config)
         self.cache = self.make_cache()
         self.block_manager = BlockManager.from_config(self.config)
@@ -120,6 +121,18 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
                                 fill_threads=lanes)
         self.closed = False
         self.reset_stats()
+
+    def use_prefill_attention(self, name: str) -> None:
+        """Set the network's attention for a lone prompt (config.prefill_attention) where it
+        differs: a LlamaModel's set_backend checks it (the triton backend, CUDA, fp16/bf16);
+        a network without one (layer 5's wrappers) takes only the default, "flash"."""
+        net = self.model.net
+        if name == getattr(net, "prefill_attention", "flash"):
+            return
+        if not hasattr(net, "set_backend"):
+            raise ValueError(f"prefill_attention={name!r} needs a layer-3 LlamaModel network "
+                             f"(set_backend); this engine's is a {type(net).__name__}")
+        net.set_backend(net.backend, impl=net.ops.impl, prefill_attention=name)
 
     def resolve(self, config: EngineConfig) -> EngineConfig:
         """The config with the model-dependent knobs filled in: max_model_len capped by the

@@ -17,7 +17,7 @@ from .l4_helpers import greedy, random_prompts
     ("gpu_memory_utilization", 1.5), ("max_num_seqs", 0), ("max_num_batched_tokens", 2.5),
     ("max_model_len", 0), ("attn_bytes_limit", 0), ("enable_prefix_caching", "yes"),
     ("cuda_graph", 1), ("scheduling", "lottery"), ("grammar_fill_threads", 0),
-    ("grammar_fill_threads", 10**9),
+    ("grammar_fill_threads", 10**9), ("prefill_attention", "fa3"),
 ])
 def test_a_bad_value_is_refused_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field if field != "scheduling" else "policy"):
@@ -65,3 +65,13 @@ def test_a_subclass_config_and_runner_pass_through(tiny_model):
     outs = llm.generate(prompts, greedy(6))
     want = [o.token_ids for o in tiny_model.generate_outputs(prompts, greedy(6))]
     assert [o.outputs[0].token_ids for o in outs] == want
+
+
+def test_prefill_attention_cudnn_is_refused_where_it_cannot_run(tiny_model):
+    """The default leaves the network's flash path; "cudnn" is set on the network by LLM,
+    which refuses it, naming the problem, on the torch backend and off CUDA (and leaves the
+    network as it was)."""
+    assert LLM(tiny_model, num_blocks=32).model.net.prefill_attention == "flash"
+    with pytest.raises(ValueError, match="needs the model on a CUDA GPU|needs the triton"):
+        LLM(tiny_model, num_blocks=32, prefill_attention="cudnn")
+    assert tiny_model.net.prefill_attention == "flash" and tiny_model.net.backend == "torch"

@@ -9,7 +9,7 @@ import torch
 import layer3_model as l3
 from layer4_algorithms import LLM, SamplingParams
 
-from .l4_helpers import assert_no_leak, greedy, random_prompts
+from .l4_helpers import TINY, assert_no_leak, greedy, random_prompts
 
 pytestmark = pytest.mark.gpu
 
@@ -77,3 +77,35 @@ def test_budget_from_free_gpu_memory(cuda_model):
     one_block = llm.cache.nbytes / (llm.block_manager.num_blocks + 1)
     assert 0 < llm.cache.nbytes <= 0.05 * free_before + one_block
     assert llm.cache.k.device.type == "cuda"
+
+
+@pytest.mark.gpu
+def test_cudnn_prefill_attention_through_the_engine_and_its_prefill_graphs():
+    """prefill_attention="cudnn" on a bf16 triton model: LLM sets it on the network, a lone
+    prompt's step replays from the prefill graphs with cuDNN captured inside, and each
+    prompt's first token is the flash engine's within bf16 (the flash engine's token among
+    the cuDNN engine's top 5, its logprob within 0.1); a batch of prompts keeps the flash
+    kernels and the flash engine's tokens."""
+    net = l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda",
+                          dtype=torch.bfloat16, backend="triton")
+    model = l3.Model(net, None)
+    kw = dict(block_size=16, num_blocks=64, max_num_batched_tokens=256, cuda_graph=True,
+              max_num_seqs=4, prefill_cuda_graph=True)  # the batch in one step
+    prompts = random_prompts((5, 17, 30, 100))
+    params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5, ignore_eos=True)
+    flash = LLM(model, **kw)
+    want = [flash.generate([p], params)[0].outputs[0] for p in prompts]
+    batch = [o.outputs[0].token_ids for o in flash.generate(prompts, greedy(4))]
+    cudnn = LLM(model, prefill_attention="cudnn", **kw)
+    assert net.prefill_attention == "cudnn" and cudnn.config.prefill_attention == "cudnn"
+    replays = []
+    inner = cudnn.runner.prefill_graph.run
+    cudnn.runner.prefill_graph.run = lambda *a, **k: replays.append(1) or inner(*a, **k)
+    for w, p in zip(want, prompts, strict=True):
+        got = cudnn.generate([p], params)[0].outputs[0]
+        top = dict(got.logprobs[0].top)
+        assert w.token_ids[0] in top, (w.token_ids, top)
+        assert abs(top[w.token_ids[0]] - w.logprobs[0].logprob) < 0.1
+        assert_no_leak(cudnn)
+    assert replays
+    assert [o.outputs[0].token_ids for o in cudnn.generate(prompts, greedy(4))] == batch

@@ -5,6 +5,7 @@ to a JSON file for decode_prefill_engine_summary.py.
     python benchmarks/decode_prefill_engine.py prefill --out DIR  # 2048 tokens x5: median MFU
                                                                   # (+ through the engine)
     python benchmarks/decode_prefill_engine.py engine  --out DIR  # 256 seqs: tok/s, floor
+    ... --prefill-attention cudnn  # a lone prompt's attention by cuDNN (the model and engines)
 
 Llama-3.2-1B's shape with random bf16 weights (nothing downloaded); ceilings from layer 0.
 Every timed configuration first runs untimed on its own shapes (the benches' warm-ups), and
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import statistics
 import time
@@ -135,6 +137,7 @@ def first_decode(net, tokens: int, runs: int = 5) -> dict:
 
     sync = torch.cuda.synchronize
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              prefill_attention=net.prefill_attention,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
               cuda_graph=True, prefill_cuda_graph=True, enable_prefix_caching=False)
     params = l3.SamplingParams(temperature=0.0, max_tokens=2, ignore_eos=True)
@@ -182,6 +185,7 @@ def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,
     dev = net.device
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              prefill_attention=net.prefill_attention,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
               cuda_graph=not smoke, prefill_cuda_graph=prefill_cuda_graph)
     params = l3.SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
@@ -287,7 +291,8 @@ def engine(net, bw: float, peak: float, smoke: bool) -> dict:
     wl = L4B.random_workload(seqs, lo, hi, net.config.vocab_size)
     kw = dict(block_size=16, max_num_batched_tokens=8192, cuda_graph=not smoke,
               max_model_len=2 * hi + 64, num_blocks=None if not smoke else 512)
-    llm = LLM(l3.Model(net, None), max_num_seqs=seqs, async_scheduling=True, **kw)
+    llm = LLM(l3.Model(net, None), max_num_seqs=seqs, async_scheduling=True,
+              prefill_attention=net.prefill_attention, **kw)
     runs = {True: [], False: []}
     for mode in (True, True, False):
         llm.config.async_scheduling = mode
@@ -320,19 +325,27 @@ def main(argv: list[str] | None = None) -> dict:
                          "best GEMV tiles per shape")
     ap.add_argument("--fused-only", action="store_true",
                     help="decode: time only the fused path (no PDL-off / unfused comparison)")
+    ap.add_argument("--prefill-attention", choices=l3.PREFILL_ATTENTION, default="flash",
+                    help="a lone prompt's attention (the model's and every engine's): layer "
+                         "1's flash kernel or cuDNN's (EngineConfig.prefill_attention)")
     args = ap.parse_args(argv)
     if args.gemv_tuned is not None:
         best = json.loads(args.gemv_tuned.read_text())["best"]
         l3.comm.kernels.GEMV_TUNED.update(
             {tuple(int(d) for d in k.split("x")): tuple(v) for k, v in best.items()})
     net, bw, peak = _setup(args.smoke)
+    if args.prefill_attention != "flash":
+        net.set_backend(net.backend, prefill_attention=args.prefill_attention)
     with torch.no_grad():
         if args.part == "decode":
             result = decode(net, bw, peak, args.smoke, args.fused_only)
         else:
             result = PARTS[args.part](net, bw, peak, args.smoke)
     result.update(device=torch.cuda.get_device_name() if not args.smoke else "cpu (smoke)",
-                  copy_bandwidth=bw, bf16_flops=peak, torch=torch.__version__)
+                  copy_bandwidth=bw, bf16_flops=peak, torch=torch.__version__,
+                  prefill_attention=net.prefill_attention,
+                  flash_heads_first=importlib.import_module(
+                      "layer1_kernels.flash_attention").CAUSAL_HEADS_FIRST)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{args.part}.json"
     path.write_text(json.dumps(result, indent=1, default=str))

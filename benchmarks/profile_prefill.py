@@ -9,8 +9,9 @@ decode_prefill_engine.py measures), the host's enqueue time per forward, the sam
 replayed as one CUDA graph (no launch gaps: the GPU-only time), and variants with one op
 swapped for torch's (attention -> SDPA, norms, RoPE, SiLU-mul) so each op's share shows as a
 difference. Then layer 1's
-FlashAttention kernel alone at the prefill's shapes and layout over a sweep of tile configs,
-and the four GEMMs alone (their sum x layers is the matmul floor of the forward).
+FlashAttention kernel alone at the prefill's shapes and layout over a sweep of tile configs
+and grid orders beside cuDNN (prefill_attention_sweep.py), and the four GEMMs alone (their
+sum x layers is the matmul floor of the forward).
 --smoke: a tiny fp32 model on the CPU (checks the script; no GPU figures).
 """
 from __future__ import annotations
@@ -19,7 +20,9 @@ import argparse
 import dataclasses
 import importlib
 import json
+import os
 import statistics
+import sys
 import time
 from collections.abc import Callable
 
@@ -32,10 +35,12 @@ from layer0_hardware import python_loop_ms
 from layer3_model import bench as L3B
 from layer3_model.backends import Ops, make_ops
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import prefill_attention_sweep as PAS  # noqa: E402  (the attention sweep beside this script)
+
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, vocab_size=512)
 CUDA = torch.cuda.is_available()
-fa = importlib.import_module("layer1_kernels.flash_attention")  # the module, not the op
 
 
 def _sync() -> None:
@@ -399,50 +404,6 @@ def print_host_profile(h: dict) -> None:
         f"{k} {v:.0f}" for k, v in h["host_us_per_call_T16"].items()))
 
 
-def flash_sweep(tokens: int, shapes: dict[tuple[int, int, int], list[dict]]) -> list:
-    """Layer 1's kernel alone, in the serving path's layout: q a strided (1, Hq, T, D) view of
-    the fused qkv output, k/v (1, Hkv, T, D) views of the padded (1, T, Hkv, D) buffers."""
-    import triton.testing
-    out = []
-    for (hq, hkv, d), configs in shapes.items():
-        qkv = torch.randn(tokens, (hq + 2 * hkv) * d, device="cuda", dtype=torch.bfloat16)
-        q = qkv[:, :hq * d].view(tokens, hq, d).transpose(0, 1)[None]
-        k = torch.randn(1, tokens, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        v = torch.randn(1, tokens, hkv, d, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        flops = 4 * hq * tokens * tokens * d / 2
-        sdpa = triton.testing.do_bench(
-            lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                                                 enable_gqa=True),
-            warmup=10, rep=40, return_mode="median")
-        default = fa._pick_config(tokens, d, torch.bfloat16, True)
-        row = {"shape": f"T={tokens} Hq={hq} Hkv={hkv} D={d}", "sdpa_us": sdpa * 1e3,
-               "sdpa_tflops": flops / sdpa / 1e9, "default": default, "configs": []}
-        for cfg in configs:
-            try:
-                o = fa.flash_attention(q, k, v, causal=True, config=cfg)
-                err = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
-                ms = triton.testing.do_bench(
-                    lambda q=q, k=k, v=v, c=cfg: fa.flash_attention(q, k, v, causal=True,
-                                                                    config=c),
-                    warmup=10, rep=40, return_mode="median")
-                row["configs"].append({**cfg, "us": ms * 1e3, "tflops": flops / ms / 1e9,
-                                       "rel_err": err})
-            except Exception as e:  # noqa: BLE001  (out of shared memory, say)
-                row["configs"].append({**cfg, "error": f"{type(e).__name__}: {str(e)[:80]}"})
-        row["configs"].sort(key=lambda c: c.get("us", float("inf")))
-        out.append(row)
-    return out
-
-
-SWEEP = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-         for m in (64, 128) for n in (32, 64, 128) for w, s in ((4, 2), (4, 3), (8, 3), (4, 4))
-         if not (m == 128 and n == 128 and s == 4)]
-SWEEP_D128 = [{"BLOCK_M": m, "BLOCK_N": n, "num_warps": w, "num_stages": s}
-              for m, n, w, s in ((64, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3),
-                                 (64, 32, 4, 3), (128, 128, 8, 2), (64, 128, 4, 2))]
-
-
 def gemms(net: l3.LlamaModel, tokens: int) -> dict:
     """Each GEMM of one layer alone at the prefill's M (cuBLAS through F.linear)."""
     import triton.testing
@@ -553,22 +514,10 @@ def main(argv: list[str] | None = None) -> dict:
                 f"{k} {v['us']:.0f} us {v['tflops']:.0f} TF/s"
                 for k, v in result["gemms"].items() if isinstance(v, dict))
                   + f"; x layers {result['gemms']['all_layers_ms']:.3f} ms")
-        if CUDA and not args.no_sweep:
-            result["flash_sweep"] = flash_sweep(T, {(32, 8, 64): SWEEP,
-                                                    (32, 8, 128): SWEEP_D128})
-            for row in result["flash_sweep"]:
-                print(f"\nflash {row['shape']}: SDPA {row['sdpa_us']:.0f} us "
-                      f"({row['sdpa_tflops']:.0f} TF/s); default {row['default']}")
-                for c in row["configs"][:6]:
-                    print("   " + (f"{c['BLOCK_M']}x{c['BLOCK_N']} w{c['num_warps']} "
-                                   f"s{c['num_stages']}: " + (
-                                       f"{c['us']:.0f} us {c['tflops']:.0f} TF/s "
-                                       f"err {c['rel_err']:.1e}" if "us" in c
-                                       else c["error"])))
-                dflt = [c for c in row["configs"] if all(c[k] == v for k, v in
-                                                         row["default"].items())]
-                if dflt and "us" in dflt[0]:
-                    print(f"   default: {dflt[0]['us']:.0f} us {dflt[0]['tflops']:.0f} TF/s")
+        if CUDA and not args.no_sweep:  # the attention alone at this length: every candidate
+            rows = [r for d in (64, 128) for r in PAS.sweep_shape(T, d)]
+            result["flash_sweep"] = rows
+            PAS.print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

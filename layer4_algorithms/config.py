@@ -84,7 +84,8 @@ class EngineConfig:
     prefill_attention: the triton backend's attention for a step that is one prompt with
     nothing cached, "flash" (layer 1's kernel, the default) or "cudnn" (cuDNN's fused
     attention through PyTorch: CUDA, fp16/bf16, the triton backend; LLM sets it on the model's
-    network, checking those). speculative: a SpecConfig or its dict, or None.
+    network, checking those); None: "cudnn" where those hold, else "flash". speculative: a
+    SpecConfig or its dict, or None.
     async_scheduling: schedule and prepare step N+1 while the GPU runs step N (its decode
     inputs taken from step N's tokens on the device; step N's tokens read one step later; see
     engine.py). None: on for a CUDA model without speculative decoding, else off; True with
@@ -110,7 +111,7 @@ class EngineConfig:
     cuda_graph: bool = False
     prefill_cuda_graph: bool | None = None
     attn_bytes_limit: int = DEFAULT_ATTN_BYTES_LIMIT
-    prefill_attention: str = "flash"
+    prefill_attention: str | None = "flash"
     speculative: SpecConfig | dict | None = None
     async_scheduling: bool | None = None
     grammar_fill_threads: int | None = None
@@ -137,8 +138,8 @@ class EngineConfig:
         return [
             None if self.backend in BACKENDS else
             f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}",
-            None if self.prefill_attention in PREFILL_ATTENTION else
-            f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)}, got "
+            None if self.prefill_attention is None or self.prefill_attention in PREFILL_ATTENTION
+            else f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)} or None, got "
             f"{self.prefill_attention!r}",
             positive("block_size"), positive("num_blocks", True), positive("kv_cache_bytes", True),
             None if self.num_blocks is None or self.kv_cache_bytes is None else

@@ -38,6 +38,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import fields, replace
 from pathlib import Path
 
+import torch
+
 import layer3_model as l3
 
 from .config import EngineConfig
@@ -52,6 +54,13 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
 from .structured import GrammarCompiler, TokenMasks, default_lanes
+
+
+def cudnn_attention_works(net) -> bool:
+    """Whether prefill_attention "cudnn" can run on `net`: a LlamaModel (set_backend) on the
+    triton backend, on a CUDA GPU, in fp16/bf16."""
+    return (hasattr(net, "set_backend") and getattr(net, "backend", None) == "triton"
+            and net.device.type == "cuda" and net.dtype in (torch.float16, torch.bfloat16))
 
 
 class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
@@ -85,7 +94,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         else:
             self.model = l3.load(model, backend=config.backend, dtype=config.dtype,
                                  device=config.device)
-        self.use_prefill_attention(config.prefill_attention)
+        attention = self.use_prefill_attention(config.prefill_attention)
         self.config = self.resolve(config)
         self.cache = self.make_cache()
         self.block_manager = BlockManager.from_config(self.config)
@@ -98,7 +107,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         if prefill is None:  # (decided here, once)
             prefill = self.config.cuda_graph and prefill_graphs_wanted(None, self.model.net)
         self.config = replace(self.config, async_scheduling=overlap, grammar_fill_threads=lanes,
-                              prefill_cuda_graph=prefill)
+                              prefill_cuda_graph=prefill, prefill_attention=attention)
         lookahead = speculator.num_lookahead_slots if speculator is not None else 0
         release = (speculator.release,) if speculator is not None else ()
         self.scheduler = Scheduler(self.block_manager, self.config,
@@ -122,17 +131,21 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         self.closed = False
         self.reset_stats()
 
-    def use_prefill_attention(self, name: str) -> None:
+    def use_prefill_attention(self, name: str | None) -> str:
         """Set the network's attention for a lone prompt (config.prefill_attention) where it
-        differs: a LlamaModel's set_backend checks it (the triton backend, CUDA, fp16/bf16);
-        a network without one (layer 5's wrappers) takes only the default, "flash"."""
+        differs, and return it: a LlamaModel's set_backend checks it (the triton backend,
+        CUDA, fp16/bf16); a network without one (layer 5's wrappers) takes only "flash".
+        None: "cudnn" where those hold, else "flash"."""
         net = self.model.net
+        if name is None:
+            name = "cudnn" if cudnn_attention_works(net) else "flash"
         if name == getattr(net, "prefill_attention", "flash"):
-            return
+            return name
         if not hasattr(net, "set_backend"):
             raise ValueError(f"prefill_attention={name!r} needs a layer-3 LlamaModel network "
                              f"(set_backend); this engine's is a {type(net).__name__}")
         net.set_backend(net.backend, impl=net.ops.impl, prefill_attention=name)
+        return name
 
     def resolve(self, config: EngineConfig) -> EngineConfig:
         """The config with the model-dependent knobs filled in: max_model_len capped by the

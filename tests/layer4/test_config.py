@@ -75,3 +75,6 @@ def test_prefill_attention_cudnn_is_refused_where_it_cannot_run(tiny_model):
     with pytest.raises(ValueError, match="needs the model on a CUDA GPU|needs the triton"):
         LLM(tiny_model, num_blocks=32, prefill_attention="cudnn")
     assert tiny_model.net.prefill_attention == "flash" and tiny_model.net.backend == "torch"
+    # None: cuDNN where it works, else flash (here: a CPU model on the torch backend)
+    llm = LLM(tiny_model, num_blocks=32, prefill_attention=None)
+    assert llm.config.prefill_attention == "flash" == tiny_model.net.prefill_attention

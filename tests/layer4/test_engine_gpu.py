@@ -109,3 +109,5 @@ def test_cudnn_prefill_attention_through_the_engine_and_its_prefill_graphs():
         assert_no_leak(cudnn)
     assert replays
     assert [o.outputs[0].token_ids for o in cudnn.generate(prompts, greedy(4))] == batch
+    # None, "where it works": cuDNN for this model, flash for the fp32 torch-backend one
+    assert LLM(model, prefill_attention=None, **kw).config.prefill_attention == "cudnn"

@@ -74,9 +74,9 @@ def _sdpa(backend_name: str) -> Callable:
 
     def run(q, k, v):
         with sdpa_kernel(backend):
-            o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None],
-                                               v.transpose(0, 1)[None], is_causal=True,
-                                               enable_gqa=True)
+            o = F.scaled_dot_product_attention(*(t.unsqueeze(0).transpose(1, 2)
+                                                 for t in (q, k, v)),
+                                               is_causal=True, enable_gqa=True)
         return o[0].transpose(0, 1)
     return run
 
@@ -185,8 +185,8 @@ def verdict(rows: list[dict]) -> dict:
         out["default_us"] = default["us"]
     if best:
         out.update(best_flash=best["name"], best_flash_us=best["us"])
-    if cudnn:
-        out["cudnn_us"] = cudnn["us"]
+    if cudnn:  # (a non-contiguous output would cost the model a copy before o_proj)
+        out.update(cudnn_us=cudnn["us"], cudnn_out_contiguous=cudnn["out_contiguous"])
     if default and best:
         out["best_flash_saves_ms"] = (default["us"] - best["us"]) * layers / 1e3
     if default and cudnn:
@@ -222,7 +222,8 @@ def print_verdicts(verdicts: list[dict]) -> None:
                          f"(saves {v.get('best_flash_saves_ms', 0):.3f} ms a prefill)")
         if "cudnn_us" in v:
             parts.append(f"cuDNN {v['cudnn_us']:.1f} us (saves "
-                         f"{v.get('cudnn_saves_ms', 0):.3f} ms a prefill)")
+                         f"{v.get('cudnn_saves_ms', 0):.3f} ms a prefill; output "
+                         f"{'token-major' if v['cudnn_out_contiguous'] else 'NOT contiguous'})")
         print("VERDICT " + head + "; ".join(parts), flush=True)
 
 

@@ -14,8 +14,9 @@ The call is aten's `_scaled_dot_product_cudnn_attention` itself, not F.scaled_do
 inside `sdpa_kernel(CUDNN_ATTENTION)`: the same kernel, without the backend selection and the
 context manager's flag flips on every call (host time in each of a prefill's layers; none in a
 CUDA graph's replay, into which the call is captured like any other). The result is the
-kernel's own output buffer (allocated in q's stride order: token-major here), returned as a
-(Nq, Hq, D) view, not copied into a caller's buffer.
+kernel's own output buffer, allocated by torch like q (empty_like keeps q's stride order,
+dense: token-major here), returned as a (Nq, Hq, D) view -- contiguous, so o_proj's reshape
+copies nothing -- not copied into a caller's buffer.
 """
 from __future__ import annotations
 
@@ -60,7 +61,9 @@ def cudnn_attention_tokens(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     if Nq == 0:
         return torch.empty_like(q)
+    # (1, H, N, D) views with the batch stride outermost, as a (B, N, H, D) tensor's
+    # .transpose(1, 2) has it: the layout cuDNN's attention is written for
+    q4, k4, v4 = (t.unsqueeze(0).transpose(1, 2) for t in (q, k, v))
     out = torch.ops.aten._scaled_dot_product_cudnn_attention(
-        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], None,
-        False, 0.0, bool(causal), False, scale=scale)[0]
+        q4, k4, v4, None, False, 0.0, bool(causal), False, scale=scale)[0]
     return out[0].transpose(0, 1)

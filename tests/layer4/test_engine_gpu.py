@@ -89,8 +89,9 @@ def test_cudnn_prefill_attention_through_the_engine_and_its_prefill_graphs():
     net = l3.random_model(l3.ModelConfig.from_dict(TINY), seed=0, std=0.3, device="cuda",
                           dtype=torch.bfloat16, backend="triton")
     model = l3.Model(net, None)
+    # the batch in one step; no prefix hits (every prompt runs fresh, its layers' k, v its own)
     kw = dict(block_size=16, num_blocks=64, max_num_batched_tokens=256, cuda_graph=True,
-              max_num_seqs=4, prefill_cuda_graph=True)  # the batch in one step
+              max_num_seqs=4, prefill_cuda_graph=True, enable_prefix_caching=False)
     prompts = random_prompts((5, 17, 30, 100))
     params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=5, ignore_eos=True)
     flash = LLM(model, **kw)

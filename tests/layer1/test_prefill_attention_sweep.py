@@ -3,9 +3,12 @@ grid orders) is checked against the reference and timed, the CUDA-only variants 
 with the reason they did not run, and the verdict names the default and the best variant."""
 from __future__ import annotations
 
+import pytest
+
 from tests.benchmark_script import load
 
 
+@pytest.mark.interpreter  # the flash variants run through Triton's interpreter
 def test_cpu_smoke_checks_every_variant(tmp_path, capsys):
     sweep = load("prefill_attention_sweep")
     result = sweep.main(["--cpu-smoke", "--out", str(tmp_path)])

@@ -74,29 +74,47 @@ LEAN_GRADING_ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTEST_PLUGINS": "py
 
 @pytest.fixture(scope="session")
 def pooled_gradings(request: pytest.FixtureRequest,
-                    tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Every grade_lab() run the selected tests want, in one pool, longest first, so short
-    runs fill the time long ones leave (ranks starting, a planted hang's budget running out).
-    A test module says what it wants through `grading_job(item, tmp_path_factory)`: None, or
-    (key, order, run). Returns key -> the GradeReport, or the exception grade_lab raised."""
-    jobs: dict = {}
-    for item in request.session.items:
-        make = getattr(getattr(item, "module", None), "grading_job", None)
-        job = make(item, tmp_path_factory) if make else None
-        if job is not None:
-            jobs.setdefault(job[0], job)
-    ordered = sorted(jobs.values(), key=lambda job: job[1])
+                    tmp_path_factory: pytest.TempPathFactory) -> Gradings:
+    """Every grade_lab() run the selected tests want, pooled (see Gradings). A test module says
+    what it wants through `grading_job(item, tmp_path_factory)`: None, or (key, order, run)."""
+    return Gradings(request.session.items, tmp_path_factory)
 
-    def run(job):
-        try:
-            return job[2]()
-        except Exception as exc:  # reported by the test that wanted this run
-            return exc
 
-    with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(GRADINGS_AT_ONCE) as pool:
-        for name, value in LEAN_GRADING_ENV.items():
-            mp.setenv(name, value)
-        return dict(zip([job[0] for job in ordered], pool.map(run, ordered), strict=True))
+class Gradings:
+    """key -> the GradeReport, or the exception grade_lab raised. The first key asked for
+    runs every grading its test module wants, in one pool, longest first, so short runs fill
+    the time long ones leave (ranks starting, a planted hang's budget running out). By module,
+    not all at once: under pytest-xdist every worker collects every test, and two workers
+    given one of test_grader.py / test_planted.py each would otherwise both run all of them."""
+
+    def __init__(self, items: list[pytest.Item], tmp_path_factory: pytest.TempPathFactory):
+        self._jobs: dict = {}  # module -> {key: job}
+        for item in items:
+            make = getattr(getattr(item, "module", None), "grading_job", None)
+            job = make(item, tmp_path_factory) if make else None
+            if job is not None:
+                self._jobs.setdefault(item.module.__name__, {}).setdefault(job[0], job)
+        self._done: dict = {}
+
+    def __getitem__(self, key):
+        if key not in self._done:
+            module = next(m for m, jobs in self._jobs.items() if key in jobs)
+            self._done.update(self._run(sorted(self._jobs.pop(module).values(),
+                                               key=lambda job: job[1])))
+        return self._done[key]
+
+    @staticmethod
+    def _run(ordered: list) -> dict:
+        def run(job):
+            try:
+                return job[2]()
+            except Exception as exc:  # reported by the test that wanted this run
+                return exc
+
+        with pytest.MonkeyPatch.context() as mp, ThreadPoolExecutor(GRADINGS_AT_ONCE) as pool:
+            for name, value in LEAN_GRADING_ENV.items():
+                mp.setenv(name, value)
+            return dict(zip([job[0] for job in ordered], pool.map(run, ordered), strict=True))
 
 
 @pytest.hookimpl(trylast=True)  # after -m/-k have deselected what they will

@@ -261,8 +261,8 @@ PLANT_ENV = {"LLM_STACK_LAB5_CHECK_LIMIT_S": "8"}
 
 
 def grading_job(item: pytest.Item, tmp_path_factory: pytest.TempPathFactory):
-    """One plant's grading, for conftest's pooled_gradings (which runs it beside the starter
-    and reference gradings): the slow plants right after lab 2's, the quick ones last."""
+    """One plant's grading, for conftest's pooled_gradings (which runs it beside the other
+    plants'): the slow plants first, the quick ones last."""
     if getattr(item, "originalname", None) != PLANTED_TEST:
         return None
     name = item.callspec.params["name"]

@@ -141,7 +141,8 @@ def peer_bench_rank(latency_sizes: list[int], bandwidth_sizes: list[int], iters:
             rows.append({"impl": name, "bytes": real, "dtype": str(dtype).removeprefix("torch."),
                          "world": world, "timing": "cuda graph" if graphed else "eager",
                          "time_s": t, "algbw": real / t if t and t == t else math.nan,
-                         "busbw": busbw(real / t, "all_reduce", world) if t and t == t else math.nan,
+                         "busbw": (busbw(real / t, "all_reduce", world) if t and t == t
+                                   else math.nan),
                          "ok": ok, "error": error, "blocks": ours.blocks if name in OURS else None})
     rows += _knob_rows(small, large, iters, dtype, dev, per_graph)
     small.close()
@@ -233,11 +234,13 @@ def _eager_rows(sizes: list[int], iters: int, dtype, dev) -> list[dict]:
     for nbytes in sizes:
         x = torch.ones(nbytes // elsize, device=dev, dtype=dtype)
         out = torch.empty_like(x)
-        for impl, call in (("ours eager", lambda: ours(x, out)), ("NCCL eager", lambda: dist.all_reduce(out))):
+        for impl, call in (("ours eager", lambda x=x, out=out: ours(x, out)),
+                           ("NCCL eager", lambda out=out: dist.all_reduce(out))):
             t = statistics.median(time_collective(call, iters, 3, dev))
             rows.append({"impl": impl, "bytes": nbytes, "dtype": str(dtype).removeprefix("torch."),
                          "world": world, "timing": "eager", "time_s": t, "algbw": nbytes / t,
-                         "busbw": busbw(nbytes / t, "all_reduce", world), "ok": True, "error": None})
+                         "busbw": busbw(nbytes / t, "all_reduce", world), "ok": True,
+                         "error": None})
     ours.close()
     return rows
 
@@ -255,12 +258,22 @@ def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev, per_graph: in
         n = nbytes // elsize // world * world
         shard = ((torch.arange(n // world, device=dev) % 7) + me).to(dtype)
         full = ((torch.arange(n, device=dev) % 7) + me).to(dtype)
-        gathered, scattered = torch.empty(n, device=dev, dtype=dtype), torch.empty(n // world, device=dev, dtype=dtype)
+        gathered = torch.empty(n, device=dev, dtype=dtype)
+        scattered = torch.empty(n // world, device=dev, dtype=dtype)
+
+        def nccl_gather(shard=shard, gathered=gathered):
+            dist.all_gather_into_tensor(gathered, shard)
+            return gathered
+
+        def nccl_scatter(full=full, scattered=scattered):
+            dist.reduce_scatter_tensor(scattered, full)
+            return scattered
+
         calls = {
-            ("all_gather", "ours"): lambda: peer.all_gather(shard),
-            ("all_gather", "NCCL"): lambda: (dist.all_gather_into_tensor(gathered, shard), gathered)[1],
-            ("reduce_scatter", "ours"): lambda: peer.reduce_scatter(full),
-            ("reduce_scatter", "NCCL"): lambda: (dist.reduce_scatter_tensor(scattered, full), scattered)[1],
+            ("all_gather", "ours"): lambda shard=shard: peer.all_gather(shard),
+            ("all_gather", "NCCL"): nccl_gather,
+            ("reduce_scatter", "ours"): lambda full=full: peer.reduce_scatter(full),
+            ("reduce_scatter", "NCCL"): nccl_scatter,
         }
         for (kind, impl), call in calls.items():
             ok = _agree(True, dev)
@@ -270,7 +283,8 @@ def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev, per_graph: in
             graphed = n * elsize <= GRAPHED_MAX
             t = _graph_time(call, per_graph, iters, dev) if graphed else \
                 statistics.median(time_collective(call, iters, 2, dev))
-            rows.append({"impl": f"{impl} {kind}", "bytes": n * elsize, "dtype": str(dtype).removeprefix("torch."),
+            rows.append({"impl": f"{impl} {kind}", "bytes": n * elsize,
+                         "dtype": str(dtype).removeprefix("torch."),
                          "world": world, "timing": "cuda graph" if graphed else "eager",
                          "time_s": t, "algbw": n * elsize / t,
                          "busbw": busbw(n * elsize / t, kind, world), "ok": ok, "error": None})
@@ -279,7 +293,8 @@ def _gather_scatter_rows(sizes: list[int], iters: int, dtype, dev, per_graph: in
 
 
 def _times(rows: list[dict], impl: str) -> dict[int, float]:
-    return {r["bytes"]: r["time_s"] for r in rows if r["impl"] == impl and r["time_s"] == r["time_s"]}
+    return {r["bytes"]: r["time_s"] for r in rows
+            if r["impl"] == impl and r["time_s"] == r["time_s"]}
 
 
 def summarize(rows: list[dict], world: int) -> dict:

@@ -236,8 +236,16 @@ def bench(argv: list[str] | None = None) -> int:
 def peer(argv: list[str] | None = None) -> int:
     """Our peer-memory all-reduce vs NCCL vs torch symm_mem: tables, crossovers, JSON, plot."""
     from .bench_peer import BANDWIDTH_SIZES, LATENCY_SIZES, peer_bench_rank, summarize
-    from .peer_report import (choice_table, crossover_lines, eager_lines, gather_scatter_table,
-                              knob_lines, latency_table, markdown, plot_peer_busbw)
+    from .peer_report import (
+        choice_table,
+        crossover_lines,
+        eager_lines,
+        gather_scatter_table,
+        knob_lines,
+        latency_table,
+        markdown,
+        plot_peer_busbw,
+    )
 
     parser = _parser("stack bench --layer 2 --peer", peer.__doc__)
     parser.add_argument("--peer", action="store_true", help=argparse.SUPPRESS)
@@ -284,7 +292,8 @@ def peer(argv: list[str] | None = None) -> int:
                     f"busbw, {world} x {record['device']}, bf16 (CUDA graphs up to 8 MiB)")
     for name in ("peer_bench.json", "peer_bench.md", "peer_busbw.png"):
         console.print(f"wrote {out / name}")
-    return 0 if all(r["ok"] for r in rows if r["impl"].startswith("ours") or r["impl"] == "NCCL") else 1
+    checked = [r["ok"] for r in rows if r["impl"].startswith("ours") or r["impl"] == "NCCL"]
+    return 0 if all(checked) else 1
 
 
 def _triton_version() -> str | None:

@@ -167,9 +167,9 @@ class PeerAllReduce:
             out = torch.empty_like(x, memory_format=torch.contiguous_format)
         elif out.shape != x.shape or out.dtype != x.dtype or out.device != x.device \
                 or not out.is_contiguous():
-            raise ValueError(f"rank {self.rank}: out must be contiguous with x's shape {tuple(x.shape)}, "
-                             f"dtype {x.dtype} and device; got {tuple(out.shape)} {out.dtype} "
-                             f"{out.device}")
+            raise ValueError(f"rank {self.rank}: out must be contiguous with x's shape "
+                             f"{tuple(x.shape)}, dtype {x.dtype} and device; got "
+                             f"{tuple(out.shape)} {out.dtype} {out.device}")
         nbytes = x.numel() * x.element_size()
         name = self.algorithm(nbytes, x.dtype)
         capturing = torch.cuda.is_current_stream_capturing()
@@ -296,7 +296,8 @@ class PeerAllReduce:
             return kernels.rms_norm(self(x), weight, eps=eps, residual=residual)
         self._usable()
         if x.device != self.device:
-            raise ValueError(f"rank {self.rank}: expected a tensor on {self.device}, got {x.device}")
+            raise ValueError(f"rank {self.rank}: expected a tensor on {self.device}, "
+                             f"got {x.device}")
         capturing = torch.cuda.is_current_stream_capturing()
         if self.debug and not capturing:
             self._agree(x, "one_shot_norm")
@@ -386,10 +387,11 @@ class PeerAllReduce:
             raise RuntimeError(f"rank {self.rank}: this PeerAllReduce was closed")
         code = int(self._status_np[0])  # host memory: no GPU sync
         if code and self._broken is None:
-            self._broken = (f"rank {self.rank}: peer all-reduce timed out after {self.timeout_s:g} s "
-                            f"waiting for rank {code - 1} (it never arrived: it died, hangs, or "
-                            "called a different collective); results since then are invalid "
-                            "and this PeerAllReduce cannot be used again")
+            self._broken = (f"rank {self.rank}: peer all-reduce timed out after "
+                            f"{self.timeout_s:g} s waiting for rank {code - 1} (it never "
+                            "arrived: it died, hangs, or called a different collective); "
+                            "results since then are invalid and this PeerAllReduce cannot be "
+                            "used again")
         if self._broken:
             raise RuntimeError(self._broken)
 
@@ -400,9 +402,10 @@ class PeerAllReduce:
         dist.all_gather_object(everyone, mine, group=self.group)
         bad = [r for r, theirs in enumerate(everyone) if theirs != mine]
         if bad:
-            raise ValueError(f"rank {self.rank}: peer all-reduce of {mine[0]} x {mine[1]} ({name}), "
-                             "but " + "; ".join(f"rank {r} passed {everyone[r][0]} x {everyone[r][1]}"
-                                                for r in bad)
+            others = "; ".join(f"rank {r} passed {everyone[r][0]} x {everyone[r][1]}"
+                               for r in bad)
+            raise ValueError(f"rank {self.rank}: peer all-reduce of {mine[0]} x {mine[1]} "
+                             f"({name}), but " + others
                              + ": every rank must all-reduce the same size and dtype")
 
     def close(self) -> None:

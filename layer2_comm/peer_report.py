@@ -12,7 +12,8 @@ ORDER = ("ours (by size)", "ours one_shot", "ours two_shot", "NCCL", "torch symm
          "torch symm_mem two_shot")
 
 
-GATHER_SCATTER = ("ours all_gather", "NCCL all_gather", "ours reduce_scatter", "NCCL reduce_scatter")
+GATHER_SCATTER = ("ours all_gather", "NCCL all_gather", "ours reduce_scatter",
+                  "NCCL reduce_scatter")
 
 
 def _us(t: float) -> str:
@@ -112,17 +113,20 @@ def eager_lines(rows: list[dict]) -> list[str]:
     got = {(r["impl"], r["bytes"]): r["time_s"] for r in rows if r["impl"].endswith(" eager")}
     return [f"eager (no graph), {human(b)}: ours {got[('ours eager', b)] * 1e6:.1f} us, "
             f"NCCL {got[('NCCL eager', b)] * 1e6:.1f} us"
-            for b in sorted({b for _, b in got}) if ("ours eager", b) in got and ("NCCL eager", b) in got]
+            for b in sorted({b for _, b in got})
+            if ("ours eager", b) in got and ("NCCL eager", b) in got]
 
 
 def crossover_lines(summary: dict) -> list[str]:
     def b(x) -> str:
         return "none" if not x else human(int(x))
 
+    beta = summary["beta_s_per_byte"]
+    link = 1 / beta / 1e9 if beta else math.inf
     return [
-        f"alpha-beta fitted on our one-shot: alpha (one barrier) = {summary['alpha_s'] * 1e6:.2f} us, "
-        f"1/beta = {1 / summary['beta_s_per_byte'] / 1e9 if summary['beta_s_per_byte'] else math.inf:.0f} GB/s "
-        f"per peer link; NCCL's ring: alpha = {summary['nccl_alpha_s'] * 1e6:.2f} us",
+        f"alpha-beta fitted on our one-shot: alpha (one barrier) = "
+        f"{summary['alpha_s'] * 1e6:.2f} us, 1/beta = {link:.0f} GB/s per peer link; "
+        f"NCCL's ring: alpha = {summary['nccl_alpha_s'] * 1e6:.2f} us",
         f"two-shot beats one-shot from: predicted {b(summary['two_over_one_predicted_bytes'])}, "
         f"measured {b(summary['two_over_one_measured_bytes'])}",
         f"NCCL beats ours from: predicted {b(summary['nccl_over_ours_predicted_bytes'])}, "
@@ -139,7 +143,7 @@ def plot_peer_busbw(rows: list[dict], path: str | Path, title: str) -> Path:
         if pts:
             style = ("o-" if impl.startswith("ours") else "s--") if impl in ORDER else \
                 ("^-" if impl.startswith("ours") else "v:")
-            ax.plot(*zip(*pts), style, markersize=3, label=impl)
+            ax.plot(*zip(*pts, strict=True), style, markersize=3, label=impl)
     ax.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="busbw (GB/s)",
            title=title)
     ax.grid(True, which="major", alpha=0.3)
@@ -150,22 +154,27 @@ def plot_peer_busbw(rows: list[dict], path: str | Path, title: str) -> Path:
 def markdown(rows: list[dict], summary: dict) -> str:
     """The latency/bandwidth table and the choice table as markdown (for BENCHMARKS.md)."""
     impls = [i for i in ORDER if any(r["impl"] == i for r in rows)]
-    lines = ["| size | " + " | ".join(f"{i} (us)" for i in impls) + " | NCCL / ours | busbw ours (GB/s) |",
+    lines = ["| size | " + " | ".join(f"{i} (us)" for i in impls)
+             + " | NCCL / ours | busbw ours (GB/s) |",
              "| --- |" + " --- |" * (len(impls) + 2)]
     for size, per in _by_size([r for r in rows if r["impl"] in ORDER]).items():
         ours = per.get("ours (by size)", {}).get("time_s", math.nan)
         nccl = per.get("NCCL", {}).get("time_s", math.nan)
         cells = [_us(per.get(i, {}).get("time_s", math.nan)) for i in impls]
+        busbw = per.get("ours (by size)", {}).get("busbw", math.nan)
         lines.append(f"| {human(size)} | " + " | ".join(cells)
-                     + f" | {nccl / ours:.2f}x | {per.get('ours (by size)', {}).get('busbw', math.nan) / 1e9:.1f} |")
-    lines += ["", "| collective | size | ours (us) | NCCL (us) | ours / NCCL busbw |", "| --- | --- | --- | --- | --- |"]
+                     + f" | {nccl / ours:.2f}x | {busbw / 1e9:.1f} |")
+    lines += ["", "| collective | size | ours (us) | NCCL (us) | ours / NCCL busbw |",
+              "| --- | --- | --- | --- | --- |"]
     for kind in ("all_gather", "reduce_scatter"):
         ours = {r["bytes"]: r for r in rows if r["impl"] == f"ours {kind}"}
         nccl = {r["bytes"]: r for r in rows if r["impl"] == f"NCCL {kind}"}
-        lines += [f"| {kind} | {human(s)} | {_us(ours[s]['time_s'])} | {_us(nccl[s]['time_s'])} | "
-                  f"{ours[s]['busbw'] / nccl[s]['busbw']:.2f}x |" for s in sorted(set(ours) & set(nccl))]
+        lines += [f"| {kind} | {human(s)} | {_us(ours[s]['time_s'])} | "
+                  f"{_us(nccl[s]['time_s'])} | {ours[s]['busbw'] / nccl[s]['busbw']:.2f}x |"
+                  for s in sorted(set(ours) & set(nccl))]
     lines += ["", "| size | chosen | fastest measured |", "| --- | --- | --- |"]
-    lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |" for r in summary["choice"]]
+    lines += [f"| {human(r['bytes'])} | {r['chosen']} | {r['fastest']} |"
+              for r in summary["choice"]]
     lines += [""] + [f"- {line}" for line in crossover_lines(summary) + eager_lines(rows)]
     knobs = knob_lines(rows)
     if knobs:

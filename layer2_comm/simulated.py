@@ -53,7 +53,8 @@ class PeerBuffers:
     def _span(self, who: int, owner: int, start: int, stop: int) -> None:
         for name, value in (("rank", who), ("owner", owner)):
             if not 0 <= value < self.world:
-                raise ValueError(f"{name} {value} is not a rank of this world (0..{self.world - 1})")
+                raise ValueError(f"{name} {value} is not a rank of this world "
+                                 f"(0..{self.world - 1})")
         if not 0 <= start <= stop <= self.numel:
             raise ValueError(f"[{start}:{stop}] is outside a buffer of {self.numel} elements")
 
@@ -64,8 +65,8 @@ class PeerBuffers:
         other = (writers >= 0) & (writers != reader)
         if bool(other.any()):
             who = int(writers[other][0])
-            raise RaceError(f"rank {reader} reads rank {owner}'s buffer [{start}:{stop}] in the phase "
-                            f"in which rank {who} wrote it: put a barrier between the write "
+            raise RaceError(f"rank {reader} reads rank {owner}'s buffer [{start}:{stop}] in the "
+                            f"phase in which rank {who} wrote it: put a barrier between the write "
                             "and the read")
         self._readers[owner][start:stop, reader] = True
         if reader != owner:
@@ -80,8 +81,8 @@ class PeerBuffers:
         readers = self._readers[owner][start:stop].clone()
         readers[:, writer] = False
         if bool(((writers >= 0) & (writers != writer)).any()) or bool(readers.any()):
-            raise RaceError(f"rank {writer} writes rank {owner}'s buffer [{start}:{stop}] in a phase "
-                            "in which another rank already read or wrote it: a barrier must "
+            raise RaceError(f"rank {writer} writes rank {owner}'s buffer [{start}:{stop}] in a "
+                            "phase in which another rank already read or wrote it: a barrier must "
                             "separate them")
         self._writer[owner][start:stop] = writer
         if writer != owner:
@@ -92,7 +93,7 @@ class PeerBuffers:
         """Every rank meets here: what was written before is visible to all after."""
         self.barriers += 1
         self.phase += 1
-        for w, r in zip(self._writer, self._readers):
+        for w, r in zip(self._writer, self._readers, strict=True):
             w.fill_(-1)
             r.fill_(False)
 

@@ -292,9 +292,9 @@ def gpu_profile(llm, prompts, n: int, top: int = 24, sequence: int = 32) -> str:
     lines = [f"wall {1e3 * wall / steps:.3f} ms/step, kernels {busy_us / 1e3 / steps:.3f} ms/step "
              f"({100 * busy_us / 1e6 / wall:.0f} % busy) over {steps} steps"]
     for e in sorted(kernels, key=lambda e: -e.self_device_time_total)[:top]:
+        per_call = e.self_device_time_total / max(e.count, 1)
         lines.append(f"  {e.self_device_time_total / 1e3 / steps:8.4f} ms/step "
-                     f"{e.count / steps:6.1f}/step {e.self_device_time_total / max(e.count, 1):7.2f}"
-                     f" us/call  {e.key[:80]}")
+                     f"{e.count / steps:6.1f}/step {per_call:7.2f} us/call  {e.key[:80]}")
     if sequence:
         lines.append(kernel_sequence([e for e in prof.events()
                                       if e.device_type == torch.autograd.DeviceType.CUDA],

@@ -39,7 +39,9 @@ class BlockTableMirror:
             return -1
         m = self.synced[r]
         if self.owner[r] is not t or m > n:  # a new list: rewrite the row
-            table[r, :n] = t
+            # (a long list through fromiter: half the instructions of numpy's per-item
+            # discovery; a 2k-token prompt's ~128 blocks)
+            table[r, :n] = np.fromiter(t, np.int64, n) if n > 32 else t
             table[r, n:] = 0
             self.owner[r], self.synced[r] = t, n
         elif m < n:  # appended since

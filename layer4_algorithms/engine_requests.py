@@ -101,12 +101,20 @@ class EngineRequestsMixin:
     def _sequence(self, rid: str, ids: list[int], params: l3.SamplingParams, index: int,
                   arrival: float, priority: int, array: np.ndarray | None = None) -> Sequence:
         seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
-                       generator=self._generator(params, index), decoder=self._decoder(),
+                       generator=self._generator_for(params, index), decoder=self._decoder(),
                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
                        priority=priority, prompt_array=array)
         if params.structured_outputs is not None:  # its grammar compiles from now on
             seq.grammar = self.grammars.state(params.structured_outputs)
         return seq
+
+    def _generator_for(self, params: l3.SamplingParams, index: int) -> torch.Generator | None:
+        """A completion's generator; None for a greedy one without speculation, which draws
+        nothing (a CUDA generator seeded from the OS is ~20 us of a lone prompt's intake; a
+        speculator's rows draw uniforms for every row of a mixed batch)."""
+        if params.greedy and self.speculator is None:
+            return None
+        return self._generator(params, index)
 
     def _generator(self, params: l3.SamplingParams, index: int) -> torch.Generator:
         """Completion `index` of a seeded request draws from seed + index: reproducible, and
@@ -132,7 +140,8 @@ class EngineRequestsMixin:
 
     def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
         p = parent.seq
-        children = [p.fork(next(self._seq_ids), i, self._generator(p.params, i), self._decoder())
+        children = [p.fork(next(self._seq_ids), i, self._generator_for(p.params, i),
+                           self._decoder())
                     for i in range(1, p.params.n)]
         self.scheduler.fork(parent, children, out)
         self._requests[p.request_id][1].extend(children)

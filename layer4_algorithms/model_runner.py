@@ -184,10 +184,11 @@ class ModelRunner(StepSampler):
         return self.place_ids(ids, src, dst, prev_tokens)
 
     @staticmethod
-    def host_ids(group: list[ScheduledSeq]) -> np.ndarray:
-        """The pass's input ids (T,) int64 on the host (a new array), none of them `pending`:
-        a prompt's chunk sliced from its sequence's prompt_array (no per-token conversion:
-        2k tokens of a list to numpy cost ~40 us), other tokens from the lists."""
+    def host_ids(group: list[ScheduledSeq], copy: bool = True) -> np.ndarray:
+        """The pass's input ids (T,) int64 on the host (a new array; copy=False: a lone
+        prompt's may view its prompt_array, read only), none of them `pending`: a prompt's
+        chunk sliced from its sequence's prompt_array (no per-token conversion: 2k tokens of a
+        list to numpy cost ~40 us), other tokens from the lists."""
         parts = []
         for s in group:
             arr, c, n = s.seq.prompt_array, s.context_len, s.num_new_tokens
@@ -197,7 +198,9 @@ class ModelRunner(StepSampler):
                 parts.append(np.array([s.seq.token_ids[c]], dtype=np.int64))
             else:
                 parts.append(np.array(s.input_ids, dtype=np.int64))
-        return parts[0].copy() if len(parts) == 1 else np.concatenate(parts)
+        if len(parts) == 1:
+            return parts[0].copy() if copy else parts[0]
+        return np.concatenate(parts)
 
     def place_ids(self, ids: list[int], src: list[int], dst: list[int],
                   prev_tokens: torch.Tensor | None, in_order: bool = False) -> torch.Tensor:
@@ -289,7 +292,7 @@ class ModelRunner(StepSampler):
             return None
         if ids is None:
             ids = (self.input_ids(group, prev_tokens) if any([s.pending >= 0 for s in group])
-                   else self.host_ids(group))
+                   else self.host_ids(group, copy=False))  # (run copies them, pinned)
         return self.prefill_graph.run(plan, group, ids, *got)
 
     def _graph_decode(self, group: list[ScheduledSeq], ids: torch.Tensor) -> torch.Tensor | None:

@@ -28,8 +28,11 @@ query_start_loc, a static buffer: rows 0..k-1 are the step's sequences' (the res
 by nobody). A padded step's GEMMs have another height than the eager step's, so cuBLAS may
 pick another kernel: logits equal up to the last bits, not bit for bit.
 
-Static inputs: one int64 buffer `ids | query_start_loc | seq_lens | positions | slots |
-tables` that a step fills from the host in one copy (a "one" step leaves the tables out): the
+Static inputs: one int64 buffer `ids | query_start_loc | seq_lens | tables | positions |
+slots` that a step fills from the host in one copy. A "one" step copies only up to its
+table's row (ids, n, the ~n / block_size block ids): its graph works out the positions (an
+arange up to n, 0 past it) and slots (its table's block * block_size + offset, the scratch
+block's past n) itself, a few small kernels, so the host does no per-token work. The
 host writes the step's values straight into a pinned array of the same layout and copies it
 without waiting (two such arrays, used in turn: one is rewritten only once its copy of two steps
 ago has run, which an event recorded behind it tells). Input ids on the host (a prefill's) ride
@@ -111,14 +114,20 @@ class PrefillGraphRunner:
         # the padding row's table must span the padding (up to a whole bucket)
         W = self.width = max(max_blocks, -(-max_tokens // bs))
         T, dev = max_tokens, model.device
-        # one buffer the host fills in one copy: ids | query_start_loc | seq_lens | positions |
-        # slots | tables (rows x width); a "one" step copies all but the tables
-        sizes = [T, R + 1, R, T, T, R * W]
+        # one buffer the host fills in one copy: ids | query_start_loc | seq_lens | tables
+        # (rows x width) | positions | slots; a "one" step copies up to its table's row
+        sizes = [T, R + 1, R, R * W, T, T]
         self.io = torch.zeros(sum(sizes), dtype=torch.int64, device=dev)
         parts = self.io.split(sizes)
-        self.ids, self.query_start_loc, self.seq_lens, self.positions, self.slots = parts[:5]
-        self.block_tables = parts[5].view(R, W)
-        self._one_size = sum(sizes[:5])
+        self.ids, self.query_start_loc, self.seq_lens = parts[:3]
+        self.block_tables = parts[3].view(R, W)
+        self.positions, self.slots = parts[4:]
+        self._one_size = sum(sizes[:3]) + W
+        # what a "one" step's graph makes its positions and slots from: token t's block index
+        # and offset in its table (its position is t), and the padding's scratch slots
+        tok = torch.arange(max(T, bs), dtype=torch.int64, device=dev)
+        self._tok, self._tok_block, self._tok_offset = tok, tok // bs, tok % bs
+        self._tok_pad = self.scratch * bs + tok % bs
         self.logits = torch.zeros((R, model.config.vocab_size), dtype=torch.float32, device=dev)
         # the host's copies of io (pinned, two used in turn on a GPU), padding rows' values,
         # which no step changes, written once
@@ -128,8 +137,8 @@ class PrefillGraphRunner:
         self._host_parts = []
         for h in self._host_t:
             hp = np.split(h.numpy(), np.cumsum(sizes[:5]))
-            hp[5] = hp[5].reshape(R, W)
-            hp[5][:] = self.scratch
+            hp[3] = hp[3].reshape(R, W)
+            hp[3][:] = self.scratch
             self._host_parts.append(hp)
         self._events: list[torch.cuda.Event | None] = [None] * len(self._host_t)
         self._dirty = [0] * len(self._host_t)  # table rows a "many" step wrote, per host copy
@@ -172,6 +181,12 @@ class PrefillGraphRunner:
         rows = 1 if kind == "one" else self.rows
         out = self.logits[:rows]
         ctx = self.contexts[(T, kind)]
+        if kind == "one":  # positions and slots from n and the table's row (module docstring)
+            real = self._tok[:T] < self.query_start_loc[1]
+            torch.mul(self._tok[:T], real, out=self.positions[:T])
+            own = torch.add(self._tok_offset[:T], self.block_tables[0][self._tok_block[:T]],
+                            alpha=self.block_size)
+            torch.where(real, own, self._tok_pad[:T], out=self.slots[:T])
         if isinstance(self.model, l3.LlamaModel):  # the head's output into the buffer itself
             self.model(self.ids[:T], ctx, self.cache, last_only=True, logits_out=out)
         else:  # (a network with LlamaModel's forward but no logits_out)
@@ -206,7 +221,7 @@ class PrefillGraphRunner:
 
     def _fill_padding(self, hp: list, T: int, n: int = 0) -> None:
         """Tokens [n, T) of host layout hp: padding (position 0, a scratch slot)."""
-        _, _, _, pos, slots, _ = hp
+        _, _, _, _, pos, slots = hp
         pos[n:T] = 0
         slots[n:T] = self._pad_slots[:T - n]
 
@@ -267,11 +282,29 @@ class PrefillGraphRunner:
         if self._events[turn] is not None:  # its copy of two steps ago has run (long since)
             self._events[turn].synchronize()
         hp = self._host_parts[turn]
-        host_ids, qsl, seq_lens, pos, slots, tables = hp
+        host_ids, qsl, seq_lens, tables, pos, slots = hp
         if self._dirty[turn]:  # the table rows an earlier "many" step wrote: padding again
             tables[:self._dirty[turn]] = self.scratch
             self._dirty[turn] = 0
         bs = self.block_size
+        qsl[0] = 0
+        if kind == "one":  # ids, n and the table's blocks: the graph does the rest (_step)
+            nb = -(-n // bs)
+            if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
+                host_ids[:n] = ids
+            qsl[1] = n
+            # the bucket's one sequence (seq_lens_host): not read by the single-sequence
+            # kernel, written so that nothing reads a "many" step's stale length
+            seq_lens[0] = T
+            tables[0, :nb] = table[0, :nb]
+            self._dirty[turn] = 1
+            self._launch(turn, self._one_size, ids, n)
+            if self.captured:
+                self.graphs[plan].replay()
+            else:
+                with torch.no_grad():
+                    self._step(T, kind)
+            return self.logits[:1]
         if k == 1:  # slots block by block: (blocks, block_size) ids, the run [c0, c0 + n)
             p = (self._arange[c0:c0 + n] if c0 + n <= self._arange.shape[0]
                  else np.arange(c0, c0 + n, dtype=np.int64))
@@ -288,26 +321,28 @@ class PrefillGraphRunner:
         self._fill_padding(hp, T, n)
         if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
             host_ids[:n] = ids
-        qsl[0] = 0
-        if kind == "one":
-            qsl[1] = n
-            # the bucket's one sequence (seq_lens_host): not read by the single-sequence
-            # kernel, written so that nothing reads a "many" step's stale length
-            seq_lens[0] = T
-            size = self._one_size
+        R = self.rows
+        if k == 1:
+            q, c, starts = np.array([n]), np.array([c0]), np.zeros(1, dtype=np.int64)
+        qsl[1:k + 1] = starts + q
+        qsl[k + 1:R] = n  # empty rows: no query, no key
+        qsl[R] = T  # the padding's sequence
+        seq_lens[:k] = c + q
+        seq_lens[k:R - 1] = 0
+        seq_lens[R - 1] = T - n
+        tables[:k, :table.shape[1]] = table
+        self._dirty[turn] = k
+        self._launch(turn, self.io.numel(), ids, n)
+        if self.captured:
+            self.graphs[plan].replay()
         else:
-            R = self.rows
-            if k == 1:
-                q, c, starts = np.array([n]), np.array([c0]), np.zeros(1, dtype=np.int64)
-            qsl[1:k + 1] = starts + q
-            qsl[k + 1:R] = n  # empty rows: no query, no key
-            qsl[R] = T  # the padding's sequence
-            seq_lens[:k] = c + q
-            seq_lens[k:R - 1] = 0
-            seq_lens[R - 1] = T - n
-            tables[:k, :table.shape[1]] = table
-            self._dirty[turn] = k
-            size = self.io.numel()
+            with torch.no_grad():
+                self._step(T, kind)
+        return self.logits[:k]
+
+    def _launch(self, turn: int, size: int, ids: torch.Tensor | np.ndarray, n: int) -> None:
+        """Host copy `turn`'s first `size` entries to the static buffer (without waiting on a
+        GPU; an event tells when it has run), then device ids into place."""
         src = self._host_t[turn]
         self.io[:size].copy_(src[:size], non_blocking=self._pinned)
         if self._pinned:
@@ -316,9 +351,3 @@ class PrefillGraphRunner:
             self._events[turn].record()
         if not isinstance(ids, np.ndarray):
             self.ids[:n].copy_(ids)
-        if self.captured:
-            self.graphs[plan].replay()
-        else:
-            with torch.no_grad():
-                self._step(T, kind)
-        return self.logits[:k]

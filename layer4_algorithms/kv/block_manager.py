@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass
+from itertools import repeat, starmap
 
 from ..config import EngineConfig
 from ..sequence import Sequence
@@ -254,8 +255,8 @@ class BlockManager:
         free = self._free
         if len(free) < k:  # evictions among them
             return [self._take() for _ in range(k)]
-        popleft, refs = free.popleft, self.ref_counts
-        blocks = [popleft() for _ in range(k)]
+        blocks = list(starmap(free.popleft, repeat((), k)))  # (a C-level loop)
+        refs = self.ref_counts
         for b in blocks:
             refs[b] = 1
         return blocks

@@ -3,6 +3,7 @@ are forked from it at its first token), aborting one, and building the outputs o
 step advanced. Kept apart from the step loop (engine.py)."""
 from __future__ import annotations
 
+import functools
 import struct
 import time
 from collections.abc import Sequence as Seq
@@ -17,6 +18,12 @@ from .outputs import RequestOutput
 from .sampling_guard import normalize
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence
+
+
+@functools.lru_cache(maxsize=64)
+def _packer(n: int) -> struct.Struct:
+    """n token ids as unsigned 64-bit ints (a compiled format: no parse per prompt)."""
+    return struct.Struct(f"{n}Q")
 
 
 class EngineRequestsMixin:
@@ -58,13 +65,13 @@ class EngineRequestsMixin:
         else (floats, strings, ...), or ids out of the vocabulary, goes through the model's
         encode, whose ids, checks and errors are the engine's."""
         if isinstance(prompt, list | tuple) and prompt:
-            try:  # int64s packed in C (half np.fromiter's instructions), as a read-only array
-                array = np.frombuffer(struct.pack(f"{len(prompt)}q", *prompt), dtype=np.int64)
+            try:  # packed in C (half np.fromiter's instructions), as a read-only array;
+                # unsigned: a negative id fails here, so one bound is left to check
+                array = np.frombuffer(_packer(len(prompt)).pack(*prompt), dtype=np.uint64)
             except (struct.error, TypeError, ValueError, OverflowError):  # (floats, strings..)
                 array = None
-            if (array is not None and array.min() >= 0
-                    and array.max() < self.model.config.vocab_size):
-                return prompt, array
+            if array is not None and array.max() < self.model.config.vocab_size:
+                return prompt, array.view(np.int64)
         return self.model.encode(prompt), None
 
     def _normalize_prompts(self, only: str | None = None) -> None:

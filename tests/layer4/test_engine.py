@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -196,8 +197,9 @@ def test_bad_input_gets_clear_errors(tiny_model):
         llm.add_request([5] * 38, greedy(5))
     with pytest.raises(ValueError, match="empty prompt"):
         llm.add_request([], greedy(5))
-    with pytest.raises(ValueError, match="token ids"):
-        llm.add_request([500], greedy(5))
+    for bad in ([500], [5, -1], [2**63], [2**64]):  # past the vocabulary, negative, huge
+        with pytest.raises(ValueError, match="token ids"):
+            llm.add_request(bad, greedy(5))
     with pytest.raises(ValueError, match="KV blocks"):
         llm.add_request([5] * 30, greedy(5))  # 35 tokens > 8 blocks of 4
     with pytest.raises(ValueError, match="n must be"):
@@ -250,3 +252,16 @@ def test_generate_keeps_the_heap_frozen_only_while_it_runs(tiny_model):
         assert gc.get_freeze_count() > 0  # not unfrozen (objects freed since have left it)
     finally:
         gc.unfreeze()
+
+
+def test_id_prompts_are_packed_once_and_greedy_requests_draw_no_generator(tiny_model):
+    llm = LLM(tiny_model, block_size=4, num_blocks=16, max_model_len=40)
+    ids = [5, 0, 7, True, 9]  # (bools are ints)
+    llm.add_request(ids, greedy(2))
+    llm.add_request(tuple(ids), SamplingParams(temperature=0.8, max_tokens=2, seed=1))
+    first, second = llm.scheduler.waiting
+    assert first.prompt_array.dtype == np.int64 and first.prompt_array.tolist() == ids
+    assert first.generator is None  # greedy: nothing to draw
+    assert isinstance(second.generator, torch.Generator)
+    out = llm.generate([ids], greedy(2))[0]
+    assert out.prompt_token_ids == [5, 0, 7, 1, 9] and len(out.outputs[0].token_ids) == 2

@@ -129,6 +129,7 @@ class PrefillGraphRunner:
         self._tok, self._tok_block, self._tok_offset = tok, tok // bs, tok % bs
         self._tok_pad = self.scratch * bs + tok % bs
         self.logits = torch.zeros((R, model.config.vocab_size), dtype=torch.float32, device=dev)
+        self._one_logits = self.logits[:1]
         # the host's copies of io (pinned, two used in turn on a GPU), padding rows' values,
         # which no step changes, written once
         self._pinned = dev.type == "cuda"
@@ -143,6 +144,7 @@ class PrefillGraphRunner:
         self._events: list[torch.cuda.Event | None] = [None] * len(self._host_t)
         self._dirty = [0] * len(self._host_t)  # table rows a "many" step wrote, per host copy
         self._turn = 0
+        self._copies: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self._arange = np.arange(max(T, bs), dtype=np.int64)
         self._slot_grid = np.zeros((W, bs), dtype=np.int64)  # a lone sequence's slots, by block
         self._pad_slots = self.scratch * bs + self._arange % bs
@@ -304,7 +306,7 @@ class PrefillGraphRunner:
             else:
                 with torch.no_grad():
                     self._step(T, kind)
-            return self.logits[:1]
+            return self._one_logits
         if k == 1:  # slots block by block: (blocks, block_size) ids, the run [c0, c0 + n)
             p = (self._arange[c0:c0 + n] if c0 + n <= self._arange.shape[0]
                  else np.arange(c0, c0 + n, dtype=np.int64))
@@ -343,8 +345,10 @@ class PrefillGraphRunner:
     def _launch(self, turn: int, size: int, ids: torch.Tensor | np.ndarray, n: int) -> None:
         """Host copy `turn`'s first `size` entries to the static buffer (without waiting on a
         GPU; an event tells when it has run), then device ids into place."""
-        src = self._host_t[turn]
-        self.io[:size].copy_(src[:size], non_blocking=self._pinned)
+        pair = self._copies.get((turn, size))
+        if pair is None:  # (the views made once: slicing a tensor is a few us of Python)
+            pair = self._copies[(turn, size)] = (self.io[:size], self._host_t[turn][:size])
+        pair[0].copy_(pair[1], non_blocking=self._pinned)
         if self._pinned:
             if self._events[turn] is None:
                 self._events[turn] = torch.cuda.Event()

@@ -119,6 +119,10 @@ class ModelRunner(StepSampler):
         self.staging.next_step()
         self.cache.copy_blocks(out.copies)  # copy-on-write before anything is written
         scheduled = out.scheduled
+        if len(scheduled) == 1 and self.prefill_graph is not None:
+            lone = self._lone_prefill(scheduled[0], prev_tokens)
+            if lone is not None:
+                return lone
         # a decode step: one pass over it (plain decodes only: its shape and tables known)
         fast = decode_inputs(self.tables, scheduled, out.plain_decodes == len(scheduled))
         if fast is None:
@@ -141,6 +145,19 @@ class ModelRunner(StepSampler):
                                      staging=self.staging, table=(fast.table, fast.lens))
             last, _ = self._run(scheduled, ids, ctx)
         return StepLogits(last, fast.rows, {}, self.staging)
+
+    def _lone_prefill(self, s: ScheduledSeq, prev_tokens: torch.Tensor | None
+                      ) -> StepLogits | None:
+        """A step of one sequence's prompt (chunk) from the prefill graphs without the general
+        path's passes (what _execute would do for it: one pass, the same graph), or None (not
+        such a step, or no graph fits: the general path then)."""
+        if s.num_new_tokens < 2 or s.spec_token_ids:
+            return None
+        last = self._graph_prefill([s], None, prev_tokens)
+        if last is None:
+            return None
+        row = 0 if s.context_len + s.num_new_tokens == s.seq.num_tokens else None  # s.samples
+        return StepLogits(last, [row], {}, self.staging)
 
     def _execute(self, scheduled: Sequence[ScheduledSeq],
                  prev_tokens: torch.Tensor | None) -> StepLogits:

@@ -92,8 +92,10 @@ class EngineRequestsMixin:
             seqs = req[1]
             ids = seqs[0].prompt_array.tolist()
             n = len(ids)
+            seqs[0].prompt_ids = ids  # (borrowed the caller's list till now: _sequence)
             for q in seqs:  # (in place: the lists keep their identity)
-                q.prompt_ids[:] = ids
+                if q is not seqs[0]:
+                    q.prompt_ids[:] = ids
                 q.token_ids[:n] = ids
         if only is None:
             todo.clear()
@@ -110,7 +112,8 @@ class EngineRequestsMixin:
         seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
                        generator=self._generator_for(params, index), decoder=self._decoder(),
                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
-                       priority=priority, prompt_array=array)
+                       priority=priority, prompt_array=array,
+                       borrow_prompt=array is not None and type(ids) is list)
         if params.structured_outputs is not None:  # its grammar compiles from now on
             seq.grammar = self.grammars.state(params.structured_outputs)
         return seq

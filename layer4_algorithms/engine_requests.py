@@ -92,10 +92,8 @@ class EngineRequestsMixin:
             seqs = req[1]
             ids = seqs[0].prompt_array.tolist()
             n = len(ids)
-            seqs[0].prompt_ids = ids  # (borrowed the caller's list till now: _sequence)
             for q in seqs:  # (in place: the lists keep their identity)
-                if q is not seqs[0]:
-                    q.prompt_ids[:] = ids
+                q.prompt_ids[:] = ids
                 q.token_ids[:n] = ids
         if only is None:
             todo.clear()
@@ -112,8 +110,7 @@ class EngineRequestsMixin:
         seq = Sequence(next(self._seq_ids), rid, ids, params, index=index,
                        generator=self._generator_for(params, index), decoder=self._decoder(),
                        eos_token_ids=self.model.eos_token_ids, arrival_time=arrival,
-                       priority=priority, prompt_array=array,
-                       borrow_prompt=array is not None and type(ids) is list)
+                       priority=priority, prompt_array=array)
         if params.structured_outputs is not None:  # its grammar compiles from now on
             seq.grammar = self.grammars.state(params.structured_outputs)
         return seq

@@ -54,15 +54,11 @@ class Sequence:
                  generator: torch.Generator | None = None,
                  decoder: l3.IncrementalDecoder | None = None,
                  eos_token_ids: tuple[int, ...] = (), arrival_time: float | None = None,
-                 priority: int = 0, prompt_array: np.ndarray | None = None,
-                 borrow_prompt: bool = False) -> None:
+                 priority: int = 0, prompt_array: np.ndarray | None = None) -> None:
         self.seq_id = seq_id
         self.request_id = request_id
         self.index = index
-        # borrow_prompt: prompt_ids is the caller's sequence as it is (no copy) until the owner
-        # replaces it by a list of ints (the engine, behind the next launch: a 2k-token list
-        # copy is ~3 us of a lone prompt's intake)
-        self.prompt_ids = prompt_ids if borrow_prompt else list(prompt_ids)
+        self.prompt_ids = list(prompt_ids)
         self.token_ids = list(prompt_ids)
         self.prompt_array = prompt_array
         self.params = params

@@ -265,5 +265,3 @@ def test_id_prompts_are_packed_once_and_greedy_requests_draw_no_generator(tiny_m
     assert isinstance(second.generator, torch.Generator)
     out = llm.generate([ids], greedy(2))[0]
     assert out.prompt_token_ids == [5, 0, 7, 1, 9] and len(out.outputs[0].token_ids) == 2
-    assert ids[3] is True  # (the caller's list, borrowed until the launch, left as it was)
-    assert all(type(t) is int for t in first.prompt_ids) and first.prompt_ids is not ids

@@ -14,6 +14,7 @@ import layer3_model as l3
 from layer3_model import backends
 
 GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
+GEMV_ROPE = importlib.import_module("layer1_kernels.gemv_rope")
 
 TINY = dict(l3.LLAMA_3_2_1B, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
             num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=97)
@@ -44,6 +45,15 @@ def _count_fused(monkeypatch) -> list:
     return calls
 
 
+def _interpreted_tiles(monkeypatch):
+    """Wider GEMV tiles than the interpreter's default (4 rows, 2 pairs): the interpreter's
+    cost is per program, and these still split every product of TINY into several programs
+    (vocab 97 = 6 x 16 + a 1-row masked tile; 160 qkv / gate_up rows, 48 hidden rows) over a
+    K loop of several 16-wide steps (K 48 and 80), and gemv_rope's 4 pairs are half a head."""
+    monkeypatch.setattr(GEMV, "_default_config", lambda n, k, rows: (16, 16, 1))
+    monkeypatch.setattr(GEMV_ROPE, "_default_config", lambda k: (4, 16, 1))
+
+
 def _decode(net, cache, context, prompt, steps: int, tables=None):
     B = len(prompt)
     def ctx(q, c):
@@ -65,6 +75,7 @@ def _decode(net, cache, context, prompt, steps: int, tables=None):
 def test_fused_decode_matches_general_path_interpreted(batch, paged, fuse_rope, monkeypatch):
     if torch.cuda.is_available():
         pytest.skip("the interpreter check runs on a CPU; the GPU test below covers CUDA")
+    _interpreted_tiles(monkeypatch)
     cfg, fused, plain = _pair(TINY, torch.float32, "cpu", "triton")
     fused.ops = dataclasses.replace(  # the kernels at every row count they take
         fused.ops, decode=dataclasses.replace(fused.ops.decode, fuse_rope=fuse_rope,

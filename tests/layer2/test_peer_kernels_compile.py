@@ -1,6 +1,7 @@
 """Our peer-memory kernels compiled for an H100/H200 (sm_90) on the CPU, with the ptxas that
 ships in Triton's wheel: the inline PTX of the barrier assembles at 2, 3, 4 and 8 ranks, and
-the SASS has the shape the kernels' docstrings claim. Nothing runs; no GPU needed.
+the SASS has the shape the kernels' docstrings claim. Nothing runs; no GPU needed. Every
+case is compiled in one process, once (module fixture `compiled`), and each test reads its own.
 
 - one `MEMBAR.SYS` per barrier (one lane per peer; the serial barrier has W-1 in a row),
 - the peers' 16-byte loads issued before the first add (one NVLink round trip per pass). The
@@ -26,47 +27,58 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from layer2_comm import peer_kernels as K
 
-world, name, serial = int(sys.argv[1]), sys.argv[2], sys.argv[3] == "1"
-fn = getattr(K, f"{name}_kernel")
-sig, consts, attrs = {}, {}, {}
-for i, a in enumerate(fn.arg_names):
-    if a in ("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"):
-        sig[a] = "*i32" if name == "one_shot_ll" else "*bf16"
-        attrs[(i,)] = [["tt.divisibility", 16]]
-    elif a == "lls":
-        sig[a] = tuple(["*i64"] * world)
-        for j in range(world):
-            attrs[(i, j)] = [["tt.divisibility", 16]]
-    elif a == "eps":
-        sig[a] = "fp32"
-    elif a in ("bufs", "pads"):
-        sig[a] = tuple(["*bf16" if a == "bufs" else "*i32"] * world)
-        for j in range(world):
-            attrs[(i, j)] = [["tt.divisibility", 16]]
-    elif a == "state_ptr":
-        sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-    elif a in ("status_addr", "timeout_ns"):
-        sig[a] = "i64"
-    elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL", "KIND"):
-        sig[a] = "constexpr"
-        consts[a] = {"RANK": 1, "WORLD": world,
-                     "BLOCK": 16 * 32 * (2 if name == "one_shot_ll" else 8), "SERIAL": serial,
-                     "PULL": True, "BLOCK_H": 4096, "PDL": len(sys.argv) > 5,
-                     "KIND": 2}[a]
-    else:
-        sig[a] = "i32"
-        if a in ("numel", "half_elems", "H", "nwords", "slot_words"):
+def sass(world, name, serial, pdl, out_dir):
+    fn = getattr(K, f"{name}_kernel")
+    sig, consts, attrs = {}, {}, {}
+    for i, a in enumerate(fn.arg_names):
+        if a in ("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"):
+            sig[a] = "*i32" if name == "one_shot_ll" else "*bf16"
             attrs[(i,)] = [["tt.divisibility", 16]]
-src = ASTSource(fn=fn, signature=sig, attrs=attrs,
-                constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 16})
-path = os.path.join(sys.argv[4], f"{name}_{world}.cubin")
-open(path, "wb").write(ck.asm["cubin"])
-tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
-ops = [m.group(1) for m in line.finditer(sass)]
-print(json.dumps(ops))
+        elif a == "lls":
+            sig[a] = tuple(["*i64"] * world)
+            for j in range(world):
+                attrs[(i, j)] = [["tt.divisibility", 16]]
+        elif a == "eps":
+            sig[a] = "fp32"
+        elif a in ("bufs", "pads"):
+            sig[a] = tuple(["*bf16" if a == "bufs" else "*i32"] * world)
+            for j in range(world):
+                attrs[(i, j)] = [["tt.divisibility", 16]]
+        elif a == "state_ptr":
+            sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
+        elif a in ("status_addr", "timeout_ns"):
+            sig[a] = "i64"
+        elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL", "KIND"):
+            sig[a] = "constexpr"
+            consts[a] = {"RANK": 1, "WORLD": world,
+                         "BLOCK": 16 * 32 * (2 if name == "one_shot_ll" else 8), "SERIAL": serial,
+                         "PULL": True, "BLOCK_H": 4096, "PDL": pdl,
+                         "KIND": 2}[a]
+        else:
+            sig[a] = "i32"
+            if a in ("numel", "half_elems", "H", "nwords", "slot_words"):
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
+                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 16})
+    path = os.path.join(out_dir, f"{name}_{world}_{int(serial)}{int(pdl)}.cubin")
+    open(path, "wb").write(ck.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
+                          check=True).stdout
+    line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
+    return [m.group(1) for m in line.finditer(text)]
+
+
+# one process for every compile (each would otherwise import torch and Triton again); a
+# compile's failure is reported for its own case
+done = {}
+for job in json.loads(sys.argv[1]):
+    try:
+        done[json.dumps(job)] = sass(*job, sys.argv[2])
+    except Exception as e:  # noqa: BLE001
+        done[json.dumps(job)] = f"{type(e).__name__}: {e}"
+print(json.dumps(done))
 '''
 
 
@@ -83,62 +95,80 @@ pytestmark = pytest.mark.skipif(not _ptxas_here(),
                                 reason="Triton's wheel has no ptxas/cuobjdump here")
 
 
-def _sass(world: int, name: str, serial: bool, tmp_path, pdl: bool = False) -> list[str]:
+#: Every (world, kernel, serial barrier, PDL) the tests below read, compiled once for all.
+JOBS = ([(w, "one_shot", False, False) for w in (2, 3, 4, 8)] + [(4, "one_shot", True, False)]
+        + [(4, n, False, False) for n in ("two_shot", "all_gather", "reduce_scatter")]
+        + [(w, "one_shot_norm", False, False) for w in (2, 4)]
+        + [(4, n, False, True) for n in ("one_shot", "one_shot_norm")]
+        + [(w, "one_shot_ll", False, False) for w in (2, 4)])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory) -> dict:
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}"
            + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(world), name, "1" if serial else "0",
-                           str(tmp_path)] + (["pdl"] if pdl else []), capture_output=True,
-                          text=True, env=env, timeout=300)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(JOBS),
+                           str(tmp_path_factory.mktemp("sass"))], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture
+def sass(compiled):
+    def ops(world: int, name: str, serial: bool, pdl: bool = False) -> list[str]:
+        got = compiled[json.dumps([world, name, serial, pdl])]
+        assert isinstance(got, list), got  # the compile's error
+        return got
+    return ops
+
+
 @pytest.mark.parametrize("world,loads_first", [(2, 1), (3, 1), (4, 3), (8, 4)])
-def test_one_shot_barrier_and_loads(world, loads_first, tmp_path):
-    ops = _sass(world, "one_shot", False, tmp_path)
+def test_one_shot_barrier_and_loads(world, loads_first, sass):
+    ops = sass(world, "one_shot", False)
     assert ops.count("MEMBAR.ALL.SYS") == 1  # one barrier, one fence for all peers
     # after the barrier: peers' loads (.cg: STRONG.GPU) before the first add
     first_add = next(i for i, op in enumerate(ops) if op.startswith(("FADD", "HADD2")))
     assert sum(op.startswith("LDG.E.128.STRONG.GPU") for op in ops[:first_add]) >= loads_first
 
 
-def test_serial_barrier_fences_once_per_peer(tmp_path):
-    assert _sass(4, "one_shot", True, tmp_path).count("MEMBAR.ALL.SYS") == 3
+def test_serial_barrier_fences_once_per_peer(sass):
+    assert sass(4, "one_shot", True).count("MEMBAR.ALL.SYS") == 3
 
 
 @pytest.mark.parametrize("name", ["two_shot", "all_gather", "reduce_scatter"])
-def test_other_kernels_assemble_at_four_ranks(name, tmp_path):
-    ops = _sass(4, name, False, tmp_path)
+def test_other_kernels_assemble_at_four_ranks(name, sass):
+    ops = sass(4, name, False)
     assert ops.count("MEMBAR.ALL.SYS") == (2 if name == "two_shot" else 1)
 
 
 @pytest.mark.parametrize("world,loads_first", [(2, 1), (4, 3)])
-def test_one_shot_norm_barrier_and_loads(world, loads_first, tmp_path):
+def test_one_shot_norm_barrier_and_loads(world, loads_first, sass):
     """The all-reduce with the norm in its epilogue: the same one barrier, and the peers' rows
     loaded before the first add."""
-    ops = _sass(world, "one_shot_norm", False, tmp_path)
+    ops = sass(world, "one_shot_norm", False)
     assert ops.count("MEMBAR.ALL.SYS") == 1
     first_add = next(i for i, op in enumerate(ops) if op.startswith(("FADD", "HADD2")))
     assert sum(op.startswith("LDG.E.128.STRONG.GPU") for op in ops[:first_add]) >= loads_first
 
 
 @pytest.mark.parametrize("name", ["one_shot", "one_shot_norm"])
-def test_one_shot_kernels_assemble_with_pdl(name, tmp_path):
+def test_one_shot_kernels_assemble_with_pdl(name, sass):
     """Launched as programmatic dependents: the grid-dependency wait and trigger come first,
     the barrier is unchanged."""
-    ops = _sass(4, name, False, tmp_path, pdl=True)
+    ops = sass(4, name, False, pdl=True)
     assert ops.count("MEMBAR.ALL.SYS") == 1
     # griddepcontrol.wait and .launch_dependents, before the first load of x
     first_load = next(i for i, op in enumerate(ops) if op.startswith("LDG.E.128"))
     assert "ACQBULK" in ops[:first_load] and "PREEXIT" in ops[:first_load]
-    assert "ACQBULK" not in _sass(4, name, False, tmp_path)
+    assert "ACQBULK" not in sass(4, name, False)
 
 
 @pytest.mark.parametrize("world", [2, 4])
-def test_low_latency_one_shot_assembles(world, tmp_path):
+def test_low_latency_one_shot_assembles(world, sass):
     """The LL kernel: no fence and no flag barrier; each packet an 8-byte volatile (.sys)
     store into each peer's region, polled back with volatile loads."""
-    ops = _sass(world, "one_shot_ll", False, tmp_path)
+    ops = sass(world, "one_shot_ll", False)
     assert not any(op.startswith("MEMBAR") for op in ops)
     stores = sum(op.startswith("STG.E.64.STRONG.SYS") for op in ops)
     assert stores == 2 * (world - 1)  # two packets a thread to each peer

@@ -59,6 +59,7 @@ from .generate import (
     load,
 )
 from .gguf_load import gguf_config, load_gguf
+from .meta_init import meta_device
 from .model import LlamaModel, causal_lm_loss
 from .models_command import models_main
 from .prefill_graph import CudaGraphPrefill
@@ -117,7 +118,7 @@ __all__ = [
     "resolve_model", "model_cache_dir", "models_main", "load_gguf", "gguf_config",
     # configuration, weights, tokenizer
     "ModelConfig", "RopeScaling", "SUPPORTED_MODEL_TYPES",
-    "load_model", "read_safetensors", "save_weights", "random_model",
+    "load_model", "read_safetensors", "save_weights", "random_model", "meta_device",
     "Tokenizer", "IncrementalDecoder", "encode_prompt",
     # the network, its kernels and the KV-cache seam
     "LlamaModel", "causal_lm_loss", "BACKENDS", "PREFILL_ATTENTION", "Ops", "make_ops",

@@ -11,6 +11,7 @@ from pathlib import Path
 import torch
 
 from .config import ModelConfig
+from .meta_init import meta_device
 from .model import LlamaModel
 from .tokenizer import Tokenizer
 from .weights import hf_to_ours
@@ -35,7 +36,7 @@ def load_gguf(path: str | Path, *, backend: str = "torch", dtype: torch.dtype | 
     tokenizer = gguf_tokenizer(reader, path)  # first: a file without one fails fast
     dtype = dtype or config.torch_dtype
     device = torch.device(device or "cpu")
-    with torch.device("meta"):
+    with meta_device():
         model = LlamaModel(config, backend=backend)
     try:
         ours = hf_to_ours(hf_state_dict(reader, config, path, dtype), model)

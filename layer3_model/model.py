@@ -225,7 +225,14 @@ class LlamaModel(nn.Module):
         return self.ops.prefill_attention
 
     def init_rope(self, device: torch.device | str | None = None) -> None:
-        """cos/sin tables (max_position_embeddings, D/2), fp32, for every position up front."""
+        """cos/sin tables (max_position_embeddings, D/2), fp32, for every position up front.
+        On the meta device only their shapes (a module built there gets its tables from
+        init_rope(device) once its weights are assigned)."""
+        if torch.empty(0, device=device).is_meta:  # (meta math would run PyTorch's Python refs)
+            shape = (self.config.max_position_embeddings, self.config.head_dim // 2)
+            self.register_buffer("cos", torch.empty(shape, device=device), persistent=False)
+            self.register_buffer("sin", torch.empty(shape, device=device), persistent=False)
+            return
         inv_freq = self.config.rope_inv_freq().to(device)
         positions = torch.arange(self.config.max_position_embeddings, device=device,
                                  dtype=torch.float32)

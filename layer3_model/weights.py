@@ -26,6 +26,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
+from .meta_init import meta_device
 from .model import LlamaModel
 
 _SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -153,7 +154,7 @@ def load_model(
     config = config or ModelConfig.from_pretrained(path)
     dtype = dtype or config.torch_dtype
     device = torch.device(device or "cpu")
-    with torch.device("meta"):
+    with meta_device():
         model = LlamaModel(config, backend=backend)
     state = {
         k: v.to(device=device, dtype=dtype)
@@ -178,7 +179,7 @@ def random_model(
     """A model of `config`'s shape with random N(0, std) weights (norm weights 1): for
     benchmarks of real shapes without downloading anything (say so in their output)."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    with torch.device("meta"):
+    with meta_device():
         model = LlamaModel(config, backend=backend)
     state = {}
     for name, shape in _names(model).items():

@@ -143,7 +143,7 @@ class MoEMLP(nn.Module):
         if self.shared:
             Fs = self.shared_down.weight.shape[1]
             s0, s1 = split_bounds(Fs, world, rank)
-        with torch.device("meta"):
+        with l3.meta_device():
             out = MoEMLP(config, first=a, local=b - a, ffn=f1 - f0, shared_ffn=s1 - s0, comm=comm)
         state = {"router.weight": self.router.weight, "gate_up": cols, "down": down}
         if self.shared:
@@ -180,7 +180,7 @@ def random_moe_model(config: MoEModelConfig, *, seed: int = 0, std: float = 0.3,
                      backend: str = "torch") -> MoELlamaModel:
     """Random N(0, std / sqrt(fan_in / 64)) weights (norm weights 1), for tests and benchmarks."""
     g = torch.Generator().manual_seed(seed)
-    with torch.device("meta"):
+    with l3.meta_device():
         net = MoELlamaModel(config, backend=backend)
     state = {}
     for name, p in net.state_dict().items():

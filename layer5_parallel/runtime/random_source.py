@@ -25,7 +25,7 @@ def random_net(config, *, backend: str = "torch", dtype: torch.dtype = torch.bfl
     `dtype`, drawn on `device` by a generator seeded with `seed`. Its `worker_source`,
     ("random", config, backend, dtype, seed, std), makes a worker draw the same net."""
     device = torch.device(device)
-    with torch.device("meta"):
+    with l3.meta_device():
         net = l3.LlamaModel(config, backend=backend)
     gen = torch.Generator(device=device).manual_seed(seed)
     state = {}

@@ -105,7 +105,7 @@ def load_full(source: tuple, device: torch.device):
         return random_net(config, backend=backend, dtype=dtype, device=device, seed=seed,
                           std=std)
     _, config, state, backend, cls = source
-    with torch.device("meta"):
+    with l3.meta_device():
         net = cls(config, backend=backend)
     net.load_state_dict({k: v.to(device) for k, v in state.items()}, strict=False, assign=True)
     if config.tie_word_embeddings:

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import layer4_algorithms as engine
+
 from ..runtime.comm import TPComm
 
 
@@ -256,7 +258,7 @@ def shard_model(net, rank: int, world: int, comm: TPComm, *, device=None,
         elif name.endswith("mlp.down.weight"):
             t = _cols(t, f0, f1)
         state[name] = t.to(device).clone()
-    with torch.device("meta"):
+    with engine.executor.meta_device():
         shard = type(net)(local, backend=net.backend)
     shard.load_state_dict(state, strict=False, assign=True)
     for layer, whole in zip(shard.layers, net.layers, strict=True):

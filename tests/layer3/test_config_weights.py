@@ -232,3 +232,24 @@ def test_config_json_eos_ids_join_the_tokenizers(make_checkpoint, tmp_path):
     cfg["eos_token_id"] = [2, 7]
     (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
     assert l3.load(tmp_path / "m").eos_token_ids == (2, 7)
+
+
+def test_meta_device_builds_shapes_without_drawing():
+    """meta_device(): the module torch.device("meta") gives (every parameter and buffer, same
+    shape and dtype, on meta) without running its init there; tensors elsewhere are still
+    filled inside it."""
+    cfg = l3.ModelConfig.from_dict(dict(l3.LLAMA_3_2_1B, hidden_size=32, intermediate_size=48,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        num_key_value_heads=2, head_dim=8, vocab_size=50,
+                                        max_position_embeddings=64))
+    with torch.device("meta"):
+        want = l3.LlamaModel(cfg)
+    with l3.meta_device():
+        got = l3.LlamaModel(cfg)
+        cpu = torch.nn.init.normal_(torch.zeros(4, device="cpu"))
+    assert cpu.abs().sum() > 0
+    shapes = {k: (v.shape, v.dtype) for k, v in want.state_dict(keep_vars=True).items()}
+    assert {k: (v.shape, v.dtype) for k, v in got.state_dict(keep_vars=True).items()} == shapes
+    assert {k: v.shape for k, v in got.named_buffers()} == {
+        k: v.shape for k, v in want.named_buffers()}
+    assert all(t.is_meta for t in [*got.parameters(), *got.buffers()])

@@ -10,16 +10,12 @@ import torch
 import layer3_model as l3
 from layer3_model.prefill_graph import CudaGraphPrefill
 
-SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=256)
+from .test_prefill_graph import SHAPE, small_config
 
 
 def _net(seed: int, dtype=torch.float32, device="cpu", **over) -> l3.LlamaModel:
-    shape = dict(l3.LLAMA_3_2_1B)
-    shape.update(SHAPE, **over)
-    shape.pop("rope_scaling", None)
-    return l3.random_model(l3.ModelConfig.from_dict(shape), backend="triton", seed=seed,
-                           std=0.2, dtype=dtype, device=device)
+    return l3.random_model(small_config(**over), backend="triton", seed=seed, std=0.2,
+                           dtype=dtype, device=device)
 
 
 def test_names_and_backends_are_checked() -> None:

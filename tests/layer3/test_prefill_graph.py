@@ -15,11 +15,16 @@ SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_atte
              num_key_value_heads=2, head_dim=16, vocab_size=97, max_position_embeddings=256)
 
 
-def _net(seed: int, dtype=torch.float32, device="cpu", **over) -> l3.LlamaModel:
+def small_config(**over) -> l3.ModelConfig:
+    """The 1B's config at SHAPE's sizes (and `over`): a small Llama with the real one's rest."""
     shape = dict(l3.LLAMA_3_2_1B)
     shape.update(SHAPE, **over)
     shape.pop("rope_scaling", None)
-    net = l3.random_model(l3.ModelConfig.from_dict(shape), backend="torch", seed=seed, std=0.2,
+    return l3.ModelConfig.from_dict(shape)
+
+
+def _net(seed: int, dtype=torch.float32, device="cpu", **over) -> l3.LlamaModel:
+    net = l3.random_model(small_config(**over), backend="torch", seed=seed, std=0.2,
                           dtype=dtype, device=device)
     net.set_backend("triton", impl="triton" if device == "cpu" else "auto")
     return net

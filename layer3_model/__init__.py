@@ -45,7 +45,14 @@ sampling's pick, torch.argmax's result) (layer 1's); `time_fn`, `Timing`,
 import layer2_comm as comm  # the layer beneath, as a namespace: comm.ring_all_reduce
 
 from .attention_context import AttentionContext, ContiguousKVCache, HostStaging, KVCache
-from .backends import BACKENDS, PREFILL_ATTENTION, Ops, make_ops, pads_prefill_attention
+from .backends import (
+    BACKENDS,
+    PREFILL_ATTENTION,
+    Ops,
+    cudnn_attention_works,
+    make_ops,
+    pads_prefill_attention,
+)
 from .bench_rows import rows_table, unmeasured_roofline
 from .config import SUPPORTED_MODEL_TYPES, ModelConfig, RopeScaling
 from .course_model import COURSE_MODEL_SIZES, course_model_dir
@@ -122,7 +129,7 @@ __all__ = [
     "Tokenizer", "IncrementalDecoder", "encode_prompt",
     # the network, its kernels and the KV-cache seam
     "LlamaModel", "causal_lm_loss", "BACKENDS", "PREFILL_ATTENTION", "Ops", "make_ops",
-    "pads_prefill_attention",
+    "pads_prefill_attention", "cudnn_attention_works",
     "AttentionContext", "KVCache", "ContiguousKVCache", "HostStaging",
     # sampling
     "SamplingParams", "sample", "sample_guarded", "make_generator", "top_k_filter", "top_p_filter",

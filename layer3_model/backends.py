@@ -385,6 +385,23 @@ def pads_prefill_attention(net) -> bool:
             or any(w is not None for w in config.layer_windows))
 
 
+def cudnn_attention_refusal(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why prefill_attention "cudnn" cannot run on weights on `device` in `dtype`, or None."""
+    if device.type != "cuda":
+        return (f"prefill_attention='cudnn' runs cuDNN, which needs the model on a CUDA GPU; "
+                f"it is on {device}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"prefill_attention='cudnn' needs fp16 or bf16 weights; the model is {dtype}"
+    return None
+
+
+def cudnn_attention_works(net) -> bool:
+    """Whether prefill_attention "cudnn" can run on `net`: a network with set_backend on the
+    triton backend, its weights on a CUDA GPU in fp16/bf16."""
+    return (hasattr(net, "set_backend") and getattr(net, "backend", None) == "triton"
+            and cudnn_attention_refusal(net.device, net.dtype) is None)
+
+
 def make_ops(backend: str = "torch", *, impl: str = "auto",
              prefill_attention: str = "flash") -> Ops:
     """The op set for a backend ("torch", "triton", "compile"). impl ("auto", "triton",

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .attention_context import AttentionContext, KVCache
-from .backends import Ops, make_ops, masked_attention
+from .backends import Ops, cudnn_attention_refusal, make_ops, masked_attention
 from .config import ModelConfig
 
 
@@ -211,12 +211,9 @@ class LlamaModel(nn.Module):
         (the triton backend only, on a CUDA GPU in fp16/bf16: checked here, against the
         weights as they are now; see backends.PREFILL_ATTENTION)."""
         if prefill_attention == "cudnn":
-            if self.device.type != "cuda":
-                raise ValueError(f"prefill_attention='cudnn' runs cuDNN, which needs the model "
-                                 f"on a CUDA GPU; it is on {self.device}")
-            if self.dtype not in (torch.float16, torch.bfloat16):
-                raise ValueError(f"prefill_attention='cudnn' needs fp16 or bf16 weights; the "
-                                 f"model is {self.dtype}")
+            refusal = cudnn_attention_refusal(self.device, self.dtype)
+            if refusal:
+                raise ValueError(refusal)
         self.ops = make_ops(backend, impl=impl, prefill_attention=prefill_attention)
 
     @property

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+import layer3_model as l3
+
 POLICIES = ("continuous", "static", "priority")
 SPEC_METHODS = ("draft", "ngram")
-BACKENDS = ("torch", "triton", "compile")  # layer 3's kernel backends
-PREFILL_ATTENTION = ("flash", "cudnn")  # layer 3's attention for a lone prompt (triton backend)
 DEFAULT_ATTN_BYTES_LIMIT = 512 * 2**20  # padded attention scores per forward pass (model_runner.py)
 
 
@@ -136,10 +136,10 @@ class EngineConfig:
 
         util = self.gpu_memory_utilization
         return [
-            None if self.backend in BACKENDS else
-            f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}",
-            None if self.prefill_attention is None or self.prefill_attention in PREFILL_ATTENTION
-            else f"prefill_attention must be one of {', '.join(PREFILL_ATTENTION)} or None, got "
+            None if self.backend in l3.BACKENDS else
+            f"backend must be one of {', '.join(l3.BACKENDS)}, got {self.backend!r}",
+            None if self.prefill_attention in (None, *l3.PREFILL_ATTENTION) else
+            f"prefill_attention must be one of {', '.join(l3.PREFILL_ATTENTION)} or None, got "
             f"{self.prefill_attention!r}",
             positive("block_size"), positive("num_blocks", True), positive("kv_cache_bytes", True),
             None if self.num_blocks is None or self.kv_cache_bytes is None else

@@ -38,8 +38,6 @@ from collections.abc import Sequence as Seq
 from dataclasses import fields, replace
 from pathlib import Path
 
-import torch
-
 import layer3_model as l3
 
 from .config import EngineConfig
@@ -54,13 +52,6 @@ from .scheduler import Scheduler, SchedulerOutput
 from .sequence import Sequence
 from .spec import EngineSpeculator, Speculator
 from .structured import GrammarCompiler, TokenMasks, default_lanes
-
-
-def cudnn_attention_works(net) -> bool:
-    """Whether prefill_attention "cudnn" can run on `net`: a LlamaModel (set_backend) on the
-    triton backend, on a CUDA GPU, in fp16/bf16."""
-    return (hasattr(net, "set_backend") and getattr(net, "backend", None) == "triton"
-            and net.device.type == "cuda" and net.dtype in (torch.float16, torch.bfloat16))
 
 
 class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
@@ -138,7 +129,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         None: "cudnn" where those hold, else "flash"."""
         net = self.model.net
         if name is None:
-            name = "cudnn" if cudnn_attention_works(net) else "flash"
+            name = "cudnn" if l3.cudnn_attention_works(net) else "flash"
         if name == getattr(net, "prefill_attention", "flash"):
             return name
         if not hasattr(net, "set_backend"):

@@ -289,23 +289,18 @@ class PrefillGraphRunner:
             tables[:self._dirty[turn]] = self.scratch
             self._dirty[turn] = 0
         bs = self.block_size
+        if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
+            host_ids[:n] = ids
         qsl[0] = 0
         if kind == "one":  # ids, n and the table's blocks: the graph does the rest (_step)
             nb = -(-n // bs)
-            if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
-                host_ids[:n] = ids
             qsl[1] = n
             # the bucket's one sequence (seq_lens_host): not read by the single-sequence
             # kernel, written so that nothing reads a "many" step's stale length
             seq_lens[0] = T
             tables[0, :nb] = table[0, :nb]
             self._dirty[turn] = 1
-            self._launch(turn, self._one_size, ids, n)
-            if self.captured:
-                self.graphs[plan].replay()
-            else:
-                with torch.no_grad():
-                    self._step(T, kind)
+            self._launch(plan, turn, self._one_size, ids, n)
             return self._one_logits
         if k == 1:  # slots block by block: (blocks, block_size) ids, the run [c0, c0 + n)
             p = (self._arange[c0:c0 + n] if c0 + n <= self._arange.shape[0]
@@ -321,8 +316,6 @@ class PrefillGraphRunner:
             pos[:n] = p
             np.add(blocks * bs, p % bs, out=slots[:n])
         self._fill_padding(hp, T, n)
-        if isinstance(ids, np.ndarray):  # tokens [n, T) keep earlier ids: valid, never read
-            host_ids[:n] = ids
         R = self.rows
         if k == 1:
             q, c, starts = np.array([n]), np.array([c0]), np.zeros(1, dtype=np.int64)
@@ -334,17 +327,14 @@ class PrefillGraphRunner:
         seq_lens[R - 1] = T - n
         tables[:k, :table.shape[1]] = table
         self._dirty[turn] = k
-        self._launch(turn, self.io.numel(), ids, n)
-        if self.captured:
-            self.graphs[plan].replay()
-        else:
-            with torch.no_grad():
-                self._step(T, kind)
+        self._launch(plan, turn, self.io.numel(), ids, n)
         return self.logits[:k]
 
-    def _launch(self, turn: int, size: int, ids: torch.Tensor | np.ndarray, n: int) -> None:
+    def _launch(self, plan: tuple[int, str], turn: int, size: int,
+                ids: torch.Tensor | np.ndarray, n: int) -> None:
         """Host copy `turn`'s first `size` entries to the static buffer (without waiting on a
-        GPU; an event tells when it has run), then device ids into place."""
+        GPU; an event tells when it has run), device ids into place, then the plan's graph
+        (or, not captured, the same forward eagerly)."""
         pair = self._copies.get((turn, size))
         if pair is None:  # (the views made once: slicing a tensor is a few us of Python)
             pair = self._copies[(turn, size)] = (self.io[:size], self._host_t[turn][:size])
@@ -355,3 +345,8 @@ class PrefillGraphRunner:
             self._events[turn].record()
         if not isinstance(ids, np.ndarray):
             self.ids[:n].copy_(ids)
+        if self.captured:
+            self.graphs[plan].replay()
+        else:
+            with torch.no_grad():
+                self._step(*plan)

@@ -91,13 +91,24 @@ def test_heads_first_config_is_checked() -> None:
 
 
 def test_table_orders_causal_launches_by_the_switch(monkeypatch) -> None:
-    """Off by default (today's order); CAUSAL_HEADS_FIRST (LLM_STACK_FLASH_HEADS_FIRST=1) turns
-    it on for causal launches only (a non-causal launch's programs do equal work)."""
+    """CAUSAL_HEADS_FIRST (on unless LLM_STACK_FLASH_HEADS_FIRST=0) orders causal launches
+    only (a non-causal launch's programs do equal work), and only while the query blocks fit
+    CUDA's grid axis 1 (past it the default order: no launch error)."""
+    monkeypatch.setattr(fa, "CAUSAL_HEADS_FIRST", False)
     for nq in (1, 2048):
         assert fa._pick_config(nq, 64, torch.bfloat16, True)["HEADS_FIRST"] is False
     monkeypatch.setattr(fa, "CAUSAL_HEADS_FIRST", True)
     assert fa._pick_config(2048, 64, torch.bfloat16, True)["HEADS_FIRST"] is True
     assert fa._pick_config(2048, 64, torch.bfloat16, False)["HEADS_FIRST"] is False
+    huge = (fa._MAX_GRID_Y + 1) * 128
+    assert fa._pick_config(huge, 64, torch.bfloat16, True)["HEADS_FIRST"] is False
+
+
+def test_heads_first_is_the_default() -> None:
+    """The measured-faster order is what a plain import gets (the env switch unset in CI)."""
+    import os
+    if "LLM_STACK_FLASH_HEADS_FIRST" not in os.environ:
+        assert fa.CAUSAL_HEADS_FIRST is True
 
 
 @pytest.mark.interpreter

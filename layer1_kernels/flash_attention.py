@@ -63,8 +63,8 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _HEAD_DIMS = (16, 32, 64, 128)
 _LOG2E = 1.4426950408889634
 #: Causal launches in the HEADS_FIRST grid order (module docstring): on since the GPU sweep
-#: (benchmarks/prefill_attention_sweep.py, BENCHMARKS.md) found it faster at every prefill
-#: shape measured for the table's own tiles; LLM_STACK_FLASH_HEADS_FIRST=0 turns it off.
+#: (benchmarks/prefill_attention_sweep.py, BENCHMARKS.md) found it as fast or faster for the
+#: table's own tiles at every prefill shape measured; LLM_STACK_FLASH_HEADS_FIRST=0 turns it off.
 CAUSAL_HEADS_FIRST = env_switch("LLM_STACK_FLASH_HEADS_FIRST", True)
 _MAX_GRID_Y = 65535  # CUDA's cap on grid axis 1 (HEADS_FIRST puts the query blocks there)
 

@@ -28,6 +28,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .cuda_events import record
+
 
 class GraphInputs:
     """positions, seq_lens, gather, input_ids (rows,) and block_tables (rows, max_blocks) int64
@@ -98,7 +100,7 @@ class GraphInputs:
         if self.pinned:
             if ev is None:
                 ev = self._events[turn] = torch.cuda.Event()
-            ev.record()
+            record(ev)
 
     def _fill(self, h: np.ndarray, B: int, bucket: int, pos: np.ndarray,
               ids: np.ndarray | None, gather: np.ndarray | None) -> int:

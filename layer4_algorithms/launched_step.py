@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .cuda_events import record
 from .scheduler import SchedulerOutput
 from .sequence import Sequence
 
@@ -72,7 +73,7 @@ class LaunchedStep:
             step.tokens, step.event = _TOKENS.copy(tokens)
             if bad is not None:  # with the tokens, behind the same event (recorded after)
                 step.bad = _pinned_copy(bad)
-            step.event.record()
+            record(step.event)
         for j, q in enumerate(who):
             q.num_pending += 1
             q.pending_index = j

@@ -51,6 +51,8 @@ import torch
 
 import layer3_model as l3
 
+from .cuda_events import record
+
 #: The smallest token bucket: shorter steps run in it (their host time is as long as a
 #: bigger step's, their GPU time shorter: the graph helps them most).
 MIN_BUCKET = 128
@@ -342,7 +344,7 @@ class PrefillGraphRunner:
         if self._pinned:
             if self._events[turn] is None:
                 self._events[turn] = torch.cuda.Event()
-            self._events[turn].record()
+            record(self._events[turn])
         if not isinstance(ids, np.ndarray):
             self.ids[:n].copy_(ids)
         if self.captured:

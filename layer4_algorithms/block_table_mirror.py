@@ -8,10 +8,18 @@ sequence: most sequences added no block since the last step.
 """
 from __future__ import annotations
 
+import functools
+import struct
 from collections.abc import Sequence
 from operator import is_
 
 import numpy as np
+
+
+@functools.lru_cache(maxsize=64)
+def _packer(n: int) -> struct.Struct:
+    """n block ids as int64 (a compiled format: no parse per table)."""
+    return struct.Struct(f"{n}q")
 
 
 class BlockTableMirror:
@@ -93,3 +101,16 @@ class BlockTableMirror:
             return None
         where, lens = got
         return self.table[where, :max(lens, default=0)].copy(), np.array(lens, dtype=np.int64)
+
+    def row_of(self, seq) -> tuple[np.ndarray, np.ndarray] | None:
+        """gather([seq]) without syncing seq's row (its list then stays new to the mirror: the
+        first step that gathers or syncs it writes the row whole): for a step whose table no
+        later step reuses as it is, a fresh prompt's prefill (~128 ids of a 2k-token prompt;
+        the sync and the gather's copy cost a few times the list's one conversion)."""
+        t, r = seq.block_table, seq.row
+        n = len(t)
+        if r is None or r >= self.table.shape[0] or n > self.table.shape[1]:
+            return None
+        # (packed in C: ~2/3 of fromiter's time for ~128 ids; a read-only view, read once)
+        table = np.frombuffer(_packer(n).pack(*t), dtype=np.int64).reshape(1, n)
+        return table, np.array([n], dtype=np.int64)

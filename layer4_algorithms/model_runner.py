@@ -304,7 +304,10 @@ class ModelRunner(StepSampler):
         plan = self.prefill_graph.plan(group)
         if plan is None:
             return None
-        got = self.tables.gather([s.seq for s in group])
+        if plan[1] == "one":  # a fresh prompt's table from its list, its mirror row left as
+            got = self.tables.row_of(group[0].seq)  # it is (a later step that needs it syncs)
+        else:
+            got = self.tables.gather([s.seq for s in group])
         if got is None:
             return None
         if ids is None:

@@ -70,3 +70,17 @@ def test_unchanged_rows_of_the_last_sync_are_answered_without_a_pass():
     order = [seqs[2], seqs[0]]  # other sequences: synced in full, promise or not
     where, lens = mirror.sync_rows(order, unchanged=True)
     assert lens == [1, 2] and np.array_equal(mirror.table[where, :2], padded([[21], [1, 3]]))
+
+
+def test_row_of_is_gather_of_one_and_leaves_the_row_to_a_later_sync():
+    mirror = BlockTableMirror(2, 40)
+    old = SimpleNamespace(row=0, block_table=[5, 6, 7])
+    check(mirror, [old])
+    new = SimpleNamespace(row=0, block_table=list(range(100, 135)))  # row 0 again, 35 blocks
+    table, lens = mirror.row_of(new)
+    assert table.tolist() == [new.block_table] and lens.tolist() == [35]
+    assert mirror.table[0, :3].tolist() == [5, 6, 7]  # not synced
+    new.block_table.append(200)  # grown in place since: the first sync writes the whole row
+    check(mirror, [new])
+    assert mirror.row_of(SimpleNamespace(row=None, block_table=[1])) is None
+    assert mirror.row_of(SimpleNamespace(row=1, block_table=list(range(41)))) is None  # too wide

@@ -224,6 +224,7 @@ class LLM(EngineLaunchMixin, EngineRequestsMixin, EngineStatsMixin):
         if out.scheduled:
             launched, prev = self._launch(out, prev, sync, advanced, finished)
             self._retired.clear()  # (while the GPU runs the launch)
+            self.block_manager.drain()  # the blocks of those finished since the last launch
             if self._unnormalized:
                 self._normalize_prompts()
         if launched is None and prev is None and not advanced:

@@ -123,7 +123,8 @@ class Scheduler:
         lookahead = self.num_lookahead_slots
         scheduled = out.scheduled
         append = scheduled.append
-        running, bs, refs = self.running, self.bm.block_size, self.bm.ref_counts
+        # (raw counts: a 1 is exact, a parked free only makes a count high: allocate_slots then)
+        running, bs, refs = self.running, self.bm.block_size, self.bm.raw_ref_counts
         plain = 0
         # (a for loop over running is safe: preemption only removes from its end, and a
         # sequence that preempts itself ends the loop)

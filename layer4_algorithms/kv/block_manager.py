@@ -24,6 +24,15 @@ tables in one array and copy only what was appended (block_table_mirror.BlockTab
 A block whose count drops to 0 goes back to the pool: to the free list if it holds nothing
 reusable, else to an LRU list of evictable cached blocks, which keep their contents until
 the pool runs dry and the least recently used one is taken (its hash forgotten).
+
+Freeing is parked: `free` takes the sequence's table off it at once and keeps the list; its
+blocks go back to the pool at the next `drain()`, in the order the frees came. Every method
+and property drains first, except the steps a new prompt takes (matching a prefix, admitting
+it with no hits, taking fresh blocks while the free list has them), which parked blocks
+cannot change: a parked block is still referenced, so it is in neither list, and it would
+join the free list's end, the side never taken from first. So a finished prompt's ~128 blocks
+(a 2k-token prompt) go back when the engine drains, behind its next launch, not while the
+caller waits for the request's output; what anyone reads here is what an immediate free gives.
 """
 from __future__ import annotations
 
@@ -63,7 +72,10 @@ class BlockManager:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.ref_counts = [0] * num_blocks
+        # each block's references; a parked free's blocks still count their table (ref_counts:
+        # drained). A count of 1 read here is exact: no parked table holds that block.
+        self.raw_ref_counts = [0] * num_blocks
+        self._parked: list[list[int]] = []  # tables of freed sequences, oldest first
         self._hash_of: list[int | None] = [None] * num_blocks
         # block -> (parent hash, tokens): the exact check behind a hash
         self._key_of: dict[int, tuple] = {}
@@ -84,12 +96,20 @@ class BlockManager:
 
     # ---- sizes -----------------------------------------------------------------------------
     @property
+    def ref_counts(self) -> list[int]:
+        """Each block's reference count (parked frees applied)."""
+        self.drain()
+        return self.raw_ref_counts
+
+    @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation may take: free ones plus evictable cached ones."""
+        self.drain()
         return len(self._free) + len(self._evictable)
 
     @property
     def num_cached_blocks(self) -> int:
+        self.drain()
         return len(self._cached)
 
     def blocks_for(self, num_tokens: int) -> int:
@@ -120,15 +140,21 @@ class BlockManager:
     def can_admit(self, seq: Sequence, hits: list[int], num_new_tokens: int) -> bool:
         """Would admit(seq, hits) + allocate_slots(seq, num_new_tokens) fit? Cached hits that
         nobody references are counted too: sharing them takes them off the evictable list."""
-        idle_hits = sum(1 for b in hits if self.ref_counts[b] == 0)
         new = self.blocks_for(len(hits) * self.block_size + num_new_tokens) - len(hits)
-        return idle_hits + new <= self.num_free_blocks
+        if self._parked:  # (parked blocks only add free ones: no hit, room already: yes)
+            if not hits and new <= len(self._free) + len(self._evictable):
+                return True
+            self.drain()
+        idle_hits = sum(1 for b in hits if self.raw_ref_counts[b] == 0)
+        return idle_hits + new <= len(self._free) + len(self._evictable)
 
     def admit(self, seq: Sequence, hits: list[int]) -> None:
         """Give a waiting sequence (no blocks) the cached prefix blocks `hits`: they count as
         computed and are skipped by prefill."""
         if seq.block_table:
             raise RuntimeError(f"sequence {seq.seq_id} already holds blocks")
+        if hits and self._parked:
+            self.drain()
         for b in hits:
             self._ref(b)
         seq.block_table = list(hits)
@@ -146,6 +172,7 @@ class BlockManager:
         A block whose prefix is already cached elsewhere stays unregistered (freed, not cached)."""
         if not self.enable_prefix_caching:
             return
+        self.drain()
         bs = self.block_size
         full = min(seq.num_computed_tokens // bs, len(seq.block_table))
         while len(seq.block_hashes) < full:
@@ -158,6 +185,7 @@ class BlockManager:
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block nobody is using (benchmarks: a cold cache)."""
+        self.drain()
         while self._evictable:
             block, _ = self._evictable.popitem(last=False)
             self._uncache(block)
@@ -169,11 +197,12 @@ class BlockManager:
         the table entries those writes touch that other sequences share)."""
         table, need = seq.block_table, self.blocks_for(seq.num_computed_tokens + num_new_tokens)
         first = seq.num_computed_tokens // self.block_size
-        return need, [i for i in range(first,
-                                       min(need, len(table))) if self.ref_counts[table[i]] > 1]
+        return need, [i for i in range(first, min(need, len(table)))
+                      if self.raw_ref_counts[table[i]] > 1]
 
     def num_new_blocks(self, seq: Sequence, num_new_tokens: int) -> int:
         """Blocks allocate_slots(seq, num_new_tokens) takes from the pool (new + copies)."""
+        self.drain()
         need, shared = self._write_plan(seq, num_new_tokens)
         return max(need - len(seq.block_table), 0) + len(shared)
 
@@ -187,10 +216,15 @@ class BlockManager:
         range is worked out once."""
         if num_new_tokens == 1:  # a decode: usually its slot is in its own last block already
             table, i = seq.block_table, seq.num_computed_tokens // self.block_size
-            if i < len(table) and self.ref_counts[table[i]] == 1:
+            if i < len(table) and self.raw_ref_counts[table[i]] == 1:
                 return []
+        if self._parked and (seq.num_computed_tokens // self.block_size < len(seq.block_table)
+                             or self.blocks_for(seq.num_computed_tokens + num_new_tokens)
+                             - len(seq.block_table) > len(self._free)):
+            self.drain()  # (else: no table entry of seq's is written, fresh blocks suffice)
         need, shared = self._write_plan(seq, num_new_tokens)
-        if max(need - len(seq.block_table), 0) + len(shared) > self.num_free_blocks:
+        if max(need - len(seq.block_table), 0) + len(shared) > len(self._free) + len(
+                self._evictable):
             return None
         copies = []
         if shared:  # a new list: tables only grow in place (the runner mirrors them)
@@ -207,30 +241,43 @@ class BlockManager:
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
         """child shares all of parent's blocks (one more reference each)."""
+        self.drain()
         for b in parent.block_table:
             self._ref(b)
         child.block_table = list(parent.block_table)
 
     def free(self, seq: Sequence) -> None:
-        """Drop all of seq's blocks (finish, abort, preemption). Freed in reverse order, so the
-        LRU list evicts a sequence's tail before its prefix, the part others may share."""
-        refs, hashed, evictable, free = self.ref_counts, self._hash_of, self._evictable, \
-            self._free
-        for b in reversed(seq.block_table):  # _unref, inlined: a prompt frees ~100 blocks at once
-            count = refs[b]
-            if count < 1:
-                raise RuntimeError(f"block {b} freed more often than it was referenced")
-            refs[b] = count - 1
-            if count == 1:
-                if hashed[b] is not None:
-                    evictable[b] = None
-                else:
-                    free.append(b)
+        """Drop all of seq's blocks (finish, abort, preemption): its table is empty at once,
+        its blocks return to the pool at the next drain (module docstring)."""
+        if seq.block_table:
+            self._parked.append(seq.block_table)
         seq.block_table, seq.block_hashes = [], []
+
+    def drain(self) -> None:
+        """Return the parked frees' blocks to the pool, in the order they were freed; each
+        table's in reverse order, so the LRU list evicts a sequence's tail before its prefix,
+        the part others may share."""
+        if not self._parked:
+            return
+        parked, self._parked = self._parked, []
+        refs, hashed, evictable, free = self.raw_ref_counts, self._hash_of, self._evictable, \
+            self._free
+        for table in parked:
+            for b in reversed(table):  # _unref, inlined: a prompt frees ~100 blocks at once
+                count = refs[b]
+                if count < 1:
+                    raise RuntimeError(f"block {b} freed more often than it was referenced")
+                refs[b] = count - 1
+                if count == 1:
+                    if hashed[b] is not None:
+                        evictable[b] = None
+                    else:
+                        free.append(b)
 
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """seq's KV is valid for its first num_tokens tokens only (speculative rollback): keep
         ceil(num_tokens / block_size) blocks, free the rest (they hold rejected slots only)."""
+        self.drain()
         keep = self.blocks_for(num_tokens)
         if keep >= len(seq.block_table):
             del seq.block_hashes[num_tokens // self.block_size:]
@@ -247,7 +294,7 @@ class BlockManager:
         else:  # evict the least recently used cached block
             block, _ = self._evictable.popitem(last=False)
             self._uncache(block)
-        self.ref_counts[block] = 1
+        self.raw_ref_counts[block] = 1
         return block
 
     def _take_many(self, k: int) -> list[int]:
@@ -256,21 +303,23 @@ class BlockManager:
         if len(free) < k:  # evictions among them
             return [self._take() for _ in range(k)]
         blocks = list(starmap(free.popleft, repeat((), k)))  # (a C-level loop)
-        refs = self.ref_counts
+        refs = self.raw_ref_counts
         for b in blocks:
             refs[b] = 1
         return blocks
 
     def _ref(self, block: int) -> None:
-        if self.ref_counts[block] == 0:
+        refs = self.raw_ref_counts  # (callers drained first)
+        if refs[block] == 0:
             self._evictable.pop(block)  # only cached blocks are reachable with no references
-        self.ref_counts[block] += 1
+        refs[block] += 1
 
     def _unref(self, block: int) -> None:
-        if self.ref_counts[block] < 1:
+        refs = self.raw_ref_counts  # (callers drained first)
+        if refs[block] < 1:
             raise RuntimeError(f"block {block} freed more often than it was referenced")
-        self.ref_counts[block] -= 1
-        if self.ref_counts[block] == 0:
+        refs[block] -= 1
+        if refs[block] == 0:
             if self._hash_of[block] is not None:
                 self._evictable[block] = None  # most recently used: evicted last
             else:

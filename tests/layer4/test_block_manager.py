@@ -150,3 +150,76 @@ def test_bad_sizes_are_rejected():
         BlockManager(0, 4)
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
+
+
+def _state(bm: BlockManager) -> tuple:
+    """Everything a free changes, read after draining."""
+    bm.drain()
+    return (list(bm.raw_ref_counts), list(bm._free), list(bm._evictable), dict(bm._cached),
+            list(bm._hash_of), bm.num_free_blocks)
+
+
+@pytest.mark.parametrize("blocks", [9, 24])
+@pytest.mark.parametrize("seed", range(6))
+def test_parked_frees_leave_what_immediate_frees_leave(seed, blocks):
+    """Two pools driven alike, one draining after every free (an immediate free): the same
+    block ids are handed out, the same prefix hits found, the same state after, through new
+    prompts (fresh, or sharing a prefix with parked ones), decoding, forks and a pool run dry."""
+    import random
+
+    rng = random.Random(seed)
+    pools = [BlockManager(blocks, 4), BlockManager(blocks, 4)]
+    live: list[list[Sequence]] = [[], []]
+    prefixes = [[rng.randrange(50) for _ in range(12)] for _ in range(3)]
+    for step in range(200):
+        op = rng.random()
+        tokens = rng.choice(prefixes)[:rng.randrange(1, 13)] + [
+            rng.randrange(50) for _ in range(rng.randrange(0, 9))]
+        fork, pick = rng.random() < 0.2, rng.random()
+        for bm, seqs, immediate in zip(pools, live, (True, False), strict=True):
+            if op < 0.45:  # a new prompt, as the scheduler admits one
+                s = seq(tokens, step)
+                hits = bm.match_prefix(s)
+                n = s.num_tokens - len(hits) * bm.block_size
+                if bm.can_admit(s, hits, n):
+                    bm.admit(s, hits)
+                    assert bm.allocate_slots(s, n) == []
+                    s.num_computed_tokens += n
+                    bm.commit(s)
+                    seqs.append(s)
+                    if fork:
+                        child = seq(tokens, 1000 + step)
+                        bm.fork(s, child)
+                        child.num_computed_tokens = s.num_computed_tokens
+                        seqs.append(child)
+            elif op < 0.75 and seqs:  # a decode step of the oldest
+                s = seqs[0]
+                s.token_ids.append(7)
+                if bm.allocate_slots(s, 1) is not None:
+                    s.num_computed_tokens += 1
+                    bm.commit(s)
+            elif seqs:  # one finishes
+                bm.free(seqs.pop(int(pick * len(seqs))))
+                if immediate:
+                    bm.drain()
+        a, b = live
+        assert [s.block_table for s in a] == [s.block_table for s in b]
+        assert [s.num_computed_tokens for s in a] == [s.num_computed_tokens for s in b]
+    assert _state(pools[0]) == _state(pools[1])
+    for bm, seqs in zip(pools, live, strict=True):
+        for s in seqs:
+            bm.free(s)
+        assert bm.num_free_blocks == blocks and sum(bm.ref_counts) == 0
+
+
+def test_a_parked_free_is_seen_by_every_reader_and_drained_once():
+    bm = BlockManager(8, 4)
+    s = seq(range(10))
+    computed(bm, s, 10)
+    blocks = list(s.block_table)
+    bm.free(s)
+    assert s.block_table == [] and s.block_hashes == []
+    assert bm.raw_ref_counts[blocks[0]] == 1  # parked: not back yet
+    assert bm.num_free_blocks == 8 and sum(bm.ref_counts) == 0  # readers see it back
+    bm.drain()  # nothing parked: nothing happens
+    assert bm.num_free_blocks == 8 and len(bm._free) + len(bm._evictable) == 8

@@ -143,7 +143,7 @@ class EngineRequestsMixin:
         for s in seqs:
             s.finish_reason = s.finish_reason or "abort"
         seqs[0].pending_forks = 0
-        return RequestOutput.of(request_id, prompt, seqs, time.perf_counter())
+        return RequestOutput.of(request_id, prompt, seqs, time.perf_counter(), last=True)
 
     def _fork(self, parent: ScheduledSeq, out: SchedulerOutput) -> list[Sequence]:
         p = parent.seq
@@ -177,7 +177,7 @@ class EngineRequestsMixin:
             if not unfinished and not (seqs[0].pending_forks == 0
                                        and all(s.finish_reason is not None for s in seqs)):
                 continue
-            o = RequestOutput.of(rid, prompt, seqs, now, delta=delta)
+            o = RequestOutput.of(rid, prompt, seqs, now, delta=delta, last=True)
             if o.finished:
                 # freed after the next launch (engine.py), not in the runner's next step
                 # inputs, where their last references (the block-table mirror's) would go:

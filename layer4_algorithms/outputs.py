@@ -74,10 +74,13 @@ class RequestOutput:
 
     @classmethod
     def of(cls, request_id: str, prompt, seqs: list[Sequence], now: float, *,
-           delta: bool = False) -> RequestOutput:
+           delta: bool = False, last: bool = False) -> RequestOutput:
         """delta: each completion carries only what is new since its last delta output (token
         ids, released text, logprobs; vLLM's RequestOutputKind.DELTA), and prompt_token_ids
-        only in the request's first one: no copy of what the caller already has."""
+        only in the request's first one: no copy of what the caller already has. last: the
+        caller is done with seqs once this output is finished (the engine retires them): a
+        finished output then takes the prompt's id list itself, not a copy (a 2k-token
+        prompt's copy is a pass over 2k objects while the caller waits for its output)."""
         if len(seqs) == 1:  # built for every running request every step (layer 6): no loops
             first = seqs[0]
             n_out = len(first.output_ids)
@@ -92,8 +95,8 @@ class RequestOutput:
                 prompt_ids = [] if first.delta_started else list(first.prompt_ids)
                 first.delta_started = True
                 return cls(request_id, prompt, prompt_ids, [_delta(first)], finished, metrics)
-            return cls(request_id, prompt, list(first.prompt_ids), [_completion(first)], finished,
-                       metrics)
+            prompt_ids = first.prompt_ids if last and finished else list(first.prompt_ids)
+            return cls(request_id, prompt, prompt_ids, [_completion(first)], finished, metrics)
         seqs = sorted(seqs, key=lambda s: s.index)
         first = seqs[0]
         finished = first.pending_forks == 0  # one pass: counts, TPOTs, first token
@@ -119,8 +122,9 @@ class RequestOutput:
             prompt_ids = [] if first.delta_started else list(first.prompt_ids)
             first.delta_started = True
             return cls(request_id, prompt, prompt_ids, outs, finished, metrics)
-        return cls(request_id, prompt, list(first.prompt_ids), [_completion(s) for s in seqs],
-                   finished, metrics)
+        prompt_ids = first.prompt_ids if last and finished else list(first.prompt_ids)
+        return cls(request_id, prompt, prompt_ids, [_completion(s) for s in seqs], finished,
+                   metrics)
 
 
 def _completion(s: Sequence) -> CompletionOutput:

@@ -265,3 +265,18 @@ def test_id_prompts_are_packed_once_and_greedy_requests_draw_no_generator(tiny_m
     assert isinstance(second.generator, torch.Generator)
     out = llm.generate([ids], greedy(2))[0]
     assert out.prompt_token_ids == [5, 0, 7, 1, 9] and len(out.outputs[0].token_ids) == 2
+
+
+def test_outputs_prompt_ids_are_the_prompts_and_a_running_requests_are_copies(tiny_model):
+    llm = LLM(tiny_model, num_blocks=64, block_size=4)
+    prompt = [5, 9, 2, 7, 7, 1]
+    rid = llm.add_request(prompt, SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    outs = []
+    while llm.has_unfinished():
+        outs += llm.step(unfinished=True)
+    outs += llm.drain()
+    assert outs[-1].finished and all(o.prompt_token_ids == prompt for o in outs)
+    outs[0].prompt_token_ids.append(99)  # a running request's output: the caller's own copy
+    assert outs[-1].prompt_token_ids == prompt and llm.abort(rid) is None
+    done = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2))
+    assert done[0].prompt_token_ids == prompt and prompt == [5, 9, 2, 7, 7, 1]

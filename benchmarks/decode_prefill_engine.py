@@ -36,6 +36,13 @@ TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_atte
             num_key_value_heads=2, head_dim=16, vocab_size=512)
 
 
+def device_sync() -> None:
+    """Wait for the GPU's queued work: cudaDeviceSynchronize through torch's binding, without
+    torch.cuda.synchronize()'s Python device guard (~60-80 us of host time on an H100 box,
+    which a timed call followed by this sync would count as the engine's)."""
+    torch._C._cuda_synchronize()
+
+
 def _setup(smoke: bool) -> tuple[l3.LlamaModel, float, float]:
     """The model, copy bandwidth (bytes/s) and bf16 FLOP/s (the CPU smoke test: nominal 1e11)."""
     shape, dev, dtype = dict(l3.LLAMA_3_2_1B), "cuda", torch.bfloat16
@@ -135,7 +142,7 @@ def first_decode(net, tokens: int, runs: int = 5) -> dict:
     taken (on_gpu answering True)."""
     from layer4_algorithms import launched_step  # noqa: PLC0415
 
-    sync = torch.cuda.synchronize
+    sync = device_sync
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
               prefill_attention=net.prefill_attention,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,
@@ -183,7 +190,7 @@ def engine_prefill(net, tokens: int, peak: float, smoke: bool, runs: int = 5,
     prefill_cuda_graph: the engine's prefill steps from its per-bucket graphs (the prompt
     fills the largest bucket: no padding), their pool's size reported."""
     dev = net.device
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync = device_sync if dev.type == "cuda" else (lambda: None)
     llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
               prefill_attention=net.prefill_attention,
               max_model_len=tokens + 16, num_blocks=-(-tokens // 16) * 2 + 8,

@@ -33,7 +33,7 @@ def test_switch_is_strict(monkeypatch):
     monkeypatch.setenv("LLM_STACK_CACHED_STREAM", "on")
     with pytest.raises(ValueError, match="LLM_STACK_CACHED_STREAM must be 0 or 1"):
         cuda_events._switch()
-    monkeypatch.setenv("LLM_STACK_CACHED_STREAM", "1")
-    assert cuda_events._switch()
+    monkeypatch.setenv("LLM_STACK_CACHED_STREAM", "0")
+    assert not cuda_events._switch()
     monkeypatch.delenv("LLM_STACK_CACHED_STREAM")
-    assert not cuda_events._switch()  # off by default
+    assert cuda_events._switch()  # on by default

@@ -75,12 +75,16 @@ def test_matches_float64(lens, hq, hkv, d, page, window, splits, fused, heads_fi
 @pytest.mark.interpreter
 def test_more_parts_than_one_merge_tile_and_than_keys():
     """100 parts: past one (MERGE_G, MERGE_S, D) merge tile, and most parts of the short
-    sequences are empty (lse -inf): they drop out; an empty sequence gives 0."""
+    sequences are empty (lse -inf): they drop out; an empty sequence gives 0. The fused merge
+    cuts 300 keys into the same 19 parts of 16 from any count of 19 or more, the programs
+    past them returning at once: 24 does 100's work with 608 fewer programs for the
+    interpreter to run; the merge kernel (unfused) reads all 100."""
     q, k, v, t, n = make([300, 5, 0, 77], 8, 2, 64, 4, seed=3)
     assert pd._tiles(4, 64, 100)[2] < 100
     ref = reference(q, k, v, t, n, 0.25, None)
-    for fused, merge_s in [(True, None), (False, None), (True, 4), (True, 32)]:
-        out = pd.paged_decode(q, k, v, t, n, 0.25, None, 100, fused_merge=fused,
+    for fused, merge_s, splits in [(True, None, 24), (False, None, 100), (True, 4, 24),
+                                   (True, 32, 24)]:
+        out = pd.paged_decode(q, k, v, t, n, 0.25, None, splits, fused_merge=fused,
                               config={"merge_s": merge_s})
         assert torch.isfinite(out).all() and (out[2] == 0).all()
         assert rel(out, ref) < 1e-5
@@ -165,7 +169,8 @@ def test_per_sm_counts_the_programs_of_paged_launches_only(monkeypatch):
 
 
 @pytest.mark.interpreter
-@pytest.mark.parametrize("min_part,splits", [(1, 9), (16, 8), (24, 5), (40, 64)])
+# (40, 16): min_part decides every part (16 splits cut the parts 40 keys long, as 64 would)
+@pytest.mark.parametrize("min_part,splits", [(1, 9), (16, 8), (24, 5), (40, 16)])
 def test_parts_follow_each_sequence_length(min_part, splits):
     """The fused kernel cuts each sequence into as many parts as its keys fill (none under
     min_part keys, at most the launch's split count; a part not a multiple of BLOCK_N too):
@@ -278,14 +283,15 @@ def test_wide_tiles_match_float64(lens, hq, hkv, d, cap, keys, stages):
     keys a part, parts of at least that many): a context of at most one tile is one part, a
     longer one parts of a tile merged in the launch; awkward lengths (1, 63, 65, 257, empty),
     GQA 4 and 8, D 64 and 128, the contiguous cache (no tables) and a paged one, split
-    counts from 1 to more parts than any context fills, the first tile peeled and not; the
-    counters back at zero after."""
+    counts from 1 to more parts than any context fills (16: at most 9 parts fill, cut as 64
+    would cut them, with fewer idle programs for the interpreter), the first tile peeled and
+    not; the counters back at zero after."""
     q, k, v, t, n = contiguous(lens, hq, hkv, d, cap, seed=keys + d)
     ref = reference(q, k, v, t, n, 0.2, None)
     pq, pk, pv, pt, pn = make(lens, hq, hkv, d, 16, seed=keys + d + 1)
     pref = reference(pq, pk, pv, pt, pn, 0.2, None)
     cfg = {"BLOCK_N": keys, "num_warps": 8, "num_stages": stages, "min_part": keys}
-    for splits, extra in ((1, {}), (64, {}), (64, {"peel": True}), (3, {"peel": True})):
+    for splits, extra in ((1, {}), (16, {}), (16, {"peel": True}), (3, {"peel": True})):
         out = pd.paged_decode(q, k, v, None, n, 0.2, None, splits, config={**cfg, **extra})
         assert torch.isfinite(out).all() and rel(out, ref) < 1e-5, (splits, extra)
         assert (out[n == 0] == 0).all()

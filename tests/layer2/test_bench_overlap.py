@@ -34,6 +34,7 @@ def _tiny_sweep() -> dict:
     return {"rows": rows, "ping": ping_pong(sizes, iters=2, warmup=1)}
 
 
+@pytest.mark.usefixtures("fork_server")
 def test_tiny_sweep_on_two_gloo_ranks_returns_sane_rows():
     results = launch(_tiny_sweep, 2, backend="gloo", timeout_s=90)
     assert results[0] == results[1]  # times are the slowest rank's, so every rank agrees
@@ -62,6 +63,7 @@ def test_sweep_outside_a_group_and_bad_names_are_clear_errors():
     assert default_sizes(64, 8, 2) == [8, 16, 32, 64]
 
 
+@pytest.mark.usefixtures("fork_server")
 def test_overlap_demo_on_cpu_returns_the_fields():
     out = overlap_demo(2, comm_bytes=1 << 18, matmul_n=64, iters=2, warmup=1, backend="gloo")
     assert OVERLAP_FIELDS <= set(out)
@@ -77,6 +79,7 @@ def test_efficiency_formula():
     assert efficiency(3.0, 1.0, 3.5) == pytest.approx(0.5)   # half the comm hidden
 
 
+@pytest.mark.usefixtures("fork_server")
 def test_run_command_checks_every_collective_on_two_ranks(capsys):
     assert commands.run(["--world", "2", "--iters", "2", "--backend", "gloo"]) == 0
     out = capsys.readouterr().out
@@ -86,6 +89,7 @@ def test_run_command_checks_every_collective_on_two_ranks(capsys):
     assert "NO" not in out
 
 
+@pytest.mark.usefixtures("fork_server")
 def test_bench_command_writes_json_markdown_and_plots(tmp_path, capsys):
     argv = ["--world", "2", "--backend", "gloo", "--max-bytes", "4096", "--factor", "8",
             "--iters", "2", "--out", str(tmp_path)]

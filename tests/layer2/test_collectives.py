@@ -205,6 +205,7 @@ def failures(reports: list[dict[str, str | None]]) -> list[str]:
             for name, err in rep.items() if err is not None]
 
 
+@pytest.mark.usefixtures("fork_server")  # 9 ranks
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_collectives_match_torch_distributed(world: int):
     reports = launch(run_checks, world, backend="gloo", timeout_s=60)

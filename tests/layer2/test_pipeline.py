@@ -29,17 +29,11 @@ from layer2_comm import (
     tuning,
     world_size,
 )
-from layer2_comm.launch import START_METHOD_ENV
 from layer2_comm.ring import Stage, run_pipeline
 from tests.benchmark_script import load
 
-
-@pytest.fixture(autouse=True)
-def _fork_server(monkeypatch):
-    """Ranks forked from a server that imported torch once, not each spawned afresh (~2 s of
-    CPU a rank, 11 ranks and the tune command's here): these tests are about the ring, not
-    the start (spawn's, launch's default, is tested in test_group_launch.py)."""
-    monkeypatch.setenv(START_METHOD_ENV, "forkserver")
+# 11 ranks and the tune command's: these tests are about the ring, not how ranks start
+pytestmark = pytest.mark.usefixtures("fork_server")
 
 
 def integers(n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:

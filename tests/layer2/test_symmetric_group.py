@@ -14,6 +14,9 @@ import torch.distributed.distributed_c10d as c10d
 from layer2_comm import launch
 from layer2_comm import symmetric_group as sg
 
+# 13 ranks; each rank's history of exchanges is emulated (_meet's `earlier`), not inherited
+pytestmark = pytest.mark.usefixtures("fork_server")
+
 
 def _exchange(store, rank: int, world: int, seq: int, value: int, timeout_s: float = 30.0):
     """What torch's StoreExchange.all_gather does (2.11): set my key under the PROCESS's

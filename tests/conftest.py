@@ -38,3 +38,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(few_gpus)
         if "interpreter" in item.keywords and gpus >= 1:
             item.add_marker(compiled)
+
+
+def _fork_server() -> tuple[str, str]:
+    from layer2_comm.launch import START_METHOD_ENV
+
+    return START_METHOD_ENV, "forkserver"
+
+
+@pytest.fixture
+def fork_server(monkeypatch):
+    """Layer 2's launch() forks the ranks from a server that imported torch once instead of
+    spawning each afresh (~2 s of CPU a rank): for CPU tests about what ranks compute, not how
+    they start (spawn, launch's default, is tested in tests/layer2/test_group_launch.py and
+    test_failures.py). Layer 5's engine workers always spawn; this does not reach them."""
+    monkeypatch.setenv(*_fork_server())
+
+
+@pytest.fixture(scope="module")
+def fork_server_module():
+    """fork_server for a whole module, its module-scoped fixtures' launches included."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(*_fork_server())
+        yield

@@ -33,7 +33,7 @@ from layer2_comm.ring import Stage, run_pipeline
 from tests.benchmark_script import load
 
 # 11 ranks and the tune command's: these tests are about the ring, not how ranks start
-pytestmark = pytest.mark.usefixtures("fork_server")
+pytestmark = pytest.mark.usefixtures("fork_server_module")
 
 
 def integers(n: int, dtype: torch.dtype, salt: int) -> torch.Tensor:

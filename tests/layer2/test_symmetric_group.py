@@ -15,7 +15,7 @@ from layer2_comm import launch
 from layer2_comm import symmetric_group as sg
 
 # 13 ranks; each rank's history of exchanges is emulated (_meet's `earlier`), not inherited
-pytestmark = pytest.mark.usefixtures("fork_server")
+pytestmark = pytest.mark.usefixtures("fork_server_module")
 
 
 def _exchange(store, rank: int, world: int, seq: int, value: int, timeout_s: float = 30.0):

@@ -15,6 +15,9 @@ import layer5_parallel as L5
 from layer5_parallel import train_adapter as A
 from layer5_parallel.data_parallel import ddp
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 # (communication, bucket bytes, average): averaged equal slices, summed uneven ones
 CASES = [("torch", 3000, True), ("ours", 7000, True), ("torch", 1 << 30, True),
          ("ours", 5000, False)]

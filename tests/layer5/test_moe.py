@@ -21,6 +21,9 @@ from layer5_parallel.expert_parallel.model import (
 )
 from layer5_parallel.expert_parallel.moe import MoEBlock, route, stats_of
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 seeds = random.SystemRandom()
 LAUNCH = l5.engine.executor.comm.launch
 CASES = [  # (tokens, hidden, ffn, experts, k, capacity_factor)

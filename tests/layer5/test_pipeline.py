@@ -12,6 +12,9 @@ import layer5_parallel as L5
 from layer5_parallel import train_adapter as A
 from layer5_parallel.pipeline_parallel import schedules as S
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 # (schedule, micro-batches, tied embedding) per world size: m = 3..5 on 2 and 3 stages
 CASES = {2: [("gpipe", 3, False), ("1f1b", 5, False), ("1f1b", 4, True)],
          3: [("gpipe", 4, False), ("1f1b", 3, False), ("1f1b", 5, True)]}

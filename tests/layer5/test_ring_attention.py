@@ -17,6 +17,9 @@ import layer5_parallel as l5
 
 from .engine_checks import assert_ranks_match
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 # the module, not the function of the same name that layer5_parallel exports
 ra = importlib.import_module("layer5_parallel.context_parallel.ring_attention")
 

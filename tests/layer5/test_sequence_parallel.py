@@ -13,6 +13,9 @@ from layer5_parallel.tensor_parallel.sequence_parallel import SequenceParallelML
 
 from .engine_checks import assert_ranks_match
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 seeds = random.SystemRandom()
 CASES = [(13, 8, 10), (5, 6, 7), (32, 16, 24)]  # (S, D, F)
 

@@ -12,6 +12,9 @@ import torch
 import layer5_parallel as L5
 from layer5_parallel import train_adapter as A
 
+# layer 2's launch: ranks forked from one server (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("fork_server_module")
+
 STEPS = 3
 
 

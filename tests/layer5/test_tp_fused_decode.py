@@ -6,6 +6,7 @@ identity, so the shard's logits equal the model's); two GPUs: tests/layer5/test_
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from datetime import timedelta
 
 import torch
@@ -15,6 +16,8 @@ import layer5_parallel as l5
 from layer3_model import backends
 
 l3 = l5.engine.executor
+GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
+GEMV_ROPE = importlib.import_module("layer1_kernels.gemv_rope")
 TINY = dict(l3.LLAMA_3_2_1B, hidden_size=48, intermediate_size=80, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=97,
             tie_word_embeddings=False)
@@ -50,6 +53,12 @@ def test_a_shard_takes_the_fused_decode_path(monkeypatch):
         return original(self, x, linear)
 
     monkeypatch.setattr(backends.DecodeKernels, "linear", counted)
+    # Wider GEMV tiles than the interpreter's default (4 rows, 2 pairs), as
+    # tests/layer3/test_fused_decode.py's: the interpreter's cost is per program, and these
+    # still cut every product into several (vocab 97 = 6 x 16 + 1, qkv 128 and gate_up 160
+    # rows, K 48 and 80 in 16-wide steps; gemv_rope's 4 pairs are half a head).
+    monkeypatch.setattr(GEMV, "_default_config", lambda n, k, rows: (16, 16, 1))
+    monkeypatch.setattr(GEMV_ROPE, "_default_config", lambda k: (4, 16, 1))
     net = l3.random_model(l3.ModelConfig.from_dict(TINY), backend="triton", seed=3, std=0.3)
     net.set_backend("triton", impl="triton")
     store = dist.HashStore()

@@ -378,6 +378,7 @@ def _knob_sweep_on_cpu_rank():
         [p.closed for p in wide]
 
 
+@pytest.mark.usefixtures("fork_server")
 def test_peer_bench_knob_sweep_runs_on_cpu_ranks():
     results = launch(_knob_sweep_on_cpu_rank, 2, backend="gloo", timeout_s=120)
     rows, restored, wide_closed = results[0]

@@ -60,6 +60,7 @@ def _rank(backend: str) -> dict:
     return result
 
 
+@pytest.mark.usefixtures("fork_server")  # layer 2's launch (tests/conftest.py)
 @pytest.mark.parametrize("backend", ["torch", "ours"])
 def test_a_shard_with_fused_norms_computes_the_whole_model(backend):
     for r in launch(_rank, 2, backend, backend="gloo", timeout_s=300):

@@ -3,6 +3,7 @@
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
                                           [--profile 30] [--stages] [--no-text] [--graphs]
     python benchmarks/engine_host_time.py --prefill 2048 [--repeats 5] [--profile 30]
+    python benchmarks/engine_host_time.py --prefill 2048 --timeline [--calls 30]
 
 A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
 every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
@@ -32,12 +33,20 @@ processes on a shared machine left out) per call, median of --repeats runs of 20
 split at the replay: before it (the GPU idles: all of it is on the prefill's wall clock) and
 after it (on a GPU partly hidden behind the replay; what follows the token's read is not), and
 by phase.
+
+--timeline (with --prefill N): the same call's timeline in WALL time (perf_counter, what the
+prefill's latency sees: a wait, a page fault or another thread's turn included) beside this
+thread's CPU time: the entry and exit of the engine's methods (and gc.freeze / unfreeze), in
+microseconds from generate()'s start, each the median over --calls calls (each stamp adds
+~1-2 us). A stamp's wall minus its thread time growing between two rows is time the thread
+did not run there.
 """
 from __future__ import annotations
 
 import argparse
 import collections
 import cProfile
+import gc
 import pstats
 import statistics
 import time
@@ -56,7 +65,7 @@ from layer4_algorithms import (
     model_runner,
     scheduler,
 )
-from layer4_algorithms.kv import paged_cache
+from layer4_algorithms.kv import block_manager, paged_cache
 from layer4_algorithms.prefill_graph_runner import PrefillGraphRunner
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -230,6 +239,112 @@ def prefill_host(tokens: int, repeats: int, profile: int = 0, calls: int = 20) -
     return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
+# --timeline: the methods stamped at entry and exit, in the order a lone prefill calls them
+TIMELINE = [(engine.LLM, "generate"), (engine.LLM, "reset_stats"), (engine.LLM, "add_request"),
+            (engine.LLM, "step"), (engine.LLM, "_advance"), (scheduler.Scheduler, "schedule"),
+            (model_runner.ModelRunner, "execute"), (PrefillGraphRunner, "run"),
+            (engine.LLM, "_sample_launch"), (launched_step.LaunchedStep, "on_gpu"),
+            (block_manager.BlockManager, "drain"), (engine.LLM, "_complete"),
+            (launched_step.LaunchedStep, "read_tokens"), (launched_step.LaunchedStep, "read"),
+            (scheduler.Scheduler, "postprocess"), (engine.LLM, "_end_step"),
+            (engine.LLM, "_outputs"), (engine.LLM, "drain"), (gc, "freeze"), (gc, "unfreeze")]
+CUDA_TIMELINE = [(torch.cuda.Event, "record"), (torch.cuda.Event, "query"),
+                 (torch.cuda.Event, "synchronize")]
+
+
+def cuda_prefill_engine(tokens: int) -> tuple[LLM, int, object]:
+    """decode_prefill_engine.py's engine_prefill engine on the GPU (the 1B shape, random
+    weights, CUDA graphs with the prefill graphs), its vocabulary size and device sync."""
+    import decode_prefill_engine as bench  # (beside this script)
+    net, _, _ = bench._setup(False)
+    llm = LLM(l3.Model(net, None), max_num_seqs=1, max_num_batched_tokens=tokens,
+              prefill_attention=net.prefill_attention, max_model_len=tokens + 16,
+              num_blocks=-(-tokens // 16) * 2 + 8, cuda_graph=True, prefill_cuda_graph=True)
+    return llm, net.config.vocab_size, bench.device_sync
+
+
+def prefill_timeline(tokens: int, calls: int, cuda: bool = False
+                     ) -> list[tuple[float, float, str]]:
+    """(wall us, thread us, label) of each stamp of one `tokens`-token prefill through
+    generate (module docstring; cuda: on the GPU, cuda_prefill_engine), medians over `calls`
+    calls of each clock (alternate calls stamp perf_counter and thread_time: one clock read a
+    stamp, its own cost, measured here, taken off each stamp after it), after 6 warm-ups. The
+    caller holds each call's result until the next call's returns, as decode_prefill_engine.py
+    did (`out = llm.generate(...)`): "the caller's next line" shows what freeing it costs."""
+    stamps: list[tuple[str, float]] = []
+    clock = [time.perf_counter]
+
+    def stamp(label: str) -> None:
+        stamps.append((label, clock[0]()))
+
+    if cuda:
+        llm, vocab, sync = cuda_prefill_engine(tokens)
+    else:
+        llm, vocab = prefill_engine(tokens, lambda: stamp("replay (stub)"))
+        sync = lambda: None  # noqa: E731
+    wrapped = []
+    for cls, attr in TIMELINE + (CUDA_TIMELINE if cuda else []):
+        owner = cls if cls is gc else next(c for c in cls.__mro__ if attr in c.__dict__)
+        inner = getattr(owner, attr) if cls is gc else owner.__dict__[attr]
+        name = f"{getattr(cls, '__name__', cls)}.{attr}"
+
+        def outer(*a, _f=inner, _in=name + " in", _out=name + " out", **k):
+            stamps.append((_in, clock[0]()))
+            try:
+                return _f(*a, **k)
+            finally:
+                stamps.append((_out, clock[0]()))
+        setattr(owner, attr, outer)
+        wrapped.append((owner, attr, inner))
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    gen = torch.Generator().manual_seed(1)
+    per: dict[tuple[str, str], list[float]] = collections.defaultdict(list)
+
+    def collected(phase: str, info: dict) -> None:  # the garbage collector's passes
+        stamp(f"gc collect gen{info['generation']} {phase}")
+    gc.callbacks.append(collected)
+    cost = {}
+    for c in (time.perf_counter, time.thread_time):
+        t = time.perf_counter()
+        for _ in range(1000):
+            c()
+        cost[c] = (time.perf_counter() - t) / 1000
+    out = None
+    try:
+        for i in range(2 * calls + 6):
+            clock[0] = time.thread_time if i % 2 else time.perf_counter
+            prompt = torch.randint(0, vocab, (tokens,), generator=gen).tolist()
+            sync()
+            stamps.clear()
+            t0 = clock[0]()
+            out = llm.generate([prompt], params)  # (the previous call's result freed here)
+            stamp("the caller's next line")
+            sync()
+            if i < 6:
+                continue
+            if len(out[0].outputs[0].token_ids) != 1:
+                raise RuntimeError("the prefill did not sample one token")
+            seen: collections.Counter = collections.Counter()
+            for j, (label, t) in enumerate(stamps):
+                seen[label] += 1
+                key = f"{label}#{seen[label]}" if seen[label] > 1 else label
+                per[(key, "thread" if i % 2 else "wall")].append(
+                    (t - t0 - (j + 1) * cost[clock[0]]) * 1e6)
+    finally:
+        gc.callbacks.remove(collected)
+        for owner, attr, inner in wrapped:
+            setattr(owner, attr, inner)
+    del out
+    rows = []
+    for key in {k for k, _ in per}:
+        wall, cpu = per.get((key, "wall"), []), per.get((key, "thread"), [])
+        seen_in = min(len(wall), len(cpu))
+        rows.append((statistics.median(wall) if wall else float("nan"),
+                     statistics.median(cpu) if cpu else float("nan"),
+                     key + (f" (in {seen_in} of {calls} calls)" if seen_in < calls else "")))
+    return sorted(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=32)
@@ -242,6 +357,12 @@ def main() -> None:
                     help="decode through the CUDA-graph runner, run eagerly (the GPU's path)")
     ap.add_argument("--prefill", type=int, default=0, metavar="N",
                     help="the host time of one N-token prefill through generate, by phase")
+    ap.add_argument("--timeline", action="store_true",
+                    help="with --prefill: the call's wall-clock timeline, method by method")
+    ap.add_argument("--calls", type=int, default=30,
+                    help="--timeline: the calls measured (each clock)")
+    ap.add_argument("--cuda", action="store_true",
+                    help="--timeline on the GPU: decode_prefill_engine.py's 1B engine, graphs on")
     ap.add_argument("--stages", action="store_true",
                     help="also the host time per decode step of each stage (async, generate)")
     args = ap.parse_args()
@@ -252,7 +373,23 @@ def main() -> None:
         ap.error(f"--profile must be >= 0, got {args.profile}")
     if args.prefill < 0:
         ap.error(f"--prefill must be >= 0, got {args.prefill}")
+    if args.timeline and not args.prefill:
+        ap.error("--timeline needs --prefill N")
+    if args.cuda and not (args.timeline and torch.cuda.is_available()):
+        ap.error("--cuda needs --timeline and a GPU")
+    if args.calls < 1:
+        ap.error(f"--calls must be >= 1, got {args.calls}")
     torch.set_num_threads(1)
+    if args.timeline:
+        where = (f"{torch.cuda.get_device_name()}, the 1B shape's prefill graphs" if args.cuda
+                 else "CPU, the prefill-graph runner with the replay a stub")
+        print(f"timeline of one {args.prefill}-token prefill (generate, max_tokens 1), {where}, "
+              f"torch {torch.__version__}: us from generate's call, medians of {args.calls} "
+              f"calls a clock", flush=True)
+        print(f"  {'wall':>8} {'thread':>8} {'wall-thread':>11}", flush=True)
+        for wall, cpu, label in prefill_timeline(args.prefill, args.calls, args.cuda):
+            print(f"  {wall:8.1f} {cpu:8.1f} {wall - cpu:11.1f}  {label}", flush=True)
+        return
     if args.prefill:
         got = prefill_host(args.prefill, args.repeats, args.profile)
         print(f"engine host time of one {args.prefill}-token prefill (generate, max_tokens 1, "

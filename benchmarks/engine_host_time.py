@@ -3,7 +3,7 @@
     python benchmarks/engine_host_time.py [--batch 32] [--new-tokens 64] [--repeats 5]
                                           [--profile 30] [--stages] [--no-text] [--graphs]
     python benchmarks/engine_host_time.py --prefill 2048 [--repeats 5] [--profile 30]
-    python benchmarks/engine_host_time.py --prefill 2048 --timeline [--calls 30]
+    python benchmarks/engine_host_time.py --prefill 2048 --timeline [--calls 30] [--cuda]
 
 A tiny random Llama-shaped model (2 layers, hidden 64) with the course tokenizer (vocab 4096:
 every sampled token is detokenised, as in real serving), on the CPU, so the forward pass costs
@@ -36,10 +36,14 @@ by phase.
 
 --timeline (with --prefill N): the same call's timeline in WALL time (perf_counter, what the
 prefill's latency sees: a wait, a page fault or another thread's turn included) beside this
-thread's CPU time: the entry and exit of the engine's methods (and gc.freeze / unfreeze), in
-microseconds from generate()'s start, each the median over --calls calls (each stamp adds
-~1-2 us). A stamp's wall minus its thread time growing between two rows is time the thread
-did not run there.
+thread's CPU time: the entry and exit of the engine's methods (gc's freeze calls and passes
+too), in microseconds from generate()'s call, each the median over --calls calls a clock
+(alternate calls read one clock or the other: one read a stamp; each wrapper adds ~1 us).
+Where the wall column grows faster than the thread column the thread did not run (waiting:
+a blocking call, the GIL, the scheduler); the thread column is rough (a thread_time read costs
+~0.7 us here: taken off). "the caller's next line": the previous call's result, freed when
+`out = llm.generate(...)` rebinds it. --cuda: on a GPU instead, decode_prefill_engine.py's 1B
+engine with its prefill graphs (torch.cuda.Event's record, query, synchronize stamped too).
 """
 from __future__ import annotations
 
@@ -247,7 +251,8 @@ TIMELINE = [(engine.LLM, "generate"), (engine.LLM, "reset_stats"), (engine.LLM, 
             (block_manager.BlockManager, "drain"), (engine.LLM, "_complete"),
             (launched_step.LaunchedStep, "read_tokens"), (launched_step.LaunchedStep, "read"),
             (scheduler.Scheduler, "postprocess"), (engine.LLM, "_end_step"),
-            (engine.LLM, "_outputs"), (engine.LLM, "drain"), (gc, "freeze"), (gc, "unfreeze")]
+            (engine.LLM, "_outputs"), (engine.LLM, "drain"), (gc, "get_freeze_count"),
+            (gc, "freeze"), (gc, "unfreeze")]
 CUDA_TIMELINE = [(torch.cuda.Event, "record"), (torch.cuda.Event, "query"),
                  (torch.cuda.Event, "synchronize")]
 

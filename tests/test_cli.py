@@ -75,7 +75,7 @@ def test_installed_script_runs_info():
 CPU_ONLY = not torch.cuda.is_available()
 MISTAKES = [
     ("run", 3, ["--model", "/nonexistent"], "/nonexistent"),
-    ("run", 3, ["--model", "/tmp"], "config.json"),
+    ("run", 3, ["--model", "EMPTY_DIR"], "config.json"),  # a fresh empty folder (tmp_path)
     ("run", 3, ["--prompt", ""], "empty prompt"),
     ("run", 3, ["--max-tokens", "0"], "max_tokens"),
     ("run", 3, ["--temperature", "-1"], "temperature"),
@@ -105,10 +105,13 @@ def _one_error_line(stderr: str, says: str) -> None:
     MISTAKES + [pytest.param(*m, marks=pytest.mark.skipif(not CPU_ONLY, reason="CUDA is here"))
                 for m in CPU_MISTAKES],
 )
-def test_a_users_mistake_is_one_line_and_exit_code_2(command, layer, args, says, monkeypatch):
+def test_a_users_mistake_is_one_line_and_exit_code_2(command, layer, args, says, monkeypatch,
+                                                     tmp_path):
     if layer not in cli.built_layers():
         pytest.skip(f"layer {layer} is not built")
     monkeypatch.delenv("STACK_DEBUG", raising=False)
+    # (a model folder with nothing in it: /tmp itself may hold anyone's files, a .gguf too)
+    args = [str(tmp_path) if a == "EMPTY_DIR" else a for a in args]
     result = runner.invoke(cli.app, [command, "--layer", str(layer), *args])
     assert result.exit_code == 2, (result.stderr[-2000:], result.exception)
     _one_error_line(result.stderr, says)

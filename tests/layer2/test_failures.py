@@ -42,7 +42,8 @@ MISMATCHES = {
 }
 
 
-# how long the silent peer stays away: far beyond the 0.5 s timeout, even on a busy machine
+# how long the silent peer stays away at most: far beyond the 0.5 s timeout, even on a busy
+# machine (it comes back as soon as rank 0 has given up, which it marks in a file)
 SILENCE_S = 8.0
 
 
@@ -51,8 +52,9 @@ def seconds(text: str) -> float:
     return float(text.split(" after ", 1)[1].split(" s:", 1)[0])
 
 
-def disagree() -> dict[str, str]:
-    """Run every mismatch on 2 ranks; report how each failed, then show the group still works."""
+def disagree(gave_up: str) -> dict[str, str]:
+    """Run every mismatch on 2 ranks; report how each failed, then show the group still works.
+    Rank 0 creates the file `gave_up` once its wait on the silent peer has ended."""
     me, report = rank(), {}
     for name, call in MISMATCHES.items():
         start = time.monotonic()
@@ -66,7 +68,9 @@ def disagree() -> dict[str, str]:
     # A peer that never joins: rank 0's wait gives up after the group's timeout.
     group_state["timeout_s"] = 0.5
     if me == 1:
-        time.sleep(SILENCE_S)
+        away = time.monotonic() + SILENCE_S
+        while time.monotonic() < away and not os.path.exists(gave_up):
+            time.sleep(0.05)
         return report
     start = time.monotonic()
     try:
@@ -74,13 +78,14 @@ def disagree() -> dict[str, str]:
         report["silent peer"] = "no error"
     except Exception as exc:
         report["silent peer"] = f"{type(exc).__name__} after {time.monotonic() - start:.1f} s: {exc}"
+    Path(gave_up).touch()
     return report
 
 
-def test_disagreeing_ranks_get_a_value_error_on_both_sides():
+def test_disagreeing_ranks_get_a_value_error_on_both_sides(tmp_path: Path):
     # launch's timeout covers the ranks' start-up (slow on a busy machine) and rank 1's
     # SILENCE_S away: a net, not what is measured here (each report times its own call)
-    reports = launch(disagree, 2, backend="gloo", timeout_s=120)
+    reports = launch(disagree, 2, str(tmp_path / "gave_up"), backend="gloo", timeout_s=120)
     for name in MISMATCHES:
         for r in (0, 1):
             text = reports[r][name]
@@ -148,10 +153,15 @@ def started() -> int:
     return rank()
 
 
+@pytest.mark.usefixtures("fork_server")  # how a hang is stopped, not how ranks start
 def test_a_rank_that_hangs_is_stopped_at_the_timeout(tmp_path: Path):
     # launch's timeout also covers the ranks' start-up, which a busy machine stretches (at a
     # fixed 15 s rank 0 was once still starting, so both ranks were reported): it is set from
-    # a start-up measured just before, so that rank 0 surely finishes inside it.
+    # a start-up measured just before, so that rank 0 surely finishes inside it. The ranks
+    # fork from a server that imported torch once (started by the first launch, not timed):
+    # a start-up of a second or so, not the several seconds a spawned rank's imports take
+    # on a busy machine, and the timeout follows it down.
+    assert launch(started, 2, backend="gloo", timeout_s=120) == [0, 1]
     start = time.monotonic()
     assert launch(started, 2, backend="gloo", timeout_s=120) == [0, 1]
     timeout_s = float(max(10, math.ceil(3 * (time.monotonic() - start))))

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import httpx
-import jsonschema
 import openai
 
 import layer6_serving as l6
@@ -44,6 +43,14 @@ def sse_events(raw: bytes) -> list[bytes]:
     return [e[len(b"data: "):] for e in events]
 
 
+def validate(instance, schema: dict) -> None:
+    """jsonschema.validate, imported here: its import takes ~3 s (rfc3987_syntax builds a
+    grammar), paid by the worker that runs a schema test, not by every one collecting."""
+    import jsonschema
+
+    jsonschema.validate(instance, schema)
+
+
 def assert_json_schemas_hold(url: str, model: str, messages: list[dict], schemas: list[dict],
                              temperature: float) -> None:
     """Every schema as a strict response_format, all requests at once (the engine batches
@@ -62,7 +69,7 @@ def assert_json_schemas_hold(url: str, model: str, messages: list[dict], schemas
 
     for schema, ch in zip(schemas, asyncio.run(everything()), strict=True):
         assert ch.finish_reason == "stop", (schema, ch.message.content)
-        jsonschema.validate(json.loads(ch.message.content), schema)
+        validate(json.loads(ch.message.content), schema)
 
 
 def assert_streamed_json_schema_holds(client: openai.OpenAI, model: str, messages: list[dict],
@@ -74,7 +81,7 @@ def assert_streamed_json_schema_holds(client: openai.OpenAI, model: str, message
         response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema,
                                                                 "strict": True}})
     text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    jsonschema.validate(json.loads(text), schema)
+    validate(json.loads(text), schema)
 
 
 def greedy_texts_match_offline(client, offline) -> list[str]:

@@ -11,7 +11,6 @@ import re
 from typing import Literal
 
 import httpx
-import jsonschema
 import openai
 import pydantic
 import pytest
@@ -19,7 +18,12 @@ import pytest
 from layer6_serving.api import tool_calls, tools
 
 from ..layer4.schemas import SCHEMAS
-from .helpers import assert_json_schemas_hold, assert_streamed_json_schema_holds, sse_events
+from .helpers import (
+    assert_json_schemas_hold,
+    assert_streamed_json_schema_holds,
+    sse_events,
+    validate,
+)
 
 MSG = [{"role": "user", "content": "Answer in JSON."}]
 WEATHER = {"type": "function", "function": {
@@ -48,7 +52,7 @@ def check_calls(calls, names=("get_weather", "add")) -> None:
     for c in calls:
         assert c.type == "function" and c.id.startswith("call_")
         assert c.function.name in names
-        jsonschema.validate(json.loads(c.function.arguments), PARAMS[c.function.name])
+        validate(json.loads(c.function.arguments), PARAMS[c.function.name])
 
 
 # ---- response_format -------------------------------------------------------------------------
@@ -92,7 +96,7 @@ def test_completions_take_vllms_structured_outputs(client):
     assert r.choices[0].text in ("to be", "not to be")
     r = client.completions.create(model="course", prompt="HAMLET.\n", max_tokens=48, seed=4,
                                   extra_body={"structured_outputs": {"json": SCHEMAS[5]}})
-    jsonschema.validate(json.loads(r.choices[0].text), SCHEMAS[5])
+    validate(json.loads(r.choices[0].text), SCHEMAS[5])
 
 
 @pytest.mark.parametrize("body, param, words", [
@@ -176,7 +180,7 @@ def test_streamed_named_tool_call_through_the_sdk(client):
     assert reasons[-1] == "tool_calls"
     for c in calls.values():
         assert c["name"] == "get_weather"
-        jsonschema.validate(json.loads(c["arguments"]), PARAMS["get_weather"])
+        validate(json.loads(c["arguments"]), PARAMS["get_weather"])
 
 
 def test_auto_answers_in_text_or_calls(client):
@@ -237,7 +241,7 @@ def test_raw_sse_bytes_of_a_streamed_tool_call_follow_openais_framing(server):
             calls[tc["index"]]["arguments"] += tc["function"]["arguments"]
     assert calls
     for c in calls.values():
-        jsonschema.validate(json.loads(c["arguments"]), PARAMS["add"])
+        validate(json.loads(c["arguments"]), PARAMS["add"])
 
 
 # ---- the parser, without a model ----------------------------------------------------------------

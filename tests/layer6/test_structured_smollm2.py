@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 
-import jsonschema
 import openai
 import pytest
 
 import layer6_serving as l6
 
 from ..layer4.schemas import SCHEMAS
-from .helpers import assert_json_schemas_hold, assert_streamed_json_schema_holds
+from .helpers import assert_json_schemas_hold, assert_streamed_json_schema_holds, validate
 from .test_structured_api import ADD, PARAMS, WEATHER, Verdict, check_calls
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -85,4 +84,4 @@ def test_smollm2_calls_tools_streamed_and_not(smol):
             for tc in ch.delta.tool_calls or []:
                 args += tc.function.arguments or ""
     assert reasons[-1] == "tool_calls"
-    jsonschema.validate(json.loads(args), PARAMS["get_weather"])
+    validate(json.loads(args), PARAMS["get_weather"])

@@ -6,6 +6,7 @@ tests/layer4 imports these fixtures too, which makes pytest hold a second, separ
 each: the loads are cached here, so the session pays for each model once (~10 s each)."""
 from __future__ import annotations
 
+import contextlib
 import functools
 from pathlib import Path
 
@@ -36,11 +37,39 @@ def smollm2_file():
 
 
 @functools.cache
+def _gguf_reader(path: str, mode: str = "r"):
+    from gguf.gguf_reader import GGUFReader  # the class itself, not the name patched below
+
+    return GGUFReader(path, mode)
+
+
+@contextlib.contextmanager
+def _gguf_read_once():
+    """transformers' GGUF loader parses the file's metadata once for the config and again for
+    the weights (the 49k-entry vocab: ~10 s each on a busy CPU), and builds gguf's tensor-name
+    map anew for each of its ~400 tensors (~10 s): while it runs, each file is parsed once (a
+    read-only reader, let go after) and each map built once. The same loader, the same
+    weights."""
+    import gguf
+
+    reader, names = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader = lambda path, mode="r": (_gguf_reader(str(path)) if mode == "r"
+                                             else reader(path, mode))
+    gguf.get_tensor_name_map = functools.cache(names)
+    try:
+        yield
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = reader, names
+        _gguf_reader.cache_clear()
+
+
+@functools.cache
 def _hf_model(path: Path):
     import transformers
 
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32)
+    with _gguf_read_once():
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            path.parent, gguf_file=path.name, dtype=torch.float32)
     return model.eval()
 
 
@@ -55,8 +84,9 @@ def hf_smollm2(smollm2_file):
 @pytest.fixture(scope="session")
 def hf_smollm2_tokenizer(smollm2_file):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(smollm2_file.parent,
-                                                      gguf_file=smollm2_file.name)
+    with _gguf_read_once():
+        return transformers.AutoTokenizer.from_pretrained(smollm2_file.parent,
+                                                          gguf_file=smollm2_file.name)
 
 
 @functools.cache

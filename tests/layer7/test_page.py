@@ -97,7 +97,10 @@ def test_delete_asks_first(browser, chat) -> None:
     asked: list[str] = []
     page.once("dialog", lambda d: (asked.append(d.message), d.dismiss()))
     page.click(".conversation.active .delete")
-    page.wait_for_timeout(200)
+    for _ in range(400):  # the dialog's handler runs as playwright's events arrive (a busy
+        if asked:         # machine: later than any fixed wait); up to 10 s
+            break
+        page.wait_for_timeout(25)
     assert asked and "To be deleted." in asked[0] and page.locator(".conversation").count() == 1
     page.once("dialog", lambda d: d.accept())
     page.click(".conversation.active .delete")

@@ -3,7 +3,6 @@ are forked from it at its first token), aborting one, and building the outputs o
 step advanced. Kept apart from the step loop (engine.py)."""
 from __future__ import annotations
 
-import functools
 import struct
 import time
 from collections.abc import Sequence as Seq
@@ -15,15 +14,10 @@ import layer3_model as l3
 
 from .engine_sampling import check_params, host_sampled
 from .outputs import RequestOutput
+from .packed_ints import packed
 from .sampling_guard import normalize
 from .scheduler import ScheduledSeq, SchedulerOutput
 from .sequence import Sequence
-
-
-@functools.lru_cache(maxsize=64)
-def _packer(n: int) -> struct.Struct:
-    """n token ids as unsigned 64-bit ints (a compiled format: no parse per prompt)."""
-    return struct.Struct(f"{n}Q")
 
 
 class EngineRequestsMixin:
@@ -67,7 +61,7 @@ class EngineRequestsMixin:
         if isinstance(prompt, list | tuple) and prompt:
             try:  # packed in C (half np.fromiter's instructions), as a read-only array;
                 # unsigned: a negative id fails here, so one bound is left to check
-                array = np.frombuffer(_packer(len(prompt)).pack(*prompt), dtype=np.uint64)
+                array = packed(prompt, "Q")
             except (struct.error, TypeError, ValueError, OverflowError):  # (floats, strings..)
                 array = None
             if array is not None and array.max() < self.model.config.vocab_size:

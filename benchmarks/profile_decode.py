@@ -13,8 +13,7 @@ span minus its kernels' busy time is the idle time the GPU spends between kernel
 RoPE in the qkv GEMV epilogue, and PDL's early trigger. --pdl times it with decode
 attention's trigger point moved (--attn-early sets it for the profile).
 --sweep times the qkv (+RoPE) and o_proj GEMV tiles under graph replay (weights rotated past
-L2). --attn-l2-prefetch-trials times it with the attention launch asking the L2 for each
-layer's first gate_up MB (LLM_STACK_ATTN_L2_PREFETCH_MB) at each of --attn-l2-prefetch-mb."""
+L2)."""
 from __future__ import annotations
 
 import argparse
@@ -61,14 +60,6 @@ ap.add_argument("--trials", default="all", choices=("all", "final"),
 ap.add_argument("--profile-best", action="store_true",
                 help="after --pdl, profile the step again with its fastest trial's settings "
                      "(also with --no-profile)")
-ap.add_argument("--attn-l2-prefetch-trials", action="store_true",
-                help="end-to-end tok/s with the attention launch's L2 prefetch of gate_up at "
-                     "each --attn-l2-prefetch-mb; twice each, interleaved")
-ap.add_argument("--attn-l2-prefetch-mb", default="0,8,16,24",
-                help="--attn-l2-prefetch-trials' MB, comma-separated (0: off, the default)")
-ap.add_argument("--attn-l2-slice-kb", type=int, default=None,
-                help="--attn-l2-prefetch-trials' bytes an extra program fetches, in KB "
-                     "(default: paged_decode.L2_SLICE_BYTES)")
 ap.add_argument("--json", default=None, help="write the figures here")
 args = ap.parse_args()
 cfg = l3.ModelConfig.from_dict(LLAMA_3_2_1B)
@@ -336,50 +327,6 @@ def pdl_variants() -> None:
     set_triggers(args.attn_early, attn_config=ATTN_DEFAULT)
 
 
-def attn_l2_prefetch_trials() -> None:
-    """The whole step (step_greedy) with the fused attention launch asking the L2 for each
-    layer's first MB of gate_up (backends.ATTN_L2_PREFETCH_BYTES; 0: off) at each setting,
-    twice, interleaved (the run's drift shows in the pairs); then the profile of the fastest
-    with --profile-best. The prefetch moves timing only: every trial's greedy tokens must
-    equal the first trial's."""
-    moved = L3B.weight_bytes_read(net) + L3B.kv_bytes_per_position(net) * (128 + 128)
-    sizes = [int(m) for m in args.attn_l2_prefetch_mb.split(",")]
-    old = l3.backends.ATTN_L2_PREFETCH_BYTES
-    if args.attn_l2_slice_kb:
-        PAGED.L2_SLICE_BYTES = args.attn_l2_slice_kb << 10
-    print(f"attn l2 prefetch: {PAGED.L2_SLICE_BYTES >> 10} KB a program", flush=True)
-    first, best, rows = None, None, result.setdefault("attn_l2_prefetch", [])
-    try:
-        for mb in sizes * 2:
-            l3.backends.ATTN_L2_PREFETCH_BYTES = mb << 20
-            got = timed_trial(f"attn l2 prefetch {mb} MB", first)
-            if got is None:
-                continue
-            spt, toks, same = got
-            first = toks if first is None else first
-            rows.append({"MB": mb, "tokens_per_s": 1 / spt, "ms_per_token": spt * 1e3,
-                         "MBU": moved / spt / BW, "same_tokens_first": same})
-            if best is None or spt < best[0]:
-                best = (spt, mb)
-            print(f"attn l2 prefetch {mb:3d} MB: {1 / spt:7.1f} tok/s, {spt * 1e3:.3f} "
-                  f"ms/token, MBU {moved / spt / BW:.4f}, first {same} of {len(toks)} tokens = "
-                  "the first trial's" + ("" if same == len(toks) else "  <-- DIFFER: a race?"),
-                  flush=True)
-        for mb in sizes:
-            mine = [r for r in rows if r["MB"] == mb]
-            if mine:
-                top = max(mine, key=lambda r: r["tokens_per_s"])
-                print(f"attn l2 prefetch {mb:3d} MB: best {top['tokens_per_s']:.1f} tok/s, MBU "
-                      f"{top['MBU']:.4f} (runs: "
-                      + ", ".join(f"{r['MBU']:.4f}" for r in mine) + ")", flush=True)
-        if best is not None and args.profile_best:
-            l3.backends.ATTN_L2_PREFETCH_BYTES = best[1] << 20
-            print(f"profile with the attention's L2 prefetch at {best[1]} MB:", flush=True)
-            profile_step()
-    finally:
-        l3.backends.ATTN_L2_PREFETCH_BYTES = old
-
-
 def tiles() -> None:
     """The whole step timed (step_greedy) with one projection's tile changed at a time."""
     tuned = sys.modules["layer1_kernels.gemv"].TUNED
@@ -450,7 +397,6 @@ if not args.no_profile:
 for wanted, part in ((args.pdl, pdl_variants),
                      (args.variants, variants), (args.more_variants, more_variants),
                      (args.attention, attention_variants), (args.tiles, tiles),
-                     (args.attn_l2_prefetch_trials, attn_l2_prefetch_trials),
                      (args.sweep, sweep)):
     if wanted:
         part()

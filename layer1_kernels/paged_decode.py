@@ -69,92 +69,13 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .gemv import pdl_launch
 from .host import next_pow2
-from .l2_prefetch import l2_prefetch
-from .l2_prefetch import usable as l2_prefetch_usable
 
 _LOG2E = 1.4426950408889634
 
 
-_NO_SPECIALIZE = ["window", "max_blocks", "num_splits", "min_part", "stride_tb"]
-_GATHERS = ["tables_ptr", "seq_lens_ptr"]  # (gathers, not rows: not specialized on alignment)
-
-
-@triton.jit(do_not_specialize=_NO_SPECIALIZE, do_not_specialize_on_alignment=_GATHERS)
+@triton.jit(do_not_specialize=["window", "max_blocks", "num_splits", "min_part", "stride_tb"],
+            do_not_specialize_on_alignment=["tables_ptr", "seq_lens_ptr"])  # gathers, not rows
 def _paged_decode_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-    qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
-    stride_qb, stride_qh, stride_qd,
-    stride_kblk, stride_ktok, stride_kh, stride_kd,
-    stride_vblk, stride_vtok, stride_vh, stride_vd,
-    stride_tb, stride_tc, stride_ob, stride_oh, stride_od,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    EARLY_INDEX: tl.constexpr, HEADS: tl.constexpr, PEEL: tl.constexpr,
-    TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr,
-):
-    """One program of the decode attention: _paged_decode_program."""
-    _paged_decode_program(
-        q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-        count_ptr, qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
-        stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok, stride_kh, stride_kd,
-        stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tb, stride_tc, stride_ob,
-        stride_oh, stride_od, HEAD_DIM, PAGE, BLOCK_G, BLOCK_N, WINDOWED, IDENTITY, FUSED_MERGE,
-        PDL, MERGE_G, MERGE_S, HEADS_FIRST, EARLY_INDEX, HEADS, PEEL, TRIGGER_EARLY,
-        PIPELINED_IDS)
-
-
-@triton.jit(do_not_specialize=_NO_SPECIALIZE + ["l2_bytes"],
-            do_not_specialize_on_alignment=_GATHERS + ["l2_ptr"])
-def _paged_decode_l2_kernel(
-    q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
-    qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
-    stride_qb, stride_qh, stride_qd,
-    stride_kblk, stride_ktok, stride_kh, stride_kd,
-    stride_vblk, stride_vtok, stride_vh, stride_vd,
-    stride_tb, stride_tc, stride_ob, stride_oh, stride_od,
-    l2_ptr, l2_bytes,
-    HEAD_DIM: tl.constexpr, PAGE: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-    WINDOWED: tl.constexpr, IDENTITY: tl.constexpr, FUSED_MERGE: tl.constexpr,
-    PDL: tl.constexpr, MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, HEADS_FIRST: tl.constexpr,
-    EARLY_INDEX: tl.constexpr, HEADS: tl.constexpr, PEEL: tl.constexpr,
-    TRIGGER_EARLY: tl.constexpr, PIPELINED_IDS: tl.constexpr,
-    L2_SLICE: tl.constexpr, L2_ASM: tl.constexpr,
-):
-    """_paged_decode_kernel with extra programs past the split axis (split >= num_splits) that
-    ask the L2 for one L2_SLICE-byte slice each of [l2_ptr, l2_ptr + l2_bytes) and exit: a
-    later kernel's weights fetched while attention, latency-bound, leaves HBM idle (see
-    paged_decode's prefetch). They touch no counter and no output; they wait for the kernel
-    before (PDL) first, so as not to compete with its loads, and trigger the next kernel's
-    launch as the others do (or by exiting). L2_ASM False (the interpreter): they skip the
-    instruction itself."""
-    split = tl.program_id(2)
-    if split >= num_splits:
-        if PDL and TRIGGER_EARLY:
-            gdc_launch_dependents()
-        if PDL:
-            gdc_wait()
-        per_slab = tl.num_programs(0) * tl.num_programs(1)
-        idx = (split - num_splits) * per_slab + tl.program_id(1) * tl.num_programs(0) \
-            + tl.program_id(0)
-        offset = idx.to(tl.int64) * L2_SLICE
-        if offset < l2_bytes:
-            nbytes = tl.minimum(l2_bytes - offset, L2_SLICE).to(tl.int32)
-            if L2_ASM:
-                l2_prefetch(l2_ptr, offset, nbytes)
-    else:
-        _paged_decode_program(
-            q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-            count_ptr, qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
-            stride_qb, stride_qh, stride_qd, stride_kblk, stride_ktok, stride_kh, stride_kd,
-            stride_vblk, stride_vtok, stride_vh, stride_vd, stride_tb, stride_tc, stride_ob,
-            stride_oh, stride_od, HEAD_DIM, PAGE, BLOCK_G, BLOCK_N, WINDOWED, IDENTITY, FUSED_MERGE,
-            PDL, MERGE_G, MERGE_S, HEADS_FIRST, EARLY_INDEX, HEADS, PEEL, TRIGGER_EARLY,
-            PIPELINED_IDS)
-
-
-@triton.jit
-def _paged_decode_program(
     q_ptr, k_ptr, v_ptr, tables_ptr, seq_lens_ptr, out_ptr, part_o_ptr, part_lse_ptr, count_ptr,
     qk_scale, window, kv_group, num_kv_heads, max_blocks, num_splits, min_part,
     stride_qb, stride_qh, stride_qd,
@@ -681,30 +602,6 @@ _LAUNCHES: dict[tuple, object] = {}
 _DIRECT = {"on": True}  # False: every call through the JIT (the sweep compares the two)
 
 
-#: Bytes one extra program of a prefetching launch asks the L2 for: one bulk prefetch each,
-#: so a 16 MB range is 64 programs -- spread over as many SMs' copy engines, where one would
-#: queue the whole range behind one engine (not yet measured against other sizes)
-L2_SLICE_BYTES = 256 * 1024
-
-
-def _prefetch_range(prefetch: tuple[torch.Tensor, int] | None,
-                    dev: torch.device) -> tuple[torch.Tensor, int, bool] | None:
-    """(tensor, bytes, issue the instruction) for the extra programs, or None: no extra
-    programs (no range, an empty one, a tensor elsewhere, not contiguous or not 16-byte
-    aligned, or a GPU before Hopper). The bytes: nbytes capped at the tensor's, rounded down
-    to 16. Under Triton's interpreter the programs run but skip the instruction (inline PTX
-    does not run there): the launch's other outputs must not change."""
-    if prefetch is None:
-        return None
-    t, nbytes = prefetch
-    nbytes = min(int(nbytes), t.numel() * t.element_size()) // 16 * 16
-    if (nbytes <= 0 or t.device != dev or not t.is_contiguous() or t.data_ptr() % 16
-            or nbytes >= 1 << 31):
-        return None
-    asm = l2_prefetch_usable(t)
-    return (t, nbytes, True) if asm else (t, nbytes, False) if interpreter.INTERPRETED else None
-
-
 def _hooked() -> bool:
     """True when launch hooks are set (a profiler's): the JIT path calls them. Triton 3.6
     keeps them as HookChains, empty unless something added a hook; earlier ones as None."""
@@ -723,8 +620,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  block_tables: torch.Tensor | None, seq_lens: torch.Tensor, scale: float,
                  window: int | None, num_splits: int | None = None, *,
                  fused_merge: bool = True, config: dict | None = None,
-                 heads_first: bool = True,
-                 prefetch: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
+                 heads_first: bool = True) -> torch.Tensor:
     """Launch the kernel (arguments checked by the caller: layer 4's paged_decode_attention,
     layer 3's triton backend). Returns (B, Hq, D). num_splits None: paged_decode_splits from
     the table's capacity; config None: default_config. heads_first: neighbouring programs
@@ -734,9 +630,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     config keys beyond the launch's (BLOCK_N, num_warps, num_stages): min_part, merge_s
     (parts a merge round trip), heads (kv heads one program reads together, a power of two:
     see _decode_part; default_heads: 1 while PACK_HEADS is 1), early_index, peel (see
-    PEEL_FIRST), trigger_early (see TRIGGER_EARLY), pipelined_ids (see PIPELINED_IDS).
-    prefetch (tensor, nbytes): extra programs ask the L2 for the tensor's first nbytes (a later
-    kernel's weights) while this launch runs; see _prefetch_range. None: today's launch."""
+    PEEL_FIRST), trigger_early (see TRIGGER_EARLY), pipelined_ids (see PIPELINED_IDS)."""
     B, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     dev = q.device
@@ -786,19 +680,10 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             float(scale) * _LOG2E, min(int(window or 0), 2**31 - 1), group, Hkv, max_blocks, splits,
             max(1, int(min_part)), *q.stride(), *k_cache.stride(), *v_cache.stride(),
             t_stride_b, t_stride_c,
-            *out.stride())
-    consts = (D, page, block_g, cfg["BLOCK_N"],
-              window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first,
-              early, heads, peel, trigger_early, pipelined_ids)
-    l2 = _prefetch_range(prefetch, dev)
-    jit = _paged_decode_kernel
-    if l2 is None:
-        args += consts
-    else:  # whole slabs of extra programs past the split axis, enough for every slice
-        jit = _paged_decode_l2_kernel
-        slices = -(-l2[1] // L2_SLICE_BYTES)
-        grid = (grid[0], grid[1], splits + -(-slices // (grid[0] * grid[1])))
-        args += (l2[0], l2[1], *consts, L2_SLICE_BYTES, l2[2])
+            *out.stride(),
+            D, page, block_g, cfg["BLOCK_N"],
+            window is not None, identity, fused, pdl["PDL"], merge_g, merge_s, heads_first, early,
+            heads, peel, trigger_early, pipelined_ids)
     key = None
     if _DIRECT["on"] and not interpreter.INTERPRETED:
         # (out and the buffers are ours: aligned; tables and seq_lens: not specialized on)
@@ -807,7 +692,7 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                    k_cache.shape, k_cache.stride(), v_cache.stride(), t_stride_c, group,
                    window is not None, identity, fused, pdl["PDL"], heads_first, early,
                    cfg["BLOCK_N"], cfg["num_warps"], cfg["num_stages"], merge_s, heads, peel,
-                   trigger_early, pipelined_ids, None if l2 is None else l2[2])
+                   trigger_early, pipelined_ids)
     kernel = _LAUNCHES.get(key) if key is not None and not _hooked() else None
     if kernel is not None:
         get_stream, get_device = _stream_getter()
@@ -818,8 +703,9 @@ def paged_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             _DIRECT["on"] = False
             kernel = None
     if kernel is None:
-        kernel = jit[grid](*args, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                           **({"launch_pdl": True} if pdl["PDL"] else {}))
+        kernel = _paged_decode_kernel[grid](*args, num_warps=cfg["num_warps"],
+                                            num_stages=cfg["num_stages"],
+                                            **({"launch_pdl": True} if pdl["PDL"] else {}))
         if key is not None and kernel is not None and hasattr(kernel, "packed_metadata"):
             _LAUNCHES[key] = kernel
     if splits > 1 and not fused:

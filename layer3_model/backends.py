@@ -41,7 +41,6 @@ general path.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -171,33 +170,6 @@ def torch_attention(q, k, v, ctx: AttentionContext, cache: KVCache | None, layer
 #: had been level with 128 (974.6 vs 975.2 tok/s).
 ATTENTION_CONFIG: dict | None = {"BLOCK_N": 64, "num_warps": 4, "num_stages": 2,
                                  "trigger_early": True}
-#: Megabytes of the layer's gate_up weight the fused step's attention launch asks the L2 for
-#: (layer 1's paged_decode prefetch: extra programs, one bulk prefetch each), read once from
-#: LLM_STACK_ATTN_L2_PREFETCH_MB (0 or unset: off, today's launch). At batch 1 the attention
-#: reads under 1 MB with a few dozen programs: HBM is nearly idle for ~5 us a layer, time
-#: for ~16 MB at 3.3 TB/s, and gate_up's first programs read its first rows. Kept modest
-#: (ATTN_L2_PREFETCH_MAX_MB): the L2 holds 50 MB on an H100 / H200, in two halves, and the
-#: o_proj weights (8 MB at 1B) stream through it before gate_up reads; a range longer than
-#: the idle window would compete with gate_up's own stream, as the GEMVs' prefetch of their
-#: own rows competed with the kernel before them (slower, reverted). Not yet measured; the
-#: contiguous cache only (layer 4's paged cache launches its own attention).
-ATTN_L2_PREFETCH_ENV = "LLM_STACK_ATTN_L2_PREFETCH_MB"
-ATTN_L2_PREFETCH_MAX_MB = 32
-
-
-def attn_l2_prefetch_bytes() -> int:
-    """LLM_STACK_ATTN_L2_PREFETCH_MB in bytes: a whole number of MB from 0 to
-    ATTN_L2_PREFETCH_MAX_MB, unset 0; anything else a ValueError that names the variable."""
-    value = os.environ.get(ATTN_L2_PREFETCH_ENV)
-    if value is None:
-        return 0
-    if not value.isdigit() or int(value) > ATTN_L2_PREFETCH_MAX_MB:
-        raise ValueError(f"{ATTN_L2_PREFETCH_ENV} must be a whole number of MB from 0 to "
-                         f"{ATTN_L2_PREFETCH_MAX_MB}, got {value!r}")
-    return int(value) << 20
-
-
-ATTN_L2_PREFETCH_BYTES = attn_l2_prefetch_bytes()
 #: Fewest key positions one part of a split decode attention takes (its merge is in-kernel).
 #: H100, 1B decode at 128-384 keys: 64 -> 975.2 tok/s, 128 -> 967.3 (layer 1's default
 #: config; its BLOCK_N 64 config: 974.6 / 966.9)
@@ -322,21 +294,14 @@ class DecodeKernels:
         kernels.rope_cache_write(q, k, v, cos, sin, ctx.positions, k_slots, v_slots,
                                  ctx.slot_mapping, impl=self.impl)
 
-    def attention(self, q, ctx, cache, layer: int, scale: float, window: int | None,
-                  prefetch: torch.Tensor | None = None):
+    def attention(self, q, ctx, cache, layer: int, scale: float, window: int | None):
         """Decode attention, the new k, v already in the cache: the contiguous cache's rows
         read in place by layer 1's split kernel; any other cache through its own
-        decode_attention (layer 4's paged cache: the same kernel through block tables).
-        prefetch: the weight the step reads next (the layer's gate_up), whose first
-        ATTN_L2_PREFETCH_BYTES the launch asks the L2 for (0: off, prefetch ignored)."""
+        decode_attention (layer 4's paged cache: the same kernel through block tables)."""
         if not isinstance(cache, ContiguousKVCache):
             return cache.decode_attention(layer, q, ctx, scale, window)
         k, v = cache.k[layer], cache.v[layer]  # (batch, max_len, kv_heads, D): page = max_len
         splits = _num_splits(q.shape[0], k.shape[2], cache.max_len, q.device)
-        if prefetch is not None and ATTN_L2_PREFETCH_BYTES:
-            return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
-                                        splits, config=ATTENTION_CONFIG,
-                                        prefetch=(prefetch, ATTN_L2_PREFETCH_BYTES))
         return kernels.paged_decode(q, k, v, ctx.block_tables, ctx.seq_lens, scale, window,
                                     splits, config=ATTENTION_CONFIG)
 

@@ -95,12 +95,9 @@ class Attention(nn.Module):
 
     def decode_fused(self, x: torch.Tensor, residual: torch.Tensor | None, norm: RMSNorm,
                      ctx: AttentionContext, cache: KVCache, dk, cos: torch.Tensor,
-                     sin: torch.Tensor, prefetch: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode step through the fused kernels (dk: Ops.decode): the norm in the qkv GEMV,
-        RoPE with the cache write, split attention, o_proj. Returns (out, new residual).
-        prefetch: a weight read after this (the MLP's), for the attention launch to warm
-        the L2 with (see DecodeKernels.attention)."""
+        RoPE with the cache write, split attention, o_proj. Returns (out, new residual)."""
         T, D = x.shape[0], self.head_dim
         heads = (self.n_heads, self.n_kv_heads, D)
         if dk.fuse_rope:  # RoPE and the cache write in the qkv GEMV's epilogue
@@ -113,7 +110,7 @@ class Attention(nn.Module):
                                 dim=-1)
             q, k, v = (t.view(T, -1, D) for t in (q, k, v))
             dk.rope_write(q, k, v, cos, sin, ctx, cache, self.layer)
-        o = dk.attention(q, ctx, cache, self.layer, self.scale, self.window, prefetch)
+        o = dk.attention(q, ctx, cache, self.layer, self.scale, self.window)
         return dk.linear(o.reshape(T, self.n_heads * D), self.o_proj), residual
 
     def causal(self, x: torch.Tensor, ops: Ops, cos: torch.Tensor, sin: torch.Tensor,
@@ -166,8 +163,7 @@ class DecoderLayer(nn.Module):
 
     def decode_fused(self, x, residual, ctx, cache, dk, cos, sin):
         """forward's decode step through the fused kernels (dk: Ops.decode): five launches."""
-        x, residual = self.attn.decode_fused(x, residual, self.attn_norm, ctx, cache, dk, cos, sin,
-                                             self.mlp.gate_up.weight)
+        x, residual = self.attn.decode_fused(x, residual, self.attn_norm, ctx, cache, dk, cos, sin)
         gu, residual = dk.norm_linear(x, residual, self.mlp_norm, self.mlp.gate_up)
         return dk.silu_linear(gu, self.mlp.down), residual
 

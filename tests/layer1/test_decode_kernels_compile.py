@@ -45,24 +45,6 @@ for ident, fused, heads_first in [(True, True, False), (False, True, True), (Fal
              EARLY_INDEX=not ident, HEADS=1, PEEL=not ident,
              TRIGGER_EARLY=ident, PIPELINED_IDS=False), ptrs,
              {"num_warps": 4, "num_stages": 2, "launch_pdl": True})
-# the launch with extra programs that ask the L2 for a later kernel's weights (prefetch=):
-# one bulk prefetch, after the PDL wait, in them alone; none without the switch
-for asm in (True, False):
-    ptx = compile_(P._paged_decode_l2_kernel, dict(HEAD_DIM=64, PAGE=385, BLOCK_G=16, BLOCK_N=64,
-                   WINDOWED=False, IDENTITY=True, FUSED_MERGE=True, PDL=True, MERGE_G=4,
-                   MERGE_S=16, HEADS_FIRST=True, EARLY_INDEX=False, HEADS=1, PEEL=False,
-                   TRIGGER_EARLY=True, PIPELINED_IDS=False, L2_SLICE=P.L2_SLICE_BYTES,
-                   L2_ASM=asm), ptrs, {"num_warps": 4, "num_stages": 2, "launch_pdl": True}
-                   ).asm["ptx"]
-    assert ptx.count("cp.async.bulk.prefetch.L2.global") == (1 if asm else 0)
-    if asm:
-        assert ptx.find("griddepcontrol.wait") < ptx.find("cp.async.bulk.prefetch")
-    plain = compile_(P._paged_decode_kernel, dict(HEAD_DIM=64, PAGE=385, BLOCK_G=16, BLOCK_N=64,
-                     WINDOWED=False, IDENTITY=True, FUSED_MERGE=True, PDL=True, MERGE_G=4,
-                     MERGE_S=16, HEADS_FIRST=True, EARLY_INDEX=False, HEADS=1, PEEL=False,
-                     TRIGGER_EARLY=True, PIPELINED_IDS=False), ptrs,
-                     {"num_warps": 4, "num_stages": 2, "launch_pdl": True}).asm["ptx"]
-    assert "cp.async.bulk.prefetch" not in plain
 compile_(R._rope_cache_kernel, dict(HALF=32, BLOCK_D=32, BLOCK_HQ=32, BLOCK_HK=8, PDL=True),
          {"cos_ptr": "*fp32", "sin_ptr": "*fp32", "pos_ptr": "*i64", "slot_ptr": "*i64"},
          {"num_warps": 4, "launch_pdl": True})

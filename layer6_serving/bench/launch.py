@@ -4,10 +4,10 @@
     with ServerProcess(our_server_command("course", port, max_num_seqs=64), url) as srv:
         ...                       # /health answered; srv.stop() (or leaving) ends it
 
-The child gets its own process group, so stop() (SIGINT, then SIGTERM, then SIGKILL) reaches
-anything it started too (TP workers, uvicorn); leaving the block on an error or Ctrl-C stops it
-as well, so no server outlives the bench. Its output goes to a log file, whose tail is in
-every error.
+The child gets its own process group, so stop() (its stop signal, SIGINT unless told, then
+SIGTERM, then SIGKILL) reaches anything it started too (TP workers, uvicorn); leaving the
+block on an error or Ctrl-C stops it as well, so no server outlives the bench. Its output goes
+to a log file, whose tail is in every error.
 """
 from __future__ import annotations
 
@@ -49,9 +49,10 @@ class ServerProcess:
 
     def __init__(self, cmd: Sequence[str], url: str, *, name: str = "server",
                  health: str = "/health", env: dict[str, str] | None = None,
-                 start_timeout: float = 300.0, stop_timeout: float = 15.0) -> None:
+                 start_timeout: float = 300.0, stop_timeout: float = 15.0,
+                 stop_signal: int = signal.SIGINT) -> None:
         self.cmd, self.url, self.name = list(cmd), url.rstrip("/"), name
-        self._stop_timeout = stop_timeout
+        self._stop_timeout, self._stop_signal = stop_timeout, stop_signal
         self._log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)
         self.log_path = Path(self._log.name)
         env = {**os.environ, **(env or {})}
@@ -80,9 +81,9 @@ class ServerProcess:
         return "\n".join("  | " + line for line in text[-lines:]) or "  | (no output)"
 
     def stop(self) -> int | None:
-        """Interrupt the process group (a clean shutdown), escalate if it lingers; the exit
-        code (None if it could not be reaped)."""
-        for sig, wait in ((signal.SIGINT, self._stop_timeout), (signal.SIGTERM, 5.0),
+        """Ask the process group for a clean shutdown (the stop signal), escalate if it
+        lingers; the exit code (None if it could not be reaped)."""
+        for sig, wait in ((self._stop_signal, self._stop_timeout), (signal.SIGTERM, 5.0),
                           (signal.SIGKILL, 5.0)):
             if self.proc.poll() is not None:
                 break

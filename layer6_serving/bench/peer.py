@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -26,6 +27,11 @@ import torch
 import layer5_parallel as l5
 
 PEERS = ("transformers",)
+# How the bench asks the peer to stop. `transformers serve` (5.23) after continuous batching
+# outlives SIGINT: uvicorn shuts down, then the re-raised KeyboardInterrupt waits on a batching
+# thread that never ends (the bench waited its whole 15 s grace). After SIGTERM's identical
+# uvicorn shutdown the re-raised SIGTERM ends the process.
+PEER_STOP_SIGNAL = signal.SIGTERM
 # a random model of a known shape: SmolLM2-135M's body on the course vocabulary
 SHAPES = {"smollm2-body": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                num_attention_heads=9, num_key_value_heads=3, head_dim=64,

@@ -35,7 +35,7 @@ from .dataset import DATASETS, BenchRequest, chat_dataset, random_dataset
 from .launch import ServerProcess, free_port, our_server_command
 from .loadgen import run_load, summarize
 from .offline import kv_blocks, offline_throughput, prefill_ms
-from .peer import PEERS, SHAPES, model_dir, peer_available, peer_command
+from .peer import PEER_STOP_SIGNAL, PEERS, SHAPES, model_dir, peer_available, peer_command
 from .report import console, plot, print_report
 
 
@@ -239,7 +239,7 @@ def _bench(args: argparse.Namespace) -> int:
                                                dtype=dtype, kv=kv)
             console.print(f"starting {args.peer} serve ...")
             with ServerProcess(cmd, f"http://127.0.0.1:{port}", name=args.peer,
-                               env=env | peer_env) as srv:
+                               env=env | peer_env, stop_signal=PEER_STOP_SIGNAL) as srv:
                 report["servers"][args.peer] = drive(args.peer, srv.url, name, requests,
                                                      warmup, low, args, dialect=args.peer,
                                                      server=srv)

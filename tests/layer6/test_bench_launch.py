@@ -53,6 +53,29 @@ def test_server_process_waits_for_health_and_stops_its_whole_group(tmp_path):
     assert not srv.alive and _gone(srv.proc.pid) and _gone(grandchild)
 
 
+# Deaf to SIGINT, as `transformers serve` is after continuous batching (its process outlives
+# uvicorn's shutdown): only the stop signal the bench gives the peer ends it without the grace.
+DEAF = """
+import http.server, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_the_peer_is_stopped_with_its_own_signal_not_after_the_grace():
+    from layer6_serving.bench.peer import PEER_STOP_SIGNAL
+
+    port = free_port()
+    srv = ServerProcess([sys.executable, "-c", DEAF, str(port)], f"http://127.0.0.1:{port}",
+                        start_timeout=60, stop_timeout=30, stop_signal=PEER_STOP_SIGNAL)
+    start = time.monotonic()
+    assert srv.stop() == -PEER_STOP_SIGNAL and time.monotonic() - start < 10
+
+
 def test_a_server_that_dies_early_is_reported_with_its_log():
     with pytest.raises(RuntimeError, match=r"exited with code 3[\s\S]*no model here"):
         ServerProcess([sys.executable, "-c", "import sys; print('no model here'); sys.exit(3)"],

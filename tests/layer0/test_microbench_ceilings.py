@@ -19,6 +19,7 @@ from layer0_hardware import (
     measure_ceilings,
     save_ceilings,
 )
+from layer0_hardware import ceilings as ceilings_module
 
 
 def _ok(x: float) -> bool:
@@ -87,10 +88,20 @@ def test_load_ceilings_missing(tmp_path, monkeypatch):
 
 
 def test_measure_quick_and_cache(tmp_path, monkeypatch):
+    """One quick measurement (its bf16 matmuls take seconds of CPU where bf16 is emulated),
+    made by load_ceilings because nothing is cached yet, checked, saved, then loaded back."""
     monkeypatch.setenv("LLM_STACK_CACHE", str(tmp_path))
-    c = measure_ceilings("cpu", quick=True, progress=False)
+    measured = []
+
+    def measure(*args, **kwargs):
+        measured.append((kwargs, measure_ceilings(*args, **kwargs)))
+        return measured[-1][1]
+
+    monkeypatch.setattr(ceilings_module, "measure_ceilings", measure)
+    c = load_ceilings("cpu")
+    [(kwargs, fresh)] = measured  # measured here, quick, not found cached
+    assert fresh is c and kwargs["quick"] is True
     assert c.device_type == "cpu" and set(c.flops) == {"fp32", "bf16"}
     assert _ok(c.memory_bandwidth) and _ok(c.launch_latency_s)
-    loaded = load_ceilings("cpu")  # measures quick + saves, since nothing is cached yet
-    assert ceilings_path(loaded.device_name).exists()
-    assert load_ceilings("cpu", measure_if_missing=False) == loaded
+    assert ceilings_path(c.device_name).exists()
+    assert load_ceilings("cpu", measure_if_missing=False) == c

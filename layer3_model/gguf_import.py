@@ -42,6 +42,22 @@ _OUTER = {"token_embd.weight": "model.embed_tokens.weight",
           "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
 
 
+class PlainGGUFReader(GGUFReader):
+    """gguf's reader over a plain ndarray view of its memory map. The reader slices its data
+    once per value while parsing (~250k slices for a 49k-token vocabulary) and dequantizing,
+    and every slice of an np.memmap runs memmap's Python-level __array_finalize__: the
+    smollm2 file parsed in 4.2 s of CPU, 1.5 s so; dequantized in 2.0 s, 1.4 s. The same
+    bytes and mapping (the view holds the memmap as its base), the same values."""
+
+    @property
+    def data(self) -> np.ndarray:
+        return self._plain
+
+    @data.setter
+    def data(self, value: np.ndarray) -> None:  # GGUFReader.__init__ sets its np.memmap here
+        self._plain = value.view(np.ndarray) if isinstance(value, np.memmap) else value
+
+
 def open_gguf(path: str | Path) -> GGUFReader:
     """The file's reader. ValueError naming the file for anything that is not a whole GGUF
     file (bad magic, truncated tensor data, a corrupt header)."""
@@ -49,7 +65,7 @@ def open_gguf(path: str | Path) -> GGUFReader:
     if not path.is_file():
         raise FileNotFoundError(f"GGUF file {path} does not exist")
     try:
-        return GGUFReader(path)
+        return PlainGGUFReader(path)
     except (ValueError, IndexError, KeyError, OverflowError, EOFError) as err:
         first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise ValueError(f"{path}: not a valid GGUF file (truncated or corrupt?): "

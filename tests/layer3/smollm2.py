@@ -38,9 +38,11 @@ def smollm2_file():
 
 @functools.cache
 def _gguf_reader(path: str, mode: str = "r"):
-    from gguf.gguf_reader import GGUFReader  # the class itself, not the name patched below
+    # gguf's reader over a plain array (3x faster to parse; test_gguf checks it reads what
+    # gguf.GGUFReader reads); a subclass of the class itself, not of the name patched below
+    from layer3_model.gguf_import import PlainGGUFReader
 
-    return GGUFReader(path, mode)
+    return PlainGGUFReader(path, mode)
 
 
 @contextlib.contextmanager
@@ -48,8 +50,8 @@ def _gguf_read_once():
     """transformers' GGUF loader parses the file's metadata once for the config and again for
     the weights (the 49k-entry vocab: ~10 s each on a busy CPU), and builds gguf's tensor-name
     map anew for each of its ~400 tensors (~10 s): while it runs, each file is parsed once (a
-    read-only reader, let go after) and each map built once. The same loader, the same
-    weights."""
+    read-only reader over a plain array, let go after) and each map built once. The same
+    loader, the same weights."""
     import gguf
 
     reader, names = gguf.GGUFReader, gguf.get_tensor_name_map

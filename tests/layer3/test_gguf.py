@@ -36,6 +36,25 @@ def test_round_trip_logits(tiny_gguf):
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
 
 
+def test_the_plain_reader_reads_what_ggufs_own_reads(tiny_gguf):
+    """open_gguf's reader (a plain ndarray over the memory map, for speed): every field's
+    value and every tensor's bytes, type and shape as gguf.GGUFReader reads them."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from layer3_model.gguf_import import open_gguf
+
+    ours, theirs = open_gguf(tiny_gguf[0]), GGUFReader(tiny_gguf[0])
+    assert type(ours.data) is np.ndarray and not ours.data.flags.writeable
+    assert list(ours.fields) == list(theirs.fields)
+    for key, f in theirs.fields.items():
+        assert ours.fields[key].contents() == f.contents(), key
+    assert [(t.name, t.tensor_type, list(t.shape)) for t in ours.tensors] == \
+        [(t.name, t.tensor_type, list(t.shape)) for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert np.array_equal(a.data, b.data), a.name
+
+
 def test_tokenizer_and_template(tiny_gguf):
     model = load(tiny_gguf[0], device="cpu")
     tok = model.tokenizer

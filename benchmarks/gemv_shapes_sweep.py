@@ -3,6 +3,7 @@ launch-config sweep per projection against a device-to-device copy of the same b
 each model layout's chain of projections with the old, the current and the swept configs.
 
     python benchmarks/gemv_shapes_sweep.py --out DIR [--budget-s 140] [--workers 12] [--quick]
+        [--layouts 1B:1,8B:4]
 
 Shapes (rank 0 of layer 5's Megatron shard, bf16, one row): Llama-3.1-8B at TP=1/2/4 and
 Llama-3.2-1B at TP=1/2; per layer the qkv projection (gemv_rms_norm_rope: RMSNorm prologue,
@@ -367,6 +368,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=max(1, min(14, (os.cpu_count() or 2) - 2)))
     ap.add_argument("--quick", action="store_true", help="a few configs per shape")
     ap.add_argument("--no-chain", action="store_true")
+    ap.add_argument("--layouts", default=None,
+                    help="model:tp pairs, comma-separated (e.g. 1B:1,8B:4); default: all")
     args = ap.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gemv_shapes.json"
@@ -375,6 +378,12 @@ def main(argv=None) -> int:
         return 1
     G.set_pdl(True, early=False)
     layouts = [(m, tp) for m in MODELS for tp in MODELS[m]["tps"]]
+    if args.layouts:
+        wanted = [tuple(w.split(":")) for w in args.layouts.split(",")]
+        layouts = [(m, tp) for m, tp in layouts if (m, str(tp)) in wanted]
+        if len(layouts) != len(wanted):
+            ap.error(f"--layouts {args.layouts!r}: choose from "
+                     + ", ".join(f"{m}:{tp}" for m in MODELS for tp in MODELS[m]["tps"]))
     shapes = {f"{m} TP={tp} {p}": s for m, tp in layouts for p, s in rank0_shapes(m, tp).items()}
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=importlib.import_module("triton").__version__,

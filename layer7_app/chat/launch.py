@@ -158,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     try:
         # uvicorn shuts down on Ctrl-C, then raises the signal again for its caller: that is
-        # how a user stops the page, so it ends here, with exit code 0.
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        # how a user stops the page, so it ends here, with exit code 0. A browser tab left
+        # open holds its connections (a reply still streaming): they get 2 s, then close,
+        # so Ctrl-C never waits on a tab.
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2)
+                       ).run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:

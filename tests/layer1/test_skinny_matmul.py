@@ -124,7 +124,6 @@ def test_skinny_linear_takes_the_kernel_where_chosen_gpu(monkeypatch):
     calls = []
     original = SK.skinny_matmul
     monkeypatch.setattr(SK, "skinny_matmul", lambda *a, **k: calls.append(1) or original(*a, **k))
-    monkeypatch.setattr(SK, "ENABLED", True)
     monkeypatch.setitem(SK.TUNED, (4096, 1024), ((17, 32, (32, 32, 256, 4, 4)),
                                                   (129, 256, (128, 128, 64, 8, 3, 2))))
     for rows, used in ((32, True), (24, True), (8, False), (33, False), (200, True),

@@ -371,19 +371,19 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default=None,
                     help="model:tp pairs, comma-separated (e.g. 1B:1,8B:4); default: all")
     args = ap.parse_args(argv)
+    layouts = [(m, tp) for m in MODELS for tp in MODELS[m]["tps"]]
+    if args.layouts:
+        wanted = {tuple(w.strip().split(":")) for w in args.layouts.split(",")}
+        layouts = [(m, tp) for m, tp in layouts if (m, str(tp)) in wanted]
+        if len(layouts) != len(wanted):
+            ap.error(f"--layouts {args.layouts!r}: choose from "
+                     + ", ".join(f"{m}:{tp}" for m in MODELS for tp in MODELS[m]["tps"]))
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "gemv_shapes.json"
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", flush=True)
         return 1
     G.set_pdl(True, early=False)
-    layouts = [(m, tp) for m in MODELS for tp in MODELS[m]["tps"]]
-    if args.layouts:
-        wanted = [tuple(w.split(":")) for w in args.layouts.split(",")]
-        layouts = [(m, tp) for m, tp in layouts if (m, str(tp)) in wanted]
-        if len(layouts) != len(wanted):
-            ap.error(f"--layouts {args.layouts!r}: choose from "
-                     + ", ".join(f"{m}:{tp}" for m in MODELS for tp in MODELS[m]["tps"]))
     shapes = {f"{m} TP={tp} {p}": s for m, tp in layouts for p, s in rank0_shapes(m, tp).items()}
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
                   triton=importlib.import_module("triton").__version__,

@@ -17,11 +17,14 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
   one_shot    layer 2's barrier one-shot           one_shot+pdl  launched as a PDL dependent
   ll          the low-latency one-shot (packets)   ll+pdl        the same, PDL
               (at batch 32 too: 256 KiB, past the class's LL_MAX_BYTES)
+  ll+send     (batch 1) o_proj and down through PeerAllReduce.gemv_all_reduce: the GEMV sends
+              its outputs as LL packets from its epilogue, a PDL kernel polls and sums
   nccl        dist.all_reduce
   fused       (batch 32) all-reduce + residual + RMSNorm in one kernel (one_shot otherwise)
 
-Before timing, each variant's layer output is checked against `one_shot`'s (the same bits for
-ours; NCCL within bf16 rounding; none is not checked). Prints a line per (rows, variant),
+Before timing, each variant's layer output is checked against `one_shot`'s, or the first
+variant of ours run when one_shot is not (the same bits for ours; NCCL within bf16 rounding;
+none is not checked). Prints a line per (rows, variant),
 flushed; --json writes the rows.
 """
 from __future__ import annotations
@@ -40,7 +43,7 @@ import torch  # noqa: E402
 T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
-VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "nccl"),
+VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+send", "nccl"),
             32: ("none", "one_shot", "ll", "fused", "nccl")}
 
 
@@ -75,7 +78,8 @@ def _reduce(ar, variant: str):
 def _setup(ar, variant: str) -> None:
     import layer1_kernels as kernels
 
-    ar.pdl = "+pdl" in variant
+    ar.pdl = "+pdl" in variant or variant == "ll+send"
+    ar.gemv_send = variant == "ll+send"
     kernels.set_decode_pdl(True, early=False)  # layer 1's GEMVs: PDL on as the engine runs them
     ar.low_latency = variant.startswith("ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
@@ -85,6 +89,13 @@ def _setup(ar, variant: str) -> None:
 def _batch1_layer(kernels, ar, variant, lw, x, res):
     reduce = _reduce(ar, variant)
     y, h = kernels.gemv_rms_norm(x, lw["qkv"], lw["n1"], EPS, res)
+    if variant == "ll+send":
+        a = y[:, : lw["q"]]
+        if not ar.sends_from_gemv(a, lw["o"]):
+            raise RuntimeError("gemv_all_reduce would not take the fused path here")
+        o = ar.gemv_all_reduce(a, lw["o"])
+        gu, h2 = kernels.gemv_rms_norm(o, lw["gu"], lw["n2"], EPS, h)
+        return ar.gemv_all_reduce(gu, lw["down"], silu=True), h2
     o = reduce(kernels.gemv(y[:, : lw["q"]], lw["o"]))
     gu, h2 = kernels.gemv_rms_norm(o, lw["gu"], lw["n2"], EPS, h)
     return reduce(kernels.gemv_silu_mul(gu, lw["down"])), h2
@@ -139,20 +150,23 @@ def _rank(rows_list: list[int], variants: dict, layers: int, iters: int) -> list
                     x, res = _batch32_layer(kernels, ar, variant, lw, x, res, lw["n1"])
             return x, res
 
-        ref = None
+        ref, ref_name = None, ""
         for variant in variants[rows]:
             _setup(ar, variant)
             row = dict(world=world, rows=rows, variant=variant, layers=layers)
             try:
                 out = chain(variant)  # compiles; the check
                 torch.cuda.synchronize()
-                if variant == "one_shot":
-                    ref = out
+                mine = variant not in ("none", "nccl")
+                if variant == "one_shot" or (mine and ref is None
+                                             and "one_shot" not in variants[rows]):
+                    ref, ref_name = out, variant
                 elif ref is not None and variant != "none":
                     exact = all(torch.equal(a, b) for a, b in zip(out, ref, strict=True))
                     close = all(torch.allclose(a.float(), b.float(), rtol=2e-2, atol=2e-2)
                                 for a, b in zip(out, ref, strict=True))
-                    row["same_as_one_shot"] = "bits" if exact else ("close" if close else "NO")
+                    row["same_as"] = ref_name
+                    row["same_as_ref"] = "bits" if exact else ("close" if close else "NO")
                 side = torch.cuda.Stream(dev)
                 side.wait_stream(torch.cuda.current_stream(dev))
                 with torch.cuda.stream(side):
@@ -207,7 +221,7 @@ def main(argv=None) -> int:
         if base.get(r["rows"]) and r["variant"] != "none":
             r["all_reduce_us"] = (r["us_per_layer"] - base[r["rows"]]) / 2
             extra = f"  ({r['all_reduce_us']:5.2f} us per all-reduce over none)"
-        same = f"  same as one_shot: {r['same_as_one_shot']}" if "same_as_one_shot" in r else ""
+        same = f"  same as {r['same_as']}: {r['same_as_ref']}" if "same_as_ref" in r else ""
         print(f"[tp-chain] TP={r['world']} rows {r['rows']:>2} {r['variant']:13s} "
               f"{r['us_per_layer']:7.2f} us/layer{extra}{same}", flush=True)
     if args.json:

@@ -41,6 +41,7 @@ from .gemv import (
     gemv_silu_mul_reference,
 )
 from .gemv import set_pdl as set_decode_pdl
+from .gemv_parts import GEMV_PARTS
 from .gemv_rope import (
     gemv_rms_norm_rope,
     gemv_rms_norm_rope_reference,
@@ -98,7 +99,7 @@ __all__ = [
     "cudnn_attention_tokens",
     "int8_matmul", "int8_matmul_reference", "quantize_int8",
     # decode: skinny products with fused prologues, RoPE + cache write, split decode attention
-    "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl",
+    "gemv", "gemv_reference", "GEMV_TUNED", "set_decode_pdl", "GEMV_PARTS",
     "gemv_rms_norm", "gemv_rms_norm_reference",
     "gemv_rms_norm_rope", "gemv_rms_norm_rope_reference",
     "gemv_silu_mul", "gemv_silu_mul_reference", "rope_cache_write", "rope_cache_write_reference",

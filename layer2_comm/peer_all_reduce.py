@@ -36,6 +36,8 @@ import layer1_kernels as kernels  # the layer beneath: the unfused norm
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PDL_ENV = "LLM_STACK_PEER_PDL"  # "0" turns PeerAllReduce.pdl off (on by default)
 LL_ENV = "LLM_STACK_PEER_LL"  # "0" turns PeerAllReduce.low_latency off (on by default)
+# "1" turns PeerAllReduce.gemv_send on (off by default: not yet run on GPUs)
+GEMV_SEND_ENV = "LLM_STACK_TP_GEMV_SEND"
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -267,6 +269,68 @@ class PeerAllReduce:
             self._status.data_ptr(), int(self.timeout_s * 1e9), self.max_bytes // elsize,
             RANK=self.rank, WORLD=self.world, BLOCK=self.block_elems(elsize), SERIAL=serial,
             num_warps=self.num_warps, **extra)
+
+    # ---- the GEMV that sends its outputs, then the receive -------------------------------
+    # gemv_send: gemv_all_reduce runs as layer 2's gemv_send_kernel (the GEMV, its outputs sent
+    # to the peers as LL packets from its epilogue) and ll_receive_kernel (poll and sum) instead
+    # of layer 1's gemv and the LL one-shot: the send overlaps the GEMV's tail. Off unless
+    # LLM_STACK_TP_GEMV_SEND=1.
+    GEMV_SEND_ENV = GEMV_SEND_ENV
+    gemv_send = kernels.env_switch(GEMV_SEND_ENV, False)
+
+    def sends_from_gemv(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> bool:
+        """Whether gemv_all_reduce(x, w, silu) takes the fused path: gemv_send on, the LL region
+        there, one fp16/bf16 row of x on this device, w (N, K) of x's dtype, contiguous rows,
+        and N outputs within an LL slot and LL_MAX_BYTES."""
+        if not (self.gemv_send and self._ll_slot_words and x.dim() == 2 and x.shape[0] == 1
+                and w.dim() == 2 and x.dtype in (torch.float16, torch.bfloat16)
+                and w.dtype == x.dtype and x.device == self.device == w.device
+                and x.stride(-1) == 1 and w.stride(-1) == 1):
+            return False
+        if x.shape[1] != (2 if silu else 1) * w.shape[1]:
+            return False
+        nbytes = 4 * (-(-w.shape[0] // 2))  # whole words
+        return 0 < nbytes <= min(self.LL_MAX_BYTES, self._ll_slot_words * 4)
+
+    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False
+                        ) -> torch.Tensor:
+        """The sum over ranks of a @ w^T, a = x (1, K), or silu(gate) * up of x = [gate | up]
+        (1, 2K) (silu=True): what self(layer 1's gemv(x, w)) (gemv_silu_mul) returns, to the
+        bit. A row-parallel projection and its all-reduce (tensor-parallel decode at batch 1).
+        Where sends_from_gemv: the GEMV sends its outputs to the peers from its epilogue and a
+        second kernel polls and sums (gemv_send.py); elsewhere those two calls. Collective,
+        like a call: every rank passes the same shapes."""
+        if not self.sends_from_gemv(x, w, silu):
+            return self(kernels.gemv_silu_mul(x, w) if silu else kernels.gemv(x, w))
+        self._usable()
+        capturing = torch.cuda.is_current_stream_capturing()
+        if self.debug and not capturing:
+            self._agree(x, "gemv_send")
+        from . import gemv_send, peer_kernels
+
+        parts = kernels.GEMV_PARTS
+        N, K = w.shape
+        nwords = -(-N // 2)
+        block_n, block_k, warps, stages = parts.unpack(parts.config_for(N, K, 1))
+        block_n = max(2, block_n)  # whole words per program
+        y = torch.empty((1, 2 * nwords), dtype=x.dtype, device=x.device)
+        out = torch.empty_like(y)
+        pdl = parts.pdl_launch(x.device)
+        gemv_send.gemv_send_kernel[(-(-N // block_n),)](
+            x, w, y, N, w.stride(0), self._lls, self._state, self._ll_slot_words,
+            K=K, PROLOGUE=parts.SILU if silu else parts.NONE, BLOCK_N=block_n, BLOCK_K=block_k,
+            EVEN_K=K % block_k == 0, STAGES=stages, RANK=self.rank, WORLD=self.world,
+            PDL_EARLY=parts.pdl_early(), num_warps=warps, **pdl)
+        block = self.num_warps * 32 * 2  # as _launch_ll
+        peer_kernels.ll_receive_kernel[(self.blocks,)](
+            y.view(torch.int32), out.view(torch.int32), nwords,
+            max(1, min(self.blocks, -(-nwords // block))), self._lls, self._state,
+            self._status.data_ptr(), int(self.timeout_s * 1e9), self._ll_slot_words,
+            RANK=self.rank, WORLD=self.world, BLOCK=block, KIND=_LL_KINDS[x.dtype],
+            num_warps=self.num_warps, **self._pdl())
+        if self.debug and not capturing:
+            self.check()
+        return out[:, :N]
 
     # ---- the all-reduce with the residual add and RMSNorm after it ----------------------
     #: Widest row the fused kernel takes (a row in one block's registers, as layer 1's norm).

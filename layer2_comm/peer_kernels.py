@@ -655,3 +655,27 @@ def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_ad
                              status_ptr, pid, RANK, WORLD, KIND)
             tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
     _end(state_ptr, pid, calls, barriers)
+
+
+@triton.jit
+def ll_receive_kernel(y_ptr, out_ptr, nwords, active, lls, state_ptr, status_addr, timeout_ns,
+                      slot_words, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                      KIND: tl.constexpr, PDL: tl.constexpr = False):
+    """one_shot_ll_kernel's second half: the packets were sent by the kernel before (layer 2's
+    gemv_send_kernel, from its epilogue, on every rank), so block b only polls its slots of my
+    region for words [b, b + active, ...] x BLOCK from every peer and sums them with mine
+    (y's, the sender's local copy) in rank order: the same bits as one_shot_ll_kernel's. Under
+    PDL it waits for the sender first (y, and the counters it read), then lets the next GEMV
+    launch, whose programs request their weights while this one polls."""
+    _pdl_start(PDL)
+    pid, calls, barriers, expect, flag, half = _ll_begin(state_ptr, slot_words, WORLD)
+    if pid < active:
+        status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+        lanes = tl.arange(0, BLOCK)
+        for start in range(pid * BLOCK, nwords, active * BLOCK):
+            offs = start + lanes
+            mask = offs < nwords
+            lo, hi = _ll_sum(y_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
+                             status_ptr, pid, RANK, WORLD, KIND)
+            tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+    _end(state_ptr, pid, calls, barriers)

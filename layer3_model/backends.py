@@ -225,6 +225,14 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
     return y if combine is None else combine(y)
 
 
+def _gemv_combined(linear, x: torch.Tensor, silu: bool) -> torch.Tensor | None:
+    """A projection that runs its GEMV and its combine itself, `gemv_combined(x, silu)` (layer
+    5's row-parallel linears: a GEMV that sends its outputs to the peers from its epilogue, and
+    the all-reduce's receive), or None: then the GEMV here and combine after it."""
+    fused = getattr(linear, "gemv_combined", None)
+    return fused(x, silu) if callable(fused) else None
+
+
 #: Most tokens (sequences) a decode step may have to take the fused path; larger steps take
 #: the general path (cuBLAS GEMMs, layer 1's norm / RoPE / SiLU kernels). Layer 1's gemv takes
 #: up to 8 rows, but it keeps its (rows x BLOCK_N x BLOCK_K) product tile in registers, so the
@@ -283,9 +291,15 @@ class DecodeKernels:
         return y, (x if residual is None else h)
 
     def linear(self, x, linear):
+        y = _gemv_combined(linear, x, False)
+        if y is not None:
+            return y
         return _combined(linear, kernels.gemv(x, linear.weight, linear.bias, impl=self.impl))
 
     def silu_linear(self, gu, linear):
+        y = _gemv_combined(linear, gu, True)
+        if y is not None:
+            return y
         return _combined(linear, kernels.gemv_silu_mul(gu, linear.weight, linear.bias,
                                                        impl=self.impl))
 

@@ -107,6 +107,12 @@ class RowParallelLinear(nn.Module):
         kernels call it after their GEMV, so a shard keeps the fused path)."""
         return self.comm.all_reduce(y)
 
+    def gemv_combined(self, x: torch.Tensor, silu: bool) -> torch.Tensor | None:
+        """The GEMV and its all-reduce as the comm's own (layer 3's fused decode kernels call
+        it before their GEMV and combine): x (1, in/p), or [gate | up] with silu -> the sum
+        over the ranks, or None where the comm has none (then layer 3's GEMV and combine)."""
+        return self.comm.gemv_all_reduce(x, self.weight, silu)
+
 
 class ReducingRMSNorm(nn.Module):
     """Layer 3's RMSNorm after a row-parallel projection that left its all-reduce to it:

@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 import layer5_parallel as l5
 from layer3_model import backends
+from layer5_parallel.tensor_parallel.shard import RowParallelLinear
 
 l3 = l5.engine.executor
 GEMV = importlib.import_module("layer1_kernels.gemv")  # (the package's `gemv` is the function)
@@ -93,3 +94,26 @@ def test_a_row_parallel_linear_with_a_bias_is_not_fused():
     assert not backends._fusable(Row(lin.bias), torch.float32)  # the bias comes after the sum
     assert not backends._fusable(Row(None), torch.bfloat16)
     assert backends._fusable(lin, torch.float32)
+
+
+def test_row_parallel_gemv_combined_is_the_comms_or_none():
+    """RowParallelLinear.gemv_combined hands its GEMV and all-reduce to the comm; a comm
+    without the fused path (torch's collectives, or ours on CPU tensors) answers None, and
+    layer 3 then runs its GEMV and combine as before."""
+    w = torch.randn(6, 4)
+    seen = []
+
+    class Comm:
+        def gemv_all_reduce(self, x, weight, silu):
+            seen.append((x, weight, silu))
+            return "summed"
+
+    x = torch.randn(1, 4)
+    row = RowParallelLinear(w, None, Comm())
+    assert row.gemv_combined(x, True) == "summed"
+    assert seen[0][0] is x and seen[0][1] is row.weight and seen[0][2] is True
+    pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
+    for backend in ("torch", "ours"):
+        comm = l5.TPComm(backend, pg=pg) if backend == "torch" else object.__new__(l5.TPComm)
+        comm.backend = backend
+        assert comm.gemv_all_reduce(x, w, False) is None

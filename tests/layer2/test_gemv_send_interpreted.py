@@ -16,33 +16,35 @@ import torch
 
 from layer1_kernels import interpreter  # noqa: F401  (first: TRITON_INTERPRET on a CPU)
 
+# isort: split
+import triton
+import triton.language as tl
+
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the multigpu tests run the real kernels")
 
 BLOCKS, WARPS, SLOT_WORDS = 4, 1, 512
 
 
+@triton.jit
+def _store(ptrs, values, mask):
+    tl.store(ptrs, values, mask=mask)
+
+
+@triton.jit
+def _clock(dummy):
+    return dummy.to(tl.int64) * 0
+
+
 @pytest.fixture
 def K(monkeypatch):
     """(gemv_send, peer_kernels) with the PTX-only helpers replaced (looked up at call time)."""
-    import triton
-    import triton.language as tl
-
     from layer2_comm import gemv_send, peer_kernels
 
     if type(peer_kernels.ll_receive_kernel).__name__ != "InterpretedFunction":
         pytest.skip("needs Triton's interpreter")
-
-    @triton.jit
-    def store(ptrs, values, mask):
-        tl.store(ptrs, values, mask=mask)
-
-    @triton.jit
-    def clock(dummy):
-        return dummy.to(tl.int64) * 0
-
-    monkeypatch.setattr(gemv_send, "_store_volatile", store)
-    monkeypatch.setattr(peer_kernels, "_globaltimer", clock)
+    monkeypatch.setattr(gemv_send, "_store_volatile", _store)
+    monkeypatch.setattr(peer_kernels, "_globaltimer", _clock)
     return gemv_send, peer_kernels
 
 
@@ -104,14 +106,20 @@ def test_sent_outputs_sum_to_the_gemvs_all_reduced(K, world):
         outs = [ranks.receive(K, r, ys[r]) for r in range(world)]
         gemv = kernels.gemv_silu_mul if silu else kernels.gemv
         want_y = [gemv(xs[r], ws[r], impl="triton") for r in range(world)]
-        want = torch.stack([v.float() for v in want_y]).sum(0).to(dtype)
+        total = torch.stack([v.float() for v in want_y]).sum(0)
+        want = total.to(dtype)
+        # Triton 3.6's interpreter rounds fp32 -> bf16 toward zero (a GPU to nearest even), in
+        # the receive's last step as anywhere: either rounding of the fp32 sum is right here
+        cut = (total.view(torch.int32) & ~0xFFFF).view(torch.float32).to(dtype)
         for r in range(world):
             where = f"call {call} rank {r}"
             assert int(ranks.status[r]) == 0, f"{where}: peer {int(ranks.status[r]) - 1} late"
             assert torch.equal(ys[r][:, :n], want_y[r]), f"{where}: y differs from gemv"
             if n % 2:
                 assert float(ys[r][0, n]) == 0.0  # the padding column
-            assert torch.equal(outs[r][:, :n], want), f"{where}: wrong sum"
+            got = outs[r][:, :n]
+            ok = (got == want) | ((got == cut) & (dtype == torch.bfloat16))
+            assert bool(ok.all()), f"{where}: wrong sum"
             assert ranks.state[r][0::2].tolist() == [call + 1] * BLOCKS
             # my packets in peer p's region: this call's half, my slot, flag call + 1
             p = (r + 1) % world

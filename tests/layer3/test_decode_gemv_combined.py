@@ -50,3 +50,51 @@ def test_the_gemv_and_combine_when_it_answers_none_or_is_absent():
         torch.testing.assert_close(k.silu_linear(gu, row), want_silu)
     plain = torch.nn.Linear(4, 5, bias=False)
     torch.testing.assert_close(k.linear(x, plain), torch.nn.functional.linear(x, plain.weight))
+
+
+class Pending:
+    """A sum sent and not yet received (layer 5's, with layer 2's receive switch): the fused
+    GEMV's hooks answer `fused` (None: they cannot), receive() gives `value`."""
+
+    def __init__(self, value, fused=None):
+        self.value, self.fused, self.calls = value, fused, []
+        self.shape = value.shape
+
+    def receive(self):
+        self.calls.append("receive")
+        return self.value
+
+    def norm_gemv(self, w, norm_weight, eps, residual, bias=None):
+        self.calls.append(("norm_gemv", w, residual))
+        return self.fused
+
+
+def _norm(h):
+    return torch.nn.RMSNorm(h, eps=1e-5)
+
+
+def test_a_pending_sum_goes_to_the_next_norm_gemv_or_is_received_first():
+    """norm_linear hands a pending x to its norm_gemv (the receive inside the GEMV) and returns
+    its (y, h), combined; where that answers None, or the step wants fp32 logits, x.receive()
+    and then layer 1's GEMV: what a plain x gives."""
+    k, w = _kernels(), torch.randn(5, 4)
+    x, res, norm = torch.randn(1, 4), torch.randn(1, 4), _norm(4)
+    lin = torch.nn.Linear(4, 5, bias=False)
+    y7, h7 = torch.full((1, 5), 7.0), torch.full((1, 4), 3.0)
+    p = Pending(x, (y7, h7))
+    y, h = k.norm_linear(p, res, norm, Row(w))
+    assert torch.equal(y, 10 * y7) and h is h7  # the projection's combine after the GEMV
+    assert p.calls[0][0] == "norm_gemv" and p.calls[0][2] is res and "receive" not in p.calls
+    want = k.norm_linear(x, res, norm, lin)
+    for p, dtype in ((Pending(x), None), (Pending(x, (y7, h7)), torch.float32)):
+        y, h = k.norm_linear(p, res, norm, lin, out_dtype=dtype)
+        assert "receive" in p.calls
+        torch.testing.assert_close(y, want[0] if dtype is None else want[0].float())
+        torch.testing.assert_close(h, want[1])
+
+
+def test_a_pending_input_of_a_plain_gemv_is_received():
+    k, w = _kernels(), torch.randn(5, 4)
+    x, gu = torch.randn(1, 4), torch.randn(1, 8)
+    assert torch.equal(k.linear(Pending(x), Row(w, None)), k.linear(x, Row(w, None)))
+    assert torch.equal(k.silu_linear(Pending(gu), Row(w, None)), k.silu_linear(gu, Row(w, None)))

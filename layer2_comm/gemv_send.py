@@ -6,6 +6,8 @@ every peer as packets, polls for the peers' packets and sums. Here the GEMV's pr
 their own outputs as soon as they have them (each program's few columns, while other programs
 still stream weights), and the next kernel (peer_kernels.ll_receive_kernel) only polls and
 sums: the send leaves the all-reduce's critical path, and one kernel's y round trip with it.
+On by default (PeerAllReduce.gemv_send; LLM_STACK_TP_GEMV_SEND=0 turns it off): measured on 4x
+H200, an all-reduce in a TP=2 decoder layer's batch-1 GEMV chain 3.04 -> 2.61 us over none.
 
 No program waits here for anything. (Polling in the same kernel would deadlock: a program
 waiting for peers' packets holds its SM while programs of the grid that are not yet resident,

@@ -36,9 +36,9 @@ import layer1_kernels as kernels  # the layer beneath: the unfused norm
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 PDL_ENV = "LLM_STACK_PEER_PDL"  # "0" turns PeerAllReduce.pdl off (on by default)
 LL_ENV = "LLM_STACK_PEER_LL"  # "0" turns PeerAllReduce.low_latency off (on by default)
-# "1" turns PeerAllReduce.gemv_send on (off by default: not yet run on GPUs)
+# "0" turns PeerAllReduce.gemv_send off (on by default: measured, see gemv_send below)
 GEMV_SEND_ENV = "LLM_STACK_TP_GEMV_SEND"
-# "1" (with GEMV_SEND_ENV) turns PeerAllReduce.gemv_receive on (off by default: not yet run)
+# "1" (with GEMV_SEND_ENV) turns PeerAllReduce.gemv_receive on (off by default: slower, measured)
 GEMV_RECEIVE_ENV = "LLM_STACK_TP_GEMV_RECEIVE"
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
@@ -278,12 +278,16 @@ class PeerAllReduce:
     # ---- the GEMV that sends its outputs, then the receive -------------------------------
     # gemv_send: gemv_all_reduce runs as layer 2's gemv_send_kernel (the GEMV, its outputs sent
     # to the peers as LL packets from its epilogue) and ll_receive_kernel (poll and sum) instead
-    # of layer 1's gemv and the LL one-shot: the send overlaps the GEMV's tail. Off unless
-    # LLM_STACK_TP_GEMV_SEND=1. gemv_receive (with gemv_send): gemv_all_reduce(defer=True)
+    # of layer 1's gemv and the LL one-shot: the send overlaps the GEMV's tail. On unless
+    # LLM_STACK_TP_GEMV_SEND=0: on 4x H200 (8B shape) each TP=2 batch-1 all-reduce costs 2.61 us
+    # over none in a decoder layer's GEMV chain against 3.04 for the LL+PDL one-shot
+    # (benchmarks/tp_decode_chain.py), and the engine's batch-1 decode 406 -> 415 tok/s at TP=2,
+    # 591 -> 617 at TP=4; batch 32 does not take it (9,145 / 9,698 tok/s, within the spread).
+    # gemv_receive (with gemv_send): gemv_all_reduce(defer=True)
     # returns a PendingSum, which the next decode GEMV receives in its prologue
     # (gemv_receive.py: no receive kernel). Off unless LLM_STACK_TP_GEMV_RECEIVE=1.
     GEMV_SEND_ENV = GEMV_SEND_ENV
-    gemv_send = kernels.env_switch(GEMV_SEND_ENV, False)
+    gemv_send = kernels.env_switch(GEMV_SEND_ENV, True)
     GEMV_RECEIVE_ENV = GEMV_RECEIVE_ENV
     gemv_receive = kernels.env_switch(GEMV_RECEIVE_ENV, False)
 

@@ -1,4 +1,5 @@
-"""LLM_STACK_TP_GEMV_SEND and LLM_STACK_TP_GEMV_RECEIVE: off unless "1", a ValueError naming
+"""LLM_STACK_TP_GEMV_SEND (on unless "0") and LLM_STACK_TP_GEMV_RECEIVE (off unless "1"): a
+ValueError naming
 anything but 0/1 (read at import, as layer 2's PDL / LL switches); and where gemv_all_reduce
 takes the fused path (sends_from_gemv) and where it falls back to the GEMV and the all-reduce.
 CPU only."""
@@ -34,15 +35,16 @@ print(",".join(out))
 '''
 
 
-@pytest.mark.parametrize("name,attr", [("LLM_STACK_TP_GEMV_SEND", "gemv_send"),
-                                       ("LLM_STACK_TP_GEMV_RECEIVE", "gemv_receive")])
-def test_switch_is_off_by_default_and_strict(name, attr):
+@pytest.mark.parametrize("name,attr,default", [("LLM_STACK_TP_GEMV_SEND", "gemv_send", True),
+                                               ("LLM_STACK_TP_GEMV_RECEIVE", "gemv_receive",
+                                                False)])
+def test_switch_default_and_strict(name, attr, default):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
     env.pop(name, None)
     done = subprocess.run([sys.executable, "-c", SCRIPT, name, attr], capture_output=True,
                           text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "False,False,True,ValueError,ValueError"
+    assert done.stdout.strip().splitlines()[-1] == f"{default},False,True,ValueError,ValueError"
     assert PeerAllReduce.GEMV_SEND_ENV == "LLM_STACK_TP_GEMV_SEND"
     assert PeerAllReduce.GEMV_RECEIVE_ENV == "LLM_STACK_TP_GEMV_RECEIVE"
 

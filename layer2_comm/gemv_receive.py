@@ -8,47 +8,61 @@ prologue, after o_proj) and the next layer's qkv GEMV with RoPE and the cache wr
 down). Its programs request their first weight tiles, pass their PDL wait (the sender has
 finished: its packets are on their way, its own y is in memory), then meet the sum:
 
-  * one program, the first to arrive, polls every peer's packets for all the words, sums them
-    with the sender's y in rank order (ll_receive_kernel's arithmetic: the same bits), stores
-    the sum, and releases a ready flag (st.release after a CTA barrier);
-  * every other program acquires that flag, then runs layer 1's prologue unchanged on the plain
-    sum (the norm's statistics, program 0's new residual h), its act tiles unchanged.
+  * the sum is cut into chunks of two words a thread (CHUNK = 2 x THREADS words: 8 chunks of
+    256 for the 8B shape's 4,096 outputs at 4 warps). A program takes a ticket (an atomic
+    add); one below the chunk count is a chunk to receive: request every peer's packets of it
+    at once, poll until all carry the call's flag, sum them with the sender's y in rank order
+    (ll_receive_kernel's arithmetic: the same bits), store that slice of the sum, then count
+    the chunk done (a CTA barrier, an acq_rel atomic add at gpu scope) and take another
+    ticket. The program that counts the last chunk has seen every slice (its add acquired
+    the others' releases) and release-stores the call's epoch into READY_COPIES copies of
+    the ready flag, 128 bytes apart;
+  * every program, takers included, waits for its copy of the flag (thread 0, acquire at
+    gpu scope: this GPU wrote it), then runs layer 1's prologue unchanged on the plain sum
+    (the norm's statistics, program 0's new residual h), its act tiles unchanged.
 
-Why one program receives, not each (polling the packets in every program): a program would
-re-read K words x (W - 1) packets of 8 bytes from L2 besides its activations; gate_up at TP=2
-is 3,584 programs of 4 rows, 3,584 x 32 KiB = 117 MB of packets, as much as its weights (117
-MB a rank), and every act tile would have to read packets. One receiver costs one more L2 hop
-(the flag) instead.
+No program waits for one that might not run: a chunk is received by a program that holds a
+ticket, so is running (programs start in no promised order, and a PDL dependent's programs
+may hold SMs; "program 0" might not be resident yet). A taker waits only for the peers'
+senders (kernels that finished or will finish: a peer's sender waits for nothing of ours),
+with the receive's timeout: a silent peer leaves its code in the status word and the chunk
+is counted anyway, so nothing hangs. Programs of later waves find no ticket left and the flag
+set. Run one program at a time (Triton's interpreter), the first takes every chunk.
 
-The receiver is elected, never appointed: "program 0" might not be resident yet (programs
-start in no promised order, and a PDL dependent's programs may hold SMs), and one that waits
-for a program that cannot start deadlocks. Each program first reads the flag (its lanes'
-reads reduced to one answer, so the program takes one branch); where it is not yet set, it
-swaps this call's epoch into an election word (an atomic exchange): the one that finds an
-older value there is the receiver. It is running, so waiting for it is safe; it waits only
-for the peers' senders (kernels that finished or will finish: the peer's sender waits for
-nothing of ours, and a PDL dependent's programs only start once every program of the kernel
-before has started), with the receive's timeout: a silent peer leaves its code in the status
-word and the flag is released anyway, so nothing hangs. Programs that arrive after the flag
-skip the election (later waves: no atomic).
+Why chunks, counted (8B shape, TP=2, gate_up: 2,048 words, 128 threads). The first form had
+one elected program (an atomic exchange) receive everything and release one flag: its 128
+threads polled 8 words each per peer in two passes of 1,024 words, each pass's peers one
+after another (ll_receive's loop: a peer's next load waits for the last peer's packets), so
+after the flag's read and the exchange it made 2 x (W - 1) polls in a row (2 at TP=2, 6 at
+TP=4), each an L2 round trip at least; then a system-scope release (a fence that waits for
+the sum's stores at system scope) of one flag that the thread 0 of every resident program
+(>1,000 of gate_up's 3,584) polled with system-scope acquire loads, all on one 128-byte line:
+the release queued behind them, and every poll round took as long as the queue. Measured on
+4x H200 (TP=2 chain): 4.62 us an all-reduce over none against 2.61 for the send with the
+receive kernel (whose 8 blocks each poll 2 words a thread: one round trip). Here: the ticket,
+one poll round trip for all peers (they have usually landed: the senders finished), the done
+count, the flag's release, one acquire; the chunks in parallel; gpu scope; the flag's
+pollers spread over 16 lines.
 
-The epoch. A call's flag is the sender's call count + 1 (gemv_send.py). The sender's program
-0 also stores it into the sync words (EPOCH), which the receiving kernel reads after its PDL
-wait: the counters themselves cannot be read there, as the receiver advances them (every
-peer kernel advances every block's count on every call) while programs that have not yet
-started would read them. The election and ready words hold the last call's epoch; epochs
-only grow (signed differences: they may wrap), so nothing is ever reset, and a CUDA graph
-replays the kernels any number of times.
+The epoch, tickets and reuse. A call's flag is the sender's call count + 1 (gemv_send.py).
+The sender's program 0 also stores it into the sync words (EPOCH) and zeroes the ticket and
+done counts, after its PDL wait: every kernel before it has finished by then (each waits
+before it exits), so the last receiving GEMV (the counts' last user) has; and the receiving
+GEMV reads them only after its own PDL wait, when the sender has finished and its stores are
+visible. So a call's counts start at 0 and nothing of an older call touches them. The flag's
+copies hold the epoch of the last call received in a GEMV (older calls: smaller; the signed
+difference, so they may wrap), never reset, so a CUDA graph replays the kernels any number
+of times. The counters themselves cannot be read here (the takers advance them while
+programs that have not yet started would read them): chunk 0's taker advances every block's
+count to the epoch; the next peer kernel reads it after its PDL wait.
 
-The counter, halves and reuse (gemv_send.py's argument, the receive moved): the sender reads
-block 0's count after its PDL wait; the kernel before it is the receiving GEMV of the call
-before (or another peer kernel), finished by then, its receiver having advanced every block's
-count before the flag's release. Reuse of a half: this rank writes half h of peer p's region
-at call c only after its receive of call c-1 (the receiving GEMV's elected program) saw p's
-packets of c-1, which p's sender stored after its PDL wait, that is after p's receive of c-2
-(the last reader of half h, a receiving GEMV or a receive kernel) had finished.
+Reuse of a half (gemv_send.py's argument, the receive moved): this rank writes half h of
+peer p's region at call c only after its receive of call c-1 (the chunks' takers of the
+receiving GEMV) saw p's packets of c-1, which p's sender stored after its PDL wait, that is
+after p's receive of c-2 (the last reader of half h, a receiving GEMV or a receive kernel)
+had finished.
 
-The sum's buffer: the receiver stores it (the sum of N outputs, N even: whole words), the
+The sum's buffer: the takers store the sum (of N outputs, N even: whole words), the
 programs' act tiles read it as the kernel's x, as the unfused GEMV reads the receive kernel's
 output: the same bits in, the same bits out. Where a step cannot take this path (a bias, an
 odd width, fp32 logits), PendingSum.receive() launches ll_receive_kernel as gemv_send does.
@@ -62,8 +76,8 @@ from triton.language.extra.cuda import gdc_launch_dependents
 
 import layer1_kernels as kernels
 
-from .gemv_send import ELECT, EPOCH, READY
-from .peer_kernels import _floats_as_words, _ll_sum, _signal, _wait
+from .gemv_send import DONE, EPOCH, READY, READY_COPIES, TICKET
+from .peer_kernels import _floats_as_words, _globaltimer, _wait_ptx, _words_as_floats
 
 _w_tile = kernels.GEMV_PARTS.w_tile
 _act_tile = kernels.GEMV_PARTS.act_tile
@@ -71,40 +85,129 @@ _prologue = kernels.GEMV_PARTS.prologue
 _first_tile = kernels.GEMV_PARTS.first_tile
 _mac = kernels.GEMV_PARTS.mac
 
-#: words of the sum one pass of the receiver handles (registers: a packet per peer per word)
-RECEIVE_BLOCK = 1024
+
+def chunk_words(threads: int) -> int:
+    """Words of the sum one ticket receives: two a thread (one 16-byte load a peer)."""
+    return 2 * threads
+
+
+@triton.jit
+def _release(addrs, value):
+    """Each lane: release-store `value` at addrs (gpu scope: the readers are on this GPU)."""
+    tl.inline_asm_elementwise(
+        """{
+        st.release.gpu.global.u32 [$1], $2;
+        mov.u32 $0, 0;
+        }""",
+        "=r,l,r", [addrs, value], dtype=tl.int32, is_pure=False, pack=1)
+
+
+# thread 0 waits for the flag at $1 (acquire at gpu scope) and gives up with code $5
+WAIT_GPU_PTX = tl.constexpr(_wait_ptx("""
+        setp.ne.u32 %p, %me, 0;
+        @%p bra DONE;
+        mov.u64 %a, $1;""", """
+        st.relaxed.sys.global.u32 [$4], $5;""", scope="gpu"))
+
+
+@triton.jit
+def _wait(addr, value, timeout_ns, status_addr, code):
+    """Thread 0: spin until the flag at `addr` reaches `value` (acquire, gpu scope), or until
+    timeout_ns have passed, then store `code` into the status word and give up."""
+    tl.inline_asm_elementwise(WAIT_GPU_PTX, "=r,l,r,l,l,r",
+                              [addr, value, timeout_ns, status_addr, code],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _late(words, expect, mask, RANK: tl.constexpr, WORLD: tl.constexpr):
+    """Per peer (rank order, mine skipped): packets at masked lanes without `expect`'s flag."""
+    late = ()
+    for p in tl.static_range(WORLD):
+        if p != RANK:
+            late = late + (tl.sum((((words[p] >> 32).to(tl.int32) != expect) & mask)
+                                  .to(tl.int32), 0),)
+    return late
+
+
+@triton.jit
+def _poll_sum(mine_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns, status_ptr, pid,
+              RANK: tl.constexpr, WORLD: tl.constexpr, KIND: tl.constexpr):
+    """peer_kernels._ll_sum's words and bits (fp32 sums in rank order, as (low, high)), but
+    every peer's packets requested at once and polled together (_ll_sum polls one peer after
+    another: W - 1 round trips at least). A timeout stores the first late peer's code."""
+    mine = tl.load(mine_ptr + offs, mask=mask, other=0)
+    t0 = _globaltimer(pid)
+    words = ()
+    for p in tl.static_range(WORLD):
+        if p == RANK:
+            words = words + (mine.to(tl.int64),)
+        else:
+            words = words + (tl.load(lls[RANK] + half + p * slot_words + offs, mask=mask,
+                                     other=0, volatile=True),)
+    late = _late(words, expect, mask, RANK, WORLD)
+    left = 0
+    for i in tl.static_range(WORLD - 1):
+        left += late[i]
+    waited = _globaltimer(pid) - t0
+    while (left > 0) & (waited < timeout_ns):
+        words = ()
+        for p in tl.static_range(WORLD):
+            if p == RANK:
+                words = words + (mine.to(tl.int64),)
+            else:
+                words = words + (tl.load(lls[RANK] + half + p * slot_words + offs, mask=mask,
+                                         other=0, volatile=True),)
+        late = _late(words, expect, mask, RANK, WORLD)
+        left = 0
+        for i in tl.static_range(WORLD - 1):
+            left += late[i]
+        waited = _globaltimer(pid) - t0
+    if left > 0:
+        code = 0
+        for p in tl.static_range(WORLD - 1, -1, -1):  # the first late peer's last
+            if p != RANK:
+                code = tl.where(late[p - (p > RANK)] > 0, p + 1, code)
+        tl.store(status_ptr, code)
+    lo, hi = _words_as_floats(words[0].to(tl.int32), KIND)
+    for p in tl.static_range(1, WORLD):
+        a, b = _words_as_floats(words[p].to(tl.int32), KIND)
+        lo += a
+        hi += b
+    return lo, hi
 
 
 @triton.jit
 def _receive(sum_ptr, mine_ptr, nwords, lls, state_ptr, nblocks, sync_ptr, status_addr,
              timeout_ns, slot_words, RANK: tl.constexpr, WORLD: tl.constexpr,
-             KIND: tl.constexpr, RBLOCK: tl.constexpr, STATE_BLOCKS: tl.constexpr,
-             THREADS: tl.constexpr):
+             KIND: tl.constexpr, CHUNK: tl.constexpr, STATE_BLOCKS: tl.constexpr):
     """After the PDL wait: the sum of my words (mine_ptr, the sender's y) and every peer's
-    packets of this call in sum_ptr (nwords int32 words), done once, by the elected program;
-    the others wait for its ready flag. See the module docstring."""
+    packets of this call into sum_ptr (nwords int32 words), chunk by chunk by the programs
+    that draw a ticket; then every program waits for the ready flag. See the module
+    docstring."""
     pid = tl.program_id(0)
     expect = tl.load(sync_ptr + EPOCH)
-    # the flag as one answer for the whole program (lanes may see it change between reads)
-    seen = tl.load(sync_ptr + READY + tl.zeros([THREADS], dtype=tl.int32), volatile=True)
-    late = tl.max(((seen - expect) < 0).to(tl.int32), 0)
-    if late > 0:
-        old = tl.atomic_xchg(sync_ptr + ELECT, expect, sem="relaxed")
-        if old != expect:  # elected: receive for every program
-            status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-            half = ((expect - 1) % 2).to(tl.int64) * WORLD * slot_words
-            for start in range(0, nwords, RBLOCK):
-                offs = start + tl.arange(0, RBLOCK)
-                mask = offs < nwords
-                lo, hi = _ll_sum(mine_ptr, lls, half, offs, mask, expect, slot_words,
-                                 timeout_ns, status_ptr, pid, RANK, WORLD, KIND)
-                tl.store(sum_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
-            tl.debug_barrier()  # every thread's stores, then the release
-            _signal(sync_ptr + READY, expect)
-            b = tl.arange(0, STATE_BLOCKS)  # this call done, on every block's counter
+    chunks = tl.cdiv(nwords, CHUNK)
+    status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
+    half = ((expect - 1) % 2).to(tl.int64) * WORLD * slot_words
+    t = tl.atomic_add(sync_ptr + TICKET, 1, sem="relaxed", scope="gpu")
+    while t < chunks:
+        offs = t * CHUNK + tl.arange(0, CHUNK)
+        mask = offs < nwords
+        lo, hi = _poll_sum(mine_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
+                           status_ptr, pid, RANK, WORLD, KIND)
+        tl.store(sum_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+        if t == 0:  # this call done, on every block's counter
+            b = tl.arange(0, STATE_BLOCKS)
             tl.store(state_ptr + 2 * b, expect, mask=b < nblocks)
-        else:  # thread 0 acquires the flag (a timeout names me: the receiver named the peer)
-            _wait(sync_ptr + READY, expect, timeout_ns, status_addr, RANK + 1)
+        tl.debug_barrier()  # every thread's stores, then the count's release
+        done = tl.atomic_add(sync_ptr + DONE, 1, sem="acq_rel", scope="gpu")
+        if done == chunks - 1:  # the last chunk: every slice seen; the flag's copies
+            _release(sync_ptr + READY + 32 * tl.arange(0, READY_COPIES), expect)
+        t = tl.atomic_add(sync_ptr + TICKET, 1, sem="relaxed", scope="gpu")
+    # thread 0 acquires its copy of the flag (a timeout names me: a taker named the peer)
+    _wait(sync_ptr + READY + 32 * (pid % READY_COPIES), expect, timeout_ns, status_addr,
+          RANK + 1)
     tl.debug_barrier()  # nobody reads the sum before thread 0 has seen the flag
 
 
@@ -115,8 +218,8 @@ def norm_gemv_receive_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, N, strid
                              K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                              EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
                              STAGES: tl.constexpr, RANK: tl.constexpr, WORLD: tl.constexpr,
-                             KIND: tl.constexpr, RBLOCK: tl.constexpr,
-                             STATE_BLOCKS: tl.constexpr, THREADS: tl.constexpr,
+                             KIND: tl.constexpr, CHUNK: tl.constexpr,
+                             STATE_BLOCKS: tl.constexpr,
                              PDL: tl.constexpr, PDL_EARLY: tl.constexpr):
     """y = rms_norm(h = x + residual) @ w^T, h into h_ptr (one row): layer 1's _gemv_kernel
     with the norm prologue step for step, x being the all-reduce's sum (x_ptr, K outputs; its
@@ -133,7 +236,7 @@ def norm_gemv_receive_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr, N, strid
     _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, 0, 0, m, m_ok, eps, K, 0, False, 1, STATS_K, OUT_TY,
               PDL, PDL_EARLY)  # the PDL part only (no norm): the sender has finished
     _receive(sum_words, mine_words, K // 2, lls, state_ptr, nblocks, sync_ptr, status_addr,
-             timeout_ns, slot_words, RANK, WORLD, KIND, RBLOCK, STATE_BLOCKS, THREADS)
+             timeout_ns, slot_words, RANK, WORLD, KIND, CHUNK, STATE_BLOCKS)
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, 0, 0, m, m_ok, eps, K, 1, True, 1, STATS_K,
                      OUT_TY, False, False)
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -164,8 +267,8 @@ def norm_gemv_rope_receive_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr,
                                   EVEN_K: tl.constexpr, STATS_K: tl.constexpr,
                                   STAGES: tl.constexpr, RANK: tl.constexpr,
                                   WORLD: tl.constexpr, KIND: tl.constexpr,
-                                  RBLOCK: tl.constexpr, STATE_BLOCKS: tl.constexpr,
-                                  THREADS: tl.constexpr, PDL: tl.constexpr,
+                                  CHUNK: tl.constexpr, STATE_BLOCKS: tl.constexpr,
+                                  PDL: tl.constexpr,
                                   PDL_EARLY: tl.constexpr):
     """The qkv projection of gemv_rms_norm_rope (layer 1's _gemv_rope_kernel step for step, one
     row, no bias: RoPE on the q and k heads, k and v into the cache at the token's slot), x
@@ -194,7 +297,7 @@ def norm_gemv_rope_receive_kernel(x_ptr, r_ptr, h_ptr, nw_ptr, w_ptr, y_ptr,
     _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, 0, 0, m, m_ok, eps, K, 0, False, 1, STATS_K, OUT_TY,
               PDL, PDL_EARLY)
     _receive(sum_words, mine_words, K // 2, lls, state_ptr, nblocks, sync_ptr, status_addr,
-             timeout_ns, slot_words, RANK, WORLD, KIND, RBLOCK, STATE_BLOCKS, THREADS)
+             timeout_ns, slot_words, RANK, WORLD, KIND, CHUNK, STATE_BLOCKS)
     rstd = _prologue(x_ptr, r_ptr, h_ptr, nw_ptr, 0, 0, m, m_ok, eps, K, 1, True, 1, STATS_K,
                      OUT_TY, False, False)
     acc_lo = tl.zeros([BLOCK_P, BLOCK_K], dtype=tl.float32)
@@ -286,7 +389,7 @@ class PendingSum:
         norm_gemv_receive_kernel[(triton.cdiv(N, block_n),)](
             sum_, residual, h, norm_weight.contiguous(), w, y, N, w.stride(0), float(eps),
             *extra["args"], K=K, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=K % block_k == 0,
-            STATS_K=parts.stats_k(K), STAGES=stages, THREADS=32 * warps, num_warps=warps,
+            STATS_K=parts.stats_k(K), STAGES=stages, CHUNK=chunk_words(32 * warps), num_warps=warps,
             PDL_EARLY=parts.pdl_early(), **extra["consts"], **parts.pdl_launch(self.device))
         ar._after_receive()
         return y, h
@@ -318,7 +421,8 @@ class PendingSum:
             v_cache.stride(0), v_cache.stride(1), w.stride(0), float(eps), *extra["args"],
             K=K, N_PAIRS=N // 2, HALF=half, HEAD_D=head_dim, NQ=n_q_heads, NKV=n_kv_heads,
             BLOCK_P=block_p, BLOCK_K=block_k, EVEN_K=K % block_k == 0, STATS_K=parts.stats_k(K),
-            STAGES=stages, THREADS=32 * warps, num_warps=warps, PDL_EARLY=parts.pdl_early(),
+            STAGES=stages, CHUNK=chunk_words(32 * warps), num_warps=warps,
+            PDL_EARLY=parts.pdl_early(),
             **extra["consts"], **parts.pdl_launch(self.device))
         ar._after_receive()
         return y, h

@@ -150,7 +150,9 @@ class PeerAllReduce:
                                                   storage_offset=2 * self.max_bytes // 8)
                           for r in range(self.world)) if ll_bytes else ()
         self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
-        self._sync = torch.zeros(96, dtype=torch.int32, device=self.device)  # gemv_send.SYNC_INTS
+        from .gemv_send import SYNC_INTS
+
+        self._sync = torch.zeros(SYNC_INTS, dtype=torch.int32, device=self.device)
         self._pending = None  # a PendingSum sent and not yet received (gemv_receive.py)
         # written by the kernel when a wait times out: host memory, read without a GPU sync
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
@@ -364,15 +366,11 @@ class PeerAllReduce:
     def _receive_args(self, sum_: torch.Tensor, y: torch.Tensor) -> dict:
         """A receiving GEMV's (gemv_receive.py) arguments after its own: the sum's and my y's
         words, the LL region, counters, sync words, status, timeout; and its constexprs."""
-        from .gemv_receive import RECEIVE_BLOCK
-
-        nwords = y.shape[1] // 2
         return dict(
             args=(sum_.view(torch.int32), y.view(torch.int32), self._lls, self._state,
                   self.blocks, self._sync, self._status.data_ptr(), int(self.timeout_s * 1e9),
                   self._ll_slot_words),
             consts=dict(RANK=self.rank, WORLD=self.world, KIND=_LL_KINDS[y.dtype],
-                        RBLOCK=min(RECEIVE_BLOCK, 1 << (nwords - 1).bit_length()),
                         STATE_BLOCKS=1 << (self.blocks - 1).bit_length()))
 
     def _after_receive(self) -> None:

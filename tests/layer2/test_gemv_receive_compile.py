@@ -1,9 +1,10 @@
 """The GEMVs that receive the all-reduce in their prologue (gemv_receive.py), compiled for an
 H100/H200 (sm_90) on the CPU with the ptxas in Triton's wheel, at Llama-3.1-8B's TP=2 gate_up
-and qkv shapes with their tuned tiles: the receive is an election (an atomic exchange), polls
-(volatile loads, the clock), a release of the ready flag and an acquire of it; no packet is
+and qkv shapes with their tuned tiles: the receive is chunk tickets (atomic adds), polls
+(volatile loads, the clock), a done count (an acq_rel atomic add), gpu-scope release stores of
+the ready flag's copies and a gpu-scope acquire of one (nothing at system scope); no packet is
 sent; under PDL the first weight tiles are requested before griddepcontrol.wait and the
-election comes after it; nothing spills to local memory. Nothing runs; no GPU needed."""
+tickets come after it; nothing spills to local memory. Nothing runs; no GPU needed."""
 from __future__ import annotations
 
 import json
@@ -33,8 +34,8 @@ def build(name, world, pdl, out_dir):
     fn = gemv_receive.norm_gemv_rope_receive_kernel if rope else \
         gemv_receive.norm_gemv_receive_kernel
     consts = dict(K=4096, BLOCK_K=1024, EVEN_K=True, STATS_K=4096, STAGES=1, RANK=1,
-                  WORLD=world, KIND=2, RBLOCK=1024, STATE_BLOCKS=64, THREADS=128, PDL=pdl,
-                  PDL_EARLY=False)
+                  WORLD=world, KIND=2, CHUNK=gemv_receive.chunk_words(128), STATE_BLOCKS=64,
+                  PDL=pdl, PDL_EARLY=False)
     if rope:  # 8B TP=2: 16 q heads, 4 kv heads of 128
         consts.update(N_PAIRS=1536, HALF=64, HEAD_D=128, NQ=16, NKV=4, BLOCK_P=2)
     else:
@@ -101,20 +102,33 @@ def compiled(tmp_path_factory) -> dict:
 
 
 @pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j[0]}-w{j[1]}-pdl{int(j[2])}")
-def test_one_program_receives_the_others_wait_for_its_flag(compiled, job):
+def test_ticket_takers_receive_every_program_waits_for_the_flag(compiled, job):
     ptx, sass = compiled[job]["ptx"], compiled[job]["sass"]
-    assert "atom.global" in ptx and ".exch" in ptx  # the election
-    assert "ld.volatile.global" in ptx and "%globaltimer" in ptx  # the receiver's polls
-    assert "st.release.sys.global.u32" in ptx  # the ready flag, after the sum's stores
-    assert "ld.acquire.sys.global.u32" in ptx  # the others' wait for it
+    assert "atom.global.gpu.relaxed.add" in ptx  # the tickets
+    assert "atom.global.gpu.acq_rel.add" in ptx  # the chunks done
+    assert ".exch" not in ptx  # no election
+    assert "ld.volatile.global" in ptx and "%globaltimer" in ptx  # the takers' polls
+    assert "st.release.gpu.global.u32" in ptx  # the flag's copies, after the last chunk
+    assert "ld.acquire.gpu.global.u32" in ptx  # every program's wait for its copy
+    assert ".sys." not in ptx.replace("st.relaxed.sys.global.u32", "")  # but the status word
     assert "st.volatile.global.b64" not in ptx  # a receiver sends nothing
     assert not any(op.startswith(("STL", "LDL")) for op in sass), "spills to local memory"
 
 
+@pytest.mark.parametrize("job", JOBS, ids=lambda j: f"{j[0]}-w{j[1]}-pdl{int(j[2])}")
+def test_every_peer_is_polled_at_once(compiled, job):
+    """A chunk's first poll: every peer's packets requested before any is checked (the
+    volatile loads of the W - 1 peers precede the first reduction's barrier)."""
+    ptx, world = compiled[job]["ptx"], job[1]
+    start = ptx.index("ld.volatile.global")
+    first_check = ptx.index("bar.sync", start)
+    assert ptx.count("ld.volatile.global", start, first_check) >= world - 1
+
+
 @pytest.mark.parametrize("job", [j for j in JOBS if j[2]], ids=lambda j: f"{j[0]}-w{j[1]}")
-def test_weights_before_the_pdl_wait_the_election_after(compiled, job):
+def test_weights_before_the_pdl_wait_the_tickets_after(compiled, job):
     ptx = compiled[job]["ptx"]
     wait = ptx.index("griddepcontrol.wait")
     assert "ld.global" in ptx[:wait], "the first weight tile is not requested before the wait"
-    assert wait < ptx.index("atom.global"), "the election must follow the PDL wait"
+    assert wait < ptx.index("atom.global"), "the tickets must follow the PDL wait"
     assert "griddepcontrol.launch_dependents" in ptx

@@ -5,10 +5,12 @@ region, counters, sync words and status word in plain CPU memory every "rank" ad
 directly) running the class's own host code (gemv_all_reduce with defer, PendingSum).
 
 The ranks run one after another: every rank's sending GEMV, then every rank's receiving GEMV,
-whose programs run in order: the first is elected and receives, the others find the flag set.
+whose programs run in order: the first draws every chunk's ticket and receives them all (the
+chunks made small here: several tickets, a ragged last chunk), the others find none left and
+the flag set.
 Against the same chain unfused (the receive kernel, then layer 1's GEMV) on a second set of
 ranks: the same bits (sum, y, h, cache rows). The PTX-only helpers (8-byte volatile store,
-release store, acquire wait, %globaltimer) are plain stores, no-ops and a zero clock here; the
+release stores, acquire wait, %globaltimer) are plain stores, no-ops and a zero clock here; the
 PTX is compiled, not run, in test_gemv_receive_compile.py, and runs in the multigpu tests.
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
                                 reason="the multigpu tests run the real kernels")
 
 BLOCKS, WARPS, SLOT_WORDS, EPS = 4, 1, 512, 1e-5
+CHUNK = 4  # words a ticket receives here (a GPU: two a thread)
 
 
 @triton.jit
@@ -39,8 +42,8 @@ def _clock(dummy):
 
 
 @triton.jit
-def _release(addr, value):
-    tl.store(addr, value)
+def _release(addrs, value):
+    tl.store(addrs, value)
 
 
 @triton.jit
@@ -58,8 +61,10 @@ def R(monkeypatch):
         pytest.skip("needs Triton's interpreter")
     monkeypatch.setattr(gemv_send, "_store_volatile", _store)
     monkeypatch.setattr(peer_kernels, "_globaltimer", _clock)
-    monkeypatch.setattr(gemv_receive, "_signal", _release)
+    monkeypatch.setattr(gemv_receive, "_globaltimer", _clock)
+    monkeypatch.setattr(gemv_receive, "_release", _release)
     monkeypatch.setattr(gemv_receive, "_wait", _no_wait)
+    monkeypatch.setattr(gemv_receive, "chunk_words", lambda threads: CHUNK)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)  # CPU torch
 
     class Rank:
@@ -131,6 +136,18 @@ def _norm_gemv(x, w, nw, res, rope):
     return kernels.gemv_rms_norm_rope(x, w, nw, EPS, res, None, *args, impl="triton")
 
 
+def _assert_received(sync, epoch, nwords, where):
+    """The sync words after a receiving GEMV: its epoch, every chunk done, every ticket drawn
+    (and one more at least: the taker's last try), the epoch in every copy of the flag."""
+    from layer2_comm import gemv_send
+
+    chunks, n = -(-nwords // CHUNK), gemv_send.READY_COPIES.value
+    assert int(sync[gemv_send.EPOCH.value]) == epoch, where
+    assert int(sync[gemv_send.DONE.value]) == chunks, where
+    assert int(sync[gemv_send.TICKET.value]) > chunks, where
+    assert sync[gemv_send.READY.value:][::32][:n].tolist() == [epoch] * n, where
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_received_in_the_gemv_equals_receive_then_gemv(R, world):
     """Calls in a row, gate_up-like (norm GEMV) and qkv-like (RoPE + cache write) receivers,
@@ -141,7 +158,7 @@ def test_received_in_the_gemv_equals_receive_then_gemv(R, world):
     # (sender N = receiver K, sender K, silu, receiver: norm N' or "rope", dtype)
     plan = [(32, 16, False, 24, torch.float16), (32, 32, True, "rope", torch.float16),
             (64, 16, True, 40, torch.bfloat16), (32, 16, False, None, torch.float16),
-            (32, 48, True, "rope", torch.bfloat16), (48, 16, False, 8, torch.float16)]
+            (36, 48, True, "rope", torch.bfloat16), (44, 16, False, 8, torch.float16)]
     for call, (n, k, silu, recv, dtype) in enumerate(plan):
         g = torch.Generator().manual_seed(call)
         xs = [_rand(g, 1, 2 * k if silu else k, dtype=dtype) for _ in range(world)]
@@ -176,8 +193,7 @@ def test_received_in_the_gemv_equals_receive_then_gemv(R, world):
             assert fused[r]._state[0::2].tolist() == [call + 1] * BLOCKS, where
             assert fused[r]._state.tolist() == plain[r]._state.tolist(), where
             if recv is not None:
-                sync = fused[r]._sync
-                assert int(sync[0]) == int(sync[32]) == int(sync[64]) == call + 1, where
+                _assert_received(fused[r]._sync, call + 1, n // 2, where)
             p = (r + 1) % world
             half = (call % 2) * world * SLOT_WORDS
             packets = fused[0]._lls[p][half + r * SLOT_WORDS:][:n // 2]
@@ -209,9 +225,10 @@ def test_a_pending_sum_is_settled_before_the_next_send(R):
 
 
 def test_a_peer_that_never_sent_is_reported(R):
-    """Rank 1 skips its second GEMV: rank 0's receiving GEMV (its elected program) finds no
-    packet of that call in rank 1's slot and records code 2 (rank 1 + 1); the flag is still
-    released, so the other programs go on (nothing hangs) and the counters advance."""
+    """Rank 1 skips its second GEMV: rank 0's receiving GEMV (the chunks' taker) finds no
+    packet of that call in rank 1's slot and records code 2 (rank 1 + 1); every chunk is still
+    counted and the flag released, so the other programs go on (nothing hangs) and the
+    counters advance."""
     ranks = _world(R, 2, True)
     g = torch.Generator().manual_seed(7)
     for call in range(2):
@@ -223,7 +240,7 @@ def test_a_peer_that_never_sent_is_reported(R):
         for r in who:
             assert _norm_gemv(pend[r], wr, nw, res, None) is not None
         assert int(ranks[0]._status[0]) == (0 if call == 0 else 2)
-        assert int(ranks[0]._sync[32]) == call + 1
+        _assert_received(ranks[0]._sync, call + 1, 16, f"call {call}")
         assert ranks[0]._state[0::2].tolist() == [call + 1] * BLOCKS
 
 

@@ -55,7 +55,9 @@ class _Ranks:
                          for _ in range(world))
         self.state = [torch.zeros(2 * BLOCKS, dtype=torch.int32) for _ in range(world)]
         self.status = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
-        self.sync = [torch.zeros(96, dtype=torch.int32) for _ in range(world)]
+        from layer2_comm.gemv_send import SYNC_INTS
+
+        self.sync = [torch.zeros(SYNC_INTS, dtype=torch.int32) for _ in range(world)]
 
     def send(self, K, rank, x, w, silu):
         from layer1_kernels import GEMV_PARTS as P

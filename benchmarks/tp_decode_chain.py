@@ -19,8 +19,6 @@ weights (more bytes than L2), replayed; us per layer = replay time / layers, the
               (at batch 32 too: 256 KiB, past the class's LL_MAX_BYTES)
   ll+send     (batch 1) o_proj and down through PeerAllReduce.gemv_all_reduce: the GEMV sends
               its outputs as LL packets from its epilogue, a PDL kernel polls and sums
-  ll+recv     (batch 1) ll+send, and the sum received inside the next GEMV (gate_up's, the
-              next layer's qkv) instead of by a kernel of its own: gemv_receive.py
   nccl        dist.all_reduce
   fused       (batch 32) all-reduce + residual + RMSNorm in one kernel (one_shot otherwise)
 
@@ -45,8 +43,7 @@ import torch  # noqa: E402
 T0 = time.monotonic()
 H, F_FULL, HQ, HKV, D = 4096, 14336, 32, 8, 128
 EPS = 1e-5
-VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+send", "ll+recv",
-                "nccl"),
+VARIANTS = {1: ("none", "one_shot", "one_shot+pdl", "ll", "ll+pdl", "ll+send", "nccl"),
             32: ("none", "one_shot", "ll", "fused", "nccl")}
 
 
@@ -81,32 +78,16 @@ def _reduce(ar, variant: str):
 def _setup(ar, variant: str) -> None:
     import layer1_kernels as kernels
 
-    ar.pdl = "+pdl" in variant or variant in ("ll+send", "ll+recv")
-    ar.gemv_send = variant in ("ll+send", "ll+recv")
-    ar.gemv_receive = variant == "ll+recv"
+    ar.pdl = "+pdl" in variant or variant == "ll+send"
+    ar.gemv_send = variant == "ll+send"
     kernels.set_decode_pdl(True, early=False)  # layer 1's GEMVs: PDL on as the engine runs them
     ar.low_latency = variant.startswith("ll")
     # plain LL at every size its region holds (batch 32's 256 KiB too), else the class's limit
     ar.LL_MAX_BYTES = ar.LL_SLOT_BYTES if variant.startswith("ll") else type(ar).LL_MAX_BYTES
 
 
-def _norm_gemv(kernels, x, w, norm_w, res):
-    """gemv_rms_norm(x, ...), x a sum or (ll+recv) a pending one: received inside the GEMV."""
-    if isinstance(x, torch.Tensor):
-        return kernels.gemv_rms_norm(x, w, norm_w, EPS, res)
-    done = x.norm_gemv(w, norm_w, EPS, res)
-    if done is None:
-        raise RuntimeError("the GEMV would not receive the pending sum here")
-    return done
-
-
 def _batch1_layer(kernels, ar, variant, lw, x, res):
     reduce = _reduce(ar, variant)
-    if variant == "ll+recv":  # x: the previous layer's pending sum (a tensor at layer 0)
-        y, h = _norm_gemv(kernels, x, lw["qkv"], lw["n1"], res)
-        o = ar.gemv_all_reduce(y[:, : lw["q"]], lw["o"], defer=True)
-        gu, h2 = _norm_gemv(kernels, o, lw["gu"], lw["n2"], h)
-        return ar.gemv_all_reduce(gu, lw["down"], silu=True, defer=True), h2
     y, h = kernels.gemv_rms_norm(x, lw["qkv"], lw["n1"], EPS, res)
     if variant == "ll+send":
         a = y[:, : lw["q"]]
@@ -167,8 +148,6 @@ def _rank(rows_list: list[int], variants: dict, layers: int, iters: int) -> list
                     x, res = _batch1_layer(kernels, ar, variant, lw, x, res)
                 else:
                     x, res = _batch32_layer(kernels, ar, variant, lw, x, res, lw["n1"])
-            if not isinstance(x, torch.Tensor):  # ll+recv: the last layer's sum, a kernel's
-                x = x.receive()
             return x, res
 
         ref, ref_name = None, ""

@@ -10,26 +10,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from . import gemv_rope
-from .gemv import (
-    _act_tile,
-    _first_tile,
-    _mac,
-    _prologue,
-    _unpack,
-    _w_tile,
-    config_for,
-    pdl_early,
-    pdl_launch,
-)
-from .host import next_pow2
+from .gemv import _act_tile, _mac, _prologue, _unpack, _w_tile, config_for, pdl_early, pdl_launch
 
 GEMV_PARTS = SimpleNamespace(
     w_tile=_w_tile, act_tile=_act_tile, prologue=_prologue, mac=_mac,  # @triton.jit helpers
-    first_tile=_first_tile,
     config_for=config_for, unpack=_unpack,  # (BLOCK_N, BLOCK_K, warps[, stages]) of a shape
-    rope_config_for=gemv_rope.config_for,  # gemv_rms_norm_rope's (BLOCK_P, BLOCK_K, warps[, st.])
-    stats_k=lambda k: max(16, min(next_pow2(k), 8192)),  # the norm's STATS_K at one row
     pdl_launch=pdl_launch, pdl_early=pdl_early,  # launch keywords as gemv's
-    NONE=0, RMS=1, SILU=2,  # PROLOGUE values
+    NONE=0, SILU=2,  # PROLOGUE values
 )

@@ -38,13 +38,6 @@ import layer1_kernels as kernels
 
 from .peer_kernels import _store_volatile
 
-#: int32 words of a PeerAllReduce's sync buffer (gemv_receive.py), each on a 128-byte line of
-#: its own: the receive's chunk tickets, its chunks done (both zeroed here by program 0), the
-#: epoch of the call in flight (its flag), and READY_COPIES copies of the "sum ready" flag
-TICKET, DONE, EPOCH, READY = tl.constexpr(0), tl.constexpr(32), tl.constexpr(64), tl.constexpr(96)
-READY_COPIES = tl.constexpr(16)
-SYNC_INTS = 96 + 32 * 16
-
 _w_tile = kernels.GEMV_PARTS.w_tile
 _act_tile = kernels.GEMV_PARTS.act_tile
 _prologue = kernels.GEMV_PARTS.prologue
@@ -61,7 +54,7 @@ def _packets(out, flag, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def gemv_send_kernel(x_ptr, w_ptr, y_ptr, N, stride_wn, lls, state_ptr, slot_words, sync_ptr,
+def gemv_send_kernel(x_ptr, w_ptr, y_ptr, N, stride_wn, lls, state_ptr, slot_words,
                      K: tl.constexpr, PROLOGUE: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr,
                      RANK: tl.constexpr, WORLD: tl.constexpr, PDL: tl.constexpr,
@@ -69,9 +62,7 @@ def gemv_send_kernel(x_ptr, w_ptr, y_ptr, N, stride_wn, lls, state_ptr, slot_wor
     """y = a @ w^T for one row (a = x, or silu(gate) * up of x = [gate | up]: PROLOGUE 0 / 2),
     layer 1's _gemv_kernel step for step (same tiles, same bits), then y's words as packets
     into my slot of every peer's LL region. y: N rounded up to even outputs; lls: W int64
-    pointers; slot_words: packets a slot holds; sync_ptr: the sync words, where program 0 leaves
-    the call's flag and zeroed tickets for a GEMV that receives (gemv_receive.py). BLOCK_N
-    even (a program's words are whole)."""
+    pointers; slot_words: packets a slot holds. BLOCK_N even (a program's words are whole)."""
     pid = tl.program_id(0)
     OUT_TY: tl.constexpr = x_ptr.dtype.element_ty
     HALF_N: tl.constexpr = BLOCK_N // 2
@@ -105,10 +96,6 @@ def gemv_send_kernel(x_ptr, w_ptr, y_ptr, N, stride_wn, lls, state_ptr, slot_wor
     half = (calls % 2).to(tl.int64) * WORLD * slot_words
     words = pid * HALF_N + tl.arange(0, HALF_N)
     packet = _packets(out, flag, BLOCK_N)
-    if pid == 0:  # read after its PDL wait by a receiving GEMV (gemv_receive.py)
-        tl.store(sync_ptr + EPOCH, calls + 1)
-        tl.store(sync_ptr + TICKET, 0)
-        tl.store(sync_ptr + DONE, 0)
     for p in tl.static_range(WORLD):
         if p != RANK:
             _store_volatile(lls[p] + half + RANK * slot_words + words, packet, words < nwords)

@@ -38,8 +38,6 @@ PDL_ENV = "LLM_STACK_PEER_PDL"  # "0" turns PeerAllReduce.pdl off (on by default
 LL_ENV = "LLM_STACK_PEER_LL"  # "0" turns PeerAllReduce.low_latency off (on by default)
 # "0" turns PeerAllReduce.gemv_send off (on by default: measured, see gemv_send below)
 GEMV_SEND_ENV = "LLM_STACK_TP_GEMV_SEND"
-# "1" (with GEMV_SEND_ENV) turns PeerAllReduce.gemv_receive on (off by default: slower, measured)
-GEMV_RECEIVE_ENV = "LLM_STACK_TP_GEMV_RECEIVE"
 _LL_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 ALGORITHMS = ("one_shot", "two_shot", "nccl")
 
@@ -150,10 +148,6 @@ class PeerAllReduce:
                                                   storage_offset=2 * self.max_bytes // 8)
                           for r in range(self.world)) if ll_bytes else ()
         self._state = torch.zeros(2 * self.blocks, dtype=torch.int32, device=self.device)
-        from .gemv_send import SYNC_INTS
-
-        self._sync = torch.zeros(SYNC_INTS, dtype=torch.int32, device=self.device)
-        self._pending = None  # a PendingSum sent and not yet received (gemv_receive.py)
         # written by the kernel when a wait times out: host memory, read without a GPU sync
         self._status = torch.zeros(1, dtype=torch.int32, pin_memory=True)
         self._status_np = self._status.numpy()  # the same memory, read in ~100 ns
@@ -168,7 +162,6 @@ class PeerAllReduce:
     # ---- the call --------------------------------------------------------------------
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         self._usable()
-        self._settle()
         if not isinstance(x, torch.Tensor) or x.device != self.device:
             raise ValueError(f"rank {self.rank}: expected a tensor on {self.device}, got "
                              f"{getattr(x, 'device', type(x).__name__)}")
@@ -285,13 +278,8 @@ class PeerAllReduce:
     # over none in a decoder layer's GEMV chain against 3.04 for the LL+PDL one-shot
     # (benchmarks/tp_decode_chain.py), and the engine's batch-1 decode 406 -> 415 tok/s at TP=2,
     # 591 -> 617 at TP=4; batch 32 does not take it (9,145 / 9,698 tok/s, within the spread).
-    # gemv_receive (with gemv_send): gemv_all_reduce(defer=True)
-    # returns a PendingSum, which the next decode GEMV receives in its prologue
-    # (gemv_receive.py: no receive kernel). Off unless LLM_STACK_TP_GEMV_RECEIVE=1.
     GEMV_SEND_ENV = GEMV_SEND_ENV
     gemv_send = kernels.env_switch(GEMV_SEND_ENV, True)
-    GEMV_RECEIVE_ENV = GEMV_RECEIVE_ENV
-    gemv_receive = kernels.env_switch(GEMV_RECEIVE_ENV, False)
 
     def sends_from_gemv(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False) -> bool:
         """Whether gemv_all_reduce(x, w, silu) takes the fused path: gemv_send on, the LL region
@@ -307,24 +295,21 @@ class PeerAllReduce:
         nbytes = 4 * (-(-w.shape[0] // 2))  # whole words
         return 0 < nbytes <= min(self.LL_MAX_BYTES, self._ll_slot_words * 4)
 
-    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False,
-                        defer: bool = False):
+    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False
+                        ) -> torch.Tensor:
         """The sum over ranks of a @ w^T, a = x (1, K), or silu(gate) * up of x = [gate | up]
         (1, 2K) (silu=True): what self(layer 1's gemv(x, w)) (gemv_silu_mul) returns, to the
         bit. A row-parallel projection and its all-reduce (tensor-parallel decode at batch 1).
         Where sends_from_gemv: the GEMV sends its outputs to the peers from its epilogue and a
-        second kernel polls and sums (gemv_send.py); elsewhere those two calls. defer (with
-        gemv_receive on, on the fused path): no second kernel; returns a gemv_receive.PendingSum
-        for the next GEMV to receive (or its receive()). Collective, like a call: every rank
-        passes the same shapes (and defer)."""
+        second kernel polls and sums (gemv_send.py); elsewhere those two calls. Collective,
+        like a call: every rank passes the same shapes."""
         if not self.sends_from_gemv(x, w, silu):
             return self(kernels.gemv_silu_mul(x, w) if silu else kernels.gemv(x, w))
         self._usable()
-        self._settle()
         capturing = torch.cuda.is_current_stream_capturing()
         if self.debug and not capturing:
             self._agree(x, "gemv_send")
-        from . import gemv_send
+        from . import gemv_send, peer_kernels
 
         parts = kernels.GEMV_PARTS
         N, K = w.shape
@@ -332,56 +317,23 @@ class PeerAllReduce:
         block_n, block_k, warps, stages = parts.unpack(parts.config_for(N, K, 1))
         block_n = max(2, block_n)  # whole words per program
         y = torch.empty((1, 2 * nwords), dtype=x.dtype, device=x.device)
+        out = torch.empty_like(y)
         pdl = parts.pdl_launch(x.device)
         gemv_send.gemv_send_kernel[(-(-N // block_n),)](
-            x, w, y, N, w.stride(0), self._lls, self._state, self._ll_slot_words, self._sync,
+            x, w, y, N, w.stride(0), self._lls, self._state, self._ll_slot_words,
             K=K, PROLOGUE=parts.SILU if silu else parts.NONE, BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_K=K % block_k == 0, STAGES=stages, RANK=self.rank, WORLD=self.world,
             PDL_EARLY=parts.pdl_early(), num_warps=warps, **pdl)
-        if defer and self.gemv_receive:
-            from .gemv_receive import PendingSum
-
-            self._pending = PendingSum(self, y, N)
-            return self._pending
-        out = self._receive_launch(y)
-        if self.debug and not capturing:
-            self.check()
-        return out[:, :N]
-
-    def _receive_launch(self, y: torch.Tensor) -> torch.Tensor:
-        """ll_receive_kernel: the sum of y's words (1, even) and the peers' packets -> (1, even)."""
-        from . import peer_kernels
-
-        nwords = y.shape[1] // 2
-        out = torch.empty_like(y)
         block = self.num_warps * 32 * 2  # as _launch_ll
         peer_kernels.ll_receive_kernel[(self.blocks,)](
             y.view(torch.int32), out.view(torch.int32), nwords,
             max(1, min(self.blocks, -(-nwords // block))), self._lls, self._state,
             self._status.data_ptr(), int(self.timeout_s * 1e9), self._ll_slot_words,
-            RANK=self.rank, WORLD=self.world, BLOCK=block, KIND=_LL_KINDS[y.dtype],
+            RANK=self.rank, WORLD=self.world, BLOCK=block, KIND=_LL_KINDS[x.dtype],
             num_warps=self.num_warps, **self._pdl())
-        return out
-
-    def _receive_args(self, sum_: torch.Tensor, y: torch.Tensor) -> dict:
-        """A receiving GEMV's (gemv_receive.py) arguments after its own: the sum's and my y's
-        words, the LL region, counters, sync words, status, timeout; and its constexprs."""
-        return dict(
-            args=(sum_.view(torch.int32), y.view(torch.int32), self._lls, self._state,
-                  self.blocks, self._sync, self._status.data_ptr(), int(self.timeout_s * 1e9),
-                  self._ll_slot_words),
-            consts=dict(RANK=self.rank, WORLD=self.world, KIND=_LL_KINDS[y.dtype],
-                        STATE_BLOCKS=1 << (self.blocks - 1).bit_length()))
-
-    def _after_receive(self) -> None:
-        if self.debug and not torch.cuda.is_current_stream_capturing():
+        if self.debug and not capturing:
             self.check()
-
-    def _settle(self) -> None:
-        """A sum sent and not yet received is received now (its kernel), before any other call:
-        the peer kernels' counters and halves go call after call."""
-        if self._pending is not None:
-            self._pending.receive()
+        return out[:, :N]
 
     # ---- the all-reduce with the residual add and RMSNorm after it ----------------------
     #: Widest row the fused kernel takes (a row in one block's registers, as layer 1's norm).
@@ -472,7 +424,6 @@ class PeerAllReduce:
 
     def _check_input(self, x: torch.Tensor, what: str) -> torch.Tensor:
         self._usable()
-        self._settle()
         if not isinstance(x, torch.Tensor) or x.device != self.device:
             raise ValueError(f"rank {self.rank}: {what} expects a tensor on {self.device}, got "
                              f"{getattr(x, 'device', type(x).__name__)}")

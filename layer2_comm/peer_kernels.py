@@ -76,12 +76,11 @@ def _signal(addr, value):
         "=r,l,r", [addr, value], dtype=tl.int32, is_pure=False, pack=1)
 
 
-def _wait_ptx(who: str, give_up: str, scope: str = "sys") -> str:
+def _wait_ptx(who: str, give_up: str) -> str:
     """The PTX of a wait. `who` sends the threads that do not wait to DONE and points %a at
-    the flag of those that do; they spin until the flag reaches $2 (acquire at `scope`: "sys"
-    for a flag a peer writes, "gpu" for one this GPU writes; the signed difference, so epochs
-    may wrap) or until $3 ns have passed, then run `give_up` (store a code into the status
-    word at $4) and carry on."""
+    the flag of those that do; they spin until the flag reaches $2 (acquire; the signed
+    difference, so epochs may wrap) or until $3 ns have passed, then run `give_up` (store a
+    code into the status word at $4) and carry on."""
     return """{
         .reg .u32 %me, %v;
         .reg .s32 %d;
@@ -91,7 +90,7 @@ def _wait_ptx(who: str, give_up: str, scope: str = "sys") -> str:
         mov.u32 %me, %tid.x;""" + who + """
         mov.u64 %t0, %globaltimer;
         SPIN:
-        ld.acquire.""" + scope + """.global.u32 %v, [%a];
+        ld.acquire.sys.global.u32 %v, [%a];
         sub.s32 %d, %v, $2;
         setp.ge.s32 %q, %d, 0;
         @%q bra DONE;

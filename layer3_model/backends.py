@@ -225,20 +225,12 @@ def _combined(linear, y: torch.Tensor) -> torch.Tensor:
     return y if combine is None else combine(y)
 
 
-def _gemv_combined(linear, x: torch.Tensor, silu: bool):
+def _gemv_combined(linear, x: torch.Tensor, silu: bool) -> torch.Tensor | None:
     """A projection that runs its GEMV and its combine itself, `gemv_combined(x, silu)` (layer
     5's row-parallel linears: a GEMV that sends its outputs to the peers from its epilogue, and
-    the all-reduce's receive), or None: then the GEMV here and combine after it. Its result
-    may be pending (see _received): the next step's GEMV takes it."""
+    the all-reduce's receive), or None: then the GEMV here and combine after it."""
     fused = getattr(linear, "gemv_combined", None)
     return fused(x, silu) if callable(fused) else None
-
-
-def _received(x):
-    """x, or where x is a pending result (not a tensor: layer 5's all-reduce, sent and not yet
-    received), its receive(): the tensor. A fused GEMV may instead take a pending x itself
-    (its norm_gemv / norm_gemv_rope: the receive in the GEMV's prologue)."""
-    return x if isinstance(x, torch.Tensor) else x.receive()
 
 
 #: Most tokens (sequences) a decode step may have to take the fused path; larger steps take
@@ -284,12 +276,6 @@ class DecodeKernels:
     def norm_linear(self, x, residual, norm, linear, out_dtype=None):
         """rms_norm(x + residual) @ W^T -> (y, new residual); residual None: (y, x).
         out_dtype: y stored as it (rounded to x's dtype first), e.g. fp32 logits."""
-        if not isinstance(x, torch.Tensor):  # pending: received inside the GEMV, or first
-            done = None if out_dtype is not None else x.norm_gemv(
-                linear.weight, norm.weight, norm.eps, residual, linear.bias)
-            if done is not None:
-                return _combined(linear, done[0]), done[1]
-            x = _received(x)
         y, h = kernels.gemv_rms_norm(x, linear.weight, norm.weight, norm.eps, residual,
                                      linear.bias, impl=self.impl, out_dtype=out_dtype)
         return _combined(linear, y), (x if residual is None else h)
@@ -299,27 +285,18 @@ class DecodeKernels:
         """norm_linear of the qkv projection with RoPE on q, k and k, v written to the
         cache; heads = (q heads, kv heads, head_dim). Returns (qkv (T, N), new residual)."""
         k_slots, v_slots = _slot_views(cache, layer)
-        if not isinstance(x, torch.Tensor):  # pending: received inside the GEMV, or first
-            done = x.norm_gemv_rope(linear.weight, norm.weight, norm.eps, residual, linear.bias,
-                                    cos, sin, ctx.positions, k_slots, v_slots, ctx.slot_mapping,
-                                    *heads)
-            if done is not None:
-                return done
-            x = _received(x)
         y, h = kernels.gemv_rms_norm_rope(x, linear.weight, norm.weight, norm.eps, residual,
                                           linear.bias, cos, sin, ctx.positions, k_slots,
                                           v_slots, ctx.slot_mapping, *heads, impl=self.impl)
         return y, (x if residual is None else h)
 
     def linear(self, x, linear):
-        x = _received(x)
         y = _gemv_combined(linear, x, False)
         if y is not None:
             return y
         return _combined(linear, kernels.gemv(x, linear.weight, linear.bias, impl=self.impl))
 
     def silu_linear(self, gu, linear):
-        gu = _received(gu)
         y = _gemv_combined(linear, gu, True)
         if y is not None:
             return y

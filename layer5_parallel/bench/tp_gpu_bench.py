@@ -68,11 +68,10 @@ SHAPES = {"llama-3.2-1b": l3.LLAMA_3_2_1B, "llama-3.1-8b": planner.LLAMA_3_8B}
 _PEER = engine.comm.PeerAllReduce
 #: The decode options a TP layout may set (--switches): name -> (the environment variable the
 #: workers read when they start, the attribute of rank 0's PeerAllReduce class or None)
-#: send: batch 1's row-parallel GEMVs send their outputs from their epilogue; recv (with send):
-#: the next GEMV receives the sum in its prologue (layer 2's gemv_send.py, gemv_receive.py)
+#: send: batch 1's row-parallel GEMVs send their outputs from their epilogue (layer 2's
+#: gemv_send.py)
 SWITCHES = {"pdl": (_PEER.PDL_ENV, "pdl"), "ll": (_PEER.LL_ENV, "low_latency"),
-            "norms": (FUSED_NORMS_ENV, None), "send": (_PEER.GEMV_SEND_ENV, "gemv_send"),
-            "recv": (_PEER.GEMV_RECEIVE_ENV, "gemv_receive")}
+            "norms": (FUSED_NORMS_ENV, None), "send": (_PEER.GEMV_SEND_ENV, "gemv_send")}
 WORKLOADS = ((1, 128), (32, 64))  # (batch, new tokens)
 PROMPT_LEN = 128
 

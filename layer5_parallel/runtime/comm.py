@@ -240,14 +240,13 @@ class TPComm:
             return self._timed("all_reduce", fused, x)
         return ops.rms_norm(self.all_reduce(x.contiguous()), weight, eps, residual)
 
-    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False,
-                        defer: bool = False):
+    def gemv_all_reduce(self, x: torch.Tensor, w: torch.Tensor, silu: bool = False
+                        ) -> torch.Tensor | None:
         """The sum over the ranks of x @ w^T (silu: of silu(gate) * up, x = [gate | up]), a
         row-parallel projection and its all-reduce, with layer 2's all-reduce on GPUs: its
         gemv_all_reduce, where it sends the GEMV's outputs to the peers from the GEMV's epilogue
-        (PeerAllReduce.gemv_send on, sends_from_gemv). defer: with gemv_receive on too, a
-        pending sum (layer 2's PendingSum: the next decode GEMV receives it, or its receive()).
-        Elsewhere None: the caller runs its GEMV and all_reduce, as without the switch."""
+        (PeerAllReduce.gemv_send on, sends_from_gemv). Elsewhere None: the caller runs its GEMV
+        and all_reduce, as without the switch."""
         if (self.backend != "ours" or not x.is_cuda or not engine.comm.PeerAllReduce.gemv_send
                 or not self._peer_for(x).sends_from_gemv(x, w, silu)):
             return None
@@ -255,7 +254,7 @@ class TPComm:
         def fused(t: torch.Tensor):
             self.calls += 1
             self.bytes += t.shape[0] * w.shape[0] * t.element_size()
-            return self._peer_for(t).gemv_all_reduce(t, w, silu, defer=defer)
+            return self._peer_for(t).gemv_all_reduce(t, w, silu)
         return self._timed("all_reduce", fused, x)
 
     def broadcast(self, x: torch.Tensor) -> torch.Tensor:

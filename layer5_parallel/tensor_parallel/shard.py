@@ -107,13 +107,11 @@ class RowParallelLinear(nn.Module):
         kernels call it after their GEMV, so a shard keeps the fused path)."""
         return self.comm.all_reduce(y)
 
-    def gemv_combined(self, x: torch.Tensor, silu: bool):
+    def gemv_combined(self, x: torch.Tensor, silu: bool) -> torch.Tensor | None:
         """The GEMV and its all-reduce as the comm's own (layer 3's fused decode kernels call
         it before their GEMV and combine): x (1, in/p), or [gate | up] with silu -> the sum
-        over the ranks, or a pending sum that the next fused decode GEMV receives (its
-        norm_gemv / norm_gemv_rope, else receive(): layer 2's PendingSum, with the comm's
-        gemv_receive on), or None where the comm has none (then layer 3's GEMV and combine)."""
-        return self.comm.gemv_all_reduce(x, self.weight, silu, defer=True)
+        over the ranks, or None where the comm has none (then layer 3's GEMV and combine)."""
+        return self.comm.gemv_all_reduce(x, self.weight, silu)
 
 
 class ReducingRMSNorm(nn.Module):

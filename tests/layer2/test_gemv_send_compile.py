@@ -44,7 +44,7 @@ def build(name, world, prologue, pdl, out_dir):
             sig[a] = tuple(["*i64"] * world)
             for j in range(world):
                 attrs[(i, j)] = [["tt.divisibility", 16]]
-        elif a in ("state_ptr", "sync_ptr"):
+        elif a == "state_ptr":
             sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
         elif a in ("status_addr", "timeout_ns"):
             sig[a] = "i64"

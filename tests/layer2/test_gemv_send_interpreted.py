@@ -55,9 +55,6 @@ class _Ranks:
                          for _ in range(world))
         self.state = [torch.zeros(2 * BLOCKS, dtype=torch.int32) for _ in range(world)]
         self.status = [torch.zeros(1, dtype=torch.int32) for _ in range(world)]
-        from layer2_comm.gemv_send import SYNC_INTS
-
-        self.sync = [torch.zeros(SYNC_INTS, dtype=torch.int32) for _ in range(world)]
 
     def send(self, K, rank, x, w, silu):
         from layer1_kernels import GEMV_PARTS as P
@@ -67,7 +64,7 @@ class _Ranks:
         block_n = max(2, block_n)
         y = torch.empty(1, 2 * (-(-N // 2)), dtype=x.dtype)
         K[0].gemv_send_kernel[(-(-N // block_n),)](
-            x, w, y, N, w.stride(0), self.lls, self.state[rank], SLOT_WORDS, self.sync[rank], K=Kd,
+            x, w, y, N, w.stride(0), self.lls, self.state[rank], SLOT_WORDS, K=Kd,
             PROLOGUE=P.SILU if silu else P.NONE, BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_K=Kd % block_k == 0, STAGES=stages, RANK=rank, WORLD=self.world, PDL=False,
             PDL_EARLY=False, num_warps=warps)

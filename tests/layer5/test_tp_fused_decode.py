@@ -104,18 +104,16 @@ def test_row_parallel_gemv_combined_is_the_comms_or_none():
     seen = []
 
     class Comm:
-        def gemv_all_reduce(self, x, weight, silu, defer=False):
-            seen.append((x, weight, silu, defer))
+        def gemv_all_reduce(self, x, weight, silu):
+            seen.append((x, weight, silu))
             return "summed"
 
     x = torch.randn(1, 4)
     row = RowParallelLinear(w, None, Comm())
     assert row.gemv_combined(x, True) == "summed"
-    # defer: layer 3's next fused GEMV may take a pending sum (with layer 2's receive switch)
-    assert seen[0][0] is x and seen[0][1] is row.weight and seen[0][2:] == (True, True)
+    assert seen[0][0] is x and seen[0][1] is row.weight and seen[0][2] is True
     pg = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, timedelta(seconds=30))
     for backend in ("torch", "ours"):
         comm = l5.TPComm(backend, pg=pg) if backend == "torch" else object.__new__(l5.TPComm)
         comm.backend = backend
         assert comm.gemv_all_reduce(x, w, False) is None
-        assert comm.gemv_all_reduce(x, w, False, defer=True) is None

@@ -16,8 +16,6 @@ def _tokens(monkeypatch, on: bool, model, prompts) -> list[list[int]]:
     # read by the worker rank 0 spawns; rank 0's class attribute was read at its import
     monkeypatch.setenv(peer.GEMV_SEND_ENV, "1" if on else "0")
     monkeypatch.setattr(peer, "gemv_send", on)
-    monkeypatch.setenv(peer.GEMV_RECEIVE_ENV, "0")  # the send alone, its receive kernel
-    monkeypatch.setattr(peer, "gemv_receive", False)
     params = l5.SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     with l5.LLM(model, tensor_parallel_size=2, tp_backend="ours", num_blocks=64, max_num_seqs=8,
                 cuda_graph=True, max_model_len=256) as llm:

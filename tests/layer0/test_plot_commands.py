@@ -5,15 +5,37 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 import layer0_hardware
 from layer0_hardware import (
     Ceilings,
     RooflinePoint,
+    bench_suite,
     commands,
     match_datasheet,
     plot_roofline,
     results_dir,
 )
+from layer0_hardware import ceilings as ceilings_module
+
+#: The commands' CPU matmuls at this n, not their quick 1024: bf16 is emulated on CI's CPUs
+#: (~1 GFLOP/s), so each 1024 measurement took ~10 s of CPU; test_microbench_ceilings checks
+#: a quick measurement at its real sizes once.
+SMALL_N = 256
+
+
+@pytest.fixture
+def small_cpu_matmuls(monkeypatch):
+    """The commands measure every ceiling as before, through the same code, with their CPU
+    matmuls at SMALL_N (where they asked for more)."""
+    real = ceilings_module.matmul_flops
+
+    def small(dtype, n=None, device=None, *, peak=False):
+        return real(dtype, min(n or SMALL_N, SMALL_N), device, peak=peak)
+
+    for module in (ceilings_module, bench_suite):
+        monkeypatch.setattr(module, "matmul_flops", small)
 
 EXPECTED_API = {
     "detect_device", "CPUInfo", "GPUInfo", "SystemInfo", "system_info", "Topology",
@@ -58,7 +80,7 @@ def test_results_dir(tmp_path, monkeypatch):
     assert results_dir(0) == tmp_path / "layer0" and results_dir(0).is_dir()
 
 
-def test_run_demo_writes_results(tmp_path, monkeypatch, capsys):
+def test_run_demo_writes_results(tmp_path, monkeypatch, capsys, small_cpu_matmuls):
     monkeypatch.setenv("LLM_STACK_RESULTS", str(tmp_path / "results"))
     monkeypatch.setenv("LLM_STACK_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "out"
@@ -72,7 +94,7 @@ def test_run_demo_writes_results(tmp_path, monkeypatch, capsys):
     assert "measured ceilings" in printed and "roofline.png" in printed
 
 
-def test_bench_quick_and_info(tmp_path, monkeypatch, capsys):
+def test_bench_quick_and_info(tmp_path, monkeypatch, capsys, small_cpu_matmuls):
     monkeypatch.setenv("LLM_STACK_CACHE", str(tmp_path / "cache"))
     assert commands.bench(["--quick", "--device", "cpu", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "bench.json").read_text())

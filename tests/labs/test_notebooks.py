@@ -31,10 +31,26 @@ def test_every_lab_has_a_notebook():
     assert {nb.parent for nb in NOTEBOOKS} == {lab.directory for lab in available_labs().values()}
 
 
-async def _execute(notebook: Path, tmp: Path) -> list[dict]:
+def _cpu_ceilings():
+    """This machine's ceilings, measured (quick) with the matmuls at n=256: the notebooks'
+    caches start with them, as a student's does after lab 0's `stack bench --layer 0`. Else
+    lab 1's load_ceilings measures them in its kernel, ~10 s of CPU in emulated bf16 1024^3
+    products; load_ceilings' measuring when nothing is cached is test_microbench_ceilings'."""
+    from layer0_hardware import ceilings, measure_ceilings
+
+    real = ceilings.matmul_flops
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ceilings, "matmul_flops",
+                   lambda dtype, n, device, *, peak: real(dtype, 256, device, peak=peak))
+        return measure_ceilings("cpu", quick=True, progress=False)
+
+
+async def _execute(notebook: Path, tmp: Path, ceilings) -> list[dict]:
     """Run one notebook; returns the error outputs of its cells (nbclient raises on most)."""
     import nbformat
     from nbclient import NotebookClient
+
+    from layer0_hardware import ceilings_path, save_ceilings
 
     env = {**os.environ, "LLM_STACK_LAB_REFERENCE": "1",  # the notebook imports the answers
            "LLM_STACK_RESULTS": str(tmp / "results"), "LLM_STACK_CACHE": str(tmp / "cache"),
@@ -42,6 +58,9 @@ async def _execute(notebook: Path, tmp: Path) -> list[dict]:
            # labs 2 and 5 launch ranks many times: forked from a server that imported torch
            # once, as the grader's are, not each importing it (what a student's run does)
            START_METHOD_ENV: "forkserver"}
+    with pytest.MonkeyPatch.context() as mp:  # (ceilings_path reads the variable)
+        mp.setenv("LLM_STACK_CACHE", env["LLM_STACK_CACHE"])
+        save_ceilings(ceilings, ceilings_path(ceilings.device_name))
     nb = nbformat.read(notebook, as_version=4)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(notebook.parent)}})
@@ -57,12 +76,15 @@ def executed(request: pytest.FixtureRequest, tmp_path_factory) -> dict:
     wanted = [item.callspec.params["notebook"] for item in request.session.items
               if getattr(item, "originalname", None) == "test_notebook_runs_top_to_bottom"]
 
+    ceilings = _cpu_ceilings() if wanted else None
+
     async def run_all() -> list:
         gate = asyncio.Semaphore(AT_ONCE)
 
         async def one(notebook: Path):
             async with gate:
-                return await _execute(notebook, tmp_path_factory.mktemp(notebook.stem))
+                return await _execute(notebook, tmp_path_factory.mktemp(notebook.stem),
+                                      ceilings)
 
         return await asyncio.gather(*(one(nb) for nb in wanted), return_exceptions=True)
 

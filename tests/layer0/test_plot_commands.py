@@ -5,37 +5,15 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 import layer0_hardware
 from layer0_hardware import (
     Ceilings,
     RooflinePoint,
-    bench_suite,
     commands,
     match_datasheet,
     plot_roofline,
     results_dir,
 )
-from layer0_hardware import ceilings as ceilings_module
-
-#: The commands' CPU matmuls at this n, not their quick 1024: bf16 is emulated on CI's CPUs
-#: (~1 GFLOP/s), so each 1024 measurement took ~10 s of CPU; test_microbench_ceilings checks
-#: a quick measurement at its real sizes once.
-SMALL_N = 256
-
-
-@pytest.fixture
-def small_cpu_matmuls(monkeypatch):
-    """The commands measure every ceiling as before, through the same code, with their CPU
-    matmuls at SMALL_N (where they asked for more)."""
-    real = ceilings_module.matmul_flops
-
-    def small(dtype, n=None, device=None, *, peak=False):
-        return real(dtype, min(n or SMALL_N, SMALL_N), device, peak=peak)
-
-    for module in (ceilings_module, bench_suite):
-        monkeypatch.setattr(module, "matmul_flops", small)
 
 EXPECTED_API = {
     "detect_device", "CPUInfo", "GPUInfo", "SystemInfo", "system_info", "Topology",

@@ -5,8 +5,11 @@
 tensor_parallel_size: ranks the model's heads, FFN and vocabulary are split over (1: layer 4's
 engine as it is). tp_backend: "torch" (torch.distributed: NCCL on GPUs, gloo on CPUs) or
 "ours" (layer 2's collectives from send/recv). tp_check: every torch collective first checks
-that all ranks pass the same shape. tp_timeout_s: the longest any wait between ranks lasts
-(startup, each collective, shutdown). tp_threads: CPU threads per rank, rank 0 included
+that all ranks pass the same shape. Two limits bound the waits between ranks: tp_start_timeout_s
+the ranks' start-up (spawn, imports, rendezvous, model load, KV caches; None: tp_timeout_s), and
+tp_timeout_s, the step limit, once every rank is up (each collective and hand-off of a step,
+shutdown): a rank that stops answering mid-step is declared hung when it runs out. Each error
+names the limit that ran out. tp_threads: CPU threads per rank, rank 0 included
 (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
 expert_parallel/engine_model.py).
@@ -43,6 +46,7 @@ class EngineConfig(engine.EngineConfig):
     tp_backend: str = "torch"
     tp_check: bool = False
     tp_timeout_s: float = 60.0
+    tp_start_timeout_s: float | None = None
     tp_threads: int | None = None
     enable_expert_parallel: bool = False
     pipeline_parallel_size: int = 1
@@ -62,7 +66,7 @@ class EngineConfig(engine.EngineConfig):
 
     def _problems(self) -> list[str | None]:
         tp, t, threads = self.tensor_parallel_size, self.tp_timeout_s, self.tp_threads
-        dp = self.data_parallel_size
+        dp, start = self.data_parallel_size, self.tp_start_timeout_s
         mine = [
             None if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else
             f"tensor_parallel_size must be a positive int, got {tp!r}",
@@ -70,6 +74,8 @@ class EngineConfig(engine.EngineConfig):
             f"tp_backend must be one of {', '.join(TP_BACKENDS)}, got {self.tp_backend!r}",
             None if isinstance(t, (int, float)) and t > 0 else
             f"tp_timeout_s must be > 0, got {t!r}",
+            None if start is None or (isinstance(start, (int, float)) and start > 0) else
+            f"tp_start_timeout_s must be > 0 or None, got {start!r}",
             None if threads is None or (isinstance(threads, int) and threads >= 1) else
             f"tp_threads must be an int >= 1 or None, got {threads!r}",
             None if isinstance(self.enable_expert_parallel, bool) else
@@ -93,6 +99,11 @@ class EngineConfig(engine.EngineConfig):
             f"dp_devices names {len(self.dp_devices or ())} devices for data_parallel_size={dp}",
         ]
         return super()._problems() + mine
+
+    @property
+    def start_timeout_s(self) -> float:
+        """The start-up limit: tp_start_timeout_s, or tp_timeout_s where that is None."""
+        return self.tp_start_timeout_s or self.tp_timeout_s
 
     @classmethod
     def of(cls, config: engine.EngineConfig | None) -> EngineConfig:

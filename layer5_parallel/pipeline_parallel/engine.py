@@ -403,8 +403,8 @@ def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False
     """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`;
     in_flight: pp_steps_in_flight."""
     backend = "nccl" if me.device.type == "cuda" else "gloo"
-    comm = tp_comm(me.store, me.rank, tp, backend, check, me.timeout_s)
-    back = logits_group(me.store, me.rank, me.world, backend, me.timeout_s)
+    comm = tp_comm(me.store, me.rank, tp, backend, check, me.start_timeout_s or me.timeout_s)
+    back = logits_group(me.store, me.rank, me.world, backend, me.start_timeout_s or me.timeout_s)
     return StageProgram(stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
                         tp, None if back is None else back.pg, in_flight)
 
@@ -423,17 +423,21 @@ def start_pipeline(full: l3.Model, source: tuple, config,
     label = "pipeline-parallel" if tp == 1 else "pipeline x tensor-parallel"
     group = WorkerGroup.start(
         stages * tp, source, device=net.device, comm_backend=config.tp_backend,
-        check=config.tp_check, timeout_s=config.tp_timeout_s, threads=config.tp_threads,
+        check=config.tp_check, timeout_s=config.tp_timeout_s,
+        start_timeout_s=config.start_timeout_s, threads=config.tp_threads,
         faults=faults, build=build_stage,
         options={"stages": stages, "tp": tp, "check": config.tp_check, "expert_parallel": ep,
                  "in_flight": config.pp_steps_in_flight},
         label=label)
     try:
         with group.guard("building stage 0"):
-            comm = tp_comm(group.store, 0, tp, group.backend, config.tp_check, group.timeout_s)
-            back = logits_group(group.store, 0, group.world, group.backend, group.timeout_s)
+            start_s = group.start_timeout_s
+            comm = tp_comm(group.store, 0, tp, group.backend, config.tp_check, start_s)
+            back = logits_group(group.store, 0, group.world, group.backend, start_s)
             if back is not None:
                 group.extra_comms.append(back)  # aborted with the group's own (shutdown)
+            if comm is not None:
+                group.stage_comms.append(comm)  # the step limit once every rank is up
             shard = stage_of(net, 0, stages, tp, comm, net.device, ep)
         info = group.wait_ready()
         with group.guard("checking the stages"):

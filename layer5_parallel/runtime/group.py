@@ -3,7 +3,11 @@
 `WorkerGroup.start(...)` spawns ranks 1..p-1 (torch.multiprocessing, "spawn"), each running
 worker.py's loop over the program `build` makes, joins the process group as rank 0 (it hosts
 the rendezvous store) and (`wait_ready`) waits until every worker has built its part of the model.
-Everything waits at most `timeout_s`. When anything fails — a worker raises, dies, or
+Two limits bound the waits: `start_timeout_s` the start-up (spawning, rendezvous, each worker
+building its part, the KV caches), `timeout_s` (the step limit) everything once every rank is up
+(`steps_begin`: from then on rank 0's collectives, the ring, replies and the step's GPU work),
+so a rank that hangs mid-step is found within the step limit however slowly the ranks started.
+Each timeout's error names its limit. When anything fails — a worker raises, dies, or
 a collective times out — `failed()` turns it into one RuntimeError naming every rank's
 problem, stops the workers and leaves the process group, so nothing hangs and a new engine
 can start in this process afterwards.
@@ -27,6 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -75,28 +80,33 @@ class WorkerGroup:
     """Workers' processes and control pipes, the collectives, and the group's health."""
 
     def __init__(self, procs: list, conns: list, comm: TPComm | None, backend: str,
-                 timeout_s: float) -> None:
+                 timeout_s: float, start_timeout_s: float | None = None) -> None:
         self.procs, self.conns, self.comm = procs, conns, comm
-        self.backend, self.timeout_s = backend, timeout_s
+        self.backend, self.timeout_s = backend, timeout_s  # the step limit
+        self.start_timeout_s = start_timeout_s or timeout_s  # the start-up limit
         self.world = len(procs) + 1
         self.error: str | None = None
         self.label = "tensor-parallel"
         self.store = None  # the TCPStore rank 0 hosts (own process group)
         self.ring: ShmRing | None = None  # rank 0 -> every worker: each step's message
         self.extra_comms: list[TPComm] = []  # more groups of rank 0's (pipeline: the logits')
+        self.stage_comms: list[TPComm] = []  # rank 0's sub-groups its part owns (a stage's TP)
         self.control_s = 0.0  # seconds rank 0 spent sending control messages (pipes)
         self._next_check = 0.0  # send(): when to check the workers' processes next
         self._threads_set = False
+        self.stepping = False  # every rank up (steps_begin): the step limit bounds the waits
         # per worker: ("ready", full config, shard config, weight bytes)
         self.worker_info: list[tuple] = []
 
     @classmethod
     def start(cls, world: int, source: tuple, *, device: torch.device, comm_backend: str = "torch",
-              check: bool = False, timeout_s: float = 60.0, threads: int | None = None,
+              check: bool = False, timeout_s: float = 60.0,
+              start_timeout_s: float | None = None, threads: int | None = None,
               faults: dict[int, str] | None = None, build, options: dict | None = None,
               label: str = "tensor-parallel") -> WorkerGroup:
         """build(full_model, worker.Rank, **options): makes each worker's program (a
-        module-level function); label: how errors name the group."""
+        module-level function); label: how errors name the group. timeout_s: the step limit;
+        start_timeout_s: the start-up limit (None: timeout_s)."""
         ours = comm_backend == "ours"
         if ours and dist.is_available() and dist.is_initialized():
             raise RuntimeError("tp_backend='ours' runs over torch.distributed's default process "
@@ -108,7 +118,8 @@ class WorkerGroup:
             raise ValueError(f"{label} size {world} on CUDA needs {world} GPUs (one per rank); "
                              f"{torch.cuda.device_count()} are visible")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
-        store = None if ours else host_store(world, timeout_s)
+        start_s = start_timeout_s or timeout_s
+        store = None if ours else host_store(world, start_s)
         port = engine.comm.free_port() if ours else store.port
         ctx = mp.get_context("spawn")
         procs, conns = [], []
@@ -121,21 +132,21 @@ class WorkerGroup:
                             args=(rank, world, port, backend, comm_backend, check, timeout_s,
                                   threads, source, chan, (faults or {}).get(rank)),
                             kwargs={"build": build, "options": options or {},
-                                    "pdeathsig": main})
+                                    "pdeathsig": main, "start_timeout_s": start_s})
             p.start()
             theirs.close()
             procs.append(p)
             conns.append(mine)
-        group = cls(procs, conns, None, backend, timeout_s)
+        group = cls(procs, conns, None, backend, timeout_s, start_s)
         group.store, group.label, group.ring = store, label, ring
         group._set_threads(threads)
         note(f"{label}: {world - 1} worker process(es) spawned")
         with group.guard("starting the workers"):
             if ours:
-                _init_rank0(backend, world, port, timeout_s)
+                _init_rank0(backend, world, port, start_s)
                 group.comm = TPComm(comm_backend, check=check)
             else:
-                pg, _ = new_group(backend, 0, world, port, timeout_s, store=store)
+                pg, _ = new_group(backend, 0, world, port, start_s, store=store)
                 group.comm = TPComm(comm_backend, check=check, pg=pg)
         note(f"{label}: process group of {world} joined ({backend}, {comm_backend})")
         return group
@@ -144,7 +155,7 @@ class WorkerGroup:
         """Each worker's ("ready", full config, its part's config, weight bytes), once built
         (rank 0 builds its own part first: a part may need rank 0 to build, e.g. a sub-group)."""
         with self.guard("starting the workers"):
-            self.worker_info = self.gather("ready")
+            self.worker_info = self.gather("ready", start_up=True)
         note(f"{self.label}: every worker built its part "
              f"({sum(i[3] for i in self.worker_info) / 2**30:.2f} GiB of weights)")
         return self.worker_info
@@ -179,22 +190,37 @@ class WorkerGroup:
 
     def make_caches(self, cache) -> list[int]:
         """Each worker makes its paged KV cache with rank 0's block count and size (one set of
-        block tables serves every rank); returns each worker's cache bytes."""
+        block tables serves every rank); returns each worker's cache bytes. The last step of
+        the start-up: then steps_begin()."""
         with self.guard("making the KV caches"):
             self.send(("init", cache.num_blocks, cache.block_size))
-            out = [m[1] for m in self.gather("cache")]
+            out = [m[1] for m in self.gather("cache", start_up=True)]
         note(f"{self.label}: KV caches made ({cache.num_blocks} blocks a rank)")
+        self.steps_begin()
         return out
 
-    def gather(self, kind: str) -> list[tuple]:
-        """Each worker's next reply, which must be of `kind`, within timeout_s."""
-        deadline, out = time.monotonic() + self.timeout_s, []
+    def steps_begin(self) -> None:
+        """Every rank is up: rank 0's collectives wait at most the step limit from now on
+        (they were made with the start-up limit, which bounds their rendezvous)."""
+        self.stepping = True
+        if self.start_timeout_s == self.timeout_s:
+            return
+        step = timedelta(seconds=self.timeout_s)
+        for comm in (self.comm, *self.extra_comms, *self.stage_comms):
+            if comm is not None and comm.pg is not None:
+                comm.pg.set_timeout(step)
+
+    def gather(self, kind: str, *, start_up: bool = False) -> list[tuple]:
+        """Each worker's next reply, which must be of `kind`, within the step limit (start_up:
+        the start-up limit)."""
+        limit = self.start_timeout_s if start_up else self.timeout_s
+        deadline, out = time.monotonic() + limit, []
         for rank, c in enumerate(self.conns, start=1):
             while not c.poll(0.1):
                 self.check_alive()
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"rank {rank} did not answer {kind!r} within "
-                                       f"{self.timeout_s:g} s")
+                                       + limit_text(start_up, limit))
             msg = c.recv()
             if msg[0] != kind:
                 raise RuntimeError(f"rank {rank} answered {msg[0]!r} instead of {kind!r}"
@@ -218,6 +244,11 @@ class WorkerGroup:
     def failed(self, what: str, exc: BaseException) -> RuntimeError:
         """Collect every worker's report (a short grace period), stop them all, leave the group."""
         lines = [f"{self.label} {what} failed on rank 0: {type(exc).__name__}: {exc}"]
+        text = str(exc).lower()
+        if (isinstance(exc, TimeoutError) or "timed out" in text or "timeout" in text) \
+                and "_timeout_s)" not in text:  # a wait of torch's: name the limit it had
+            limit = self.timeout_s if self.stepping else self.start_timeout_s
+            lines[0] += f" ({limit_text(not self.stepping, limit)} ran out)"
         deadline = time.monotonic() + GRACE_S
         for rank, (p, c) in enumerate(zip(self.procs, self.conns, strict=True), start=1):
             report = None
@@ -279,6 +310,13 @@ class _Guard:
         if exc is not None:
             raise self.group.failed(self.what, exc) from exc
         return False
+
+
+def limit_text(start_up: bool, seconds: float) -> str:
+    """How an error names the limit that ran out (and the config field that sets it)."""
+    if start_up:
+        return f"the start-up limit of {seconds:g} s (tp_start_timeout_s)"
+    return f"the step limit of {seconds:g} s (tp_timeout_s)"
 
 
 def _init_rank0(backend: str, world: int, port: int, timeout_s: float) -> None:

@@ -19,7 +19,7 @@ from torch import nn
 
 import layer4_algorithms as engine
 
-from .group import WorkerGroup
+from .group import WorkerGroup, limit_text
 
 CHECK_S = 0.5  # how often wait_event checks that the workers live
 SPIN_S = 0.05  # how long wait_event spins on its event before napping between polls
@@ -124,8 +124,9 @@ def wait_event(group, event: torch.cuda.Event, what: str) -> None:
                 group.check_alive()
                 next_check = now + CHECK_S
                 if now - start > group.timeout_s:
-                    raise TimeoutError(f"the step's GPU work did not finish within "
-                                       f"{group.timeout_s:g} s (a rank hangs mid-step?)")
+                    raise TimeoutError("the step's GPU work did not finish within "
+                                       + limit_text(False, group.timeout_s)
+                                       + " (a rank hangs mid-step?)")
             if now < spin_until:
                 os.sched_yield()
             else:

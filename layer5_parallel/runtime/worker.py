@@ -76,8 +76,9 @@ class Rank:
     world: int
     comm: TPComm
     device: torch.device
-    timeout_s: float
+    timeout_s: float  # the step limit (waits inside a step)
     store: object = None
+    start_timeout_s: float | None = None  # the start-up limit (sub-groups made while building)
 
 
 def weight_bytes(module: nn.Module) -> int:
@@ -117,17 +118,22 @@ def load_full(source: tuple, device: torch.device):
 def worker_main(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
                 timeout_s: float, threads: int, source: tuple, conn: Connection,
                 fault: str | None = None, *, build, options: dict,
-                pdeathsig: bool = True) -> None:
+                pdeathsig: bool = True, start_timeout_s: float | None = None) -> None:
     """Entry point of worker `rank`: join the group, build the program (`build(full_model,
     Rank, **options)`), serve steps until ("stop",). port: rank 0's TCPStore (its own group),
     or the default group's rendezvous ("ours"). fault (tests only): "die" exits at the first
     step, "hang" sleeps in it; "shape" makes the program send a wrong size (each program says
-    where; tensor parallelism also has "graph-die" and "graph-hang"). pdeathsig: see
+    where; tensor parallelism also has "graph-die" and "graph-hang"); "start-hang" sleeps
+    once in the group, before building (a rank that never comes up). pdeathsig: see
     die_with_parent (False when rank 0 started the worker from a thread other than its main
-    one)."""
+    one). timeout_s: the step limit; start_timeout_s: the start-up limit (joining, building;
+    None: timeout_s)."""
 
     def body() -> None:
-        me = join_group(rank, world, port, backend, comm_backend, check, timeout_s, threads)
+        me = join_group(rank, world, port, backend, comm_backend, check, timeout_s, threads,
+                        start_timeout_s)
+        if fault == "start-hang":
+            time.sleep(3600)
         full = load_full(source, me.device)
         program = build(full, me, **options)
         conn.send(("ready", full.config, program.module.config, weight_bytes(program.module)))
@@ -169,9 +175,10 @@ def die_with_parent(pdeathsig: bool = True) -> None:
 
 
 def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str, check: bool,
-               timeout_s: float, threads: int) -> Rank:
+               timeout_s: float, threads: int, start_timeout_s: float | None = None) -> Rank:
     """A worker's start: threads, device, and the group (its own, or the default one for
-    "ours")."""
+    "ours"), joined within the start-up limit (None: timeout_s, the step limit)."""
+    start_s = start_timeout_s or timeout_s
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
@@ -179,12 +186,13 @@ def join_group(rank: int, world: int, port: int, backend: str, comm_backend: str
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if comm_backend == "ours":
-        engine.comm.init(backend, timeout_s=timeout_s)
-        return Rank(rank, world, TPComm(comm_backend, check=check), device, timeout_s)
-    pg, store = new_group(backend, rank, world, port, timeout_s)
+        engine.comm.init(backend, timeout_s=start_s)
+        return Rank(rank, world, TPComm(comm_backend, check=check), device, timeout_s,
+                    start_timeout_s=start_s)
+    pg, store = new_group(backend, rank, world, port, start_s)
     comm = TPComm(comm_backend, check=check, pg=pg)
     comm.store = store  # kept alive as long as the group
-    return Rank(rank, world, comm, device, timeout_s, store)
+    return Rank(rank, world, comm, device, timeout_s, store, start_s)
 
 
 def run_worker(conn: Connection, body, *, pdeathsig: bool = True) -> None:

@@ -121,7 +121,8 @@ def start_tensor_parallel(full: l3.Model, source: tuple, config,
     net = full.net
     group = WorkerGroup.start(
         tp, source, device=net.device, comm_backend=config.tp_backend, check=config.tp_check,
-        timeout_s=config.tp_timeout_s, threads=config.tp_threads, faults=faults,
+        timeout_s=config.tp_timeout_s, start_timeout_s=config.start_timeout_s,
+        threads=config.tp_threads, faults=faults,
         build=build_shard, options={"expert_parallel": ep}, label="tensor-parallel")
     try:
         shard = shard_model(net, 0, tp, group.comm, expert_parallel=ep)

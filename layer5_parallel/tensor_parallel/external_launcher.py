@@ -65,7 +65,7 @@ class LaunchedGroup:
     (`comm`), device, and the seed every rank shares."""
 
     def __init__(self, tp: int, device_type: str, comm_backend: str, check: bool,
-                 timeout_s: float) -> None:
+                 timeout_s: float, start_timeout_s: float | None = None) -> None:
         rank, world, local = launcher_rank()
         if world != tp:
             raise ValueError(f"torchrun started {world} ranks (WORLD_SIZE) but "
@@ -84,12 +84,14 @@ class LaunchedGroup:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        timeout = timedelta(seconds=timeout_s)
-        store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=timeout))
+        # joining and agreeing on the pool wait the start-up limit; steps the step limit
+        self.start_timeout_s = start_s = start_timeout_s or timeout_s
+        store, _, _ = next(dist.rendezvous("env://", rank, world,
+                                           timeout=timedelta(seconds=start_s)))
         self.store = dist.PrefixStore(f"llm-stack/engine{next(_engines)}/", store)
-        self._arrive(timeout_s)
+        self._arrive(start_s)
         backend = "nccl" if device_type == "cuda" else "gloo"
-        pg, _ = new_group(backend, rank, world, 0, timeout_s, store=self.store)
+        pg, _ = new_group(backend, rank, world, 0, start_s, store=self.store)
         self.comm = TPComm("torch", check=check, pg=pg)
         if rank == 0:
             self.store.set("seed", str(random.SystemRandom().randrange(1 << 62)))
@@ -106,7 +108,8 @@ class LaunchedGroup:
             late = [r for r, k in enumerate(keys) if not self.store.check([k])]
             raise RuntimeError(
                 f"external_launcher: rank(s) {late} of {self.world} did not reach the "
-                f"tensor-parallel engine within {timeout_s:g} s (tp_timeout_s); is every rank "
+                f"tensor-parallel engine within {timeout_s:g} s (the start-up limit, "
+                f"tp_start_timeout_s); is every rank "
                 f"running this script, and did its engine start? ({type(exc).__name__})"
             ) from exc
 
@@ -114,6 +117,11 @@ class LaunchedGroup:
         """The smallest of every rank's value (e.g. the KV blocks each GPU can hold)."""
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
         return int(self.comm.all_gather(t).min())
+
+    def steps_begin(self) -> None:
+        """Every rank is up: collectives wait at most the step limit from now on."""
+        if self.start_timeout_s != self.timeout_s:
+            self.comm.pg.set_timeout(timedelta(seconds=self.timeout_s))
 
     def close(self) -> None:
         if not self.closed:
@@ -131,7 +139,7 @@ def start_launched(model, config) -> tuple[LaunchedGroup, l3.Model, object]:
     if config.tp_threads:
         torch.set_num_threads(config.tp_threads)
     group = LaunchedGroup(tp, device_type, config.tp_backend, config.tp_check,
-                          config.tp_timeout_s)
+                          config.tp_timeout_s, config.start_timeout_s)
     try:
         full = model if isinstance(model, l3.Model) else l3.load(
             model, backend=config.backend, dtype=config.dtype, device=group.device)
@@ -140,7 +148,9 @@ def start_launched(model, config) -> tuple[LaunchedGroup, l3.Model, object]:
         wrapped = l3.Model(shard, full.tokenizer)
         del full
         blocks = engine.LLM.resolve(_Probe(wrapped), config).num_blocks
-        return group, wrapped, replace(config, num_blocks=group.agree_min(blocks))
+        config = replace(config, num_blocks=group.agree_min(blocks))
+        group.steps_begin()
+        return group, wrapped, config
     except BaseException:
         group.close()
         raise

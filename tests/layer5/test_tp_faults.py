@@ -53,3 +53,28 @@ def test_mismatched_shape_raises_on_both_ranks(backend, check):
     assert "rank 0" in lines[0] and "ValueError" in lines[0], msg  # rank 0's own error
     assert any(line.startswith("rank 1: ValueError") for line in lines[1:]), msg  # and rank 1's
     assert elapsed < TIMEOUT_S
+
+
+def test_start_up_limit_is_named_as_the_start_up_limit():
+    """A rank that never comes up (joins the group, then hangs before building its shard) is
+    reported when the start-up limit runs out, named as that limit, not the step limit; and
+    every worker is gone. (A hang mid-step names the step limit: test_tp_graph.py.)"""
+    start = time.monotonic()
+    with pytest.raises(RuntimeError) as info:
+        l5.LLM(tiny_model(1), tensor_parallel_size=2, num_blocks=16, block_size=4,
+               tp_start_timeout_s=3.0, tp_timeout_s=TIMEOUT_S, _tp_faults={1: "start-hang"})
+    elapsed = time.monotonic() - start
+    msg = str(info.value)
+    assert "the start-up limit of 3 s (tp_start_timeout_s)" in msg, msg
+    assert "step limit" not in msg, msg
+    assert elapsed < TIMEOUT_S, elapsed
+    assert not dist.is_initialized()
+    assert not [p for p in multiprocessing.active_children() if p.name.startswith("l5-rank")]
+
+
+def test_the_start_up_limit_is_the_step_limit_unless_set():
+    config = l5.EngineConfig(tensor_parallel_size=2, tp_timeout_s=7.0)
+    assert config.start_timeout_s == 7.0  # as before the two were apart
+    assert l5.EngineConfig(tp_timeout_s=7.0, tp_start_timeout_s=90.0).start_timeout_s == 90.0
+    with pytest.raises(ValueError, match="tp_start_timeout_s must be > 0"):
+        l5.EngineConfig(tp_start_timeout_s=0)

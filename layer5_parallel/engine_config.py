@@ -5,11 +5,12 @@
 tensor_parallel_size: ranks the model's heads, FFN and vocabulary are split over (1: layer 4's
 engine as it is). tp_backend: "torch" (torch.distributed: NCCL on GPUs, gloo on CPUs) or
 "ours" (layer 2's collectives from send/recv). tp_check: every torch collective first checks
-that all ranks pass the same shape. Two limits bound the waits between ranks: tp_start_timeout_s
-the ranks' start-up (spawn, imports, rendezvous, model load, KV caches; None: tp_timeout_s), and
-tp_timeout_s, the step limit, once every rank is up (each collective and hand-off of a step,
-shutdown): a rank that stops answering mid-step is declared hung when it runs out. Each error
-names the limit that ran out. tp_threads: CPU threads per rank, rank 0 included
+that all ranks pass the same shape. Two limits bound the waits between ranks:
+tp_start_timeout_s the ranks' start-up (spawn, imports, rendezvous, model load, KV caches,
+graphs; None: tp_timeout_s), and tp_timeout_s, the step limit, once every rank is up (each
+collective and hand-off of a step, shutdown): a rank that stops answering mid-step is declared
+hung when it runs out. Each error names the limit that ran out. tp_threads: CPU threads per
+rank, rank 0 included
 (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
 over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
 expert_parallel/engine_model.py).

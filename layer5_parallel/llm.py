@@ -135,6 +135,7 @@ class LLM(StepsInFlight, engine.LLM):
             runner.graph = StageDecode(self.model.net)
         elif self.config.cuda_graph:  # tensor parallelism: the whole step, collectives inside
             runner.graph = capture_graphs(group, self.model.net, self.cache, self.config)
+        group.steps_begin()  # the start-up is over: the step limit from here on
         return runner
 
     def _complete(self, launched, advanced, finished) -> None:

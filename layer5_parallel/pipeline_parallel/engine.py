@@ -395,7 +395,7 @@ def capture_stage_graphs(group: WorkerGroup, net: PPModel, cache, config) -> Non
         group.send(("stage_graphs", n, max_blocks))
         net.graphs = StageGraphRunner(net.shard, cache, n, max_blocks,
                                       capture=net.device.type == "cuda")
-        group.gather("stage_graphs")
+        group.gather("stage_graphs", start_up=True)
 
 
 def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False,

@@ -4,9 +4,10 @@
 worker.py's loop over the program `build` makes, joins the process group as rank 0 (it hosts
 the rendezvous store) and (`wait_ready`) waits until every worker has built its part of the model.
 Two limits bound the waits: `start_timeout_s` the start-up (spawning, rendezvous, each worker
-building its part, the KV caches), `timeout_s` (the step limit) everything once every rank is up
-(`steps_begin`: from then on rank 0's collectives, the ring, replies and the step's GPU work),
-so a rank that hangs mid-step is found within the step limit however slowly the ranks started.
+building its part, the KV caches, decode graphs), `timeout_s` (the step limit) everything once
+every rank is up (`steps_begin`: from then on rank 0's collectives, the ring, replies and the
+step's GPU work), so a rank that hangs mid-step is found within the step limit however slowly
+the ranks started.
 Each timeout's error names its limit. When anything fails — a worker raises, dies, or
 a collective times out — `failed()` turns it into one RuntimeError naming every rank's
 problem, stops the workers and leaves the process group, so nothing hangs and a new engine
@@ -190,18 +191,17 @@ class WorkerGroup:
 
     def make_caches(self, cache) -> list[int]:
         """Each worker makes its paged KV cache with rank 0's block count and size (one set of
-        block tables serves every rank); returns each worker's cache bytes. The last step of
-        the start-up: then steps_begin()."""
+        block tables serves every rank); returns each worker's cache bytes."""
         with self.guard("making the KV caches"):
             self.send(("init", cache.num_blocks, cache.block_size))
             out = [m[1] for m in self.gather("cache", start_up=True)]
         note(f"{self.label}: KV caches made ({cache.num_blocks} blocks a rank)")
-        self.steps_begin()
         return out
 
     def steps_begin(self) -> None:
-        """Every rank is up: rank 0's collectives wait at most the step limit from now on
-        (they were made with the start-up limit, which bounds their rendezvous)."""
+        """Every rank is up (built, caches made, graphs captured: the engine calls this last):
+        rank 0's collectives wait at most the step limit from now on (they were made with the
+        start-up limit, which bounds their rendezvous)."""
         self.stepping = True
         if self.start_timeout_s == self.timeout_s:
             return

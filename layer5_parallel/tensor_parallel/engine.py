@@ -99,7 +99,7 @@ def capture_graphs(group: WorkerGroup, net: TPModel, cache, config) -> TPGraphRu
         group.send(("graphs", n, max_blocks))
         graph = TPGraphRunner(net.shard, cache, n, max_blocks, group.comm, group=group,
                               capture=on_gpu)
-        group.gather("graphs")
+        group.gather("graphs", start_up=True)
     note(f"decode graphs {'captured' if on_gpu else 'prepared'} on every rank "
          f"(buckets {graph.buckets})")
     return graph

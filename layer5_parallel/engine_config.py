@@ -10,10 +10,9 @@ tp_start_timeout_s the ranks' start-up (spawn, imports, rendezvous, model load, 
 graphs; None: tp_timeout_s), and tp_timeout_s, the step limit, once every rank is up (each
 collective and hand-off of a step, shutdown): a rank that stops answering mid-step is declared
 hung when it runs out. Each error names the limit that ran out. tp_threads: CPU threads per
-rank, rank 0 included
-(None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE model's experts are split
-over the tensor-parallel ranks (E/N whole experts each) instead of each expert's FFN (see
-expert_parallel/engine_model.py).
+rank, rank 0 included (None: cores // ranks). enable_expert_parallel (vLLM's name): an MoE
+model's experts are split over the tensor-parallel ranks (E/N whole experts each) instead of
+each expert's FFN (see expert_parallel/engine_model.py).
 pipeline_parallel_size: stages the layers are cut into (pipeline_parallel/engine.py; the tp_*
 knobs apply to its ranks too; with tensor_parallel_size T each stage is T ranks);
 pp_micro_batches: micro-batches each step is cut into (None: stages; 1 with steps in flight).

@@ -7,16 +7,10 @@ receive waits first, then lets its dependents launch. Nothing runs; no GPU neede
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from .test_peer_kernels_compile import _ptxas_here
-
-ROOT = Path(__file__).resolve().parents[2]
+from .sm90 import compile_all, ptxas_here
 
 SCRIPT = r'''
 import json, os, re, subprocess, sys
@@ -57,23 +51,10 @@ def build(name, world, prologue, pdl, out_dir):
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 8 if name == "send" else 16})
     path = os.path.join(out_dir, f"{name}_{world}_{prologue}_{int(pdl)}.cubin")
-    open(path, "wb").write(ck.asm["cubin"])
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
-                          check=True).stdout
-    line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
-    return {"ptx": ck.asm["ptx"], "sass": [m.group(1) for m in line.finditer(text)]}
-
-done = {}
-for job in json.loads(sys.argv[1]):
-    try:
-        done[json.dumps(job)] = build(*job, sys.argv[2])
-    except Exception as e:  # noqa: BLE001
-        done[json.dumps(job)] = f"{type(e).__name__}: {e}"
-print(json.dumps(done))
+    return {"ptx": ck.asm["ptx"], "sass": sass_ops(ck, path)}
 '''
 
-pytestmark = pytest.mark.skipif(not _ptxas_here(),
+pytestmark = pytest.mark.skipif(not ptxas_here(),
                                 reason="Triton's wheel has no ptxas/cuobjdump here")
 
 #: (kernel, world, prologue, PDL): both prologues, 2 and 4 ranks, with and without PDL
@@ -83,13 +64,7 @@ JOBS = [("send", 2, 0, True), ("send", 4, 2, False), ("send", 2, 2, True),
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}"
-           + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(JOBS),
-                           str(tmp_path_factory.mktemp("gemv_send"))], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    got = json.loads(done.stdout.strip().splitlines()[-1])
+    got = compile_all(SCRIPT, JOBS, tmp_path_factory.mktemp("gemv_send"))
     for job, result in got.items():
         assert isinstance(result, dict), f"{job}: {result}"  # the compile's error
     return {tuple(json.loads(k)): v for k, v in got.items()}

@@ -11,14 +11,10 @@ case is compiled in one process, once (module fixture `compiled`), and each test
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from .sm90 import compile_all, ptxas_here
 
 SCRIPT = r'''
 import json, os, re, subprocess, sys
@@ -27,7 +23,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from layer2_comm import peer_kernels as K
 
-def sass(world, name, serial, pdl, out_dir):
+def build(world, name, serial, pdl, out_dir):
     fn = getattr(K, f"{name}_kernel")
     sig, consts, attrs = {}, {}, {}
     for i, a in enumerate(fn.arg_names):
@@ -61,37 +57,11 @@ def sass(world, name, serial, pdl, out_dir):
     src = ASTSource(fn=fn, signature=sig, attrs=attrs,
                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 16})
-    path = os.path.join(out_dir, f"{name}_{world}_{int(serial)}{int(pdl)}.cubin")
-    open(path, "wb").write(ck.asm["cubin"])
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
-                          check=True).stdout
-    line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
-    return [m.group(1) for m in line.finditer(text)]
-
-
-# one process for every compile (each would otherwise import torch and Triton again); a
-# compile's failure is reported for its own case
-done = {}
-for job in json.loads(sys.argv[1]):
-    try:
-        done[json.dumps(job)] = sass(*job, sys.argv[2])
-    except Exception as e:  # noqa: BLE001
-        done[json.dumps(job)] = f"{type(e).__name__}: {e}"
-print(json.dumps(done))
+    return sass_ops(ck, os.path.join(out_dir, f"{name}_{world}_{int(serial)}{int(pdl)}.cubin"))
 '''
 
 
-def _ptxas_here() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return (bin_dir / "ptxas").exists() and (bin_dir / "cuobjdump").exists()
-
-
-pytestmark = pytest.mark.skipif(not _ptxas_here(),
+pytestmark = pytest.mark.skipif(not ptxas_here(),
                                 reason="Triton's wheel has no ptxas/cuobjdump here")
 
 
@@ -105,13 +75,7 @@ JOBS = ([(w, "one_shot", False, False) for w in (2, 3, 4, 8)] + [(4, "one_shot",
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory) -> dict:
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": f"{ROOT}{os.pathsep}"
-           + os.environ.get("PYTHONPATH", "")}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(JOBS),
-                           str(tmp_path_factory.mktemp("sass"))], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return compile_all(SCRIPT, JOBS, tmp_path_factory.mktemp("sass"))
 
 
 @pytest.fixture

@@ -1,0 +1,54 @@
+"""What the sm_90 compile tests share: layer 2's kernels compiled for an H100/H200 on the CPU
+with the ptxas and cuobjdump that ship in Triton's wheel, every case in one process (each would
+otherwise import torch and Triton again). A test's script defines `build(*job, out_dir)`;
+SCRIPT_TAIL gives it `sass_ops` and runs every job, reporting a compile's failure for its own
+case. Nothing runs on a GPU."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT_TAIL = r'''
+def sass_ops(ck, path):
+    """The SASS opcodes of compiled kernel ck (its cubin written to path), in order."""
+    open(path, "wb").write(ck.asm["cubin"])
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
+                          check=True).stdout
+    line = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9.]*)", re.M)
+    return [m.group(1) for m in line.finditer(text)]
+
+
+done = {}
+for job in json.loads(sys.argv[1]):
+    try:
+        done[json.dumps(job)] = build(*job, sys.argv[2])
+    except Exception as e:  # noqa: BLE001
+        done[json.dumps(job)] = f"{type(e).__name__}: {e}"
+print(json.dumps(done))
+'''
+
+
+def ptxas_here() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return (bin_dir / "ptxas").exists() and (bin_dir / "cuobjdump").exists()
+
+
+def compile_all(script: str, jobs: list, out_dir: Path) -> dict:
+    """script + SCRIPT_TAIL run over jobs in one process -> {json.dumps(job): build's result
+    or the compile's error text}."""
+    env = {**os.environ, "TRITON_INTERPRET": "0",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}" + os.environ.get("PYTHONPATH", "")}
+    done = subprocess.run([sys.executable, "-c", script + SCRIPT_TAIL, json.dumps(jobs),
+                           str(out_dir)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

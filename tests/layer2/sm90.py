@@ -5,6 +5,7 @@ SCRIPT_TAIL gives it `sass_ops` and runs every job, reporting a compile's failur
 case. Nothing runs on a GPU."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,11 +36,13 @@ print(json.dumps(done))
 
 
 def ptxas_here() -> bool:
-    try:
-        import triton
-    except ImportError:
+    """Whether Triton's wheel has ptxas and cuobjdump. Found without importing Triton: an
+    import here, before layer 1 has chosen the interpreter, would leave the kernels that this
+    process defines later (the interpreted tests') compiled instead of interpreted."""
+    spec = importlib.util.find_spec("triton")
+    if spec is None or not spec.submodule_search_locations:
         return False
-    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    bin_dir = Path(spec.submodule_search_locations[0]) / "backends" / "nvidia" / "bin"
     return (bin_dir / "ptxas").exists() and (bin_dir / "cuobjdump").exists()
 
 

@@ -187,15 +187,15 @@ def _tiny_tp(tp: int, timeout: float = 60.0, **kw):
                   tp_timeout_s=timeout, **kw)
 
 
-def _tiny_tp2(fault: str, timeout: float):
-    return _tiny_tp(2, timeout, _tp_faults={1: fault})
+def _tiny_tp2(fault: str, timeout: float, start: float | None = None):
+    return _tiny_tp(2, timeout, _tp_faults={1: fault}, tp_start_timeout_s=start)
 
 
-def _fail_in_a_child(fault: str, timeout: float, answer) -> None:
+def _fail_in_a_child(fault: str, timeout: float, answer, start: float | None = None) -> None:
     """Rank 0 in a process of its own: after a hang its GPU stream stays stuck in the all-reduce
     (nothing in-process can free it), so a real server's rank 0 reports and exits, and its
     supervisor starts a new one. This process does the same: the error, then os._exit."""
-    llm = _tiny_tp2(fault, timeout)
+    llm = _tiny_tp2(fault, timeout, start)
     start = time.monotonic()
     try:
         llm.generate([[1, 2, 3], [4, 5]], l5.SamplingParams(temperature=0.0, max_tokens=4))
@@ -226,20 +226,23 @@ def test_worker_dying_in_a_cuda_graph_step_fails_rank0():
 
 
 @pytest.mark.multigpu
-def test_worker_hanging_in_a_cuda_graph_step_fails_rank0_within_the_timeout():
-    timeout = 15.0
+@pytest.mark.parametrize("step,start", [(15.0, None), (5.0, 120.0)])
+def test_worker_hanging_in_a_cuda_graph_step_fails_rank0_within_the_timeout(step, start):
+    """One limit for start-up and steps (the default), and the two apart: a short step limit
+    under a long start-up one (NCCL's groups switch to the step limit once every rank is up)."""
     ctx = multiprocessing.get_context("spawn")
     answer = ctx.Queue()
-    child = ctx.Process(target=_fail_in_a_child, args=("graph-hang", timeout, answer),
+    child = ctx.Process(target=_fail_in_a_child, args=("graph-hang", step, answer, start),
                         name="tp-rank0", daemon=False)
     child.start()
     try:
-        error, elapsed, alive = answer.get(timeout=timeout + 90)  # + start-up and capture
+        error, elapsed, alive = answer.get(timeout=step + 90)  # + start-up and capture
     finally:
         child.join(30)
         if child.is_alive():
             child.kill()
     assert "tensor-parallel" in error and "within" in error, error
-    assert elapsed < timeout + 10, elapsed
+    assert "step limit" in error and "start-up limit" not in error, error
+    assert elapsed < step + 10, elapsed
     assert not alive, f"workers left after close: {alive}"
     assert child.exitcode == 0, child.exitcode

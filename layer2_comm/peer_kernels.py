@@ -631,6 +631,22 @@ def _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns, status
 
 
 @triton.jit
+def _ll_receive(x_ptr, out_ptr, nwords, active, lls, half, expect, status_ptr, timeout_ns,
+                slot_words, pid, lanes, RANK: tl.constexpr, WORLD: tl.constexpr,
+                BLOCK: tl.constexpr, KIND: tl.constexpr):
+    """Block pid's words [pid, pid + active, ...] x BLOCK (lanes: arange(BLOCK)): every peer's
+    packets polled from my region (until timeout_ns, then a status code), summed with mine
+    (x's) in rank order in fp32, stored to out. The receive half of an LL all-reduce, sent by
+    this kernel or the one before."""
+    for start in range(pid * BLOCK, nwords, active * BLOCK):
+        offs = start + lanes
+        mask = offs < nwords
+        lo, hi = _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
+                         status_ptr, pid, RANK, WORLD, KIND)
+        tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+
+
+@triton.jit
 def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_addr, timeout_ns,
                        slot_words, RANK: tl.constexpr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                        KIND: tl.constexpr, PDL: tl.constexpr = False):
@@ -648,12 +664,8 @@ def one_shot_ll_kernel(x_ptr, out_ptr, nwords, active, lls, state_ptr, status_ad
         for start in range(pid * BLOCK, nwords, active * BLOCK):
             offs = start + lanes
             _ll_send(x_ptr, lls, half, offs, offs < nwords, flag, slot_words, RANK, WORLD)
-        for start in range(pid * BLOCK, nwords, active * BLOCK):
-            offs = start + lanes
-            mask = offs < nwords
-            lo, hi = _ll_sum(x_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
-                             status_ptr, pid, RANK, WORLD, KIND)
-            tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+        _ll_receive(x_ptr, out_ptr, nwords, active, lls, half, expect, status_ptr, timeout_ns,
+                    slot_words, pid, lanes, RANK, WORLD, BLOCK, KIND)
     _end(state_ptr, pid, calls, barriers)
 
 
@@ -671,11 +683,6 @@ def ll_receive_kernel(y_ptr, out_ptr, nwords, active, lls, state_ptr, status_add
     pid, calls, barriers, expect, flag, half = _ll_begin(state_ptr, slot_words, WORLD)
     if pid < active:
         status_ptr = status_addr.to(tl.int64).to(tl.pointer_type(tl.int32))
-        lanes = tl.arange(0, BLOCK)
-        for start in range(pid * BLOCK, nwords, active * BLOCK):
-            offs = start + lanes
-            mask = offs < nwords
-            lo, hi = _ll_sum(y_ptr, lls, half, offs, mask, expect, slot_words, timeout_ns,
-                             status_ptr, pid, RANK, WORLD, KIND)
-            tl.store(out_ptr + offs, _floats_as_words(lo, hi, KIND), mask=mask)
+        _ll_receive(y_ptr, out_ptr, nwords, active, lls, half, expect, status_ptr, timeout_ns,
+                    slot_words, pid, tl.arange(0, BLOCK), RANK, WORLD, BLOCK, KIND)
     _end(state_ptr, pid, calls, barriers)

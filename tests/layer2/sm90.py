@@ -1,8 +1,8 @@
 """What the sm_90 compile tests share: layer 2's kernels compiled for an H100/H200 on the CPU
 with the ptxas and cuobjdump that ship in Triton's wheel, every case in one process (each would
-otherwise import torch and Triton again). A test's script defines `build(*job, out_dir)`;
-SCRIPT_TAIL gives it `sass_ops` and runs every job, reporting a compile's failure for its own
-case. Nothing runs on a GPU."""
+otherwise import torch and Triton again). A test's script imports triton, GPUTarget and
+ASTSource and defines `build(*job, out_dir)`; SCRIPT_TAIL gives it `source` and `sass_ops` and
+runs every job, reporting a compile's failure for its own case. Nothing runs on a GPU."""
 from __future__ import annotations
 
 import importlib.util
@@ -15,6 +15,33 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT_TAIL = r'''
+def source(fn, consts, ptrs, world, divisible=()):
+    """fn's ASTSource: consts (name -> value) constexpr; ptrs name -> pointer type, or (type,)
+    for a tuple of one pointer a rank; every pointer 16-byte aligned; eps fp32; status_addr and
+    timeout_ns i64; the rest i32, multiples of 16 where named in divisible."""
+    sig, attrs = {}, {}
+    for i, a in enumerate(fn.arg_names):
+        if a in consts:
+            sig[a] = "constexpr"
+        elif isinstance(ptrs.get(a), tuple):
+            sig[a] = tuple(ptrs[a] * world)
+            for j in range(world):
+                attrs[(i, j)] = [["tt.divisibility", 16]]
+        elif a in ptrs:
+            sig[a] = ptrs[a]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif a == "eps":
+            sig[a] = "fp32"
+        elif a in ("status_addr", "timeout_ns"):
+            sig[a] = "i64"
+        else:
+            sig[a] = "i32"
+            if a in divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    return ASTSource(fn=fn, signature=sig, attrs=attrs,
+                     constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+
+
 def sass_ops(ck, path):
     """The SASS opcodes of compiled kernel ck (its cubin written to path), in order."""
     open(path, "wb").write(ck.asm["cubin"])

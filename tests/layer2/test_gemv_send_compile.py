@@ -27,27 +27,10 @@ def build(name, world, prologue, pdl, out_dir):
                       PDL_EARLY=False)
     else:
         consts.update(BLOCK=16 * 32 * 2, KIND=2)
-    sig, attrs = {}, {}
-    for i, a in enumerate(fn.arg_names):
-        if a in consts:
-            sig[a] = "constexpr"
-        elif a in ("x_ptr", "w_ptr", "y_ptr", "out_ptr"):
-            sig[a] = "*bf16" if name == "send" else "*i32"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif a == "lls":
-            sig[a] = tuple(["*i64"] * world)
-            for j in range(world):
-                attrs[(i, j)] = [["tt.divisibility", 16]]
-        elif a == "state_ptr":
-            sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif a in ("status_addr", "timeout_ns"):
-            sig[a] = "i64"
-        else:
-            sig[a] = "i32"
-            if a in ("stride_wn", "slot_words", "nwords"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
-                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    ptrs = dict.fromkeys(("x_ptr", "w_ptr", "y_ptr", "out_ptr"),
+                         "*bf16" if name == "send" else "*i32")
+    ptrs.update(state_ptr="*i32", lls=("*i64",))
+    src = source(fn, consts, ptrs, world, ("stride_wn", "slot_words", "nwords"))
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                         options={"num_warps": 8 if name == "send" else 16})
     path = os.path.join(out_dir, f"{name}_{world}_{prologue}_{int(pdl)}.cubin")

@@ -25,37 +25,14 @@ from layer2_comm import peer_kernels as K
 
 def build(world, name, serial, pdl, out_dir):
     fn = getattr(K, f"{name}_kernel")
-    sig, consts, attrs = {}, {}, {}
-    for i, a in enumerate(fn.arg_names):
-        if a in ("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"):
-            sig[a] = "*i32" if name == "one_shot_ll" else "*bf16"
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif a == "lls":
-            sig[a] = tuple(["*i64"] * world)
-            for j in range(world):
-                attrs[(i, j)] = [["tt.divisibility", 16]]
-        elif a == "eps":
-            sig[a] = "fp32"
-        elif a in ("bufs", "pads"):
-            sig[a] = tuple(["*bf16" if a == "bufs" else "*i32"] * world)
-            for j in range(world):
-                attrs[(i, j)] = [["tt.divisibility", 16]]
-        elif a == "state_ptr":
-            sig[a] = "*i32"; attrs[(i,)] = [["tt.divisibility", 16]]
-        elif a in ("status_addr", "timeout_ns"):
-            sig[a] = "i64"
-        elif a in ("RANK", "WORLD", "BLOCK", "SERIAL", "PULL", "BLOCK_H", "PDL", "KIND"):
-            sig[a] = "constexpr"
-            consts[a] = {"RANK": 1, "WORLD": world,
-                         "BLOCK": 16 * 32 * (2 if name == "one_shot_ll" else 8), "SERIAL": serial,
-                         "PULL": True, "BLOCK_H": 4096, "PDL": pdl,
-                         "KIND": 2}[a]
-        else:
-            sig[a] = "i32"
-            if a in ("numel", "half_elems", "H", "nwords", "slot_words"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = ASTSource(fn=fn, signature=sig, attrs=attrs,
-                    constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    ll = name == "one_shot_ll"
+    values = {"RANK": 1, "WORLD": world, "BLOCK": 16 * 32 * (2 if ll else 8), "SERIAL": serial,
+              "PULL": True, "BLOCK_H": 4096, "PDL": pdl, "KIND": 2}
+    ptrs = dict.fromkeys(("x_ptr", "out_ptr", "res_ptr", "w_ptr", "y_ptr", "h_ptr"),
+                         "*i32" if ll else "*bf16")
+    ptrs.update(state_ptr="*i32", lls=("*i64",), bufs=("*bf16",), pads=("*i32",))
+    src = source(fn, {k: v for k, v in values.items() if k in fn.arg_names}, ptrs, world,
+                 ("numel", "half_elems", "H", "nwords", "slot_words"))
     ck = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 16})
     return sass_ops(ck, os.path.join(out_dir, f"{name}_{world}_{int(serial)}{int(pdl)}.cubin"))
 '''

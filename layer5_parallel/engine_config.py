@@ -30,6 +30,7 @@ with tensor_parallel_size or pipeline_parallel_size above 1, True there is an er
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 import layer4_algorithms as engine
@@ -38,6 +39,12 @@ from .pipeline_parallel.stage import pp_problems
 
 TP_BACKENDS = ("torch", "ours")
 EXECUTOR_BACKENDS = ("mp", "external_launcher")
+
+
+def _seconds(value: object) -> bool:
+    """A time limit: a finite number of seconds > 0 (not a bool: True would mean 1 s)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value > 0)
 
 
 @dataclass
@@ -72,10 +79,9 @@ class EngineConfig(engine.EngineConfig):
             f"tensor_parallel_size must be a positive int, got {tp!r}",
             None if self.tp_backend in TP_BACKENDS else
             f"tp_backend must be one of {', '.join(TP_BACKENDS)}, got {self.tp_backend!r}",
-            None if isinstance(t, (int, float)) and t > 0 else
-            f"tp_timeout_s must be > 0, got {t!r}",
-            None if start is None or (isinstance(start, (int, float)) and start > 0) else
-            f"tp_start_timeout_s must be > 0 or None, got {start!r}",
+            None if _seconds(t) else f"tp_timeout_s must be a finite number > 0, got {t!r}",
+            None if start is None or _seconds(start) else
+            f"tp_start_timeout_s must be a finite number > 0 or None, got {start!r}",
             None if threads is None or (isinstance(threads, int) and threads >= 1) else
             f"tp_threads must be an int >= 1 or None, got {threads!r}",
             None if isinstance(self.enable_expert_parallel, bool) else

@@ -76,5 +76,8 @@ def test_the_start_up_limit_is_the_step_limit_unless_set():
     config = l5.EngineConfig(tensor_parallel_size=2, tp_timeout_s=7.0)
     assert config.start_timeout_s == 7.0  # as before the two were apart
     assert l5.EngineConfig(tp_timeout_s=7.0, tp_start_timeout_s=90.0).start_timeout_s == 90.0
-    with pytest.raises(ValueError, match="tp_start_timeout_s must be > 0"):
-        l5.EngineConfig(tp_start_timeout_s=0)
+    for bad in (0, -1.0, float("inf"), float("nan"), True, "30"):
+        with pytest.raises(ValueError, match="tp_start_timeout_s must be a finite number > 0"):
+            l5.EngineConfig(tp_start_timeout_s=bad)
+        with pytest.raises(ValueError, match="tp_timeout_s must be a finite number > 0"):
+            l5.EngineConfig(tp_timeout_s=bad)

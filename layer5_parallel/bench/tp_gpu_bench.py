@@ -477,7 +477,11 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     keys = sorted({(r["shape"], r["batch"]) for r in rows})
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6), squeeze=False)
+    lines = len({_label(r) for r in rows if r["tp"] > 1}) + 1  # + the ideal line
+    ncol = 2 if len(keys) > 1 else 1
+    legend_in = 0.25 * -(-lines // ncol) + 0.2  # the legend's rows, under the panels
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.6 + legend_in),
+                             squeeze=False)
     for ax, (shape, batch) in zip(axes[0], keys, strict=True):
         mine = [r for r in rows if r["shape"] == shape and r["batch"] == batch]
         base = next(r["decode_tok_s"] for r in mine if r["tp"] == 1)
@@ -497,8 +501,14 @@ def plot(rows: list[dict], path: Path) -> None:
         if failed:
             ax.text(0.03, 0.97, "not measured: TP=" + ", ".join(map(str, failed)),
                     transform=ax.transAxes, va="top", color="firebrick")
-        ax.legend(loc="lower right")
-    fig.tight_layout()
+    # one legend under the panels (their lines share labels): inside, long switch names
+    # covered the points and the axis
+    seen = {}
+    for ax in axes[0]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            seen.setdefault(label, handle)
+    fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=ncol, frameon=False)
+    fig.tight_layout(rect=(0, legend_in / (3.6 + legend_in), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

@@ -239,12 +239,17 @@ class PeerAllReduce:
         return (nbytes <= min(self.LL_MAX_BYTES, self._ll_slot_words * 4) and nbytes % 16 == 0
                 and (x.data_ptr() | out.data_ptr()) % 16 == 0)
 
+    def _ll_blocks(self, nwords: int) -> tuple[int, int]:
+        """(words a block takes a pass, blocks with words) of an LL call of nwords words: two
+        8-byte packets a thread per pass."""
+        block = self.num_warps * 32 * 2
+        return block, max(1, min(self.blocks, -(-nwords // block)))
+
     def _launch_ll(self, x: torch.Tensor, out: torch.Tensor) -> None:
         from . import peer_kernels
 
         words, out_words = x.view(-1).view(torch.int32), out.view(-1).view(torch.int32)
-        block = self.num_warps * 32 * 2  # two 8-byte packets a thread per pass
-        active = max(1, min(self.blocks, -(-words.numel() // block)))
+        block, active = self._ll_blocks(words.numel())
         peer_kernels.one_shot_ll_kernel[(self.blocks,)](
             words, out_words, words.numel(), active, self._lls, self._state,
             self._status.data_ptr(), int(self.timeout_s * 1e9), self._ll_slot_words,
@@ -324,10 +329,9 @@ class PeerAllReduce:
             K=K, PROLOGUE=parts.SILU if silu else parts.NONE, BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_K=K % block_k == 0, STAGES=stages, RANK=self.rank, WORLD=self.world,
             PDL_EARLY=parts.pdl_early(), num_warps=warps, **pdl)
-        block = self.num_warps * 32 * 2  # as _launch_ll
+        block, active = self._ll_blocks(nwords)
         peer_kernels.ll_receive_kernel[(self.blocks,)](
-            y.view(torch.int32), out.view(torch.int32), nwords,
-            max(1, min(self.blocks, -(-nwords // block))), self._lls, self._state,
+            y.view(torch.int32), out.view(torch.int32), nwords, active, self._lls, self._state,
             self._status.data_ptr(), int(self.timeout_s * 1e9), self._ll_slot_words,
             RANK=self.rank, WORLD=self.world, BLOCK=block, KIND=_LL_KINDS[x.dtype],
             num_warps=self.num_warps, **self._pdl())

@@ -403,8 +403,8 @@ def build_stage(full, me: Rank, *, stages: int, tp: int = 1, check: bool = False
     """In a worker: its stage (its shard of it under tp > 1) of the whole model `full`;
     in_flight: pp_steps_in_flight."""
     backend = "nccl" if me.device.type == "cuda" else "gloo"
-    comm = tp_comm(me.store, me.rank, tp, backend, check, me.start_timeout_s or me.timeout_s)
-    back = logits_group(me.store, me.rank, me.world, backend, me.start_timeout_s or me.timeout_s)
+    comm = tp_comm(me.store, me.rank, tp, backend, check, me.start_timeout_s)
+    back = logits_group(me.store, me.rank, me.world, backend, me.start_timeout_s)
     return StageProgram(stage_of(full, me.rank, stages, tp, comm, me.device, expert_parallel),
                         tp, None if back is None else back.pg, in_flight)
 

@@ -78,7 +78,8 @@ class Rank:
     device: torch.device
     timeout_s: float  # the step limit (waits inside a step)
     store: object = None
-    start_timeout_s: float | None = None  # the start-up limit (sub-groups made while building)
+    # the start-up limit (sub-groups made while building): join_group always sets it
+    start_timeout_s: float | None = None
 
 
 def weight_bytes(module: nn.Module) -> int:

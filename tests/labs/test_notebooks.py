@@ -32,16 +32,16 @@ def test_every_lab_has_a_notebook():
 
 
 def _cpu_ceilings():
-    """This machine's ceilings, measured (quick) with the matmuls at n=256: the notebooks'
-    caches start with them, as a student's does after lab 0's `stack bench --layer 0`. Else
-    lab 1's load_ceilings measures them in its kernel, ~10 s of CPU in emulated bf16 1024^3
-    products; load_ceilings' measuring when nothing is cached is test_microbench_ceilings'."""
-    from layer0_hardware import ceilings, measure_ceilings
+    """This machine's ceilings, measured (quick) with the matmuls small (tests/small_matmuls.py):
+    the notebooks' caches start with them, as a student's does after lab 0's `stack bench
+    --layer 0`. Else lab 1's load_ceilings measures them in its kernel, ~10 s of CPU in emulated
+    bf16 1024^3 products; load_ceilings' measuring when nothing is cached is
+    test_microbench_ceilings'."""
+    from layer0_hardware import measure_ceilings
+    from tests.small_matmuls import patch_small_matmuls
 
-    real = ceilings.matmul_flops
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ceilings, "matmul_flops",
-                   lambda dtype, n, device, *, peak: real(dtype, 256, device, peak=peak))
+        patch_small_matmuls(mp)
         return measure_ceilings("cpu", quick=True, progress=False)
 
 
